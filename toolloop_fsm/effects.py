@@ -1,0 +1,114 @@
+"""What flows out of the machines: instructions the event pump carries out.
+
+The machines never perform I/O; they return these frozen values and the pump (or a test)
+executes them. Each effect names exactly one thing to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from attrs import frozen
+
+from toolloop_fsm.events import DeadlineKind
+
+if TYPE_CHECKING:
+    from toolloop_fsm.providers.base import ProviderRequest
+    from toolloop_fsm.result import GenerationTurnResult, Notice
+
+
+@frozen
+class StartStream:
+    """Open the provider stream for pass number ``iteration`` with ``request``."""
+
+    iteration: int
+    request: ProviderRequest
+
+
+@frozen
+class CancelStream:
+    """Stop reading the current provider stream and close it."""
+
+
+@frozen
+class RunTool:
+    """Run tool ``name`` with ``arguments``; report a `ToolFinished` with ``dispatch``."""
+
+    dispatch: int
+    name: str
+    arguments: Mapping[str, Any]
+    call_key: str
+
+
+@frozen
+class CancelTool:
+    """Cancel the running dispatch (its outcome is discarded)."""
+
+    dispatch: int
+
+
+@frozen
+class Deliver:
+    """Deliver ``text`` (or an ``expression``) to the channel; report `DeliveryRecorded(seq)`."""
+
+    seq: int
+    text: str | None = None
+    expression: str | None = None
+
+
+@frozen
+class PostNotice:
+    """Post a notice for the host to localise and show (or log, when hidden)."""
+
+    notice: Notice
+
+
+@frozen
+class QueueStopResponse:
+    """Put the stop message at the front of the host's channel queue."""
+
+    stop_message: str
+
+
+@frozen
+class ArmDeadline:
+    """Arm a deadline of ``seconds`` on the clock.
+
+    A ``rolling`` deadline is pushed back by every provider chunk and every recorded
+    delivery: it fires only after ``seconds`` without activity.
+    """
+
+    kind: DeadlineKind
+    token: int
+    seconds: float
+    rolling: bool = False
+
+
+@frozen
+class ClearDeadline:
+    """Disarm the deadline armed with ``token``."""
+
+    kind: DeadlineKind
+    token: int
+
+
+@frozen
+class Finish:
+    """The turn is over; deliveries still in flight are abandoned."""
+
+    result: GenerationTurnResult
+
+
+Effect = (
+    StartStream
+    | CancelStream
+    | RunTool
+    | CancelTool
+    | Deliver
+    | PostNotice
+    | QueueStopResponse
+    | ArmDeadline
+    | ClearDeadline
+    | Finish
+)

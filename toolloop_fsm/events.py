@@ -1,0 +1,210 @@
+"""What flows into the machines: provider chunks, pump-reported outcomes and host signals.
+
+Every event is a frozen, slotted attrs value. Providers yield the *chunk* events
+(`TextDelta`, `ThoughtDelta`, `UsageReport`, `FunctionCall`, `FinishReason`,
+`SceneMetadata`); the event pump turns everything else that happens (stream end, stream
+failure, a tool's outcome, a deadline, a signal, a delivery) into the other events here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+from attrs import field, frozen
+
+
+# --------------------------------------------------------------------------- provider chunks
+@frozen
+class TextDelta:
+    """Visible assistant text, as streamed."""
+
+    text: str
+
+
+@frozen
+class ThoughtDelta:
+    """Reasoning / thinking text; never delivered to the channel, kept in the thought log."""
+
+    text: str
+    signature: str | None = None
+
+
+@frozen
+class UsageReport:
+    """Token usage the provider reported for the current pass.
+
+    Providers report either a running total or a final figure; the ledger keeps the last
+    report of each pass (``cumulative=True``, the default) or adds reports up
+    (``cumulative=False``). ``estimated`` marks figures the library computed itself.
+    """
+
+    input_tokens: int
+    output_tokens: int
+    cumulative: bool = True
+    estimated: bool = False
+
+
+@frozen
+class FunctionCall:
+    """A tool call the model asked for, assembled by the provider adapter.
+
+    ``arguments`` is the decoded JSON object. When the adapter had to repair a cut-off JSON
+    payload it sets ``truncated=True`` (the loop refuses to run the call). When the payload
+    is malformed rather than truncated, ``parse_error`` says why and ``arguments`` holds the
+    raw text. ``provider_data`` carries opaque values that must be sent back to the same
+    provider with the call (for example a Gemini ``thoughtSignature``).
+    """
+
+    name: str
+    arguments: Any
+    call_id: str | None = None
+    truncated: bool = False
+    parse_error: str | None = None
+    provider_data: Mapping[str, Any] | None = field(default=None, eq=False)
+
+
+class FinishKind(StrEnum):
+    """Why the provider says a pass stopped, normalised across providers."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CONTENT_FILTER = "content_filter"
+    REFUSAL = "refusal"
+    SPEAKER_GUARD = "speaker_guard"
+    CONTINUATION_PENDING = "continuation_pending"
+    OTHER = "other"
+
+
+@frozen
+class FinishReason:
+    """The provider's finish reason for this pass (``raw`` keeps the provider's own word)."""
+
+    kind: FinishKind
+    raw: str | None = None
+
+
+@frozen
+class SceneMetadata:
+    """Provider scene metadata, appended to the final text as a ``[Scene Metadata]`` block."""
+
+    text: str
+
+
+Chunk = TextDelta | ThoughtDelta | UsageReport | FunctionCall | FinishReason | SceneMetadata
+CHUNK_TYPES: tuple[type, ...] = (
+    TextDelta,
+    ThoughtDelta,
+    UsageReport,
+    FunctionCall,
+    FinishReason,
+    SceneMetadata,
+)
+
+
+# --------------------------------------------------------------------------- pump-reported events
+@frozen
+class StreamEnded:
+    """The provider's stream for the current pass finished normally."""
+
+
+@frozen
+class StreamFailed:
+    """The provider's stream raised; the fields mirror `ProviderError`."""
+
+    message: str
+    kind: str = "provider_error"
+    retryable: bool = True
+    status_code: int | None = None
+    retry_after: float | None = None
+
+
+class ToolOutcomeKind(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RAISED = "raised"
+
+
+@frozen
+class ToolFinished:
+    """A dispatched tool returned (or raised). ``dispatch`` identifies the dispatch."""
+
+    dispatch: int
+    kind: ToolOutcomeKind
+    data: Any = None
+    message: str | None = None
+    end_turn: bool = False
+    delivered: bool = False
+    expression: str | None = None
+    context_restart: ContextRestart | None = None
+    error: str | None = None
+
+
+@frozen
+class ContextRestart:
+    """A context-enrichment signal carried by a successful tool result (SPEC §2.3)."""
+
+    item: Mapping[str, Any]
+    disable_kinds: tuple[str, ...] = ()
+
+
+class DeadlineKind(StrEnum):
+    FIRST_TOKEN = "first_token"
+    INACTIVITY = "inactivity"
+    TOOL = "tool"
+    SETTLE = "settle"
+
+
+@frozen
+class DeadlineExpired:
+    """A deadline the machine armed expired. ``token`` matches the `ArmDeadline` effect."""
+
+    kind: DeadlineKind
+    token: int
+
+
+@frozen
+class StopRequested:
+    """The host asked to stop the turn (/kill), optionally with a message to queue first."""
+
+    stop_message: str | None = None
+
+
+@frozen
+class FollowUpArrived:
+    """A new user message arrived for this conversation while the turn ran."""
+
+
+@frozen
+class DeliveryRecorded:
+    """The channel accepted delivery ``seq`` (a `Deliver` effect)."""
+
+    seq: int
+
+
+@frozen
+class DeliveryFailed:
+    """The host's channel raised while delivering ``seq``."""
+
+    seq: int
+    error: str
+
+
+Event = (
+    TextDelta
+    | ThoughtDelta
+    | UsageReport
+    | FunctionCall
+    | FinishReason
+    | SceneMetadata
+    | StreamEnded
+    | StreamFailed
+    | ToolFinished
+    | DeadlineExpired
+    | StopRequested
+    | FollowUpArrived
+    | DeliveryRecorded
+    | DeliveryFailed
+)

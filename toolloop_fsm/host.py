@@ -1,0 +1,199 @@
+"""What the host provides: its channel, its tools, its signals, its clock, and the request.
+
+These are protocols and small values; the host implements `Channel` and the tools'
+handlers, and may pass its own `Clock`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from attrs import define, field, frozen
+
+from toolloop_fsm.events import ContextRestart
+from toolloop_fsm.providers.base import ToolSpec
+from toolloop_fsm.result import Notice
+
+
+@frozen
+class TurnRequest:
+    """What the host asks for: the conversation ``context`` (provider-neutral message dicts),
+    the tools this turn may use (``None`` = every registered tool), and an assistant
+    ``prefill`` to continue from."""
+
+    context: Sequence[Mapping[str, Any]] = field(converter=tuple)
+    tools_allowed: frozenset[str] | None = field(
+        default=None, converter=lambda v: None if v is None else frozenset(v)
+    )
+    prefill: str | None = None
+    thought_log_owner: str = "default"
+    max_output: int | None = None
+
+
+@frozen
+class ToolResult:
+    """What a tool handler returns.
+
+    ``message`` is shown to the model beside ``data``; ``end_turn`` ends the turn after this
+    tool; ``delivered`` says the tool itself already answered the user; ``expression`` is an
+    expression (e.g. a sticker id) to deliver; ``context_restart`` asks for an enhanced
+    context restart (SPEC §2.3).
+    """
+
+    success: bool = True
+    data: Any = None
+    message: str | None = None
+    end_turn: bool = False
+    delivered: bool = False
+    expression: str | None = None
+    context_restart: ContextRestart | None = None
+
+
+@frozen
+class ToolContext:
+    """Handed to each tool handler: which turn and dispatch it runs in, and the turn's clock."""
+
+    tool_name: str
+    dispatch: int
+    iteration: int
+    clock: Clock
+
+
+ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResult]]
+Redactor = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+
+
+@frozen
+class Tool:
+    """A tool the model may call. ``timeout`` overrides the policy's tool deadline;
+    ``redact`` prepares arguments for storage in notices."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    handler: ToolHandler = field(eq=False)
+    requires_follow_up: bool = True
+    timeout: float | None = None
+    redact: Redactor | None = field(default=None, eq=False)
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+
+class ToolRegistry:
+    """The host's tools by name."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            if tool.name in self._tools:
+                raise ValueError(f"tool {tool.name!r} is registered twice")
+            if not tool.name.strip():
+                raise ValueError("a tool needs a non-blank name")
+            self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._tools)
+
+    def __iter__(self) -> Any:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def closest_name(self, name: str) -> str | None:
+        found = difflib.get_close_matches(name, list(self._tools), n=1, cutoff=0.5)
+        return found[0] if found else None
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """Where the turn delivers. Every method may raise; the turn then ends ``error``."""
+
+    async def send_text(self, text: str) -> None: ...
+
+    async def send_expression(self, expression: str) -> None: ...
+
+    async def send_notice(self, notice: Notice) -> None: ...
+
+    async def queue_front(self, stop_message: str) -> None: ...
+
+
+@runtime_checkable
+class Localizer(Protocol):
+    """Turns a `Notice` into text in the host's language."""
+
+    def localize(self, notice: Notice) -> str: ...
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Where time comes from. `toolloop_fsm.testing.VirtualClock` is the test clock."""
+
+    def now(self) -> float: ...
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class LoopClock:
+    """The real clock: the running asyncio loop's monotonic time and timers."""
+
+    def now(self) -> float:
+        import asyncio
+
+        return asyncio.get_running_loop().time()
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
+        import asyncio
+
+        return asyncio.get_running_loop().call_later(delay, callback)
+
+    async def sleep(self, seconds: float) -> None:
+        import asyncio
+
+        await asyncio.sleep(seconds)
+
+
+@define
+class TurnSignals:
+    """The host's signals to a running turn; call from any task of the same loop.
+
+    ``request_stop`` is the /kill command (with an optional message to queue first);
+    ``follow_up`` says a new user message arrived.
+    """
+
+    stop_requested: bool = False
+    stop_message: str | None = None
+    follow_ups: int = 0
+    _listeners: list[Callable[[], None]] = field(factory=list, repr=False)
+
+    def request_stop(self, stop_message: str | None = None) -> None:
+        self.stop_requested = True
+        if stop_message is not None:
+            self.stop_message = stop_message
+        for listener in tuple(self._listeners):
+            listener()
+
+    def follow_up(self) -> None:
+        self.follow_ups += 1
+        for listener in tuple(self._listeners):
+            listener()
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)

@@ -1,0 +1,217 @@
+"""What a turn returns: `GenerationTurnResult` and the values it is made of.
+
+All of these are frozen attrs values that round-trip through JSON with `cattrs`
+(`result_to_json` / `result_from_json`), so hosts can store results and their traces.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+import cattrs
+from attrs import field, frozen
+
+from toolloop_fsm.events import FinishKind
+
+
+class TurnStatus(StrEnum):
+    """Every way a turn can end. ``skipped`` is only produced by the outer tier."""
+
+    COMPLETED = "completed"
+    STOPPED_BY_USER = "stopped_by_user"
+    FOLLOW_UP_INTERRUPT = "follow_up_interrupt"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    EMPTY_RESPONSE = "empty_response"
+    SKIPPED = "skipped"
+
+
+RETRYABLE_STATUSES = frozenset({TurnStatus.ERROR, TurnStatus.TIMEOUT})
+
+
+@frozen
+class Notice:
+    """A message for the host to localise. ``hidden`` notices are for logs/moderators."""
+
+    key: str
+    params: Mapping[str, Any] = field(factory=dict)
+    hidden: bool = False
+
+
+@frozen
+class ToolCallRecord:
+    """The call as replayed to the provider. Truncated calls carry no arguments."""
+
+    name: str
+    arguments: Mapping[str, Any]
+    call_id: str | None = None
+    provider_data: Mapping[str, Any] | None = None
+
+
+@frozen
+class ToolResponseRecord:
+    """The response shown to the model for one call."""
+
+    success: bool
+    data: Any = None
+    message: str | None = None
+    status: str | None = None
+    reason: str | None = None
+    tool_name: str | None = None
+
+
+@frozen
+class ToolHistoryEntry:
+    """One tool round: the call, its response, and the visible text streamed before it."""
+
+    call: ToolCallRecord
+    response: ToolResponseRecord
+    pre_tool_text: str | None = None
+    iteration: int = 0
+
+
+@frozen
+class StreamResult:
+    """What one provider pass produced."""
+
+    iteration: int
+    outcome: str
+    text: str = ""
+    finish: FinishKind | None = None
+    function_call: str | None = None
+    ignored_calls: tuple[str, ...] = ()
+    error: str | None = None
+
+
+@frozen
+class UsageEntry:
+    """Usage of one provider pass (``estimated`` when the library computed it)."""
+
+    iteration: int
+    input_tokens: int
+    output_tokens: int
+    estimated: bool = False
+    source: str = "author"
+
+
+@frozen
+class UsageLedger:
+    """Per-pass usage; totals are the sum of what providers reported plus marked estimates."""
+
+    entries: tuple[UsageEntry, ...] = ()
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(e.input_tokens for e in self.entries)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(e.output_tokens for e in self.entries)
+
+    @property
+    def has_estimates(self) -> bool:
+        return any(e.estimated for e in self.entries)
+
+
+@frozen
+class Delivered:
+    """One delivery the channel accepted: text or an expression, in order."""
+
+    seq: int
+    text: str | None = None
+    expression: str | None = None
+
+
+@frozen
+class TraceStep:
+    """One step of the machine: ``state --event--> next_state``."""
+
+    state: str
+    event: str
+    next_state: str
+    detail: str | None = None
+
+
+@frozen
+class AttemptFailure:
+    """Why one attempt of the outer tier failed (never contains key material)."""
+
+    label: str
+    status: TurnStatus
+    reason: str | None = None
+    kind: str | None = None
+    key_index: int | None = None
+
+
+@frozen
+class GenerationTurnResult:
+    """The outcome of a turn. See the README for each field."""
+
+    status: TurnStatus
+    reason: str | None = None
+    final_text: str = ""
+    details_text: str = ""
+    history: tuple[ToolHistoryEntry, ...] = ()
+    stream_results: tuple[StreamResult, ...] = ()
+    usage: UsageLedger = UsageLedger()
+    iterations: int = 0
+    tool_dispatches: int = 0
+    tool_response_delivered: bool = False
+    thought_log: str = ""
+    thought_log_owner: str = "default"
+    delivered: tuple[Delivered, ...] = ()
+    notices: tuple[Notice, ...] = ()
+    held_notice: Notice | None = None
+    stop_message: str | None = None
+    error_message: str | None = None
+    attempt_failures: tuple[AttemptFailure, ...] = ()
+    trace: tuple[TraceStep, ...] = ()
+    exception: BaseException | None = field(default=None, eq=False, repr=False)
+
+    @property
+    def delivered_text(self) -> str:
+        """Every text delivery, concatenated in order."""
+        return "".join(d.text for d in self.delivered if d.text is not None)
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter()
+    # A host exception object is not data: it is attached for the caller, never stored.
+    converter.register_unstructure_hook(
+        GenerationTurnResult,
+        cattrs.gen.make_dict_unstructure_fn(
+            GenerationTurnResult, converter, exception=cattrs.gen.override(omit=True)
+        ),
+    )
+    converter.register_structure_hook(
+        GenerationTurnResult,
+        cattrs.gen.make_dict_structure_fn(
+            GenerationTurnResult, converter, exception=cattrs.gen.override(omit=True)
+        ),
+    )
+    converter.register_structure_hook(Any, lambda value, _type: value)
+    return converter
+
+
+converter = _make_converter()
+
+
+def result_to_json(result: GenerationTurnResult) -> str:
+    """Serialise a result (trace included) to JSON text."""
+    return json.dumps(converter.unstructure(result), ensure_ascii=False)
+
+
+def result_from_json(text: str) -> GenerationTurnResult:
+    """Rebuild a result from `result_to_json` output."""
+    return converter.structure(json.loads(text), GenerationTurnResult)
+
+
+def trace_to_json(trace: tuple[TraceStep, ...]) -> str:
+    return json.dumps(converter.unstructure(trace), ensure_ascii=False)
+
+
+def trace_from_json(text: str) -> tuple[TraceStep, ...]:
+    return converter.structure(json.loads(text), tuple[TraceStep, ...])
