@@ -1,0 +1,503 @@
+"""Anthropic Messages adapter: `AnthropicProvider` and the pieces it is made of.
+
+This module owns three things for the Anthropic Messages API (``POST {base_url}/messages`` with
+``"stream": true``) and for Anthropic-compatible servers that speak the same stream:
+
+* `build_anthropic_body` — a `ProviderRequest` as a Messages request body (system prompt,
+  tool history as ``tool_use`` / ``tool_result`` pairs, prefill as a trailing assistant turn);
+* `AnthropicStreamDecoder` — the sans-IO decoder from named SSE events to chunk events
+  (text, thinking with its signature, tool calls assembled from ``input_json_delta``, usage,
+  finish reason, in-stream ``error`` events);
+* `AnthropicProvider` — the thin async shell that POSTs the body through the shared
+  streamed-POST helper and feeds the SSE events through the decoder.
+
+Wire facts are in WIRE-FORMATS §1.1, §1.3 and §4; every branch below names the fact it handles.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any, cast
+
+import httpx
+from attrs import asdict
+
+from toolloop_fsm.events import (
+    Chunk,
+    FinishKind,
+    FinishReason,
+    FunctionCall,
+    TextDelta,
+    ThoughtDelta,
+    UsageReport,
+)
+from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._http import error_from_payload, post_stream
+from toolloop_fsm.providers._sse import ServerSentEvent, aiter_sse
+from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
+
+ANTHROPIC_VERSION = "2023-06-01"
+
+# ant-py types/stop_reason.py. `pause_turn` asks the client to send the turn back unchanged
+# to let a server tool continue; no normalised kind says that, so it stays OTHER with its raw
+# word kept. `model_context_window_exceeded` is a length stop by another name.
+_STOP_REASONS: Mapping[str, FinishKind] = {
+    "end_turn": FinishKind.STOP,
+    "stop_sequence": FinishKind.STOP,
+    "max_tokens": FinishKind.LENGTH,
+    "model_context_window_exceeded": FinishKind.LENGTH,
+    "tool_use": FinishKind.TOOL_CALLS,
+    "refusal": FinishKind.REFUSAL,
+    "pause_turn": FinishKind.OTHER,
+}
+
+# Anthropic tool_use ids must match this; ids replayed from another provider may not.
+_TOOL_ID_INVALID = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+# --------------------------------------------------------------------------- request body
+def tool_response_payload(response: ToolResponseRecord) -> dict[str, Any]:
+    """The JSON object shown to the model for one tool response (unset fields left out)."""
+    return asdict(response, filter=lambda _attribute, value: value is not None)
+
+
+def _tool_use_id(entry: ToolHistoryEntry, position: int) -> str:
+    # A call replayed from a provider without ids (Gemini, old Ollama) still needs one here,
+    # and it must be stable across passes so the tool_result pairs with its tool_use.
+    raw = entry.call.call_id or f"toolu_loop_{entry.iteration}_{position}"
+    return _TOOL_ID_INVALID.sub("_", raw)
+
+
+def _text_blocks(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if isinstance(content, Sequence):
+        # Already a list of content blocks (a host that speaks Anthropic natively).
+        return [dict(block) for block in content if isinstance(block, Mapping)]
+    return [{"type": "text", "text": str(content)}]
+
+
+def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+    if not blocks:
+        return
+    # The API wants user/assistant turns to alternate; consecutive same-role messages of the
+    # neutral context are merged into one turn rather than rejected.
+    if messages and messages[-1]["role"] == role:
+        messages[-1]["content"].extend(blocks)
+    else:
+        messages.append({"role": role, "content": blocks})
+
+
+def _tool_spec(tool: ToolSpec) -> dict[str, Any]:
+    schema = dict(tool.parameters) or {"type": "object", "properties": {}}
+    return {"name": tool.name, "description": tool.description, "input_schema": schema}
+
+
+def build_anthropic_body(
+    request: ProviderRequest, *, model: str, max_tokens: int
+) -> dict[str, Any]:
+    """The Messages API request body for one pass."""
+    system: list[str] = []
+    messages: list[dict[str, Any]] = []
+    for message in request.context:
+        role = str(message.get("role", "user"))
+        content = message.get("content", "")
+        if role == "system":
+            if isinstance(content, str):
+                if content:
+                    system.append(content)
+            else:
+                system.extend(b.get("text", "") for b in _text_blocks(content))
+            continue
+        _append(messages, "assistant" if role == "assistant" else "user", _text_blocks(content))
+
+    for position, entry in enumerate(request.history):
+        call_id = _tool_use_id(entry, position)
+        assistant: list[dict[str, Any]] = []
+        # Thinking blocks must go back unchanged, before the tool_use they led to (§4.2).
+        data = entry.call.provider_data or {}
+        assistant.extend(dict(block) for block in data.get("anthropic_thinking", ()))
+        if entry.pre_tool_text:
+            assistant.append({"type": "text", "text": entry.pre_tool_text})
+        assistant.append(
+            {
+                "type": "tool_use",
+                "id": call_id,
+                "name": entry.call.name,
+                "input": dict(entry.call.arguments),
+            }
+        )
+        _append(messages, "assistant", assistant)
+        payload = tool_response_payload(entry.response)
+        _append(
+            messages,
+            "user",
+            [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": call_id,
+                    "content": json.dumps(payload, ensure_ascii=False, default=str),
+                    "is_error": not entry.response.success,
+                }
+            ],
+        )
+
+    if request.prefill:
+        # Anthropic continues a trailing assistant turn natively, but rejects one that ends in
+        # whitespace ("final assistant content cannot end with trailing whitespace").
+        prefill = request.prefill.rstrip()
+        if prefill:
+            _append(messages, "assistant", [{"type": "text", "text": prefill}])
+
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": request.max_output or max_tokens,
+        "messages": messages,
+        "stream": True,
+    }
+    if system:
+        body["system"] = "\n\n".join(system)
+    if request.tools:
+        body["tools"] = [_tool_spec(tool) for tool in request.tools]
+    return body
+
+
+# --------------------------------------------------------------------------- stream decoding
+class _ToolBlock:
+    """A ``tool_use`` content block whose ``input_json_delta`` fragments are still arriving."""
+
+    __slots__ = ("call_id", "fragments", "initial_input", "name")
+
+    def __init__(self, call_id: str | None, name: str, initial_input: Any) -> None:
+        self.call_id = call_id
+        self.name = name
+        self.initial_input = initial_input
+        self.fragments: list[str] = []
+
+
+class _ThinkingBlock:
+    __slots__ = ("signature", "text")
+
+    def __init__(self, text: str, signature: str) -> None:
+        self.text = [text] if text else []
+        self.signature = signature
+
+
+class AnthropicStreamDecoder:
+    """Named SSE events of one Messages stream → chunk events. Sans-IO and synchronous.
+
+    `feed` takes the SSE event name (``None`` when the stream has no ``event:`` lines) and the
+    event's data text; `finish` is called once the body ended. Both return the chunks to
+    yield, in order, and raise `ProviderError` for an in-stream error, a data line that is not
+    JSON, or a stream that ended before the message did.
+    """
+
+    __slots__ = (
+        "_calls_emitted",
+        "_finished",
+        "_input_tokens",
+        "_output_tokens",
+        "_secrets",
+        "_stop_reason",
+        "_thinking",
+        "_thinking_open",
+        "_tools",
+    )
+
+    def __init__(self, *, secrets: Sequence[str] = ()) -> None:
+        # Values no error message may contain (the API key), however a server words it.
+        self._secrets = tuple(secrets)
+        self._tools: dict[int, _ToolBlock] = {}
+        self._thinking_open: dict[int, _ThinkingBlock] = {}
+        # Completed thinking / redacted_thinking blocks, in order; they ride on the first tool
+        # call of the message so the loop can echo them back with its history (§4.2).
+        self._thinking: list[dict[str, Any]] = []
+        self._calls_emitted = 0
+        self._input_tokens = 0
+        self._output_tokens = 0
+        self._stop_reason: str | None = None
+        self._finished = False
+
+    # ---- public
+    def feed(self, event: str | None, data: str) -> list[Chunk]:
+        if self._finished:
+            return []
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            # Anthropic pads its JSON with spaces (§1.3) — json.loads accepts that; anything
+            # else that fails here is not the Messages stream.
+            raise ProviderError(
+                f"Anthropic stream sent a data line that is not JSON (event {event!r})",
+                kind="protocol",
+                retryable=True,
+            ) from None
+        if not isinstance(payload, dict):
+            raise ProviderError(
+                "Anthropic stream sent JSON that is not an object", kind="protocol", retryable=True
+            )
+        # The event name is authoritative; the SDK falls back to the data's `type` (§1.1).
+        name = event if event and event != "message" else str(payload.get("type", ""))
+        handler = _HANDLERS.get(name)
+        # Unknown event types must be ignored (docs "Other events", §4.1); `ping` likewise.
+        return handler(self, payload) if handler is not None else []
+
+    def finish(self) -> list[Chunk]:
+        if self._finished:
+            return []
+        if self._stop_reason is None:
+            raise ProviderError(
+                "Anthropic stream ended before the message finished (no stop_reason)",
+                kind="connection",
+                retryable=True,
+            )
+        return self._finish_message()
+
+    # ---- event handlers
+    def _message_start(self, payload: Mapping[str, Any]) -> list[Chunk]:
+        message = payload.get("message") or {}
+        usage = message.get("usage") or {}
+        self._input_tokens = _int(usage.get("input_tokens"), self._input_tokens)
+        self._output_tokens = _int(usage.get("output_tokens"), self._output_tokens)
+        return [self._usage()] if usage else []
+
+    def _block_start(self, payload: Mapping[str, Any]) -> list[Chunk]:
+        index = _int(payload.get("index"), 0)
+        block = payload.get("content_block") or {}
+        kind = block.get("type")
+        if kind == "text":
+            text = block.get("text") or ""
+            return [TextDelta(text)] if text else []
+        if kind == "thinking":
+            thinking = block.get("thinking") or ""
+            self._thinking_open[index] = _ThinkingBlock(thinking, block.get("signature") or "")
+            return [ThoughtDelta(thinking)] if thinking else []
+        if kind == "redacted_thinking":
+            self._thinking.append({"type": "redacted_thinking", "data": block.get("data", "")})
+            return []
+        if kind == "tool_use":
+            self._tools[index] = _ToolBlock(
+                block.get("id") or None, str(block.get("name") or ""), block.get("input")
+            )
+        return []
+
+    def _block_delta(self, payload: Mapping[str, Any]) -> list[Chunk]:
+        index = _int(payload.get("index"), 0)
+        delta = payload.get("delta") or {}
+        kind = delta.get("type")
+        if kind == "text_delta":
+            text = delta.get("text") or ""
+            return [TextDelta(text)] if text else []
+        if kind == "thinking_delta":
+            text = delta.get("thinking") or ""
+            open_block = self._thinking_open.get(index)
+            if open_block is not None and text:
+                open_block.text.append(text)
+            return [ThoughtDelta(text)] if text else []
+        if kind == "signature_delta":
+            signature = delta.get("signature") or ""
+            open_block = self._thinking_open.get(index)
+            if open_block is not None:
+                open_block.signature += signature
+            return [ThoughtDelta("", signature=signature)] if signature else []
+        if kind == "input_json_delta":
+            tool = self._tools.get(index)
+            if tool is not None:
+                tool.fragments.append(delta.get("partial_json") or "")
+        # citations_delta and future delta types carry nothing the loop uses.
+        return []
+
+    def _block_stop(self, payload: Mapping[str, Any]) -> list[Chunk]:
+        index = _int(payload.get("index"), 0)
+        thinking = self._thinking_open.pop(index, None)
+        if thinking is not None:
+            self._thinking.append(
+                {
+                    "type": "thinking",
+                    "thinking": "".join(thinking.text),
+                    "signature": thinking.signature,
+                }
+            )
+        tool = self._tools.pop(index, None)
+        return [self._call(tool, cut=False)] if tool is not None else []
+
+    def _message_delta(self, payload: Mapping[str, Any]) -> list[Chunk]:
+        delta = payload.get("delta") or {}
+        chunks: list[Chunk] = []
+        stop_reason = delta.get("stop_reason")
+        if stop_reason:
+            self._stop_reason = str(stop_reason)
+            # A max_tokens stop can arrive with a tool block still open and no
+            # content_block_stop for it (§4.2): its JSON was cut, repair and flag it now.
+            chunks.extend(self._flush_open_tools())
+        usage = payload.get("usage") or {}
+        if usage:
+            # Cumulative figures; a compatible server may put the real input count only here
+            # (§4.3), so it wins over message_start's whenever present.
+            self._input_tokens = _int(usage.get("input_tokens"), self._input_tokens)
+            self._output_tokens = _int(usage.get("output_tokens"), self._output_tokens)
+            chunks.append(self._usage())
+        return chunks
+
+    def _message_stop(self, _payload: Mapping[str, Any]) -> list[Chunk]:
+        # The message is complete even if a compatible server skipped message_delta.
+        return self._finish_message()
+
+    def _error(self, payload: Mapping[str, Any]) -> list[Chunk]:
+        # `event: error` comes over HTTP 200; the kind is read from `error.type`
+        # (overloaded_error → server, rate_limit_error → rate_limit, …; §4.4).
+        raise error_from_payload(payload, provider="Anthropic", secrets=self._secrets)
+
+    # ---- helpers
+    def _finish_message(self) -> list[Chunk]:
+        chunks = self._flush_open_tools()
+        self._finished = True
+        raw = self._stop_reason
+        if raw is None:
+            kind = FinishKind.TOOL_CALLS if self._calls_emitted else FinishKind.STOP
+        else:
+            kind = _STOP_REASONS.get(raw, FinishKind.OTHER)
+        chunks.append(FinishReason(kind, raw))
+        return chunks
+
+    def _flush_open_tools(self) -> list[Chunk]:
+        tools = [self._tools.pop(index) for index in sorted(self._tools)]
+        return [self._call(tool, cut=True) for tool in tools]
+
+    def _call(self, tool: _ToolBlock, *, cut: bool) -> FunctionCall:
+        text = "".join(tool.fragments)
+        if not text.strip() and not cut:
+            # No deltas at all (or only ""): the tool takes no arguments (§4.2), or a
+            # compatible server put the whole input in content_block_start.
+            initial = tool.initial_input
+            arguments: Any = dict(initial) if isinstance(initial, Mapping) else {}
+            truncated, parse_error = False, None
+        else:
+            arguments, truncated, parse_error = decode_arguments(text, cut=cut)
+        provider_data: dict[str, Any] | None = None
+        if self._calls_emitted == 0 and self._thinking:
+            provider_data = {"anthropic_thinking": list(self._thinking)}
+        self._calls_emitted += 1
+        return FunctionCall(
+            tool.name,
+            arguments,
+            call_id=tool.call_id,
+            truncated=truncated,
+            parse_error=parse_error,
+            provider_data=provider_data,
+        )
+
+    def _usage(self) -> UsageReport:
+        return UsageReport(self._input_tokens, self._output_tokens)
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+_HANDLERS = {
+    "message_start": AnthropicStreamDecoder._message_start,
+    "content_block_start": AnthropicStreamDecoder._block_start,
+    "content_block_delta": AnthropicStreamDecoder._block_delta,
+    "content_block_stop": AnthropicStreamDecoder._block_stop,
+    "message_delta": AnthropicStreamDecoder._message_delta,
+    "message_stop": AnthropicStreamDecoder._message_stop,
+    "error": AnthropicStreamDecoder._error,
+}
+
+
+# --------------------------------------------------------------------------- the provider
+class AnthropicProvider:
+    """Streams one pass from the Anthropic Messages API (or a compatible server).
+
+    ``base_url`` is the API root (``https://api.anthropic.com/v1``); the request goes to
+    ``{base_url}/messages``. ``api_key`` travels only in the ``x-api-key`` header and appears in
+    no message or repr. ``client`` is an optional shared ``httpx.AsyncClient`` (the provider
+    never closes it). ``max_tokens`` is the output cap when the request sets none — the
+    Messages API requires one.
+    """
+
+    tool_calling = "native"
+
+    __slots__ = (
+        "_api_key",
+        "_client",
+        "_headers",
+        "_timeout",
+        "base_url",
+        "max_tokens",
+        "model",
+        "name",
+    )
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        max_tokens: int = 4096,
+        name: str = "anthropic",
+        headers: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.max_tokens = max_tokens
+        self.name = name
+        self._api_key = api_key
+        self._client = client
+        self._headers = dict(headers or {})
+        self._timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"AnthropicProvider(base_url={self.base_url!r}, model={self.model!r})"
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
+        body = build_anthropic_body(request, model=self.model, max_tokens=self.max_tokens)
+        headers = {
+            **self._headers,
+            "anthropic-version": ANTHROPIC_VERSION,
+            "accept": "text/event-stream",
+        }
+        if self._api_key:
+            headers["x-api-key"] = self._api_key
+        secrets = (self._api_key,) if self._api_key else ()
+        decoder = AnthropicStreamDecoder(secrets=secrets)
+        # post_stream/aiter_sse are async generators typed as AsyncIterator; aclosing needs
+        # their aclose(), hence the casts.
+        raw = cast(
+            "AsyncGenerator[bytes, None]",
+            post_stream(
+                f"{self.base_url}/messages",
+                body,
+                provider="Anthropic",
+                headers=headers,
+                client=self._client,
+                secrets=secrets,
+                timeout=self._timeout,
+            ),
+        )
+        # aclosing both generators: a cancelled or abandoned pass closes the response (and
+        # its connection) at once rather than whenever the generators are finalised.
+        events_iter = cast("AsyncGenerator[ServerSentEvent, None]", aiter_sse(raw))
+        async with aclosing(raw), aclosing(events_iter) as events:
+            async for event in events:
+                for chunk in decoder.feed(event.event, event.data):
+                    yield chunk
+        for chunk in decoder.finish():
+            yield chunk
+
+
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "AnthropicProvider",
+    "AnthropicStreamDecoder",
+    "build_anthropic_body",
+    "tool_response_payload",
+]

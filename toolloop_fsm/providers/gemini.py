@@ -1,0 +1,529 @@
+"""Google Gemini adapter (Gemini API and Vertex): `GeminiProvider` and its pieces.
+
+This module owns, for ``POST {base_url}/models/{model}:streamGenerateContent?alt=sse``:
+
+* `build_gemini_body` — a `ProviderRequest` as a ``GenerateContentRequest`` (``contents`` with
+  roles ``user`` / ``model``, ``systemInstruction``, tool history as ``functionCall`` /
+  ``functionResponse`` parts with their ``thoughtSignature`` echoed back, ``tools`` as
+  ``functionDeclarations``);
+* `GeminiStreamDecoder` — the sans-IO decoder from SSE ``data:`` payloads to chunk events
+  (text, ``thought: true`` parts, whole function calls, Vertex streamed ``partialArgs``,
+  running ``usageMetadata``, the finish reason);
+* `GeminiProvider` — the async shell: the key goes in the ``x-goog-api-key`` header, never in
+  a ``key=`` query parameter (a URL ends up in logs and exception messages).
+
+Wire facts are in WIRE-FORMATS §1.1, §1.3 and §6.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any, cast
+
+import httpx
+from attrs import asdict
+
+from toolloop_fsm.events import (
+    Chunk,
+    FinishKind,
+    FinishReason,
+    FunctionCall,
+    TextDelta,
+    ThoughtDelta,
+    UsageReport,
+)
+from toolloop_fsm.providers._http import error_from_payload, post_stream
+from toolloop_fsm.providers._sse import ServerSentEvent, aiter_sse
+from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
+
+# There is no tool-call finish reason: STOP ends a turn with calls too (§6.2), so the decoder
+# turns STOP into TOOL_CALLS itself when it saw a call.
+_FINISH_REASONS: Mapping[str, FinishKind] = {
+    "STOP": FinishKind.STOP,
+    "MAX_TOKENS": FinishKind.LENGTH,
+    "SAFETY": FinishKind.CONTENT_FILTER,
+    "IMAGE_SAFETY": FinishKind.CONTENT_FILTER,
+    "RECITATION": FinishKind.CONTENT_FILTER,
+    "BLOCKLIST": FinishKind.CONTENT_FILTER,
+    "PROHIBITED_CONTENT": FinishKind.CONTENT_FILTER,
+    "SPII": FinishKind.CONTENT_FILTER,
+    "MALFORMED_FUNCTION_CALL": FinishKind.OTHER,
+    "FINISH_REASON_UNSPECIFIED": FinishKind.OTHER,
+    "OTHER": FinishKind.OTHER,
+}
+
+# Google's documented stand-in for a function call that did not come from this model (a call
+# replayed from another provider after a fallback): Gemini 3 rejects a model turn whose
+# function call carries no signature ("missing thought_signature", §6.2).
+SKIP_SIGNATURE = "skip_thought_signature_validator"
+
+# `$.a.b[0]['c d']` — the RFC 9535 subset Vertex uses in partialArgs.jsonPath.
+_PATH_TOKEN = re.compile(
+    r"\.([A-Za-z_][\w-]*)|\[(\d+)\]|\['((?:[^'\\]|\\.)*)'\]|\[\"((?:[^\"\\]|\\.)*)\"\]"
+)
+
+
+# --------------------------------------------------------------------------- request body
+def _response_payload(response: ToolResponseRecord) -> dict[str, Any]:
+    # functionResponse.response must be a JSON object (a Struct): the record, unset fields out.
+    return asdict(response, filter=lambda _attribute, value: value is not None)
+
+
+def _parts(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"text": content}] if content else []
+    if isinstance(content, Sequence):
+        # Already Gemini parts (a host that speaks Gemini natively).
+        return [dict(part) for part in content if isinstance(part, Mapping)]
+    return [{"text": str(content)}]
+
+
+def _append(contents: list[dict[str, Any]], role: str, parts: list[dict[str, Any]]) -> None:
+    if not parts:
+        return
+    if contents and contents[-1]["role"] == role:
+        contents[-1]["parts"].extend(parts)
+    else:
+        contents.append({"role": role, "parts": parts})
+
+
+def _declaration(tool: ToolSpec) -> dict[str, Any]:
+    declaration: dict[str, Any] = {"name": tool.name, "description": tool.description}
+    if tool.parameters:
+        # parametersJsonSchema takes full JSON Schema; the older `parameters` field takes an
+        # OpenAPI subset and rejects keywords such as additionalProperties.
+        declaration["parametersJsonSchema"] = dict(tool.parameters)
+    return declaration
+
+
+def _history_contents(contents: list[dict[str, Any]], entry: ToolHistoryEntry) -> None:
+    model_parts: list[dict[str, Any]] = []
+    if entry.pre_tool_text:
+        model_parts.append({"text": entry.pre_tool_text})
+    function_call: dict[str, Any] = {"name": entry.call.name, "args": dict(entry.call.arguments)}
+    if entry.call.call_id:
+        function_call["id"] = entry.call.call_id
+    signature = (entry.call.provider_data or {}).get("thoughtSignature")
+    model_parts.append(
+        {"functionCall": function_call, "thoughtSignature": signature or SKIP_SIGNATURE}
+    )
+    _append(contents, "model", model_parts)
+    function_response: dict[str, Any] = {
+        "name": entry.call.name,
+        "response": _response_payload(entry.response),
+    }
+    if entry.call.call_id:
+        function_response["id"] = entry.call.call_id
+    _append(contents, "user", [{"functionResponse": function_response}])
+
+
+def build_gemini_body(request: ProviderRequest) -> dict[str, Any]:
+    """The ``streamGenerateContent`` request body for one pass."""
+    system: list[dict[str, Any]] = []
+    contents: list[dict[str, Any]] = []
+    for message in request.context:
+        role = str(message.get("role", "user"))
+        parts = _parts(message.get("content", ""))
+        if role == "system":
+            system.extend(parts)
+        else:
+            _append(contents, "model" if role in ("assistant", "model") else "user", parts)
+    for entry in request.history:
+        _history_contents(contents, entry)
+    if request.prefill:
+        # A trailing model turn is continued by the model rather than answered.
+        _append(contents, "model", [{"text": request.prefill}])
+
+    body: dict[str, Any] = {"contents": contents}
+    if system:
+        body["systemInstruction"] = {"parts": system}
+    if request.tools:
+        body["tools"] = [{"functionDeclarations": [_declaration(t) for t in request.tools]}]
+    if request.max_output:
+        body["generationConfig"] = {"maxOutputTokens": request.max_output}
+    return body
+
+
+# --------------------------------------------------------------------------- stream decoding
+def _parse_path(path: str) -> list[str | int] | None:
+    if not path.startswith("$"):
+        return None
+    steps: list[str | int] = []
+    position = 1
+    while position < len(path):
+        match = _PATH_TOKEN.match(path, position)
+        if match is None:
+            return None
+        name, index, single, double = match.groups()
+        if index is not None:
+            steps.append(int(index))
+        else:
+            quoted = single if single is not None else double
+            steps.append(name if name is not None else re.sub(r"\\(.)", r"\1", quoted or ""))
+        position = match.end()
+    return steps
+
+
+class _StreamedCall:
+    """A Vertex function call whose arguments arrive as ``partialArgs`` (§6.2)."""
+
+    __slots__ = ("args", "call_id", "name", "open_strings", "signature")
+
+    def __init__(self, name: str, call_id: str | None, signature: str | None) -> None:
+        self.name = name
+        self.call_id = call_id
+        self.signature = signature
+        self.args: dict[str, Any] = {}
+        # jsonPaths whose string value said willContinue: the next piece is appended.
+        self.open_strings: set[str] = set()
+
+    def apply(self, partial: Mapping[str, Any]) -> None:
+        path = str(partial.get("jsonPath") or "")
+        steps = _parse_path(path)
+        if not steps:
+            return
+        value: Any
+        if "stringValue" in partial:
+            piece = str(partial["stringValue"])
+            if path in self.open_strings:
+                previous = _get(self.args, steps)
+                value = (previous if isinstance(previous, str) else "") + piece
+            else:
+                value = piece
+        elif "numberValue" in partial:
+            number = partial["numberValue"]
+            value = int(number) if isinstance(number, float) and number.is_integer() else number
+        elif "boolValue" in partial:
+            value = bool(partial["boolValue"])
+        elif "nullValue" in partial:
+            value = None
+        elif "structValue" in partial:
+            value = partial["structValue"]
+        elif "listValue" in partial:
+            value = partial["listValue"]
+        else:
+            return
+        if partial.get("willContinue") and "stringValue" in partial:
+            self.open_strings.add(path)
+        else:
+            self.open_strings.discard(path)
+        _set(self.args, steps, value)
+
+
+def _get(root: Any, steps: Sequence[str | int]) -> Any:
+    node = root
+    for step in steps:
+        if isinstance(step, int):
+            if not isinstance(node, list) or step >= len(node):
+                return None
+            node = node[step]
+        else:
+            if not isinstance(node, dict):
+                return None
+            node = node.get(step)
+    return node
+
+
+def _set(root: dict[str, Any], steps: Sequence[str | int], value: Any) -> None:
+    node: Any = root
+    for step, following in zip(steps, [*steps[1:], None], strict=True):
+        container: Any = [] if isinstance(following, int) else {}
+        if following is None:
+            container = value
+        if isinstance(step, int):
+            if not isinstance(node, list):
+                return
+            while len(node) <= step:
+                node.append(None)
+            if following is None or not isinstance(node[step], (dict, list)):
+                node[step] = container
+            node = node[step]
+        else:
+            if not isinstance(node, dict):
+                return
+            if following is None or not isinstance(node.get(step), (dict, list)):
+                node[step] = container
+            node = node[step]
+
+
+class GeminiStreamDecoder:
+    """SSE ``data:`` payloads of one ``streamGenerateContent`` stream → chunk events.
+
+    `feed` takes the event name (unused: Gemini sends none) and the data text; `finish` is
+    called when the body ended — Gemini has no terminal event, the connection just closes
+    after the chunk carrying ``finishReason`` (§6.1), so that is where the finish reason and
+    any still-open streamed call come out. Raises `ProviderError` for an error object in the
+    stream, a payload that is not JSON, or a body that ended without a finish reason.
+    """
+
+    __slots__ = (
+        "_blocked",
+        "_calls",
+        "_finish_raw",
+        "_finished",
+        "_secrets",
+        "_streamed",
+        "_usage",
+    )
+
+    def __init__(self, *, secrets: Sequence[str] = ()) -> None:
+        # Values no error message may contain (the API key), however a server words it.
+        self._secrets = tuple(secrets)
+        self._calls = 0
+        self._blocked = False
+        self._streamed: _StreamedCall | None = None
+        self._finish_raw: str | None = None
+        self._usage: tuple[int, int] | None = None
+        self._finished = False
+
+    def feed(self, event: str | None, data: str) -> list[Chunk]:
+        del event  # Gemini's SSE has no event names
+        if self._finished:
+            return []
+        payload = _json_object(data)
+        if isinstance(payload.get("error"), Mapping):
+            # An error object in place of a chunk (§6.3): classify it by its status word
+            # (UNAVAILABLE, RESOURCE_EXHAUSTED, …) and keep any RetryInfo delay.
+            raise error_from_payload(payload, provider="Gemini", secrets=self._secrets)
+        chunks: list[Chunk] = []
+        candidates = payload.get("candidates") or []
+        candidate = next(
+            (c for c in candidates if isinstance(c, Mapping) and c.get("index", 0) == 0), None
+        )
+        if candidate is not None:
+            content = candidate.get("content") or {}
+            for part in content.get("parts") or ():
+                if isinstance(part, Mapping):
+                    chunks.extend(self._part(part))
+            reason = candidate.get("finishReason")
+            if reason:
+                self._finish_raw = str(reason)
+        else:
+            feedback = payload.get("promptFeedback") or {}
+            if feedback.get("blockReason"):
+                # The prompt itself was blocked: no candidates at all.
+                self._finish_raw = str(feedback["blockReason"])
+                self._blocked = True
+        usage = self._usage_report(payload.get("usageMetadata"))
+        if usage is not None:
+            chunks.append(usage)
+        return chunks
+
+    def finish(self) -> list[Chunk]:
+        if self._finished:
+            return []
+        if self._finish_raw is None:
+            raise ProviderError(
+                "Gemini stream ended without a finishReason",
+                kind="connection",
+                retryable=True,
+            )
+        self._finished = True
+        raw = self._finish_raw
+        chunks: list[Chunk] = []
+        if self._streamed is not None:
+            # A streamed call never got its closing `{}`: complete only if the model stopped
+            # on its own, cut if it ran out of tokens.
+            chunks.append(self._emit_streamed(truncated=raw == "MAX_TOKENS"))
+        kind = _FINISH_REASONS.get(raw, FinishKind.OTHER)
+        if self._blocked:
+            # promptFeedback.blockReason: the prompt itself was refused, whatever the word.
+            kind = FinishKind.CONTENT_FILTER
+        elif kind is FinishKind.STOP and self._calls:
+            kind = FinishKind.TOOL_CALLS
+        chunks.append(FinishReason(kind, raw))
+        return chunks
+
+    # ---- parts
+    def _part(self, part: Mapping[str, Any]) -> list[Chunk]:
+        signature = part.get("thoughtSignature") or None
+        function_call = part.get("functionCall")
+        if isinstance(function_call, Mapping):
+            return self._function_call(function_call, signature)
+        chunks: list[Chunk] = []
+        if self._streamed is not None and "text" in part and part.get("text"):
+            # Text after a streamed call means the call is over even without its `{}`.
+            chunks.append(self._emit_streamed(truncated=False))
+        text = part.get("text")
+        if isinstance(text, str):
+            if part.get("thought"):
+                if text or signature:
+                    chunks.append(ThoughtDelta(text, signature=signature))
+                return chunks
+            if text:
+                chunks.append(TextDelta(text))
+        if signature:
+            # A signature on a text part (often an empty final one, §6.2) must be echoed back
+            # with the turn; it travels as a text-less thought so the loop keeps it.
+            chunks.append(ThoughtDelta("", signature=signature))
+        return chunks
+
+    def _function_call(self, call: Mapping[str, Any], signature: str | None) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        name = call.get("name")
+        will_continue = bool(call.get("willContinue"))
+        partials = call.get("partialArgs") or ()
+        args = call.get("args")
+        if name:
+            if self._streamed is not None:
+                chunks.append(self._emit_streamed(truncated=False))
+            if not will_continue and not partials:
+                # The Gemini API form: the whole call in one part; `args` may be absent for a
+                # function without parameters (§6.2).
+                chunks.append(self._emit(str(name), args, call.get("id"), signature))
+                return chunks
+            self._streamed = _StreamedCall(str(name), call.get("id") or None, signature)
+        streamed = self._streamed
+        if streamed is None:
+            # partialArgs or a terminator with no call open: nothing can be named from it.
+            return chunks
+        if signature and not streamed.signature:
+            streamed.signature = signature
+        if isinstance(args, Mapping):
+            streamed.args.update(args)
+        for partial in partials:
+            if isinstance(partial, Mapping):
+                streamed.apply(partial)
+        if not will_continue:
+            # `{"functionCall": {}}` (or the last partial) closes the call.
+            chunks.append(self._emit_streamed(truncated=False))
+        return chunks
+
+    def _emit_streamed(self, *, truncated: bool) -> FunctionCall:
+        streamed = self._streamed
+        assert streamed is not None
+        self._streamed = None
+        call = self._emit(streamed.name, streamed.args, streamed.call_id, streamed.signature)
+        if truncated:
+            return FunctionCall(
+                call.name,
+                call.arguments,
+                call_id=call.call_id,
+                truncated=True,
+                provider_data=call.provider_data,
+            )
+        return call
+
+    def _emit(self, name: str, args: Any, call_id: Any, signature: str | None) -> FunctionCall:
+        self._calls += 1
+        arguments = dict(args) if isinstance(args, Mapping) else {}
+        return FunctionCall(
+            name,
+            arguments,
+            call_id=str(call_id) if call_id else None,
+            provider_data={"thoughtSignature": signature} if signature else None,
+        )
+
+    def _usage_report(self, metadata: Any) -> UsageReport | None:
+        if not isinstance(metadata, Mapping):
+            return None
+        if "promptTokenCount" not in metadata and "candidatesTokenCount" not in metadata:
+            # Vertex's intermediate chunks carry only {"trafficType": …} (§6.2).
+            return None
+        # Running totals, the last one wins. Thinking tokens are billed as output, as they are
+        # in Anthropic's and OpenAI's output figures; tool-use prompt tokens are input.
+        input_tokens = _count(metadata, "promptTokenCount") + _count(
+            metadata, "toolUsePromptTokenCount"
+        )
+        output_tokens = _count(metadata, "candidatesTokenCount") + _count(
+            metadata, "thoughtsTokenCount"
+        )
+        usage = (input_tokens, output_tokens)
+        if usage == self._usage:
+            return None
+        self._usage = usage
+        return UsageReport(input_tokens, output_tokens)
+
+
+def _count(metadata: Mapping[str, Any], key: str) -> int:
+    value = metadata.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _json_object(data: str) -> dict[str, Any]:
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        raise ProviderError(
+            "Gemini stream sent a data line that is not JSON", kind="protocol", retryable=True
+        ) from None
+    if not isinstance(payload, dict):
+        raise ProviderError(
+            "Gemini stream sent JSON that is not an object", kind="protocol", retryable=True
+        )
+    return payload
+
+
+# --------------------------------------------------------------------------- the provider
+class GeminiProvider:
+    """Streams one pass from Gemini's ``streamGenerateContent`` (Gemini API or Vertex).
+
+    ``base_url`` is the API root (``https://generativelanguage.googleapis.com/v1beta``); the
+    request goes to ``{base_url}/models/{model}:streamGenerateContent?alt=sse``. ``api_key``
+    travels only in the ``x-goog-api-key`` header — never as a ``key=`` query parameter, which
+    would put it in every URL that is logged or quoted in an error — and appears in no message
+    or repr. ``client`` is an optional shared ``httpx.AsyncClient`` (never closed here).
+    """
+
+    tool_calling = "native"
+
+    __slots__ = ("_api_key", "_client", "_headers", "_timeout", "base_url", "model", "name")
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        name: str = "gemini",
+        headers: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        # "models/gemini-…" (the name the models list returns) and "gemini-…" both work.
+        self.model = model.removeprefix("models/")
+        self.name = name
+        self._api_key = api_key
+        self._client = client
+        self._headers = dict(headers or {})
+        self._timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"GeminiProvider(base_url={self.base_url!r}, model={self.model!r})"
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
+        headers = {**self._headers, "accept": "text/event-stream"}
+        if self._api_key:
+            headers["x-goog-api-key"] = self._api_key
+        secrets = (self._api_key,) if self._api_key else ()
+        decoder = GeminiStreamDecoder(secrets=secrets)
+        # post_stream/aiter_sse are async generators typed as AsyncIterator; aclosing needs
+        # their aclose(), hence the casts.
+        raw = cast(
+            "AsyncGenerator[bytes, None]",
+            post_stream(
+                f"{self.base_url}/models/{self.model}:streamGenerateContent?alt=sse",
+                build_gemini_body(request),
+                provider="Gemini",
+                headers=headers,
+                client=self._client,
+                secrets=secrets,
+                timeout=self._timeout,
+            ),
+        )
+        # aclosing both generators: a cancelled or abandoned pass closes the response at once.
+        events_iter = cast("AsyncGenerator[ServerSentEvent, None]", aiter_sse(raw))
+        async with aclosing(raw), aclosing(events_iter) as events:
+            async for event in events:
+                for chunk in decoder.feed(event.event, event.data):
+                    yield chunk
+        for chunk in decoder.finish():
+            yield chunk
+
+
+__all__ = ["SKIP_SIGNATURE", "GeminiProvider", "GeminiStreamDecoder", "build_gemini_body"]
