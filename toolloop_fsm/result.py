@@ -167,6 +167,9 @@ class GenerationTurnResult:
     held_notice: Notice | None = None
     stop_message: str | None = None
     error_message: str | None = None
+    provider_error_kind: str | None = None
+    retryable: bool | None = None
+    retry_after: float | None = None
     attempt_failures: tuple[AttemptFailure, ...] = ()
     trace: tuple[TraceStep, ...] = ()
     exception: BaseException | None = field(default=None, eq=False, repr=False)

@@ -1,0 +1,25 @@
+"""Delivery bookkeeping: whether the turn must wait for deliveries still in flight."""
+
+from __future__ import annotations
+
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.turn import TurnState
+
+
+def must_settle_deliveries(turn: TurnState) -> bool:
+    """Deliveries are in flight and the turn is not being killed: wait for them (bounded)."""
+    return (
+        bool(turn.in_flight)
+        and not turn.settle_started
+        and turn.status is not TurnStatus.STOPPED_BY_USER
+        and turn.reason != "host_error"
+    )
+
+
+def all_deliveries_recorded(turn: TurnState) -> bool:
+    """The delivery being recorded now is the last one in flight."""
+    event = turn.current_event
+    if isinstance(event, DeliveryRecorded):
+        return turn.in_flight <= {event.seq}
+    return not turn.in_flight

@@ -1,0 +1,84 @@
+"""Exit rules: when a pass or a tool round ends the turn (SPEC §3 rules 1, 5, 7 and the
+empty-response rule)."""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.turn import TurnState
+
+_CUT_FINISHES = frozenset(
+    {FinishKind.LENGTH, FinishKind.SPEAKER_GUARD, FinishKind.CONTINUATION_PENDING}
+)
+
+
+@frozen
+class ExitView:
+    """What a custom exit rule may look at after a successful tool round."""
+
+    tool_name: str
+    pre_tool_text: str | None
+    requires_follow_up: bool
+    continuation_style: bool
+    iteration: int
+
+
+def tool_requested_context_restart(turn: TurnState) -> bool:
+    """The successful outcome carries a context-enrichment signal (SPEC §2.3)."""
+    outcome = turn.outcome
+    return outcome is not None and outcome.success and outcome.restart_item is not None
+
+
+def tool_asked_to_end_turn(turn: TurnState) -> bool:
+    outcome = turn.outcome
+    return outcome is not None and outcome.success and outcome.end_turn
+
+
+def exit_view(turn: TurnState) -> ExitView:
+    name = turn.last_tool or ""
+    tool = turn.registry.get(name)
+    return ExitView(
+        tool_name=name,
+        pre_tool_text=turn.pre_tool_text,
+        requires_follow_up=tool.requires_follow_up if tool is not None else True,
+        continuation_style=turn.continuation_style,
+        iteration=turn.iterations,
+    )
+
+
+def should_end_after_pre_tool_text(turn: TurnState) -> bool:
+    """SPEC §3.7: after visible pre-tool text, a silent tool ends the turn ``completed``.
+
+    Members of ``suppress_followup_after_pre_tool_text`` end it at once; on
+    continuation-style providers any tool that needs no follow-up ends it too.
+    """
+    outcome = turn.outcome
+    if outcome is None or not outcome.success:
+        return False
+    if turn.pre_tool_text is None or not turn.pre_tool_text.strip():
+        return False
+    view = exit_view(turn)
+    if turn.policy.end_after_pre_tool_text is not None:
+        return bool(turn.policy.end_after_pre_tool_text(view))
+    if view.tool_name in turn.policy.suppress_followup_after_pre_tool_text:
+        return True
+    return view.continuation_style and not view.requires_follow_up
+
+
+def pass_has_text(turn: TurnState) -> bool:
+    """The pass produced visible, non-blank text."""
+    return any(part.strip() for part in turn.pass_text)
+
+
+def is_settled_after_tool(turn: TurnState) -> bool:
+    """An empty pass after visible text or a delivered expression is a finished reply when the
+    last tool needs no follow-up and the pass was not cut (SPEC §3, other terminal rules)."""
+    if not (turn.visible_text_delivered or turn.expression_delivered):
+        return False
+    if turn.last_tool is None:
+        return False
+    tool = turn.registry.get(turn.last_tool)
+    if tool is None or tool.requires_follow_up:
+        return False
+    return turn.pass_finish not in _CUT_FINISHES

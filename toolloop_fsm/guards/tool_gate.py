@@ -1,0 +1,59 @@
+"""The gate a requested call passes before anything runs (SPEC §2.2 steps 1–4)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from toolloop_fsm.turn import TurnState, canonical_call_key
+
+
+def call_pending(turn: TurnState) -> bool:
+    """The pass ended with a tool call."""
+    return turn.pending_call is not None
+
+
+def call_is_malformed(turn: TurnState) -> bool:
+    """No name, a blank name, or (parsed) arguments that are not an object."""
+    call = turn.pending_call
+    if call is None:
+        return False
+    if not isinstance(call.name, str) or not call.name.strip():
+        return True
+    if call.parse_error is not None or call.truncated:
+        return False
+    return not isinstance(call.arguments, Mapping)
+
+
+def call_arguments_truncated(turn: TurnState) -> bool:
+    """The adapter had to repair a cut-off JSON payload (SPEC §2.2.3)."""
+    return turn.pending_call is not None and turn.pending_call.truncated
+
+
+def call_arguments_unparseable(turn: TurnState) -> bool:
+    """The arguments were malformed (not truncated) JSON: a failure shown to the model."""
+    return turn.pending_call is not None and turn.pending_call.parse_error is not None
+
+
+def call_outside_allowlist(turn: TurnState) -> bool:
+    """Unknown tool, a tool outside the turn's allowlist, or one disabled for the turn."""
+    call = turn.pending_call
+    if call is None:
+        return False
+    return call.name not in allowed_tool_names(turn)
+
+
+def call_already_recorded(turn: TurnState) -> bool:
+    """An identical call already completed this turn: reuse it, never run it twice."""
+    call = turn.pending_call
+    if call is None:
+        return False
+    return canonical_call_key(call.name, call.arguments) in turn.ledger
+
+
+def allowed_tool_names(turn: TurnState) -> tuple[str, ...]:
+    allowlist = turn.request.tools_allowed
+    return tuple(
+        name
+        for name in turn.registry.names
+        if (allowlist is None or name in allowlist) and name not in turn.disabled_tools
+    )

@@ -1,0 +1,526 @@
+"""`ToolLoopMachine`: the inner tool loop, declared once with `transitions`.
+
+This module is the one place to read the whole loop: the states of each stage, every
+transition, and — by their order in `TRANSITIONS` — the order in which guards are tried
+(SPEC §2.2 and §3). Behaviour lives in `states/`, decisions in `guards/`.
+
+Stream chunks are events of the streaming states, declared as internal transitions so the
+diagram shows them, but run through a handler table derived from the same declaration (the
+fast path) instead of a full `transitions` trigger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from transitions import Machine, MachineError
+
+from toolloop_fsm.effects import Effect, Finish
+from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.events import (
+    DeadlineExpired,
+    DeliveryFailed,
+    DeliveryRecorded,
+    FinishReason,
+    FollowUpArrived,
+    FunctionCall,
+    SceneMetadata,
+    StopRequested,
+    StreamEnded,
+    StreamFailed,
+    TextDelta,
+    ThoughtDelta,
+    ToolFinished,
+    UsageReport,
+)
+from toolloop_fsm.guards.ceilings import (
+    consecutive_error_ceiling_reached,
+    continuation_retries_exhausted,
+    iteration_ceiling_reached,
+)
+from toolloop_fsm.guards.deliveries import all_deliveries_recorded, must_settle_deliveries
+from toolloop_fsm.guards.exit_policy import (
+    is_settled_after_tool,
+    pass_has_text,
+    should_end_after_pre_tool_text,
+    tool_asked_to_end_turn,
+    tool_requested_context_restart,
+)
+from toolloop_fsm.guards.outcome import (
+    outcome_is_completed,
+    outcome_is_empty_response,
+    outcome_is_error,
+    outcome_is_follow_up_interrupt,
+    outcome_is_stopped_by_user,
+    outcome_is_timeout,
+)
+from toolloop_fsm.guards.tool_gate import (
+    call_already_recorded,
+    call_arguments_truncated,
+    call_arguments_unparseable,
+    call_is_malformed,
+    call_outside_allowlist,
+    call_pending,
+)
+from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.states.build_result import (
+    abandon_in_flight,
+    begin_settling,
+    build_result,
+    complete_after_pre_tool_text,
+    complete_end_turn,
+    complete_retry_exhausted,
+    end_iteration_ceiling,
+    end_tool_error_loop,
+    fail_delivery,
+    ignore_follow_up_while_settling,
+    kill_while_settling,
+    settle_delivery,
+)
+from toolloop_fsm.states.context_restart import apply_context_restart
+from toolloop_fsm.states.delivery import record_delivery
+from toolloop_fsm.states.stream_once import (
+    CHUNK_HANDLERS,
+    begin_pass,
+    complete_settled_after_tool,
+    complete_with_text,
+    end_empty_response,
+    end_malformed_call,
+    fail_stream,
+    interrupt_for_follow_up,
+    stop_stream,
+    take_first_chunk,
+    time_out_first_token,
+    time_out_inactivity,
+)
+from toolloop_fsm.states.tool_dispatch import (
+    announce_tool_outcome,
+    clear_stale_follow_up,
+    dispatch_tool,
+    record_tool_outcome,
+    refuse_outside_allowlist,
+    refuse_truncated_call,
+    refuse_unparseable_call,
+    reuse_recorded_outcome,
+    stop_during_tool,
+    take_tool_outcome,
+    time_out_tool,
+)
+from toolloop_fsm.turn import LedgerEntry, TurnState
+
+# --------------------------------------------------------------------------- states
+FINAL_STATES: tuple[str, ...] = (
+    "completed",
+    "stopped_by_user",
+    "follow_up_interrupt",
+    "timeout",
+    "error",
+    "empty_response",
+)
+#: States the machine passes through within one `feed` (decision points, no waiting).
+TRANSIENT_STATES: frozenset[str] = frozenset(
+    {
+        "starting_pass",
+        "checking_tool_outcome",
+        "recording_tool_outcome",
+        "restarting_context",
+        "building_result",
+    }
+)
+# Drafting (SPEC §4) adds a `reviewing` state between `recording_tool_outcome`/`streaming`
+# and `building_result`; it is declared by the drafting issue, not here.
+STATES: list[dict[str, Any]] = [
+    {"name": "ready"},
+    {"name": "starting_pass"},
+    {"name": "awaiting_first_token"},
+    {"name": "streaming"},
+    {"name": "executing_tool"},
+    {"name": "checking_tool_outcome", "on_enter": ["announce_tool_outcome"]},
+    {"name": "restarting_context", "on_enter": ["apply_context_restart"]},
+    {"name": "recording_tool_outcome", "on_enter": ["record_tool_outcome"]},
+    {"name": "settling"},
+    {"name": "building_result"},
+    *({"name": name, "final": True} for name in FINAL_STATES),
+]
+
+STREAM_STATES = ["awaiting_first_token", "streaming"]
+CHUNK_TRIGGERS: dict[type, str] = {
+    TextDelta: "text_delta",
+    ThoughtDelta: "thought_delta",
+    UsageReport: "usage_report",
+    FunctionCall: "function_call",
+    FinishReason: "finish_reason",
+    SceneMetadata: "scene_metadata",
+}
+
+
+def _t(
+    trigger: str,
+    source: str | list[str],
+    dest: str | None,
+    *,
+    when: Callable[[TurnState], bool] | None = None,
+    do: Callable[..., None] | None = None,
+) -> dict[str, Any]:
+    """One declared transition: ``when`` is its guard (by name), ``do`` its action."""
+    spec: dict[str, Any] = {"trigger": trigger, "source": source, "dest": dest}
+    if when is not None:
+        spec["conditions"] = [when.__name__]
+    if do is not None:
+        spec["before"] = [do.__name__]
+    return spec
+
+
+TRANSITIONS: list[dict[str, Any]] = [
+    _t("start", "ready", "starting_pass"),
+    # ---- stream once: the ceiling is checked before every pass (SPEC §3, iteration ceiling)
+    _t("advance", "starting_pass", "building_result",
+       when=iteration_ceiling_reached, do=end_iteration_ceiling),
+    _t("advance", "starting_pass", "awaiting_first_token", do=begin_pass),
+    # the first chunk of any kind swaps the first-token budget for the inactivity budget
+    *(_t(trigger, "awaiting_first_token", "streaming", do=take_first_chunk)
+      for trigger in CHUNK_TRIGGERS.values()),
+    # chunks while streaming: internal transitions, run by the fast path
+    *(_t(trigger, "streaming", None, do=CHUNK_HANDLERS[chunk])
+      for chunk, trigger in CHUNK_TRIGGERS.items()),
+    # ---- the pass ends: SPEC §2.2 steps 1, 3, 4, then dispatch; else the text rules
+    _t("stream_ended", STREAM_STATES, "building_result",
+       when=call_is_malformed, do=end_malformed_call),
+    _t("stream_ended", STREAM_STATES, "checking_tool_outcome",
+       when=call_arguments_truncated, do=refuse_truncated_call),
+    _t("stream_ended", STREAM_STATES, "checking_tool_outcome",
+       when=call_arguments_unparseable, do=refuse_unparseable_call),
+    _t("stream_ended", STREAM_STATES, "checking_tool_outcome",
+       when=call_outside_allowlist, do=refuse_outside_allowlist),
+    _t("stream_ended", STREAM_STATES, "checking_tool_outcome",
+       when=call_already_recorded, do=reuse_recorded_outcome),
+    _t("stream_ended", STREAM_STATES, "executing_tool", when=call_pending, do=dispatch_tool),
+    _t("stream_ended", STREAM_STATES, "building_result",
+       when=pass_has_text, do=complete_with_text),
+    _t("stream_ended", STREAM_STATES, "building_result",
+       when=is_settled_after_tool, do=complete_settled_after_tool),
+    _t("stream_ended", STREAM_STATES, "building_result", do=end_empty_response),
+    _t("stream_failed", STREAM_STATES, "building_result", do=fail_stream),
+    _t("first_token_deadline", "awaiting_first_token", "building_result",
+       do=time_out_first_token),
+    _t("inactivity_deadline", "streaming", "building_result", do=time_out_inactivity),
+    _t("stop_requested", STREAM_STATES, "building_result", do=stop_stream),
+    _t("follow_up_arrived", STREAM_STATES, "building_result", do=interrupt_for_follow_up),
+    _t("delivery_recorded", [*STREAM_STATES, "executing_tool"], None, do=record_delivery),
+    _t("delivery_failed", [*STREAM_STATES, "executing_tool", "settling"], "building_result",
+       do=fail_delivery),
+    # ---- execute tool call (SPEC §2.2 step 6): the deadline and the stop signal
+    _t("tool_finished", "executing_tool", "checking_tool_outcome", do=take_tool_outcome),
+    _t("tool_deadline", "executing_tool", "checking_tool_outcome", do=time_out_tool),
+    _t("stop_requested", "executing_tool", "building_result", do=stop_during_tool),
+    _t("follow_up_arrived", "executing_tool", None, do=clear_stale_follow_up),
+    # ---- after a tool call, in SPEC §3 order (an abort arrives as stop_requested above)
+    _t("advance", "checking_tool_outcome", "restarting_context",
+       when=tool_requested_context_restart),
+    _t("advance", "checking_tool_outcome", "recording_tool_outcome"),
+    _t("advance", "restarting_context", "starting_pass"),
+    _t("advance", "recording_tool_outcome", "building_result",
+       when=consecutive_error_ceiling_reached, do=end_tool_error_loop),
+    _t("advance", "recording_tool_outcome", "building_result",
+       when=tool_asked_to_end_turn, do=complete_end_turn),
+    _t("advance", "recording_tool_outcome", "building_result",
+       when=continuation_retries_exhausted, do=complete_retry_exhausted),
+    _t("advance", "recording_tool_outcome", "building_result",
+       when=should_end_after_pre_tool_text, do=complete_after_pre_tool_text),
+    _t("advance", "recording_tool_outcome", "starting_pass"),
+    # ---- build result: wait (bounded) for deliveries in flight, then the terminal state
+    _t("advance", "building_result", "settling", when=must_settle_deliveries, do=begin_settling),
+    _t("advance", "building_result", "completed", when=outcome_is_completed),
+    _t("advance", "building_result", "stopped_by_user", when=outcome_is_stopped_by_user),
+    _t("advance", "building_result", "follow_up_interrupt", when=outcome_is_follow_up_interrupt),
+    _t("advance", "building_result", "timeout", when=outcome_is_timeout),
+    _t("advance", "building_result", "error", when=outcome_is_error),
+    _t("advance", "building_result", "empty_response", when=outcome_is_empty_response),
+    _t("delivery_recorded", "settling", "building_result",
+       when=all_deliveries_recorded, do=settle_delivery),
+    _t("delivery_recorded", "settling", None, do=settle_delivery),
+    _t("settle_deadline", "settling", "building_result", do=abandon_in_flight),
+    _t("stop_requested", "settling", "building_result", do=kill_while_settling),
+    _t("follow_up_arrived", "settling", None, do=ignore_follow_up_while_settling),
+]
+
+#: Every guard, action and entry callback the declaration names, by name.
+CALLBACKS: dict[str, Callable[..., Any]] = {
+    fn.__name__: fn
+    for fn in (
+        iteration_ceiling_reached, consecutive_error_ceiling_reached,
+        continuation_retries_exhausted, all_deliveries_recorded, must_settle_deliveries,
+        is_settled_after_tool, pass_has_text, should_end_after_pre_tool_text,
+        tool_asked_to_end_turn, tool_requested_context_restart, outcome_is_completed,
+        outcome_is_empty_response, outcome_is_error, outcome_is_follow_up_interrupt,
+        outcome_is_stopped_by_user, outcome_is_timeout, call_already_recorded,
+        call_arguments_truncated, call_arguments_unparseable, call_is_malformed,
+        call_outside_allowlist, call_pending, abandon_in_flight, begin_settling,
+        complete_after_pre_tool_text, complete_end_turn, complete_retry_exhausted,
+        end_iteration_ceiling, end_tool_error_loop, fail_delivery,
+        ignore_follow_up_while_settling, kill_while_settling, settle_delivery,
+        apply_context_restart, record_delivery, begin_pass, complete_settled_after_tool,
+        complete_with_text, end_empty_response, end_malformed_call, fail_stream,
+        interrupt_for_follow_up, stop_stream, take_first_chunk, time_out_first_token,
+        time_out_inactivity, announce_tool_outcome, clear_stale_follow_up, dispatch_tool,
+        record_tool_outcome, refuse_outside_allowlist, refuse_truncated_call,
+        refuse_unparseable_call, reuse_recorded_outcome, stop_during_tool, take_tool_outcome,
+        time_out_tool, *CHUNK_HANDLERS.values(),
+    )
+}
+
+
+def transition_id(spec: Mapping[str, Any], source: str) -> str:
+    """A stable name for one declared transition (from one source state)."""
+    dest = spec["dest"] if spec["dest"] is not None else source
+    conditions = ",".join(spec.get("conditions", ()))
+    guard = f"[{conditions}]" if conditions else ""
+    return f"{source} --{spec['trigger']}{guard}--> {dest}"
+
+
+def declared_transition_ids(transitions: Iterable[Mapping[str, Any]]) -> list[str]:
+    ids: list[str] = []
+    for spec in transitions:
+        sources = spec["source"] if isinstance(spec["source"], list) else [spec["source"]]
+        ids.extend(transition_id(spec, source) for source in sources)
+    return ids
+
+
+class _Coverage:
+    """Which declared transitions fired, when a test asks (off by default: zero cost)."""
+
+    fired: set[str] | None = None
+
+
+def _covering(spec: dict[str, Any], source: str) -> Callable[[Any], None]:
+    ident = transition_id(spec, source)
+
+    def covered(_event_data: Any) -> None:
+        if _Coverage.fired is not None:
+            _Coverage.fired.add(ident)
+
+    return covered
+
+
+def _resolve(name: str) -> Callable[[Any], Any]:
+    """Bind a declared callback name to its function: guards take the turn, actions the turn
+    and the event being processed."""
+    fn = CALLBACKS[name]
+    if name in _GUARD_NAMES:
+        def guard(event_data: Any) -> Any:
+            return fn(event_data.model)
+
+        guard.__name__ = name
+        return guard
+
+    def action(event_data: Any) -> None:
+        fn(event_data.model, event_data.args[0] if event_data.args else None)
+
+    action.__name__ = name
+    return action
+
+
+_GUARD_NAMES: frozenset[str] = frozenset(
+    condition for spec in TRANSITIONS for condition in spec.get("conditions", ())
+)
+
+
+def _runtime_declaration() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    states = [
+        {**state, "on_enter": [_resolve(n) for n in state.get("on_enter", ())]} for state in STATES
+    ]
+    transitions: list[dict[str, Any]] = []
+    for spec in TRANSITIONS:
+        sources = spec["source"] if isinstance(spec["source"], list) else [spec["source"]]
+        for source in sources:
+            runtime = {**spec, "source": source}
+            runtime["conditions"] = [_resolve(n) for n in spec.get("conditions", ())]
+            runtime["before"] = [_resolve(n) for n in spec.get("before", ())]
+            runtime["after"] = [_covering(spec, source)]
+            transitions.append(runtime)
+    return states, transitions
+
+
+_states, _transitions = _runtime_declaration()
+_MACHINE = Machine(
+    model=None,
+    states=_states,
+    transitions=_transitions,
+    initial="ready",
+    auto_transitions=False,
+    send_event=True,
+    ignore_invalid_triggers=False,
+)
+_EVENTS = _MACHINE.events
+_ADVANCE = _EVENTS["advance"]
+
+#: The fast path: (state, chunk type) → handler, derived from the internal transitions.
+FAST_PATH: dict[tuple[str, type], Callable[[TurnState, Any], None]] = {}
+FAST_PATH_IDS: dict[tuple[str, type], str] = {}
+for _spec in TRANSITIONS:
+    if _spec["dest"] is None and _spec["trigger"] in CHUNK_TRIGGERS.values():
+        _chunk = next(c for c, t in CHUNK_TRIGGERS.items() if t == _spec["trigger"])
+        FAST_PATH[(_spec["source"], _chunk)] = CALLBACKS[_spec["before"][0]]
+        FAST_PATH_IDS[(_spec["source"], _chunk)] = transition_id(_spec, _spec["source"])
+
+_SIGNAL_TRIGGERS: dict[type, str] = {
+    StreamEnded: "stream_ended",
+    StreamFailed: "stream_failed",
+    ToolFinished: "tool_finished",
+    StopRequested: "stop_requested",
+    FollowUpArrived: "follow_up_arrived",
+    DeliveryRecorded: "delivery_recorded",
+    DeliveryFailed: "delivery_failed",
+}
+
+
+def trigger_for(event: object) -> str:
+    """The declared trigger an event fires."""
+    trigger = CHUNK_TRIGGERS.get(type(event)) or _SIGNAL_TRIGGERS.get(type(event))
+    if trigger is not None:
+        return trigger
+    if isinstance(event, DeadlineExpired):
+        return f"{event.kind.value}_deadline"
+    raise TypeError(f"{type(event).__name__} is not an event of the tool loop")
+
+
+class ToolLoopMachine:
+    """The inner tool loop as a sans-IO machine: `start` it, `feed` it events, carry out the
+    effects it returns. One instance runs one turn (one attempt)."""
+
+    name = "ToolLoopMachine"
+
+    def __init__(
+        self, policy: LoopPolicy | None = None, *, tools: ToolRegistry | Iterable[Tool] = ()
+    ) -> None:
+        self.policy = policy if policy is not None else LoopPolicy()
+        self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        self._turn: TurnState | None = None
+        self._result: GenerationTurnResult | None = None
+
+    # ------------------------------------------------------------------ public surface
+    @property
+    def state(self) -> str:
+        return self._turn.state if self._turn is not None else "ready"
+
+    @property
+    def is_finished(self) -> bool:
+        return self._result is not None
+
+    @property
+    def result(self) -> GenerationTurnResult:
+        if self._result is None:
+            raise RuntimeError(f"the turn has not finished (state {self.state!r})")
+        return self._result
+
+    @property
+    def trace(self) -> tuple[TraceStep, ...]:
+        return tuple(self._turn.trace) if self._turn is not None else ()
+
+    @property
+    def turn(self) -> TurnState:
+        """The live iteration state (read-only by convention; for hosts' inspection and tests)."""
+        if self._turn is None:
+            raise RuntimeError("the machine has not been started")
+        return self._turn
+
+    def start(
+        self,
+        request: TurnRequest,
+        *,
+        continuation_style: bool = False,
+        hold_timeout_notice: bool = False,
+        ledger: Mapping[str, LedgerEntry] | None = None,
+        expression_delivered: bool = False,
+    ) -> list[Effect]:
+        """Begin the turn: returns the effects that open the first pass.
+
+        ``ledger`` and ``expression_delivered`` carry a previous attempt's completed tool
+        calls and delivered expression into this one (the outer tier uses them).
+        """
+        if self._turn is not None:
+            raise InvalidEvent(self.name, self.state, "start", "the machine was already started")
+        turn = TurnState(
+            policy=self.policy,
+            registry=self.tools,
+            request=request,
+            continuation_style=continuation_style,
+            hold_timeout_notice=hold_timeout_notice,
+        )
+        turn.context.extend(request.context)
+        turn.prefill = request.prefill
+        if ledger:
+            turn.ledger.update(ledger)
+        turn.expression_delivered = expression_delivered
+        self._turn = turn
+        return self._fire("start", None)
+
+    def feed(self, event: Any) -> list[Effect]:
+        """Take one event; return the effects to carry out, in order."""
+        turn = self._turn
+        if turn is None:
+            raise InvalidEvent(self.name, "ready", event, "call start() first")
+        handler = FAST_PATH.get((turn.state, event.__class__))
+        if handler is not None:
+            handler(turn, event)
+            if _Coverage.fired is not None:
+                _Coverage.fired.add(FAST_PATH_IDS[(turn.state, event.__class__)])
+            effects = turn.effects
+            if effects:
+                turn.effects = []
+                return effects
+            return []
+        try:
+            trigger = trigger_for(event)
+        except TypeError as err:
+            raise InvalidEvent(self.name, turn.state, event, str(err)) from None
+        self._check_current(turn, event)
+        return self._fire(trigger, event)
+
+    # ------------------------------------------------------------------ internals
+    def _check_current(self, turn: TurnState, event: object) -> None:
+        """Outcomes that belong to something already cancelled are a shell bug, not data."""
+        if isinstance(event, DeadlineExpired):
+            armed = turn.armed.get(event.kind.value)
+            if armed != event.token:
+                raise InvalidEvent(
+                    self.name, turn.state, event,
+                    f"deadline token {event.token} is not armed (armed: {armed})",
+                )
+        elif isinstance(event, ToolFinished) and event.dispatch != turn.dispatches:
+            raise InvalidEvent(
+                self.name, turn.state, event,
+                f"dispatch {event.dispatch} is not the running one ({turn.dispatches})",
+            )
+        elif isinstance(event, DeliveryRecorded | DeliveryFailed) and event.seq not in turn.in_flight:
+            raise InvalidEvent(self.name, turn.state, event, f"delivery {event.seq} is not in flight")
+
+    def _fire(self, trigger: str, event: object) -> list[Effect]:
+        turn = self._turn
+        assert turn is not None
+        if self._result is not None:
+            raise InvalidEvent(self.name, turn.state, event, "the turn has finished")
+        before = turn.state
+        turn.current_event = event
+        try:
+            fired = _EVENTS[trigger].trigger(turn, event) if trigger in _EVENTS else False
+        except MachineError:
+            fired = False
+        if not fired:
+            raise InvalidEvent(self.name, before, event)
+        turn.trace.append(TraceStep(before, trigger, turn.state))
+        while turn.state in TRANSIENT_STATES:
+            step_from = turn.state
+            if not _ADVANCE.trigger(turn, None):
+                raise InvalidEvent(self.name, step_from, "advance", "no guard matched")
+            turn.trace.append(TraceStep(step_from, "advance", turn.state))
+        turn.current_event = None
+        effects = turn.effects
+        turn.effects = []
+        if turn.state in FINAL_STATES:
+            self._result = build_result(turn)
+            effects.append(Finish(self._result))
+        return effects

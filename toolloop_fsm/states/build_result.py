@@ -1,0 +1,127 @@
+"""Build result (SPEC §2.4): the terminal decisions that end a turn after a tool round,
+the bounded wait for deliveries in flight, and assembling `GenerationTurnResult`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolloop_fsm.events import DeadlineKind, DeliveryFailed, DeliveryRecorded, StopRequested
+from toolloop_fsm.result import GenerationTurnResult, Notice, TurnStatus, UsageLedger
+from toolloop_fsm.states.delivery import arm_deadline, clear_deadline, post_notice, record_delivery
+from toolloop_fsm.states.stream_once import decide, queue_stop_message
+from toolloop_fsm.turn import TurnState
+
+
+# --------------------------------------------------------------------------- terminal decisions
+def end_tool_error_loop(turn: TurnState, _event: Any = None) -> None:
+    post_notice(turn, Notice("tool_error_loop", {"failures": turn.consecutive_tool_errors}))
+    decide(turn, TurnStatus.ERROR, "consecutive_tool_errors")
+
+
+def complete_end_turn(turn: TurnState, _event: Any = None) -> None:
+    _final_text_is_pre_tool_text(turn)
+    decide(turn, TurnStatus.COMPLETED, "end_turn")
+
+
+def complete_retry_exhausted(turn: TurnState, _event: Any = None) -> None:
+    post_notice(turn, Notice("retry_exhausted", {"failures": turn.continuation_failures}))
+    _final_text_is_pre_tool_text(turn)
+    decide(turn, TurnStatus.COMPLETED, "continuation_retries_exhausted")
+
+
+def complete_after_pre_tool_text(turn: TurnState, _event: Any = None) -> None:
+    _final_text_is_pre_tool_text(turn)
+    decide(turn, TurnStatus.COMPLETED, "pre_tool_text_suffices")
+
+
+def _final_text_is_pre_tool_text(turn: TurnState) -> None:
+    turn.last_text = turn.pre_tool_text or ""
+
+
+def end_iteration_ceiling(turn: TurnState, _event: Any = None) -> None:
+    post_notice(turn, Notice("max_iterations", {"iterations": turn.iterations}))
+    decide(turn, TurnStatus.TIMEOUT, "iteration_ceiling")
+
+
+def fail_delivery(turn: TurnState, event: DeliveryFailed) -> None:
+    """Host code raised: the turn ends ``error`` (no fallback) and nothing else runs."""
+    from toolloop_fsm.effects import CancelStream, CancelTool
+
+    if turn.state in ("awaiting_first_token", "streaming"):
+        turn.effects.append(CancelStream())
+    elif turn.state == "executing_tool":
+        turn.effects.append(CancelTool(turn.dispatches))
+    turn.in_flight.discard(event.seq)
+    turn.error_message = f"the host's channel raised while delivering: {event.error}"
+    decide(turn, TurnStatus.ERROR, "host_error")
+
+
+# --------------------------------------------------------------------------- settling
+def begin_settling(turn: TurnState, _event: Any = None) -> None:
+    """Wait (bounded) for deliveries in flight. After a genuine timeout the window is the
+    short ``abandoned_stream_settle``; otherwise the inactivity budget bounds it."""
+    turn.settle_started = True
+    seconds = (
+        turn.policy.abandoned_stream_settle
+        if turn.status is TurnStatus.TIMEOUT
+        else turn.policy.inactivity_timeout
+    )
+    arm_deadline(turn, DeadlineKind.SETTLE, seconds)
+
+
+def settle_delivery(turn: TurnState, event: DeliveryRecorded) -> None:
+    record_delivery(turn, event)
+    if not turn.in_flight:
+        clear_deadline(turn, DeadlineKind.SETTLE)
+
+
+def abandon_in_flight(turn: TurnState, _event: Any = None) -> None:
+    turn.armed.pop(DeadlineKind.SETTLE.value, None)
+
+
+def kill_while_settling(turn: TurnState, event: StopRequested) -> None:
+    clear_deadline(turn, DeadlineKind.SETTLE)
+    queue_stop_message(turn, event)
+    if turn.status is not TurnStatus.COMPLETED:
+        decide(turn, TurnStatus.STOPPED_BY_USER, "stopped_while_settling")
+
+
+def ignore_follow_up_while_settling(turn: TurnState, _event: Any = None) -> None:
+    turn.follow_ups_cleared += 1
+
+
+# --------------------------------------------------------------------------- the result
+def build_result(turn: TurnState) -> GenerationTurnResult:
+    status = turn.status
+    assert status is not None
+    final_text = turn.last_text
+    if turn.scene_metadata:
+        final_text = f"{final_text}\n\n[Scene Metadata]\n" + "\n".join(turn.scene_metadata)
+    details = "\n".join(
+        f"{entry.call.name}: "
+        + ("ok" if entry.response.success else f"failed ({entry.response.reason})")
+        for entry in turn.history
+    )
+    return GenerationTurnResult(
+        status=status,
+        reason=turn.reason,
+        final_text=final_text,
+        details_text=details,
+        history=tuple(turn.history),
+        stream_results=tuple(turn.stream_results),
+        usage=UsageLedger(tuple(turn.usage)),
+        iterations=turn.iterations,
+        tool_dispatches=turn.dispatches,
+        tool_response_delivered=turn.tool_response_delivered,
+        thought_log=turn.thought_log,
+        thought_log_owner=turn.request.thought_log_owner,
+        delivered=tuple(sorted(turn.delivered, key=lambda d: d.seq)),
+        notices=tuple(turn.notices),
+        held_notice=turn.held_notice,
+        stop_message=turn.stop_message,
+        error_message=turn.error_message,
+        provider_error_kind=turn.provider_error_kind,
+        retryable=turn.provider_error_retryable,
+        retry_after=turn.provider_retry_after,
+        trace=tuple(turn.trace),
+    )

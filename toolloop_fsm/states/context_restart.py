@@ -1,0 +1,22 @@
+"""Enhanced context restart (SPEC §2.3): append the enrichment, disable its kinds, reset the
+error counters, and start a new pass — without a tool-history entry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolloop_fsm.turn import LedgerEntry, TurnState
+
+
+def apply_context_restart(turn: TurnState, _event: Any = None) -> None:
+    outcome = turn.outcome
+    assert outcome is not None and outcome.restart_item is not None
+    turn.context.append(outcome.restart_item)
+    turn.disabled_enrichment_kinds.update(outcome.restart_kinds)
+    turn.consecutive_tool_errors = 0
+    turn.continuation_failures = 0
+    if outcome.dispatched and turn.current_call_key is not None:
+        turn.ledger[turn.current_call_key] = LedgerEntry(turn.current_call_key, outcome)
+    call = turn.pending_call
+    if call is not None:
+        turn.last_tool = str(call.name)

@@ -1,0 +1,70 @@
+"""Deliveries, notices and deadlines: the effects every stage emits the same way."""
+
+from __future__ import annotations
+
+from toolloop_fsm.effects import ArmDeadline, ClearDeadline, Deliver, PostNotice
+from toolloop_fsm.events import DeadlineKind, DeliveryRecorded
+from toolloop_fsm.result import Delivered, Notice
+from toolloop_fsm.turn import TurnState
+
+
+def deliver_text(turn: TurnState, text: str) -> None:
+    seq = turn.next_seq
+    turn.next_seq = seq + 1
+    turn.issued[seq] = Delivered(seq, text=text)
+    turn.in_flight.add(seq)
+    if text.strip():
+        turn.visible_text_delivered = True
+    turn.effects.append(Deliver(seq, text=text))
+
+
+def deliver_expression(turn: TurnState, expression: str) -> None:
+    seq = turn.next_seq
+    turn.next_seq = seq + 1
+    turn.issued[seq] = Delivered(seq, expression=expression)
+    turn.in_flight.add(seq)
+    turn.expression_delivered = True
+    turn.effects.append(Deliver(seq, expression=expression))
+
+
+def flush_buffer(turn: TurnState) -> None:
+    """Hand the buffered visible text to the channel (unless text is suppressed)."""
+    if not turn.buffer:
+        return
+    text = "".join(turn.buffer)
+    turn.buffer.clear()
+    turn.buffer_len = 0
+    if not turn.suppress_text:
+        deliver_text(turn, text)
+
+
+def discard_buffer(turn: TurnState) -> None:
+    turn.buffer.clear()
+    turn.buffer_len = 0
+
+
+def record_delivery(turn: TurnState, event: DeliveryRecorded) -> None:
+    turn.in_flight.discard(event.seq)
+    delivered = turn.issued.get(event.seq)
+    if delivered is not None:
+        turn.delivered.append(delivered)
+
+
+def post_notice(turn: TurnState, notice: Notice) -> None:
+    turn.notices.append(notice)
+    turn.effects.append(PostNotice(notice))
+
+
+def arm_deadline(
+    turn: TurnState, kind: DeadlineKind, seconds: float, *, rolling: bool = False
+) -> None:
+    turn.next_token += 1
+    token = turn.next_token
+    turn.armed[kind.value] = token
+    turn.effects.append(ArmDeadline(kind, token, seconds, rolling))
+
+
+def clear_deadline(turn: TurnState, kind: DeadlineKind) -> None:
+    token = turn.armed.pop(kind.value, None)
+    if token is not None:
+        turn.effects.append(ClearDeadline(kind, token))

@@ -1,0 +1,259 @@
+"""Stream once (SPEC §2.1): one provider pass — awaiting the first token, streaming, and
+every way a pass ends (text, tool call, empty, failure, deadline, stop, follow-up)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from toolloop_fsm.effects import CancelStream, QueueStopResponse, StartStream
+from toolloop_fsm.events import (
+    DeadlineKind,
+    FinishReason,
+    FunctionCall,
+    SceneMetadata,
+    StopRequested,
+    StreamFailed,
+    TextDelta,
+    ThoughtDelta,
+    UsageReport,
+)
+from toolloop_fsm.guards.tool_gate import allowed_tool_names
+from toolloop_fsm.providers.base import ProviderRequest
+from toolloop_fsm.result import Notice, StreamResult, TurnStatus, UsageEntry
+from toolloop_fsm.states.delivery import (
+    arm_deadline,
+    clear_deadline,
+    discard_buffer,
+    flush_buffer,
+    post_notice,
+)
+from toolloop_fsm.turn import TurnState
+
+
+# --------------------------------------------------------------------------- pass start
+def begin_pass(turn: TurnState, _event: Any = None) -> None:
+    """Open pass number ``iterations + 1``: reset the accumulators, start the stream, arm the
+    first-token budget, and post the one-time *still working* notice."""
+    turn.iterations += 1
+    turn.pass_text.clear()
+    turn.pass_thoughts.clear()
+    discard_buffer(turn)
+    turn.pass_finish = None
+    turn.pass_usage = None
+    turn.pending_call = None
+    turn.ignored_calls.clear()
+    turn.outcome = None
+    turn.current_call_key = None
+    if turn.iterations == turn.policy.soft_warn_iteration:
+        post_notice(turn, Notice("still_working", {"iteration": turn.iterations}))
+    registry = turn.registry
+    tools = tuple(
+        tool.spec() for name in allowed_tool_names(turn) if (tool := registry.get(name)) is not None
+    )
+    request = ProviderRequest(
+        context=tuple(turn.context),
+        tools=tools,
+        history=tuple(turn.history),
+        prefill=turn.prefill,
+        max_output=turn.request.max_output,
+    )
+    turn.effects.append(StartStream(turn.iterations, request))
+    arm_deadline(turn, DeadlineKind.FIRST_TOKEN, turn.policy.effective_first_token_timeout)
+
+
+# --------------------------------------------------------------------------- chunks (fast path)
+def take_text(turn: TurnState, event: TextDelta) -> None:
+    text = event.text
+    turn.pass_text.append(text)
+    turn.buffer.append(text)
+    turn.buffer_len += len(text)
+    if turn.buffer_len >= turn.policy.delivery_flush_chars:
+        flush_buffer(turn)
+
+
+def take_thought(turn: TurnState, event: ThoughtDelta) -> None:
+    turn.pass_thoughts.append(event.text)
+
+
+def take_usage(turn: TurnState, event: UsageReport) -> None:
+    previous = turn.pass_usage
+    if event.cumulative or previous is None:
+        turn.pass_usage = UsageEntry(
+            turn.iterations, event.input_tokens, event.output_tokens, event.estimated
+        )
+    else:
+        turn.pass_usage = UsageEntry(
+            turn.iterations,
+            previous.input_tokens + event.input_tokens,
+            previous.output_tokens + event.output_tokens,
+            previous.estimated or event.estimated,
+        )
+
+
+def take_function_call(turn: TurnState, event: FunctionCall) -> None:
+    """The first call of a pass is the one dispatched; later ones are recorded as ignored
+    (one dispatch per pass keeps the history provider-valid and dispatches ≤ passes)."""
+    if turn.pending_call is None:
+        turn.pending_call = event
+    else:
+        turn.ignored_calls.append(str(event.name))
+
+
+def take_finish_reason(turn: TurnState, event: FinishReason) -> None:
+    turn.pass_finish = event.kind
+
+
+def take_scene_metadata(turn: TurnState, event: SceneMetadata) -> None:
+    turn.scene_metadata.append(event.text)
+
+
+CHUNK_HANDLERS: dict[type, Callable[[TurnState, Any], None]] = {
+    TextDelta: take_text,
+    ThoughtDelta: take_thought,
+    UsageReport: take_usage,
+    FunctionCall: take_function_call,
+    FinishReason: take_finish_reason,
+    SceneMetadata: take_scene_metadata,
+}
+
+
+def take_first_chunk(turn: TurnState, event: Any) -> None:
+    """The first chunk swaps the first-token budget for the rolling inactivity budget."""
+    clear_deadline(turn, DeadlineKind.FIRST_TOKEN)
+    arm_deadline(turn, DeadlineKind.INACTIVITY, turn.policy.inactivity_timeout, rolling=True)
+    CHUNK_HANDLERS[type(event)](turn, event)
+
+
+# --------------------------------------------------------------------------- pass end
+def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> str:
+    """Record the pass's stream result, usage and thoughts; returns the pass's text."""
+    clear_deadline(turn, DeadlineKind.FIRST_TOKEN)
+    clear_deadline(turn, DeadlineKind.INACTIVITY)
+    text = "".join(turn.pass_text)
+    call = turn.pending_call
+    turn.stream_results.append(
+        StreamResult(
+            iteration=turn.iterations,
+            outcome=outcome,
+            text=text,
+            finish=turn.pass_finish,
+            function_call=str(call.name) if call is not None else None,
+            ignored_calls=tuple(turn.ignored_calls),
+            error=error,
+        )
+    )
+    if turn.pass_usage is not None:
+        turn.usage.append(turn.pass_usage)
+        turn.pass_usage = None
+    if turn.pass_thoughts:
+        thoughts = "".join(turn.pass_thoughts)
+        if thoughts.strip():
+            turn.thought_log = thoughts
+    if text.strip():
+        turn.last_text = text
+    return text
+
+
+def decide(turn: TurnState, status: TurnStatus, reason: str | None = None) -> None:
+    turn.status = status
+    turn.reason = reason
+
+
+def close_pass_with_call(turn: TurnState) -> None:
+    """A pass that asked for a tool: its text so far is the pre-tool text, delivered now."""
+    text = close_pass(turn, "function_call")
+    turn.pre_tool_text = text if text.strip() else None
+    flush_buffer(turn)
+
+
+def complete_with_text(turn: TurnState, _event: Any = None) -> None:
+    close_pass(turn, "completed")
+    flush_buffer(turn)
+    decide(turn, TurnStatus.COMPLETED)
+
+
+def complete_settled_after_tool(turn: TurnState, _event: Any = None) -> None:
+    close_pass(turn, "empty_response")
+    flush_buffer(turn)
+    decide(turn, TurnStatus.COMPLETED, "settled_after_tool")
+
+
+def end_empty_response(turn: TurnState, _event: Any = None) -> None:
+    close_pass(turn, "empty_response")
+    flush_buffer(turn)
+    decide(turn, TurnStatus.EMPTY_RESPONSE)
+
+
+def end_malformed_call(turn: TurnState, _event: Any = None) -> None:
+    call = turn.pending_call
+    close_pass(turn, "function_call", error="malformed tool call")
+    flush_buffer(turn)
+    name = call.name if call is not None else None
+    if not isinstance(name, str) or not name.strip():
+        turn.error_message = "the model asked for a tool call without a name"
+    else:
+        kind = type(call.arguments).__name__ if call is not None else "nothing"
+        turn.error_message = (
+            f"the model's call to {name!r} has arguments that are not an object ({kind})"
+        )
+    decide(turn, TurnStatus.ERROR, "malformed_call")
+
+
+def fail_stream(turn: TurnState, event: StreamFailed) -> None:
+    """The provider's stream raised: what was buffered is not delivered (another attempt
+    continues from what was), and the turn ends ``error`` with the provider's facts."""
+    close_pass(turn, "error", error=event.message)
+    discard_buffer(turn)
+    turn.error_message = event.message
+    turn.provider_error_kind = event.kind
+    turn.provider_error_retryable = event.retryable
+    turn.provider_retry_after = event.retry_after
+    decide(turn, TurnStatus.ERROR, "provider_error")
+
+
+def stop_stream(turn: TurnState, event: StopRequested) -> None:
+    """/kill while streaming: abort the stream, keep the pass's text in the result (nothing
+    more is sent), queue the stop message at the front."""
+    turn.effects.append(CancelStream())
+    close_pass(turn, "stopped_by_user")
+    discard_buffer(turn)
+    queue_stop_message(turn, event)
+    decide(turn, TurnStatus.STOPPED_BY_USER)
+
+
+def queue_stop_message(turn: TurnState, event: StopRequested) -> None:
+    if event.stop_message is not None:
+        turn.stop_message = event.stop_message
+        turn.effects.append(QueueStopResponse(event.stop_message))
+
+
+def interrupt_for_follow_up(turn: TurnState, _event: Any = None) -> None:
+    """A new user message while streaming: discard the undelivered buffer and yield."""
+    turn.effects.append(CancelStream())
+    close_pass(turn, "follow_up_interrupt")
+    discard_buffer(turn)
+    decide(turn, TurnStatus.FOLLOW_UP_INTERRUPT)
+
+
+def time_out_first_token(turn: TurnState, _event: Any = None) -> None:
+    _time_out_stream(turn, "first_token_timeout")
+
+
+def time_out_inactivity(turn: TurnState, _event: Any = None) -> None:
+    _time_out_stream(turn, "inactivity_timeout")
+
+
+def _time_out_stream(turn: TurnState, reason: str) -> None:
+    turn.armed.pop(
+        DeadlineKind.FIRST_TOKEN.value if reason == "first_token_timeout" else "inactivity", None
+    )
+    turn.effects.append(CancelStream())
+    close_pass(turn, "timeout", error=reason)
+    discard_buffer(turn)
+    notice = Notice("timeout", {"reason": reason})
+    if turn.hold_timeout_notice:
+        turn.held_notice = notice
+    else:
+        post_notice(turn, notice)
+    decide(turn, TurnStatus.TIMEOUT, reason)

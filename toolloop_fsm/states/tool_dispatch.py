@@ -1,0 +1,212 @@
+"""Execute tool call (SPEC §2.2) and the record-keeping after it (SPEC §3 steps 3–4):
+refusals at the gate, dispatch under the tool deadline, outcomes, expressions, failure
+notices, history entries, the ledger and the error counters."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from toolloop_fsm.effects import CancelTool, RunTool
+from toolloop_fsm.events import DeadlineKind, FollowUpArrived, StopRequested, ToolFinished
+from toolloop_fsm.guards.tool_gate import allowed_tool_names
+from toolloop_fsm.result import (
+    Notice,
+    ToolCallRecord,
+    ToolHistoryEntry,
+    ToolResponseRecord,
+    TurnStatus,
+)
+from toolloop_fsm.states.delivery import (
+    arm_deadline,
+    clear_deadline,
+    deliver_expression,
+    post_notice,
+)
+from toolloop_fsm.states.stream_once import close_pass_with_call, decide, queue_stop_message
+from toolloop_fsm.turn import LedgerEntry, ToolOutcome, TurnState, canonical_call_key
+
+TRUNCATED_ARGUMENTS_REASON = (
+    "The provider truncated the arguments of this call before they were complete; "
+    "the tool was not run and nothing was updated. Call it again with complete arguments."
+)
+
+
+# --------------------------------------------------------------------------- the gate
+def refuse_truncated_call(turn: TurnState, _event: Any = None) -> None:
+    close_pass_with_call(turn)
+    turn.outcome = ToolOutcome(success=False, reason=TRUNCATED_ARGUMENTS_REASON, dispatched=False)
+
+
+def refuse_unparseable_call(turn: TurnState, _event: Any = None) -> None:
+    close_pass_with_call(turn)
+    call = turn.pending_call
+    detail = call.parse_error if call is not None else "unknown"
+    turn.outcome = ToolOutcome(
+        success=False,
+        reason=f"The arguments were not valid JSON ({detail}); the tool was not run.",
+        dispatched=False,
+    )
+
+
+def refuse_outside_allowlist(turn: TurnState, _event: Any = None) -> None:
+    close_pass_with_call(turn)
+    call = turn.pending_call
+    name = str(call.name) if call is not None else ""
+    allowed = allowed_tool_names(turn)
+    allowed_text = ", ".join(allowed) if allowed else "none"
+    if turn.registry.get(name) is None:
+        closest = turn.registry.closest_name(name)
+        hint = f" Did you mean {closest!r}?" if closest is not None else ""
+        reason = f"There is no tool named {name!r}.{hint} Tools you may call: {allowed_text}."
+    else:
+        reason = (
+            f"The tool {name!r} is not available in this turn. Tools you may call: {allowed_text}."
+        )
+    turn.outcome = ToolOutcome(success=False, reason=reason, dispatched=False)
+
+
+def reuse_recorded_outcome(turn: TurnState, _event: Any = None) -> None:
+    """An identical call already succeeded this turn: reuse its outcome instead of running
+    the tool again. A reused restart does not restart (its context is already there)."""
+    close_pass_with_call(turn)
+    call = turn.pending_call
+    assert call is not None
+    key = canonical_call_key(call.name, call.arguments)
+    recorded = turn.ledger[key].outcome
+    turn.current_call_key = key
+    turn.outcome = ToolOutcome(
+        success=recorded.success,
+        data=recorded.data,
+        message=recorded.message,
+        end_turn=recorded.end_turn,
+        delivered=recorded.delivered,
+        expression=recorded.expression,
+        restart_item=None,
+        dispatched=False,
+        reused=True,
+    )
+
+
+def dispatch_tool(turn: TurnState, _event: Any = None) -> None:
+    close_pass_with_call(turn)
+    call = turn.pending_call
+    assert call is not None
+    tool = turn.registry.get(call.name)
+    assert tool is not None
+    turn.dispatches += 1
+    key = canonical_call_key(call.name, call.arguments)
+    turn.current_call_key = key
+    turn.effects.append(RunTool(turn.dispatches, call.name, dict(call.arguments), key))
+    timeout = tool.timeout if tool.timeout is not None else turn.policy.tool_timeout
+    arm_deadline(turn, DeadlineKind.TOOL, timeout)
+
+
+# --------------------------------------------------------------------------- while a tool runs
+def take_tool_outcome(turn: TurnState, event: ToolFinished) -> None:
+    clear_deadline(turn, DeadlineKind.TOOL)
+    turn.outcome = ToolOutcome.from_event(event)
+
+
+def time_out_tool(turn: TurnState, _event: Any = None) -> None:
+    turn.armed.pop(DeadlineKind.TOOL.value, None)
+    turn.effects.append(CancelTool(turn.dispatches))
+    call = turn.pending_call
+    tool = turn.registry.get(call.name) if call is not None else None
+    seconds = tool.timeout if tool is not None and tool.timeout is not None else None
+    if seconds is None:
+        seconds = turn.policy.tool_timeout
+    turn.outcome = ToolOutcome(success=False, reason=f"timed out after {seconds:g} s")
+
+
+def stop_during_tool(turn: TurnState, event: StopRequested) -> None:
+    """/kill while a tool runs: cancel it; its (killed) result is never shown to the model."""
+    clear_deadline(turn, DeadlineKind.TOOL)
+    turn.effects.append(CancelTool(turn.dispatches))
+    queue_stop_message(turn, event)
+    decide(turn, TurnStatus.STOPPED_BY_USER, "stopped_during_tool")
+
+
+def clear_stale_follow_up(turn: TurnState, _event: FollowUpArrived) -> None:
+    """A follow-up during a tool chain waits for the next turn; the chain continues."""
+    turn.follow_ups_cleared += 1
+
+
+# --------------------------------------------------------------------------- after the outcome
+def announce_tool_outcome(turn: TurnState, _event: Any = None) -> None:
+    """SPEC §2.2 steps 7–8: deliver the tool's expression (once per turn) and post the
+    hidden failure notice with redacted arguments."""
+    outcome = turn.outcome
+    assert outcome is not None
+    if outcome.expression is not None and not turn.expression_delivered and not outcome.reused:
+        deliver_expression(turn, outcome.expression)
+    if not outcome.success and not outcome.review_rejection:
+        post_notice(turn, tool_failure_notice(turn, outcome))
+
+
+def tool_failure_notice(turn: TurnState, outcome: ToolOutcome) -> Notice:
+    call = turn.pending_call
+    name = str(call.name) if call is not None else "?"
+    arguments: Any = {} if call is None or call.truncated else call.arguments
+    tool = turn.registry.get(name)
+    if tool is not None and tool.redact is not None and isinstance(arguments, Mapping):
+        arguments = tool.redact(arguments)
+    try:
+        arguments_text = json.dumps(arguments, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        arguments_text = repr(arguments)
+    summary = f"tool {name} failed: {outcome.reason}\narguments: {arguments_text}"
+    limit = turn.policy.tool_failure_notice_limit
+    if len(summary) > limit:
+        summary = summary[: limit - 1] + "…"
+    return Notice("tool_failed", {"tool": name, "summary": summary}, hidden=True)
+
+
+def record_tool_outcome(turn: TurnState, _event: Any = None) -> None:
+    """SPEC §2.2 step 10 and §3 steps 3–4: push the history entry, remember the tool, update
+    the ledger and the error counters, and clear the prefill the entry now carries."""
+    outcome = turn.outcome
+    call = turn.pending_call
+    assert outcome is not None and call is not None
+    name = str(call.name)
+    arguments: Mapping[str, Any] = (
+        {} if call.truncated or not isinstance(call.arguments, Mapping) else call.arguments
+    )
+    if outcome.success:
+        response = ToolResponseRecord(
+            success=True, data=outcome.data, message=outcome.message, tool_name=name
+        )
+    else:
+        response = ToolResponseRecord(
+            success=False,
+            data=outcome.data,
+            message=outcome.message,
+            status="tool_execution_failed",
+            reason=outcome.reason,
+            tool_name=name,
+        )
+    turn.history.append(
+        ToolHistoryEntry(
+            call=ToolCallRecord(name, dict(arguments), call.call_id, call.provider_data),
+            response=response,
+            pre_tool_text=turn.pre_tool_text,
+            iteration=turn.iterations,
+        )
+    )
+    turn.prefill = None
+    turn.last_tool = name
+    if outcome.success and outcome.delivered:
+        turn.tool_response_delivered = True
+    if outcome.success:
+        turn.consecutive_tool_errors = 0
+        turn.continuation_failures = 0
+        if outcome.dispatched and turn.current_call_key is not None:
+            turn.ledger[turn.current_call_key] = LedgerEntry(turn.current_call_key, outcome)
+        if name == turn.policy.memory_tool_name:
+            turn.disabled_tools.add(name)
+    elif not outcome.review_rejection:
+        turn.consecutive_tool_errors += 1
+        if turn.continuation_style and turn.pre_tool_text is not None:
+            turn.continuation_failures += 1
+            turn.suppress_text = True

@@ -1,0 +1,168 @@
+"""The iteration state of one tool-loop run: everything the inner machine remembers.
+
+`TurnState` is the model object the `transitions` declaration drives (it carries the
+``state`` attribute). It holds history, counters, accumulators, the delivery record and the
+turn-scoped tool ledger, and collects the effects of the step being processed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from attrs import define, field, frozen
+
+from toolloop_fsm.events import FinishKind, FunctionCall, ToolFinished, ToolOutcomeKind
+from toolloop_fsm.result import (
+    Delivered,
+    Notice,
+    StreamResult,
+    ToolHistoryEntry,
+    TraceStep,
+    TurnStatus,
+    UsageEntry,
+)
+
+if TYPE_CHECKING:
+    from toolloop_fsm.effects import Effect
+    from toolloop_fsm.host import ToolRegistry, TurnRequest
+    from toolloop_fsm.policy import LoopPolicy
+
+
+def canonical_call_key(name: str, arguments: Any) -> str:
+    """The engine's own identity of a call: name + canonical JSON arguments.
+
+    A model's call ids change between attempts, so they cannot identify a call.
+    """
+    try:
+        canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        canonical = repr(arguments)
+    return f"{name}:{canonical}"
+
+
+@frozen
+class ToolOutcome:
+    """A tool's outcome as the loop sees it (a real dispatch, a reuse, or a refusal)."""
+
+    success: bool
+    data: Any = None
+    message: str | None = None
+    reason: str | None = None
+    end_turn: bool = False
+    delivered: bool = False
+    expression: str | None = None
+    restart_item: Mapping[str, Any] | None = None
+    restart_kinds: tuple[str, ...] = ()
+    dispatched: bool = True
+    reused: bool = False
+    review_rejection: bool = False
+
+    @classmethod
+    def from_event(cls, event: ToolFinished) -> ToolOutcome:
+        if event.kind is ToolOutcomeKind.SUCCEEDED:
+            restart = event.context_restart
+            return cls(
+                success=True,
+                data=event.data,
+                message=event.message,
+                end_turn=event.end_turn,
+                delivered=event.delivered,
+                expression=event.expression,
+                restart_item=restart.item if restart is not None else None,
+                restart_kinds=restart.disable_kinds if restart is not None else (),
+            )
+        reason = event.error or event.message or "the tool reported a failure"
+        return cls(
+            success=False,
+            data=event.data,
+            message=event.message,
+            reason=reason,
+            expression=event.expression if event.kind is ToolOutcomeKind.FAILED else None,
+        )
+
+
+@frozen
+class LedgerEntry:
+    """A completed call recorded in the turn-scoped ledger."""
+
+    call_key: str
+    outcome: ToolOutcome
+
+
+@define(slots=True)
+class TurnState:
+    """Mutable state of one run of the inner machine (the `transitions` model)."""
+
+    policy: LoopPolicy
+    registry: ToolRegistry
+    request: TurnRequest
+    state: str = "ready"
+    continuation_style: bool = False
+    hold_timeout_notice: bool = False
+    ledger: dict[str, LedgerEntry] = field(factory=dict)
+    expression_delivered: bool = False
+
+    # the conversation as the next pass will see it
+    context: list[Mapping[str, Any]] = field(factory=list)
+    history: list[ToolHistoryEntry] = field(factory=list)
+    prefill: str | None = None
+    disabled_tools: set[str] = field(factory=set)
+    disabled_enrichment_kinds: set[str] = field(factory=set)
+
+    # counters
+    iterations: int = 0
+    dispatches: int = 0
+    consecutive_tool_errors: int = 0
+    continuation_failures: int = 0
+    suppress_text: bool = False
+    last_tool: str | None = None
+    tool_response_delivered: bool = False
+
+    # the current pass
+    pass_text: list[str] = field(factory=list)
+    pass_thoughts: list[str] = field(factory=list)
+    buffer: list[str] = field(factory=list)
+    buffer_len: int = 0
+    pass_finish: FinishKind | None = None
+    pass_usage: UsageEntry | None = None
+    pending_call: FunctionCall | None = None
+    ignored_calls: list[str] = field(factory=list)
+    scene_metadata: list[str] = field(factory=list)
+
+    # the current tool round
+    pre_tool_text: str | None = None
+    current_call_key: str | None = None
+    outcome: ToolOutcome | None = None
+
+    # deadlines and deliveries
+    next_token: int = 0
+    armed: dict[str, int] = field(factory=dict)
+    next_seq: int = 0
+    in_flight: set[int] = field(factory=set)
+    issued: dict[int, Delivered] = field(factory=dict)
+    delivered: list[Delivered] = field(factory=list)
+    visible_text_delivered: bool = False
+
+    # what the turn produced
+    stream_results: list[StreamResult] = field(factory=list)
+    usage: list[UsageEntry] = field(factory=list)
+    notices: list[Notice] = field(factory=list)
+    held_notice: Notice | None = None
+    thought_log: str = ""
+    last_text: str = ""
+    status: TurnStatus | None = None
+    reason: str | None = None
+    stop_message: str | None = None
+    error_message: str | None = None
+    provider_error_kind: str | None = None
+    provider_error_retryable: bool | None = None
+    provider_retry_after: float | None = None
+    settle_started: bool = False
+    follow_ups_cleared: int = 0
+
+    # bookkeeping of the step being processed
+    current_event: Any = None
+    effects: list[Effect] = field(factory=list)
+    trace: list[TraceStep] = field(factory=list)
