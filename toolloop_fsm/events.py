@@ -186,9 +186,10 @@ class DeliveryRecorded:
 
 @frozen
 class DeliveryFailed:
-    """The host's channel raised while delivering ``seq``."""
+    """The host's channel raised while delivering ``seq`` (``None``: a notice or the stop
+    message)."""
 
-    seq: int
+    seq: int | None
     error: str
 
 

@@ -17,6 +17,10 @@ from toolloop_fsm.providers.base import ToolSpec
 from toolloop_fsm.result import Notice
 
 
+def _optional_frozenset(value: Iterable[str] | None) -> frozenset[str] | None:
+    return None if value is None else frozenset(value)
+
+
 @frozen
 class TurnRequest:
     """What the host asks for: the conversation ``context`` (provider-neutral message dicts),
@@ -24,9 +28,7 @@ class TurnRequest:
     ``prefill`` to continue from."""
 
     context: Sequence[Mapping[str, Any]] = field(converter=tuple)
-    tools_allowed: frozenset[str] | None = field(
-        default=None, converter=lambda v: None if v is None else frozenset(v)
-    )
+    tools_allowed: frozenset[str] | None = field(default=None, converter=_optional_frozenset)
     prefill: str | None = None
     thought_log_owner: str = "default"
     max_output: int | None = None

@@ -174,6 +174,7 @@ def _t(
     return spec
 
 
+# fmt: off
 TRANSITIONS: list[dict[str, Any]] = [
     _t("start", "ready", "starting_pass"),
     # ---- stream once: the ceiling is checked before every pass (SPEC §3, iteration ceiling)
@@ -246,11 +247,10 @@ TRANSITIONS: list[dict[str, Any]] = [
     _t("stop_requested", "settling", "building_result", do=kill_while_settling),
     _t("follow_up_arrived", "settling", None, do=ignore_follow_up_while_settling),
 ]
+# fmt: on
 
 #: Every guard, action and entry callback the declaration names, by name.
-CALLBACKS: dict[str, Callable[..., Any]] = {
-    fn.__name__: fn
-    for fn in (
+_CALLBACK_FUNCTIONS: tuple[Callable[..., Any], ...] = (
         iteration_ceiling_reached, consecutive_error_ceiling_reached,
         continuation_retries_exhausted, all_deliveries_recorded, must_settle_deliveries,
         is_settled_after_tool, pass_has_text, should_end_after_pre_tool_text,
@@ -269,8 +269,8 @@ CALLBACKS: dict[str, Callable[..., Any]] = {
         record_tool_outcome, refuse_outside_allowlist, refuse_truncated_call,
         refuse_unparseable_call, reuse_recorded_outcome, stop_during_tool, take_tool_outcome,
         time_out_tool, *CHUNK_HANDLERS.values(),
-    )
-}
+)
+CALLBACKS: dict[str, Callable[..., Any]] = {fn.__name__: fn for fn in _CALLBACK_FUNCTIONS}
 
 
 def transition_id(spec: Mapping[str, Any], source: str) -> str:
@@ -495,8 +495,13 @@ class ToolLoopMachine:
                 self.name, turn.state, event,
                 f"dispatch {event.dispatch} is not the running one ({turn.dispatches})",
             )
-        elif isinstance(event, DeliveryRecorded | DeliveryFailed) and event.seq not in turn.in_flight:
-            raise InvalidEvent(self.name, turn.state, event, f"delivery {event.seq} is not in flight")
+        elif (
+            isinstance(event, DeliveryRecorded | DeliveryFailed)
+            and event.seq is not None
+            and event.seq not in turn.in_flight
+        ):
+            detail = f"delivery {event.seq} is not in flight"
+            raise InvalidEvent(self.name, turn.state, event, detail)
 
     def _fire(self, trigger: str, event: object) -> list[Effect]:
         turn = self._turn

@@ -51,7 +51,8 @@ def fail_delivery(turn: TurnState, event: DeliveryFailed) -> None:
         turn.effects.append(CancelStream())
     elif turn.state == "executing_tool":
         turn.effects.append(CancelTool(turn.dispatches))
-    turn.in_flight.discard(event.seq)
+    if event.seq is not None:
+        turn.in_flight.discard(event.seq)
     turn.error_message = f"the host's channel raised while delivering: {event.error}"
     decide(turn, TurnStatus.ERROR, "host_error")
 

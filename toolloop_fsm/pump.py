@@ -1,0 +1,471 @@
+"""The event pump: the async shell around the sans-IO machines.
+
+`EventPump` carries out a machine's effects — the provider stream reader, tool tasks,
+deadline timers on the injected `Clock`, deliveries to the host's `Channel` — and turns
+what happens into events, fed to the machine one at a time. Everything runs under one
+`asyncio.TaskGroup`, so cancelling the caller cancels the stream and the tools and
+propagates; a stop is the first-party `StopRequested` event, never a swallowed
+`CancelledError`.
+
+The per-chunk path has no hops: the reader task feeds each chunk to the machine directly
+and checks the host's signals between chunks. Every event source (reader, tool tasks,
+timers, the delivery worker) feeds the machine synchronously on the loop's one thread, so
+the machine never sees two events at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from toolloop_fsm.effects import (
+    ArmDeadline,
+    CancelStream,
+    CancelTool,
+    ClearDeadline,
+    Deliver,
+    Effect,
+    Finish,
+    PostNotice,
+    QueueStopResponse,
+    RunTool,
+    StartStream,
+)
+from toolloop_fsm.events import (
+    DeadlineExpired,
+    DeliveryFailed,
+    DeliveryRecorded,
+    FollowUpArrived,
+    StopRequested,
+    StreamEnded,
+    StreamFailed,
+    ToolFinished,
+    ToolOutcomeKind,
+)
+from toolloop_fsm.host import (
+    Channel,
+    Clock,
+    LoopClock,
+    TimerHandle,
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    ToolResult,
+    TurnRequest,
+    TurnSignals,
+)
+from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest
+from toolloop_fsm.result import GenerationTurnResult, Notice, TraceStep
+from toolloop_fsm.turn import LedgerEntry
+
+
+class EventPump:
+    """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
+
+    def __init__(
+        self,
+        machine: ToolLoopMachine,
+        provider: Provider,
+        channel: Channel,
+        *,
+        signals: TurnSignals | None = None,
+        clock: Clock | None = None,
+        on_step: Callable[[TraceStep], None] | None = None,
+        on_effect: Callable[[Effect], None] | None = None,
+    ) -> None:
+        self.machine = machine
+        self.provider = provider
+        self.channel = channel
+        self.registry = machine.tools
+        self.signals = signals if signals is not None else TurnSignals()
+        self.clock: Clock = clock if clock is not None else LoopClock()
+        self.on_step = on_step
+        self.on_effect = on_effect
+        self._group: asyncio.TaskGroup | None = None
+        self._done: asyncio.Future[GenerationTurnResult] | None = None
+        self._stream_task: asyncio.Task[None] | None = None
+        self._stream_generation = 0
+        self._tool_task: asyncio.Task[None] | None = None
+        self._tool_dispatch = 0
+        self._iteration = 0
+        self._timers: dict[int, tuple[TimerHandle, ArmDeadline]] = {}
+        self._last_activity = 0.0
+        self._signals_dirty = False
+        self._stop_fed = False
+        self._follow_ups_seen = 0
+        self._deliveries: collections.deque[Deliver] = collections.deque()
+        self._delivery_task: asyncio.Task[None] | None = None
+        self._host_calls: collections.deque[PostNotice | QueueStopResponse] = collections.deque()
+        self._host_task: asyncio.Task[None] | None = None
+        self._host_exception: BaseException | None = None
+        self._trace_seen = 0
+
+    # ------------------------------------------------------------------ running
+    async def run(
+        self,
+        request: TurnRequest,
+        *,
+        continuation_style: bool | None = None,
+        hold_timeout_notice: bool = False,
+        ledger: Mapping[str, LedgerEntry] | None = None,
+        expression_delivered: bool = False,
+    ) -> GenerationTurnResult:
+        """Run the turn to its terminal state and return its result."""
+        loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+        if continuation_style is None:
+            continuation_style = bool(getattr(self.provider, "continuation_style", False))
+        self._follow_ups_seen = self.signals.follow_ups
+        self.signals.add_listener(self._signal_arrived)
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                self._execute(
+                    self.machine.start(
+                        request,
+                        continuation_style=continuation_style,
+                        hold_timeout_notice=hold_timeout_notice,
+                        ledger=ledger,
+                        expression_delivered=expression_delivered,
+                    )
+                )
+                self._signals_dirty = True
+                self._take_signals()
+                try:
+                    result = await self._done
+                finally:
+                    self._wind_down()
+            return result
+        finally:
+            self.signals.remove_listener(self._signal_arrived)
+            self._cancel_timers()
+
+    def _wind_down(self) -> None:
+        """The turn is over (or the caller was cancelled): stop the stream and the tool,
+        abandon deliveries still in flight, disarm every deadline."""
+        self._stream_generation += 1
+        for task in (self._stream_task, self._tool_task, self._delivery_task):
+            if task is not None and not task.done():
+                task.cancel()
+        self._deliveries.clear()
+        self._cancel_timers()
+        if self._done is not None and not self._done.done():
+            self._done.cancel()
+
+    def _cancel_timers(self) -> None:
+        for handle, _ in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+
+    # ------------------------------------------------------------------ feeding
+    def _feed(self, event: Any) -> None:
+        """Feed one event and carry out its effects; a failure ends the run with it."""
+        done = self._done
+        if done is None or done.done():
+            return
+        try:
+            effects = self.machine.feed(event)
+        except BaseException as err:  # the machine rejected the event: surface it to run()
+            done.set_exception(err)
+            return
+        self._execute(effects)
+
+    def _execute(self, effects: Iterable[Effect]) -> None:
+        if self.on_step is not None:
+            self._report_steps()
+        for effect in effects:
+            if self.on_effect is not None:
+                self.on_effect(effect)
+            kind = type(effect)
+            if kind is Deliver:
+                self._deliveries.append(effect)  # type: ignore[arg-type]
+                self._ensure_delivery_worker()
+            elif kind is ArmDeadline:
+                self._arm(effect)  # type: ignore[arg-type]
+            elif kind is ClearDeadline:
+                entry = self._timers.pop(effect.token, None)  # type: ignore[union-attr]
+                if entry is not None:
+                    entry[0].cancel()
+            elif kind is StartStream:
+                self._start_stream(effect)  # type: ignore[arg-type]
+            elif kind is CancelStream:
+                self._cancel_stream()
+            elif kind is RunTool:
+                self._run_tool(effect)  # type: ignore[arg-type]
+            elif kind is CancelTool:
+                self._cancel_tool()
+            elif kind is PostNotice or kind is QueueStopResponse:
+                self._host_calls.append(effect)  # type: ignore[arg-type]
+                self._ensure_host_worker()
+            elif kind is Finish:
+                self._finish(effect)  # type: ignore[arg-type]
+
+    def _report_steps(self) -> None:
+        assert self.on_step is not None
+        trace = self.machine.turn.trace
+        for step in trace[self._trace_seen :]:
+            self.on_step(step)
+        self._trace_seen = len(trace)
+
+    def _finish(self, effect: Finish) -> None:
+        done = self._done
+        if done is None or done.done():
+            return
+        self._stream_generation += 1
+        self._deliveries.clear()
+        host_task = self._host_task
+        if host_task is not None and not host_task.done():
+            # notices and the stop message are owed to the host: let them finish first
+            host_task.add_done_callback(lambda _task: self._settle_result(effect.result))
+            return
+        self._settle_result(effect.result)
+
+    def _settle_result(self, result: GenerationTurnResult) -> None:
+        done = self._done
+        if done is None or done.done():
+            return
+        if self._host_exception is not None:
+            result = attrs.evolve(result, exception=self._host_exception)
+        done.set_result(result)
+
+    # ------------------------------------------------------------------ signals
+    def _signal_arrived(self) -> None:
+        self._signals_dirty = True
+        asyncio.get_running_loop().call_soon(self._take_signals)
+
+    def _take_signals(self) -> None:
+        if not self._signals_dirty:
+            return
+        self._signals_dirty = False
+        signals = self.signals
+        if signals.stop_requested and not self._stop_fed:
+            self._stop_fed = True
+            self._feed(StopRequested(signals.stop_message))
+        if signals.follow_ups > self._follow_ups_seen:
+            self._follow_ups_seen = signals.follow_ups
+            self._feed(FollowUpArrived())
+
+    # ------------------------------------------------------------------ the provider stream
+    def _start_stream(self, effect: StartStream) -> None:
+        assert self._group is not None
+        self._stream_generation += 1
+        self._iteration = effect.iteration
+        self._last_activity = self.clock.now()
+        self._stream_task = self._group.create_task(
+            self._read_stream(effect.request, self._stream_generation)
+        )
+
+    def _cancel_stream(self) -> None:
+        self._stream_generation += 1
+        task = self._stream_task
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            task.cancel()
+
+    async def _read_stream(self, request: ProviderRequest, generation: int) -> None:
+        stream = self.provider.stream(request)
+        feed = self.machine.feed
+        execute = self._execute
+        now = self.clock.now
+        try:
+            async for chunk in stream:
+                if generation != self._stream_generation:
+                    return
+                self._last_activity = now()
+                try:
+                    effects = feed(chunk)
+                except BaseException as err:
+                    if self._done is not None and not self._done.done():
+                        self._done.set_exception(err)
+                    return
+                if effects:
+                    execute(effects)
+                if self._signals_dirty:
+                    self._take_signals()
+                if generation != self._stream_generation:
+                    return
+        except ProviderError as err:
+            if generation == self._stream_generation:
+                self._feed(
+                    StreamFailed(
+                        err.message,
+                        kind=err.kind,
+                        retryable=err.retryable,
+                        status_code=err.status_code,
+                        retry_after=err.retry_after,
+                    )
+                )
+            return
+        except Exception as err:  # a provider bug is a failed pass, not a crashed turn
+            if generation == self._stream_generation:
+                self._feed(
+                    StreamFailed(
+                        f"the provider raised {type(err).__name__}: {err}",
+                        kind="provider_error",
+                        retryable=True,
+                    )
+                )
+            return
+        finally:
+            await _close_stream(stream)
+        if generation == self._stream_generation:
+            self._feed(StreamEnded())
+
+    # ------------------------------------------------------------------ tools
+    def _run_tool(self, effect: RunTool) -> None:
+        assert self._group is not None
+        self._tool_dispatch = effect.dispatch
+        self._tool_task = self._group.create_task(self._call_tool(effect))
+
+    def _cancel_tool(self) -> None:
+        self._tool_dispatch = -1
+        task = self._tool_task
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def _call_tool(self, effect: RunTool) -> None:
+        tool = self.registry.get(effect.name)
+        event: ToolFinished
+        if tool is None:  # the machine only dispatches registered tools; keep it a value
+            event = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
+        else:
+            event = await _call_handler(
+                tool, effect, ToolContext(effect.name, effect.dispatch, self._iteration, self.clock)
+            )
+        if effect.dispatch == self._tool_dispatch:
+            self._feed(event)
+
+    # ------------------------------------------------------------------ deadlines
+    def _arm(self, effect: ArmDeadline) -> None:
+        handle = self.clock.call_later(effect.seconds, lambda: self._deadline_fired(effect))
+        self._timers[effect.token] = (handle, effect)
+        if effect.rolling:
+            self._last_activity = self.clock.now()
+
+    def _deadline_fired(self, effect: ArmDeadline) -> None:
+        if effect.token not in self._timers:
+            return
+        if effect.rolling:
+            # a rolling deadline counts from the last chunk or recorded delivery
+            remaining = self._last_activity + effect.seconds - self.clock.now()
+            if remaining > 1e-9:
+                handle = self.clock.call_later(remaining, lambda: self._deadline_fired(effect))
+                self._timers[effect.token] = (handle, effect)
+                return
+        del self._timers[effect.token]
+        self._feed(DeadlineExpired(effect.kind, effect.token))
+
+    # ------------------------------------------------------------------ deliveries
+    def _ensure_delivery_worker(self) -> None:
+        if self._delivery_task is None or self._delivery_task.done():
+            assert self._group is not None
+            self._delivery_task = self._group.create_task(self._deliver_in_order())
+
+    async def _deliver_in_order(self) -> None:
+        channel = self.channel
+        deliveries = self._deliveries
+        while deliveries:
+            effect = deliveries.popleft()
+            try:
+                if effect.expression is not None:
+                    await channel.send_expression(effect.expression)
+                else:
+                    await channel.send_text(effect.text or "")
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                self._host_exception = err
+                self._feed(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
+                return
+            self._last_activity = self.clock.now()
+            self._feed(DeliveryRecorded(effect.seq))
+
+    def _ensure_host_worker(self) -> None:
+        if self._host_task is None or self._host_task.done():
+            assert self._group is not None
+            self._host_task = self._group.create_task(self._call_host_in_order())
+
+    async def _call_host_in_order(self) -> None:
+        channel = self.channel
+        calls = self._host_calls
+        while calls:
+            effect = calls.popleft()
+            try:
+                if isinstance(effect, PostNotice):
+                    await channel.send_notice(effect.notice)
+                else:
+                    await channel.queue_front(effect.stop_message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                self._host_exception = err
+                if not self.machine.is_finished:
+                    self._feed(DeliveryFailed(None, f"{type(err).__name__}: {err}"))
+
+
+async def _call_handler(tool: Tool, effect: RunTool, ctx: ToolContext) -> ToolFinished:
+    """Run a tool handler; whatever it does becomes a `ToolFinished` value."""
+    try:
+        result = await tool.handler(dict(effect.arguments), ctx)
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:
+        return ToolFinished(
+            effect.dispatch, ToolOutcomeKind.RAISED, error=f"{type(err).__name__}: {err}"
+        )
+    if not isinstance(result, ToolResult):
+        return ToolFinished(
+            effect.dispatch,
+            ToolOutcomeKind.RAISED,
+            error=f"the handler returned {type(result).__name__}, not ToolResult",
+        )
+    return ToolFinished(
+        effect.dispatch,
+        ToolOutcomeKind.SUCCEEDED if result.success else ToolOutcomeKind.FAILED,
+        data=result.data,
+        message=result.message,
+        end_turn=result.end_turn,
+        delivered=result.delivered,
+        expression=result.expression,
+        context_restart=result.context_restart,
+        error=None if result.success else (result.message or "the tool reported a failure"),
+    )
+
+
+async def _close_stream(stream: AsyncIterator[Any]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        # closing an async generator that is still running elsewhere raises RuntimeError
+        with contextlib.suppress(RuntimeError):
+            await aclose()
+
+
+async def run_tool_loop(
+    provider: Provider,
+    tools: ToolRegistry | Iterable[Tool],
+    channel: Channel,
+    request: TurnRequest,
+    *,
+    policy: LoopPolicy | None = None,
+    signals: TurnSignals | None = None,
+    clock: Clock | None = None,
+    continuation_style: bool | None = None,
+    on_step: Callable[[TraceStep], None] | None = None,
+) -> GenerationTurnResult:
+    """Run one tool-loop turn (one attempt) and return its result.
+
+    Cancelling the task that awaits this cancels the provider stream and any running tool
+    and propagates `CancelledError`; an outer `asyncio.timeout` raises `TimeoutError`.
+    """
+    machine = ToolLoopMachine(policy, tools=tools)
+    pump = EventPump(machine, provider, channel, signals=signals, clock=clock, on_step=on_step)
+    return await pump.run(request, continuation_style=continuation_style)
+
+
+__all__ = ["EventPump", "Notice", "run_tool_loop"]

@@ -1,0 +1,72 @@
+"""`RecordingChannel`: a `Channel` that records what it was given, for tests and the demo."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from toolloop_fsm.host import Clock
+from toolloop_fsm.result import Delivered, Notice
+
+
+class RecordingChannel:
+    """Records deliveries (in order), notices and stop messages queued at the front.
+
+    ``delivery_delay`` makes each text/expression delivery take that long on ``clock``
+    (deliveries in flight); ``fail_when`` raises from a delivery to test host failures.
+    A delivery is recorded only once it completed, as a real channel would confirm it.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        delivery_delay: float = 0.0,
+        fail_when: Callable[[str | None, str | None], bool] | None = None,
+        on_delivery: Callable[[Delivered], None] | None = None,
+    ) -> None:
+        self.clock = clock
+        self.delivery_delay = delivery_delay
+        self.fail_when = fail_when
+        self.on_delivery = on_delivery
+        self.delivered: list[Delivered] = []
+        self.notices: list[Notice] = []
+        self.queued_front: list[str] = []
+
+    @property
+    def texts(self) -> list[str]:
+        return [d.text for d in self.delivered if d.text is not None]
+
+    @property
+    def expressions(self) -> list[str]:
+        return [d.expression for d in self.delivered if d.expression is not None]
+
+    @property
+    def delivered_text(self) -> str:
+        return "".join(self.texts)
+
+    async def _wait(self) -> None:
+        if self.delivery_delay > 0 and self.clock is not None:
+            await self.clock.sleep(self.delivery_delay)
+
+    async def send_text(self, text: str) -> None:
+        await self._wait()
+        if self.fail_when is not None and self.fail_when(text, None):
+            raise ConnectionError("the channel refused the message")
+        self._record(Delivered(len(self.delivered), text=text))
+
+    async def send_expression(self, expression: str) -> None:
+        await self._wait()
+        if self.fail_when is not None and self.fail_when(None, expression):
+            raise ConnectionError("the channel refused the expression")
+        self._record(Delivered(len(self.delivered), expression=expression))
+
+    def _record(self, delivered: Delivered) -> None:
+        self.delivered.append(delivered)
+        if self.on_delivery is not None:
+            self.on_delivery(delivered)
+
+    async def send_notice(self, notice: Notice) -> None:
+        self.notices.append(notice)
+
+    async def queue_front(self, stop_message: str) -> None:
+        self.queued_front.append(stop_message)
