@@ -3,3 +3,10 @@
 from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest, ToolSpec
 
 __all__ = ["Provider", "ProviderError", "ProviderRequest", "ToolSpec"]
+
+# Native adapters for Anthropic Messages, Gemini streamGenerateContent and Ollama /api/chat.
+from toolloop_fsm.providers.anthropic import AnthropicProvider
+from toolloop_fsm.providers.gemini import GeminiProvider
+from toolloop_fsm.providers.ollama import OllamaProvider
+
+__all__ += ["AnthropicProvider", "GeminiProvider", "OllamaProvider"]
