@@ -99,6 +99,7 @@ class WireServer:
         self._queue = _Queue()
         self._last: Scripted | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
         self.requests: list[ReceivedRequest] = []
         self.client_gone = asyncio.Event()
         self.port = 0
@@ -121,6 +122,10 @@ class WireServer:
         self._server.close()
         for writer in list(self._writers):
             writer.transport.abort()
+        # Aborted transports wake every handler with EOF or a connection error, so they end
+        # on their own; waiting for them keeps a cancelled handler from outliving the loop.
+        if self._handlers:
+            await asyncio.gather(*self._handlers, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self._server.wait_closed()
         self._server = None
@@ -134,6 +139,10 @@ class WireServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
         try:
             while True:
                 request = await self._read_request(reader)

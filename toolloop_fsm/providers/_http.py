@@ -24,7 +24,7 @@ import email.utils
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
 import httpx
@@ -295,7 +295,7 @@ async def post_stream(
     client: httpx.AsyncClient | None = None,
     secrets: Iterable[str | None] = (),
     timeout: httpx.Timeout | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """POST ``body`` as JSON and yield the response body bytes as they arrive.
 
     An error status raises `error_from_response` (after reading the error body); a

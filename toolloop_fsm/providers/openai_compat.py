@@ -1,0 +1,525 @@
+"""OpenAI Chat Completions adapter: `OpenAICompatibleProvider` and the pieces it is made of.
+
+Owns, for ``POST {base_url}/chat/completions`` with ``"stream": true`` on OpenAI and on the
+servers that imitate it (Azure, DeepSeek, Groq, Mistral, OpenRouter, vLLM, Ollama ``/v1``, …):
+
+* `build_chat_messages` / `build_chat_body` — a `ProviderRequest` as a request body: the
+  context, then per history entry an assistant message (pre-tool text + the call) and a
+  ``tool`` message (the response as JSON), then the prefill as a trailing assistant message;
+* `ChatStreamDecoder` — sans-IO, from SSE events to chunk events. Text from ``delta.content``
+  (a string, or Mistral's array of ``thinking``/``text`` parts); reasoning from ``reasoning``
+  or else ``reasoning_content`` (vLLM sends both, one a copy of the other); refusals as text;
+  usage from ``usage`` or Groq's ``x_groq.usage``, wherever it comes; finish reasons
+  normalised to `FinishKind`; tool calls through one tolerant accumulator; in-stream errors
+  (a truthy top-level ``error`` or ``event: error``) raised as `ProviderError`;
+* `OpenAICompatibleProvider` — the async shell: POST through `post_stream`, decode.
+
+Decisions (each a place where the wire allows more than one reading):
+
+* Only choice 0 is the reply. With ``n > 1`` the other choices' deltas, finishes and calls
+  are ignored: the loop drives one conversation.
+* A pass that streamed only ``refusal`` text and finished ``stop`` ends with
+  ``FinishKind.REFUSAL`` (raw ``"stop"``): OpenAI never sends ``content_filter`` for a refusal,
+  and the loop should know the text is a refusal rather than an answer.
+* Tool calls are emitted at the first finish chunk (or at the end of the stream if no finish
+  came); argument fragments arriving after that are ignored. Arguments are decoded with
+  ``cut=True`` when the finish was ``length``.
+* A finish reason repeated on later chunks (OpenRouter) is reported once. Usage is reported
+  each time it changes (the ledger keeps a pass's last, cumulative report).
+* ``[DONE]``, a finish chunk, and the connection closing are separate endings: a stream that
+  closes after some chunks without either ``[DONE]`` or a finish raises a retryable
+  ``connection`` error (the pass was cut); a body with no event at all is a ``protocol`` error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any, Literal
+
+import httpx
+
+from toolloop_fsm.events import (
+    Chunk,
+    FinishKind,
+    FinishReason,
+    FunctionCall,
+    TextDelta,
+    ThoughtDelta,
+    UsageReport,
+)
+from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._http import error_from_payload, post_stream, redact
+from toolloop_fsm.providers._sse import SSEDecoder
+from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
+
+FINISH_KINDS: Mapping[str, FinishKind] = {
+    "stop": FinishKind.STOP,
+    "eos": FinishKind.STOP,
+    "eos_token": FinishKind.STOP,
+    "stop_sequence": FinishKind.STOP,
+    "end_turn": FinishKind.STOP,
+    "length": FinishKind.LENGTH,
+    "max_tokens": FinishKind.LENGTH,
+    "model_length": FinishKind.LENGTH,
+    "tool_calls": FinishKind.TOOL_CALLS,
+    "function_call": FinishKind.TOOL_CALLS,
+    "tool_use": FinishKind.TOOL_CALLS,
+    "content_filter": FinishKind.CONTENT_FILTER,
+    "refusal": FinishKind.REFUSAL,
+}
+# How much of a bad data line an error quotes.
+_QUOTE_LIMIT = 300
+
+
+# --------------------------------------------------------------------------- request side
+def history_call_id(entry: ToolHistoryEntry, position: int) -> str:
+    """The call's own id, or a deterministic one: 9 alphanumerics, which even Mistral takes."""
+    if entry.call.call_id:
+        return entry.call.call_id
+    canonical = json.dumps(entry.call.arguments, sort_keys=True, default=str)
+    digest = hashlib.sha256(f"{position}:{entry.call.name}:{canonical}".encode()).hexdigest()
+    return digest[:9]
+
+
+def tool_response_payload(response: ToolResponseRecord) -> dict[str, Any]:
+    """What the model is shown for a tool's response (SPEC §2.2 step 10)."""
+    if response.success:
+        shown: dict[str, Any] = {"data": response.data, "message": response.message}
+    else:
+        shown = {
+            "status": response.status or "tool_execution_failed",
+            "reason": response.reason,
+            "tool_name": response.tool_name,
+        }
+    return {key: value for key, value in shown.items() if value is not None}
+
+
+def dump_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def build_chat_messages(request: ProviderRequest) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [dict(message) for message in request.context]
+    for position, entry in enumerate(request.history):
+        call_id = history_call_id(entry, position)
+        messages.append(
+            {
+                "role": "assistant",
+                "content": entry.pre_tool_text or None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": entry.call.name,
+                            "arguments": dump_json(dict(entry.call.arguments)),
+                        },
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": call_id,
+                "content": dump_json(tool_response_payload(entry.response)),
+            }
+        )
+    if request.prefill:
+        messages.append({"role": "assistant", "content": request.prefill})
+    return messages
+
+
+def chat_tool(tool: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": dict(tool.parameters) or {"type": "object", "properties": {}},
+        },
+    }
+
+
+def build_chat_body(
+    request: ProviderRequest, model: str, extra_body: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": build_chat_messages(request),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if request.tools:
+        body["tools"] = [chat_tool(tool) for tool in request.tools]
+    if request.max_output is not None:
+        body["max_tokens"] = request.max_output
+    if extra_body:
+        body.update(extra_body)
+    return body
+
+
+# --------------------------------------------------------------------------- stream side
+class _PendingCall:
+    """A tool call being assembled from fragments (mutable, private to the decoder)."""
+
+    __slots__ = ("call_id", "index", "name", "parts")
+
+    def __init__(self, index: int | None) -> None:
+        self.index = index
+        self.call_id: str | None = None
+        self.name: str | None = None
+        self.parts: list[str] = []
+
+
+class ToolCallAccumulator:
+    """Assembles ``delta.tool_calls`` fragments into calls, tolerating every known quirk.
+
+    A fragment joins the call with its ``index``, else the call with its (non-empty) ``id``;
+    a fragment with neither a new ``id`` nor a ``name`` continues the latest call. So: no
+    ``index`` at all (Mistral), an ``index`` starting at 1 or sparse (gateways), an index
+    reused by a call with a different id, ``""`` ids or names on continuations (qwen, glm —
+    never overwriting the real ones), a whole call in one delta, and trailing empty
+    fragments all assemble to the calls the model made, in the order they started.
+    """
+
+    __slots__ = ("_by_id", "_by_index", "_calls")
+
+    def __init__(self) -> None:
+        self._calls: list[_PendingCall] = []
+        self._by_index: dict[int, _PendingCall] = {}
+        self._by_id: dict[str, _PendingCall] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def add(self, fragment: Mapping[str, Any]) -> None:
+        index = fragment.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            index = None
+        call_id = fragment.get("id") or None
+        function = fragment.get("function")
+        if not isinstance(function, Mapping):
+            function = {}
+        name = function.get("name") or None
+        arguments = function.get("arguments")
+
+        call = self._by_index.get(index) if index is not None else None
+        if call is not None and call_id and call.call_id and call.call_id != call_id:
+            call = None  # the index was reused by a new call
+        if call is None and call_id:
+            call = self._by_id.get(call_id)
+        if call is None and not call_id and not name and self._calls:
+            call = self._calls[-1]  # a bare continuation
+        if call is None:
+            call = _PendingCall(index)
+            self._calls.append(call)
+        if index is not None and (call.index is None or index not in self._by_index):
+            call.index = index
+            self._by_index[index] = call
+        if call_id and not call.call_id:
+            call.call_id = call_id
+            self._by_id[call_id] = call
+        if name and not call.name:
+            call.name = name
+        if isinstance(arguments, str):
+            if arguments:
+                call.parts.append(arguments)
+        elif arguments is not None:
+            # Some servers send the arguments already decoded.
+            call.parts.append(json.dumps(arguments, ensure_ascii=False))
+
+    def finish(self, *, cut: bool) -> list[FunctionCall]:
+        calls = []
+        for pending in self._calls:
+            arguments, truncated, parse_error = decode_arguments("".join(pending.parts), cut=cut)
+            calls.append(
+                FunctionCall(
+                    name=pending.name or "",
+                    arguments=arguments,
+                    call_id=pending.call_id,
+                    truncated=truncated,
+                    parse_error=parse_error,
+                )
+            )
+        self._calls.clear()
+        self._by_index.clear()
+        self._by_id.clear()
+        return calls
+
+
+def _quote(text: str) -> str:
+    return repr(text if len(text) <= _QUOTE_LIMIT else text[:_QUOTE_LIMIT] + "…")
+
+
+class ChatStreamDecoder:
+    """Chat Completions SSE events → chunk events (sans-IO).
+
+    Call `event(name, data, out)` for each SSE event — it appends chunk events to ``out`` and
+    raises `ProviderError` on an in-stream error or a non-JSON line — then `finish(out)` when
+    the body ends.
+    """
+
+    __slots__ = (
+        "_calls",
+        "_calls_emitted",
+        "_done",
+        "_events",
+        "_finish",
+        "_last_usage",
+        "_provider",
+        "_refusal_only",
+        "_secrets",
+        "_text_seen",
+    )
+
+    def __init__(self, *, provider: str, secrets: Sequence[str | None] = ()) -> None:
+        self._provider = provider
+        self._secrets = tuple(secrets)
+        self._calls = ToolCallAccumulator()
+        self._calls_emitted = False
+        self._done = False
+        self._events = 0
+        self._finish: str | None = None
+        self._last_usage: tuple[int, int] | None = None
+        self._refusal_only = False
+        self._text_seen = False
+
+    @property
+    def done(self) -> bool:
+        """``[DONE]`` arrived: nothing after it belongs to this pass."""
+        return self._done
+
+    def event(self, name: str, data: str, out: list[Chunk]) -> None:
+        self._events += 1
+        if data[:1] != "{":
+            if data.startswith("[DONE]"):
+                self._done = True
+                return
+            if not data.strip():
+                return  # keep-alive with an empty data field
+        try:
+            chunk = json.loads(data)
+        except ValueError as exc:
+            raise ProviderError(
+                redact(
+                    f"{self._provider}: stream event is not JSON ({exc}): {_quote(data)}",
+                    self._secrets,
+                ),
+                kind="protocol",
+                retryable=True,
+            ) from None
+        if not isinstance(chunk, dict):
+            raise ProviderError(
+                redact(
+                    f"{self._provider}: stream event is not a JSON object: {_quote(data)}",
+                    self._secrets,
+                ),
+                kind="protocol",
+                retryable=True,
+            )
+        if name == "error" or chunk.get("error"):
+            raise error_from_payload(chunk, provider=self._provider, secrets=self._secrets)
+
+        choices = chunk.get("choices")
+        if choices:
+            for choice in choices:
+                if choice.get("index", 0) == 0:
+                    self._choice(choice, out)
+                    break
+        usage = chunk.get("usage")
+        if not usage:
+            x_groq = chunk.get("x_groq")
+            usage = x_groq.get("usage") if isinstance(x_groq, dict) else None
+        if usage and isinstance(usage, dict):
+            self._usage(usage, out)
+
+    def _choice(self, choice: dict[str, Any], out: list[Chunk]) -> None:
+        delta = choice.get("delta")
+        if delta:
+            content = delta.get("content")
+            if content:
+                if type(content) is str:
+                    self._text_seen = True
+                    out.append(TextDelta(content))
+                elif isinstance(content, list):
+                    self._content_parts(content, out)
+            reasoning = delta.get("reasoning")
+            if reasoning is None:
+                reasoning = delta.get("reasoning_content")
+            if reasoning and isinstance(reasoning, str):
+                out.append(ThoughtDelta(reasoning))
+            refusal = delta.get("refusal")
+            if refusal and isinstance(refusal, str):
+                if not self._text_seen:
+                    self._refusal_only = True
+                out.append(TextDelta(refusal))
+            tool_calls = delta.get("tool_calls")
+            if tool_calls and not self._calls_emitted:
+                for fragment in tool_calls:
+                    if isinstance(fragment, dict):
+                        self._calls.add(fragment)
+        finish = choice.get("finish_reason")
+        if finish and self._finish is None:
+            self._finish = str(finish)
+            self._emit_calls(out)
+            kind = FINISH_KINDS.get(self._finish, FinishKind.OTHER)
+            if kind is FinishKind.STOP and self._refusal_only and not self._text_seen:
+                kind = FinishKind.REFUSAL
+            out.append(FinishReason(kind, self._finish))
+
+    def _content_parts(self, parts: list[Any], out: list[Chunk]) -> None:
+        """Mistral's content array: ``thinking`` parts (themselves text-part lists) and ``text``."""
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            if kind == "text":
+                text = part.get("text")
+                if text and isinstance(text, str):
+                    self._text_seen = True
+                    out.append(TextDelta(text))
+            elif kind == "thinking":
+                thinking = part.get("thinking")
+                pieces = thinking if isinstance(thinking, list) else [thinking]
+                for piece in pieces:
+                    text = piece.get("text") if isinstance(piece, dict) else piece
+                    if text and isinstance(text, str):
+                        out.append(ThoughtDelta(text))
+
+    def _usage(self, usage: dict[str, Any], out: list[Chunk]) -> None:
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens")
+        if not isinstance(prompt, int) and not isinstance(completion, int):
+            return
+        figures = (
+            prompt if isinstance(prompt, int) else 0,
+            completion if isinstance(completion, int) else 0,
+        )
+        if figures != self._last_usage:
+            self._last_usage = figures
+            out.append(UsageReport(input_tokens=figures[0], output_tokens=figures[1]))
+
+    def _emit_calls(self, out: list[Chunk]) -> None:
+        if self._calls and not self._calls_emitted:
+            out.extend(self._calls.finish(cut=self._finish in ("length", "max_tokens")))
+        self._calls_emitted = True
+
+    def finish(self, out: list[Chunk]) -> None:
+        """The body ended: emit what is pending, or raise if the stream was cut."""
+        if self._events == 0:
+            raise ProviderError(
+                f"{self._provider}: the response body held no server-sent event",
+                kind="protocol",
+                retryable=True,
+            )
+        if not self._done and self._finish is None:
+            raise ProviderError(
+                f"{self._provider}: the stream ended before the provider finished the reply",
+                kind="connection",
+                retryable=True,
+            )
+        self._emit_calls(out)
+
+
+# --------------------------------------------------------------------------- the provider
+class OpenAICompatibleProvider:
+    """Streams passes from an OpenAI-compatible ``/chat/completions`` endpoint.
+
+    ``base_url`` is the API root (``…/v1``). The key is sent only as a bearer header and is
+    never shown by ``repr`` or in errors. ``client`` is an optional shared
+    ``httpx.AsyncClient``; without one each pass opens and closes its own. ``extra_body`` is
+    merged into every request body (e.g. ``{"temperature": 0}``, ``{"reasoning_effort": …}``).
+    """
+
+    tool_calling: Literal["native"] = "native"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        name: str | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.name = name or f"openai-compatible:{model}"
+        self.extra_body = dict(extra_body or {})
+        self._api_key = api_key
+        self._client = client
+        self._timeout = timeout
+        self._headers = {"accept": "text/event-stream", **(headers or {})}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+
+    def __repr__(self) -> str:
+        key = "<set>" if self._api_key else None
+        return redact(
+            f"{type(self).__name__}(base_url={self.base_url!r}, model={self.model!r}, "
+            f"api_key={key})",
+            (self._api_key,),
+        )
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/chat/completions"
+
+    def build_body(self, request: ProviderRequest) -> dict[str, Any]:
+        return build_chat_body(request, self.model, self.extra_body)
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
+        secrets = (self._api_key,)
+        decoder = ChatStreamDecoder(provider=self.name, secrets=secrets)
+        sse = SSEDecoder()
+        out: list[Chunk] = []
+        body = post_stream(
+            self.url,
+            self.build_body(request),
+            provider=self.name,
+            headers=self._headers,
+            client=self._client,
+            secrets=secrets,
+            timeout=self._timeout,
+        )
+        async with aclosing(body) as raw:
+            async for data in raw:
+                for event in sse.feed(data):
+                    decoder.event(event.event, event.data, out)
+                if sse.error is not None:
+                    raise sse.error
+                if out:
+                    for chunk in out:
+                        yield chunk
+                    out.clear()
+                if decoder.done:
+                    break
+            if not decoder.done:
+                for event in sse.finish():
+                    decoder.event(event.event, event.data, out)
+                if sse.error is not None:
+                    raise sse.error
+        decoder.finish(out)
+        for chunk in out:
+            yield chunk
+
+
+__all__ = [
+    "FINISH_KINDS",
+    "ChatStreamDecoder",
+    "OpenAICompatibleProvider",
+    "ToolCallAccumulator",
+    "build_chat_body",
+    "build_chat_messages",
+    "chat_tool",
+    "history_call_id",
+    "tool_response_payload",
+]

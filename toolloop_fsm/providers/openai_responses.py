@@ -1,0 +1,408 @@
+"""OpenAI Responses API adapter: `OpenAIResponsesProvider` and the pieces it is made of.
+
+Owns, for ``POST {base_url}/responses`` with ``"stream": true`` (OpenAI and Azure OpenAI):
+
+* `build_responses_body` — a `ProviderRequest` as a request body: context messages as input
+  items, each history entry as its pre-tool text (an assistant message), any reasoning items
+  the call must travel with, a ``function_call`` item and a ``function_call_output`` item,
+  then the prefill as a trailing assistant message;
+* `ResponsesStreamDecoder` — sans-IO, from the event-named SSE stream (the JSON repeats the
+  name in ``type``; no ``[DONE]``) to chunk events: ``output_text.delta`` and
+  ``refusal.delta`` → `TextDelta`; ``reasoning_summary_text.delta`` /
+  ``reasoning_text.delta`` → `ThoughtDelta`; ``function_call`` items → `FunctionCall`
+  (arguments from the deltas, replaced by the full text of ``function_call_arguments.done`` /
+  ``output_item.done``; the id is the item's ``call_id``, which tool outputs must quote, not
+  its ``fc_…`` item id); usage and finish from the terminal event;
+* `OpenAIResponsesProvider` — the async shell.
+
+Decisions:
+
+* Terminal events: ``response.completed`` → finish ``TOOL_CALLS`` if the pass made calls,
+  else ``STOP`` (raw ``"completed"``); ``response.incomplete`` → ``LENGTH`` for
+  ``max_output_tokens``, ``CONTENT_FILTER`` for ``content_filter``, with any call still open
+  decoded as cut; ``response.failed`` and ``error`` (nested ``error`` object or top-level
+  ``code``/``message`` — both shapes are real) raise `ProviderError`. A stream that ends
+  without a terminal event raises a retryable ``connection`` error.
+* Reasoning items (with ``encrypted_content``) that precede a call ride on the first
+  `FunctionCall` as ``provider_data["reasoning"]`` and are replayed before it, because the
+  API wants a reasoning model's reasoning back with its function calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any, Literal
+
+import httpx
+
+from toolloop_fsm.events import (
+    Chunk,
+    FinishKind,
+    FinishReason,
+    FunctionCall,
+    TextDelta,
+    ThoughtDelta,
+    UsageReport,
+)
+from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._http import error_from_payload, post_stream, redact
+from toolloop_fsm.providers._sse import SSEDecoder
+from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.providers.openai_compat import dump_json, history_call_id, tool_response_payload
+
+_INCOMPLETE_KINDS: Mapping[str, FinishKind] = {
+    "max_output_tokens": FinishKind.LENGTH,
+    "content_filter": FinishKind.CONTENT_FILTER,
+}
+_QUOTE_LIMIT = 300
+
+
+# --------------------------------------------------------------------------- request side
+def responses_tool(tool: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": dict(tool.parameters) or {"type": "object", "properties": {}},
+    }
+
+
+def build_responses_input(request: ProviderRequest) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = [dict(message) for message in request.context]
+    for position, entry in enumerate(request.history):
+        call_id = history_call_id(entry, position)
+        if entry.pre_tool_text:
+            items.append({"role": "assistant", "content": entry.pre_tool_text})
+        provider_data = entry.call.provider_data or {}
+        reasoning = provider_data.get("reasoning")
+        if isinstance(reasoning, Sequence) and not isinstance(reasoning, str):
+            items.extend(dict(item) for item in reasoning if isinstance(item, Mapping))
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": call_id,
+                "name": entry.call.name,
+                "arguments": dump_json(dict(entry.call.arguments)),
+            }
+        )
+        items.append(
+            {
+                "type": "function_call_output",
+                "call_id": call_id,
+                "output": dump_json(tool_response_payload(entry.response)),
+            }
+        )
+    if request.prefill:
+        items.append({"role": "assistant", "content": request.prefill})
+    return items
+
+
+def build_responses_body(
+    request: ProviderRequest, model: str, extra_body: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "input": build_responses_input(request),
+        "stream": True,
+    }
+    if request.tools:
+        body["tools"] = [responses_tool(tool) for tool in request.tools]
+    if request.max_output is not None:
+        body["max_output_tokens"] = request.max_output
+    if extra_body:
+        body.update(extra_body)
+    return body
+
+
+# --------------------------------------------------------------------------- stream side
+class _OpenCall:
+    __slots__ = ("arguments", "call_id", "name", "parts")
+
+    def __init__(self, name: str, call_id: str | None) -> None:
+        self.name = name
+        self.call_id = call_id
+        self.parts: list[str] = []
+        self.arguments: str | None = None  # the full text, once the server sent it
+
+
+def _quote(text: str) -> str:
+    return repr(text if len(text) <= _QUOTE_LIMIT else text[:_QUOTE_LIMIT] + "…")
+
+
+class ResponsesStreamDecoder:
+    """Responses API SSE events → chunk events (sans-IO); see the module docstring."""
+
+    __slots__ = (
+        "_calls_made",
+        "_ended",
+        "_events",
+        "_open",
+        "_provider",
+        "_reasoning",
+        "_secrets",
+    )
+
+    def __init__(self, *, provider: str, secrets: Sequence[str | None] = ()) -> None:
+        self._provider = provider
+        self._secrets = tuple(secrets)
+        self._open: dict[str, _OpenCall] = {}
+        self._reasoning: list[dict[str, Any]] = []
+        self._calls_made = 0
+        self._ended = False
+        self._events = 0
+
+    @property
+    def ended(self) -> bool:
+        """A terminal event arrived."""
+        return self._ended
+
+    def event(self, name: str, data: str, out: list[Chunk]) -> None:
+        self._events += 1
+        try:
+            payload = json.loads(data)
+        except ValueError as exc:
+            raise ProviderError(
+                redact(
+                    f"{self._provider}: stream event is not JSON ({exc}): {_quote(data)}",
+                    self._secrets,
+                ),
+                kind="protocol",
+                retryable=True,
+            ) from None
+        if not isinstance(payload, dict):
+            raise ProviderError(
+                f"{self._provider}: stream event is not a JSON object: {_quote(data)}",
+                kind="protocol",
+                retryable=True,
+            )
+        kind = payload.get("type") or name
+        if kind == "response.output_text.delta" or kind == "response.refusal.delta":
+            delta = payload.get("delta")
+            if delta and isinstance(delta, str):
+                out.append(TextDelta(delta))
+        elif kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
+            delta = payload.get("delta")
+            if delta and isinstance(delta, str):
+                out.append(ThoughtDelta(delta))
+        elif kind == "response.function_call_arguments.delta":
+            call = self._open.get(str(payload.get("item_id")))
+            delta = payload.get("delta")
+            if call is not None and isinstance(delta, str):
+                call.parts.append(delta)
+        elif kind == "response.function_call_arguments.done":
+            call = self._open.get(str(payload.get("item_id")))
+            arguments = payload.get("arguments")
+            if call is not None and isinstance(arguments, str):
+                call.arguments = arguments
+        elif kind == "response.output_item.added":
+            self._item_added(payload.get("item"))
+        elif kind == "response.output_item.done":
+            self._item_done(payload.get("item"), out)
+        elif kind == "response.completed":
+            self._terminal(payload.get("response"), out, cut=False)
+            out.append(
+                FinishReason(
+                    FinishKind.TOOL_CALLS if self._calls_made else FinishKind.STOP, "completed"
+                )
+            )
+        elif kind == "response.incomplete":
+            response = payload.get("response")
+            self._terminal(response, out, cut=True)
+            reason = None
+            if isinstance(response, dict) and isinstance(response.get("incomplete_details"), dict):
+                reason = response["incomplete_details"].get("reason")
+            out.append(
+                FinishReason(
+                    _INCOMPLETE_KINDS.get(str(reason), FinishKind.OTHER),
+                    str(reason) if reason else "incomplete",
+                )
+            )
+        elif kind == "error" or name == "error":
+            raise error_from_payload(payload, provider=self._provider, secrets=self._secrets)
+        elif kind == "response.failed":
+            response = payload.get("response")
+            error = response.get("error") if isinstance(response, dict) else None
+            raise error_from_payload(
+                {"error": error or {"message": "response failed"}},
+                provider=self._provider,
+                secrets=self._secrets,
+            )
+
+    def _item_added(self, item: Any) -> None:
+        if not isinstance(item, dict) or item.get("type") != "function_call":
+            return
+        call_id = item.get("call_id") or None
+        call = _OpenCall(str(item.get("name") or ""), str(call_id) if call_id else None)
+        arguments = item.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            call.parts.append(arguments)
+        self._open[str(item.get("id"))] = call
+
+    def _item_done(self, item: Any, out: list[Chunk]) -> None:
+        if not isinstance(item, dict):
+            return
+        if item.get("type") == "reasoning":
+            self._reasoning.append(item)
+            return
+        if item.get("type") != "function_call":
+            return
+        call = self._open.pop(str(item.get("id")), None)
+        if call is None:
+            call = _OpenCall(str(item.get("name") or ""), None)
+        if isinstance(item.get("arguments"), str):
+            call.arguments = item["arguments"]
+        call.name = call.name or str(item.get("name") or "")
+        call.call_id = call.call_id or (str(item["call_id"]) if item.get("call_id") else None)
+        self._emit(call, out, cut=False, item_id=item.get("id"))
+
+    def _emit(self, call: _OpenCall, out: list[Chunk], *, cut: bool, item_id: Any) -> None:
+        text = call.arguments if call.arguments is not None else "".join(call.parts)
+        arguments, truncated, parse_error = decode_arguments(text, cut=cut)
+        provider_data: dict[str, Any] = {}
+        if item_id:
+            provider_data["item_id"] = item_id
+        if self._reasoning:
+            provider_data["reasoning"] = tuple(self._reasoning)
+            self._reasoning = []
+        out.append(
+            FunctionCall(
+                name=call.name,
+                arguments=arguments,
+                call_id=call.call_id,
+                truncated=truncated,
+                parse_error=parse_error,
+                provider_data=provider_data or None,
+            )
+        )
+        self._calls_made += 1
+
+    def _terminal(self, response: Any, out: list[Chunk], *, cut: bool) -> None:
+        self._ended = True
+        for item_id, call in list(self._open.items()):
+            self._emit(call, out, cut=cut, item_id=item_id)
+        self._open.clear()
+        usage = response.get("usage") if isinstance(response, dict) else None
+        if isinstance(usage, dict):
+            input_tokens = usage.get("input_tokens")
+            output_tokens = usage.get("output_tokens")
+            if isinstance(input_tokens, int) or isinstance(output_tokens, int):
+                out.append(
+                    UsageReport(
+                        input_tokens=input_tokens if isinstance(input_tokens, int) else 0,
+                        output_tokens=output_tokens if isinstance(output_tokens, int) else 0,
+                    )
+                )
+
+    def finish(self, out: list[Chunk]) -> None:
+        """The body ended: raise unless a terminal event arrived."""
+        if self._ended:
+            return
+        if self._events == 0:
+            raise ProviderError(
+                f"{self._provider}: the response body held no server-sent event",
+                kind="protocol",
+                retryable=True,
+            )
+        raise ProviderError(
+            f"{self._provider}: the stream ended before the response completed",
+            kind="connection",
+            retryable=True,
+        )
+
+
+# --------------------------------------------------------------------------- the provider
+class OpenAIResponsesProvider:
+    """Streams passes from an OpenAI Responses endpoint (``{base_url}/responses``).
+
+    ``base_url`` is the API root (``…/v1``; for Azure ``…/openai/v1``). The key travels as a
+    bearer header only (``headers={"api-key": …}`` style Azure keys: pass ``api_key`` and
+    ``auth_header="api-key"``) and never appears in ``repr`` or errors.
+    """
+
+    tool_calling: Literal["native"] = "native"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        auth_header: str = "authorization",
+        name: str | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.name = name or f"openai-responses:{model}"
+        self.extra_body = dict(extra_body or {})
+        self._api_key = api_key
+        self._client = client
+        self._timeout = timeout
+        self._headers = {"accept": "text/event-stream", **(headers or {})}
+        if api_key:
+            bearer = auth_header.lower() == "authorization"
+            self._headers[auth_header.lower()] = f"Bearer {api_key}" if bearer else api_key
+
+    def __repr__(self) -> str:
+        key = "<set>" if self._api_key else None
+        return redact(
+            f"{type(self).__name__}(base_url={self.base_url!r}, model={self.model!r}, "
+            f"api_key={key})",
+            (self._api_key,),
+        )
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/responses"
+
+    def build_body(self, request: ProviderRequest) -> dict[str, Any]:
+        return build_responses_body(request, self.model, self.extra_body)
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
+        secrets = (self._api_key,)
+        decoder = ResponsesStreamDecoder(provider=self.name, secrets=secrets)
+        sse = SSEDecoder()
+        out: list[Chunk] = []
+        body = post_stream(
+            self.url,
+            self.build_body(request),
+            provider=self.name,
+            headers=self._headers,
+            client=self._client,
+            secrets=secrets,
+            timeout=self._timeout,
+        )
+        async with aclosing(body) as raw:
+            async for data in raw:
+                for event in sse.feed(data):
+                    decoder.event(event.event, event.data, out)
+                if sse.error is not None:
+                    raise sse.error
+                if out:
+                    for chunk in out:
+                        yield chunk
+                    out.clear()
+                if decoder.ended:
+                    break
+            if not decoder.ended:
+                for event in sse.finish():
+                    decoder.event(event.event, event.data, out)
+                if sse.error is not None:
+                    raise sse.error
+        decoder.finish(out)
+        for chunk in out:
+            yield chunk
+
+
+__all__ = [
+    "OpenAIResponsesProvider",
+    "ResponsesStreamDecoder",
+    "build_responses_body",
+    "build_responses_input",
+    "responses_tool",
+]
