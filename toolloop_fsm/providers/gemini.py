@@ -502,21 +502,17 @@ class GeminiProvider:
             headers["x-goog-api-key"] = self._api_key
         secrets = (self._api_key,) if self._api_key else ()
         decoder = GeminiStreamDecoder(secrets=secrets)
-        # post_stream/aiter_sse are async generators typed as AsyncIterator; aclosing needs
-        # their aclose(), hence the casts.
-        raw = cast(
-            "AsyncGenerator[bytes, None]",
-            post_stream(
-                f"{self.base_url}/models/{self.model}:streamGenerateContent?alt=sse",
-                build_gemini_body(request),
-                provider="Gemini",
-                headers=headers,
-                client=self._client,
-                secrets=secrets,
-                timeout=self._timeout,
-            ),
+        raw = post_stream(
+            f"{self.base_url}/models/{self.model}:streamGenerateContent?alt=sse",
+            build_gemini_body(request),
+            provider="Gemini",
+            headers=headers,
+            client=self._client,
+            secrets=secrets,
+            timeout=self._timeout,
         )
         # aclosing both generators: a cancelled or abandoned pass closes the response at once.
+        # aiter_sse is an async generator typed as AsyncIterator; aclosing needs its aclose().
         events_iter = cast("AsyncGenerator[ServerSentEvent, None]", aiter_sse(raw))
         async with aclosing(raw), aclosing(events_iter) as events:
             async for event in events:

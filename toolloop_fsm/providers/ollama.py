@@ -268,21 +268,17 @@ class OllamaProvider:
             if any(word in name.lower() for word in ("auth", "key", "token"))
         )
         decoder = OllamaStreamDecoder(secrets=secrets)
-        # post_stream/aiter_ndjson are async generators typed as AsyncIterator; aclosing needs
-        # their aclose(), hence the casts.
-        raw = cast(
-            "AsyncGenerator[bytes, None]",
-            post_stream(
-                f"{self.base_url}/api/chat",
-                build_ollama_body(request, model=self.model),
-                provider="Ollama",
-                headers={**self._headers, "accept": "application/x-ndjson"},
-                client=self._client,
-                secrets=secrets,
-                timeout=self._timeout,
-            ),
+        raw = post_stream(
+            f"{self.base_url}/api/chat",
+            build_ollama_body(request, model=self.model),
+            provider="Ollama",
+            headers={**self._headers, "accept": "application/x-ndjson"},
+            client=self._client,
+            secrets=secrets,
+            timeout=self._timeout,
         )
         # aclosing both generators: a cancelled or abandoned pass closes the response at once.
+        # aiter_ndjson is an async generator typed as AsyncIterator; aclosing needs aclose().
         lines_iter = cast("AsyncGenerator[Any, None]", aiter_ndjson(raw))
         async with aclosing(raw), aclosing(lines_iter) as lines:
             async for line in lines:
