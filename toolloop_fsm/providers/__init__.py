@@ -9,4 +9,9 @@ from toolloop_fsm.providers.anthropic import AnthropicProvider
 from toolloop_fsm.providers.gemini import GeminiProvider
 from toolloop_fsm.providers.ollama import OllamaProvider
 
+# Tool calls written in the text, for models without native tool calling (SPEC §5).
+from toolloop_fsm.providers.verbatim import VerbatimToolCalls
+
 __all__ += ["AnthropicProvider", "GeminiProvider", "OllamaProvider"]
+
+__all__ += ["VerbatimToolCalls"]
