@@ -131,6 +131,7 @@ __all__ = [
     "TurnStatus",
     "UsageEntry",
     "UsageLedger",
+    "UsageReport",
     "run_tool_loop",
     "result_from_json",
     "result_to_json",

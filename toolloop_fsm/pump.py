@@ -275,8 +275,6 @@ class EventPump:
         now = self.clock.now
         try:
             async for chunk in stream:
-                if generation != self._stream_generation:
-                    return
                 self._last_activity = now()
                 try:
                     effects = feed(chunk)
@@ -286,10 +284,12 @@ class EventPump:
                     return
                 if effects:
                     execute(effects)
+                    if generation != self._stream_generation:
+                        return
                 if self._signals_dirty:
                     self._take_signals()
-                if generation != self._stream_generation:
-                    return
+                    if generation != self._stream_generation:
+                        return
         except ProviderError as err:
             if generation == self._stream_generation:
                 self._feed(

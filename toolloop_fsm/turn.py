@@ -123,8 +123,10 @@ class TurnState:
     # the current pass
     pass_text: list[str] = field(factory=list)
     pass_thoughts: list[str] = field(factory=list)
-    buffer: list[str] = field(factory=list)
+    # the undelivered buffer is pass_text[buffer_start:] (one list, one append per chunk)
+    buffer_start: int = 0
     buffer_len: int = 0
+    flush_chars: int = 200
     pass_finish: FinishKind | None = None
     pass_usage: UsageEntry | None = None
     pending_call: FunctionCall | None = None

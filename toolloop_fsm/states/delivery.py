@@ -29,17 +29,19 @@ def deliver_expression(turn: TurnState, expression: str) -> None:
 
 def flush_buffer(turn: TurnState) -> None:
     """Hand the buffered visible text to the channel (unless text is suppressed)."""
-    if not turn.buffer:
+    parts = turn.pass_text
+    start = turn.buffer_start
+    if start >= len(parts):
         return
-    text = "".join(turn.buffer)
-    turn.buffer.clear()
+    text = "".join(parts[start:])
+    turn.buffer_start = len(parts)
     turn.buffer_len = 0
     if not turn.suppress_text:
         deliver_text(turn, text)
 
 
 def discard_buffer(turn: TurnState) -> None:
-    turn.buffer.clear()
+    turn.buffer_start = len(turn.pass_text)
     turn.buffer_len = 0
 
 

@@ -38,7 +38,8 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
     turn.iterations += 1
     turn.pass_text.clear()
     turn.pass_thoughts.clear()
-    discard_buffer(turn)
+    turn.buffer_start = 0
+    turn.buffer_len = 0
     turn.pass_finish = None
     turn.pass_usage = None
     turn.pending_call = None
@@ -66,9 +67,9 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
 def take_text(turn: TurnState, event: TextDelta) -> None:
     text = event.text
     turn.pass_text.append(text)
-    turn.buffer.append(text)
-    turn.buffer_len += len(text)
-    if turn.buffer_len >= turn.policy.delivery_flush_chars:
+    buffered = turn.buffer_len + len(text)
+    turn.buffer_len = buffered
+    if buffered >= turn.flush_chars:
         flush_buffer(turn)
 
 
