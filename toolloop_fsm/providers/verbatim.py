@@ -79,6 +79,36 @@ def _is_string_type(declared: object) -> bool:
 
 
 # --------------------------------------------------------------------------- the scanner
+def _call_start_pattern(names: Sequence[str]) -> str:
+    """A pattern matching exactly where a call can begin in the text seen so far.
+
+    A bare call begins with ``name(`` — or a prefix of it that reaches the end of the text —
+    at a word boundary; a span with one or two backticks and then the same; a fence or a
+    three-backtick span with three backticks. The names go in as a trie so that prose words
+    sharing a tool name's first letters ("get", "set") and ordinary `code` spans are ruled
+    out by one search instead of opening a candidate each time.
+    """
+    name = _name_trie(names) if names else "(?!)"
+    return rf"(?<!`)(?:```|``?(?:\Z|{name}))|(?<!\w){name}"
+
+
+def _name_trie(names: Sequence[str]) -> str:
+    trie: dict[str, Any] = {}
+    for name in names:
+        node = trie
+        for char in name + "(":
+            node = node.setdefault(char, {})
+
+    def branches(node: dict[str, Any]) -> str:
+        options = [
+            re.escape(char) + (rf"(?:\Z|{branches(child)})" if child else "")
+            for char, child in sorted(node.items())
+        ]
+        return f"(?:{'|'.join(options)})"
+
+    return branches(trie)
+
+
 class _Phase(Enum):
     TICKS = auto()  # inside the opening backtick run
     LANG = auto()  # after ```: a fence's language word, or the name of a ```name()``` span
@@ -163,8 +193,7 @@ class _CallScanner:
         names = list(self._forms)
         self._prefixes = frozenset(name[:k] for name in names for k in range(1, len(name) + 1))
         self._name_starts = frozenset(name[0] for name in names)
-        starts = "".join(sorted(self._name_starts))
-        self._start = re.compile(r"(?<!`)`" + (rf"|(?<!\w)[{re.escape(starts)}]" if starts else ""))
+        self._start = re.compile(_call_start_pattern(names))
         self._cap = cap
         self._next_call = first_call
         self._previous = ""  # the character just before the scan position
@@ -192,13 +221,26 @@ class _CallScanner:
         self._arguments: dict[str, Any] = {}
 
     # ----------------------------------------------------------------- driving
+    def passes_through(self, text: str) -> bool:
+        """Whether ``text`` goes out untouched: nothing is held and no call can begin in it.
+
+        This is the per-chunk fast path: one regular-expression search over the chunk.
+        """
+        if self._open:
+            return False
+        if not text:
+            return True
+        match = self._start.search(text)
+        if match is not None and match.start() == 0 and not self._boundary_before(text[0]):
+            match = self._start.search(text, 1)
+        if match is not None:
+            return False
+        self._previous = text[-1]
+        return True
+
     def feed(self, text: str) -> list[_Piece]:
         """Scan more text; returns what can be released now, in order."""
         pieces: list[_Piece] = []
-        if not self._open and text and not self._may_start(text):
-            self._previous = text[-1]
-            pieces.append(text)
-            return pieces
         self._scan(text, pieces)
         return pieces
 
@@ -217,20 +259,20 @@ class _CallScanner:
             self._scan(candidate[1:], pieces)
         return pieces
 
-    def _may_start(self, text: str) -> bool:
-        return self._next_start(text, 0) < len(text)
+    def _boundary_before(self, first: str) -> bool:
+        """Whether a call may begin with ``first`` right after the previous character.
+
+        The start pattern's look-behind cannot see the previous chunk's last character.
+        """
+        if first == "`":
+            return self._previous != "`"
+        return not _WORD.match(self._previous or " ")
 
     def _next_start(self, work: str, i: int) -> int:
         """Index of the first position at or after ``i`` where a call could begin."""
         match = self._start.search(work, i)
-        if match is not None and match.start() == 0:
-            # The pattern's look-behind cannot see the previous chunk's last character.
-            first = work[0]
-            boundary = (
-                self._previous != "`" if first == "`" else not _WORD.match(self._previous or " ")
-            )
-            if not boundary:
-                match = self._start.search(work, 1)
+        if match is not None and match.start() == 0 and not self._boundary_before(work[0]):
+            match = self._start.search(work, 1)
         return len(work) if match is None else match.start()
 
     def _release(self, text: str, pieces: list[_Piece]) -> None:
@@ -449,7 +491,10 @@ class _CallScanner:
         """The call the held candidate makes now that no more text will come, if any."""
         phase = self._phase
         if phase is _Phase.ARGS:
-            return self._make_call() if self._tool.accepts_empty else None
+            # "name(" and nothing after it: the model began a call and was cut off before
+            # its first argument byte — a truncated call, never a call without arguments
+            # (which might run a tool whose optional arguments were about to follow).
+            return self._make_call(arguments={}, truncated=True)
         if phase in (_Phase.AFTER_ARGS, _Phase.CLOSE_TICKS, _Phase.FENCE_END):
             return self._make_call()
         if phase is _Phase.STRING and not self._stack:
@@ -498,10 +543,6 @@ class _CausalOrder:
 
     def received(self, length: int) -> None:
         self._received += length
-
-    def passed_through(self, length: int) -> None:
-        self._received += length
-        self._released += length
 
     def defer(self, chunk: Chunk) -> None:
         self._deferred.append((self._received, chunk))
@@ -579,14 +620,18 @@ class VerbatimToolCalls:
                 request.tools, first_call=len(request.history) + 1, cap=self.buffer_cap
             )
             order = _CausalOrder()
+            passes_through = scanner.passes_through
             async for chunk in chunks:
-                if isinstance(chunk, TextDelta) and not chunk.text:
-                    continue
                 if not isinstance(chunk, TextDelta):
                     if scanner.holding:
                         order.defer(chunk)
                     else:
                         yield chunk
+                    continue
+                if passes_through(chunk.text):
+                    # Offsets in `order` only matter relative to each other while text is
+                    # held, so text that flows straight through need not be counted.
+                    yield chunk
                     continue
                 was_holding = scanner.holding
                 pieces = scanner.feed(chunk.text)
@@ -596,8 +641,7 @@ class VerbatimToolCalls:
                     and len(pieces) == 1
                     and isinstance(pieces[0], str)
                 ):
-                    # Nothing held before or after and no call: the chunk goes on untouched.
-                    order.passed_through(len(chunk.text))
+                    # A candidate opened and failed inside the chunk: it still goes untouched.
                     yield chunk
                     continue
                 order.received(len(chunk.text))
