@@ -18,6 +18,10 @@ from toolloop_fsm.providers.base import ToolSpec
 from toolloop_fsm.result import Notice
 
 
+def _as_context(messages: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    return tuple(messages)
+
+
 def _optional_frozenset(value: Iterable[str] | None) -> frozenset[str] | None:
     return None if value is None else frozenset(value)
 
@@ -28,7 +32,7 @@ class TurnRequest:
     the tools this turn may use (``None`` = every registered tool), and an assistant
     ``prefill`` to continue from."""
 
-    context: Sequence[Mapping[str, Any]] = field(converter=tuple)
+    context: Sequence[Mapping[str, Any]] = field(converter=_as_context)
     tools_allowed: frozenset[str] | None = field(default=None, converter=_optional_frozenset)
     prefill: str | None = None
     thought_log_owner: str = "default"

@@ -77,7 +77,6 @@ class EventPump:
         *,
         signals: TurnSignals | None = None,
         clock: Clock | None = None,
-        on_step: Callable[[TraceStep], None] | None = None,
         on_effect: Callable[[Effect], None] | None = None,
     ) -> None:
         self.machine = machine
@@ -86,7 +85,6 @@ class EventPump:
         self.registry = machine.tools
         self.signals = signals if signals is not None else TurnSignals()
         self.clock: Clock = clock if clock is not None else LoopClock()
-        self.on_step = on_step
         self.on_effect = on_effect
         self._group: asyncio.TaskGroup | None = None
         self._done: asyncio.Future[GenerationTurnResult] | None = None
@@ -105,7 +103,6 @@ class EventPump:
         self._host_calls: collections.deque[PostNotice | QueueStopResponse] = collections.deque()
         self._host_task: asyncio.Task[None] | None = None
         self._host_exception: BaseException | None = None
-        self._trace_seen = 0
 
     # ------------------------------------------------------------------ running
     async def run(
@@ -178,8 +175,6 @@ class EventPump:
         self._execute(effects)
 
     def _execute(self, effects: Iterable[Effect]) -> None:
-        if self.on_step is not None:
-            self._report_steps()
         for effect in effects:
             if self.on_effect is not None:
                 self.on_effect(effect)
@@ -206,13 +201,6 @@ class EventPump:
                 self._ensure_host_worker()
             elif kind is Finish:
                 self._finish(effect)  # type: ignore[arg-type]
-
-    def _report_steps(self) -> None:
-        assert self.on_step is not None
-        trace = self.machine.turn.trace
-        for step in trace[self._trace_seen :]:
-            self.on_step(step)
-        self._trace_seen = len(trace)
 
     def _finish(self, effect: Finish) -> None:
         done = self._done
@@ -463,8 +451,8 @@ async def run_tool_loop(
     Cancelling the task that awaits this cancels the provider stream and any running tool
     and propagates `CancelledError`; an outer `asyncio.timeout` raises `TimeoutError`.
     """
-    machine = ToolLoopMachine(policy, tools=tools)
-    pump = EventPump(machine, provider, channel, signals=signals, clock=clock, on_step=on_step)
+    machine = ToolLoopMachine(policy, tools=tools, on_step=on_step)
+    pump = EventPump(machine, provider, channel, signals=signals, clock=clock)
     return await pump.run(request, continuation_style=continuation_style)
 
 

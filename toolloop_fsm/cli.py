@@ -1,0 +1,124 @@
+"""The `toolloop-fsm` command (and `python -m toolloop_fsm`): demo, diagram, fuzz."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from toolloop_fsm.events import FunctionCall, TextDelta, ThoughtDelta, UsageReport
+from toolloop_fsm.host import Tool, ToolContext, ToolResult, TurnRequest
+from toolloop_fsm.pump import run_tool_loop
+from toolloop_fsm.result import Delivered, GenerationTurnResult, Notice, TraceStep
+
+
+class TracePrinter:
+    """Prints transitions and deliveries as they happen, one line each."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def step(self, step: TraceStep) -> None:
+        if step.state == step.next_state:
+            self.out.write(f"  · {step.state:<24} {step.event}\n")
+        else:
+            self.out.write(f"  → {step.state:<24} --{step.event}--> {step.next_state}\n")
+
+    def delivery(self, delivered: Delivered) -> None:
+        what = repr(delivered.text) if delivered.text is not None else f"[{delivered.expression}]"
+        self.out.write(f"  ✉ delivered {what}\n")
+
+    def notice(self, notice: Notice) -> None:
+        self.out.write(f"  ! notice {notice.key} {dict(notice.params)}\n")
+
+
+class PrintingChannel:
+    """A channel that prints what the turn delivers."""
+
+    def __init__(self, printer: TracePrinter) -> None:
+        self.printer = printer
+        self.index = 0
+
+    async def send_text(self, text: str) -> None:
+        self.printer.delivery(Delivered(self.index, text=text))
+        self.index += 1
+
+    async def send_expression(self, expression: str) -> None:
+        self.printer.delivery(Delivered(self.index, expression=expression))
+        self.index += 1
+
+    async def send_notice(self, notice: Notice) -> None:
+        self.printer.notice(notice)
+
+    async def queue_front(self, stop_message: str) -> None:
+        self.printer.out.write(f"  ⏹ queued first: {stop_message!r}\n")
+
+
+def print_summary(result: GenerationTurnResult, out: TextIO) -> None:
+    out.write("\nResult\n")
+    out.write(
+        f"  status      {result.status.value}"
+        + (f" ({result.reason})" if result.reason else "")
+        + "\n"
+    )
+    out.write(f"  final text  {result.final_text!r}\n")
+    out.write(f"  passes      {result.iterations}   tool dispatches {result.tool_dispatches}\n")
+    for entry in result.history:
+        outcome = "ok" if entry.response.success else f"failed: {entry.response.reason}"
+        out.write(f"  tool        {entry.call.name}({dict(entry.call.arguments)}) → {outcome}\n")
+    usage = result.usage
+    out.write(f"  usage       {usage.input_tokens} in / {usage.output_tokens} out\n")
+
+
+async def scripted_demo(out: TextIO) -> GenerationTurnResult:
+    """A scripted turn: text, a tool call, its result, and the final answer."""
+    from toolloop_fsm.testing import ScriptedProvider
+
+    async def get_weather(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        return ToolResult(data={"city": arguments.get("city"), "sky": "clear", "temp_c": 21})
+
+    provider = ScriptedProvider(
+        [
+            [
+                ThoughtDelta("The user wants the weather; call the tool."),
+                TextDelta("Let me check "),
+                TextDelta("the forecast. "),
+                FunctionCall("get_weather", {"city": "Paris"}, "call_1"),
+                UsageReport(42, 12),
+            ],
+            [TextDelta("It's clear and "), TextDelta("21 °C in Paris."), UsageReport(80, 9)],
+        ]
+    )
+    tools = [Tool("get_weather", "Current weather for a city", {"type": "object"}, get_weather)]
+    printer = TracePrinter(out)
+    out.write("toolloop-fsm demo: a scripted turn with one tool call\n\n")
+    result = await run_tool_loop(
+        provider,
+        tools,
+        PrintingChannel(printer),
+        TurnRequest([{"role": "user", "content": "What's the weather in Paris?"}]),
+        on_step=printer.step,
+    )
+    print_summary(result, out)
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="toolloop-fsm", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("demo", help="run a turn with a tool call and print every transition")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        result = asyncio.run(scripted_demo(sys.stdout))
+        return 0 if result.status.value == "completed" else 1
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
