@@ -14,8 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from transitions import Machine, MachineError
-
+from toolloop_fsm.declaration import (
+    Coverage,
+    StepRunner,
+    compile_declaration,
+    transition,
+)
 from toolloop_fsm.effects import Effect, Finish
 from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.events import (
@@ -159,21 +163,7 @@ CHUNK_TRIGGERS: dict[type, str] = {
 }
 
 
-def _t(
-    trigger: str,
-    source: str | list[str],
-    dest: str | None,
-    *,
-    when: Callable[[TurnState], bool] | None = None,
-    do: Callable[..., None] | None = None,
-) -> dict[str, Any]:
-    """One declared transition: ``when`` is its guard (by name), ``do`` its action."""
-    spec: dict[str, Any] = {"trigger": trigger, "source": source, "dest": dest}
-    if when is not None:
-        spec["conditions"] = [when.__name__]
-    if do is not None:
-        spec["before"] = [do.__name__]
-    return spec
+_t = transition
 
 
 # fmt: off
@@ -275,90 +265,6 @@ _CALLBACK_FUNCTIONS: tuple[Callable[..., Any], ...] = (
 CALLBACKS: dict[str, Callable[..., Any]] = {fn.__name__: fn for fn in _CALLBACK_FUNCTIONS}
 
 
-def transition_id(spec: Mapping[str, Any], source: str) -> str:
-    """A stable name for one declared transition (from one source state)."""
-    dest = spec["dest"] if spec["dest"] is not None else source
-    conditions = ",".join(spec.get("conditions", ()))
-    guard = f"[{conditions}]" if conditions else ""
-    return f"{source} --{spec['trigger']}{guard}--> {dest}"
-
-
-def declared_transition_ids(transitions: Iterable[Mapping[str, Any]]) -> list[str]:
-    ids: list[str] = []
-    for spec in transitions:
-        sources = spec["source"] if isinstance(spec["source"], list) else [spec["source"]]
-        ids.extend(transition_id(spec, source) for source in sources)
-    return ids
-
-
-class _Coverage:
-    """Which declared transitions fired, when a test asks (off by default: zero cost)."""
-
-    fired: set[str] | None = None
-
-
-def _covering(spec: dict[str, Any], source: str) -> Callable[[Any], None]:
-    ident = transition_id(spec, source)
-
-    def covered(_event_data: Any) -> None:
-        if _Coverage.fired is not None:
-            _Coverage.fired.add(ident)
-
-    return covered
-
-
-_GUARD_NAMES: frozenset[str] = frozenset(
-    condition for spec in TRANSITIONS for condition in spec.get("conditions", ())
-)
-
-
-def _resolve(name: str) -> Callable[[Any], Any]:
-    """Bind a declared callback name to its function for `transitions`: guards take the
-    turn, actions the turn and the event being processed."""
-    fn = CALLBACKS[name]
-    if name in _GUARD_NAMES:
-
-        def guard(event_data: Any) -> Any:
-            return fn(event_data.model)
-
-        guard.__name__ = name
-        return guard
-
-    def action(event_data: Any) -> None:
-        fn(event_data.model, event_data.args[0] if event_data.args else None)
-
-    action.__name__ = name
-    return action
-
-
-def _runtime_declaration() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    states = [
-        {**state, "on_enter": [_resolve(n) for n in state.get("on_enter", ())]} for state in STATES
-    ]
-    transitions: list[dict[str, Any]] = []
-    for spec in TRANSITIONS:
-        sources = spec["source"] if isinstance(spec["source"], list) else [spec["source"]]
-        for source in sources:
-            runtime = {**spec, "source": source}
-            runtime["conditions"] = [_resolve(n) for n in spec.get("conditions", ())]
-            runtime["before"] = [_resolve(n) for n in spec.get("before", ())]
-            runtime["after"] = [_covering(spec, source)]
-            transitions.append(runtime)
-    return states, transitions
-
-
-_states, _transitions = _runtime_declaration()
-_MACHINE = Machine(
-    model=None,
-    states=_states,
-    transitions=_transitions,
-    initial="ready",
-    auto_transitions=False,
-    send_event=True,
-    ignore_invalid_triggers=False,
-)
-_EVENTS = _MACHINE.events
-
 _SIGNAL_TRIGGERS: dict[type, str] = {
     StreamEnded: "stream_ended",
     StreamFailed: "stream_failed",
@@ -368,9 +274,22 @@ _SIGNAL_TRIGGERS: dict[type, str] = {
     DeliveryRecorded: "delivery_recorded",
     DeliveryFailed: "delivery_failed",
 }
-_EVENT_CLASS_BY_TRIGGER: dict[str, type] = {
-    trigger: cls for cls, trigger in (*CHUNK_TRIGGERS.items(), *_SIGNAL_TRIGGERS.items())
-}
+
+DECLARATION = compile_declaration(
+    "ToolLoopMachine",
+    states=STATES,
+    transitions=TRANSITIONS,
+    initial="ready",
+    transient_states=TRANSIENT_STATES,
+    callbacks=_CALLBACK_FUNCTIONS,
+    event_class_by_trigger={
+        trigger: cls for cls, trigger in (*CHUNK_TRIGGERS.items(), *_SIGNAL_TRIGGERS.items())
+    },
+)
+STEPS = DECLARATION.steps
+FAST_PATH = DECLARATION.fast_path
+FAST_PATH_IDS = DECLARATION.fast_path_ids
+_Coverage = Coverage  # the coverage switch shared by both machines
 
 
 def trigger_for(event: object) -> str:
@@ -381,59 +300,6 @@ def trigger_for(event: object) -> str:
     if isinstance(event, DeadlineExpired):
         return f"{event.kind.value}_deadline"
     raise TypeError(f"{type(event).__name__} is not an event of the tool loop")
-
-
-# --------------------------------------------------------------------------- compiled paths
-# `transitions` interprets the declaration generically: measured on this project's machines,
-# one trigger costs 18–32 µs (an internal one 18 µs), several times what a whole stream chunk
-# may cost. So the declaration is also compiled into two tables that take the same steps
-# in the same order — guards tried in declared order, then the action, the state change
-# and the entry callbacks, exactly as `transitions` does — and `ToolLoopMachine` runs on
-# them. `ToolLoopMachine(reference=True)` runs every step through `transitions`' own
-# trigger instead; a property test checks that both produce the same effects and traces.
-# - `FAST_PATH`: per state, the internal transitions without a guard that a state is the
-#   only taker of (stream chunks, recorded deliveries): event class → action.
-# - `STEPS`: (state, trigger) → the declared transitions, in declared order.
-Handler = Callable[[TurnState, Any], None]
-Guard = Callable[[TurnState], bool]
-Step = tuple[Guard | None, Handler | None, str | None, tuple[Handler, ...], str]
-
-_ON_ENTER: dict[str, tuple[Handler, ...]] = {
-    state["name"]: tuple(CALLBACKS[n] for n in state.get("on_enter", ())) for state in STATES
-}
-STEPS: dict[tuple[str, str], list[Step]] = {}
-for _spec in TRANSITIONS:
-    _conditions = _spec.get("conditions", ())
-    _before = _spec.get("before", ())
-    for _source in _spec["source"] if isinstance(_spec["source"], list) else [_spec["source"]]:
-        STEPS.setdefault((_source, _spec["trigger"]), []).append(
-            (
-                CALLBACKS[_conditions[0]] if _conditions else None,
-                CALLBACKS[_before[0]] if _before else None,
-                _spec["dest"],
-                _ON_ENTER.get(_spec["dest"], ()) if _spec["dest"] is not None else (),
-                transition_id(_spec, _source),
-            )
-        )
-
-FAST_PATH: dict[str, dict[type, Handler]] = {}
-FAST_PATH_IDS: dict[tuple[str, type], str] = {}
-for (_source, _trigger), _steps in STEPS.items():
-    _guard, _action, _dest, _enter, _ident = _steps[0]
-    if len(_steps) == 1 and _guard is None and _dest is None and _action is not None:
-        _event_class = _EVENT_CLASS_BY_TRIGGER.get(_trigger)
-        if _event_class is not None:
-            FAST_PATH.setdefault(_source, {})[_event_class] = _action
-            FAST_PATH_IDS[(_source, _event_class)] = _ident
-_NO_HANDLERS: dict[type, Handler] = {}
-
-
-def _recording(handler: Handler, coverage: set[str], ident: str) -> Handler:
-    def recording(turn: TurnState, event: Any) -> None:
-        coverage.add(ident)
-        handler(turn, event)
-
-    return recording
 
 
 class ToolLoopMachine:
@@ -456,12 +322,11 @@ class ToolLoopMachine:
     ) -> None:
         self.policy = policy if policy is not None else LoopPolicy()
         self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
-        self.reference = reference
-        self.on_step = on_step
+        self._runner: StepRunner[TurnState] = StepRunner(
+            DECLARATION, reference=reference, on_step=on_step
+        )
         self._turn: TurnState | None = None
         self._result: GenerationTurnResult | None = None
-        self._fast: dict[type, Handler] = _NO_HANDLERS
-        self._coverage = _Coverage.fired
 
     # ------------------------------------------------------------------ public surface
     @property
@@ -523,7 +388,7 @@ class ToolLoopMachine:
 
     def feed(self, event: Any) -> list[Effect]:
         """Take one event; return the effects to carry out, in order."""
-        handler = self._fast.get(event.__class__)
+        handler = self._runner.fast.get(event.__class__)
         if handler is not None:
             turn = self._turn
             assert turn is not None
@@ -569,73 +434,15 @@ class ToolLoopMachine:
             detail = f"delivery {event.seq} is not in flight"
             raise InvalidEvent(self.name, turn.state, event, detail)
 
-    def _record_step(self, turn: TurnState, step: TraceStep) -> None:
-        turn.trace.append(step)
-        if self.on_step is not None:
-            self.on_step(step)
-
     def _fire(self, trigger: str, event: object) -> list[Effect]:
         turn = self._turn
         assert turn is not None
         if self._result is not None:
             raise InvalidEvent(self.name, turn.state, event, "the turn has finished")
-        before = turn.state
-        turn.current_event = event
-        if self.reference:
-            try:
-                fired = _EVENTS[trigger].trigger(turn, event) if trigger in _EVENTS else False
-            except MachineError:
-                fired = False
-        else:
-            fired = self._take_step(turn, trigger, event)
-        if not fired:
-            raise InvalidEvent(self.name, before, event)
-        self._record_step(turn, TraceStep(before, trigger, turn.state))
-        while turn.state in TRANSIENT_STATES:
-            source = turn.state
-            if self.reference:
-                advanced = bool(_EVENTS["advance"].trigger(turn, None))
-            else:
-                advanced = self._take_step(turn, "advance", None)
-            if not advanced:
-                raise InvalidEvent(self.name, source, "advance", "no guard matched")
-            self._record_step(turn, TraceStep(source, "advance", turn.state))
-        turn.current_event = None
-        self._fast = self._fast_handlers(turn.state)
+        self._runner.fire(turn, trigger, event)
         effects = turn.effects
         turn.effects = []
-        if turn.state in FINAL_STATES:
+        if turn.state in DECLARATION.final_states:
             self._result = build_result(turn)
             effects.append(Finish(self._result))
         return effects
-
-    def _take_step(self, turn: TurnState, trigger: str, event: object) -> bool:
-        """One compiled step: the first declared transition whose guard holds."""
-        steps = STEPS.get((turn.state, trigger))
-        if steps is None:
-            return False
-        for guard, action, dest, on_enter, ident in steps:
-            if guard is None or guard(turn):
-                if action is not None:
-                    action(turn, event)
-                if dest is not None:
-                    turn.state = dest
-                    for enter in on_enter:
-                        enter(turn, event)
-                if self._coverage is not None:
-                    self._coverage.add(ident)
-                return True
-        return False
-
-    def _fast_handlers(self, state: str) -> dict[type, Handler]:
-        if self.reference:
-            return _NO_HANDLERS
-        handlers = FAST_PATH.get(state, _NO_HANDLERS)
-        coverage = self._coverage
-        if coverage is None or not handlers:
-            return handlers
-        # only when a test measures coverage: wrap the handlers to record what fired
-        return {
-            event_class: _recording(handler, coverage, FAST_PATH_IDS[(state, event_class)])
-            for event_class, handler in handlers.items()
-        }

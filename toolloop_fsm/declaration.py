@@ -1,0 +1,298 @@
+"""How a declared machine runs: the `transitions` declaration, compiled.
+
+Both machines (`machine.py`, `generation.py`) declare their states and transitions as
+`transitions` data — guards and actions by name. This module builds the `transitions`
+`Machine` from that data and compiles the same data into step tables, then runs steps.
+
+Why compile: `transitions` interprets a declaration generically; measured on this project's
+machines one trigger costs 18–32 µs, more than a whole streamed chunk may cost. The compiled
+tables take exactly the steps `transitions` takes — guards in declared order, then the
+action, the state change and the entry callbacks — and `reference=True` runs every step
+through `transitions`' own trigger instead (a property test checks both agree):
+- ``fast_path``: per state, the internal transitions without a guard that are the only
+  taker of their trigger there (stream chunks, recorded deliveries): event class → action;
+- ``steps``: (state, trigger) → the declared transitions, in declared order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+from attrs import frozen
+from transitions import Machine, MachineError
+
+from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.result import TraceStep
+
+Handler = Callable[[Any, Any], None]
+Guard = Callable[[Any], bool]
+Step = tuple[Guard | None, Handler | None, str | None, tuple[Handler, ...], str]
+
+
+def transition(
+    trigger: str,
+    source: str | list[str],
+    dest: str | None,
+    *,
+    when: Callable[..., bool] | None = None,
+    do: Callable[..., None] | None = None,
+) -> dict[str, Any]:
+    """One declared transition: ``when`` is its guard (by name), ``do`` its action."""
+    spec: dict[str, Any] = {"trigger": trigger, "source": source, "dest": dest}
+    if when is not None:
+        spec["conditions"] = [when.__name__]
+    if do is not None:
+        spec["before"] = [do.__name__]
+    return spec
+
+
+def sources_of(spec: Mapping[str, Any]) -> list[str]:
+    source = spec["source"]
+    return list(source) if isinstance(source, list) else [source]
+
+
+def transition_id(spec: Mapping[str, Any], source: str) -> str:
+    """A stable name for one declared transition (from one source state)."""
+    dest = spec["dest"] if spec["dest"] is not None else source
+    conditions = ",".join(spec.get("conditions", ()))
+    guard = f"[{conditions}]" if conditions else ""
+    return f"{source} --{spec['trigger']}{guard}--> {dest}"
+
+
+def declared_transition_ids(transitions: Iterable[Mapping[str, Any]]) -> list[str]:
+    return [transition_id(spec, source) for spec in transitions for source in sources_of(spec)]
+
+
+class Coverage:
+    """Which declared transitions fired, when a test asks (off by default: zero cost)."""
+
+    fired: set[str] | None = None
+
+
+@frozen
+class CompiledDeclaration:
+    """A machine's declaration with its `transitions` Machine and its step tables."""
+
+    name: str
+    states: Sequence[Mapping[str, Any]]
+    transitions: Sequence[Mapping[str, Any]]
+    initial: str
+    final_states: frozenset[str]
+    transient_states: frozenset[str]
+    callbacks: Mapping[str, Callable[..., Any]]
+    event_class_by_trigger: Mapping[str, type]
+    machine: Machine
+    steps: Mapping[tuple[str, str], Sequence[Step]]
+    fast_path: Mapping[str, Mapping[type, Handler]]
+    fast_path_ids: Mapping[tuple[str, type], str]
+
+
+def compile_declaration(
+    name: str,
+    *,
+    states: Sequence[Mapping[str, Any]],
+    transitions: Sequence[Mapping[str, Any]],
+    initial: str,
+    transient_states: Iterable[str],
+    callbacks: Iterable[Callable[..., Any]],
+    event_class_by_trigger: Mapping[str, type],
+) -> CompiledDeclaration:
+    by_name = {fn.__name__: fn for fn in callbacks}
+    guard_names = frozenset(c for spec in transitions for c in spec.get("conditions", ()))
+    for spec in transitions:
+        for callback in (*spec.get("conditions", ()), *spec.get("before", ())):
+            if callback not in by_name:
+                raise ValueError(f"{name}: {callback!r} is declared but not defined")
+
+    def resolve(callback: str) -> Callable[[Any], Any]:
+        fn = by_name[callback]
+        if callback in guard_names:
+
+            def guard(event_data: Any) -> Any:
+                return fn(event_data.model)
+
+            guard.__name__ = callback
+            return guard
+
+        def action(event_data: Any) -> None:
+            fn(event_data.model, event_data.args[0] if event_data.args else None)
+
+        action.__name__ = callback
+        return action
+
+    def covering(ident: str) -> Callable[[Any], None]:
+        def covered(_event_data: Any) -> None:
+            if Coverage.fired is not None:
+                Coverage.fired.add(ident)
+
+        return covered
+
+    runtime_states = [
+        {**state, "on_enter": [resolve(n) for n in state.get("on_enter", ())]} for state in states
+    ]
+    runtime_transitions = [
+        {
+            **spec,
+            "source": source,
+            "conditions": [resolve(n) for n in spec.get("conditions", ())],
+            "before": [resolve(n) for n in spec.get("before", ())],
+            "after": [covering(transition_id(spec, source))],
+        }
+        for spec in transitions
+        for source in sources_of(spec)
+    ]
+    machine = Machine(
+        model=None,
+        states=runtime_states,
+        transitions=runtime_transitions,
+        initial=initial,
+        auto_transitions=False,
+        send_event=True,
+        ignore_invalid_triggers=False,
+    )
+
+    on_enter = {
+        state["name"]: tuple(by_name[n] for n in state.get("on_enter", ())) for state in states
+    }
+    steps: dict[tuple[str, str], list[Step]] = {}
+    for spec in transitions:
+        conditions = spec.get("conditions", ())
+        before = spec.get("before", ())
+        dest = spec["dest"]
+        for source in sources_of(spec):
+            steps.setdefault((source, spec["trigger"]), []).append(
+                (
+                    by_name[conditions[0]] if conditions else None,
+                    by_name[before[0]] if before else None,
+                    dest,
+                    on_enter.get(dest, ()) if dest is not None else (),
+                    transition_id(spec, source),
+                )
+            )
+    fast_path: dict[str, dict[type, Handler]] = {}
+    fast_path_ids: dict[tuple[str, type], str] = {}
+    for (source, trigger), options in steps.items():
+        guard, action, dest, _enter, ident = options[0]
+        event_class = event_class_by_trigger.get(trigger)
+        unguarded_internal = guard is None and dest is None
+        if len(options) == 1 and unguarded_internal and action is not None and event_class:
+            fast_path.setdefault(source, {})[event_class] = action
+            fast_path_ids[(source, event_class)] = ident
+    return CompiledDeclaration(
+        name=name,
+        states=states,
+        transitions=transitions,
+        initial=initial,
+        final_states=frozenset(s["name"] for s in states if s.get("final")),
+        transient_states=frozenset(transient_states),
+        callbacks=by_name,
+        event_class_by_trigger=event_class_by_trigger,
+        machine=machine,
+        steps=steps,
+        fast_path=fast_path,
+        fast_path_ids=fast_path_ids,
+    )
+
+
+class Stateful(Protocol):
+    state: str
+    effects: list[Any]
+    trace: list[TraceStep]
+    current_event: Any
+
+
+ModelT = TypeVar("ModelT", bound=Stateful)
+_NO_HANDLERS: dict[type, Handler] = {}
+
+
+def _recording(handler: Handler, coverage: set[str], ident: str) -> Handler:
+    def recording(model: Any, event: Any) -> None:
+        coverage.add(ident)
+        handler(model, event)
+
+    return recording
+
+
+class StepRunner(Generic[ModelT]):
+    """Runs a compiled declaration over one model: real triggers, decision points
+    (transient states advance at once), the trace, and transition coverage."""
+
+    def __init__(
+        self,
+        declaration: CompiledDeclaration,
+        *,
+        reference: bool = False,
+        on_step: Callable[[TraceStep], None] | None = None,
+    ) -> None:
+        self.declaration = declaration
+        self.reference = reference
+        self.on_step = on_step
+        self.coverage = Coverage.fired
+        self.fast: Mapping[type, Handler] = _NO_HANDLERS
+
+    def fire(self, model: ModelT, trigger: str, event: object) -> None:
+        """Take ``trigger`` and then every decision point it leads to."""
+        declaration = self.declaration
+        before = model.state
+        model.current_event = event
+        if self.reference:
+            events = declaration.machine.events
+            try:
+                fired = bool(events[trigger].trigger(model, event)) if trigger in events else False
+            except MachineError:
+                fired = False
+        else:
+            fired = self.take_step(model, trigger, event)
+        if not fired:
+            raise InvalidEvent(declaration.name, before, event)
+        self.record(model, TraceStep(before, trigger, model.state))
+        transient = declaration.transient_states
+        while model.state in transient:
+            source = model.state
+            if self.reference:
+                advanced = bool(declaration.machine.events["advance"].trigger(model, None))
+            else:
+                advanced = self.take_step(model, "advance", None)
+            if not advanced:
+                raise InvalidEvent(declaration.name, source, "advance", "no guard matched")
+            self.record(model, TraceStep(source, "advance", model.state))
+        model.current_event = None
+        self.fast = self.fast_handlers(model.state)
+
+    def take_step(self, model: ModelT, trigger: str, event: object) -> bool:
+        """One compiled step: the first declared transition whose guard holds."""
+        options = self.declaration.steps.get((model.state, trigger))
+        if options is None:
+            return False
+        for guard, action, dest, on_enter, ident in options:
+            if guard is None or guard(model):
+                if action is not None:
+                    action(model, event)
+                if dest is not None:
+                    model.state = dest
+                    for enter in on_enter:
+                        enter(model, event)
+                if self.coverage is not None:
+                    self.coverage.add(ident)
+                return True
+        return False
+
+    def fast_handlers(self, state: str) -> Mapping[type, Handler]:
+        if self.reference:
+            return _NO_HANDLERS
+        handlers = self.declaration.fast_path.get(state, _NO_HANDLERS)
+        coverage = self.coverage
+        if coverage is None or not handlers:
+            return handlers
+        # only when a test measures coverage: wrap the handlers to record what fired
+        ids = self.declaration.fast_path_ids
+        return {
+            event_class: _recording(handler, coverage, ids[(state, event_class)])
+            for event_class, handler in handlers.items()
+        }
+
+    def record(self, model: ModelT, step: TraceStep) -> None:
+        model.trace.append(step)
+        if self.on_step is not None:
+            self.on_step(step)
