@@ -4,8 +4,17 @@ assemble — as an explicit finite-state machine.
 Everything public is re-exported here; the test kit lives in `toolloop_fsm.testing`.
 """
 
+from toolloop_fsm.attempts import (
+    AdmissionRequest,
+    Attempt,
+    AttemptPlan,
+    KeyBook,
+    KeyHealth,
+    SharedRoute,
+)
 from toolloop_fsm.effects import (
     ArmDeadline,
+    AskAdmission,
     CancelStream,
     CancelTool,
     ClearDeadline,
@@ -15,10 +24,15 @@ from toolloop_fsm.effects import (
     PostNotice,
     QueueStopResponse,
     RunTool,
+    StartAttempt,
     StartStream,
+    SupersedeAttempt,
+    UpdateKeyHealth,
 )
 from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.events import (
+    AdmissionDecided,
+    AttemptFinished,
     ContextRestart,
     DeadlineExpired,
     DeadlineKind,
@@ -36,11 +50,14 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     ToolFinished,
     ToolOutcomeKind,
+    UnreachableReported,
     UsageReport,
 )
+from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.host import (
     Channel,
     Clock,
+    DestinationUnreachable,
     Localizer,
     LoopClock,
     Tool,
@@ -53,9 +70,10 @@ from toolloop_fsm.host import (
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.pump import EventPump, run_tool_loop
+from toolloop_fsm.pump import EventPump, GenerationPump, run_generation_turn, run_tool_loop
 from toolloop_fsm.result import (
     AttemptFailure,
+    AttemptRecord,
     Delivered,
     GenerationTurnResult,
     Notice,
@@ -72,8 +90,15 @@ from toolloop_fsm.result import (
 )
 
 __all__ = [
+    "AdmissionDecided",
+    "AdmissionRequest",
     "ArmDeadline",
+    "AskAdmission",
+    "Attempt",
     "AttemptFailure",
+    "AttemptFinished",
+    "AttemptPlan",
+    "AttemptRecord",
     "CancelStream",
     "CancelTool",
     "Channel",
@@ -86,6 +111,7 @@ __all__ = [
     "Delivered",
     "DeliveryFailed",
     "DeliveryRecorded",
+    "DestinationUnreachable",
     "Effect",
     "EventPump",
     "Finish",
@@ -93,8 +119,12 @@ __all__ = [
     "FinishReason",
     "FollowUpArrived",
     "FunctionCall",
+    "GenerationPump",
+    "GenerationTurnMachine",
     "GenerationTurnResult",
     "InvalidEvent",
+    "KeyBook",
+    "KeyHealth",
     "Localizer",
     "LoopClock",
     "LoopPolicy",
@@ -106,11 +136,14 @@ __all__ = [
     "QueueStopResponse",
     "RunTool",
     "SceneMetadata",
+    "SharedRoute",
+    "StartAttempt",
     "StartStream",
     "StopRequested",
     "StreamEnded",
     "StreamFailed",
     "StreamResult",
+    "SupersedeAttempt",
     "TextDelta",
     "ThoughtDelta",
     "Tool",
@@ -129,10 +162,13 @@ __all__ = [
     "TurnRequest",
     "TurnSignals",
     "TurnStatus",
+    "UnreachableReported",
+    "UpdateKeyHealth",
     "UsageEntry",
     "UsageLedger",
     "UsageReport",
-    "run_tool_loop",
     "result_from_json",
     "result_to_json",
+    "run_generation_turn",
+    "run_tool_loop",
 ]

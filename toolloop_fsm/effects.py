@@ -100,6 +100,48 @@ class Finish:
     result: GenerationTurnResult
 
 
+# --------------------------------------------------------------------------- outer tier
+@frozen
+class StartAttempt:
+    """Run attempt ``attempt``: model ``model`` of the chain with key ``key_index`` (an index
+    into the attempt's keys; never the key itself), on ``request``, carrying ``ledger``."""
+
+    attempt: int
+    model: int
+    label: str
+    key_index: int | None
+    route: str
+    request: Any
+    ledger: Mapping[str, Any]
+    expression_delivered: bool = False
+
+
+@frozen
+class AskAdmission:
+    """Ask the host's admission policy whether the turn may use the shared route."""
+
+    failures: tuple[Any, ...]
+
+
+@frozen
+class SupersedeAttempt:
+    """Attempt ``attempt`` failed and another takes over; what it delivered stays delivered
+    and becomes the next attempt's prefill (a host UI may mark it)."""
+
+    attempt: int
+    label: str
+    delivered_text: str
+
+
+@frozen
+class UpdateKeyHealth:
+    """Record the health of key ``key_index`` of ``label`` in the host's key book."""
+
+    label: str
+    key_index: int
+    health: Any
+
+
 Effect = (
     StartStream
     | CancelStream
@@ -111,4 +153,8 @@ Effect = (
     | ArmDeadline
     | ClearDeadline
     | Finish
+    | StartAttempt
+    | AskAdmission
+    | SupersedeAttempt
+    | UpdateKeyHealth
 )

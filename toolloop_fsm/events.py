@@ -193,6 +193,36 @@ class DeliveryFailed:
     error: str
 
 
+# --------------------------------------------------------------------------- outer tier
+@frozen
+class AttemptFinished:
+    """Attempt ``attempt`` of the generation turn ended with ``result``.
+
+    ``ledger`` is the attempt's record of completed tool calls (carried into the next
+    attempt); ``at`` is the clock's time; ``signals_pending`` says a stop or a follow-up
+    is pending in the host's signals.
+    """
+
+    attempt: int
+    result: Any
+    ledger: Mapping[str, Any] = field(factory=dict)
+    at: float = 0.0
+    signals_pending: bool = False
+
+
+@frozen
+class AdmissionDecided:
+    """The host's admission policy answered: may the turn use the shared route?"""
+
+    admitted: bool
+    at: float = 0.0
+
+
+@frozen
+class UnreachableReported:
+    """The host reports that the turn's destination (the channel) cannot be reached."""
+
+
 Event = (
     TextDelta
     | ThoughtDelta
@@ -208,4 +238,7 @@ Event = (
     | FollowUpArrived
     | DeliveryRecorded
     | DeliveryFailed
+    | AttemptFinished
+    | AdmissionDecided
+    | UnreachableReported
 )

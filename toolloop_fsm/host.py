@@ -174,6 +174,11 @@ class LoopClock:
         await asyncio.sleep(seconds)
 
 
+class DestinationUnreachable(Exception):
+    """Raised by a host's channel (or reported with `TurnSignals.report_unreachable`) when the
+    turn's destination cannot be reached: the generation turn ends ``skipped``."""
+
+
 @define
 class TurnSignals:
     """The host's signals to a running turn; call from any task of the same loop.
@@ -185,6 +190,7 @@ class TurnSignals:
     stop_requested: bool = False
     stop_message: str | None = None
     follow_ups: int = 0
+    unreachable: bool = False
     _listeners: list[Callable[[], None]] = field(factory=list, repr=False)
 
     def request_stop(self, stop_message: str | None = None) -> None:
@@ -196,6 +202,12 @@ class TurnSignals:
 
     def follow_up(self) -> None:
         self.follow_ups += 1
+        for listener in tuple(self._listeners):
+            listener()
+
+    def report_unreachable(self) -> None:
+        """The destination cannot be reached: the generation turn ends ``skipped``."""
+        self.unreachable = True
         for listener in tuple(self._listeners):
             listener()
 

@@ -18,13 +18,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from toolloop_fsm.attempts import AdmissionRequest, Attempt, KeyBook, SharedRoute
 from toolloop_fsm.effects import (
     ArmDeadline,
+    AskAdmission,
     CancelStream,
     CancelTool,
     ClearDeadline,
@@ -34,9 +37,14 @@ from toolloop_fsm.effects import (
     PostNotice,
     QueueStopResponse,
     RunTool,
+    StartAttempt,
     StartStream,
+    SupersedeAttempt,
+    UpdateKeyHealth,
 )
 from toolloop_fsm.events import (
+    AdmissionDecided,
+    AttemptFinished,
     DeadlineExpired,
     DeliveryFailed,
     DeliveryRecorded,
@@ -46,7 +54,9 @@ from toolloop_fsm.events import (
     StreamFailed,
     ToolFinished,
     ToolOutcomeKind,
+    UnreachableReported,
 )
+from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.host import (
     Channel,
     Clock,
@@ -60,9 +70,9 @@ from toolloop_fsm.host import (
     TurnSignals,
 )
 from toolloop_fsm.machine import ToolLoopMachine
-from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest
-from toolloop_fsm.result import GenerationTurnResult, Notice, TraceStep
+from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus
 from toolloop_fsm.turn import LedgerEntry
 
 
@@ -456,4 +466,201 @@ async def run_tool_loop(
     return await pump.run(request, continuation_style=continuation_style)
 
 
-__all__ = ["EventPump", "Notice", "run_tool_loop"]
+class GenerationPump:
+    """Runs a `GenerationTurnMachine`: each `StartAttempt` becomes an inner `EventPump` run on
+    the attempt's provider; admission, notices and key health go to the host."""
+
+    def __init__(
+        self,
+        machine: GenerationTurnMachine,
+        attempts: Sequence[Attempt],
+        tools: ToolRegistry,
+        channel: Channel,
+        *,
+        shared_route: SharedRoute | None = None,
+        signals: TurnSignals | None = None,
+        clock: Clock | None = None,
+        key_book: KeyBook | None = None,
+        on_step: Callable[[TraceStep], None] | None = None,
+    ) -> None:
+        self.machine = machine
+        self.attempts = list(attempts)
+        self.shared = list(shared_route.attempts) if shared_route is not None else []
+        self.shared_route = shared_route
+        self.tools = tools
+        self.channel = channel
+        self.signals = signals if signals is not None else TurnSignals()
+        self.clock: Clock = clock if clock is not None else LoopClock()
+        self.key_book: KeyBook = key_book if key_book is not None else {}
+        self.on_step = on_step
+        self._follow_ups_seen = 0
+        self._keys = [key for attempt in (*self.attempts, *self.shared) for key in attempt.keys]
+
+    async def run(self, request: TurnRequest) -> GenerationTurnResult:
+        plans = [attempt.plan(i, "user") for i, attempt in enumerate(self.attempts)]
+        shared = [
+            attempt.plan(len(plans) + i, "shared") for i, attempt in enumerate(self.shared)
+        ]
+        self._follow_ups_seen = self.signals.follow_ups
+        pending = collections.deque(
+            self.machine.start(
+                request,
+                plans,
+                tools=[tool.spec() for tool in self.tools],
+                shared=shared,
+                health=self.key_book,
+                now=self.clock.now(),
+            )
+        )
+        while pending:
+            effect = pending.popleft()
+            if isinstance(effect, Finish):
+                return self._redacted(effect.result)
+            pending.extend(await self._carry_out(effect))
+        raise RuntimeError("the generation turn stopped without a result")
+
+    async def _carry_out(self, effect: Effect) -> list[Effect]:
+        if isinstance(effect, StartAttempt):
+            return await self._run_attempt(effect)
+        if isinstance(effect, AskAdmission):
+            return await self._ask_admission(effect)
+        if isinstance(effect, PostNotice):
+            with contextlib.suppress(Exception):  # a notice the host cannot show ends nothing
+                await self.channel.send_notice(effect.notice)
+            return []
+        if isinstance(effect, SupersedeAttempt):
+            mark = getattr(self.channel, "attempt_superseded", None)
+            if mark is not None:
+                with contextlib.suppress(Exception):
+                    await mark(effect.attempt, effect.label, effect.delivered_text)
+            return []
+        if isinstance(effect, UpdateKeyHealth):
+            self.key_book[(effect.label, effect.key_index)] = effect.health
+            return []
+        raise TypeError(f"the generation pump cannot carry out {type(effect).__name__}")
+
+    def _attempt_for(self, model: int) -> Attempt:
+        chain = [*self.attempts, *self.shared]
+        return chain[model]
+
+    async def _run_attempt(self, effect: StartAttempt) -> list[Effect]:
+        attempt = self._attempt_for(effect.model)
+        key = attempt.keys[effect.key_index] if effect.key_index is not None else None
+        inner = ToolLoopMachine(self.machine.policy.loop, tools=self.tools, on_step=self.on_step)
+        try:
+            provider = attempt.make_provider(key)
+        except Exception as err:  # the host's factory is host code: no fallback
+            result = GenerationTurnResult(
+                status=TurnStatus.ERROR,
+                reason="host_error",
+                error_message=f"the provider factory raised {type(err).__name__}: {err}",
+                exception=err,
+            )
+            return self.machine.feed(self._finished(effect, result, {}))
+        pump = EventPump(inner, provider, self.channel, signals=self.signals, clock=self.clock)
+        run = asyncio.ensure_future(
+            pump.run(
+                effect.request,
+                hold_timeout_notice=True,
+                ledger=effect.ledger,
+                expression_delivered=effect.expression_delivered,
+            )
+        )
+        unreachable = asyncio.get_running_loop().create_future()
+
+        def watch() -> None:
+            if self.signals.unreachable and not unreachable.done():
+                unreachable.set_result(None)
+
+        self.signals.add_listener(watch)
+        watch()
+        try:
+            await asyncio.wait({run, unreachable}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            run.cancel()
+            with contextlib.suppress(BaseException):
+                await run
+            raise
+        finally:
+            self.signals.remove_listener(watch)
+            unreachable.cancel()
+        if not run.done():
+            run.cancel()
+            with contextlib.suppress(BaseException):
+                await run
+            return self.machine.feed(UnreachableReported())
+        result = run.result()
+        ledger = inner.turn.ledger if inner.is_finished else {}
+        return self.machine.feed(self._finished(effect, result, ledger))
+
+    def _finished(
+        self, effect: StartAttempt, result: GenerationTurnResult, ledger: Mapping[str, Any]
+    ) -> AttemptFinished:
+        signals = self.signals
+        pending = signals.stop_requested or signals.follow_ups > self._follow_ups_seen
+        return AttemptFinished(
+            effect.attempt, self._redacted(result), dict(ledger), self.clock.now(), pending
+        )
+
+    async def _ask_admission(self, effect: AskAdmission) -> list[Effect]:
+        route = self.shared_route
+        if route is None:
+            return self.machine.feed(AdmissionDecided(False, self.clock.now()))
+        if self.signals.stop_requested:
+            return self.machine.feed(StopRequested(self.signals.stop_message))
+        request = AdmissionRequest(tuple(effect.failures), self.clock.now())
+        try:
+            answer = route.admit(request)
+            admitted = bool(await answer) if inspect.isawaitable(answer) else bool(answer)
+        except Exception:  # a failing admission policy admits nobody
+            admitted = False
+        return self.machine.feed(AdmissionDecided(admitted, self.clock.now()))
+
+    def _redacted(self, result: GenerationTurnResult) -> GenerationTurnResult:
+        """Defence in depth: no key may leave the turn in any message."""
+        if not self._keys or result.error_message is None:
+            return result
+        message = result.error_message
+        for key in self._keys:
+            if key:
+                message = message.replace(key, "***")
+        return attrs.evolve(result, error_message=message)
+
+
+async def run_generation_turn(
+    attempts: Sequence[Attempt],
+    tools: ToolRegistry | Iterable[Tool],
+    channel: Channel,
+    request: TurnRequest,
+    *,
+    policy: TurnPolicy | None = None,
+    signals: TurnSignals | None = None,
+    clock: Clock | None = None,
+    shared_route: SharedRoute | None = None,
+    key_book: KeyBook | None = None,
+    on_step: Callable[[TraceStep], None] | None = None,
+) -> GenerationTurnResult:
+    """Run a whole generation turn over a fallback chain of attempts (SPEC §1).
+
+    Each attempt runs the tool loop; ``error`` rotates keys, ``timeout`` or no key left
+    advances to the next model; what a failed attempt delivered stays delivered and the next
+    attempt continues from it; a completed tool call is never run again. ``key_book`` keeps
+    key health (cooldowns, retirements) across turns when the host passes the same one.
+    """
+    registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+    machine = GenerationTurnMachine(policy, on_step=on_step)
+    pump = GenerationPump(
+        machine,
+        attempts,
+        registry,
+        channel,
+        shared_route=shared_route,
+        signals=signals,
+        clock=clock,
+        key_book=key_book,
+        on_step=on_step,
+    )
+    return await pump.run(request)
+
+
+__all__ = ["EventPump", "GenerationPump", "run_generation_turn", "run_tool_loop"]

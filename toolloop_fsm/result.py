@@ -147,6 +147,22 @@ class AttemptFailure:
 
 
 @frozen
+class AttemptRecord:
+    """One attempt of the outer tier: which model and key (by index), how it ended, and the
+    inner machine's trace."""
+
+    index: int
+    label: str
+    key_index: int | None
+    route: str
+    status: TurnStatus
+    reason: str | None = None
+    superseded: bool = False
+    delivered_text: str = ""
+    trace: tuple[TraceStep, ...] = ()
+
+
+@frozen
 class GenerationTurnResult:
     """The outcome of a turn. See the README for each field."""
 
@@ -171,6 +187,8 @@ class GenerationTurnResult:
     retryable: bool | None = None
     retry_after: float | None = None
     attempt_failures: tuple[AttemptFailure, ...] = ()
+    attempts: tuple[AttemptRecord, ...] = ()
+    credential_source: str = "user"
     trace: tuple[TraceStep, ...] = ()
     exception: BaseException | None = field(default=None, eq=False, repr=False)
 

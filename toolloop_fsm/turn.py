@@ -1,4 +1,5 @@
-"""The iteration state of one tool-loop run: everything the inner machine remembers.
+"""The iteration state of a run: everything the inner machine (`TurnState`) and the outer
+machine (`GenerationState`) remember.
 
 `TurnState` is the model object the `transitions` declaration drives (it carries the
 ``state`` attribute). It holds history, counters, accumulators, the delivery record and the
@@ -15,7 +16,10 @@ from attrs import define, field, frozen
 
 from toolloop_fsm.events import FinishKind, FunctionCall, ToolFinished, ToolOutcomeKind
 from toolloop_fsm.result import (
+    AttemptFailure,
+    AttemptRecord,
     Delivered,
+    GenerationTurnResult,
     Notice,
     StreamResult,
     ToolHistoryEntry,
@@ -25,9 +29,11 @@ from toolloop_fsm.result import (
 )
 
 if TYPE_CHECKING:
+    from toolloop_fsm.attempts import AttemptPlan, KeyHealth
     from toolloop_fsm.effects import Effect
     from toolloop_fsm.host import ToolRegistry, TurnRequest
-    from toolloop_fsm.policy import LoopPolicy
+    from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+    from toolloop_fsm.providers.base import ToolSpec
 
 
 def canonical_call_key(name: str, arguments: Any) -> str:
@@ -165,6 +171,50 @@ class TurnState:
     follow_ups_cleared: int = 0
 
     # bookkeeping of the step being processed
+    current_event: Any = None
+    effects: list[Effect] = field(factory=list)
+    trace: list[TraceStep] = field(factory=list)
+
+
+@define(slots=True)
+class GenerationState:
+    """Mutable state of one run of the outer machine (its `transitions` model)."""
+
+    policy: TurnPolicy
+    request: TurnRequest
+    tool_specs: tuple[ToolSpec, ...]
+    plans: list[AttemptPlan]
+    shared_plans: tuple[AttemptPlan, ...] = ()
+    health: dict[tuple[str, int], KeyHealth] = field(factory=dict)
+    state: str = "ready"
+    now: float = 0.0
+
+    # where the chain stands
+    model: int = -1
+    key: int | None = None
+    keys_tried: dict[int, list[int | None]] = field(factory=dict)
+    attempts: int = 0
+    credential_source: str = "user"
+    admission_asked: bool = False
+    admitted: bool = False
+    unreachable: bool = False
+    signals_pending: bool = False
+
+    # what carries from attempt to attempt
+    carried_text: str = ""
+    ledger: dict[str, LedgerEntry] = field(factory=dict)
+    expression_delivered: bool = False
+    held_notice: Notice | None = None
+
+    # what the attempts produced
+    last: GenerationTurnResult | None = None
+    results: list[GenerationTurnResult] = field(factory=list)
+    records: list[AttemptRecord] = field(factory=list)
+    failures: list[AttemptFailure] = field(factory=list)
+    notices: list[Notice] = field(factory=list)
+    status: TurnStatus | None = None
+    reason: str | None = None
+
     current_event: Any = None
     effects: list[Effect] = field(factory=list)
     trace: list[TraceStep] = field(factory=list)

@@ -683,7 +683,6 @@ def _tool_line(tool: ToolSpec) -> str:
     schema = json.dumps(
         {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
         ensure_ascii=False,
-        sort_keys=True,
     )
     return f"- {' or '.join(shapes)}\n  {schema}"
 

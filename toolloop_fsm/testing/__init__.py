@@ -1,6 +1,10 @@
 """The public test kit: scripted providers, a recording channel, a virtual clock,
 Hypothesis strategies and the invariant checker."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider, ScriptItem
@@ -13,3 +17,79 @@ __all__ = [
     "ScriptedProvider",
     "VirtualClock",
 ]
+
+# ---- the invariant checker and the Hypothesis strategies (appended for issue #2)
+from toolloop_fsm.testing.invariants import (
+    InvariantViolation,
+    ToolExecution,
+    call_identity,
+    check_invariants,
+)
+
+if TYPE_CHECKING:
+    from toolloop_fsm.testing.strategies import (
+        KNOWN_TOOLS,
+        MEMORY_TOOL,
+        UNKNOWN_TOOLS,
+        ScriptRun,
+        TimedSignal,
+        ToolAction,
+        ToolBehaviour,
+        TurnScript,
+        build_tools,
+        chunks,
+        function_calls,
+        loop_policies,
+        provider_passes,
+        run_script,
+        script_items,
+        text_deltas,
+        timed_signals,
+        tool_behaviours,
+        turn_scripts,
+    )
+
+#: Names served by `toolloop_fsm.testing.strategies`, imported on first use because that
+#: module needs Hypothesis, a test dependency the rest of the kit does not need.
+_STRATEGY_NAMES = frozenset(
+    {
+        "KNOWN_TOOLS", "MEMORY_TOOL", "UNKNOWN_TOOLS", "ScriptRun", "TimedSignal", "ToolAction",
+        "ToolBehaviour", "TurnScript", "build_tools", "chunks", "function_calls",
+        "loop_policies", "provider_passes", "run_script", "script_items", "text_deltas",
+        "timed_signals", "tool_behaviours", "turn_scripts",
+    }
+)
+
+__all__ += [
+    "KNOWN_TOOLS",
+    "MEMORY_TOOL",
+    "UNKNOWN_TOOLS",
+    "InvariantViolation",
+    "ScriptRun",
+    "TimedSignal",
+    "ToolAction",
+    "ToolBehaviour",
+    "ToolExecution",
+    "TurnScript",
+    "build_tools",
+    "call_identity",
+    "check_invariants",
+    "chunks",
+    "function_calls",
+    "loop_policies",
+    "provider_passes",
+    "run_script",
+    "script_items",
+    "text_deltas",
+    "timed_signals",
+    "tool_behaviours",
+    "turn_scripts",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STRATEGY_NAMES:
+        from toolloop_fsm.testing import strategies
+
+        return getattr(strategies, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,261 @@
+"""`GenerationTurnMachine`: the outer tier (SPEC §1), declared once with `transitions`.
+
+It walks the fallback chain: each attempt runs the inner tool loop; an ``error`` rotates to
+the next healthy key of the same model, no key left or a ``timeout`` advances to the next
+model, and when every attempt on the user's own credentials failed the host may admit the
+shared route. The order of `TRANSITIONS` is the order in which the guards are tried.
+Behaviour lives in `states/attempts.py`, decisions in `guards/attempts.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from toolloop_fsm.attempts import AttemptPlan, KeyHealth
+from toolloop_fsm.declaration import StepRunner, compile_declaration, transition
+from toolloop_fsm.effects import Effect, Finish
+from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.events import (
+    AdmissionDecided,
+    AttemptFinished,
+    StopRequested,
+    UnreachableReported,
+)
+from toolloop_fsm.guards.attempts import (
+    admission_granted,
+    another_key_for_this_model,
+    another_model_in_chain,
+    attempt_failed_in_host_code,
+    attempt_is_final,
+    destination_unreachable,
+    no_attempt_available,
+    shared_route_may_be_admitted,
+)
+from toolloop_fsm.guards.outcome import (
+    outcome_is_completed,
+    outcome_is_empty_response,
+    outcome_is_error,
+    outcome_is_follow_up_interrupt,
+    outcome_is_skipped,
+    outcome_is_stopped_by_user,
+    outcome_is_timeout,
+)
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.policy import TurnPolicy
+from toolloop_fsm.providers.base import ToolSpec
+from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.states.attempts import (
+    accept_attempt,
+    admit_shared_route,
+    ask_admission,
+    begin_first_attempt,
+    begin_next_key,
+    begin_next_model,
+    build_generation_result,
+    end_without_attempts,
+    exhaust_chain,
+    post_closing_notices,
+    refuse_shared_route,
+    skip_unreachable,
+    stop_while_admitting,
+    supersede_attempt,
+    take_attempt_result,
+)
+from toolloop_fsm.turn import GenerationState
+
+FINAL_STATES: tuple[str, ...] = (
+    "completed",
+    "stopped_by_user",
+    "follow_up_interrupt",
+    "timeout",
+    "error",
+    "empty_response",
+    "skipped",
+)
+TRANSIENT_STATES: frozenset[str] = frozenset(
+    {"planning", "judging_attempt", "rotating_key", "advancing_model", "finishing"}
+)
+STATES: list[dict[str, Any]] = [
+    {"name": "ready"},
+    {"name": "planning"},
+    {"name": "attempting"},
+    {"name": "judging_attempt"},
+    {"name": "rotating_key"},
+    {"name": "advancing_model"},
+    {"name": "admitting_shared_route"},
+    {"name": "finishing", "on_enter": ["post_closing_notices"]},
+    *({"name": name, "final": True} for name in FINAL_STATES),
+]
+
+_t = transition
+
+# fmt: off
+TRANSITIONS: list[dict[str, Any]] = [
+    _t("start", "ready", "planning"),
+    _t("advance", "planning", "finishing", when=no_attempt_available, do=end_without_attempts),
+    _t("advance", "planning", "attempting", do=begin_first_attempt),
+    # ---- an attempt ran the inner tool loop (or the host reported the destination gone)
+    _t("attempt_finished", "attempting", "judging_attempt", do=take_attempt_result),
+    _t("destination_unreachable", ["attempting", "admitting_shared_route"], "finishing",
+       do=skip_unreachable),
+    # ---- judging it, in SPEC §1 order
+    _t("advance", "judging_attempt", "finishing", when=destination_unreachable,
+       do=skip_unreachable),
+    _t("advance", "judging_attempt", "finishing", when=attempt_is_final, do=accept_attempt),
+    _t("advance", "judging_attempt", "finishing", when=attempt_failed_in_host_code,
+       do=accept_attempt),
+    _t("advance", "judging_attempt", "rotating_key", when=another_key_for_this_model,
+       do=supersede_attempt),
+    _t("advance", "judging_attempt", "advancing_model", when=another_model_in_chain,
+       do=supersede_attempt),
+    _t("advance", "judging_attempt", "admitting_shared_route", when=shared_route_may_be_admitted,
+       do=ask_admission),
+    _t("advance", "judging_attempt", "finishing", do=exhaust_chain),
+    _t("advance", "rotating_key", "attempting", do=begin_next_key),
+    _t("advance", "advancing_model", "attempting", do=begin_next_model),
+    # ---- the host's admission policy answers (once per turn)
+    _t("admission_decided", "admitting_shared_route", "advancing_model", when=admission_granted,
+       do=admit_shared_route),
+    _t("admission_decided", "admitting_shared_route", "finishing", do=refuse_shared_route),
+    _t("stop_requested", "admitting_shared_route", "finishing", do=stop_while_admitting),
+    # ---- finishing: the closing notices are posted on entry, then the terminal state
+    _t("advance", "finishing", "completed", when=outcome_is_completed),
+    _t("advance", "finishing", "stopped_by_user", when=outcome_is_stopped_by_user),
+    _t("advance", "finishing", "follow_up_interrupt", when=outcome_is_follow_up_interrupt),
+    _t("advance", "finishing", "timeout", when=outcome_is_timeout),
+    _t("advance", "finishing", "error", when=outcome_is_error),
+    _t("advance", "finishing", "empty_response", when=outcome_is_empty_response),
+    _t("advance", "finishing", "skipped", when=outcome_is_skipped),
+]
+# fmt: on
+
+_CALLBACK_FUNCTIONS: tuple[Callable[..., Any], ...] = (
+    admission_granted, another_key_for_this_model, another_model_in_chain,
+    attempt_failed_in_host_code, attempt_is_final, destination_unreachable,
+    no_attempt_available, shared_route_may_be_admitted, outcome_is_completed,
+    outcome_is_empty_response, outcome_is_error, outcome_is_follow_up_interrupt,
+    outcome_is_skipped, outcome_is_stopped_by_user, outcome_is_timeout, accept_attempt,
+    admit_shared_route, ask_admission, begin_first_attempt, begin_next_key, begin_next_model,
+    end_without_attempts, exhaust_chain, post_closing_notices, refuse_shared_route,
+    skip_unreachable, stop_while_admitting, supersede_attempt, take_attempt_result,
+)  # fmt: skip
+CALLBACKS: dict[str, Callable[..., Any]] = {fn.__name__: fn for fn in _CALLBACK_FUNCTIONS}
+
+_TRIGGERS: dict[type, str] = {
+    AttemptFinished: "attempt_finished",
+    AdmissionDecided: "admission_decided",
+    StopRequested: "stop_requested",
+    UnreachableReported: "destination_unreachable",
+}
+
+DECLARATION = compile_declaration(
+    "GenerationTurnMachine",
+    states=STATES,
+    transitions=TRANSITIONS,
+    initial="ready",
+    transient_states=TRANSIENT_STATES,
+    callbacks=_CALLBACK_FUNCTIONS,
+    event_class_by_trigger={trigger: cls for cls, trigger in _TRIGGERS.items()},
+)
+
+
+class GenerationTurnMachine:
+    """The outer tier as a sans-IO machine: `start` it with the chain's plans, `feed` it
+    each attempt's outcome, carry out the effects it returns (`StartAttempt`, …)."""
+
+    name = "GenerationTurnMachine"
+
+    def __init__(
+        self,
+        policy: TurnPolicy | None = None,
+        *,
+        reference: bool = False,
+        on_step: Callable[[TraceStep], None] | None = None,
+    ) -> None:
+        self.policy = policy if policy is not None else TurnPolicy()
+        self._runner: StepRunner[GenerationState] = StepRunner(
+            DECLARATION, reference=reference, on_step=on_step
+        )
+        self._state: GenerationState | None = None
+        self._result: GenerationTurnResult | None = None
+
+    @property
+    def state(self) -> str:
+        return self._state.state if self._state is not None else "ready"
+
+    @property
+    def is_finished(self) -> bool:
+        return self._result is not None
+
+    @property
+    def result(self) -> GenerationTurnResult:
+        if self._result is None:
+            raise RuntimeError(f"the turn has not finished (state {self.state!r})")
+        return self._result
+
+    @property
+    def trace(self) -> tuple[TraceStep, ...]:
+        return tuple(self._state.trace) if self._state is not None else ()
+
+    @property
+    def generation(self) -> GenerationState:
+        if self._state is None:
+            raise RuntimeError("the machine has not been started")
+        return self._state
+
+    def start(
+        self,
+        request: TurnRequest,
+        plans: Sequence[AttemptPlan],
+        *,
+        tools: Iterable[ToolSpec] = (),
+        shared: Sequence[AttemptPlan] = (),
+        health: Mapping[tuple[str, int], KeyHealth] | None = None,
+        now: float = 0.0,
+    ) -> list[Effect]:
+        """Begin the turn over the chain ``plans`` (``shared``: the shared route's plans)."""
+        if self._state is not None:
+            raise InvalidEvent(self.name, self.state, "start", "the machine was already started")
+        labels = [plan.label for plan in (*plans, *shared)]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"attempt labels must be unique, got {labels}")
+        self._state = GenerationState(
+            policy=self.policy,
+            request=request,
+            tool_specs=tuple(tools),
+            plans=list(plans),
+            shared_plans=tuple(shared),
+            health=dict(health or {}),
+            now=now,
+        )
+        return self._fire("start", None)
+
+    def feed(self, event: Any) -> list[Effect]:
+        state = self._state
+        if state is None:
+            raise InvalidEvent(self.name, "ready", event, "call start() first")
+        trigger = _TRIGGERS.get(type(event))
+        if trigger is None:
+            raise InvalidEvent(
+                self.name, state.state, event, "not an event of the generation turn"
+            )
+        if isinstance(event, AttemptFinished) and event.attempt != state.attempts:
+            raise InvalidEvent(
+                self.name, state.state, event,
+                f"attempt {event.attempt} is not the running one ({state.attempts})",
+            )  # fmt: skip
+        return self._fire(trigger, event)
+
+    def _fire(self, trigger: str, event: object) -> list[Effect]:
+        state = self._state
+        assert state is not None
+        if self._result is not None:
+            raise InvalidEvent(self.name, state.state, event, "the turn has finished")
+        self._runner.fire(state, trigger, event)
+        effects = state.effects
+        state.effects = []
+        if state.state in DECLARATION.final_states:
+            self._result = build_generation_result(state)
+            effects.append(Finish(self._result))
+        return effects
