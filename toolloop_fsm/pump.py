@@ -175,8 +175,13 @@ class EventPump:
     def _feed(self, event: Any) -> None:
         """Feed one event and carry out its effects; a failure ends the run with it."""
         done = self._done
-        if done is None or done.done():
+        if done is None or done.done() or self.machine.is_finished:
             return
+        if self._signals_dirty:
+            # a signal that arrived before this event is taken first, in the state it met
+            self._take_signals()
+            if done.done() or self.machine.is_finished:
+                return
         try:
             effects = self.machine.feed(event)
         except BaseException as err:  # the machine rejected the event: surface it to run()
