@@ -1,0 +1,52 @@
+"""Hypothesis profiles for the whole test suite.
+
+Two profiles are registered here:
+
+``ci`` (the default, and always when the ``CI`` environment variable is set)
+    Reproducible and bounded: ``derandomize=True`` (every run draws the same examples, so a
+    red CI run is red on every machine), no example database (nothing carried between runs),
+    ``deadline=None`` (a loaded CI box must not turn slowness into failures),
+    ``print_blob=True`` (a failure prints the ``@reproduce_failure`` blob to replay it), and
+    ``max_examples=300`` — the property suite (tests/test_properties_inner.py and
+    tests/test_transition_coverage.py) then stays well under a minute on two cores. Tests
+    that set their own ``max_examples`` keep it.
+
+``explore``
+    A long randomized hunt for new counterexamples: ``max_examples=5000``, a fresh random
+    seed every run, the example database on (so failures found are replayed first next
+    time), ``deadline=None``. Select it with ``HYPOTHESIS_PROFILE=explore pytest
+    tests/test_properties_inner.py``.
+
+``HYPOTHESIS_PROFILE`` picks a profile by name; when it is unset (on CI or anywhere else)
+``ci`` is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+#: Examples per property test under the ci profile (see the module docstring).
+CI_MAX_EXAMPLES = 300
+EXPLORE_MAX_EXAMPLES = 5000
+
+settings.register_profile(
+    "ci",
+    max_examples=CI_MAX_EXAMPLES,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "explore",
+    max_examples=EXPLORE_MAX_EXAMPLES,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+# `CI` needs no special case: ci is what loads unless a profile is named explicitly.
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")

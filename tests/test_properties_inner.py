@@ -1,0 +1,361 @@
+"""Property tests of the inner tool loop (DESIGN.md invariants 1–8).
+
+Three groups:
+
+* any scripted turn under any small policy, run through `run_tool_loop` on a virtual
+  clock, reaches exactly one terminal state within its ceilings and keeps every invariant
+  (`check_invariants` with every witness);
+* the sans-IO `ToolLoopMachine`, driven without the pump by random event sequences that are
+  legal in its current state (a tiny simulator reads the effects: `StartStream` lets chunks
+  come, `RunTool` lets its `ToolFinished` come, `ArmDeadline` lets that token expire,
+  `Deliver` lets that delivery be recorded or fail), is deterministic, keeps the invariants
+  a machine alone can show, and rejects illegal events with `InvalidEvent` naming the state
+  and the event — without changing anything;
+* the invariant checker itself catches doctored results (it is not vacuous).
+
+Async code runs through `asyncio.run` inside sync `@given` tests (one fresh loop per
+example): robust against the pytest-asyncio / Hypothesis interplay. Example counts come from
+the Hypothesis profile (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toolloop_fsm.effects import (
+    ArmDeadline,
+    CancelStream,
+    CancelTool,
+    ClearDeadline,
+    Deliver,
+    Effect,
+    Finish,
+    RunTool,
+    StartStream,
+)
+from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.events import (
+    ContextRestart,
+    DeadlineExpired,
+    DeadlineKind,
+    DeliveryFailed,
+    DeliveryRecorded,
+    FollowUpArrived,
+    FunctionCall,
+    StopRequested,
+    StreamEnded,
+    StreamFailed,
+    TextDelta,
+    ToolFinished,
+    ToolOutcomeKind,
+    UsageReport,
+)
+from toolloop_fsm.host import ToolRegistry, TurnRequest, TurnSignals
+from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.testing import (
+    InvariantViolation,
+    ScriptRun,
+    ToolAction,
+    ToolBehaviour,
+    TurnScript,
+    VirtualClock,
+    build_tools,
+    check_invariants,
+    chunks,
+    loop_policies,
+    run_script,
+    turn_scripts,
+)
+
+FINAL_STATES = frozenset(status.value for status in TurnStatus)
+
+
+# =========================================================================== the pump
+def run_turn(script: TurnScript, policy: LoopPolicy) -> ScriptRun:
+    """One simulated turn through `run_tool_loop`, on a fresh event loop."""
+    return asyncio.run(run_script(script, policy))
+
+
+@given(script=turn_scripts(), policy=loop_policies())
+def test_any_turn_ends_in_one_terminal_state_within_its_ceilings_and_keeps_the_invariants(
+    script: TurnScript, policy: LoopPolicy
+) -> None:
+    run = run_turn(script, policy)
+    result = run.result
+    assert result.status in TurnStatus
+    assert result.trace[-1].next_state == result.status.value
+    assert [s.next_state in FINAL_STATES for s in result.trace].count(True) == 1
+    assert result.iterations <= policy.max_function_call_iterations
+    assert len(run.provider.requests) <= result.iterations
+    assert len(run.executions) <= result.tool_dispatches <= result.iterations
+    run.check()
+
+
+# =========================================================================== the sans-IO machine
+_CHUNKS = chunks()
+_TOOL_RESULTS: tuple[dict[str, Any], ...] = (
+    {},
+    {"message": "done", "data": {"t": 3}},
+    {"end_turn": True},
+    {"delivered": True},
+    {"expression": "sticker:wave"},
+    {"context_restart": ContextRestart({"role": "system", "content": "more"}, ("memory",))},
+    {"expression": "👍", "end_turn": True},
+)
+_OUTCOMES = st.sampled_from(tuple(ToolOutcomeKind))
+_RESULT_FIELDS = st.sampled_from(_TOOL_RESULTS)
+_STOP_MESSAGES = st.sampled_from((None, "stop it"))
+_ALLOWLISTS = st.sampled_from((None, frozenset({"get_weather", "send_sticker"}), frozenset()))
+MAX_STEPS = 120
+
+
+@attrs.define
+class Simulator:
+    """What the outside world may report next, read from the machine's effects alone."""
+
+    stream_open: bool = False
+    armed: dict[DeadlineKind, int] = attrs.field(factory=dict)
+    running: int | None = None
+    last_dispatch: int = 0
+    in_flight: list[int] = attrs.field(factory=list)
+    recorded: list[int] = attrs.field(factory=list)
+    finished: bool = False
+
+    def take(self, effects: Sequence[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, StartStream):
+                self.stream_open = True
+            elif isinstance(effect, CancelStream):
+                self.stream_open = False
+            elif isinstance(effect, ArmDeadline):
+                self.armed[effect.kind] = effect.token
+            elif isinstance(effect, ClearDeadline):
+                if self.armed.get(effect.kind) == effect.token:
+                    del self.armed[effect.kind]
+            elif isinstance(effect, RunTool):
+                self.running = self.last_dispatch = effect.dispatch
+            elif isinstance(effect, CancelTool):
+                self.running = None
+            elif isinstance(effect, Deliver):
+                self.in_flight.append(effect.seq)
+            elif isinstance(effect, Finish):
+                self.finished = True
+
+    def fed(self, event: object) -> None:
+        if isinstance(event, StreamEnded | StreamFailed):
+            self.stream_open = False
+        elif isinstance(event, DeadlineExpired):
+            self.armed.pop(event.kind, None)
+        elif isinstance(event, ToolFinished):
+            self.running = None
+        elif isinstance(event, DeliveryRecorded | DeliveryFailed) and event.seq is not None:
+            self.in_flight.remove(event.seq)
+            self.recorded.append(event.seq)
+
+    def legal_kinds(self) -> list[str]:
+        """Progress first (Hypothesis shrinks toward the front), signals last."""
+        kinds: list[str] = []
+        if self.stream_open:
+            kinds += ["chunk", "chunk", "chunk", "stream_ended", "stream_failed"]
+        if self.running is not None:
+            kinds += ["tool_finished", "tool_finished"]
+        if self.armed:
+            kinds.append("deadline")
+        if self.in_flight:
+            kinds += ["delivery_recorded", "delivery_recorded", "delivery_failed"]
+        kinds += ["follow_up", "stop", "notice_failed"]
+        return kinds
+
+    def draw_event(self, data: st.DataObject) -> object:
+        kind = data.draw(st.sampled_from(self.legal_kinds()), label="event")
+        if kind == "chunk":
+            return data.draw(_CHUNKS, label="chunk")
+        if kind == "stream_ended":
+            return StreamEnded()
+        if kind == "stream_failed":
+            return StreamFailed("connection reset", kind="connection", retryable=True)
+        if kind == "tool_finished":
+            assert self.running is not None
+            fields = data.draw(_RESULT_FIELDS, label="tool result")
+            return ToolFinished(self.running, data.draw(_OUTCOMES, label="outcome"),
+                                error="it broke", **fields)
+        if kind == "deadline":
+            deadline = data.draw(st.sampled_from(sorted(self.armed)), label="deadline")
+            return DeadlineExpired(deadline, self.armed[deadline])
+        if kind == "delivery_recorded":
+            return DeliveryRecorded(data.draw(st.sampled_from(self.in_flight), label="seq"))
+        if kind == "delivery_failed":
+            seq = data.draw(st.sampled_from(self.in_flight), label="seq")
+            return DeliveryFailed(seq, "ConnectionError: channel refused")
+        if kind == "follow_up":
+            return FollowUpArrived()
+        if kind == "notice_failed":
+            return DeliveryFailed(None, "ConnectionError: notice refused")
+        return StopRequested(data.draw(_STOP_MESSAGES, label="stop message"))
+
+    def illegal_events(self, state: str) -> list[object]:
+        """Events the machine must refuse in ``state``: stale or unknown tokens, dispatches
+        and deliveries, chunks outside a stream, anything after the end, non-events."""
+        events: list[object] = [
+            DeadlineExpired(DeadlineKind.TOOL, 10_000),
+            DeadlineExpired(DeadlineKind.SETTLE, 10_001),
+            ToolFinished(10_000, ToolOutcomeKind.SUCCEEDED),
+            DeliveryRecorded(10_000),
+            "a string is not an event",
+        ]
+        # a delivery reported twice would be claimed twice in the result
+        events += [DeliveryRecorded(seq) for seq in self.recorded[-1:]]
+        if state in ("awaiting_first_token", "streaming"):
+            events.append(ToolFinished(self.last_dispatch, ToolOutcomeKind.SUCCEEDED))
+        if state in ("executing_tool", "settling"):
+            events += [TextDelta("late"), FunctionCall("get_weather", {}), StreamEnded(),
+                       StreamFailed("late failure"), UsageReport(1, 1)]
+        if state == "settling":
+            events.append(ToolFinished(self.last_dispatch, ToolOutcomeKind.SUCCEEDED))
+        if state in FINAL_STATES:
+            events += [StopRequested(), FollowUpArrived(), TextDelta("after the end"),
+                       StreamEnded()]
+        return events
+
+
+def _machine_tools() -> ToolRegistry:
+    # the handlers are never called: the machine only names the tool in a RunTool effect
+    return build_tools(TurnScript(), clock=VirtualClock(), signals=TurnSignals(), executions=[])
+
+
+TOOLS = _machine_tools()
+
+
+def drive_machine(policy: LoopPolicy, data: st.DataObject, *, probe: bool = True) -> None:
+    """Drive a `ToolLoopMachine` with legal events (and, with ``probe``, illegal ones in
+    between), then replay the legal events into a fresh machine and compare."""
+    request = TurnRequest(
+        [{"role": "user", "content": "hello"}],
+        tools_allowed=data.draw(_ALLOWLISTS, label="allowlist"),
+        prefill=data.draw(st.sampled_from((None, "Sure, ")), label="prefill"),
+    )
+    continuation = data.draw(st.booleans(), label="continuation style")
+    machine = ToolLoopMachine(policy, tools=TOOLS)
+    sim = Simulator()
+    log: list[list[Effect]] = [machine.start(request, continuation_style=continuation)]
+    sim.take(log[0])
+    events: list[object] = []
+    for _ in range(MAX_STEPS):
+        if machine.is_finished:
+            break
+        if probe and data.draw(st.integers(0, 4), label="probe?") == 0:
+            _probe_illegal(machine, sim, data)
+        event = sim.draw_event(data)
+        effects = machine.feed(event)
+        sim.fed(event)
+        sim.take(effects)
+        events.append(event)
+        log.append(effects)
+    if machine.is_finished:
+        assert sim.finished
+        _probe_illegal(machine, sim, data)
+        check_invariants(machine.result, policy=policy, request=request)
+    # determinism: the same events give the same effects, step by step, and the illegal
+    # probes above changed nothing
+    replay = ToolLoopMachine(policy, tools=TOOLS)
+    replayed = [replay.start(request, continuation_style=continuation)]
+    replayed += [replay.feed(event) for event in events]
+    assert replayed == log
+    assert replay.state == machine.state
+    assert replay.trace == machine.trace
+
+
+def _probe_illegal(machine: ToolLoopMachine, sim: Simulator, data: st.DataObject) -> None:
+    state = machine.state
+    steps = len(machine.trace)
+    event = data.draw(st.sampled_from(sim.illegal_events(state)), label="illegal event")
+    with pytest.raises(InvalidEvent) as raised:
+        machine.feed(event)
+    message = str(raised.value)
+    assert repr(state) in message, message
+    assert type(event).__name__ in message, message
+    assert machine.state == state
+    assert len(machine.trace) == steps
+
+
+@given(policy=loop_policies(), data=st.data())
+def test_the_machine_is_deterministic_and_refuses_illegal_events_without_changing(
+    policy: LoopPolicy, data: st.DataObject
+) -> None:
+    drive_machine(policy, data)
+
+
+# =========================================================================== the checker
+def _one_run(script: TurnScript, policy: LoopPolicy | None = None) -> ScriptRun:
+    run = run_turn(script, policy or LoopPolicy(delivery_flush_chars=1))
+    run.check()
+    return run
+
+
+def _expect(number: int, run: ScriptRun, **changes: Any) -> None:
+    witnesses = {
+        "policy": run.policy, "channel": run.channel, "provider": run.provider,
+        "executions": run.executions, "elapsed": run.elapsed, "streamed": run.streamed,
+        "tools": run.tools, "request": run.request,
+    }
+    result = changes.pop("result", run.result)
+    witnesses.update(changes)
+    with pytest.raises(InvariantViolation) as raised:
+        check_invariants(result, **witnesses)
+    assert raised.value.invariant == number, str(raised.value)
+    assert str(raised.value).startswith(f"invariant {number}: ")
+
+
+WEATHER = FunctionCall("get_weather", {"city": "Oslo"})
+_FAIL = ToolBehaviour(ToolAction.FAIL, message="no data")
+
+
+def test_the_checker_catches_a_lost_delivery_and_an_untidy_trace() -> None:
+    run = _one_run(TurnScript(passes=((TextDelta("Hi"), TextDelta(" there")),)))
+    assert run.result.status is TurnStatus.COMPLETED and len(run.channel.delivered) == 2
+    _expect(5, run, result=attrs.evolve(run.result, delivered=run.result.delivered[:1]))
+    _expect(1, run, result=attrs.evolve(run.result, trace=run.result.trace[:-1]))
+    _expect(1, run, result=attrs.evolve(run.result, trace=run.result.trace * 2))
+
+
+def test_the_checker_catches_exceeded_ceilings_and_runs_of_failures() -> None:
+    script = TurnScript(
+        passes=((WEATHER,), (WEATHER,), (TextDelta("sorry"),)),
+        tool_plan=(("get_weather", (_FAIL, _FAIL)),),
+    )
+    run = _one_run(script, LoopPolicy(max_consecutive_tool_errors=3))
+    assert [e.response.success for e in run.result.history] == [False, False]
+    _expect(2, run, policy=LoopPolicy(max_function_call_iterations=2))
+    _expect(3, run, policy=LoopPolicy(max_consecutive_tool_errors=1))
+
+
+def test_the_checker_catches_a_rerun_call_a_run_after_stop_and_a_slow_run() -> None:
+    run = _one_run(TurnScript(passes=((WEATHER,), (TextDelta("3 °C"),))))
+    (execution,) = run.executions
+    _expect(4, run, executions=(attrs.evolve(execution, stop_requested=True),))
+    twice = (execution, attrs.evolve(execution, dispatch=2))
+    _expect(4, run, executions=twice, result=attrs.evolve(run.result, tool_dispatches=2))
+    _expect(6, run, elapsed=10_000.0)
+
+
+def test_the_checker_catches_invalid_history_and_a_wrong_ledger() -> None:
+    script = TurnScript(passes=((TextDelta("Let me look. "), WEATHER, UsageReport(5, 6)),
+                                (TextDelta("3 °C"), UsageReport(7, 8))))
+    run = _one_run(script)
+    entry = run.result.history[0]
+    assert entry.pre_tool_text == "Let me look. "
+    blank = attrs.evolve(entry, pre_tool_text="  ")
+    _expect(7, run, result=attrs.evolve(run.result, history=(blank,)), provider=None)
+    usage = attrs.evolve(run.result.usage, entries=run.result.usage.entries[:1])
+    _expect(8, run, result=attrs.evolve(run.result, usage=usage))
+
+

@@ -1,0 +1,539 @@
+"""The invariant checker: DESIGN.md's run invariants as one function a test calls per run.
+
+`check_invariants(result, policy=…, …)` checks the inner tier's invariants 1–8 of DESIGN.md
+against one finished run and raises `InvariantViolation` (an `AssertionError`, so pytest and
+Hypothesis treat it as a failed assertion) whose message starts ``invariant N:`` and says
+what was seen. Everything but ``result`` and ``policy`` is optional: each extra witness
+(the channel, the provider, the tool executions, the virtual time, the chunks the provider
+actually streamed, the tools, the request) switches on the checks that need it.
+
+The checker does not trust the engine's own bookkeeping where a witness exists: tool calls
+are keyed here with an independent canonical form, usage is re-added from the chunks the
+provider streamed, and delivered text is compared with what the channel recorded.
+
+Invariant 9 (no API key anywhere) belongs to the outer tier and is not checked here.
+
+The virtual-time bound (invariant 6), with F the first-token budget, I the inactivity
+budget, S the abandoned-stream settle window and T_j the deadline of dispatch j::
+
+    elapsed ≤ Σ_k min(P_k, F + I·(c_k + D))  +  Σ_j T_j  +  max(I, S)
+
+where, for each provider pass k, P_k is the total of the script's pauses (a scripted stream
+cannot take longer than its own pauses) and c_k the number of chunks it streamed; D is the
+number of deliveries the channel confirmed (each confirmed delivery re-arms the rolling
+inactivity budget). The first-token budget covers the wait for the first chunk, after which
+every chunk and every confirmed delivery buys at most one more inactivity budget; a tool
+round is bounded by its deadline; the final settle wait is bounded by the inactivity budget
+(or the shorter abandoned-stream window after a timeout) and happens once per turn. Nothing
+else in the loop waits. For a script of at most N passes of at most C chunks each, this is
+bounded by the policy alone: ``N·(F + I·(C + D)) + N·T_max + max(I, S)`` with D ≤ N·C + N.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from attrs import define
+
+from toolloop_fsm.events import TextDelta, UsageReport
+from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.providers.base import ProviderRequest
+from toolloop_fsm.result import GenerationTurnResult, ToolHistoryEntry, TurnStatus
+from toolloop_fsm.testing.channel import RecordingChannel
+from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider
+
+__all__ = ["InvariantViolation", "ToolExecution", "call_identity", "check_invariants"]
+
+#: The inner tier's terminal states (the outer tier adds ``skipped``).
+_INNER_FINAL = frozenset(s.value for s in TurnStatus if s is not TurnStatus.SKIPPED)
+_ALL_FINAL = frozenset(s.value for s in TurnStatus)
+#: Float slack for virtual-time comparisons (timers are float sums).
+_EPSILON = 1e-6
+
+
+class InvariantViolation(AssertionError):
+    """A run broke one of DESIGN.md's invariants; ``invariant`` is its number."""
+
+    def __init__(self, invariant: int, message: str) -> None:
+        self.invariant = invariant
+        super().__init__(f"invariant {invariant}: {message}")
+
+
+@define
+class ToolExecution:
+    """One time a tool handler actually started running (recorded by the handler itself).
+
+    ``stop_requested`` is whether the host had asked to stop at the instant the handler
+    started; ``outcome`` is ``"succeeded"``, ``"failed"`` or ``"raised"`` once the handler
+    returned or raised, and stays ``None`` when it was cancelled (deadline, stop) or hung.
+    """
+
+    name: str
+    arguments: Mapping[str, Any]
+    dispatch: int
+    started_at: float
+    stop_requested: bool
+    outcome: str | None = None
+    finished_at: float | None = None
+
+
+def call_identity(name: str, arguments: Any) -> str:
+    """A call's identity for invariant 4: its name and canonical JSON arguments.
+
+    Deliberately computed here rather than with the engine's own key function, so that a
+    bug in the engine's keying cannot hide itself.
+    """
+    try:
+        canonical = json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        canonical = repr(arguments)
+    return f"{name}\x00{canonical}"
+
+
+def _fail(invariant: int, message: str) -> None:
+    raise InvariantViolation(invariant, message)
+
+
+def check_invariants(
+    result: GenerationTurnResult,
+    *,
+    policy: LoopPolicy,
+    channel: RecordingChannel | None = None,
+    provider: ScriptedProvider | None = None,
+    executions: Sequence[ToolExecution] | None = None,
+    elapsed: float | None = None,
+    streamed: Sequence[Sequence[object]] | None = None,
+    tools: ToolRegistry | Iterable[Tool] | None = None,
+    request: TurnRequest | None = None,
+) -> None:
+    """Check one finished inner-tier run against DESIGN.md invariants 1–8.
+
+    ``channel``: the `RecordingChannel` the run delivered to (invariant 5).
+    ``provider``: the `ScriptedProvider` it streamed from — its ``requests`` (invariants 2
+    and 7) and its scripted ``passes`` (pause totals for invariant 6).
+    ``executions``: every tool handler start, in order (invariants 2 and 4).
+    ``elapsed``: virtual seconds the run took (invariant 6; needs ``provider`` or
+    ``streamed``).
+    ``streamed``: per provider pass, the chunks the provider actually yielded (exact usage
+    for invariant 8, exact pre-tool text for invariant 7, chunk counts for invariant 6).
+    ``tools``: the registry (per-tool deadlines for invariant 6, registered names for 4).
+    ``request``: the `TurnRequest` (the allowlist for invariant 4, the prefill for 7).
+    """
+    registry = (
+        tools if isinstance(tools, ToolRegistry) or tools is None else ToolRegistry(tools)
+    )
+    _check_terminal(result)
+    _check_ceilings(result, policy, provider, executions)
+    _check_error_runs(result, policy)
+    if executions is not None:
+        _check_tool_runs(executions, registry, request)
+    _check_deliveries(result, channel)
+    if elapsed is not None:
+        _check_time(result, policy, elapsed, provider, streamed, executions, registry, channel)
+    _check_history(result, provider, streamed, request)
+    _check_usage(result, provider, streamed)
+
+
+# --------------------------------------------------------------------------- 1
+def _check_terminal(result: GenerationTurnResult) -> None:
+    status = result.status
+    if not isinstance(status, TurnStatus):
+        _fail(1, f"status {status!r} is not a TurnStatus")
+    if status.value not in _INNER_FINAL:
+        _fail(1, f"the inner tier ended with status {status.value!r}, which only the outer "
+                 "tier may produce")
+    trace = result.trace
+    if not trace:
+        _fail(1, "the result carries an empty trace")
+    if trace[0].state != "ready":
+        _fail(1, f"the trace starts in {trace[0].state!r}, not 'ready'")
+    for index in range(1, len(trace)):
+        if trace[index].state != trace[index - 1].next_state:
+            _fail(1, f"the trace jumps at step {index}: {trace[index - 1]} then {trace[index]}")
+    terminal = [i for i, step in enumerate(trace) if step.next_state in _ALL_FINAL]
+    if terminal != [len(trace) - 1]:
+        steps = "; ".join(f"#{i} {trace[i].state} --{trace[i].event}--> "
+                          f"{trace[i].next_state}" for i in terminal)
+        _fail(1, f"expected exactly one terminal step, the last of {len(trace)}; got "
+                 f"{len(terminal)}: {steps or 'none'}")
+    if trace[-1].next_state != status.value:
+        _fail(1, f"the trace ends in {trace[-1].next_state!r} but the status is "
+                 f"{status.value!r}")
+
+
+# --------------------------------------------------------------------------- 2
+def _check_ceilings(
+    result: GenerationTurnResult,
+    policy: LoopPolicy,
+    provider: ScriptedProvider | None,
+    executions: Sequence[ToolExecution] | None,
+) -> None:
+    ceiling = policy.max_function_call_iterations
+    if result.iterations > ceiling:
+        _fail(2, f"{result.iterations} provider passes, above the ceiling of {ceiling}")
+    if result.tool_dispatches > result.iterations:
+        _fail(2, f"{result.tool_dispatches} tool dispatches in only {result.iterations} passes")
+    if len(result.stream_results) > result.iterations:
+        _fail(2, f"{len(result.stream_results)} stream results for {result.iterations} passes")
+    if provider is not None:
+        requests = len(provider.requests)
+        # The last pass may be cancelled (stop, host error) before its reader ever asked the
+        # provider; no earlier one can be, and the provider never sees an uncounted pass.
+        if requests > result.iterations or requests < result.iterations - 1:
+            _fail(2, f"the provider was asked {requests} times but the result counts "
+                     f"{result.iterations} passes")
+    if executions is not None:
+        if len(executions) > result.tool_dispatches:
+            _fail(2, f"{len(executions)} tool executions but only {result.tool_dispatches} "
+                     "dispatches")
+        dispatches = [e.dispatch for e in executions]
+        if len(set(dispatches)) != len(dispatches):
+            _fail(2, f"one dispatch ran a tool more than once: dispatch numbers {dispatches}")
+
+
+# --------------------------------------------------------------------------- 3
+def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
+    """Replay the recorded tool outcomes in order: restarts (successes without a history
+    entry) reset the run, every step into ``recording_tool_outcome`` records one entry.
+
+    Reaching the ceiling must end the loop at once (the very next step leaves for
+    ``building_result``, nothing more is recorded) with status ``error``. One relabelling is
+    accepted, and only when the trace shows it: a stop that arrives while the ended turn
+    waits for deliveries in flight (``settling --stop_requested-->``) makes it
+    ``stopped_by_user``, so that no outer tier retries a turn the user stopped.
+    """
+    ceiling = policy.max_consecutive_tool_errors
+    trace = result.trace
+    entries = iter(result.history)
+    recorded = 0
+    run = 0
+    for index, step in enumerate(trace):
+        if step.state != "checking_tool_outcome":
+            continue
+        if step.next_state == "restarting_context":
+            run = 0
+            continue
+        if step.next_state != "recording_tool_outcome":
+            continue
+        entry = next(entries, None)
+        recorded += 1
+        if entry is None:
+            _fail(7, f"the trace records {recorded} tool outcomes but the history holds only "
+                     f"{len(result.history)} entries")
+            return
+        run = 0 if entry.response.success else run + 1
+        if run > ceiling:
+            _fail(3, f"{run} tool failures in a row, above max_consecutive_tool_errors="
+                     f"{ceiling}, and the turn went on")
+        if run == ceiling:
+            after = trace[index + 1] if index + 1 < len(trace) else None
+            stopped_while_settling = any(
+                s.state == "settling" and s.event == "stop_requested" for s in trace[index:]
+            )
+            ended = (
+                after is not None
+                and after.state == "recording_tool_outcome"
+                and after.next_state == "building_result"
+                and recorded == len(result.history)
+            )
+            status_ok = result.status is TurnStatus.ERROR or (
+                result.status is TurnStatus.STOPPED_BY_USER and stopped_while_settling
+            )
+            if not (ended and status_ok):
+                _fail(3, f"{run} tool failures in a row (the ceiling) at history entry "
+                         f"{recorded}, but the turn went on to "
+                         f"{after.next_state if after else 'nothing'} and ended "
+                         f"{result.status.value} ({result.reason}) with "
+                         f"{len(result.history)} entries")
+    if recorded != len(result.history):
+        _fail(7, f"the history holds {len(result.history)} entries but the trace records "
+                 f"{recorded} tool outcomes")
+    if result.reason == "consecutive_tool_errors" and run != ceiling:
+        _fail(3, f"the turn ended for consecutive tool errors after a run of {run}, not "
+                 f"{ceiling}")
+
+
+# --------------------------------------------------------------------------- 4
+def _check_tool_runs(
+    executions: Sequence[ToolExecution],
+    registry: ToolRegistry | None,
+    request: TurnRequest | None,
+) -> None:
+    succeeded: dict[str, int] = {}
+    for index, execution in enumerate(executions):
+        if execution.stop_requested:
+            _fail(4, f"tool {execution.name!r} (dispatch {execution.dispatch}) started at "
+                     f"t={execution.started_at:g} after a stop was requested")
+        key = call_identity(execution.name, execution.arguments)
+        if key in succeeded:
+            _fail(4, f"call {execution.name}({_short(execution.arguments)}) ran again at "
+                     f"dispatch {execution.dispatch} although dispatch "
+                     f"{executions[succeeded[key]].dispatch} already succeeded")
+        if execution.outcome == "succeeded":
+            succeeded[key] = index
+        if registry is not None and registry.get(execution.name) is None:
+            _fail(4, f"unregistered tool {execution.name!r} ran")
+        allowed = request.tools_allowed if request is not None else None
+        if allowed is not None and execution.name not in allowed:
+            _fail(4, f"tool {execution.name!r} ran although the turn allows only "
+                     f"{sorted(allowed)}")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=repr, sort_keys=True)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --------------------------------------------------------------------------- 5
+def _check_deliveries(result: GenerationTurnResult, channel: RecordingChannel | None) -> None:
+    seqs = [d.seq for d in result.delivered]
+    if seqs != sorted(set(seqs)):
+        _fail(5, f"the result's deliveries are not in a strict order: seqs {seqs}")
+    expressions = [d.expression for d in result.delivered if d.expression is not None]
+    if len(expressions) > 1:
+        _fail(5, f"{len(expressions)} expressions delivered in one turn (at most one): "
+                 f"{expressions}")
+    if channel is None:
+        return
+    seen = [(d.text, d.expression) for d in channel.delivered]
+    claimed = [(d.text, d.expression) for d in result.delivered]
+    if seen == claimed:
+        return
+    for index, (got, kept) in enumerate(zip(seen, claimed, strict=False)):
+        if got != kept:
+            _fail(5, f"delivery #{index}: the channel recorded {got!r} but the result has "
+                     f"{kept!r} (status {result.status.value})")
+    if len(seen) > len(claimed):
+        _fail(5, f"the channel recorded {len(seen)} deliveries but the result keeps only "
+                 f"{len(claimed)}; lost: {seen[len(claimed):]!r} (status "
+                 f"{result.status.value}, reason {result.reason})")
+    _fail(5, f"the result claims {len(claimed)} deliveries the channel never recorded "
+             f"({len(seen)} recorded); extra: {claimed[len(seen):]!r}")
+
+
+# --------------------------------------------------------------------------- 6
+def _check_time(
+    result: GenerationTurnResult,
+    policy: LoopPolicy,
+    elapsed: float,
+    provider: ScriptedProvider | None,
+    streamed: Sequence[Sequence[object]] | None,
+    executions: Sequence[ToolExecution] | None,
+    registry: ToolRegistry | None,
+    channel: RecordingChannel | None,
+) -> None:
+    if provider is None and streamed is None:
+        return  # without the chunk counts there is no finite bound to check against
+    first = policy.effective_first_token_timeout
+    inactivity = policy.inactivity_timeout
+    deliveries = max(len(result.delivered), len(channel.delivered) if channel else 0)
+    passes_bound = 0.0
+    for k in range(result.iterations):
+        script = None
+        if provider is not None:
+            script = provider.passes[k] if k < len(provider.passes) else ()
+        pauses = math.inf if script is None else _pause_total(script)
+        if streamed is not None and k < len(streamed):
+            chunks = len(streamed[k])
+        elif script is not None:
+            chunks = sum(1 for item in script if not isinstance(item, Pause | Fail))
+        else:
+            chunks = 0
+        passes_bound += min(pauses, first + inactivity * (chunks + deliveries))
+    timeouts = [policy.tool_timeout]
+    if registry is not None:
+        timeouts.extend(t.timeout for t in registry if t.timeout is not None)
+    worst_tool = max(timeouts)
+
+    def deadline_of(name: str) -> float:
+        tool = registry.get(name) if registry is not None else None
+        if tool is None:
+            return worst_tool
+        return tool.timeout if tool.timeout is not None else policy.tool_timeout
+
+    runs = list(executions) if executions is not None else []
+    tools_bound = sum(deadline_of(e.name) for e in runs)
+    tools_bound += max(0, result.tool_dispatches - len(runs)) * worst_tool
+    settle = max(inactivity, policy.abandoned_stream_settle)
+    bound = passes_bound + tools_bound + settle
+    if elapsed > bound + _EPSILON:
+        _fail(6, f"the run took {elapsed:g} virtual s, above the bound {bound:g} s "
+                 f"(passes {passes_bound:g} + tools {tools_bound:g} + settle {settle:g}; "
+                 f"F={first:g}, I={inactivity:g}, {result.iterations} passes, "
+                 f"{result.tool_dispatches} dispatches, {deliveries} deliveries; status "
+                 f"{result.status.value}, reason {result.reason})")
+
+
+def _pause_total(script: Sequence[object]) -> float:
+    total = 0.0
+    for item in script:
+        if isinstance(item, Fail):
+            break
+        if isinstance(item, Pause):
+            total += item.seconds
+    return total
+
+
+# --------------------------------------------------------------------------- 7
+def _check_history(
+    result: GenerationTurnResult,
+    provider: ScriptedProvider | None,
+    streamed: Sequence[Sequence[object]] | None,
+    request: TurnRequest | None,
+) -> None:
+    _check_entries(result.history, "the result's history", result, streamed)
+    if provider is None:
+        return
+    for index, sent in enumerate(provider.requests):
+        _check_request(index, sent, result, streamed, request)
+
+
+def _check_request(
+    index: int,
+    sent: ProviderRequest,
+    result: GenerationTurnResult,
+    streamed: Sequence[Sequence[object]] | None,
+    request: TurnRequest | None,
+) -> None:
+    history = tuple(sent.history)
+    where = f"request {index + 1}"
+    if history != tuple(result.history[: len(history)]):
+        _fail(7, f"{where}'s history is not a prefix of the turn's history (an entry was "
+                 "rewritten, dropped or reordered)")
+    for entry in history:
+        if entry.iteration > index:
+            _fail(7, f"{where} carries an entry from pass {entry.iteration}, which had not "
+                     "happened yet")
+    _check_entries(history, where, result, streamed)
+    if index == 0 and request is not None and sent.prefill != request.prefill:
+        _fail(7, f"the first request's prefill is {sent.prefill!r}, not the turn's "
+                 f"{request.prefill!r}")
+    prefill = sent.prefill or ""
+    for entry in history:
+        text = entry.pre_tool_text
+        if text and prefill and text in prefill:
+            _fail(7, f"{where} repeats the pre-tool text {text!r} of pass {entry.iteration} in "
+                     f"its prefill {prefill!r}")
+
+
+def _check_entries(
+    history: Sequence[ToolHistoryEntry],
+    where: str,
+    result: GenerationTurnResult,
+    streamed: Sequence[Sequence[object]] | None,
+) -> None:
+    ids: dict[str, int] = {}
+    passes: set[int] = set()
+    for position, entry in enumerate(history):
+        call, response = entry.call, entry.response
+        label = f"{where}, entry {position} ({call.name!r}, pass {entry.iteration})"
+        if not isinstance(call.name, str) or not call.name.strip():
+            _fail(7, f"{label}: a call without a name")
+        if not isinstance(call.arguments, Mapping):
+            _fail(7, f"{label}: arguments {call.arguments!r} are not an object")
+        if response.tool_name is not None and response.tool_name != call.name:
+            _fail(7, f"{label}: the response names {response.tool_name!r}")
+        if not response.success and (
+            response.status != "tool_execution_failed" or not (response.reason or "").strip()
+        ):
+            _fail(7, f"{label}: a failed response needs status 'tool_execution_failed' and a "
+                     f"reason, got {response.status!r} / {response.reason!r}")
+        if call.call_id is not None:
+            if call.call_id in ids:
+                _fail(7, f"{label}: call id {call.call_id!r} already answered at entry "
+                         f"{ids[call.call_id]}")
+            ids[call.call_id] = position
+        if entry.iteration in passes:
+            _fail(7, f"{label}: two calls answered for the same pass")
+        passes.add(entry.iteration)
+        text = entry.pre_tool_text
+        if text is not None and not text.strip():
+            _fail(7, f"{label}: whitespace-only pre-tool text {text!r} (should be none)")
+        expected = _pass_text(entry.iteration, result, streamed)
+        if expected is not None:
+            wanted = expected if expected.strip() else None
+            if text != wanted:
+                _fail(7, f"{label}: pre-tool text {text!r}, but the pass streamed "
+                         f"{expected!r}")
+
+
+def _pass_text(
+    iteration: int, result: GenerationTurnResult, streamed: Sequence[Sequence[object]] | None
+) -> str | None:
+    if streamed is not None and 0 < iteration <= len(streamed):
+        return "".join(c.text for c in streamed[iteration - 1] if isinstance(c, TextDelta))
+    for stream_result in result.stream_results:
+        if stream_result.iteration == iteration:
+            return stream_result.text
+    return None
+
+
+# --------------------------------------------------------------------------- 8
+def _check_usage(
+    result: GenerationTurnResult,
+    provider: ScriptedProvider | None,
+    streamed: Sequence[Sequence[object]] | None,
+) -> None:
+    by_pass: dict[int, list[Any]] = {}
+    for entry in result.usage.entries:
+        by_pass.setdefault(entry.iteration, []).append(entry)
+    for iteration, entries in by_pass.items():
+        if len(entries) > 1:
+            _fail(8, f"pass {iteration} has {len(entries)} ledger entries")
+        if not 1 <= iteration <= result.iterations:
+            _fail(8, f"a ledger entry for pass {iteration}, of {result.iterations} passes")
+    passes: Sequence[Sequence[object]] | None = streamed
+    exact = streamed is not None
+    if passes is None and provider is not None:
+        passes = provider.passes
+    if passes is None:
+        return
+    for k in range(result.iterations):
+        reports = [c for c in (passes[k] if k < len(passes) else ()) if
+                   isinstance(c, UsageReport)]
+        folds = _usage_folds(reports)
+        entries = by_pass.get(k + 1, [])
+        got = (entries[0].input_tokens, entries[0].output_tokens, entries[0].estimated) \
+            if entries else None
+        if exact:
+            want = folds[-1] if folds else None
+            if got != want:
+                _fail(8, f"pass {k + 1}: the provider reported {_usage_text(reports)} "
+                         f"(total {want}) but the ledger holds {got} (status "
+                         f"{result.status.value}, reason {result.reason})")
+        elif got is not None and got not in folds:
+            _fail(8, f"pass {k + 1}: ledger entry {got} is no running total of the scripted "
+                     f"reports {_usage_text(reports)}")
+    total_in = sum(e.input_tokens for e in result.usage.entries)
+    if total_in != result.usage.input_tokens:
+        _fail(8, "the ledger's input total is not the sum of its entries")
+
+
+def _usage_folds(reports: Sequence[UsageReport]) -> list[tuple[int, int, bool]]:
+    """The pass's running usage after each report: a cumulative report replaces the running
+    figure, an incremental one adds to it."""
+    folds: list[tuple[int, int, bool]] = []
+    current: tuple[int, int, bool] | None = None
+    for report in reports:
+        if report.cumulative or current is None:
+            current = (report.input_tokens, report.output_tokens, report.estimated)
+        else:
+            current = (
+                current[0] + report.input_tokens,
+                current[1] + report.output_tokens,
+                current[2] or report.estimated,
+            )
+        folds.append(current)
+    return folds
+
+
+def _usage_text(reports: Sequence[UsageReport]) -> str:
+    if not reports:
+        return "nothing"
+    return ", ".join(
+        f"{r.input_tokens}/{r.output_tokens}{'' if r.cumulative else '+'}" for r in reports
+    )

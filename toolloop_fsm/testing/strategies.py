@@ -1,0 +1,652 @@
+"""Hypothesis strategies for fuzzing the inner tool loop, and the harness that runs them.
+
+`turn_scripts()` draws a `TurnScript` — everything one simulated turn needs: the provider's
+passes (chunks, pauses, failures), what each tool does on each dispatch, host signals at
+virtual instants, and the channel's behaviour. `loop_policies()` draws `LoopPolicy` values
+with small ceilings and short budgets so that every limit is actually reached.
+`run_script(script, policy)` runs one script through `run_tool_loop` on a `VirtualClock`
+and returns a `ScriptRun` holding every witness `check_invariants` needs::
+
+    @given(script=turn_scripts(), policy=loop_policies())
+    def test_my_policy(script, policy):
+        run = asyncio.run(run_script(script, policy))
+        run.check()  # raises InvariantViolation naming the broken invariant
+
+Strategies are written so that Hypothesis shrinks toward simple turns: fewer passes, fewer
+items, text before tool calls, known tools with empty arguments, tools that succeed at once,
+no signals, no delivery delay, one-iteration policies.
+
+The tool universe is fixed (`KNOWN_TOOLS`) so that scripts can name tools that exist, tools
+that do not (`UNKNOWN_TOOLS`, one a near miss of a known name) and tools outside the turn's
+allowlist. This module needs Hypothesis (a test dependency); `toolloop_fsm.testing` imports
+it lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from enum import StrEnum
+from typing import Any
+
+from attrs import define, field, frozen
+from hypothesis import strategies as st
+
+from toolloop_fsm.events import (
+    Chunk,
+    ContextRestart,
+    FinishKind,
+    FinishReason,
+    FunctionCall,
+    SceneMetadata,
+    TextDelta,
+    ThoughtDelta,
+    UsageReport,
+)
+from toolloop_fsm.host import Tool, ToolContext, ToolRegistry, ToolResult, TurnRequest, TurnSignals
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.providers.base import ProviderError, ProviderRequest
+from toolloop_fsm.pump import run_tool_loop
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.testing.channel import RecordingChannel
+from toolloop_fsm.testing.clock import VirtualClock
+from toolloop_fsm.testing.invariants import ToolExecution, check_invariants
+from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider, ScriptItem
+
+__all__ = [
+    "KNOWN_TOOLS",
+    "MEMORY_TOOL",
+    "UNKNOWN_TOOLS",
+    "ScriptRun",
+    "TimedSignal",
+    "ToolAction",
+    "ToolBehaviour",
+    "TurnScript",
+    "build_tools",
+    "chunks",
+    "function_calls",
+    "loop_policies",
+    "provider_passes",
+    "run_script",
+    "script_items",
+    "text_deltas",
+    "timed_signals",
+    "tool_behaviours",
+    "turn_scripts",
+]
+
+# --------------------------------------------------------------------------- the tool universe
+MEMORY_TOOL = "update_short_term_memory"
+
+
+@frozen
+class _ToolShape:
+    name: str
+    requires_follow_up: bool
+    timeout: float | None = None
+
+
+#: The tools every scripted turn registers: two that need a follow-up (one with its own,
+#: short deadline), and two silent ones (the memory tool ends the turn after pre-tool text).
+_SHAPES: tuple[_ToolShape, ...] = (
+    _ToolShape("get_weather", requires_follow_up=True),
+    _ToolShape("send_sticker", requires_follow_up=False),
+    _ToolShape(MEMORY_TOOL, requires_follow_up=False),
+    _ToolShape("search", requires_follow_up=True, timeout=4.0),
+)
+KNOWN_TOOLS: tuple[str, ...] = tuple(shape.name for shape in _SHAPES)
+#: Names no script registers; the first is a near miss of a known tool.
+UNKNOWN_TOOLS: tuple[str, ...] = ("get_wether", "launch_rockets")
+
+# --------------------------------------------------------------------------- script values
+
+
+class ToolAction(StrEnum):
+    """What a tool handler does on one dispatch (after its ``delay``)."""
+
+    SUCCEED = "succeed"
+    FAIL = "fail"
+    RAISE = "raise"
+    HANG = "hang"
+
+
+@frozen
+class ToolBehaviour:
+    """One dispatch of a tool: wait ``delay`` virtual seconds, then do ``action``.
+
+    A ``HANG`` never returns (only the tool deadline or a stop ends it). The remaining
+    fields shape the returned `ToolResult` (``message`` and ``data`` also on failure).
+    """
+
+    action: ToolAction = ToolAction.SUCCEED
+    delay: float = 0.0
+    message: str | None = None
+    data: Any = None
+    end_turn: bool = False
+    delivered: bool = False
+    expression: str | None = None
+    context_restart: ContextRestart | None = None
+
+
+#: What a tool does once its planned behaviours are used up.
+DEFAULT_BEHAVIOUR = ToolBehaviour()
+
+
+@frozen
+class TimedSignal:
+    """A host signal at virtual instant ``at``: ``stop`` (/kill, with an optional message)
+    or ``follow_up`` (a new user message)."""
+
+    at: float
+    kind: str = "stop"
+    stop_message: str | None = None
+
+
+@frozen
+class TurnScript:
+    """Everything one simulated turn does, drawn by `turn_scripts()`.
+
+    ``passes``: the provider's passes, in order (requests beyond them get an empty pass).
+    ``tool_plan``: per tool name, the behaviour of its 1st, 2nd, … dispatch.
+    ``signals``: host signals at virtual instants (from the start of the run).
+    ``delivery_delay``: virtual seconds each channel delivery takes (deliveries in flight).
+    ``failing_delivery``: index of the channel delivery that raises (a host failure).
+    ``tools_allowed``, ``prefill``: the `TurnRequest`'s allowlist and prefill.
+    ``continuation_style``: run as a NovelAI-style provider whose text cannot be retracted.
+    """
+
+    passes: tuple[tuple[ScriptItem, ...], ...] = ()
+    tool_plan: tuple[tuple[str, tuple[ToolBehaviour, ...]], ...] = ()
+    signals: tuple[TimedSignal, ...] = ()
+    delivery_delay: float = 0.0
+    failing_delivery: int | None = None
+    tools_allowed: frozenset[str] | None = None
+    prefill: str | None = None
+    continuation_style: bool = False
+
+    def plan_for(self, name: str) -> tuple[ToolBehaviour, ...]:
+        for tool, behaviours in self.tool_plan:
+            if tool == name:
+                return behaviours
+        return ()
+
+    def request(self) -> TurnRequest:
+        return TurnRequest(
+            [{"role": "user", "content": "hello"}],
+            tools_allowed=self.tools_allowed,
+            prefill=self.prefill,
+        )
+
+
+# --------------------------------------------------------------------------- strategies
+# Each menu is ordered simplest first, because Hypothesis shrinks `sampled_from` toward its
+# first entry, and an entry repeated k times is drawn k times as often. One draw per value
+# keeps generation cheap (Hypothesis spends ~60 µs a draw): a whole turn is ~30–80 draws.
+_TEXTS: tuple[str, ...] = (
+    "Hi", "Hello ", "It is 3 °C.", "ü", " ", "\n", "  \t", "", "日本語", "🙂 ok", "e\u0301",
+    "\u200b", "مرحبا", "a\r\nb", "\u00a0",
+)
+_PAUSES: tuple[float, ...] = (0.5, 1.0, 0.25, 2.0, 5.0, 12.0, 40.0, 400.0)
+_TOOL_DELAYS: tuple[float, ...] = (0.0, 0.0, 0.0, 0.5, 2.0, 6.0, 40.0)
+_INSTANTS: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 2.5, 3.0, 5.0, 8.0, 13.0, 30.0, 60.0)
+_DELIVERY_DELAYS: tuple[float, ...] = (0.0, 0.0, 0.5, 1.0, 3.0, 10.0, 40.0)
+_ARGUMENTS: tuple[Mapping[str, Any], ...] = (
+    {},
+    {"city": "Oslo"},
+    {"city": "Lima"},
+    {"q": "ümlaut", "n": 2},
+)
+_NOT_OBJECTS: tuple[Any, ...] = ([1, 2], "Oslo", 3, None)
+_RESTARTS = (
+    ContextRestart({"role": "system", "content": "enriched: memory"}, ("memory",)),
+    ContextRestart({"role": "system", "content": "enriched: search"}),
+)
+
+
+def _call_menu() -> tuple[FunctionCall, ...]:
+    """Known tools with a few argument objects first (repeats make re-calls of an identical
+    call likely), then unknown tools, blank names, non-object, truncated and unparseable
+    arguments."""
+    known = [FunctionCall(name, args) for args in _ARGUMENTS for name in KNOWN_TOOLS]
+    bad: list[FunctionCall] = [FunctionCall(name, {}) for name in UNKNOWN_TOOLS]
+    bad += [FunctionCall("get_wether", {"city": "Oslo"})]
+    bad += [FunctionCall("", {}), FunctionCall("  ", {"city": "Oslo"})]
+    bad += [FunctionCall(KNOWN_TOOLS[i % 4], value) for i, value in enumerate(_NOT_OBJECTS)]
+    bad += [FunctionCall(name, {"city": "Os"}, truncated=True) for name in KNOWN_TOOLS]
+    bad += [
+        FunctionCall(name, '{"city": Oslo', parse_error="Expecting value: char 9")
+        for name in KNOWN_TOOLS[:2]
+    ]
+    return (*known, *known, *bad)
+
+
+_CALLS = _call_menu()
+_USAGE = (
+    UsageReport(10, 5),
+    UsageReport(12, 9),
+    UsageReport(3, 4, cumulative=False),
+    UsageReport(0, 7, cumulative=False),
+    UsageReport(20, 30, estimated=True),
+)
+_ERRORS = (
+    ProviderError("scripted server failure", kind="server", retryable=True, status_code=500),
+    ProviderError("scripted rate limit", kind="rate_limit", retryable=True, status_code=429,
+                  retry_after=7.0),
+    ProviderError("scripted connection reset", kind="connection", retryable=True),
+    ProviderError("scripted bad request", kind="bad_request", retryable=False,
+                  status_code=400),
+)
+_OTHERS: tuple[ScriptItem, ...] = (
+    ThoughtDelta("hmm"),
+    ThoughtDelta(" "),
+    ThoughtDelta("plan: call a tool"),
+    *(FinishReason(kind) for kind in FinishKind),
+    SceneMetadata("a rainy street"),
+)
+
+
+def _item_menu() -> tuple[ScriptItem, ...]:
+    """Roughly: 35% text, 30% tool calls, 17% pauses, 6% usage, 9% thoughts / finish
+    reasons / scene metadata, 3% provider failures."""
+    texts = [TextDelta(t) for t in _TEXTS]
+    return (
+        *texts, *texts, *texts[:8],
+        *_CALLS,
+        *(Pause(s) for s in _PAUSES), *(Pause(s) for s in _PAUSES[:4]),
+        *_USAGE,
+        *_OTHERS,
+        *(Fail(e) for e in _ERRORS[:2]),
+    )
+
+
+_ITEMS = _item_menu()
+_CHUNK_ITEMS: tuple[Chunk, ...] = tuple(i for i in _ITEMS if not isinstance(i, Pause | Fail))
+
+
+def text_deltas() -> st.SearchStrategy[TextDelta]:
+    """Short visible text: plain, whitespace-only, empty and non-ASCII (combining marks,
+    zero-width, right-to-left, CRLF)."""
+    return st.sampled_from(tuple(TextDelta(t) for t in _TEXTS))
+
+
+def function_calls() -> st.SearchStrategy[FunctionCall]:
+    """Tool calls: known tools (simplest first), unknown tools (one a near miss), blank
+    names, non-object arguments, truncated and unparseable arguments. ``call_id`` is added by
+    `turn_scripts` (unique across the turn)."""
+    return st.sampled_from(_CALLS)
+
+
+def chunks() -> st.SearchStrategy[Chunk]:
+    """One provider chunk (no `Pause` or `Fail`), as `script_items` weights them: for feeding
+    a machine directly."""
+    return st.sampled_from(_CHUNK_ITEMS)
+
+
+def script_items() -> st.SearchStrategy[ScriptItem]:
+    """One item of a provider pass: a chunk, a `Pause` or a `Fail` (one draw each)."""
+    return st.sampled_from(_ITEMS)
+
+
+def provider_passes(*, max_items: int = 6) -> st.SearchStrategy[tuple[ScriptItem, ...]]:
+    """One provider pass (possibly empty)."""
+    return st.lists(script_items(), max_size=max_items).map(tuple)
+
+
+def _result_menu() -> tuple[dict[str, Any], ...]:
+    plain: dict[str, Any] = {}
+    return (
+        plain,
+        {"message": "done"},
+        {"data": {"t": 3}, "message": "sunny"},
+        {"data": [1, 2]},
+        {"end_turn": True},
+        {"delivered": True},
+        {"expression": "sticker:wave"},
+        {"context_restart": _RESTARTS[0]},
+        {"context_restart": _RESTARTS[1], "message": "look again"},
+        {"expression": "👍", "end_turn": True},
+        {"expression": "👍", "context_restart": _RESTARTS[0]},
+        {"delivered": True, "end_turn": True, "message": "sent it myself"},
+        {"message": "nothing found ü", "data": "raw"},
+    )
+
+
+_RESULTS = _result_menu()
+_ACTIONS = (ToolAction.SUCCEED, ToolAction.SUCCEED, ToolAction.FAIL, ToolAction.RAISE,
+            ToolAction.HANG)
+
+
+def tool_behaviours() -> st.SearchStrategy[ToolBehaviour]:
+    """One dispatch's behaviour: succeed (with optional message, data, end_turn, delivered,
+    expression, context restart), fail (message, data and expression kept), raise or hang,
+    after a virtual delay."""
+    return st.builds(
+        lambda action, delay, fields: ToolBehaviour(action, delay, **fields),
+        st.sampled_from(_ACTIONS),
+        st.sampled_from(_TOOL_DELAYS),
+        st.sampled_from(_RESULTS),
+    )
+
+
+def timed_signals() -> st.SearchStrategy[TimedSignal]:
+    """A stop (with or without a stop message) or a follow-up at a virtual instant. The
+    instants come from a small menu so that signals coincide with other events."""
+    return st.builds(
+        TimedSignal,
+        at=st.sampled_from(_INSTANTS),
+        kind=st.sampled_from(("stop", "follow_up")),
+        stop_message=st.sampled_from((None, "sorry, stopping")),
+    )
+
+
+_ALLOWLISTS: tuple[frozenset[str] | None, ...] = (
+    None,
+    None,
+    frozenset(KNOWN_TOOLS[:2]),
+    frozenset(KNOWN_TOOLS[1:]),
+    frozenset({"get_weather", "search"}),
+    frozenset(),
+)
+
+
+_BEHAVIOUR_LISTS = st.lists(tool_behaviours(), max_size=3).map(tuple)
+_SIGNAL_LISTS = {n: st.lists(timed_signals(), max_size=n).map(tuple) for n in range(4)}
+_BOOLEANS = st.booleans()
+_DELAYS = st.sampled_from(_DELIVERY_DELAYS)
+_FAILING = st.sampled_from((None, None, None, 0, 1, 2, 4))
+_ALLOWED = st.sampled_from(_ALLOWLISTS)
+_PREFILLS = st.sampled_from((None, "Sure, "))
+
+
+def turn_scripts(
+    *,
+    max_passes: int = 6,
+    max_items: int = 6,
+    max_signals: int = 2,
+) -> st.SearchStrategy[TurnScript]:
+    """A whole simulated turn (see `TurnScript`): up to ``max_passes`` provider passes of
+    up to ``max_items`` items, a plan of up to 3 behaviours per known tool, up to
+    ``max_signals`` host signals, the channel's delay and failing delivery, the allowlist,
+    the prefill and the provider style."""
+    passes = st.lists(provider_passes(max_items=max_items), max_size=max_passes)
+    signals = _SIGNAL_LISTS.get(max_signals)
+    if signals is None:
+        signals = st.lists(timed_signals(), max_size=max_signals).map(tuple)
+
+    @st.composite
+    def scripts(draw: st.DrawFn) -> TurnScript:
+        drawn = draw(passes)
+        if draw(_BOOLEANS):
+            drawn = _with_call_ids(drawn)
+        plan = tuple((name, draw(_BEHAVIOUR_LISTS)) for name in KNOWN_TOOLS)
+        return TurnScript(
+            passes=tuple(drawn),
+            tool_plan=tuple((name, b) for name, b in plan if b),
+            signals=draw(signals),
+            delivery_delay=draw(_DELAYS),
+            failing_delivery=draw(_FAILING),
+            tools_allowed=draw(_ALLOWED),
+            prefill=draw(_PREFILLS),
+            continuation_style=draw(_BOOLEANS),
+        )
+
+    return scripts()
+
+
+def _with_call_ids(passes: Sequence[tuple[ScriptItem, ...]]) -> list[tuple[ScriptItem, ...]]:
+    """Give the calls provider call ids, unique across the turn as real providers do."""
+    out: list[tuple[ScriptItem, ...]] = []
+    n = 0
+    for items in passes:
+        new: list[ScriptItem] = []
+        for item in items:
+            if isinstance(item, FunctionCall):
+                item = FunctionCall(item.name, item.arguments, f"call_{n}", item.truncated,
+                                    item.parse_error)
+                n += 1
+            new.append(item)
+        out.append(tuple(new))
+    return out
+
+
+_SUPPRESS_SETS: tuple[frozenset[str], ...] = (
+    frozenset({MEMORY_TOOL}),
+    frozenset(),
+    frozenset({MEMORY_TOOL, "send_sticker"}),
+)
+
+
+def loop_policies(*, max_iterations: int = 8) -> st.SearchStrategy[LoopPolicy]:
+    """`LoopPolicy` values with small ceilings and short budgets, so limits are reached:
+    1–``max_iterations`` passes, soft warning at 1–5, 1–4 consecutive tool errors, 1–3
+    continuation failures, budgets of seconds, and flushes every 1–50 characters."""
+    return st.builds(
+        LoopPolicy,
+        max_function_call_iterations=st.integers(1, max_iterations),
+        soft_warn_iteration=st.integers(1, 5),
+        max_consecutive_tool_errors=st.integers(1, 4),
+        continuation_tool_failure_threshold=st.integers(1, 3),
+        inactivity_timeout=st.sampled_from((30.0, 10.0, 5.0, 2.0, 1.0)),
+        first_token_timeout=st.sampled_from((None, 60.0, 10.0, 3.0, 1.0)),
+        abandoned_stream_settle=st.sampled_from((5.0, 1.0, 0.0, 20.0)),
+        tool_timeout=st.sampled_from((30.0, 10.0, 3.0, 1.0)),
+        delivery_flush_chars=st.integers(1, 50),
+        suppress_followup_after_pre_tool_text=st.sampled_from(_SUPPRESS_SETS),
+    )
+
+
+# --------------------------------------------------------------------------- running a script
+@define
+class ScriptRun:
+    """One finished simulated turn and every witness the invariant checker uses."""
+
+    script: TurnScript
+    policy: LoopPolicy
+    request: TurnRequest
+    result: GenerationTurnResult
+    channel: RecordingChannel
+    provider: ScriptedProvider
+    tools: ToolRegistry
+    #: per provider pass, the chunks the provider actually yielded
+    streamed: tuple[tuple[Chunk, ...], ...]
+    #: every tool handler start, in order
+    executions: tuple[ToolExecution, ...]
+    #: virtual seconds from the start of the run to its result
+    elapsed: float
+    #: (virtual instant, kind) of each host signal that fired before the result
+    signals_fired: tuple[tuple[float, str], ...] = field(default=())
+
+    def check(self) -> None:
+        """Run `check_invariants` with every witness; raises `InvariantViolation`."""
+        check_invariants(
+            self.result,
+            policy=self.policy,
+            channel=self.channel,
+            provider=self.provider,
+            executions=self.executions,
+            elapsed=self.elapsed,
+            streamed=self.streamed,
+            tools=self.tools,
+            request=self.request,
+        )
+
+
+class _TapProvider:
+    """Wraps the scripted provider and records every chunk it actually yields, per pass
+    (what the provider *reported*, independent of what the engine did with it)."""
+
+    def __init__(self, inner: ScriptedProvider) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.continuation_style = inner.continuation_style
+        self.streamed: list[list[Chunk]] = []
+
+    def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
+        chunks: list[Chunk] = []
+        self.streamed.append(chunks)
+        return self._tap(self.inner.stream(request), chunks)
+
+    async def _tap(self, source: AsyncIterator[Chunk], chunks: list[Chunk]) -> AsyncIterator[Chunk]:
+        try:
+            async for chunk in source:
+                chunks.append(chunk)
+                yield chunk
+        finally:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(RuntimeError):
+                    await aclose()
+
+
+def build_tools(
+    script: TurnScript,
+    *,
+    clock: VirtualClock,
+    signals: TurnSignals,
+    executions: list[ToolExecution],
+) -> ToolRegistry:
+    """The registry of `KNOWN_TOOLS`, each playing its plan from ``script`` and recording
+    every execution (with whether a stop had been requested at that instant)."""
+    tools = []
+    for shape in _SHAPES:
+        tools.append(
+            Tool(
+                shape.name,
+                f"scripted {shape.name}",
+                {"type": "object", "properties": {}},
+                _scripted_handler(shape.name, script.plan_for(shape.name), clock, signals,
+                                  executions),
+                requires_follow_up=shape.requires_follow_up,
+                timeout=shape.timeout,
+            )
+        )
+    return ToolRegistry(tools)
+
+
+def _scripted_handler(
+    name: str,
+    plan: tuple[ToolBehaviour, ...],
+    clock: VirtualClock,
+    signals: TurnSignals,
+    executions: list[ToolExecution],
+) -> Any:
+    calls = 0
+
+    async def handler(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        nonlocal calls
+        behaviour = plan[calls] if calls < len(plan) else DEFAULT_BEHAVIOUR
+        calls += 1
+        execution = ToolExecution(
+            name, dict(arguments), ctx.dispatch, clock.now(), signals.stop_requested
+        )
+        executions.append(execution)
+        if behaviour.action is ToolAction.HANG:
+            await asyncio.Event().wait()
+        if behaviour.delay > 0:
+            await ctx.clock.sleep(behaviour.delay)
+        execution.finished_at = clock.now()
+        if behaviour.action is ToolAction.RAISE:
+            execution.outcome = "raised"
+            raise RuntimeError(f"{name} blew up")
+        success = behaviour.action is ToolAction.SUCCEED
+        execution.outcome = "succeeded" if success else "failed"
+        return ToolResult(
+            success=success,
+            data=behaviour.data,
+            message=behaviour.message,
+            end_turn=behaviour.end_turn,
+            delivered=behaviour.delivered,
+            expression=behaviour.expression,
+            context_restart=behaviour.context_restart if success else None,
+        )
+
+    return handler
+
+
+async def run_script(
+    script: TurnScript,
+    policy: LoopPolicy,
+    *,
+    real_timeout: float | None = 30.0,
+) -> ScriptRun:
+    """Run ``script`` under ``policy`` through `run_tool_loop` on a fresh `VirtualClock`.
+
+    Builds the scripted provider (tapped, to record what it streams), a `RecordingChannel`
+    (with the script's delivery delay and failing delivery), the tool registry, the
+    `TurnSignals` and one task per timed signal; returns a `ScriptRun`. ``real_timeout``
+    guards against a deadlocked run (real seconds; a virtual-time run takes milliseconds).
+    """
+    clock = VirtualClock()
+    signals = TurnSignals()
+    executions: list[ToolExecution] = []
+    provider = ScriptedProvider(script.passes, clock=clock,
+                                continuation_style=script.continuation_style)
+    tap = _TapProvider(provider)
+    channel = RecordingChannel(
+        clock=clock,
+        delivery_delay=script.delivery_delay,
+        fail_when=_nth_delivery_fails(script.failing_delivery),
+    )
+    tools = build_tools(script, clock=clock, signals=signals, executions=executions)
+    request = script.request()
+    fired: list[tuple[float, str]] = []
+
+    async def send(signal: TimedSignal) -> None:
+        await clock.sleep(signal.at)
+        fired.append((clock.now(), signal.kind))
+        if signal.kind == "stop":
+            signals.request_stop(signal.stop_message)
+        else:
+            signals.follow_up()
+
+    loop = asyncio.get_running_loop()
+    senders = [loop.create_task(send(signal)) for signal in script.signals]
+    started = clock.now()
+    try:
+        turn = run_tool_loop(tap, tools, channel, request, policy=policy, signals=signals,
+                             clock=clock, continuation_style=script.continuation_style)
+        if real_timeout is None:
+            result = await turn
+        else:
+            try:
+                async with asyncio.timeout(real_timeout):
+                    result = await turn
+            except TimeoutError:
+                from toolloop_fsm.testing.invariants import InvariantViolation
+
+                raise InvariantViolation(
+                    6, f"the run did not finish within {real_timeout:g} real seconds "
+                       f"(virtual time {clock.now():g}); a wait without a deadline?"
+                ) from None
+        elapsed = clock.now() - started
+    finally:
+        for task in senders:
+            task.cancel()
+        await asyncio.gather(*senders, return_exceptions=True)
+    return ScriptRun(
+        script=script,
+        policy=policy,
+        request=request,
+        result=result,
+        channel=channel,
+        provider=provider,
+        tools=tools,
+        streamed=tuple(tuple(chunks) for chunks in tap.streamed),
+        executions=tuple(executions),
+        elapsed=elapsed,
+        signals_fired=tuple(fired),
+    )
+
+
+def _nth_delivery_fails(index: int | None) -> Any:
+    if index is None:
+        return None
+    seen = 0
+
+    def fail_when(_text: str | None, _expression: str | None) -> bool:
+        nonlocal seen
+        seen += 1
+        return seen - 1 == index
+
+    return fail_when
