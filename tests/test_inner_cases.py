@@ -680,3 +680,20 @@ async def test_signals_object_is_reusable_for_a_later_turn() -> None:
 def test_notice_is_plain_data() -> None:
     notice = Notice("tool_failed", {"tool": "x"}, hidden=True)
     assert notice == Notice("tool_failed", {"tool": "x"}, hidden=True)
+
+
+async def test_a_provider_that_yields_something_else_fails_the_pass_with_a_clear_message() -> None:
+    turn = scripted_turn([[TextDelta("ok "), {"content": "not an event"}]])  # type: ignore[list-item]
+    result = await run_turn(turn, [])
+    assert result.status is TurnStatus.ERROR
+    assert result.provider_error_kind == "protocol"
+    assert "yielded dict, not a chunk event" in (result.error_message or "")
+
+
+async def test_a_failing_step_observer_surfaces_as_its_own_exception() -> None:
+    def observer(_step: Any) -> None:
+        raise RuntimeError("observer broke")
+
+    provider = ScriptedProvider([[TextDelta("hi")]])
+    with pytest.raises(RuntimeError, match="observer broke"):
+        await run_tool_loop(provider, [], RecordingChannel(), TurnRequest(USER), on_step=observer)

@@ -405,8 +405,8 @@ async def test_one_compact_fallback_notice_after_a_success_that_followed_failure
     notices = [n for n in channel.notices if n.key == "fallback_used"]
     assert len(notices) == 1
     assert notices[0].params["failures"] == [
-        "a: error (provider_error)",
-        "b: error (provider_error)",
+        "a: error (server)",
+        "b: error (rate_limit)",
     ]
     assert result.status is TurnStatus.COMPLETED
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -108,15 +109,49 @@ async def scripted_demo(out: TextIO) -> GenerationTurnResult:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolloop-fsm", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("demo", help="run a turn with a tool call and print every transition")
+    demo = commands.add_parser(
+        "demo",
+        help="run a full generation turn over HTTP and print every transition",
+        description="With no arguments: an embedded OpenAI-compatible server on loopback. "
+        "With --base-url and --model: any OpenAI-compatible endpoint.",
+    )
+    demo.add_argument("--base-url", help="API root of an OpenAI-compatible server (…/v1)")
+    demo.add_argument("--model", help="model name at --base-url")
+    demo.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the key")
+    demo.add_argument("--scripted", action="store_true", help="no HTTP: a scripted provider")
     return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from toolloop_fsm.demo import run_demo, unreachable_message
+
+    if args.scripted:
+        result = asyncio.run(scripted_demo(sys.stdout))
+        return 0 if result.status.value == "completed" else 1
+    if (args.base_url is None) != (args.model is None):
+        sys.stderr.write("toolloop-fsm demo: --base-url and --model go together\n")
+        return 2
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if api_key is None:
+            sys.stderr.write(f"toolloop-fsm demo: ${args.api_key_env} is not set\n")
+            return 2
+    result = asyncio.run(
+        run_demo(sys.stdout, base_url=args.base_url, model=args.model, api_key=api_key)
+    )
+    if args.base_url is not None:
+        message = unreachable_message(result, args.base_url)
+        if message is not None:
+            sys.stderr.write(f"toolloop-fsm demo: {message}\n")
+            return 2
+    return 0 if result.status.value == "completed" else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
-        result = asyncio.run(scripted_demo(sys.stdout))
-        return 0 if result.status.value == "completed" else 1
+        return _demo(args)
     return 2
 
 

@@ -43,6 +43,7 @@ from toolloop_fsm.effects import (
     UpdateKeyHealth,
 )
 from toolloop_fsm.events import (
+    CHUNK_TYPES,
     AdmissionDecided,
     AttemptFinished,
     DeadlineExpired,
@@ -132,23 +133,30 @@ class EventPump:
         self._follow_ups_seen = self.signals.follow_ups
         self.signals.add_listener(self._signal_arrived)
         try:
+            failure: Exception | None = None
             async with asyncio.TaskGroup() as group:
                 self._group = group
-                self._execute(
-                    self.machine.start(
-                        request,
-                        continuation_style=continuation_style,
-                        hold_timeout_notice=hold_timeout_notice,
-                        ledger=ledger,
-                        expression_delivered=expression_delivered,
-                    )
-                )
-                self._signals_dirty = True
-                self._take_signals()
                 try:
+                    self._execute(
+                        self.machine.start(
+                            request,
+                            continuation_style=continuation_style,
+                            hold_timeout_notice=hold_timeout_notice,
+                            ledger=ledger,
+                            expression_delivered=expression_delivered,
+                        )
+                    )
+                    self._signals_dirty = True
+                    self._take_signals()
                     result = await self._done
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # raised plainly below, not as an ExceptionGroup
+                    failure = err
                 finally:
                     self._wind_down()
+            if failure is not None:
+                raise failure
             return result
         finally:
             self.signals.remove_listener(self._signal_arrived)
@@ -282,7 +290,15 @@ class EventPump:
                 try:
                     effects = feed(chunk)
                 except BaseException as err:
-                    if self._done is not None and not self._done.done():
+                    if type(chunk) not in CHUNK_TYPES:  # a provider bug: a failed pass
+                        self._feed(
+                            StreamFailed(
+                                f"the provider yielded {type(chunk).__name__}, not a chunk event",
+                                kind="protocol",
+                                retryable=True,
+                            )
+                        )
+                    elif self._done is not None and not self._done.done():
                         self._done.set_exception(err)
                     return
                 if effects:
@@ -486,7 +502,7 @@ class GenerationPump:
         signals: TurnSignals | None = None,
         clock: Clock | None = None,
         key_book: KeyBook | None = None,
-        on_step: Callable[[TraceStep], None] | None = None,
+        on_attempt_step: Callable[[int, TraceStep], None] | None = None,
     ) -> None:
         self.machine = machine
         self.attempts = list(attempts)
@@ -497,7 +513,7 @@ class GenerationPump:
         self.signals = signals if signals is not None else TurnSignals()
         self.clock: Clock = clock if clock is not None else LoopClock()
         self.key_book: KeyBook = key_book if key_book is not None else {}
-        self.on_step = on_step
+        self.on_attempt_step = on_attempt_step
         self._follow_ups_seen = 0
         self._keys = [key for attempt in (*self.attempts, *self.shared) for key in attempt.keys]
 
@@ -551,7 +567,9 @@ class GenerationPump:
     async def _run_attempt(self, effect: StartAttempt) -> list[Effect]:
         attempt = self._attempt_for(effect.model)
         key = attempt.keys[effect.key_index] if effect.key_index is not None else None
-        inner = ToolLoopMachine(self.machine.policy.loop, tools=self.tools, on_step=self.on_step)
+        report = self.on_attempt_step
+        on_step = None if report is None else (lambda step: report(effect.attempt, step))
+        inner = ToolLoopMachine(self.machine.policy.loop, tools=self.tools, on_step=on_step)
         try:
             provider = attempt.make_provider(key)
         except Exception as err:  # the host's factory is host code: no fallback
@@ -644,6 +662,7 @@ async def run_generation_turn(
     shared_route: SharedRoute | None = None,
     key_book: KeyBook | None = None,
     on_step: Callable[[TraceStep], None] | None = None,
+    on_attempt_step: Callable[[int, TraceStep], None] | None = None,
 ) -> GenerationTurnResult:
     """Run a whole generation turn over a fallback chain of attempts (SPEC §1).
 
@@ -663,7 +682,7 @@ async def run_generation_turn(
         signals=signals,
         clock=clock,
         key_book=key_book,
-        on_step=on_step,
+        on_attempt_step=on_attempt_step,
     )
     return await pump.run(request)
 

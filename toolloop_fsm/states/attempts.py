@@ -161,8 +161,12 @@ def supersede_attempt(state: GenerationState, _event: Any = None) -> None:
     state.records[-1] = attrs.evolve(state.records[-1], superseded=True)
     state.effects.append(SupersedeAttempt(state.attempts, plan.label, delivered))
     state.trace.append(
-        TraceStep("judging_attempt", "attempt_superseded", "judging_attempt",
-                  detail=f"attempt {state.attempts} ({plan.label}) superseded")
+        TraceStep(
+            "judging_attempt",
+            "attempt_superseded",
+            "judging_attempt",
+            detail=f"attempt {state.attempts} ({plan.label}) superseded",
+        )
     )
 
 
@@ -246,7 +250,8 @@ def post_closing_notices(state: GenerationState, _event: Any = None) -> None:
                     "fallback_used",
                     {
                         "failures": [
-                            f"{f.label}: {f.status.value}" + (f" ({f.reason})" if f.reason else "")
+                            f"{f.label}: {f.status.value}"
+                            + (f" ({f.kind or f.reason})" if f.kind or f.reason else "")
                             for f in state.failures
                         ]
                     },

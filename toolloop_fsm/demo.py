@@ -1,0 +1,342 @@
+"""The demo: an embedded OpenAI-compatible server on loopback with a scripted "model", and a
+full generation turn against it over real HTTP through `OpenAICompatibleProvider`.
+
+The scripted model answers ``POST /v1/chat/completions`` with Server-Sent Events the way
+OpenAI does. Model ``swift-1`` is rate-limited (HTTP 429 with ``Retry-After``); model
+``steady-2`` streams text, asks for ``get_weather`` (a tool that needs a follow-up), receives
+its result, answers, and calls ``update_short_term_memory`` after that text (which ends the
+turn). The turn falls back from the first model to the second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from attrs import define, field
+
+from toolloop_fsm.attempts import Attempt
+from toolloop_fsm.host import Tool, ToolContext, ToolResult, TurnRequest, TurnSignals
+from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
+from toolloop_fsm.pump import run_generation_turn
+from toolloop_fsm.result import Delivered, GenerationTurnResult, Notice, TraceStep
+
+RATE_LIMITED_MODEL = "swift-1"
+ANSWERING_MODEL = "steady-2"
+QUESTION = "What's the weather like in Paris today?"
+
+
+# --------------------------------------------------------------------------- the scripted model
+def _chunk(delta: dict[str, Any], finish: str | None = None, usage: Any = None) -> bytes:
+    body = {
+        "id": "chatcmpl-demo",
+        "object": "chat.completion.chunk",
+        "created": 1_764_460_800,
+        "model": ANSWERING_MODEL,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _words(text: str) -> list[str]:
+    pieces: list[str] = []
+    for word in text.split(" "):
+        pieces.append(word + " ")
+    pieces[-1] = pieces[-1].rstrip(" ")
+    return pieces
+
+
+def scripted_reply(messages: list[dict[str, Any]]) -> list[bytes]:
+    """What the scripted model streams for a conversation so far."""
+    answered = [m for m in messages if m.get("role") == "tool"]
+    if not answered:
+        text = "Let me check the forecast for Paris. "
+        call = {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}
+    else:
+        weather = json.loads(answered[-1].get("content") or "{}")
+        data = weather.get("data") or {}
+        text = (
+            f"It's {data.get('temp_c', '?')} °C and {data.get('sky', 'unknown')} in Paris — "
+            "a good day for a walk along the Seine. I'll remember you asked about Paris."
+        )
+        call = {
+            "name": "update_short_term_memory",
+            "arguments": json.dumps({"note": "asked about the weather in Paris"}),
+        }
+    frames = [_chunk({"role": "assistant", "content": ""})]
+    frames += [_chunk({"content": piece}) for piece in _words(text)]
+    frames.append(_chunk({"tool_calls": [{"index": 0, "id": f"call_{len(answered)}",
+                                          "type": "function", "function": {"name": call["name"],
+                                          "arguments": ""}}]}))  # fmt: skip
+    arguments = call["arguments"]
+    for start in range(0, len(arguments), 12):  # arguments arrive in fragments, as on the wire
+        frames.append(
+            _chunk(
+                {
+                    "tool_calls": [
+                        {"index": 0, "function": {"arguments": arguments[start : start + 12]}}
+                    ]
+                }
+            )
+        )
+    frames.append(_chunk({}, "tool_calls"))
+    usage = {"prompt_tokens": 60 + 40 * len(answered), "completion_tokens": 30, "total_tokens": 0}
+    frames.append(
+        b"data: " + json.dumps({"id": "chatcmpl-demo", "choices": [], "usage": usage}).encode()
+        + b"\n\n"
+    )  # fmt: skip
+    frames.append(b"data: [DONE]\n\n")
+    return frames
+
+
+@define
+class DemoServer:
+    """A small HTTP/1.1 server on 127.0.0.1 that speaks just enough of the OpenAI API."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    requests: list[dict[str, Any]] = field(factory=list)
+    _server: asyncio.Server | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    async def __aenter__(self) -> DemoServer:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            method, path, _version = lines[0].split(" ", 2)
+            headers = {
+                name.strip().lower(): value.strip()
+                for name, _, value in (line.partition(":") for line in lines[1:] if line)
+            }
+            body = await reader.readexactly(int(headers.get("content-length", "0")))
+            await self._answer(method, path, headers, body, writer)
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            with contextlib.suppress(ConnectionError):
+                writer.close()
+                await writer.wait_closed()
+
+    async def _answer(
+        self, method: str, path: str, headers: dict[str, str], body: bytes,
+        writer: asyncio.StreamWriter,
+    ) -> None:  # fmt: skip
+        if method != "POST" or not path.endswith("/chat/completions"):
+            await _respond(writer, 404, {"error": {"message": f"no route {method} {path}"}})
+            return
+        payload = json.loads(body or b"{}")
+        self.requests.append(payload)
+        if payload.get("model") == RATE_LIMITED_MODEL:
+            error = {"error": {"message": "Rate limit reached for requests", "type": "requests",
+                               "code": "rate_limit_exceeded"}}  # fmt: skip
+            await _respond(writer, 429, error, extra={"retry-after": "20"})
+            return
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"cache-control: no-cache\r\nconnection: close\r\n\r\n"
+        )
+        for frame in scripted_reply(payload.get("messages", [])):
+            writer.write(frame)
+            await writer.drain()
+
+
+async def _respond(
+    writer: asyncio.StreamWriter, status: int, body: Any, extra: dict[str, str] | None = None
+) -> None:
+    data = json.dumps(body).encode()
+    reason = {404: "Not Found", 429: "Too Many Requests"}.get(status, "Error")
+    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in (extra or {}).items())
+    head += f"content-length: {len(data)}\r\nconnection: close\r\n\r\n"
+    writer.write(head.encode() + data)
+    await writer.drain()
+
+
+# --------------------------------------------------------------------------- the demo tools
+def demo_tools(memory: list[str]) -> list[Tool]:
+    async def get_weather(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        city = str(arguments.get("city", "?"))
+        return ToolResult(data={"city": city, "sky": "clear", "temp_c": 21}, message="demo data")
+
+    async def update_short_term_memory(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        memory.append(str(arguments.get("note", "")))
+        return ToolResult(data={"saved": True})
+
+    return [
+        Tool("get_weather", "Current weather for a city.",
+             {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+             get_weather),
+        Tool("update_short_term_memory", "Remember a short note about the user (silent).",
+             {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]},
+             update_short_term_memory, requires_follow_up=False),
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- printing
+class LiveTrace:
+    """Prints every transition, delivery and notice as it happens (colour on a terminal)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.colour = out.isatty() and os.environ.get("NO_COLOR") is None
+
+    def _paint(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.colour else text
+
+    def attempt_step(self, attempt: int, step: TraceStep) -> None:
+        self.step(step, indent="      ")
+
+    def step(self, step: TraceStep, indent: str = "  ") -> None:
+        if step.detail:
+            self.out.write(self._paint(f"  ⟲ {step.detail}\n", "33"))
+        elif step.state == step.next_state:
+            self.out.write(self._paint(f"{indent}  · {step.state} ({step.event})\n", "2"))
+        else:
+            arrow = f"{step.state} --{step.event}--> {step.next_state}"
+            colour = "36" if indent == "      " else "1;34"
+            self.out.write(f"{indent}→ " + self._paint(arrow, colour) + "\n")
+        self.out.flush()
+
+    def delivery(self, delivered: Delivered) -> None:
+        what = repr(delivered.text) if delivered.text is not None else f"[{delivered.expression}]"
+        self.out.write(self._paint(f"  ✉ delivered {what}\n", "32"))
+
+    def notice(self, notice: Notice) -> None:
+        self.out.write(self._paint(f"  ! notice {notice.key}: {dict(notice.params)}\n", "35"))
+
+    def line(self, text: str) -> None:
+        self.out.write(text + "\n")
+
+
+@define
+class PrintingChannel:
+    """A channel that shows what the turn delivers."""
+
+    trace: LiveTrace
+    delivered: list[Delivered] = field(factory=list)
+
+    async def send_text(self, text: str) -> None:
+        item = Delivered(len(self.delivered), text=text)
+        self.delivered.append(item)
+        self.trace.delivery(item)
+
+    async def send_expression(self, expression: str) -> None:
+        item = Delivered(len(self.delivered), expression=expression)
+        self.delivered.append(item)
+        self.trace.delivery(item)
+
+    async def send_notice(self, notice: Notice) -> None:
+        self.trace.notice(notice)
+
+    async def queue_front(self, stop_message: str) -> None:
+        self.trace.line(f"  ⏹ queued first: {stop_message!r}")
+
+    async def attempt_superseded(self, attempt: int, label: str, delivered_text: str) -> None:
+        self.trace.line(f"  ⟲ attempt {attempt} ({label}) superseded; kept {delivered_text!r}")
+
+
+def summary(result: GenerationTurnResult, out: TextIO) -> None:
+    out.write("\nResult\n")
+    reason = f" ({result.reason})" if result.reason else ""
+    out.write(f"  status        {result.status.value}{reason}\n")
+    out.write(f"  reply         {result.delivered_text!r}\n")
+    out.write(f"  credentials   {result.credential_source}\n")
+    for record in result.attempts:
+        key = f"key #{record.key_index}" if record.key_index is not None else "no key"
+        state = "superseded" if record.superseded else record.status.value
+        out.write(f"  attempt {record.index}     {record.label} ({key}): {state}"
+                  f"{f' — {record.reason}' if record.reason and record.superseded else ''}\n")  # fmt: skip
+    for entry in result.history:
+        outcome = "ok" if entry.response.success else f"failed: {entry.response.reason}"
+        out.write(
+            f"  tool          {entry.call.name}({json.dumps(dict(entry.call.arguments))}) → {outcome}\n"
+        )
+    out.write(
+        f"  usage         {result.usage.input_tokens} in / {result.usage.output_tokens} out\n"
+    )
+
+
+# --------------------------------------------------------------------------- running
+async def run_demo(
+    out: TextIO = sys.stdout,
+    *,
+    base_url: str | None = None,
+    model: str | None = None,
+    api_key: str | None = None,
+) -> GenerationTurnResult:
+    """The full demo turn: against the embedded server, or against ``base_url``/``model``."""
+    trace = LiveTrace(out)
+    memory: list[str] = []
+    request = TurnRequest([{"role": "user", "content": QUESTION}])
+    turn_policy = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=24, first_token_timeout=60))
+    channel = PrintingChannel(trace)
+
+    async def turn(attempts: list[Attempt]) -> GenerationTurnResult:
+        return await run_generation_turn(
+            attempts, demo_tools(memory), channel, request, policy=turn_policy,
+            signals=TurnSignals(), on_step=trace.step, on_attempt_step=trace.attempt_step,
+        )  # fmt: skip
+
+    if base_url is not None:
+        assert model is not None
+        trace.line(f"toolloop-fsm demo against {base_url} (model {model})\n")
+        provider = OpenAICompatibleProvider(base_url, model, api_key=api_key)
+        result = await turn([Attempt(provider, label=model)])
+    else:
+        async with DemoServer() as server:
+            trace.line(
+                f"toolloop-fsm demo: embedded OpenAI-compatible server at {server.base_url}\n"
+                f"  chain: {RATE_LIMITED_MODEL} (its key is rate-limited) → {ANSWERING_MODEL}\n"
+                f"  user:  {QUESTION}\n"
+            )
+
+            def model_at(name: str) -> Callable[[str | None], OpenAICompatibleProvider]:
+                return lambda key: OpenAICompatibleProvider(server.base_url, name, api_key=key)
+
+            result = await turn(
+                [
+                    Attempt(model_at(RATE_LIMITED_MODEL), keys=("demo-key-1",),
+                            label=RATE_LIMITED_MODEL),
+                    Attempt(model_at(ANSWERING_MODEL), keys=("demo-key-2",), label=ANSWERING_MODEL),
+                ]
+            )  # fmt: skip
+    summary(result, out)
+    if memory:
+        out.write(f"  memory        {memory}\n")
+    return result
+
+
+def unreachable_message(result: GenerationTurnResult, base_url: str) -> str | None:
+    """A clear sentence when the endpoint could not be used at all, else None."""
+    if result.status.value != "error" or result.reason != "provider_error":
+        return None
+    kind = result.provider_error_kind
+    detail = result.error_message or "no detail"
+    if kind == "connection":
+        return f"cannot reach {base_url}: {detail}"
+    if kind == "auth":
+        return f"{base_url} refused the credentials: {detail}"
+    if kind in ("not_found", "bad_request"):
+        return f"{base_url} refused the request: {detail}"
+    return f"{base_url} failed: {detail}"
