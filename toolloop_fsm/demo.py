@@ -264,17 +264,14 @@ def summary(result: GenerationTurnResult, out: TextIO) -> None:
     out.write(f"  credentials   {result.credential_source}\n")
     for record in result.attempts:
         key = f"key #{record.key_index}" if record.key_index is not None else "no key"
-        state = "superseded" if record.superseded else record.status.value
-        out.write(f"  attempt {record.index}     {record.label} ({key}): {state}"
-                  f"{f' — {record.reason}' if record.reason and record.superseded else ''}\n")  # fmt: skip
+        state = f"superseded after {record.reason}" if record.superseded else record.status.value
+        out.write(f"  attempt {record.index}     {record.label} ({key}): {state}\n")
     for entry in result.history:
         outcome = "ok" if entry.response.success else f"failed: {entry.response.reason}"
-        out.write(
-            f"  tool          {entry.call.name}({json.dumps(dict(entry.call.arguments))}) → {outcome}\n"
-        )
-    out.write(
-        f"  usage         {result.usage.input_tokens} in / {result.usage.output_tokens} out\n"
-    )
+        arguments = json.dumps(dict(entry.call.arguments))
+        out.write(f"  tool          {entry.call.name}({arguments}) → {outcome}\n")
+    usage = result.usage
+    out.write(f"  usage         {usage.input_tokens} in / {usage.output_tokens} out\n")
 
 
 # --------------------------------------------------------------------------- running
