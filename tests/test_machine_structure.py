@@ -1,0 +1,382 @@
+"""Structural checks of every machine declaration, computed from the declaration as a graph.
+
+Each test runs for every machine registered in `toolloop_fsm.diagrams.DECLARATIONS`, so the
+outer tier is covered the moment it is registered there. Guards are ignored when computing
+reachability: these are properties of the declared graph, the property tests cover runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from toolloop_fsm.diagrams import DECLARATIONS, MachineDeclaration, declaration
+
+PACKAGE_DIR = Path(inspect.getfile(importlib.import_module("toolloop_fsm"))).parent
+NAMES = sorted(DECLARATIONS)
+
+
+@pytest.fixture(params=NAMES)
+def decl(request: pytest.FixtureRequest) -> MachineDeclaration:
+    return declaration(request.param)
+
+
+def _successors(decl: MachineDeclaration) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {state: set() for state in decl.state_names}
+    for edge in decl.edges():
+        graph[edge.source].add(edge.dest)
+    return graph
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen = {start}
+    queue = deque([start])
+    while queue:
+        for nxt in graph[queue.popleft()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    return seen
+
+
+def _groups(decl: MachineDeclaration) -> dict[tuple[str, str], list[tuple[str, ...]]]:
+    """(source, trigger) → the condition tuples of its transitions, in the order tried."""
+    groups: dict[tuple[str, str], list[tuple[str, ...]]] = {}
+    for edge in decl.edges():
+        groups.setdefault((edge.source, edge.trigger), []).append(edge.conditions)
+    return groups
+
+
+# --------------------------------------------------------------------------- the state set
+def test_final_and_transient_states_are_declared_consistently(decl: MachineDeclaration) -> None:
+    flagged_final = [s.name for s in decl.states if s.final]
+    assert flagged_final == list(decl.final_states), "FINAL_STATES and 'final': True disagree"
+    assert decl.initial not in decl.final_states
+    assert decl.transient_states <= set(decl.state_names)
+    assert not decl.transient_states & set(decl.final_states)
+    assert decl.initial not in decl.transient_states, "the initial state waits for start()"
+    assert len(set(decl.state_names)) == len(decl.state_names), "a state is declared twice"
+
+
+def test_inner_initial_state_is_the_runtime_one() -> None:
+    from toolloop_fsm.machine import ToolLoopMachine
+
+    assert ToolLoopMachine().state == declaration("inner").initial
+
+
+# --------------------------------------------------------------------------- graph shape
+def test_every_state_is_reachable_from_the_initial_state(decl: MachineDeclaration) -> None:
+    unreachable = set(decl.state_names) - _reachable(_successors(decl), decl.initial)
+    assert not unreachable, f"{decl.name}: unreachable from {decl.initial}: {sorted(unreachable)}"
+
+
+def test_every_state_can_reach_a_final_state(decl: MachineDeclaration) -> None:
+    graph = _successors(decl)
+    stuck = [s for s in decl.state_names if not _reachable(graph, s) & set(decl.final_states)]
+    assert not stuck, f"{decl.name}: no path to a final state from {stuck}"
+
+
+def test_final_states_have_no_outgoing_transitions(decl: MachineDeclaration) -> None:
+    leaving = [e.label for e in decl.edges() if e.source in decl.final_states]
+    assert not leaving, f"{decl.name}: final states with transitions: {leaving}"
+
+
+def test_at_most_one_unconditional_transition_per_trigger_and_it_comes_last(
+    decl: MachineDeclaration,
+) -> None:
+    # A guarded transition declared after an unconditional one (same source and trigger) can
+    # never fire: transitions tries them in declaration order.
+    dead = {key: conds for key, conds in _groups(decl).items() if any(not c for c in conds[:-1])}
+    assert not dead, f"{decl.name}: transitions shadowed by an earlier unconditional one: {dead}"
+
+
+def _transient_cases() -> list[object]:
+    return list(_iter_transient_cases())
+
+
+def _iter_transient_cases() -> Iterator[object]:
+    for name in NAMES:
+        for state in sorted(declaration(name).transient_states):
+            marks = []
+            if (name, state) == ("inner", "building_result"):
+                # Reported, not fixed here (machine.py belongs to the machine's owner): the
+                # terminal choice is six guarded `outcome_is_*` transitions with no fallback.
+                # Flip to a pass by making the last one unconditional.
+                marks.append(
+                    pytest.mark.xfail(
+                        strict=True,
+                        reason="building_result's last advance (outcome_is_empty_response) "
+                        "is guarded: no unconditional fallback",
+                    )
+                )
+            yield pytest.param(name, state, id=f"{name}-{state}", marks=marks)
+
+
+@pytest.mark.parametrize(("name", "state"), _transient_cases())
+def test_transient_state_ends_with_an_unconditional_advance(name: str, state: str) -> None:
+    """A decision point is left within the same feed(): its last `advance` transition must be
+    unconditional, or a combination no guard foresaw leaves the machine stuck there."""
+    advances = _groups(declaration(name)).get((state, "advance"), [])
+    assert advances, f"{name}: transient state {state} declares no advance transition"
+    assert advances[-1] == (), (
+        f"{name}: the last advance from {state} is guarded by {advances[-1]}; "
+        "add an unconditional fallback as the last advance transition"
+    )
+
+
+# --------------------------------------------------------------------------- guard order
+#: SPEC §2.2 (stream end → tool gate → text rules) and §3 (after a tool call), per machine:
+#: (source, trigger) → the guards in the order they must be tried; ``None`` = unconditional.
+SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
+    "inner": {
+        **{
+            (source, "stream_ended"): [
+                "call_is_malformed",
+                "call_arguments_truncated",
+                "call_arguments_unparseable",
+                "call_outside_allowlist",
+                "call_already_recorded",
+                "call_pending",
+                "pass_has_text",
+                "is_settled_after_tool",
+                None,
+            ]
+            for source in ("awaiting_first_token", "streaming")
+        },
+        ("recording_tool_outcome", "advance"): [
+            "consecutive_error_ceiling_reached",
+            "tool_asked_to_end_turn",
+            "continuation_retries_exhausted",
+            "should_end_after_pre_tool_text",
+            None,
+        ],
+        ("checking_tool_outcome", "advance"): ["tool_requested_context_restart", None],
+    },
+}
+
+
+def _order_cases() -> list[object]:
+    return list(_iter_order_cases())
+
+
+def _iter_order_cases() -> Iterator[object]:
+    for name, table in SPEC_GUARD_ORDER.items():
+        for (source, trigger), expected in table.items():
+            yield pytest.param(name, source, trigger, expected, id=f"{name}-{source}-{trigger}")
+
+
+def _tried(decl: MachineDeclaration, source: str, trigger: str) -> list[tuple[str, ...]]:
+    """The guards tried, in order, when ``trigger`` arrives in ``source``: its own guarded
+    transitions, or — when it leads unconditionally into a transient decision state — that
+    state's ``advance`` guards (the same decision, declared one step later)."""
+    edges = [e for e in decl.edges() if (e.source, e.trigger) == (source, trigger)]
+    assert edges, f"{decl.name}: no {trigger} transitions from {source}"
+    only = edges[0]
+    if (
+        len(edges) == 1
+        and not only.conditions
+        and only.dest in decl.transient_states
+        and (only.dest, "advance") != (source, trigger)
+    ):
+        return _tried(decl, only.dest, "advance")
+    return [e.conditions for e in edges]
+
+
+@pytest.mark.parametrize(("name", "source", "trigger", "expected"), _order_cases())
+def test_guards_are_tried_in_spec_order(
+    name: str, source: str, trigger: str, expected: list[str | None]
+) -> None:
+    conditions = _tried(declaration(name), source, trigger)
+    for conds in conditions:
+        assert len(conds) <= 1, f"{name}: {source}/{trigger} combines guards {conds}"
+    tried = [conds[0] if conds else None for conds in conditions]
+    assert tried == expected
+
+
+# --------------------------------------------------------------------------- rule of the house
+def test_every_guard_is_a_function_in_a_guards_module(decl: MachineDeclaration) -> None:
+    for guard in decl.guard_names:
+        assert guard in decl.callbacks, f"{decl.name}: guard {guard} is not in CALLBACKS"
+        fn = decl.callbacks[guard]
+        assert inspect.isfunction(fn), f"{decl.name}: guard {guard} is not a function"
+        assert fn.__module__.startswith("toolloop_fsm.guards."), (
+            f"{decl.name}: guard {guard} lives in {fn.__module__}, not toolloop_fsm.guards.*"
+        )
+
+
+def test_every_action_is_a_function_in_a_states_module(decl: MachineDeclaration) -> None:
+    assert decl.action_names
+    for action in decl.action_names:
+        assert action in decl.callbacks, f"{decl.name}: action {action} is not in CALLBACKS"
+        fn = decl.callbacks[action]
+        assert inspect.isfunction(fn), f"{decl.name}: action {action} is not a function"
+        assert fn.__module__.startswith("toolloop_fsm.states."), (
+            f"{decl.name}: action {action} lives in {fn.__module__}, not toolloop_fsm.states.*"
+        )
+
+
+def test_callback_names_are_the_functions_names(decl: MachineDeclaration) -> None:
+    # The declaration refers to callbacks by name; a renamed binding would render one name
+    # and run another.
+    mismatched = {k: fn.__name__ for k, fn in decl.callbacks.items() if fn.__name__ != k}
+    assert not mismatched
+
+
+# --------------------------------------------------------------------------- imports
+FORBIDDEN_EXTERNAL = {"asyncio", "httpx", "httpx_sse", "anyio", "trio"}
+#: The provider *contract* (values: ProviderRequest, ToolSpec); everything else under
+#: providers/ is an adapter.
+PROVIDER_CONTRACT = "toolloop_fsm.providers.base"
+
+
+def _sans_io_files() -> list[Path]:
+    files = sorted((PACKAGE_DIR / "guards").glob("*.py"))
+    files += sorted((PACKAGE_DIR / "states").glob("*.py"))
+    for name in NAMES:
+        module = importlib.import_module(declaration(name).source_module)
+        files.append(Path(inspect.getfile(module)))
+    return files
+
+
+def _module_name(path: Path, root: Path = PACKAGE_DIR.parent) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(
+    path: Path, root: Path = PACKAGE_DIR.parent, *, at_import_time: bool = False
+) -> list[tuple[str, list[str]]]:
+    """(module, imported names) for every runtime import in ``path`` (``if TYPE_CHECKING:``
+    blocks skipped; relative imports resolved). ``at_import_time`` also skips imports inside
+    function bodies, which run only when called."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = _module_name(path, root)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+    found: list[tuple[str, list[str]]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if at_import_time and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            return
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, []) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.append((base, [alias.name for alias in node.names]))
+        for inner in ast.iter_child_nodes(node):
+            visit(inner)
+
+    visit(tree)
+    return found
+
+
+def _violations(module: str, names: list[str]) -> list[str]:
+    top = module.split(".")[0]
+    bad: list[str] = []
+    if top in FORBIDDEN_EXTERNAL:
+        bad.append(module)
+    if module == "toolloop_fsm.pump" or module.startswith("toolloop_fsm.pump."):
+        bad.append(module)
+    if module == "toolloop_fsm":
+        # the package facade re-exports the pump and the adapters
+        bad.append(f"from toolloop_fsm import {', '.join(names)}")
+    if module == "toolloop_fsm.providers" and names != ["base"]:
+        bad.append(f"from toolloop_fsm.providers import {', '.join(names)}")
+    if module.startswith("toolloop_fsm.providers.") and module != PROVIDER_CONTRACT:
+        bad.append(module)
+    return bad
+
+
+@pytest.mark.parametrize("path", _sans_io_files(), ids=lambda p: _module_name(p))
+def test_sans_io_modules_import_no_io(path: Path) -> None:
+    """DESIGN: nothing in guards/, states/ or the machines imports asyncio, httpx, a provider
+    adapter or the pump (checked on the source, so an unused import counts too)."""
+    bad = [v for module, names in _imports(path) for v in _violations(module, names)]
+    assert not bad, f"{_module_name(path)} imports {bad}"
+
+
+def test_import_checker_sees_violations(tmp_path: Path) -> None:
+    # The check above is only as good as its parser: feed it each kind of violation.
+    source = (
+        "import asyncio\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import httpx\n"
+        "def f():\n    from ..pump import EventPump\n"
+        "from toolloop_fsm.providers.anthropic import AnthropicProvider\n"
+        "from toolloop_fsm.providers.base import ProviderRequest\n"
+        "from toolloop_fsm import run_tool_loop\n"
+    )
+    probe = tmp_path / "toolloop_fsm" / "states" / "probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text(source, encoding="utf-8")
+    found = [v for m, n in _imports(probe, tmp_path) for v in _violations(m, n)]
+    assert found == [
+        "asyncio",
+        "toolloop_fsm.pump",
+        "toolloop_fsm.providers.anthropic",
+        "from toolloop_fsm import run_tool_loop",
+    ]
+
+
+def _internal_closure(start: list[Path]) -> dict[str, list[str]]:
+    """Every toolloop_fsm module reached from ``start`` by runtime imports (package
+    ``__init__``s of subpackages included, since importing ``a.b.c`` runs ``a/b/__init__``;
+    the root facade excluded, it is the public surface above every layer) → the chain that
+    reached it."""
+    chains: dict[str, list[str]] = {_module_name(p): [_module_name(p)] for p in start}
+    queue = deque(start)
+    while queue:
+        path = queue.popleft()
+        here = _module_name(path)
+        for module, names in _imports(path, at_import_time=True):
+            if not module.startswith("toolloop_fsm."):
+                chains.setdefault(module, [*chains[here], module])
+                continue
+            targets = [module]
+            parts = module.split(".")
+            targets += [".".join(parts[:i]) for i in range(2, len(parts))]
+            targets += [f"{module}.{n}" for n in names]
+            for target in targets:
+                rel = Path(*target.split("."))
+                for candidate in (rel.with_suffix(".py"), rel / "__init__.py"):
+                    file = PACKAGE_DIR.parent / candidate
+                    if file.exists() and target not in chains:
+                        chains[target] = [*chains[here], target]
+                        queue.append(file)
+    return chains
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="states/stream_once.py (and host.py) import toolloop_fsm.providers.base, whose "
+    "package __init__ imports the Anthropic/Gemini/Ollama adapters and so httpx: reported, "
+    "not fixed here",
+)
+def test_sans_io_modules_do_not_pull_in_io_transitively() -> None:
+    chains = _internal_closure(_sans_io_files())
+    bad = {
+        module: " -> ".join(chain)
+        for module, chain in chains.items()
+        if _violations(module, []) and not module.startswith("from ") and module != "toolloop_fsm"
+    }
+    assert not bad, "\n".join(bad.values())
