@@ -509,7 +509,7 @@ def _cuts(text: str) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(1, max(1, len(text) - 1)), max_size=12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(data=st.data(), text=_TEXTS)
 def test_property_chunking_never_changes_the_outcome(data: st.DataObject, text: str) -> None:
     whole = run(text)
@@ -527,7 +527,7 @@ _NO_PAREN_FRAGMENTS = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(data=st.data(), text=st.lists(_NO_PAREN_FRAGMENTS, max_size=25).map("".join))
 def test_property_text_without_calls_passes_through_whole(data: st.DataObject, text: str) -> None:
     events = run(text, data.draw(_cuts(text)))
@@ -558,7 +558,7 @@ def _expected_holdback(text: str) -> str:
     return ""
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(data=st.data(), text=st.lists(_NO_PAREN_FRAGMENTS, max_size=25).map("".join))
 def test_property_holdback_is_only_what_could_begin_a_call(data: st.DataObject, text: str) -> None:
     chunks = pieces(text, data.draw(_cuts(text)))
@@ -637,7 +637,7 @@ VALID_CALLS: list[tuple[str, tuple[str, Any, bool]]] = [
 ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     data=st.data(),
     before=_TEXTS,
