@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator, Sequence
 
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.providers import wire
-from toolloop_fsm.providers._sse import SSEDecoder, ServerSentEvent, aiter_ndjson, aiter_sse
+from toolloop_fsm.providers._sse import ServerSentEvent, SSEDecoder, aiter_ndjson, aiter_sse
 from toolloop_fsm.providers.base import ProviderError
 
 
@@ -27,7 +28,7 @@ async def _events(chunks: Sequence[bytes], *, strict: bool = True) -> list[Serve
 
 def _split(body: bytes, cuts: Sequence[int]) -> list[bytes]:
     bounds = [0, *sorted({c for c in cuts if 0 < c < len(body)}), len(body)]
-    return [body[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [body[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 async def test_line_endings_cr_lf_crlf_all_dispatch() -> None:
@@ -146,9 +147,11 @@ async def test_httpx_sse_on_recorded_streams_over_httpx(name: str) -> None:
                 r.status, headers=list(r.headers), content=r.body
             )
         )
-        async with httpx.AsyncClient(transport=transport) as client:
-            async with httpx_sse.aconnect_sse(client, "POST", "http://x/") as source:
-                reference = [(e.event, e.data) async for e in source.aiter_sse()]
+        async with (
+            httpx.AsyncClient(transport=transport) as client,
+            httpx_sse.aconnect_sse(client, "POST", "http://x/") as source,
+        ):
+            reference = [(e.event, e.data) async for e in source.aiter_sse()]
         ours = [(e.event, e.data) for e in await _events([response.body])]
         decoder = SSEDecoder()
         decoder.feed(response.body)

@@ -350,11 +350,8 @@ class OpenAIResponsesProvider:
 
     def __repr__(self) -> str:
         key = "<set>" if self._api_key else None
-        return redact(
-            f"{type(self).__name__}(base_url={self.base_url!r}, model={self.model!r}, "
-            f"api_key={key})",
-            (self._api_key,),
-        )
+        base_url = redact(self.base_url, (self._api_key,))
+        return f"{type(self).__name__}(base_url={base_url!r}, model={self.model!r}, api_key={key})"
 
     @property
     def url(self) -> str:

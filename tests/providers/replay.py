@@ -1,0 +1,70 @@
+"""Helpers for replaying recorded responses through an adapter over the loopback server."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from attrs import frozen
+
+from tests.providers.wire import RecordedResponse
+from tests.providers.wire_server import Scripted, WireServer
+from toolloop_fsm.events import (
+    Chunk,
+    FinishKind,
+    FinishReason,
+    FunctionCall,
+    TextDelta,
+    ThoughtDelta,
+    UsageReport,
+)
+from toolloop_fsm.providers.base import Provider, ProviderRequest
+
+REQUEST = ProviderRequest([{"role": "user", "content": "hi"}])
+
+
+@frozen
+class Replay:
+    """What one pass assembles to: the assertions of a replay test."""
+
+    text: str
+    thought: str
+    calls: tuple[tuple[str, Any, str | None], ...]
+    usage: tuple[tuple[int, int], ...]
+    finish: tuple[FinishKind, str | None]
+
+
+class ProviderFactory(Protocol):
+    def __call__(self, base_url: str) -> Provider: ...
+
+
+def assemble(chunks: Sequence[Chunk]) -> Replay:
+    finishes = [c for c in chunks if isinstance(c, FinishReason)]
+    assert len(finishes) == 1, finishes
+    return Replay(
+        text="".join(c.text for c in chunks if isinstance(c, TextDelta)),
+        thought="".join(c.text for c in chunks if isinstance(c, ThoughtDelta)),
+        calls=tuple(
+            (c.name, c.arguments, c.call_id) for c in chunks if isinstance(c, FunctionCall)
+        ),
+        usage=tuple(
+            (c.input_tokens, c.output_tokens) for c in chunks if isinstance(c, UsageReport)
+        ),
+        finish=(finishes[0].kind, finishes[0].raw),
+    )
+
+
+async def collect(provider: Provider, request: ProviderRequest = REQUEST) -> list[Chunk]:
+    return [chunk async for chunk in provider.stream(request)]
+
+
+async def replay(
+    server: WireServer,
+    make: ProviderFactory,
+    response: RecordedResponse,
+    *,
+    cuts: Sequence[int] = (),
+) -> list[Chunk]:
+    """Serve ``response`` (its body cut at ``cuts``) and stream one pass from it."""
+    server.serve(Scripted.recorded(response, cuts=cuts))
+    return await collect(make(server.url + "/v1"))
