@@ -266,8 +266,20 @@ def inner_declaration() -> MachineDeclaration:
     return MachineDeclaration.from_module("inner", machine, title="ToolLoopMachine (inner tier)")
 
 
-#: Name → declaration factory: one line per machine (the outer tier adds ``"outer"``).
-DECLARATIONS: dict[str, Callable[[], MachineDeclaration]] = {"inner": inner_declaration}
+def outer_declaration() -> MachineDeclaration:
+    """`GenerationTurnMachine`'s declaration (``toolloop_fsm.generation``)."""
+    from toolloop_fsm import generation
+
+    return MachineDeclaration.from_module(
+        "outer", generation, title="GenerationTurnMachine (outer tier)"
+    )
+
+
+#: Name → declaration factory: one line per machine.
+DECLARATIONS: dict[str, Callable[[], MachineDeclaration]] = {
+    "inner": inner_declaration,
+    "outer": outer_declaration,
+}
 
 
 def declaration(name: str) -> MachineDeclaration:
@@ -296,6 +308,8 @@ def _trace_path(
     known_triggers = set(decl.triggers)
     declared = {(e.source, e.trigger, e.dest) for e in decl.edges()}
     for index, step in enumerate(highlight):
+        if getattr(step, "detail", None) is not None:
+            continue  # an annotation (e.g. an attempt superseded), not a transition
         for attr in ("state", "next_state"):
             if getattr(step, attr) not in known_states:
                 raise ValueError(f"trace step {index}: its {attr} is not a state of {decl.name!r}")

@@ -37,7 +37,6 @@ from toolloop_fsm.guards.outcome import (
     outcome_is_empty_response,
     outcome_is_error,
     outcome_is_follow_up_interrupt,
-    outcome_is_skipped,
     outcome_is_stopped_by_user,
     outcome_is_timeout,
 )
@@ -126,7 +125,8 @@ TRANSITIONS: list[dict[str, Any]] = [
     _t("advance", "finishing", "timeout", when=outcome_is_timeout),
     _t("advance", "finishing", "error", when=outcome_is_error),
     _t("advance", "finishing", "empty_response", when=outcome_is_empty_response),
-    _t("advance", "finishing", "skipped", when=outcome_is_skipped),
+    # the last outcome is unconditional: a decision point must always be left
+    _t("advance", "finishing", "skipped"),
 ]
 # fmt: on
 
@@ -135,7 +135,7 @@ _CALLBACK_FUNCTIONS: tuple[Callable[..., Any], ...] = (
     attempt_failed_in_host_code, attempt_is_final, destination_unreachable,
     no_attempt_available, shared_route_may_be_admitted, outcome_is_completed,
     outcome_is_empty_response, outcome_is_error, outcome_is_follow_up_interrupt,
-    outcome_is_skipped, outcome_is_stopped_by_user, outcome_is_timeout, accept_attempt,
+    outcome_is_stopped_by_user, outcome_is_timeout, accept_attempt,
     admit_shared_route, ask_admission, begin_first_attempt, begin_next_key, begin_next_model,
     end_without_attempts, exhaust_chain, post_closing_notices, refuse_shared_route,
     skip_unreachable, stop_while_admitting, supersede_attempt, take_attempt_result,

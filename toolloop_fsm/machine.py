@@ -53,7 +53,6 @@ from toolloop_fsm.guards.exit_policy import (
 )
 from toolloop_fsm.guards.outcome import (
     outcome_is_completed,
-    outcome_is_empty_response,
     outcome_is_error,
     outcome_is_follow_up_interrupt,
     outcome_is_stopped_by_user,
@@ -231,7 +230,8 @@ TRANSITIONS: list[dict[str, Any]] = [
     _t("advance", "building_result", "follow_up_interrupt", when=outcome_is_follow_up_interrupt),
     _t("advance", "building_result", "timeout", when=outcome_is_timeout),
     _t("advance", "building_result", "error", when=outcome_is_error),
-    _t("advance", "building_result", "empty_response", when=outcome_is_empty_response),
+    # the last outcome is unconditional: a decision point must always be left
+    _t("advance", "building_result", "empty_response"),
     _t("delivery_recorded", "settling", "building_result",
        when=all_deliveries_recorded, do=settle_delivery),
     _t("delivery_recorded", "settling", None, do=settle_delivery),
@@ -247,7 +247,7 @@ _CALLBACK_FUNCTIONS: tuple[Callable[..., Any], ...] = (
         continuation_retries_exhausted, all_deliveries_recorded, must_settle_deliveries,
         is_settled_after_tool, pass_has_text, should_end_after_pre_tool_text,
         tool_asked_to_end_turn, tool_requested_context_restart, outcome_is_completed,
-        outcome_is_empty_response, outcome_is_error, outcome_is_follow_up_interrupt,
+        outcome_is_error, outcome_is_follow_up_interrupt,
         outcome_is_stopped_by_user, outcome_is_timeout, call_already_recorded,
         call_arguments_truncated, call_arguments_unparseable, call_is_malformed,
         call_outside_allowlist, call_pending, abandon_in_flight, begin_settling,
