@@ -396,12 +396,13 @@ async def test_call_ids_are_numbered_after_the_history_and_marked_verbatim() -> 
     assert all(call.parse_error is None for call in calls)
 
 
-async def test_the_wrapped_provider_gets_the_same_request() -> None:
+async def test_the_wrapped_provider_gets_the_request_without_native_tools() -> None:
     script = ScriptedChunks(pieces("hello"))
     request = request_for()
     await collect(script, request)
-    assert script.requests == [request]
-    assert script.requests[0] is request
+    (sent,) = script.requests
+    assert sent.tools == ()
+    assert list(sent.context) == list(request.context) and sent.prefill == request.prefill
 
 
 async def test_chunks_without_a_possible_call_pass_through_untouched() -> None:
@@ -747,3 +748,40 @@ def test_property_preparing_is_idempotent_and_only_the_last_choice_counts(
     assert prepare_context(prepared, TOOLS, verbatim=flags[-1]) == prepared
     assert sum(is_verbatim_scaffolding(m) for m in prepared) == int(flags[-1])
     assert strip_verbatim_scaffolding(prepared) == strip_verbatim_scaffolding(context)
+
+
+async def test_the_wrapped_provider_gets_no_native_tools_and_the_history_as_text() -> None:
+    from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
+
+    seen: list[ProviderRequest] = []
+
+    class Recording:
+        name = "plain"
+
+        async def _play(self) -> Any:
+            yield TextDelta("ok")
+
+        def stream(self, request: ProviderRequest) -> Any:
+            seen.append(request)
+            return self._play()
+
+    entry = ToolHistoryEntry(
+        ToolCallRecord("get_weather", {"city": "Paris"}, "verbatim_1"),
+        ToolResponseRecord(True, data={"sky": "clear"}, message="live"),
+        pre_tool_text="Checking. ",
+    )
+    request = ProviderRequest(
+        [{"role": "user", "content": "weather?"}],
+        tools=(ToolSpec("get_weather", "w", {"type": "object"}),),
+        history=(entry,),
+    )
+    chunks = [c async for c in VerbatimToolCalls(Recording()).stream(request)]
+    assert chunks == [TextDelta("ok")]
+    (wire,) = seen
+    assert wire.tools == () and wire.history == ()
+    assert wire.context[1] == {
+        "role": "assistant",
+        "content": 'Checking. get_weather({"city": "Paris"})',
+    }
+    assert wire.context[2]["role"] == "user"
+    assert '"sky": "clear"' in wire.context[2]["content"]

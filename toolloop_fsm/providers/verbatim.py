@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from enum import Enum, auto
 from typing import Any
 
+import attrs
 from attrs import frozen
 
 from toolloop_fsm.events import Chunk, FunctionCall, TextDelta
@@ -582,7 +583,8 @@ class _CausalOrder:
 class VerbatimToolCalls:
     """A provider whose model writes its tool calls as text; yields them as `FunctionCall`s.
 
-    ``stream`` hands the request unchanged to the wrapped provider and rewrites its text:
+    ``stream`` hands the wrapped provider the request in text form (`as_verbatim_request`:
+    no native tools, the tool history as plain messages) and rewrites its text:
     calls of ``request.tools`` become `FunctionCall` events (ids ``verbatim_<n>``, numbered on
     from the calls already in ``request.history``; ``provider_data={"verbatim": True}``);
     all other chunks pass through in order. If the wrapped stream raises, text held as a
@@ -610,7 +612,7 @@ class VerbatimToolCalls:
         return f"VerbatimToolCalls({self.provider!r})"
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
-        chunks = self.provider.stream(request)
+        chunks = self.provider.stream(as_verbatim_request(request))
         try:
             if not request.tools:
                 async for chunk in chunks:
@@ -658,6 +660,33 @@ class VerbatimToolCalls:
             close = getattr(chunks, "aclose", None)
             if close is not None:
                 await close()
+
+
+def as_verbatim_request(request: ProviderRequest) -> ProviderRequest:
+    """The request as a model without native tool calling must receive it: no ``tools`` (a
+    server may reject them for such a model) and each history entry as two plain messages —
+    the assistant's pre-tool text followed by the call as it writes calls, then the tool's
+    response as a user message."""
+    if not request.tools and not request.history:
+        return request
+    transcript: list[dict[str, Any]] = []
+    for entry in request.history:
+        call = entry.call
+        arguments = json.dumps(dict(call.arguments), ensure_ascii=False, sort_keys=True)
+        transcript.append(
+            {"role": "assistant", "content": f"{entry.pre_tool_text or ''}{call.name}({arguments})"}
+        )
+        response = entry.response
+        payload: dict[str, Any] = {"success": response.success}
+        if response.success:
+            payload.update(data=response.data, message=response.message)
+        else:
+            payload.update(status=response.status, reason=response.reason)
+        result = json.dumps(payload, ensure_ascii=False, default=str)
+        transcript.append({"role": "user", "content": f"[result of {call.name}] {result}"})
+    return attrs.evolve(
+        request, context=(*request.context, *transcript), tools=(), history=()
+    )
 
 
 # --------------------------------------------------------------------------- prompt side
@@ -743,6 +772,7 @@ __all__ = [
     "VERBATIM_BUFFER_CAP",
     "VERBATIM_SCAFFOLDING",
     "VerbatimToolCalls",
+    "as_verbatim_request",
     "is_verbatim_scaffolding",
     "prepare_context",
     "strip_verbatim_scaffolding",
