@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from attrs import field, frozen
 
@@ -84,12 +84,16 @@ class AdmissionRequest:
 Admission = Callable[[AdmissionRequest], Awaitable[bool] | bool]
 
 
+def _as_attempts(attempts: Iterable[Attempt]) -> tuple[Attempt, ...]:
+    return tuple(attempts)
+
+
 @frozen
 class SharedRoute:
     """Extra attempts on a shared route (the operator's credentials), used only when every
     attempt on the user's own credentials failed retryably and ``admit`` allows it."""
 
-    attempts: tuple[Attempt, ...] = field(converter=tuple)
+    attempts: tuple[Attempt, ...] = field(converter=_as_attempts)
     admit: Admission = field(eq=False)
 
 
