@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -119,6 +120,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", help="model name at --base-url")
     demo.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the key")
     demo.add_argument("--scripted", action="store_true", help="no HTTP: a scripted provider")
+    demo.add_argument("--save-trace", metavar="FILE", help="write the result (and trace) as JSON")
+
+    diagram = commands.add_parser(
+        "diagram", help="render a machine's state diagram from its declaration"
+    )
+    diagram.add_argument("machine", choices=("inner", "outer"))
+    diagram.add_argument("--format", choices=("mermaid", "dot", "svg"), default="mermaid")
+    diagram.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    diagram.add_argument(
+        "--highlight", metavar="TRACE.json", help="colour the path a saved result or trace took"
+    )
+
+    fuzz = commands.add_parser("fuzz", help="fuzz a policy with the library's strategies")
+    fuzz.add_argument("--policy", metavar="MODULE:ATTR", help="a LoopPolicy/TurnPolicy or factory")
+    fuzz.add_argument("--examples", type=int, default=500, metavar="N")
+    fuzz.add_argument("--seed", type=int, default=0, metavar="S")
+    fuzz.add_argument("--tier", choices=("inner", "outer"), default="inner")
+
+    trace = commands.add_parser("trace", help="print a saved result's trace as a table")
+    trace.add_argument("file", metavar="FILE")
     return parser
 
 
@@ -140,6 +161,11 @@ def _demo(args: argparse.Namespace) -> int:
     result = asyncio.run(
         run_demo(sys.stdout, base_url=args.base_url, model=args.model, api_key=api_key)
     )
+    if args.save_trace:
+        from toolloop_fsm.result import result_to_json
+
+        with open(args.save_trace, "w", encoding="utf-8") as out:
+            out.write(result_to_json(result))
     if args.base_url is not None:
         message = unreachable_message(result, args.base_url)
         if message is not None:
@@ -148,11 +174,107 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if result.status.value == "completed" else 1
 
 
+def load_trace(path: str, machine: str) -> tuple[TraceStep, ...]:
+    """Steps from a saved result (``result_to_json``) or a bare trace list. For the inner
+    machine, a generation turn's result gives its last attempt's trace."""
+    from toolloop_fsm.result import converter
+
+    with open(path, encoding="utf-8") as source:
+        data = json.load(source)
+    if isinstance(data, dict):
+        if machine == "inner" and data.get("attempts"):
+            data = data["attempts"][-1].get("trace", [])
+        else:
+            data = data.get("trace", [])
+    return converter.structure(data, tuple[TraceStep, ...])
+
+
+def _diagram(args: argparse.Namespace) -> int:
+    from toolloop_fsm.diagrams import DiagramError, declaration, render
+
+    try:
+        highlight = load_trace(args.highlight, args.machine) if args.highlight else None
+        data = render(declaration(args.machine), args.format, highlight=highlight)
+    except (DiagramError, ValueError, OSError) as err:
+        sys.stderr.write(f"toolloop-fsm diagram: {err}\n")
+        return 2
+    if args.output:
+        with open(args.output, "wb") as out:
+            out.write(data)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return 0
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    from toolloop_fsm.fuzz import FuzzSetupError, fuzz, load_policy, trace_table
+    from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+
+    def progress(count: int, seconds: float) -> None:
+        sys.stderr.write(f"\r  … {count} examples, {count / seconds:,.0f}/s")
+        sys.stderr.flush()
+
+    try:
+        if args.policy:
+            policy = load_policy(args.policy, args.tier)
+        else:
+            policy = LoopPolicy() if args.tier == "inner" else TurnPolicy()
+        report = fuzz(
+            policy, tier=args.tier, examples=args.examples, seed=args.seed, progress=progress
+        )
+    except FuzzSetupError as err:
+        sys.stderr.write(f"toolloop-fsm fuzz: {err}\n")
+        return 2
+    sys.stderr.write("\r" + " " * 60 + "\r")
+    fired, declared = report.coverage
+    name = args.policy or "the default policy"
+    print(f"fuzzed {name} ({args.tier} tier): {report.examples} examples in "
+          f"{report.seconds:.1f} s, {report.rate:,.0f} examples/s")  # fmt: skip
+    print(f"transition coverage: {fired}/{declared} declared transitions fired")
+    if report.failure is None:
+        print("no invariant broke")
+        return 0
+    failure = report.failure
+    print(f"\nFAILED: {failure.message}")
+    print(f"\nshortest failing trace ({len(failure.trace)} steps):")
+    print(trace_table(failure.trace) if failure.trace else "  (the turn failed before any step)")
+    print(f"\nshortest failing example:\n  {failure.example}")
+    rerun = f"toolloop-fsm fuzz --tier {args.tier} --seed {report.seed} --examples {args.examples}"
+    if args.policy:
+        rerun += f" --policy {args.policy}"
+    print(f"\nreproduce with: {rerun}")
+    return 1
+
+
+def _trace(args: argparse.Namespace) -> int:
+    from toolloop_fsm.fuzz import trace_table
+    from toolloop_fsm.result import converter
+
+    try:
+        with open(args.file, encoding="utf-8") as source:
+            data = json.load(source)
+    except (OSError, ValueError) as err:
+        sys.stderr.write(f"toolloop-fsm trace: cannot read {args.file}: {err}\n")
+        return 2
+    if isinstance(data, list):
+        print(trace_table(converter.structure(data, tuple[TraceStep, ...])))
+        return 0
+    status = data.get("status")
+    reason = data.get("reason")
+    print(f"status: {status}" + (f" ({reason})" if reason else ""))
+    print(trace_table(converter.structure(data.get("trace", []), tuple[TraceStep, ...])))
+    for attempt in data.get("attempts", []):
+        print(f"\nattempt {attempt['index']} — {attempt['label']}: {attempt['status']}"
+              + (" (superseded)" if attempt.get("superseded") else ""))  # fmt: skip
+        print(trace_table(converter.structure(attempt.get("trace", []), tuple[TraceStep, ...])))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "demo":
-        return _demo(args)
-    return 2
+    commands = {"demo": _demo, "diagram": _diagram, "fuzz": _fuzz, "trace": _trace}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,219 @@
+"""Fuzzing a policy with the library's own Hypothesis strategies (`toolloop-fsm fuzz`).
+
+Each example is a whole simulated turn on a virtual clock: a random script (inner tier) or a
+random fallback chain (outer tier) run under the policy being fuzzed, then checked against
+the invariants of DESIGN.md. An invariant that breaks — or policy code that raises — is
+shrunk by Hypothesis to the shortest failing example, reported with its trace and the seed
+that reproduces it. Needs Hypothesis (``pip install "toolloop-fsm[test]"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from attrs import define, field, frozen
+
+from toolloop_fsm.declaration import Coverage, declared_transition_ids
+from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.result import TraceStep
+
+
+class FuzzSetupError(Exception):
+    """The fuzz run could not start (bad ``--policy``, Hypothesis missing, …)."""
+
+
+def load_policy(spec: str, tier: str) -> LoopPolicy | TurnPolicy:
+    """``module:attr`` → the policy it names (an instance, or a factory called without
+    arguments). The inner tier takes a `LoopPolicy` (or a `TurnPolicy`'s ``loop``); the outer
+    tier takes a `TurnPolicy` (a `LoopPolicy` is wrapped in one)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise FuzzSetupError(f"--policy takes module:attr, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise FuzzSetupError(f"cannot import {module_name!r}: {err}") from None
+    try:
+        value: Any = module
+        for part in attr.split("."):
+            value = getattr(value, part)
+    except AttributeError:
+        raise FuzzSetupError(f"{module_name!r} has no attribute {attr!r}") from None
+    if callable(value) and not isinstance(value, LoopPolicy | TurnPolicy):
+        value = value()
+    if tier == "inner":
+        if isinstance(value, TurnPolicy):
+            return value.loop
+        if isinstance(value, LoopPolicy):
+            return value
+    else:
+        if isinstance(value, LoopPolicy):
+            return TurnPolicy(loop=value)
+        if isinstance(value, TurnPolicy):
+            return value
+    raise FuzzSetupError(
+        f"{spec} is a {type(value).__name__}, not a LoopPolicy or TurnPolicy (or a factory)"
+    )
+
+
+@frozen
+class FuzzFailure:
+    """The shortest failing example Hypothesis found."""
+
+    message: str
+    trace: tuple[TraceStep, ...]
+    example: str
+
+
+@frozen
+class FuzzReport:
+    examples: int
+    seconds: float
+    fired: frozenset[str]
+    declared: tuple[str, ...]
+    seed: int
+    failure: FuzzFailure | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.examples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def coverage(self) -> tuple[int, int]:
+        return len(self.fired & set(self.declared)), len(self.declared)
+
+
+@define
+class _Progress:
+    report: Callable[[int, float], None] | None
+    every: float = 1.0
+    started: float = field(factory=time.perf_counter)
+    last: float = 0.0
+    count: int = 0
+
+    def tick(self) -> None:
+        self.count += 1
+        if self.report is None:
+            return
+        now = time.perf_counter()
+        if now - self.last >= self.every:
+            self.last = now
+            self.report(self.count, now - self.started)
+
+
+def fuzz(
+    policy: LoopPolicy | TurnPolicy,
+    *,
+    tier: str = "inner",
+    examples: int = 500,
+    seed: int = 0,
+    progress: Callable[[int, float], None] | None = None,
+) -> FuzzReport:
+    """Run ``examples`` random turns under ``policy`` and check the invariants."""
+    try:
+        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import seed as seeded
+    except ImportError:
+        raise FuzzSetupError('fuzzing needs Hypothesis: pip install "toolloop-fsm[test]"') from None
+    if tier == "inner":
+        from toolloop_fsm import machine
+
+        assert isinstance(policy, LoopPolicy)
+        declared = tuple(declared_transition_ids(machine.TRANSITIONS))
+        strategy, run_example = _inner(policy)
+    elif tier == "outer":
+        from toolloop_fsm import generation
+
+        assert isinstance(policy, TurnPolicy)
+        declared = tuple(declared_transition_ids(generation.TRANSITIONS))
+        strategy, run_example = _outer(policy)
+    else:
+        raise FuzzSetupError(f"--tier is inner or outer, got {tier!r}")
+
+    ticker = _Progress(progress)
+    failures: list[tuple[str, tuple[TraceStep, ...], str]] = []
+    loop = asyncio.new_event_loop()
+    fired: set[str] = set()
+    previous = Coverage.fired
+
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        derandomize=False,
+        print_blob=False,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.generate, Phase.shrink),
+    )
+    @seeded(seed)
+    @given(strategy)
+    def property_holds(example: Any) -> None:
+        ticker.tick()
+        steps: list[TraceStep] = []
+        try:
+            loop.run_until_complete(run_example(example, steps.append))
+        except Exception as err:
+            failures.append((f"{type(err).__name__}: {err}", tuple(steps), repr(example)))
+            raise
+
+    started = time.perf_counter()
+    Coverage.fired = fired
+    failure: FuzzFailure | None = None
+    try:
+        property_holds()
+    except Exception as err:
+        if not failures:
+            raise FuzzSetupError(f"the fuzz run itself failed: {err!r}") from err
+        # Hypothesis replays the shortest failing example last
+        message, trace, example = failures[-1]
+        failure = FuzzFailure(message, trace, example)
+    finally:
+        Coverage.fired = previous
+        loop.close()
+    return FuzzReport(
+        examples=ticker.count,
+        seconds=time.perf_counter() - started,
+        fired=frozenset(fired),
+        declared=declared,
+        seed=seed,
+        failure=failure,
+    )
+
+
+def _inner(policy: LoopPolicy) -> tuple[Any, Callable[..., Any]]:
+    from toolloop_fsm.testing.strategies import run_script, turn_scripts
+
+    async def run_example(script: Any, on_step: Callable[[TraceStep], None]) -> None:
+        run = await run_script(script, policy, on_step=on_step)
+        run.check()
+
+    return turn_scripts(), run_example
+
+
+def _outer(policy: TurnPolicy) -> tuple[Any, Callable[..., Any]]:
+    from toolloop_fsm.testing.chains import check_chain_invariants, generation_chains, run_chain
+
+    async def run_example(chain: Any, on_step: Callable[[TraceStep], None]) -> None:
+        run = await run_chain(chain, policy=policy, on_step=on_step)
+        check_chain_invariants(run)
+
+    return generation_chains(), run_example
+
+
+def trace_table(steps: Sequence[TraceStep]) -> str:
+    """A trace as an aligned text table."""
+    rows = [("#", "state", "event", "next state")]
+    rows += [
+        (str(i), s.state, s.event if s.detail is None else f"{s.event} ({s.detail})", s.next_state)
+        for i, s in enumerate(steps, 1)
+    ]
+    widths = [max(len(row[c]) for row in rows) for c in range(4)]
+    lines = [
+        "  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row)).rstrip() for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
