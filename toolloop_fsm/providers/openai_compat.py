@@ -199,10 +199,18 @@ class ToolCallAccumulator:
 
     def add(self, fragment: Mapping[str, Any]) -> None:
         index = fragment.get("index")
+        function = fragment.get("function")
+        call_id = fragment.get("id") or None
+        if call_id is None and type(function) is dict and not function.get("name"):
+            # Fast path: an argument fragment continuing a known index (the common case).
+            known = self._by_index.get(index) if type(index) is int else None
+            arguments = function.get("arguments")
+            if known is not None and type(arguments) is str:
+                if arguments:
+                    known.parts.append(arguments)
+                return
         if not isinstance(index, int) or isinstance(index, bool):
             index = None
-        call_id = fragment.get("id") or None
-        function = fragment.get("function")
         if not isinstance(function, Mapping):
             function = {}
         name = function.get("name") or None
@@ -489,8 +497,8 @@ class OpenAICompatibleProvider:
         )
         async with aclosing(body) as raw:
             async for data in raw:
-                for event in sse.feed(data):
-                    decoder.event(event.event, event.data, out)
+                for name, text, _id, _retry in sse.feed_raw(data):
+                    decoder.event(name, text, out)
                 if sse.error is not None:
                     raise sse.error
                 if out:
@@ -500,8 +508,8 @@ class OpenAICompatibleProvider:
                 if decoder.done:
                     break
             if not decoder.done:
-                for event in sse.finish():
-                    decoder.event(event.event, event.data, out)
+                for name, text, _id, _retry in sse.finish_raw():
+                    decoder.event(name, text, out)
                 if sse.error is not None:
                     raise sse.error
         decoder.finish(out)

@@ -376,8 +376,8 @@ class OpenAIResponsesProvider:
         )
         async with aclosing(body) as raw:
             async for data in raw:
-                for event in sse.feed(data):
-                    decoder.event(event.event, event.data, out)
+                for name, text, _id, _retry in sse.feed_raw(data):
+                    decoder.event(name, text, out)
                 if sse.error is not None:
                     raise sse.error
                 if out:
@@ -387,8 +387,8 @@ class OpenAIResponsesProvider:
                 if decoder.ended:
                     break
             if not decoder.ended:
-                for event in sse.finish():
-                    decoder.event(event.event, event.data, out)
+                for name, text, _id, _retry in sse.finish_raw():
+                    decoder.event(name, text, out)
                 if sse.error is not None:
                     raise sse.error
         decoder.finish(out)
