@@ -148,7 +148,7 @@ _json_values = st.recursive(
 _objects = st.dictionaries(st.text(max_size=6), _json_values, max_size=5)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     obj=_objects,
     style=st.sampled_from([{}, {"separators": (",", ":")}, {"indent": 2}, {"ensure_ascii": False}]),

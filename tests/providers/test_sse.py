@@ -162,7 +162,7 @@ async def test_httpx_sse_on_recorded_streams_over_httpx(name: str) -> None:
             assert ours == reference
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 @pytest.mark.parametrize(
     "name",

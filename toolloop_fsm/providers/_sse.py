@@ -287,4 +287,9 @@ async def aiter_ndjson(byte_iter: AsyncIterator[bytes]) -> AsyncIterator[Any]:
 
 __all__ = [
     "RawEvent",
-    "SSEDecoder", "ServerSentEvent", "aiter_ndjson", "aiter_sse", "decode_ndjson_line"]
+    "SSEDecoder",
+    "ServerSentEvent",
+    "aiter_ndjson",
+    "aiter_sse",
+    "decode_ndjson_line",
+]
