@@ -1,23 +1,51 @@
-"""Provider adapters: the `Provider` protocol and the streams of real APIs as chunk events."""
+"""Provider adapters: the `Provider` protocol and the streams of real APIs as chunk events.
+
+The adapters load on first use, so importing the contract (`toolloop_fsm.providers.base`,
+which the sans-IO machines use for `ProviderRequest`) never pulls in httpx.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest, ToolSpec
 
-__all__ = ["Provider", "ProviderError", "ProviderRequest", "ToolSpec"]
+if TYPE_CHECKING:
+    from toolloop_fsm.providers.anthropic import AnthropicProvider
+    from toolloop_fsm.providers.gemini import GeminiProvider
+    from toolloop_fsm.providers.ollama import OllamaProvider
+    from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
+    from toolloop_fsm.providers.openai_responses import OpenAIResponsesProvider
+    from toolloop_fsm.providers.verbatim import VerbatimToolCalls
 
-# Native adapters for Anthropic Messages, Gemini streamGenerateContent and Ollama /api/chat.
-from toolloop_fsm.providers.anthropic import AnthropicProvider
-from toolloop_fsm.providers.gemini import GeminiProvider
-from toolloop_fsm.providers.ollama import OllamaProvider
+_ADAPTERS = {
+    "AnthropicProvider": "anthropic",
+    "GeminiProvider": "gemini",
+    "OllamaProvider": "ollama",
+    "OpenAICompatibleProvider": "openai_compat",
+    "OpenAIResponsesProvider": "openai_responses",
+    "VerbatimToolCalls": "verbatim",
+}
 
-# OpenAI Chat Completions (and compatible servers) and the OpenAI Responses API.
-from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
-from toolloop_fsm.providers.openai_responses import OpenAIResponsesProvider
+__all__ = [
+    "AnthropicProvider",
+    "GeminiProvider",
+    "OllamaProvider",
+    "OpenAICompatibleProvider",
+    "OpenAIResponsesProvider",
+    "Provider",
+    "ProviderError",
+    "ProviderRequest",
+    "ToolSpec",
+    "VerbatimToolCalls",
+]
 
-# Tool calls written in the text, for models without native tool calling (SPEC §5).
-from toolloop_fsm.providers.verbatim import VerbatimToolCalls
 
-__all__ += ["AnthropicProvider", "GeminiProvider", "OllamaProvider"]
-
-__all__ += ["VerbatimToolCalls"]
-
-__all__ += ["OpenAICompatibleProvider", "OpenAIResponsesProvider"]
+def __getattr__(name: str) -> Any:
+    module = _ADAPTERS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'toolloop_fsm.providers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"toolloop_fsm.providers.{module}"), name)
+    globals()[name] = value
+    return value

@@ -103,7 +103,11 @@ def dump_json(value: Any) -> str:
 
 
 def build_chat_messages(request: ProviderRequest) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [dict(message) for message in request.context]
+    # keys of the library's own ("toolloop_…" markers) are not for the server
+    messages: list[dict[str, Any]] = [
+        {key: value for key, value in message.items() if not key.startswith("toolloop_")}
+        for message in request.context
+    ]
     for position, entry in enumerate(request.history):
         call_id = history_call_id(entry, position)
         messages.append(
