@@ -7,7 +7,7 @@ Two profiles are registered here:
     red CI run is red on every machine), no example database (nothing carried between runs),
     ``deadline=None`` (a loaded CI box must not turn slowness into failures),
     ``print_blob=True`` (a failure prints the ``@reproduce_failure`` blob to replay it), and
-    ``max_examples=300`` — the property suite (tests/test_properties_inner.py and
+    ``max_examples=500`` — the property suite (tests/test_properties_inner.py and
     tests/test_transition_coverage.py) then stays well under a minute on two cores. Tests
     that set their own ``max_examples`` keep it.
 
@@ -28,7 +28,7 @@ import os
 from hypothesis import HealthCheck, settings
 
 #: Examples per property test under the ci profile (see the module docstring).
-CI_MAX_EXAMPLES = 300
+CI_MAX_EXAMPLES = 500
 EXPLORE_MAX_EXAMPLES = 5000
 
 settings.register_profile(

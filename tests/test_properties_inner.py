@@ -111,10 +111,11 @@ _TOOL_RESULTS: tuple[dict[str, Any], ...] = (
     {"context_restart": ContextRestart({"role": "system", "content": "more"}, ("memory",))},
     {"expression": "👍", "end_turn": True},
 )
-_OUTCOMES = st.sampled_from(tuple(ToolOutcomeKind))
+_OUTCOMES = st.sampled_from((ToolOutcomeKind.SUCCEEDED, ToolOutcomeKind.SUCCEEDED,
+                             ToolOutcomeKind.FAILED, ToolOutcomeKind.RAISED))
 _RESULT_FIELDS = st.sampled_from(_TOOL_RESULTS)
 _STOP_MESSAGES = st.sampled_from((None, "stop it"))
-_ALLOWLISTS = st.sampled_from((None, frozenset({"get_weather", "send_sticker"}), frozenset()))
+_ALLOWLISTS = st.sampled_from((None, None, frozenset({"get_weather", "send_sticker"}), frozenset()))
 MAX_STEPS = 120
 
 
@@ -162,21 +163,36 @@ class Simulator:
             self.recorded.append(event.seq)
 
     def legal_kinds(self) -> list[str]:
-        """Progress first (Hypothesis shrinks toward the front), signals last."""
+        """The kinds of event the world may send now, weighted toward progress (chunks, the
+        end of the stream, the tool's result) so that turns get past their first pass: the
+        ways a turn is cut short (a failure, an expired deadline, a signal) share a small
+        weight each. Hypothesis shrinks toward the front of the list."""
         kinds: list[str] = []
         if self.stream_open:
-            kinds += ["chunk", "chunk", "chunk", "stream_ended", "stream_failed"]
+            kinds += ["chunk"] * 8 + ["stream_ended"] * 4
         if self.running is not None:
-            kinds += ["tool_finished", "tool_finished"]
-        if self.armed:
-            kinds.append("deadline")
+            kinds += ["tool_finished"] * 8
         if self.in_flight:
-            kinds += ["delivery_recorded", "delivery_recorded", "delivery_failed"]
-        kinds += ["follow_up", "stop", "notice_failed"]
+            kinds += ["delivery_recorded"] * 3
+        kinds += ["signal", "failure"]
         return kinds
 
     def draw_event(self, data: st.DataObject) -> object:
         kind = data.draw(st.sampled_from(self.legal_kinds()), label="event")
+        if kind == "signal":
+            kind = data.draw(st.sampled_from(("follow_up", "follow_up", "stop")), label="signal")
+        elif kind == "failure":
+            failures = ["notice_failed"]
+            if self.stream_open:
+                failures.append("stream_failed")
+            if self.armed:
+                failures += ["deadline", "deadline"]
+            if self.in_flight:
+                failures.append("delivery_failed")
+            kind = data.draw(st.sampled_from(failures), label="failure")
+        return self._event(kind, data)
+
+    def _event(self, kind: str, data: st.DataObject) -> object:
         if kind == "chunk":
             return data.draw(_CHUNKS, label="chunk")
         if kind == "stream_ended":

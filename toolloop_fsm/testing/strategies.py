@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -48,7 +48,7 @@ from toolloop_fsm.host import Tool, ToolContext, ToolRegistry, ToolResult, TurnR
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.providers.base import ProviderError, ProviderRequest
 from toolloop_fsm.pump import run_tool_loop
-from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import GenerationTurnResult, TraceStep
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock
 from toolloop_fsm.testing.invariants import ToolExecution, check_invariants
@@ -247,16 +247,16 @@ _OTHERS: tuple[ScriptItem, ...] = (
 
 
 def _item_menu() -> tuple[ScriptItem, ...]:
-    """Roughly: 35% text, 30% tool calls, 17% pauses, 6% usage, 9% thoughts / finish
-    reasons / scene metadata, 3% provider failures."""
+    """About 30% text, 38% tool calls (two thirds to known tools), 10% pauses, 4% usage,
+    13% thoughts / finish reasons / scene metadata and 5% provider failures."""
     texts = [TextDelta(t) for t in _TEXTS]
     return (
         *texts, *texts, *texts[:8],
         *_CALLS,
         *(Pause(s) for s in _PAUSES), *(Pause(s) for s in _PAUSES[:4]),
         *_USAGE,
-        *_OTHERS,
-        *(Fail(e) for e in _ERRORS[:2]),
+        *_OTHERS, *_OTHERS[-1:], *_OTHERS[-1:], *_OTHERS[:3],
+        *(Fail(e) for e in _ERRORS[:3]), *(Fail(e) for e in _ERRORS[:3]),
     )
 
 
@@ -288,9 +288,60 @@ def script_items() -> st.SearchStrategy[ScriptItem]:
     return st.sampled_from(_ITEMS)
 
 
-def provider_passes(*, max_items: int = 6) -> st.SearchStrategy[tuple[ScriptItem, ...]]:
-    """One provider pass (possibly empty)."""
-    return st.lists(script_items(), max_size=max_items).map(tuple)
+def _ending_menu() -> tuple[tuple[ScriptItem, ...], ...]:
+    """How a pass ends, after its random body: nothing first (the simplest), then mostly a
+    call to a known tool (so turns go on to further passes), sometimes a call the gate
+    refuses or that is malformed, a provider failure, a stall, or closing text."""
+    valid: list[tuple[ScriptItem, ...]] = [
+        (FunctionCall(name, args),) for args in _ARGUMENTS[:3] for name in KNOWN_TOOLS
+    ]
+    valid += [(FunctionCall("get_weather", {"city": "Oslo"}), UsageReport(9, 3)),
+              (FunctionCall("send_sticker", {}), FinishReason(FinishKind.TOOL_CALLS))]
+    # every refused or malformed call once; malformed ones end the turn, so not more
+    refused: list[tuple[ScriptItem, ...]] = [
+        (call,) for call in _CALLS[2 * len(_ARGUMENTS) * len(KNOWN_TOOLS) :]
+    ]
+    return (
+        (),
+        *valid, *valid, *valid,
+        *refused,
+        (TextDelta("Done."), FinishReason(FinishKind.STOP)),
+        (TextDelta("Let me check."), FunctionCall(MEMORY_TOOL, {"city": "Oslo"})),
+        (Fail(_ERRORS[0]),),
+        (Pause(400.0),),
+        (),
+        (UsageReport(4, 2),),
+    )
+
+
+def _body_menu() -> tuple[ScriptItem, ...]:
+    """What a pass streams before its ending: mostly text (a third of it blank), pauses,
+    usage and thoughts; now and then a call of any kind (the first call of a pass is the
+    one dispatched, later ones are ignored) and, rarely, a provider failure."""
+    texts = [TextDelta(t) for t in _TEXTS]
+    return (
+        *texts, *texts, *texts[:8],
+        *(Pause(s) for s in _PAUSES), *(Pause(s) for s in _PAUSES[:4]),
+        *_USAGE,
+        *_OTHERS, *_OTHERS[-1:], *_OTHERS[-1:], *_OTHERS[:3],
+        *_CALLS[: 2 * len(_ARGUMENTS) * len(KNOWN_TOOLS) : 3],
+        *_CALLS[2 * len(_ARGUMENTS) * len(KNOWN_TOOLS) :: 5],
+        Fail(_ERRORS[1]),
+    )
+
+
+_ENDINGS = _ending_menu()
+_BODY_ITEMS = _body_menu()
+_BODIES = {n: st.lists(st.sampled_from(_BODY_ITEMS), max_size=n) for n in range(8)}
+
+
+def provider_passes(*, max_items: int = 5) -> st.SearchStrategy[tuple[ScriptItem, ...]]:
+    """One provider pass: up to ``max_items`` random items, then an ending drawn from a
+    menu weighted toward a tool call. Shrinks toward the empty pass."""
+    body = _BODIES.get(max_items)
+    if body is None:
+        body = st.lists(st.sampled_from(_BODY_ITEMS), max_size=max_items)
+    return st.builds(lambda items, end: (*items, *end), body, st.sampled_from(_ENDINGS))
 
 
 def _result_menu() -> tuple[dict[str, Any], ...]:
@@ -309,12 +360,14 @@ def _result_menu() -> tuple[dict[str, Any], ...]:
         {"expression": "👍", "context_restart": _RESTARTS[0]},
         {"delivered": True, "end_turn": True, "message": "sent it myself"},
         {"message": "nothing found ü", "data": "raw"},
+        {"context_restart": _RESTARTS[1]},
+        {"context_restart": _RESTARTS[0], "data": {"t": 3}},
     )
 
 
 _RESULTS = _result_menu()
-_ACTIONS = (ToolAction.SUCCEED, ToolAction.SUCCEED, ToolAction.FAIL, ToolAction.RAISE,
-            ToolAction.HANG)
+_ACTIONS = (ToolAction.SUCCEED, ToolAction.SUCCEED, ToolAction.SUCCEED, ToolAction.FAIL,
+            ToolAction.RAISE, ToolAction.HANG)
 
 
 def tool_behaviours() -> st.SearchStrategy[ToolBehaviour]:
@@ -343,6 +396,8 @@ def timed_signals() -> st.SearchStrategy[TimedSignal]:
 _ALLOWLISTS: tuple[frozenset[str] | None, ...] = (
     None,
     None,
+    None,
+    None,
     frozenset(KNOWN_TOOLS[:2]),
     frozenset(KNOWN_TOOLS[1:]),
     frozenset({"get_weather", "search"}),
@@ -351,10 +406,12 @@ _ALLOWLISTS: tuple[frozenset[str] | None, ...] = (
 
 
 _BEHAVIOUR_LISTS = st.lists(tool_behaviours(), max_size=3).map(tuple)
-_SIGNAL_LISTS = {n: st.lists(timed_signals(), max_size=n).map(tuple) for n in range(4)}
+_SIGNAL = timed_signals()
+#: how many host signals a turn gets: none in half the turns (a signal cuts a turn short)
+_SIGNAL_COUNTS = {n: st.sampled_from((0, 0, *range(1, n + 1))) for n in range(4)}
 _BOOLEANS = st.booleans()
 _DELAYS = st.sampled_from(_DELIVERY_DELAYS)
-_FAILING = st.sampled_from((None, None, None, 0, 1, 2, 4))
+_FAILING = st.sampled_from((None, None, None, None, None, None, None, 0, 1, 2, 4))
 _ALLOWED = st.sampled_from(_ALLOWLISTS)
 _PREFILLS = st.sampled_from((None, "Sure, "))
 
@@ -362,17 +419,17 @@ _PREFILLS = st.sampled_from((None, "Sure, "))
 def turn_scripts(
     *,
     max_passes: int = 6,
-    max_items: int = 6,
+    max_items: int = 5,
     max_signals: int = 2,
 ) -> st.SearchStrategy[TurnScript]:
-    """A whole simulated turn (see `TurnScript`): up to ``max_passes`` provider passes of
-    up to ``max_items`` items, a plan of up to 3 behaviours per known tool, up to
-    ``max_signals`` host signals, the channel's delay and failing delivery, the allowlist,
-    the prefill and the provider style."""
-    passes = st.lists(provider_passes(max_items=max_items), max_size=max_passes)
-    signals = _SIGNAL_LISTS.get(max_signals)
-    if signals is None:
-        signals = st.lists(timed_signals(), max_size=max_signals).map(tuple)
+    """A whole simulated turn (see `TurnScript`): 1 to ``max_passes`` provider passes of
+    up to ``max_items`` random items and an ending each, a plan of up to 3 behaviours per
+    known tool, up to ``max_signals`` host signals, the channel's delay and failing
+    delivery, the allowlist, the prefill and the provider style."""
+    passes = st.lists(provider_passes(max_items=max_items), min_size=1, max_size=max_passes)
+    counts = _SIGNAL_COUNTS.get(max_signals)
+    if counts is None:
+        counts = st.sampled_from((0, 0, *range(1, max_signals + 1)))
 
     @st.composite
     def scripts(draw: st.DrawFn) -> TurnScript:
@@ -383,7 +440,7 @@ def turn_scripts(
         return TurnScript(
             passes=tuple(drawn),
             tool_plan=tuple((name, b) for name, b in plan if b),
-            signals=draw(signals),
+            signals=tuple(draw(_SIGNAL) for _ in range(draw(counts))),
             delivery_delay=draw(_DELAYS),
             failing_delivery=draw(_FAILING),
             tools_allowed=draw(_ALLOWED),
@@ -423,15 +480,17 @@ def loop_policies(*, max_iterations: int = 8) -> st.SearchStrategy[LoopPolicy]:
     continuation failures, budgets of seconds, and flushes every 1–50 characters."""
     return st.builds(
         LoopPolicy,
-        max_function_call_iterations=st.integers(1, max_iterations),
-        soft_warn_iteration=st.integers(1, 5),
-        max_consecutive_tool_errors=st.integers(1, 4),
-        continuation_tool_failure_threshold=st.integers(1, 3),
+        # sampled_from, not integers(): Hypothesis draws integers' bounds far more often
+        # than uniformly, and a ceiling of 1 would end most turns after their first pass
+        max_function_call_iterations=st.sampled_from(range(1, max_iterations + 1)),
+        soft_warn_iteration=st.sampled_from(range(1, 6)),
+        max_consecutive_tool_errors=st.sampled_from(range(1, 5)),
+        continuation_tool_failure_threshold=st.sampled_from((1, 1, 2, 3)),
         inactivity_timeout=st.sampled_from((30.0, 10.0, 5.0, 2.0, 1.0)),
         first_token_timeout=st.sampled_from((None, 60.0, 10.0, 3.0, 1.0)),
         abandoned_stream_settle=st.sampled_from((5.0, 1.0, 0.0, 20.0)),
         tool_timeout=st.sampled_from((30.0, 10.0, 3.0, 1.0)),
-        delivery_flush_chars=st.integers(1, 50),
+        delivery_flush_chars=st.sampled_from((1, 2, 5, 10, 20, 50)),
         suppress_followup_after_pre_tool_text=st.sampled_from(_SUPPRESS_SETS),
     )
 
@@ -569,13 +628,16 @@ async def run_script(
     policy: LoopPolicy,
     *,
     real_timeout: float | None = 30.0,
+    on_step: Callable[[TraceStep], None] | None = None,
 ) -> ScriptRun:
     """Run ``script`` under ``policy`` through `run_tool_loop` on a fresh `VirtualClock`.
 
     Builds the scripted provider (tapped, to record what it streams), a `RecordingChannel`
     (with the script's delivery delay and failing delivery), the tool registry, the
     `TurnSignals` and one task per timed signal; returns a `ScriptRun`. ``real_timeout``
-    guards against a deadlocked run (real seconds; a virtual-time run takes milliseconds).
+    guards against a deadlocked run (real seconds; a virtual-time run takes milliseconds);
+    ``on_step`` sees every trace step as it happens (passed to `run_tool_loop`). Every task
+    the run started is finished when this returns, so one event loop can run many scripts.
     """
     clock = VirtualClock()
     signals = TurnSignals()
@@ -601,11 +663,14 @@ async def run_script(
             signals.follow_up()
 
     loop = asyncio.get_running_loop()
+    tasks_before = asyncio.all_tasks(loop)
+    # strong references: the loop itself only keeps tasks weakly
     senders = [loop.create_task(send(signal)) for signal in script.signals]
     started = clock.now()
     try:
         turn = run_tool_loop(tap, tools, channel, request, policy=policy, signals=signals,
-                             clock=clock, continuation_style=script.continuation_style)
+                             clock=clock, continuation_style=script.continuation_style,
+                             on_step=on_step)
         if real_timeout is None:
             result = await turn
         else:
@@ -621,9 +686,13 @@ async def run_script(
                 ) from None
         elapsed = clock.now() - started
     finally:
-        for task in senders:
+        # the signal senders, and anything else the run left waiting (the clock's jumper)
+        leftover = asyncio.all_tasks(loop) - tasks_before - {asyncio.current_task(loop)}
+        leftover.update(task for task in senders if not task.done())
+        for task in leftover:
             task.cancel()
-        await asyncio.gather(*senders, return_exceptions=True)
+        if leftover:
+            await asyncio.gather(*leftover, return_exceptions=True)
     return ScriptRun(
         script=script,
         policy=policy,
