@@ -10,7 +10,7 @@ tables take exactly the steps `transitions` takes — guards in declared order, 
 action, the state change and the entry callbacks — and `reference=True` runs every step
 through `transitions`' own trigger instead (a property test checks both agree):
 - ``fast_path``: per state, the internal transitions without a guard that are the only
-  taker of their trigger there (stream chunks, recorded deliveries): event class → action;
+  taker of their trigger there, for stream chunks: event class → action;
 - ``steps``: (state, trigger) → the declared transitions, in declared order.
 """
 
@@ -97,7 +97,10 @@ def compile_declaration(
     transient_states: Iterable[str],
     callbacks: Iterable[Callable[..., Any]],
     event_class_by_trigger: Mapping[str, type],
+    fast_event_classes: Iterable[type] = (),
 ) -> CompiledDeclaration:
+    """Compile a declaration. Only events of ``fast_event_classes`` (stream chunks: data, no
+    identity to check) may take the fast path."""
     by_name = {fn.__name__: fn for fn in callbacks}
     guard_names = frozenset(c for spec in transitions for c in spec.get("conditions", ()))
     for spec in transitions:
@@ -172,11 +175,14 @@ def compile_declaration(
             )
     fast_path: dict[str, dict[type, Handler]] = {}
     fast_path_ids: dict[tuple[str, type], str] = {}
+    fast_classes = frozenset(fast_event_classes)
     for (source, trigger), options in steps.items():
         guard, action, dest, _enter, ident = options[0]
         event_class = event_class_by_trigger.get(trigger)
         unguarded_internal = guard is None and dest is None
-        if len(options) == 1 and unguarded_internal and action is not None and event_class:
+        fast = event_class is not None and event_class in fast_classes
+        if len(options) == 1 and unguarded_internal and action is not None and fast:
+            assert event_class is not None
             fast_path.setdefault(source, {})[event_class] = action
             fast_path_ids[(source, event_class)] = ident
     return CompiledDeclaration(

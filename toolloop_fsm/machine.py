@@ -285,6 +285,7 @@ DECLARATION = compile_declaration(
     event_class_by_trigger={
         trigger: cls for cls, trigger in (*CHUNK_TRIGGERS.items(), *_SIGNAL_TRIGGERS.items())
     },
+    fast_event_classes=CHUNK_TRIGGERS,
 )
 STEPS = DECLARATION.steps
 FAST_PATH = DECLARATION.fast_path

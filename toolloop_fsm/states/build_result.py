@@ -8,7 +8,7 @@ from typing import Any
 from toolloop_fsm.events import DeadlineKind, DeliveryFailed, DeliveryRecorded, StopRequested
 from toolloop_fsm.result import GenerationTurnResult, Notice, TurnStatus, UsageLedger
 from toolloop_fsm.states.delivery import arm_deadline, clear_deadline, post_notice, record_delivery
-from toolloop_fsm.states.stream_once import decide, queue_stop_message
+from toolloop_fsm.states.stream_once import close_pass, decide, queue_stop_message
 from toolloop_fsm.turn import TurnState
 
 
@@ -49,6 +49,7 @@ def fail_delivery(turn: TurnState, event: DeliveryFailed) -> None:
 
     if turn.state in ("awaiting_first_token", "streaming"):
         turn.effects.append(CancelStream())
+        close_pass(turn, "error", error="the host's channel raised")  # keeps its usage
     elif turn.state == "executing_tool":
         turn.effects.append(CancelTool(turn.dispatches))
     if event.seq is not None:
