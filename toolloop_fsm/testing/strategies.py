@@ -12,9 +12,12 @@ and returns a `ScriptRun` holding every witness `check_invariants` needs::
         run = asyncio.run(run_script(script, policy))
         run.check()  # raises InvariantViolation naming the broken invariant
 
-Strategies are written so that Hypothesis shrinks toward simple turns: fewer passes, fewer
-items, text before tool calls, known tools with empty arguments, tools that succeed at once,
-no signals, no delivery delay, one-iteration policies.
+Every value is drawn from a menu ordered simplest first (one draw each: generation stays
+cheap), so Hypothesis shrinks a failure toward a simple turn: a single pass with nothing in
+it, plain text, known tools with empty arguments, tools that succeed at once, no signals,
+no delivery delay, a one-iteration policy. Weights (entries repeated in a menu) make the
+drawn turns varied: most passes end with a tool call, so turns go on for several passes,
+and every terminal status and reason comes up.
 
 The tool universe is fixed (`KNOWN_TOOLS`) so that scripts can name tools that exist, tools
 that do not (`UNKNOWN_TOOLS`, one a near miss of a known name) and tools outside the turn's
