@@ -86,10 +86,87 @@ __all__ += [
     "turn_scripts",
 ]
 
+# ---- the outer tier: fallback-chain strategies, harness and checker (appended for issue #3)
+if TYPE_CHECKING:
+    from toolloop_fsm.testing.chains import (
+        CHAIN_INVARIANTS,
+        SHARED_TOOLS,
+        AttemptScript,
+        ChainChannel,
+        ChainInvariantViolation,
+        ChainRun,
+        ChainScript,
+        ChainSignal,
+        ChainToolExecution,
+        Ending,
+        ErrorKind,
+        FirstRequest,
+        KeyScript,
+        KeyState,
+        KeyUse,
+        ModelScript,
+        SharedRouteScript,
+        TimelineEntry,
+        ToolStep,
+        attempt_scripts,
+        chain_budget,
+        chain_signals,
+        check_chain_invariants,
+        generation_chains,
+        run_chain,
+        tool_call_key,
+        turn_policies,
+    )
+
+#: Names served by `toolloop_fsm.testing.chains` (needs Hypothesis too: imported on first use).
+_CHAIN_NAMES = frozenset(
+    {
+        "CHAIN_INVARIANTS", "SHARED_TOOLS", "AttemptScript", "ChainChannel",
+        "ChainInvariantViolation", "ChainRun", "ChainScript", "ChainSignal",
+        "ChainToolExecution", "Ending", "ErrorKind", "FirstRequest", "KeyScript", "KeyState",
+        "KeyUse", "ModelScript", "SharedRouteScript", "TimelineEntry", "ToolStep",
+        "attempt_scripts", "chain_budget", "chain_signals", "check_chain_invariants",
+        "generation_chains", "run_chain", "tool_call_key", "turn_policies",
+    }
+)  # fmt: skip
+__all__ += [
+    "CHAIN_INVARIANTS",
+    "SHARED_TOOLS",
+    "AttemptScript",
+    "ChainChannel",
+    "ChainInvariantViolation",
+    "ChainRun",
+    "ChainScript",
+    "ChainSignal",
+    "ChainToolExecution",
+    "Ending",
+    "ErrorKind",
+    "FirstRequest",
+    "KeyScript",
+    "KeyState",
+    "KeyUse",
+    "ModelScript",
+    "SharedRouteScript",
+    "TimelineEntry",
+    "ToolStep",
+    "attempt_scripts",
+    "chain_budget",
+    "chain_signals",
+    "check_chain_invariants",
+    "generation_chains",
+    "run_chain",
+    "tool_call_key",
+    "turn_policies",
+]
+
 
 def __getattr__(name: str) -> Any:
     if name in _STRATEGY_NAMES:
         from toolloop_fsm.testing import strategies
 
         return getattr(strategies, name)
+    if name in _CHAIN_NAMES:
+        from toolloop_fsm.testing import chains
+
+        return getattr(chains, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
