@@ -639,8 +639,9 @@ async def run_script(
     (with the script's delivery delay and failing delivery), the tool registry, the
     `TurnSignals` and one task per timed signal; returns a `ScriptRun`. ``real_timeout``
     guards against a deadlocked run (real seconds; a virtual-time run takes milliseconds);
-    ``on_step`` sees every trace step as it happens (passed to `run_tool_loop`). Every task
-    the run started is finished when this returns, so one event loop can run many scripts.
+    ``on_step`` sees every trace step as it happens (passed to `run_tool_loop`). The signal
+    tasks are finished when this returns (the pump finishes its own), so one event loop can
+    run many scripts; the clock's idle-jumper task ends by itself once its timers are gone.
     """
     clock = VirtualClock()
     signals = TurnSignals()
@@ -666,7 +667,6 @@ async def run_script(
             signals.follow_up()
 
     loop = asyncio.get_running_loop()
-    tasks_before = asyncio.all_tasks(loop)
     # strong references: the loop itself only keeps tasks weakly
     senders = [loop.create_task(send(signal)) for signal in script.signals]
     started = clock.now()
@@ -689,9 +689,8 @@ async def run_script(
                 ) from None
         elapsed = clock.now() - started
     finally:
-        # the signal senders, and anything else the run left waiting (the clock's jumper)
-        leftover = asyncio.all_tasks(loop) - tasks_before - {asyncio.current_task(loop)}
-        leftover.update(task for task in senders if not task.done())
+        # not asyncio.all_tasks(): it walks every task not yet garbage-collected
+        leftover = [task for task in senders if not task.done()]
         for task in leftover:
             task.cancel()
         if leftover:
