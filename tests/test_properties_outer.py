@@ -17,11 +17,8 @@ Two groups:
   same steps and returns exactly the same effects compiled and as the `transitions`
   reference interpreter.
 
-Known engine bugs (reported, not fixed here: the machine and the pump belong to their
-owner) are exempted *narrowly* — only the one check, only in the situation the bug needs —
-and each has a minimal reproduction below marked ``xfail(strict=True)``: when a bug is
-fixed its reproduction passes, pytest reports the XPASS as a failure, and the exemption in
-`known_bug_exemptions` goes with the mark.
+Six engine bugs this property found (BUG-1 … BUG-6) are fixed; each keeps its minimal
+reproduction below as a regression test.
 
 Async code runs through `asyncio.run` inside sync `@given` tests (one fresh loop per
 example). Example counts come from the Hypothesis profile (tests/conftest.py).
@@ -139,22 +136,9 @@ def _unreachable_between_attempts(run: ChainRun) -> bool:
 
 
 def known_bug_exemptions(run: ChainRun) -> frozenset[str]:
-    """The checks a known bug breaks in this very run (and only those)."""
-    exempt: set[str] = set()
-    result = run.result
-    if _chain_hits_bug5(run):
-        return frozenset(CHAIN_INVARIANTS) - {"key_secrecy"}  # BUG-5: there is no result
-    if result is None:
-        return frozenset()
-    if any((s.state, s.event) == ("attempting", "destination_unreachable") for s in result.trace):
-        exempt.add("delivered")  # BUG-2
-    if _unreachable_between_attempts(run):
-        exempt.add("unreachable_skips")  # BUG-3
-    if any(
-        (s.state, s.event) == ("admitting_shared_route", "stop_requested") for s in result.trace
-    ):
-        exempt.add("stop_message_queued")  # BUG-6
-    return frozenset(exempt)
+    """The checks a known engine bug breaks in this very run. All six bugs this property
+    found (BUG-1 … BUG-6 below) are fixed; their reproductions stay as regression tests."""
+    return frozenset()
 
 
 def without_known_leaks(run: ChainRun) -> ChainRun:
@@ -210,7 +194,6 @@ _FAST = TurnPolicy(
 _KEY = "sk-test-5eed0000c0ffee0000000001"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG-1: StreamResult.error keeps the provider's key")
 def test_bug1_a_key_the_provider_quotes_in_its_error_never_reaches_the_result() -> None:
     failing = AttemptScript(ending=Ending.FAIL, text="Partial ", error=ErrorKind.AUTH)
     script = ChainScript(
@@ -224,7 +207,6 @@ def test_bug1_a_key_the_provider_quotes_in_its_error_never_reaches_the_result() 
     assert _KEY not in result_to_json(chain.result)  # … but kept in stream_results[-1].error
 
 
-@pytest.mark.xfail(strict=True, reason="BUG-4: a factory's exception is returned unredacted")
 def test_bug4_a_key_the_provider_factory_quotes_never_reaches_the_result() -> None:
     script = ChainScript(
         models=(ModelScript("m0", keys=(KeyScript(_KEY, factory_raises=True),)),),
@@ -237,7 +219,6 @@ def test_bug4_a_key_the_provider_factory_quotes_never_reaches_the_result() -> No
     assert _KEY not in str(chain.result.exception)  # … but not in the attached exception
 
 
-@pytest.mark.xfail(strict=True, reason="BUG-5: admitting an unusable shared route crashes")
 def test_bug5_admitting_a_shared_route_whose_keys_all_cool_ends_the_turn_cleanly() -> None:
     script = ChainScript(
         models=(ModelScript("m0", keyless=AttemptScript(ending=Ending.FAIL, text="")),),
@@ -251,7 +232,6 @@ def test_bug5_admitting_a_shared_route_whose_keys_all_cool_ends_the_turn_cleanly
     check_chain_invariants(chain)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG-6: a stop taken while admitting loses its message")
 def test_bug6_a_stop_between_attempts_still_queues_its_stop_message() -> None:
     script = ChainScript(
         models=(ModelScript("m0", keyless=AttemptScript(ending=Ending.FAIL, text="")),),
@@ -265,7 +245,6 @@ def test_bug6_a_stop_between_attempts_still_queues_its_stop_message() -> None:
     assert chain.channel.queued_front == ["sorry, stopping"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG-2: unreachable mid-attempt drops its deliveries")
 def test_bug2_text_delivered_before_an_unreachable_report_stays_in_the_result() -> None:
     answering = AttemptScript(ending=Ending.SUCCESS, text="Hello there", pause=5.0)
     script = ChainScript(
@@ -279,7 +258,6 @@ def test_bug2_text_delivered_before_an_unreachable_report_stays_in_the_result() 
     assert chain.result.delivered_text == "Hello"  # … and lost from the result today
 
 
-@pytest.mark.xfail(strict=True, reason="BUG-3: unreachable during admission is not seen")
 def test_bug3_unreachable_while_the_admission_policy_deliberates_ends_skipped() -> None:
     script = ChainScript(
         models=(ModelScript("m0", keyless=AttemptScript(ending=Ending.FAIL, text="")),),

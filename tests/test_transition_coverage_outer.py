@@ -11,12 +11,8 @@ must fire; a failure lists the ones that did not.
 The explicit examples reach, through the real pump: no usable credentials at the start
 (every key cooling or retired in the key book), an unreachable report while an attempt
 runs, a channel that finds the destination gone, a host failure (the provider factory
-raises), the shared route admitted and refused, and a stop while the turn waits to ask the
-admission policy. One transition is reachable only through the sans-IO machine:
-``admitting_shared_route --destination_unreachable--> finishing`` — the pump never feeds
-`UnreachableReported` while admitting (that is BUG-3 of tests/test_properties_outer.py), so
-the machine workload covers it; `test_the_pump_never_reports_unreachable_while_admitting`
-pins that down so that the day the pump does, this note is revisited.
+raises), the shared route admitted and refused, a stop while the turn waits to ask the
+admission policy, and an unreachable report while the admission policy deliberates.
 
 Invariants are not checked here (tests/test_properties_outer.py does that), so a known
 invariant bug cannot hide a coverage regression and vice versa.
@@ -124,7 +120,15 @@ STOP_WHILE_ADMITTING = ChainScript(
     signals=(ChainSignal(0.5, "stop", "sorry, stopping"),),
     supersede_delay=1.0,
 )
+#: The destination is reported unreachable while a slow admission policy deliberates.
+UNREACHABLE_WHILE_ADMITTING = ChainScript(
+    models=(ModelScript("m0", keyless=_FAILS),),
+    policy=_POLICY,
+    shared=_shared(admit=False, delay=1.0),
+    signals=(ChainSignal(0.5, "unreachable"),),
+)
 RARE_PATHS = (
+    UNREACHABLE_WHILE_ADMITTING,
     ALL_KEYS_COOLING,
     UNREACHABLE_WHILE_ATTEMPTING,
     CHANNEL_FINDS_DESTINATION_GONE,
@@ -203,15 +207,10 @@ def _running(script: ChainScript) -> Callable[[], object]:
     return lambda: asyncio.run(run_chain(script))
 
 
-def test_the_pump_never_reports_unreachable_while_admitting() -> None:
-    """An unreachable report during a slow admission is not fed while admitting (the sans-IO
-    machine alone covers that transition): the turn goes on to ask the policy."""
-    script = ChainScript(
-        models=(ModelScript("m0", keyless=_FAILS),),
-        policy=_POLICY,
-        shared=_shared(admit=False, delay=1.0),
-        signals=(ChainSignal(0.5, "unreachable"),),
-    )
-    fired = _fired_by(_running(script))
-    assert "admitting_shared_route --destination_unreachable--> finishing" not in fired
-    assert "admitting_shared_route --admission_decided--> finishing" in fired
+def test_an_unreachable_report_while_admitting_ends_the_turn_skipped() -> None:
+    """An unreachable report during a slow admission ends the wait: the policy's answer is
+    not awaited and no shared attempt starts."""
+    fired = _fired_by(_running(UNREACHABLE_WHILE_ADMITTING))
+    assert "admitting_shared_route --destination_unreachable--> finishing" in fired
+    assert "admitting_shared_route --admission_decided--> finishing" not in fired
+    assert "finishing --advance--> skipped" in fired

@@ -220,7 +220,12 @@ class AdmissionDecided:
 
 @frozen
 class UnreachableReported:
-    """The host reports that the turn's destination (the channel) cannot be reached."""
+    """The host reports that the turn's destination (the channel) cannot be reached.
+
+    ``partial`` is the result of the attempt that was running, as far as it got (what it
+    delivered stays delivered), or ``None`` between attempts."""
+
+    partial: Any = None
 
 
 Event = (

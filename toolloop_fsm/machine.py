@@ -68,7 +68,7 @@ from toolloop_fsm.guards.tool_gate import (
 )
 from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus
 from toolloop_fsm.states.build_result import (
     abandon_in_flight,
     begin_settling,
@@ -347,6 +347,13 @@ class ToolLoopMachine:
     @property
     def trace(self) -> tuple[TraceStep, ...]:
         return tuple(self._turn.trace) if self._turn is not None else ()
+
+    def interrupted_result(self, status: TurnStatus, reason: str) -> GenerationTurnResult:
+        """The turn as far as it got, for a run stopped from outside the machine (the outer
+        tier cancelling an attempt): what was delivered and recorded, with ``status``."""
+        if self._result is not None:
+            return self._result
+        return build_result(self.turn, status=status, reason=reason)
 
     @property
     def turn(self) -> TurnState:

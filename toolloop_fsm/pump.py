@@ -73,7 +73,7 @@ from toolloop_fsm.host import (
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest
-from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus
+from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus, converter
 from toolloop_fsm.turn import LedgerEntry
 
 
@@ -558,6 +558,10 @@ class GenerationPump:
         if isinstance(effect, UpdateKeyHealth):
             self.key_book[(effect.label, effect.key_index)] = effect.health
             return []
+        if isinstance(effect, QueueStopResponse):
+            with contextlib.suppress(Exception):
+                await self.channel.queue_front(effect.stop_message)
+            return []
         raise TypeError(f"the generation pump cannot carry out {type(effect).__name__}")
 
     def _attempt_for(self, model: int) -> Attempt:
@@ -565,6 +569,8 @@ class GenerationPump:
         return chain[model]
 
     async def _run_attempt(self, effect: StartAttempt) -> list[Effect]:
+        if self.signals.unreachable:  # reported between attempts: do not start another
+            return self.machine.feed(UnreachableReported())
         attempt = self._attempt_for(effect.model)
         key = attempt.keys[effect.key_index] if effect.key_index is not None else None
         report = self.on_attempt_step
@@ -611,7 +617,12 @@ class GenerationPump:
             run.cancel()
             with contextlib.suppress(BaseException):
                 await run
-            return self.machine.feed(UnreachableReported())
+            partial = None
+            if inner.state != "ready":
+                partial = self._redacted(
+                    inner.interrupted_result(TurnStatus.SKIPPED, "destination_unreachable")
+                )
+            return self.machine.feed(UnreachableReported(partial))
         result = run.result()
         ledger = inner.turn.ledger if inner.is_finished else {}
         return self.machine.feed(self._finished(effect, result, ledger))
@@ -626,28 +637,79 @@ class GenerationPump:
         )
 
     async def _ask_admission(self, effect: AskAdmission) -> list[Effect]:
+        """Ask the host's admission policy, while still listening for a stop or an
+        unreachable destination (either ends the wait)."""
         route = self.shared_route
         if route is None:
             return self.machine.feed(AdmissionDecided(False, self.clock.now()))
+        request = AdmissionRequest(tuple(effect.failures), self.clock.now())
+        admission = asyncio.ensure_future(_admit(route, request))
+        interrupted = asyncio.get_running_loop().create_future()
+
+        def watch() -> None:
+            signals = self.signals
+            if (signals.unreachable or signals.stop_requested) and not interrupted.done():
+                interrupted.set_result(None)
+
+        self.signals.add_listener(watch)
+        watch()
+        try:
+            await asyncio.wait({admission, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.signals.remove_listener(watch)
+            if not admission.done():
+                admission.cancel()
+                with contextlib.suppress(BaseException):
+                    await admission
+            interrupted.cancel()
+        if self.signals.unreachable:
+            return self.machine.feed(UnreachableReported())
         if self.signals.stop_requested:
             return self.machine.feed(StopRequested(self.signals.stop_message))
-        request = AdmissionRequest(tuple(effect.failures), self.clock.now())
-        try:
-            answer = route.admit(request)
-            admitted = bool(await answer) if inspect.isawaitable(answer) else bool(answer)
-        except Exception:  # a failing admission policy admits nobody
-            admitted = False
-        return self.machine.feed(AdmissionDecided(admitted, self.clock.now()))
+        return self.machine.feed(AdmissionDecided(admission.result(), self.clock.now()))
 
     def _redacted(self, result: GenerationTurnResult) -> GenerationTurnResult:
-        """Defence in depth: no key may leave the turn in any message."""
-        if not self._keys or result.error_message is None:
+        """Defence in depth: no key may leave the turn — not in a message a careless provider
+        or factory wrote, not in an exception (DESIGN invariant 9)."""
+        keys = [key for key in self._keys if key]
+        if not keys:
             return result
-        message = result.error_message
-        for key in self._keys:
-            if key:
-                message = message.replace(key, "***")
-        return attrs.evolve(result, error_message=message)
+        data = converter.unstructure(result)
+        scrubbed = _scrub(data, keys)
+        exception = result.exception
+        if exception is not None and any(key in f"{exception!s}{exception!r}" for key in keys):
+            exception = RedactedError(
+                f"{type(exception).__name__}: {_scrub(str(exception), keys)}"
+            )
+        if scrubbed == data and exception is result.exception:
+            return result
+        clean = converter.structure(scrubbed, GenerationTurnResult)
+        return attrs.evolve(clean, exception=exception)
+
+
+async def _admit(route: SharedRoute, request: AdmissionRequest) -> bool:
+    try:
+        answer = route.admit(request)
+        return bool(await answer) if inspect.isawaitable(answer) else bool(answer)
+    except Exception:  # a failing admission policy admits nobody
+        return False
+
+
+class RedactedError(Exception):
+    """Stands in for a host exception whose message quoted an API key."""
+
+
+def _scrub(value: Any, keys: Sequence[str]) -> Any:
+    if isinstance(value, str):
+        for key in keys:
+            if key in value:
+                value = value.replace(key, "***")
+        return value
+    if isinstance(value, dict):
+        return {name: _scrub(item, keys) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_scrub(item, keys) for item in value]
+    return value
 
 
 async def run_generation_turn(

@@ -214,6 +214,7 @@ class GenerationState:
     notices: list[Notice] = field(factory=list)
     status: TurnStatus | None = None
     reason: str | None = None
+    stop_message: str | None = None
 
     current_event: Any = None
     effects: list[Effect] = field(factory=list)

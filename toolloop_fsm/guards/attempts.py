@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.attempts import AttemptPlan, KeyHealth
 from toolloop_fsm.events import AdmissionDecided
 from toolloop_fsm.host import DestinationUnreachable
 from toolloop_fsm.result import RETRYABLE_STATUSES, GenerationTurnResult, TurnStatus
@@ -17,8 +17,12 @@ def key_candidates(state: GenerationState, model: int) -> list[int | None]:
     """Keys of ``model`` that may still be tried this turn, in order (``None``: keyless)."""
     if model < 0 or model >= len(state.plans):
         return []
-    plan = state.plans[model]
-    tried = state.keys_tried.get(model, [])
+    return _usable_keys(state, state.plans[model], state.keys_tried.get(model, []))
+
+
+def _usable_keys(
+    state: GenerationState, plan: AttemptPlan, tried: list[int | None]
+) -> list[int | None]:
     if len(tried) >= state.policy.max_key_attempts_per_model:
         return []
     if plan.keys == 0:
@@ -82,12 +86,13 @@ def another_model_in_chain(state: GenerationState) -> bool:
 
 def shared_route_may_be_admitted(state: GenerationState) -> bool:
     """Every attempt on the user's own credentials failed retryably, the settings allow the
-    shared route, and the host has not been asked yet this turn."""
+    shared route, the host has not been asked yet this turn, and some shared attempt has a
+    usable key (asking for a route that cannot run would only crash the turn)."""
     return (
         state.policy.allow_shared_route
-        and bool(state.shared_plans)
         and not state.admission_asked
         and state.credential_source == "user"
+        and any(_usable_keys(state, plan, []) for plan in state.shared_plans)
     )
 
 

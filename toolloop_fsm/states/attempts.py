@@ -11,11 +11,12 @@ from toolloop_fsm.attempts import AttemptPlan, KeyHealth
 from toolloop_fsm.effects import (
     AskAdmission,
     PostNotice,
+    QueueStopResponse,
     StartAttempt,
     SupersedeAttempt,
     UpdateKeyHealth,
 )
-from toolloop_fsm.events import AttemptFinished, StopRequested
+from toolloop_fsm.events import AttemptFinished, StopRequested, UnreachableReported
 from toolloop_fsm.guards.attempts import key_candidates, next_model
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.result import (
@@ -88,6 +89,18 @@ def take_attempt_result(state: GenerationState, event: AttemptFinished) -> None:
     result: GenerationTurnResult = event.result
     state.now = event.at
     state.signals_pending = event.signals_pending
+    _record_attempt(state, result)
+    plan = state.plans[state.model]
+    state.ledger.update(event.ledger)
+    if any(d.expression is not None for d in result.delivered):
+        state.expression_delivered = True
+    if result.held_notice is not None:
+        state.held_notice = result.held_notice
+    if state.key is not None:
+        _update_key_health(state, plan, state.key, result)
+
+
+def _record_attempt(state: GenerationState, result: GenerationTurnResult) -> None:
     state.last = result
     state.results.append(result)
     plan = state.plans[state.model]
@@ -103,13 +116,6 @@ def take_attempt_result(state: GenerationState, event: AttemptFinished) -> None:
             trace=result.trace,
         )
     )
-    state.ledger.update(event.ledger)
-    if any(d.expression is not None for d in result.delivered):
-        state.expression_delivered = True
-    if result.held_notice is not None:
-        state.held_notice = result.held_notice
-    if state.key is not None:
-        _update_key_health(state, plan, state.key, result)
 
 
 def _update_key_health(
@@ -189,6 +195,9 @@ def refuse_shared_route(state: GenerationState, _event: Any = None) -> None:
 
 
 def stop_while_admitting(state: GenerationState, event: StopRequested) -> None:
+    if event.stop_message is not None:
+        state.stop_message = event.stop_message
+        state.effects.append(QueueStopResponse(event.stop_message))
     _decide(state, TurnStatus.STOPPED_BY_USER, "stopped_while_admitting")
 
 
@@ -215,7 +224,11 @@ def exhaust_chain(state: GenerationState, _event: Any = None) -> None:
     _decide(state, last.status, last.reason)
 
 
-def skip_unreachable(state: GenerationState, _event: Any = None) -> None:
+def skip_unreachable(state: GenerationState, event: Any = None) -> None:
+    """The destination is gone: no more attempts. What the interrupted attempt delivered
+    stays in the result."""
+    if isinstance(event, UnreachableReported) and event.partial is not None:
+        _record_attempt(state, event.partial)
     state.unreachable = True
     _decide(state, TurnStatus.SKIPPED, "destination_unreachable")
 
@@ -282,6 +295,7 @@ def build_generation_result(state: GenerationState) -> GenerationTurnResult:
             notices=tuple(notices),
             attempt_failures=tuple(state.failures),
             credential_source=state.credential_source,
+            stop_message=state.stop_message,
             trace=tuple(state.trace),
         )
     final_text = last.final_text
@@ -299,5 +313,6 @@ def build_generation_result(state: GenerationState) -> GenerationTurnResult:
         attempt_failures=tuple(state.failures),
         attempts=tuple(state.records),
         credential_source=state.credential_source,
+        stop_message=state.stop_message or last.stop_message,
         trace=tuple(state.trace),
     )

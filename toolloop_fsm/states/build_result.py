@@ -93,8 +93,14 @@ def ignore_follow_up_while_settling(turn: TurnState, _event: Any = None) -> None
 
 
 # --------------------------------------------------------------------------- the result
-def build_result(turn: TurnState) -> GenerationTurnResult:
-    status = turn.status
+def build_result(
+    turn: TurnState, *, status: TurnStatus | None = None, reason: str | None = None
+) -> GenerationTurnResult:
+    """The result of the turn as it stands (``status``/``reason`` override the decided ones,
+    for a turn interrupted from outside)."""
+    if status is None:
+        status = turn.status
+        reason = turn.reason
     assert status is not None
     final_text = turn.last_text
     if turn.scene_metadata:
@@ -106,7 +112,7 @@ def build_result(turn: TurnState) -> GenerationTurnResult:
     )
     return GenerationTurnResult(
         status=status,
-        reason=turn.reason,
+        reason=reason,
         final_text=final_text,
         details_text=details,
         history=tuple(turn.history),
