@@ -82,9 +82,15 @@ def abandon_in_flight(turn: TurnState, _event: Any = None) -> None:
 
 
 def kill_while_settling(turn: TurnState, event: StopRequested) -> None:
+    """A stop while waiting for deliveries: finish at once (the kill path skips the settle
+    window). A stream that was aborted for a timeout ends ``stopped_by_user`` (SPEC §2.1);
+    any other decided outcome stands — the turn had already ended that way."""
     clear_deadline(turn, DeadlineKind.SETTLE)
     queue_stop_message(turn, event)
-    if turn.status is not TurnStatus.COMPLETED:
+    if turn.status is TurnStatus.TIMEOUT and turn.reason in (
+        "first_token_timeout",
+        "inactivity_timeout",
+    ):
         decide(turn, TurnStatus.STOPPED_BY_USER, "stopped_while_settling")
 
 
