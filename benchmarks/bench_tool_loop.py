@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import statistics
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -186,17 +187,25 @@ async def memory_per_turn(runner: Runner, script: list[list[Chunk]], turns: int)
 
 
 async def main(turns: int, rounds: int) -> None:
-    print(f"CPU per turn, best of {rounds} rounds of {turns} turns (process time):")
+    print(f"CPU per turn, {rounds} interleaved rounds of {turns} turns each (process time);")
+    print("the ratio is the median of the per-round ratios (each round measures both):")
     for label, script in (("T1", t1_script()), ("T5", t5_script())):
-        hand = min([await cpu_per_turn(handwritten_turn, script, turns) for _ in range(rounds)])
-        engine = min([await cpu_per_turn(engine_turn, script, turns) for _ in range(rounds)])
+        await cpu_per_turn(handwritten_turn, script, turns // 5)  # warm both paths up
+        await cpu_per_turn(engine_turn, script, turns // 5)
+        hands: list[float] = []
+        engines: list[float] = []
+        for _ in range(rounds):
+            hands.append(await cpu_per_turn(handwritten_turn, script, turns))
+            engines.append(await cpu_per_turn(engine_turn, script, turns))
+        ratios = sorted(e / h for e, h in zip(engines, hands, strict=True))
         print(
-            f"  {label}: hand-written {hand:8.1f} µs   run_tool_loop {engine:8.1f} µs"
-            f"   ratio {engine / hand:5.2f}x"
+            f"  {label}: hand-written {statistics.median(hands):8.1f} µs"
+            f"   run_tool_loop {statistics.median(engines):8.1f} µs"
+            f"   ratio {statistics.median(ratios):5.2f}x (rounds {ratios[0]:.2f}–{ratios[-1]:.2f})"
         )
     hand_mem = await memory_per_turn(handwritten_turn, t1_script(), 1000)
     engine_mem = await memory_per_turn(engine_turn, t1_script(), 1000)
-    print("Memory per concurrent turn (1,000 turns alive under asyncio.gather):")
+    print("Memory per concurrent turn (1,000 T1 turns alive under asyncio.gather):")
     print(
         f"  hand-written {hand_mem / 1024:6.1f} KiB   run_tool_loop {engine_mem / 1024:6.1f} KiB"
         f"   ratio {engine_mem / hand_mem:5.2f}x"
@@ -205,7 +214,7 @@ async def main(turns: int, rounds: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     asyncio.run(main(args.turns, args.rounds))

@@ -235,7 +235,9 @@ class StepRunner(Generic[ModelT]):
         self.reference = reference
         self.on_step = on_step
         self.coverage = Coverage.fired
-        self.fast: Mapping[type, Handler] = _NO_HANDLERS
+        # one dict for the whole run, refilled on every state change, so that the stream
+        # reader can hold it: the chunk handlers of the current state
+        self.fast: dict[type, Handler] = {}
 
     def fire(self, model: ModelT, trigger: str, event: object) -> None:
         """Take ``trigger`` and then every decision point it leads to."""
@@ -264,7 +266,9 @@ class StepRunner(Generic[ModelT]):
                 raise InvalidEvent(declaration.name, source, "advance", "no guard matched")
             self.record(model, TraceStep(source, "advance", model.state))
         model.current_event = None
-        self.fast = self.fast_handlers(model.state)
+        fast = self.fast
+        fast.clear()
+        fast.update(self.fast_handlers(model.state))
 
     def take_step(self, model: ModelT, trigger: str, event: object) -> bool:
         """One compiled step: the first declared transition whose guard holds."""

@@ -100,6 +100,7 @@ class ToolRegistry:
             if not tool.name.strip():
                 raise ValueError("a tool needs a non-blank name")
             self._tools[tool.name] = tool
+        self._specs = {name: tool.spec() for name, tool in self._tools.items()}
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -107,6 +108,10 @@ class ToolRegistry:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self._tools)
+
+    def spec(self, name: str) -> ToolSpec | None:
+        """The tool as exposed to a provider (built once per registry)."""
+        return self._specs.get(name)
 
     def __iter__(self) -> Any:
         return iter(self._tools.values())
@@ -149,7 +154,9 @@ class Clock(Protocol):
 
     def now(self) -> float: ...
 
-    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle: ...
+    def call_later(
+        self, delay: float, callback: Callable[..., None], *args: Any
+    ) -> TimerHandle: ...
 
     async def sleep(self, seconds: float) -> None: ...
 
@@ -163,10 +170,10 @@ class LoopClock:
 
     now = staticmethod(time.monotonic)
 
-    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
+    def call_later(self, delay: float, callback: Callable[..., None], *args: Any) -> TimerHandle:
         import asyncio
 
-        return asyncio.get_running_loop().call_later(delay, callback)
+        return asyncio.get_running_loop().call_later(delay, callback, *args)
 
     async def sleep(self, seconds: float) -> None:
         import asyncio
@@ -177,6 +184,10 @@ class LoopClock:
 class DestinationUnreachable(Exception):
     """Raised by a host's channel (or reported with `TurnSignals.report_unreachable`) when the
     turn's destination cannot be reached: the generation turn ends ``skipped``."""
+
+
+#: The real clock is stateless: one instance serves every turn.
+LOOP_CLOCK = LoopClock()
 
 
 @define

@@ -303,6 +303,9 @@ def trigger_for(event: object) -> str:
     raise TypeError(f"{type(event).__name__} is not an event of the tool loop")
 
 
+DEFAULT_POLICY = LoopPolicy()
+
+
 class ToolLoopMachine:
     """The inner tool loop as a sans-IO machine: `start` it, `feed` it events, carry out the
     effects it returns. One instance runs one turn (one attempt).
@@ -321,7 +324,7 @@ class ToolLoopMachine:
         reference: bool = False,
         on_step: Callable[[TraceStep], None] | None = None,
     ) -> None:
-        self.policy = policy if policy is not None else LoopPolicy()
+        self.policy = policy if policy is not None else DEFAULT_POLICY
         self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self._runner: StepRunner[TurnState] = StepRunner(
             DECLARATION, reference=reference, on_step=on_step
@@ -407,6 +410,20 @@ class ToolLoopMachine:
                 return effects
             return []
         return self._feed_trigger(event)
+
+    @property
+    def chunk_handlers(self) -> Mapping[type, Callable[[TurnState, Any], None]]:
+        """The current state's chunk handlers (the fast path), kept up to date in place: a
+        stream reader may hold this mapping and call a handler directly with `turn`, then
+        collect `take_effects()` — exactly what `feed` does for a chunk."""
+        return self._runner.fast
+
+    def take_effects(self) -> list[Effect]:
+        """The effects a directly called chunk handler left on the turn."""
+        turn = self.turn
+        effects = turn.effects
+        turn.effects = []
+        return effects
 
     # ------------------------------------------------------------------ internals
     def _feed_trigger(self, event: Any) -> list[Effect]:

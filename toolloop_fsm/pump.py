@@ -59,9 +59,9 @@ from toolloop_fsm.events import (
 )
 from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.host import (
+    LOOP_CLOCK,
     Channel,
     Clock,
-    LoopClock,
     TimerHandle,
     Tool,
     ToolContext,
@@ -95,7 +95,7 @@ class EventPump:
         self.channel = channel
         self.registry = machine.tools
         self.signals = signals if signals is not None else TurnSignals()
-        self.clock: Clock = clock if clock is not None else LoopClock()
+        self.clock: Clock = clock if clock is not None else LOOP_CLOCK
         self.on_effect = on_effect
         self._group: asyncio.TaskGroup | None = None
         self._done: asyncio.Future[GenerationTurnResult] | None = None
@@ -109,9 +109,9 @@ class EventPump:
         self._signals_dirty = False
         self._stop_fed = False
         self._follow_ups_seen = 0
-        self._deliveries: collections.deque[Deliver] = collections.deque()
+        self._deliveries: list[Deliver] = []
         self._delivery_task: asyncio.Task[None] | None = None
-        self._host_calls: collections.deque[PostNotice | QueueStopResponse] = collections.deque()
+        self._host_calls: list[PostNotice | QueueStopResponse] = []
         self._host_task: asyncio.Task[None] | None = None
         self._host_exception: BaseException | None = None
 
@@ -281,14 +281,24 @@ class EventPump:
 
     async def _read_stream(self, request: ProviderRequest, generation: int) -> None:
         stream = self.provider.stream(request)
-        feed = self.machine.feed
+        machine = self.machine
+        feed = machine.feed
+        turn = machine.turn
+        # the fast path, called from here without the hop through feed(): the handlers of
+        # the current state (kept current by the machine), and the effects they leave
+        handler_for = machine.chunk_handlers.get
         execute = self._execute
         now = self.clock.now
         try:
             async for chunk in stream:
                 self._last_activity = now()
                 try:
-                    effects = feed(chunk)
+                    handler = handler_for(chunk.__class__)
+                    if handler is not None:
+                        handler(turn, chunk)
+                        effects = machine.take_effects() if turn.effects else None
+                    else:
+                        effects = feed(chunk)
                 except BaseException as err:
                     if type(chunk) not in CHUNK_TYPES:  # a provider bug: a failed pass
                         self._feed(
@@ -362,7 +372,7 @@ class EventPump:
 
     # ------------------------------------------------------------------ deadlines
     def _arm(self, effect: ArmDeadline) -> None:
-        handle = self.clock.call_later(effect.seconds, lambda: self._deadline_fired(effect))
+        handle = self.clock.call_later(effect.seconds, self._deadline_fired, effect)
         self._timers[effect.token] = (handle, effect)
         if effect.rolling:
             self._last_activity = self.clock.now()
@@ -374,7 +384,7 @@ class EventPump:
             # a rolling deadline counts from the last chunk or recorded delivery
             remaining = self._last_activity + effect.seconds - self.clock.now()
             if remaining > 1e-9:
-                handle = self.clock.call_later(remaining, lambda: self._deadline_fired(effect))
+                handle = self.clock.call_later(remaining, self._deadline_fired, effect)
                 self._timers[effect.token] = (handle, effect)
                 return
         del self._timers[effect.token]
@@ -390,7 +400,7 @@ class EventPump:
         channel = self.channel
         deliveries = self._deliveries
         while deliveries:
-            effect = deliveries.popleft()
+            effect = deliveries.pop(0)
             try:
                 if effect.expression is not None:
                     await channel.send_expression(effect.expression)
@@ -414,7 +424,7 @@ class EventPump:
         channel = self.channel
         calls = self._host_calls
         while calls:
-            effect = calls.popleft()
+            effect = calls.pop(0)
             try:
                 if isinstance(effect, PostNotice):
                     await channel.send_notice(effect.notice)
@@ -511,7 +521,7 @@ class GenerationPump:
         self.tools = tools
         self.channel = channel
         self.signals = signals if signals is not None else TurnSignals()
-        self.clock: Clock = clock if clock is not None else LoopClock()
+        self.clock: Clock = clock if clock is not None else LOOP_CLOCK
         self.key_book: KeyBook = key_book if key_book is not None else {}
         self.on_attempt_step = on_attempt_step
         self._follow_ups_seen = 0

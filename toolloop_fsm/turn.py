@@ -114,8 +114,9 @@ class TurnState:
     context: list[Mapping[str, Any]] = field(factory=list)
     history: list[ToolHistoryEntry] = field(factory=list)
     prefill: str | None = None
-    disabled_tools: set[str] = field(factory=set)
-    disabled_enrichment_kinds: set[str] = field(factory=set)
+    # immutable until something is disabled: most turns never disable anything
+    disabled_tools: frozenset[str] = frozenset()
+    disabled_enrichment_kinds: frozenset[str] = frozenset()
 
     # counters
     iterations: int = 0
@@ -148,8 +149,7 @@ class TurnState:
     next_token: int = 0
     armed: dict[str, int] = field(factory=dict)
     next_seq: int = 0
-    in_flight: set[int] = field(factory=set)
-    issued: dict[int, Delivered] = field(factory=dict)
+    in_flight: dict[int, Delivered] = field(factory=dict)
     delivered: list[Delivered] = field(factory=list)
     visible_text_delivered: bool = False
 

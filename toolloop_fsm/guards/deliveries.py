@@ -21,5 +21,6 @@ def all_deliveries_recorded(turn: TurnState) -> bool:
     """The delivery being recorded now is the last one in flight."""
     event = turn.current_event
     if isinstance(event, DeliveryRecorded):
-        return turn.in_flight <= {event.seq}
+        in_flight = turn.in_flight
+        return not in_flight or (len(in_flight) == 1 and event.seq in in_flight)
     return not turn.in_flight

@@ -53,7 +53,7 @@ def fail_delivery(turn: TurnState, event: DeliveryFailed) -> None:
     elif turn.state == "executing_tool":
         turn.effects.append(CancelTool(turn.dispatches))
     if event.seq is not None:
-        turn.in_flight.discard(event.seq)
+        turn.in_flight.pop(event.seq, None)
     turn.error_message = f"the host's channel raised while delivering: {event.error}"
     decide(turn, TurnStatus.ERROR, "host_error")
 

@@ -12,7 +12,7 @@ def apply_context_restart(turn: TurnState, _event: Any = None) -> None:
     outcome = turn.outcome
     assert outcome is not None and outcome.restart_item is not None
     turn.context.append(outcome.restart_item)
-    turn.disabled_enrichment_kinds.update(outcome.restart_kinds)
+    turn.disabled_enrichment_kinds = turn.disabled_enrichment_kinds | set(outcome.restart_kinds)
     turn.consecutive_tool_errors = 0
     turn.continuation_failures = 0
     if outcome.dispatched and turn.current_call_key is not None:

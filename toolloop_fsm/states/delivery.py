@@ -11,8 +11,7 @@ from toolloop_fsm.turn import TurnState
 def deliver_text(turn: TurnState, text: str) -> None:
     seq = turn.next_seq
     turn.next_seq = seq + 1
-    turn.issued[seq] = Delivered(seq, text=text)
-    turn.in_flight.add(seq)
+    turn.in_flight[seq] = Delivered(seq, text=text)
     if text.strip():
         turn.visible_text_delivered = True
     turn.effects.append(Deliver(seq, text=text))
@@ -21,8 +20,7 @@ def deliver_text(turn: TurnState, text: str) -> None:
 def deliver_expression(turn: TurnState, expression: str) -> None:
     seq = turn.next_seq
     turn.next_seq = seq + 1
-    turn.issued[seq] = Delivered(seq, expression=expression)
-    turn.in_flight.add(seq)
+    turn.in_flight[seq] = Delivered(seq, expression=expression)
     turn.expression_delivered = True
     turn.effects.append(Deliver(seq, expression=expression))
 
@@ -46,8 +44,7 @@ def discard_buffer(turn: TurnState) -> None:
 
 
 def record_delivery(turn: TurnState, event: DeliveryRecorded) -> None:
-    turn.in_flight.discard(event.seq)
-    delivered = turn.issued.get(event.seq)
+    delivered = turn.in_flight.pop(event.seq, None)
     if delivered is not None:
         turn.delivered.append(delivered)
 

@@ -50,7 +50,7 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
         post_notice(turn, Notice("still_working", {"iteration": turn.iterations}))
     registry = turn.registry
     tools = tuple(
-        tool.spec() for name in allowed_tool_names(turn) if (tool := registry.get(name)) is not None
+        spec for name in allowed_tool_names(turn) if (spec := registry.spec(name)) is not None
     )
     request = ProviderRequest(
         context=tuple(turn.context),

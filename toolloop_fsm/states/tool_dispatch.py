@@ -204,7 +204,7 @@ def record_tool_outcome(turn: TurnState, _event: Any = None) -> None:
         if outcome.dispatched and turn.current_call_key is not None:
             turn.ledger[turn.current_call_key] = LedgerEntry(turn.current_call_key, outcome)
         if name == turn.policy.memory_tool_name:
-            turn.disabled_tools.add(name)
+            turn.disabled_tools = turn.disabled_tools | {name}
     elif not outcome.review_rejection:
         turn.consecutive_tool_errors += 1
         if turn.continuation_style and turn.pre_tool_text is not None:

@@ -13,6 +13,7 @@ import asyncio
 import heapq
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 from attrs import define, field
 
@@ -21,7 +22,8 @@ from attrs import define, field
 class VirtualTimer:
     when: float
     seq: int
-    callback: Callable[[], None]
+    callback: Callable[..., None]
+    args: tuple[Any, ...] = ()
     cancelled: bool = False
 
     def cancel(self) -> None:
@@ -48,8 +50,8 @@ class VirtualClock:
     def now(self) -> float:
         return self._now
 
-    def call_later(self, delay: float, callback: Callable[[], None]) -> VirtualTimer:
-        timer = VirtualTimer(self._now + max(0.0, delay), next(self._seq), callback)
+    def call_later(self, delay: float, callback: Callable[..., None], *args: Any) -> VirtualTimer:
+        timer = VirtualTimer(self._now + max(0.0, delay), next(self._seq), callback, args)
         heapq.heappush(self._timers, timer)
         self._ensure_jumper()
         return timer
@@ -75,7 +77,7 @@ class VirtualClock:
             if timer.cancelled:
                 continue
             self._now = max(self._now, timer.when)
-            timer.callback()
+            timer.callback(*timer.args)
         self._now = target
 
     @property
@@ -114,4 +116,4 @@ class VirtualClock:
                 return
             timer = heapq.heappop(self._timers)
             self._now = max(self._now, timer.when)
-            timer.callback()
+            timer.callback(*timer.args)
