@@ -76,13 +76,16 @@ class ArmDeadline:
     """Arm a deadline of ``seconds`` on the clock.
 
     A ``rolling`` deadline is pushed back by every provider chunk and every recorded
-    delivery: it fires only after ``seconds`` without activity.
+    delivery: it fires only after ``seconds`` without activity. With ``first_seconds`` (the
+    stream deadline of a pass) the window until the pass's first chunk is ``first_seconds``
+    instead, and the deadline expires as ``FIRST_TOKEN`` then, ``INACTIVITY`` after.
     """
 
     kind: DeadlineKind
     token: int
     seconds: float
     rolling: bool = False
+    first_seconds: float | None = None
 
 
 @frozen

@@ -151,6 +151,10 @@ class ContextRestart:
 
 
 class DeadlineKind(StrEnum):
+    """What a deadline bounds. A pass arms one ``STREAM`` deadline; it expires as
+    ``FIRST_TOKEN`` before the pass's first chunk and as ``INACTIVITY`` after it."""
+
+    STREAM = "stream"
     FIRST_TOKEN = "first_token"
     INACTIVITY = "inactivity"
     TOOL = "tool"

@@ -24,6 +24,7 @@ from toolloop_fsm.effects import Effect, Finish
 from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.events import (
     DeadlineExpired,
+    DeadlineKind,
     DeliveryFailed,
     DeliveryRecorded,
     FinishReason,
@@ -434,13 +435,19 @@ class ToolLoopMachine:
             trigger = trigger_for(event)
         except TypeError as err:
             raise InvalidEvent(self.name, turn.state, event, str(err)) from None
+        if trigger == "stream_deadline":  # the pass's deadline: which budget ran out
+            first = turn.state == "awaiting_first_token"
+            trigger = "first_token_deadline" if first else "inactivity_deadline"
         self._check_current(turn, event)
         return self._fire(trigger, event)
 
     def _check_current(self, turn: TurnState, event: object) -> None:
         """Outcomes that belong to something already cancelled are a shell bug, not data."""
         if isinstance(event, DeadlineExpired):
-            armed = turn.armed.get(event.kind.value)
+            kind = event.kind
+            if kind is DeadlineKind.FIRST_TOKEN or kind is DeadlineKind.INACTIVITY:
+                kind = DeadlineKind.STREAM
+            armed = turn.armed.get(kind)
             if armed != event.token:
                 raise InvalidEvent(
                     self.name, turn.state, event,

@@ -19,7 +19,17 @@ import asyncio
 import collections
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+import types
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from typing import Any
 
 import attrs
@@ -47,6 +57,7 @@ from toolloop_fsm.events import (
     AdmissionDecided,
     AttemptFinished,
     DeadlineExpired,
+    DeadlineKind,
     DeliveryFailed,
     DeliveryRecorded,
     FollowUpArrived,
@@ -106,12 +117,16 @@ class EventPump:
         self._iteration = 0
         self._timers: dict[int, tuple[TimerHandle, ArmDeadline]] = {}
         self._last_activity = 0.0
+        self._last_chunk: float | None = None
+        self._stream_armed_at = 0.0
         self._signals_dirty = False
         self._stop_fed = False
         self._follow_ups_seen = 0
         self._deliveries: list[Deliver] = []
         self._delivery_task: asyncio.Task[None] | None = None
         self._host_calls: list[PostNotice | QueueStopResponse] = []
+        self._outcomes: list[DeliveryRecorded | DeliveryFailed] = []
+        self._depth = 0
         self._host_task: asyncio.Task[None] | None = None
         self._host_exception: BaseException | None = None
 
@@ -198,13 +213,25 @@ class EventPump:
         self._execute(effects)
 
     def _execute(self, effects: Iterable[Effect]) -> None:
+        self._depth += 1
+        try:
+            self._carry_out(effects)
+        finally:
+            self._depth -= 1
+        if self._depth == 0 and self._outcomes:
+            # deliveries that completed at once are reported after the batch that issued
+            # them, so every effect of a step is carried out before the next event
+            outcomes = self._outcomes
+            while outcomes:
+                self._feed(outcomes.pop(0))
+
+    def _carry_out(self, effects: Iterable[Effect]) -> None:
         for effect in effects:
             if self.on_effect is not None:
                 self.on_effect(effect)
             kind = type(effect)
             if kind is Deliver:
-                self._deliveries.append(effect)  # type: ignore[arg-type]
-                self._ensure_delivery_worker()
+                self._deliver(effect)  # type: ignore[arg-type]
             elif kind is ArmDeadline:
                 self._arm(effect)  # type: ignore[arg-type]
             elif kind is ClearDeadline:
@@ -291,7 +318,7 @@ class EventPump:
         now = self.clock.now
         try:
             async for chunk in stream:
-                self._last_activity = now()
+                self._last_activity = self._last_chunk = now()
                 try:
                     handler = handler_for(chunk.__class__)
                     if handler is not None:
@@ -372,48 +399,87 @@ class EventPump:
 
     # ------------------------------------------------------------------ deadlines
     def _arm(self, effect: ArmDeadline) -> None:
-        handle = self.clock.call_later(effect.seconds, self._deadline_fired, effect)
-        self._timers[effect.token] = (handle, effect)
+        now = self.clock.now()
+        seconds = effect.seconds
+        if effect.first_seconds is not None:
+            # the pass's stream deadline: first wake at the earlier of the two windows
+            seconds = min(seconds, effect.first_seconds)
+            self._stream_armed_at = now
+            self._last_chunk = None
         if effect.rolling:
-            self._last_activity = self.clock.now()
+            self._last_activity = now
+        handle = self.clock.call_later(seconds, self._deadline_fired, effect)
+        self._timers[effect.token] = (handle, effect)
 
     def _deadline_fired(self, effect: ArmDeadline) -> None:
         if effect.token not in self._timers:
             return
+        kind = effect.kind
         if effect.rolling:
-            # a rolling deadline counts from the last chunk or recorded delivery
-            remaining = self._last_activity + effect.seconds - self.clock.now()
-            if remaining > 1e-9:
-                handle = self.clock.call_later(remaining, self._deadline_fired, effect)
+            now = self.clock.now()
+            if effect.first_seconds is not None and self._last_chunk is None:
+                kind = DeadlineKind.FIRST_TOKEN  # no chunk yet in this pass
+                due = self._stream_armed_at + effect.first_seconds
+            else:
+                if effect.first_seconds is not None:
+                    kind = DeadlineKind.INACTIVITY
+                # a rolling deadline counts from the last chunk or recorded delivery
+                due = self._last_activity + effect.seconds
+            if due - now > 1e-9:
+                handle = self.clock.call_later(due - now, self._deadline_fired, effect)
                 self._timers[effect.token] = (handle, effect)
                 return
         del self._timers[effect.token]
-        self._feed(DeadlineExpired(effect.kind, effect.token))
+        self._feed(DeadlineExpired(kind, effect.token))
 
     # ------------------------------------------------------------------ deliveries
-    def _ensure_delivery_worker(self) -> None:
-        if self._delivery_task is None or self._delivery_task.done():
-            assert self._group is not None
-            self._delivery_task = self._group.create_task(self._deliver_in_order())
+    def _send(self, effect: Deliver) -> Coroutine[Any, Any, None]:
+        if effect.expression is not None:
+            return self.channel.send_expression(effect.expression)
+        return self.channel.send_text(effect.text or "")
 
-    async def _deliver_in_order(self) -> None:
-        channel = self.channel
+    def _deliver(self, effect: Deliver) -> None:
+        """Start a delivery eagerly: a channel that does not need to wait (a buffer, a
+        queue) completes here, without a task; one that waits is finished by a task, and
+        later deliveries queue behind it, in order."""
+        task = self._delivery_task
+        if (task is not None and not task.done()) or self._deliveries:
+            self._deliveries.append(effect)
+            return
+        coroutine = self._send(effect)
+        try:
+            waiting_on = coroutine.send(None)
+        except StopIteration:
+            self._last_activity = self.clock.now()
+            self._outcomes.append(DeliveryRecorded(effect.seq))
+            return
+        except Exception as err:
+            self._host_exception = err
+            self._outcomes.append(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
+            return
+        assert self._group is not None
+        self._delivery_task = self._group.create_task(
+            self._deliver_in_order(effect, _resume(coroutine, waiting_on))
+        )
+
+    async def _deliver_in_order(
+        self, first: Deliver, started: Awaitable[None] | None = None
+    ) -> None:
         deliveries = self._deliveries
-        while deliveries:
-            effect = deliveries.pop(0)
+        effect: Deliver | None = first
+        while effect is not None:
             try:
-                if effect.expression is not None:
-                    await channel.send_expression(effect.expression)
-                else:
-                    await channel.send_text(effect.text or "")
+                await (started if started is not None else self._send(effect))
             except asyncio.CancelledError:
                 raise
             except Exception as err:
                 self._host_exception = err
                 self._feed(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
                 return
+            started = None
             self._last_activity = self.clock.now()
             self._feed(DeliveryRecorded(effect.seq))
+            effect = deliveries.pop(0) if deliveries else None
 
     def _ensure_host_worker(self) -> None:
         if self._host_task is None or self._host_task.done():
@@ -436,6 +502,29 @@ class EventPump:
                 self._host_exception = err
                 if not self.machine.is_finished:
                     self._feed(DeliveryFailed(None, f"{type(err).__name__}: {err}"))
+
+
+@types.coroutine
+def _resume(coroutine: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[Any, Any, None]:
+    """Go on awaiting a coroutine that was started by hand and suspended on ``waiting_on``:
+    what `yield from` does, for a coroutine whose first step already ran."""
+    value = waiting_on
+    while True:
+        try:
+            sent = yield value
+        except GeneratorExit:
+            coroutine.close()
+            raise
+        except BaseException as exc:  # cancellation and the like go to the coroutine
+            try:
+                value = coroutine.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                value = coroutine.send(sent)
+            except StopIteration:
+                return
 
 
 async def _call_handler(tool: Tool, effect: RunTool, ctx: ToolContext) -> ToolFinished:

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import define, field, frozen
 
-from toolloop_fsm.events import FinishKind, FunctionCall, ToolFinished, ToolOutcomeKind
+from toolloop_fsm.events import (
+    DeadlineKind,
+    FinishKind,
+    FunctionCall,
+    ToolFinished,
+    ToolOutcomeKind,
+)
 from toolloop_fsm.result import (
     AttemptFailure,
     AttemptRecord,
@@ -147,7 +153,7 @@ class TurnState:
 
     # deadlines and deliveries
     next_token: int = 0
-    armed: dict[str, int] = field(factory=dict)
+    armed: dict[DeadlineKind, int] = field(factory=dict)
     next_seq: int = 0
     in_flight: dict[int, Delivered] = field(factory=dict)
     delivered: list[Delivered] = field(factory=list)

@@ -78,7 +78,7 @@ def settle_delivery(turn: TurnState, event: DeliveryRecorded) -> None:
 
 
 def abandon_in_flight(turn: TurnState, _event: Any = None) -> None:
-    turn.armed.pop(DeadlineKind.SETTLE.value, None)
+    turn.armed.pop(DeadlineKind.SETTLE, None)
 
 
 def kill_while_settling(turn: TurnState, event: StopRequested) -> None:

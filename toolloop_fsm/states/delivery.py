@@ -55,15 +55,20 @@ def post_notice(turn: TurnState, notice: Notice) -> None:
 
 
 def arm_deadline(
-    turn: TurnState, kind: DeadlineKind, seconds: float, *, rolling: bool = False
+    turn: TurnState,
+    kind: DeadlineKind,
+    seconds: float,
+    *,
+    rolling: bool = False,
+    first_seconds: float | None = None,
 ) -> None:
     turn.next_token += 1
     token = turn.next_token
-    turn.armed[kind.value] = token
-    turn.effects.append(ArmDeadline(kind, token, seconds, rolling))
+    turn.armed[kind] = token
+    turn.effects.append(ArmDeadline(kind, token, seconds, rolling, first_seconds))
 
 
 def clear_deadline(turn: TurnState, kind: DeadlineKind) -> None:
-    token = turn.armed.pop(kind.value, None)
+    token = turn.armed.pop(kind, None)
     if token is not None:
         turn.effects.append(ClearDeadline(kind, token))

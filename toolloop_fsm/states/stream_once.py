@@ -60,7 +60,16 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
         max_output=turn.request.max_output,
     )
     turn.effects.append(StartStream(turn.iterations, request))
-    arm_deadline(turn, DeadlineKind.FIRST_TOKEN, turn.policy.effective_first_token_timeout)
+    # one deadline per pass: the first-token budget until the first chunk, then the rolling
+    # inactivity budget (the pump measures both from the same timer)
+    policy = turn.policy
+    arm_deadline(
+        turn,
+        DeadlineKind.STREAM,
+        policy.inactivity_timeout,
+        rolling=True,
+        first_seconds=policy.effective_first_token_timeout,
+    )
 
 
 # --------------------------------------------------------------------------- chunks (fast path)
@@ -120,17 +129,15 @@ CHUNK_HANDLERS: dict[type, Callable[[TurnState, Any], None]] = {
 
 
 def take_first_chunk(turn: TurnState, event: Any) -> None:
-    """The first chunk swaps the first-token budget for the rolling inactivity budget."""
-    clear_deadline(turn, DeadlineKind.FIRST_TOKEN)
-    arm_deadline(turn, DeadlineKind.INACTIVITY, turn.policy.inactivity_timeout, rolling=True)
+    """The first chunk: from here the pass's stream deadline is the rolling inactivity
+    budget (the pump sees the chunk; the deadline need not be re-armed)."""
     CHUNK_HANDLERS[type(event)](turn, event)
 
 
 # --------------------------------------------------------------------------- pass end
 def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> str:
     """Record the pass's stream result, usage and thoughts; returns the pass's text."""
-    clear_deadline(turn, DeadlineKind.FIRST_TOKEN)
-    clear_deadline(turn, DeadlineKind.INACTIVITY)
+    clear_deadline(turn, DeadlineKind.STREAM)
     text = "".join(turn.pass_text)
     call = turn.pending_call
     turn.stream_results.append(
@@ -246,9 +253,7 @@ def time_out_inactivity(turn: TurnState, _event: Any = None) -> None:
 
 
 def _time_out_stream(turn: TurnState, reason: str) -> None:
-    turn.armed.pop(
-        DeadlineKind.FIRST_TOKEN.value if reason == "first_token_timeout" else "inactivity", None
-    )
+    turn.armed.pop(DeadlineKind.STREAM, None)
     turn.effects.append(CancelStream())
     close_pass(turn, "timeout", error=reason)
     discard_buffer(turn)

@@ -110,7 +110,7 @@ def take_tool_outcome(turn: TurnState, event: ToolFinished) -> None:
 
 
 def time_out_tool(turn: TurnState, _event: Any = None) -> None:
-    turn.armed.pop(DeadlineKind.TOOL.value, None)
+    turn.armed.pop(DeadlineKind.TOOL, None)
     turn.effects.append(CancelTool(turn.dispatches))
     call = turn.pending_call
     tool = turn.registry.get(call.name) if call is not None else None
