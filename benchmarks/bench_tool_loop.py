@@ -35,6 +35,7 @@ from toolloop_fsm import (
     ToolRegistry,
     ToolResult,
     TurnRequest,
+    TurnSignals,
     UsageReport,
     run_tool_loop,
 )
@@ -108,6 +109,7 @@ async def lookup(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
 
 
 TOOLS = ToolRegistry([Tool("lookup", "look something up", {"type": "object"}, lookup)])
+SIGNALS = TurnSignals()
 REQUEST = TurnRequest([{"role": "user", "content": "hello"}])
 
 
@@ -153,6 +155,102 @@ async def handwritten_turn(provider: MemoryProvider, channel: CountingChannel) -
     return ""
 
 
+class StreamWatchdog:
+    """The careful hand-written way to bound a stream: one timer per pass that, when it
+    wakes, checks the time of the last chunk (first-token budget until the first chunk,
+    then the rolling inactivity budget) instead of re-arming a timer for every chunk."""
+
+    def __init__(self, task: asyncio.Task[Any], first: float, inactivity: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = task
+        self.first = first
+        self.inactivity = inactivity
+        self.started = self.loop.time()
+        self.last_chunk: float | None = None
+        self.expired = False
+        self.handle = self.loop.call_later(min(first, inactivity), self.wake)
+
+    def wake(self) -> None:
+        now = self.loop.time()
+        if self.last_chunk is None:
+            due = self.started + self.first
+        else:
+            due = self.last_chunk + self.inactivity
+        if due > now:
+            self.handle = self.loop.call_later(due - now, self.wake)
+            return
+        self.expired = True
+        self.task.cancel()
+
+    def close(self) -> None:
+        self.handle.cancel()
+
+
+async def handwritten_same_work_turn(provider: MemoryProvider, channel: CountingChannel) -> str:
+    """The hand-written loop doing the same work as the engine: the minimal loop above plus
+    the first-token and rolling inactivity deadlines on every pass, the tool deadline, and
+    the host's stop / follow-up flags checked between chunks."""
+    policy = LoopPolicy()
+    signals = SIGNALS
+    seen = signals.follow_ups
+    history: list[dict[str, Any]] = []
+    context = list(REQUEST.context)
+    task = asyncio.current_task()
+    assert task is not None
+    for _iteration in range(policy.max_function_call_iterations):
+        parts: list[str] = []
+        buffer: list[str] = []
+        buffered = 0
+        call: FunctionCall | None = None
+        usage: tuple[int, int] | None = None
+        request = ProviderRequest(context, tools=(), history=tuple(history))  # type: ignore[arg-type]
+        watchdog = StreamWatchdog(
+            task, policy.effective_first_token_timeout, policy.inactivity_timeout
+        )
+        now = watchdog.loop.time
+        try:
+            async for chunk in provider.stream(request):
+                watchdog.last_chunk = now()
+                if signals.stop_requested or signals.follow_ups != seen:
+                    return "".join(parts)
+                kind = type(chunk)
+                if kind is TextDelta:
+                    parts.append(chunk.text)
+                    buffer.append(chunk.text)
+                    buffered += len(chunk.text)
+                    if buffered >= FLUSH_CHARS:
+                        await channel.send_text("".join(buffer))
+                        buffer.clear()
+                        buffered = 0
+                elif kind is FunctionCall:
+                    if call is None:
+                        call = chunk
+                elif kind is UsageReport:
+                    usage = (chunk.input_tokens, chunk.output_tokens)
+        except asyncio.CancelledError:
+            if not watchdog.expired:
+                raise
+            task.uncancel()
+            return "".join(parts)
+        finally:
+            watchdog.close()
+        if buffer:
+            await channel.send_text("".join(buffer))
+        text = "".join(parts)
+        if call is None:
+            return text
+        tool = TOOLS.get(call.name)
+        assert tool is not None
+        ctx = ToolContext(call.name, _iteration, _iteration, LoopClock())
+        result = await asyncio.wait_for(
+            tool.handler(dict(call.arguments), ctx), policy.tool_timeout
+        )
+        history.append(
+            {"call": call, "result": result, "pre_tool_text": text or None, "usage": usage}
+        )
+    return ""
+
+
 async def engine_turn(provider: MemoryProvider, channel: CountingChannel) -> str:
     result = await run_tool_loop(provider, TOOLS, channel, REQUEST)  # type: ignore[arg-type]
     return result.final_text
@@ -186,30 +284,42 @@ async def memory_per_turn(runner: Runner, script: list[list[Chunk]], turns: int)
     return alive / turns
 
 
-async def main(turns: int, rounds: int) -> None:
-    print(f"CPU per turn, {rounds} interleaved rounds of {turns} turns each (process time);")
-    print("the ratio is the median of the per-round ratios (each round measures both):")
-    for label, script in (("T1", t1_script()), ("T5", t5_script())):
-        await cpu_per_turn(handwritten_turn, script, turns // 5)  # warm both paths up
-        await cpu_per_turn(engine_turn, script, turns // 5)
-        hands: list[float] = []
-        engines: list[float] = []
-        for _ in range(rounds):
-            hands.append(await cpu_per_turn(handwritten_turn, script, turns))
-            engines.append(await cpu_per_turn(engine_turn, script, turns))
-        ratios = sorted(e / h for e, h in zip(engines, hands, strict=True))
-        print(
-            f"  {label}: hand-written {statistics.median(hands):8.1f} µs"
-            f"   run_tool_loop {statistics.median(engines):8.1f} µs"
-            f"   ratio {statistics.median(ratios):5.2f}x (rounds {ratios[0]:.2f}–{ratios[-1]:.2f})"
-        )
-    hand_mem = await memory_per_turn(handwritten_turn, t1_script(), 1000)
-    engine_mem = await memory_per_turn(engine_turn, t1_script(), 1000)
-    print("Memory per concurrent turn (1,000 T1 turns alive under asyncio.gather):")
+async def compare(label: str, floor: Runner, script: list[list[Chunk]], turns: int,
+                  rounds: int) -> None:  # fmt: skip
+    await cpu_per_turn(floor, script, turns // 5)  # warm both paths up
+    await cpu_per_turn(engine_turn, script, turns // 5)
+    floors: list[float] = []
+    engines: list[float] = []
+    for _ in range(rounds):
+        floors.append(await cpu_per_turn(floor, script, turns))
+        engines.append(await cpu_per_turn(engine_turn, script, turns))
+    ratios = sorted(e / f for e, f in zip(engines, floors, strict=True))
     print(
-        f"  hand-written {hand_mem / 1024:6.1f} KiB   run_tool_loop {engine_mem / 1024:6.1f} KiB"
-        f"   ratio {engine_mem / hand_mem:5.2f}x"
+        f"  {label}: floor {statistics.median(floors):7.1f} µs"
+        f"   run_tool_loop {statistics.median(engines):7.1f} µs"
+        f"   ratio {statistics.median(ratios):4.2f}x (rounds {ratios[0]:.2f}–{ratios[-1]:.2f})"
     )
+
+
+async def main(turns: int, rounds: int) -> None:
+    print(f"CPU per turn (process time), {rounds} interleaved rounds of {turns} turns;")
+    print("ratio = median of the per-round ratios (each round measures both).")
+    floors = (
+        ("same-work hand-written loop (deadlines, signals)", handwritten_same_work_turn),
+        ("minimal hand-written loop (no deadlines, no signals)", handwritten_turn),
+    )
+    for title, floor in floors:
+        print(f"against the {title}:")
+        for label, script in (("T1", t1_script()), ("T5", t5_script())):
+            await compare(label, floor, script, turns, rounds)
+    print("Memory per concurrent turn (1,000 T1 turns alive under asyncio.gather):")
+    engine_mem = await memory_per_turn(engine_turn, t1_script(), 1000)
+    for title, floor in floors:
+        floor_mem = await memory_per_turn(floor, t1_script(), 1000)
+        print(
+            f"  {title.split(' (')[0]}: {floor_mem / 1024:5.1f} KiB"
+            f"   run_tool_loop {engine_mem / 1024:5.1f} KiB   ratio {engine_mem / floor_mem:4.2f}x"
+        )
 
 
 if __name__ == "__main__":
