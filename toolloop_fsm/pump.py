@@ -88,6 +88,10 @@ from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus, con
 from toolloop_fsm.turn import LedgerEntry
 
 
+#: Stands in when a turn is run without signals; nobody can reach it to request anything.
+_NO_SIGNALS = TurnSignals()
+
+
 class EventPump:
     """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
 
@@ -105,7 +109,8 @@ class EventPump:
         self.provider = provider
         self.channel = channel
         self.registry = machine.tools
-        self.signals = signals if signals is not None else TurnSignals()
+        # without signals nothing can be requested: no listener, no checks
+        self.signals = signals if signals is not None else _NO_SIGNALS
         self.clock: Clock = clock if clock is not None else LOOP_CLOCK
         self.on_effect = on_effect
         self._group: asyncio.TaskGroup | None = None
@@ -146,7 +151,9 @@ class EventPump:
         if continuation_style is None:
             continuation_style = bool(getattr(self.provider, "continuation_style", False))
         self._follow_ups_seen = self.signals.follow_ups
-        self.signals.add_listener(self._signal_arrived)
+        listening = self.signals is not _NO_SIGNALS
+        if listening:
+            self.signals.add_listener(self._signal_arrived)
         try:
             failure: Exception | None = None
             async with asyncio.TaskGroup() as group:
@@ -174,7 +181,8 @@ class EventPump:
                 raise failure
             return result
         finally:
-            self.signals.remove_listener(self._signal_arrived)
+            if listening:
+                self.signals.remove_listener(self._signal_arrived)
             self._cancel_timers()
 
     def _wind_down(self) -> None:
