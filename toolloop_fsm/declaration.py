@@ -22,8 +22,9 @@ from typing import Any, Generic, Protocol, TypeVar
 from attrs import frozen
 from transitions import Machine, MachineError
 
+from toolloop_fsm.effects import Finish
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import GenerationTurnResult, TraceStep
 
 Handler = Callable[[Any, Any], None]
 Guard = Callable[[Any], bool]
@@ -306,3 +307,59 @@ class StepRunner(Generic[ModelT]):
         model.trace.append(step)
         if self.on_step is not None:
             self.on_step(step)
+
+
+class DeclaredMachine(Generic[ModelT]):
+    """What both machines share: the model a run drives, its result, and the public
+    surface (``state``, ``is_finished``, ``result``, ``trace``)."""
+
+    name = "machine"
+
+    def __init__(
+        self,
+        declaration: CompiledDeclaration,
+        *,
+        reference: bool = False,
+        on_step: Callable[[TraceStep], None] | None = None,
+    ) -> None:
+        self._runner: StepRunner[ModelT] = StepRunner(
+            declaration, reference=reference, on_step=on_step
+        )
+        self._model: ModelT | None = None
+        self._result: GenerationTurnResult | None = None
+
+    @property
+    def state(self) -> str:
+        return self._model.state if self._model is not None else "ready"
+
+    @property
+    def is_finished(self) -> bool:
+        return self._result is not None
+
+    @property
+    def result(self) -> GenerationTurnResult:
+        if self._result is None:
+            raise RuntimeError(f"the turn has not finished (state {self.state!r})")
+        return self._result
+
+    @property
+    def trace(self) -> tuple[TraceStep, ...]:
+        return tuple(self._model.trace) if self._model is not None else ()
+
+    def _build_result(self, model: ModelT) -> GenerationTurnResult:
+        raise NotImplementedError
+
+    def _fire(self, trigger: str, event: object) -> list[Any]:
+        """Take a trigger; collect its effects, and the `Finish` once a final state is
+        reached."""
+        model = self._model
+        assert model is not None
+        if self._result is not None:
+            raise InvalidEvent(self.name, model.state, event, "the turn has finished")
+        self._runner.fire(model, trigger, event)
+        effects = model.effects
+        model.effects = []
+        if model.state in self._runner.declaration.final_states:
+            self._result = self._build_result(model)
+            effects.append(Finish(self._result))
+        return effects

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from toolloop_fsm.attempts import AttemptPlan, KeyHealth
-from toolloop_fsm.declaration import StepRunner, compile_declaration, transition
-from toolloop_fsm.effects import Effect, Finish
+from toolloop_fsm.declaration import DeclaredMachine, compile_declaration, transition
+from toolloop_fsm.effects import Effect
 from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.events import (
     AdmissionDecided,
@@ -160,7 +160,7 @@ DECLARATION = compile_declaration(
 )
 
 
-class GenerationTurnMachine:
+class GenerationTurnMachine(DeclaredMachine[GenerationState]):
     """The outer tier as a sans-IO machine: `start` it with the chain's plans, `feed` it
     each attempt's outcome, carry out the effects it returns (`StartAttempt`, …)."""
 
@@ -173,36 +173,14 @@ class GenerationTurnMachine:
         reference: bool = False,
         on_step: Callable[[TraceStep], None] | None = None,
     ) -> None:
+        super().__init__(DECLARATION, reference=reference, on_step=on_step)
         self.policy = policy if policy is not None else TurnPolicy()
-        self._runner: StepRunner[GenerationState] = StepRunner(
-            DECLARATION, reference=reference, on_step=on_step
-        )
-        self._state: GenerationState | None = None
-        self._result: GenerationTurnResult | None = None
-
-    @property
-    def state(self) -> str:
-        return self._state.state if self._state is not None else "ready"
-
-    @property
-    def is_finished(self) -> bool:
-        return self._result is not None
-
-    @property
-    def result(self) -> GenerationTurnResult:
-        if self._result is None:
-            raise RuntimeError(f"the turn has not finished (state {self.state!r})")
-        return self._result
-
-    @property
-    def trace(self) -> tuple[TraceStep, ...]:
-        return tuple(self._state.trace) if self._state is not None else ()
 
     @property
     def generation(self) -> GenerationState:
-        if self._state is None:
+        if self._model is None:
             raise RuntimeError("the machine has not been started")
-        return self._state
+        return self._model
 
     def start(
         self,
@@ -215,12 +193,12 @@ class GenerationTurnMachine:
         now: float = 0.0,
     ) -> list[Effect]:
         """Begin the turn over the chain ``plans`` (``shared``: the shared route's plans)."""
-        if self._state is not None:
+        if self._model is not None:
             raise InvalidEvent(self.name, self.state, "start", "the machine was already started")
         labels = [plan.label for plan in (*plans, *shared)]
         if len(set(labels)) != len(labels):
             raise ValueError(f"attempt labels must be unique, got {labels}")
-        self._state = GenerationState(
+        self._model = GenerationState(
             policy=self.policy,
             request=request,
             tool_specs=tuple(tools),
@@ -232,7 +210,7 @@ class GenerationTurnMachine:
         return self._fire("start", None)
 
     def feed(self, event: Any) -> list[Effect]:
-        state = self._state
+        state = self._model
         if state is None:
             raise InvalidEvent(self.name, "ready", event, "call start() first")
         trigger = _TRIGGERS.get(type(event))
@@ -247,15 +225,5 @@ class GenerationTurnMachine:
             )  # fmt: skip
         return self._fire(trigger, event)
 
-    def _fire(self, trigger: str, event: object) -> list[Effect]:
-        state = self._state
-        assert state is not None
-        if self._result is not None:
-            raise InvalidEvent(self.name, state.state, event, "the turn has finished")
-        self._runner.fire(state, trigger, event)
-        effects = state.effects
-        state.effects = []
-        if state.state in DECLARATION.final_states:
-            self._result = build_generation_result(state)
-            effects.append(Finish(self._result))
-        return effects
+    def _build_result(self, model: GenerationState) -> GenerationTurnResult:
+        return build_generation_result(model)

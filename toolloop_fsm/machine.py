@@ -16,11 +16,11 @@ from typing import Any
 
 from toolloop_fsm.declaration import (
     Coverage,
-    StepRunner,
+    DeclaredMachine,
     compile_declaration,
     transition,
 )
-from toolloop_fsm.effects import Effect, Finish
+from toolloop_fsm.effects import Effect
 from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.events import (
     DeadlineExpired,
@@ -307,7 +307,7 @@ def trigger_for(event: object) -> str:
 DEFAULT_POLICY = LoopPolicy()
 
 
-class ToolLoopMachine:
+class ToolLoopMachine(DeclaredMachine[TurnState]):
     """The inner tool loop as a sans-IO machine: `start` it, `feed` it events, carry out the
     effects it returns. One instance runs one turn (one attempt).
 
@@ -327,31 +327,9 @@ class ToolLoopMachine:
     ) -> None:
         self.policy = policy if policy is not None else DEFAULT_POLICY
         self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
-        self._runner: StepRunner[TurnState] = StepRunner(
-            DECLARATION, reference=reference, on_step=on_step
-        )
-        self._turn: TurnState | None = None
-        self._result: GenerationTurnResult | None = None
+        super().__init__(DECLARATION, reference=reference, on_step=on_step)
 
     # ------------------------------------------------------------------ public surface
-    @property
-    def state(self) -> str:
-        return self._turn.state if self._turn is not None else "ready"
-
-    @property
-    def is_finished(self) -> bool:
-        return self._result is not None
-
-    @property
-    def result(self) -> GenerationTurnResult:
-        if self._result is None:
-            raise RuntimeError(f"the turn has not finished (state {self.state!r})")
-        return self._result
-
-    @property
-    def trace(self) -> tuple[TraceStep, ...]:
-        return tuple(self._turn.trace) if self._turn is not None else ()
-
     def interrupted_result(self, status: TurnStatus, reason: str) -> GenerationTurnResult:
         """The turn as far as it got, for a run stopped from outside the machine (the outer
         tier cancelling an attempt): what was delivered and recorded, with ``status``."""
@@ -362,9 +340,9 @@ class ToolLoopMachine:
     @property
     def turn(self) -> TurnState:
         """The live iteration state (read-only by convention; for hosts' inspection and tests)."""
-        if self._turn is None:
+        if self._model is None:
             raise RuntimeError("the machine has not been started")
-        return self._turn
+        return self._model
 
     def start(
         self,
@@ -380,7 +358,7 @@ class ToolLoopMachine:
         ``ledger`` and ``expression_delivered`` carry a previous attempt's completed tool
         calls and delivered expression into this one (the outer tier uses them).
         """
-        if self._turn is not None:
+        if self._model is not None:
             raise InvalidEvent(self.name, self.state, "start", "the machine was already started")
         turn = TurnState(
             policy=self.policy,
@@ -395,14 +373,14 @@ class ToolLoopMachine:
         if ledger:
             turn.ledger.update(ledger)
         turn.expression_delivered = expression_delivered
-        self._turn = turn
+        self._model = turn
         return self._fire("start", None)
 
     def feed(self, event: Any) -> list[Effect]:
         """Take one event; return the effects to carry out, in order."""
         handler = self._runner.fast.get(event.__class__)
         if handler is not None:
-            turn = self._turn
+            turn = self._model
             assert turn is not None
             handler(turn, event)
             effects = turn.effects
@@ -428,7 +406,7 @@ class ToolLoopMachine:
 
     # ------------------------------------------------------------------ internals
     def _feed_trigger(self, event: Any) -> list[Effect]:
-        turn = self._turn
+        turn = self._model
         if turn is None:
             raise InvalidEvent(self.name, "ready", event, "call start() first")
         try:
@@ -466,15 +444,5 @@ class ToolLoopMachine:
             detail = f"delivery {event.seq} is not in flight"
             raise InvalidEvent(self.name, turn.state, event, detail)
 
-    def _fire(self, trigger: str, event: object) -> list[Effect]:
-        turn = self._turn
-        assert turn is not None
-        if self._result is not None:
-            raise InvalidEvent(self.name, turn.state, event, "the turn has finished")
-        self._runner.fire(turn, trigger, event)
-        effects = turn.effects
-        turn.effects = []
-        if turn.state in DECLARATION.final_states:
-            self._result = build_result(turn)
-            effects.append(Finish(self._result))
-        return effects
+    def _build_result(self, model: TurnState) -> GenerationTurnResult:
+        return build_result(model)

@@ -87,7 +87,6 @@ from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus, converter
 from toolloop_fsm.turn import LedgerEntry
 
-
 #: Stands in when a turn is run without signals; nobody can reach it to request anything.
 _NO_SIGNALS = TurnSignals()
 
