@@ -1,0 +1,236 @@
+"""The whole loop over real loopback HTTP: `run_tool_loop` / `run_generation_turn` driving a
+real `OpenAICompatibleProvider` against the `wire_server`, on the real clock.
+
+Issue #4's fault "a stream that stalls": the loop's inactivity deadline fires, what streamed
+before the stall is kept (and was delivered), and the HTTP connection is closed — the server
+sees the client go. And a full generation turn whose first model answers 429 with
+``retry-after`` and whose second model calls a tool and then answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.providers.wire_server import Scripted, WireServer
+from toolloop_fsm import (
+    Attempt,
+    KeyHealth,
+    LoopClock,
+    LoopPolicy,
+    Tool,
+    ToolContext,
+    ToolResult,
+    TurnPolicy,
+    TurnRequest,
+    TurnStatus,
+    run_generation_turn,
+    run_tool_loop,
+)
+from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
+from toolloop_fsm.testing import RecordingChannel
+
+QUESTION = TurnRequest([{"role": "user", "content": "What's the weather in Paris?"}])
+SSE = (("content-type", "text/event-stream"),)
+
+
+def frame(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    """One Chat Completions SSE event carrying ``delta``."""
+    body = {
+        "id": "chatcmpl-test",
+        "object": "chat.completion.chunk",
+        "model": "test-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def text_stream(*pieces: str) -> tuple[bytes, ...]:
+    return (
+        frame({"role": "assistant", "content": ""}),
+        *(frame({"content": piece}) for piece in pieces),
+        frame({}, "stop"),
+        DONE,
+    )
+
+
+def tool_call_stream(text: str, name: str, arguments: dict[str, Any]) -> tuple[bytes, ...]:
+    encoded = json.dumps(arguments)
+    head = {"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": name, "arguments": ""}}  # fmt: skip
+    return (
+        frame({"role": "assistant", "content": ""}),
+        frame({"content": text}),
+        frame({"tool_calls": [head]}),
+        # the arguments arrive in two fragments, as they do on the wire
+        frame({"tool_calls": [{"index": 0, "function": {"arguments": encoded[:6]}}]}),
+        frame({"tool_calls": [{"index": 0, "function": {"arguments": encoded[6:]}}]}),
+        frame({}, "tool_calls"),
+        DONE,
+    )
+
+
+# ----------------------------------------------------------------------------- a stalled stream
+async def test_a_stalled_stream_times_out_keeps_its_text_and_closes_the_connection(
+    wire_server: WireServer,
+) -> None:
+    chunks = (
+        frame({"role": "assistant", "content": ""}),
+        frame({"content": "Checking "}),
+        frame({"content": "the sky over Paris"}),
+        frame({"content": " — never sent"}),
+        frame({}, "stop"),
+        DONE,
+    )
+    wire_server.serve(Scripted(headers=SSE, chunks=chunks, stall_after=3))
+    channel = RecordingChannel()
+    provider = OpenAICompatibleProvider(wire_server.url + "/v1", "test-model", api_key="sk-x")
+    policy = LoopPolicy(inactivity_timeout=0.3, first_token_timeout=5, delivery_flush_chars=1)
+
+    started = time.monotonic()
+    result = await asyncio.wait_for(
+        run_tool_loop(provider, [], channel, QUESTION, policy=policy, clock=LoopClock()),
+        timeout=10,
+    )
+    elapsed = time.monotonic() - started
+
+    assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
+    assert elapsed >= 0.3  # not before the inactivity window; how soon after: the next test
+    assert result.stream_results[-1].text == "Checking the sky over Paris"
+    assert result.delivered_text == "Checking the sky over Paris"
+    assert "".join(channel.texts) == "Checking the sky over Paris"
+    # the user is told why the reply stopped
+    assert [(n.key, dict(n.params)) for n in channel.notices] == [
+        ("timeout", {"reason": "inactivity_timeout"})
+    ]
+    # the loop closed the HTTP response: the stalled server sees its client go
+    await asyncio.wait_for(wire_server.client_gone.wait(), 5)
+    assert len(wire_server.requests) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pump: when the first chunk arrives after inactivity_timeout has already elapsed "
+    "(the timer's first wake found no chunk and re-armed for the first-token due), the stall "
+    "is detected only at start + first_token_timeout (5 s here) instead of first chunk + "
+    "inactivity_timeout; regression from e576ce7 (ee5a82a detected it at 0.3 s)",
+)
+async def test_a_stall_after_a_slow_first_token_ends_one_inactivity_window_later(
+    wire_server: WireServer,
+) -> None:
+    chunks = (frame({"content": "Slow "}), frame({"content": "start"}), DONE)
+    wire_server.serve(Scripted(headers=SSE, chunks=chunks, stall_after=2))
+    loop = asyncio.get_running_loop()
+
+    async def slow_headers(_response: httpx.Response) -> None:
+        # the server's answer reaches the loop 0.5 s late: after the 0.3 s inactivity window
+        # but well inside the 5 s first-token window
+        arrived = loop.create_future()
+        loop.call_later(0.5, arrived.set_result, None)
+        await arrived
+
+    policy = LoopPolicy(inactivity_timeout=0.3, first_token_timeout=5, delivery_flush_chars=1)
+    async with httpx.AsyncClient(event_hooks={"response": [slow_headers]}) as client:
+        provider = OpenAICompatibleProvider(wire_server.url + "/v1", "test-model", client=client)
+        started = time.monotonic()
+        result = await asyncio.wait_for(
+            run_tool_loop(provider, [], RecordingChannel(), QUESTION, policy=policy,
+                          clock=LoopClock()),
+            timeout=10,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+
+    assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
+    assert result.delivered_text == "Slow start"
+    # first chunk at ≈ 0.5 s, then 0.3 s of silence: the turn ends at ≈ 0.8 s, not at 5 s
+    assert 0.8 <= elapsed < 3.0, elapsed
+    await asyncio.wait_for(wire_server.client_gone.wait(), 5)
+
+
+# ----------------------------------------------------------------------------- a generation turn
+async def test_generation_turn_falls_back_after_a_429_and_runs_the_tool_once(
+    wire_server: WireServer,
+) -> None:
+    rate_limited = Scripted(
+        status=429,
+        headers=(("content-type", "application/json"), ("retry-after", "3")),
+        chunks=(b'{"error": {"message": "Rate limit reached", "type": "requests",'
+                b' "code": "rate_limit_exceeded"}}',),
+        framing="length",
+    )  # fmt: skip
+    wire_server.serve(
+        rate_limited,
+        Scripted(headers=SSE, chunks=tool_call_stream("Let me look. ", "get_weather",
+                                                      {"city": "Paris"})),
+        Scripted(headers=SSE, chunks=text_stream("It is clear ", "and 21 °C.")),
+    )  # fmt: skip
+    runs: list[dict[str, Any]] = []
+
+    async def get_weather(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        runs.append(dict(arguments))
+        return ToolResult(data={"city": arguments["city"], "sky": "clear", "temp_c": 21})
+
+    parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tools = [Tool("get_weather", "Current weather for a city.", parameters, get_weather)]
+
+    def model(name: str) -> Any:
+        return lambda key: OpenAICompatibleProvider(wire_server.url + "/v1", name, api_key=key)
+
+    attempts = [
+        Attempt(model("fast-model"), keys=("sk-fast-key",), label="fast"),
+        Attempt(model("backup-model"), keys=("sk-backup-key",), label="backup"),
+    ]
+    channel = RecordingChannel()
+    key_book: dict[tuple[str, int], KeyHealth] = {}
+    policy = TurnPolicy(loop=LoopPolicy(first_token_timeout=5, inactivity_timeout=5))
+
+    before = time.monotonic()
+    result = await asyncio.wait_for(
+        run_generation_turn(attempts, tools, channel, QUESTION, policy=policy,
+                            clock=LoopClock(), key_book=key_book),
+        timeout=10,
+    )  # fmt: skip
+    after = time.monotonic()
+
+    assert result.status is TurnStatus.COMPLETED
+    assert result.delivered_text == "Let me look. It is clear and 21 °C."
+    assert [(a.label, a.superseded) for a in result.attempts] == [
+        ("fast", True),
+        ("backup", False),
+    ]
+    assert runs == [{"city": "Paris"}]  # the tool ran once
+    assert [entry.call.name for entry in result.history] == ["get_weather"]
+
+    # the first key cools for the server's Retry-After (3 s), on the turn's clock
+    cooled = key_book[("fast", 0)]
+    assert not cooled.retired
+    assert before + 3 <= cooled.cooldown_until <= after + 3
+    assert key_book[("backup", 0)].usable_at(after)
+
+    # over the wire: one request per pass, each model with its own key and name
+    requests = wire_server.requests
+    assert len(requests) == 3
+    assert [r.header("authorization") for r in requests] == [
+        "Bearer sk-fast-key",
+        "Bearer sk-backup-key",
+        "Bearer sk-backup-key",
+    ]
+    assert [json.loads(r.body)["model"] for r in requests] == [
+        "fast-model",
+        "backup-model",
+        "backup-model",
+    ]
+    # the tool's result went back to the model in the follow-up request
+    follow_up = json.loads(requests[2].body)["messages"]
+    tool_messages = [m for m in follow_up if m.get("role") == "tool"]
+    assert len(tool_messages) == 1 and "clear" in tool_messages[0]["content"]
+    # no key reached what the user sees
+    assert "sk-fast-key" not in repr(result) and "sk-backup-key" not in repr(result)

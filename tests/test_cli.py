@@ -1,0 +1,386 @@
+"""The `toolloop-fsm` command, run for real in a subprocess (issue #5).
+
+Every command runs as ``python -m toolloop_fsm …`` from the repository root; the demo and the
+fuzzer's printed reproduce command also run through the installed ``toolloop-fsm`` console
+script, to show both entry points behave the same.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolloop_fsm import generation, machine
+from toolloop_fsm.declaration import declared_transition_ids
+from toolloop_fsm.result import GenerationTurnResult, TurnStatus, result_from_json
+
+REPO = Path(__file__).resolve().parent.parent
+DIAGRAMS = REPO / "diagrams"
+CONSOLE_SCRIPT = Path(sys.executable).parent / "toolloop-fsm"
+TIMEOUT = 60  # seconds: a subprocess that hangs fails its test instead of the whole run
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("HYPOTHESIS_PROFILE", None)  # the fuzzer sets its own settings
+    env.pop("PYTHONPATH", None)  # `python -m` from the repo root finds `tests` by itself
+    env["PYTHONIOENCODING"] = "utf-8"
+    env.update(extra)
+    return env
+
+
+def run(
+    *args: str, console: bool = False, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the command (``python -m toolloop_fsm`` or the console script) from the repo root."""
+    if console:
+        if not CONSOLE_SCRIPT.exists():
+            pytest.skip(f"the toolloop-fsm console script is not installed at {CONSOLE_SCRIPT}")
+        command = [str(CONSOLE_SCRIPT), *args]
+    else:
+        command = [sys.executable, "-m", "toolloop_fsm", *args]
+    return subprocess.run(
+        command,
+        cwd=REPO,
+        env=env if env is not None else _env(),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def run_bytes(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "toolloop_fsm", *args],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess[str], command: str) -> str:
+    """Exit 2, one line on stderr naming the command, no traceback anywhere."""
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"toolloop-fsm {command}: ")
+    return lines[0]
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def summary(stdout: str) -> str:
+    """The result summary the demo ends with (deterministic, unlike the live trace)."""
+    return stdout[stdout.index("\nResult\n") :]
+
+
+# ----------------------------------------------------------------------------- demo
+@pytest.fixture(scope="module")
+def demo() -> subprocess.CompletedProcess[str]:
+    return run("demo")
+
+
+@pytest.fixture(scope="module")
+def saved_demo(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    path = tmp_path_factory.mktemp("demo") / "run.json"
+    return run("demo", "--save-trace", str(path), console=True), path
+
+
+def test_demo_runs_a_turn_with_a_fallback_and_both_tools(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    assert demo.returncode == 0, demo.stderr
+    assert "Traceback" not in demo.stderr
+    out = demo.stdout
+    assert "embedded OpenAI-compatible server at http://127.0.0.1:" in out
+    # the rate-limited first model is superseded before anything is delivered, then steady-2
+    superseded = out.index("⟲ attempt 1 (swift-1) superseded")
+    assert superseded < out.index("✉ delivered")
+    assert "swift-1: error (rate_limit)" in out  # the fallback notice says why
+    assert "attempt 1     swift-1 (key #0): superseded after provider_error" in out
+    assert "attempt 2     steady-2 (key #0): completed" in out
+    # every transition is printed as it happens, both tiers
+    assert "→ judging_attempt --advance--> advancing_model" in out
+    assert "→ awaiting_first_token --text_delta--> streaming" in out
+    # both tools ran once each and succeeded
+    assert re.findall(r"^  tool +(\w+)\(.*\) → ok$", out, re.MULTILINE) == [
+        "get_weather",
+        "update_short_term_memory",
+    ]
+    # the reply was delivered, piece by piece, and adds up to the reply in the summary
+    delivered = re.findall(r"^  ✉ delivered (.*)$", out, re.MULTILINE)
+    assert len(delivered) >= 2
+    reply = re.search(r"^  reply +(.*)$", out, re.MULTILINE)
+    assert reply is not None
+    assert "21 °C" in reply.group(1) and "Paris" in reply.group(1)
+    assert "".join(map(ast.literal_eval, delivered)) == ast.literal_eval(reply.group(1))
+    assert re.search(r"^  status +completed\b", out, re.MULTILINE)
+
+
+def test_console_script_demo_behaves_like_python_m(
+    demo: subprocess.CompletedProcess[str],
+    saved_demo: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    console, _path = saved_demo
+    assert console.returncode == demo.returncode == 0, console.stderr
+    assert summary(console.stdout) == summary(demo.stdout)
+
+
+def test_demo_saves_a_result_that_loads(
+    saved_demo: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    proc, path = saved_demo
+    assert proc.returncode == 0, proc.stderr
+    result = result_from_json(path.read_text(encoding="utf-8"))
+    assert isinstance(result, GenerationTurnResult)
+    assert result.status is TurnStatus.COMPLETED
+    assert [(a.label, a.superseded) for a in result.attempts] == [
+        ("swift-1", True),
+        ("steady-2", False),
+    ]
+    assert [entry.call.name for entry in result.history] == [
+        "get_weather",
+        "update_short_term_memory",
+    ]
+    assert repr(result.delivered_text) in proc.stdout
+    assert result.trace[0].state == "ready" and result.trace[-1].next_state == "completed"
+    # the demo's keys never reach the saved file
+    assert "demo-key" not in path.read_text(encoding="utf-8")
+
+
+def test_trace_prints_the_saved_turn_as_tables(
+    saved_demo: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    _proc, path = saved_demo
+    proc = run("trace", str(path))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("status: completed")
+    assert "attempt 1 — swift-1: error (superseded)" in out
+    assert "attempt 2 — steady-2: completed" in out
+    header = re.compile(r"^#\s+state\s+event\s+next state$", re.MULTILINE)
+    assert len(header.findall(out)) == 3  # the outer trace and one per attempt
+    for outer_state in ("planning", "judging_attempt", "advancing_model", "finishing"):
+        assert re.search(rf"^\d+\s+{outer_state}\s", out, re.MULTILINE), outer_state
+    for inner_state in ("awaiting_first_token", "streaming", "executing_tool", "building_result"):
+        assert re.search(rf"^\d+\s+{inner_state}\s", out, re.MULTILINE), inner_state
+
+
+def test_demo_against_a_closed_port_says_it_cannot_reach_it() -> None:
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    proc = run("demo", "--base-url", url, "--model", "x")
+    line = assert_clean_error(proc, "demo")
+    assert line.startswith(f"toolloop-fsm demo: cannot reach {url}")
+
+
+def test_demo_base_url_needs_a_model() -> None:
+    proc = run("demo", "--base-url", "http://127.0.0.1:1/v1")
+    line = assert_clean_error(proc, "demo")
+    assert "--base-url" in line and "--model" in line
+
+
+def test_demo_names_an_unset_api_key_variable() -> None:
+    env = _env()
+    env.pop("NOT_SET_VAR", None)
+    proc = run("demo", "--api-key-env", "NOT_SET_VAR", env=env)
+    line = assert_clean_error(proc, "demo")
+    assert "NOT_SET_VAR" in line and "not set" in line
+
+
+# ----------------------------------------------------------------------------- diagram
+@pytest.mark.parametrize("which", ["inner", "outer"])
+def test_mermaid_diagram_equals_the_committed_file(which: str) -> None:
+    proc = run_bytes("diagram", which)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (DIAGRAMS / f"{which}.mmd").read_bytes()
+
+
+def test_dot_diagram_written_to_a_file_equals_the_committed_file(tmp_path: Path) -> None:
+    target = tmp_path / "inner.dot"
+    proc = run("diagram", "inner", "--format", "dot", "-o", str(target))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    assert target.read_bytes() == (DIAGRAMS / "inner.dot").read_bytes()
+
+
+def test_svg_without_graphviz_names_what_to_install() -> None:
+    # only the interpreter's own directory on PATH: no `dot` to be found
+    proc = run(
+        "diagram", "inner", "--format", "svg", env=_env(PATH=str(Path(sys.executable).parent))
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "Graphviz" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_highlight_colours_the_states_the_saved_turn_visited(
+    saved_demo: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    _proc, path = saved_demo
+    visited = {s for step in result_from_json(path.read_text()).trace
+               for s in (step.state, step.next_state)}  # fmt: skip
+    proc = run("diagram", "outer", "--highlight", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "classDef s_trace" in proc.stdout
+    classes = dict(re.findall(r"^  Class (\w+) (s_\w+)$", proc.stdout, re.MULTILINE))
+    assert {state for state, cls in classes.items() if cls == "s_trace"} == visited
+    assert classes["rotating_key"] == "s_default"  # one key per model: never rotated
+    assert proc.stdout != (DIAGRAMS / "outer.mmd").read_text(encoding="utf-8")
+
+
+def test_highlight_with_a_file_that_is_not_json_is_a_clean_error(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a trace\n", encoding="utf-8")
+    proc = run("diagram", "outer", "--highlight", str(bad))
+    assert_clean_error(proc, "diagram")
+    assert proc.stdout == ""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="diagram --highlight on a non-JSON file prints only json's 'Expecting value: line 1 "
+    "column 1 (char 0)', naming neither the file nor that it is not JSON",
+)
+def test_highlight_error_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a trace\n", encoding="utf-8")
+    proc = run("diagram", "outer", "--highlight", str(bad))
+    assert str(bad) in proc.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="JSON that is not a trace (e.g. [1, 2]) makes `diagram --highlight` and `trace` "
+    "exit 1 with a cattrs exception-group traceback",
+)
+@pytest.mark.parametrize("command", ["diagram", "trace"])
+def test_json_that_is_not_a_trace_is_a_clean_error(command: str, tmp_path: Path) -> None:
+    bad = tmp_path / "numbers.json"
+    bad.write_text("[1, 2]\n", encoding="utf-8")
+    args = ("diagram", "outer", "--highlight", str(bad)) if command == "diagram" else (
+        "trace", str(bad))  # fmt: skip
+    assert_clean_error(run(*args), command)
+
+
+# ----------------------------------------------------------------------------- fuzz
+def _coverage(out: str) -> tuple[int, int]:
+    found = re.search(r"^transition coverage: (\d+)/(\d+)\b", out, re.MULTILINE)
+    assert found is not None, out
+    return int(found.group(1)), int(found.group(2))
+
+
+def test_fuzz_default_policy_passes() -> None:
+    proc = run("fuzz", "--examples", "60", "--seed", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"\b60 examples in [\d.]+ s, [\d,]+ examples/s$", proc.stdout, re.MULTILINE)
+    fired, declared = _coverage(proc.stdout)
+    assert declared == len(declared_transition_ids(machine.TRANSITIONS))
+    assert 0 < fired <= declared
+    assert "no invariant broke" in proc.stdout
+    assert "FAILED" not in proc.stdout
+
+
+def test_fuzz_outer_tier_passes() -> None:
+    proc = run("fuzz", "--tier", "outer", "--examples", "40", "--seed", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(outer tier)" in proc.stdout and "examples/s" in proc.stdout
+    fired, declared = _coverage(proc.stdout)
+    assert declared == len(declared_transition_ids(generation.TRANSITIONS))
+    assert 0 < fired <= declared
+
+
+def _failure_report(out: str) -> str:
+    """From ``FAILED`` up to (not including) the reproduce line: message, trace, example."""
+    return out[out.index("FAILED") : out.index("reproduce with:")]
+
+
+@pytest.fixture(scope="module")
+def broken() -> subprocess.CompletedProcess[str]:
+    return run("fuzz", "--policy", "tests.fuzz_policies:BROKEN", "--examples", "200", "--seed", "1")
+
+
+def test_fuzz_finds_the_broken_guard_and_prints_the_shortest_trace(
+    broken: subprocess.CompletedProcess[str],
+) -> None:
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "Traceback" not in broken.stdout + broken.stderr
+    out = broken.stdout
+    assert "\nFAILED: IndexError: list index out of range\n" in out
+    table = out[out.index("shortest failing trace") :]
+    assert re.search(r"^#\s+state\s+event\s+next state$", table, re.MULTILINE)
+    # the shrunk turn: text, a tool call, and the broken rule consulted after the tool
+    assert re.search(r"^\d+\s+ready\s+start\s+starting_pass$", table, re.MULTILINE)
+    assert re.search(r"^\d+\s+checking_tool_outcome\s+advance\s+\w+$", table, re.MULTILINE)
+    assert re.search(r"^reproduce with: toolloop-fsm fuzz .*--seed 1\b", out, re.MULTILINE)
+
+
+def _reproduce_command(out: str) -> list[str]:
+    found = re.search(r"^reproduce with: (.+)$", out, re.MULTILINE)
+    assert found is not None, out
+    command = shlex.split(found.group(1))
+    assert command[0] == "toolloop-fsm"
+    if not CONSOLE_SCRIPT.exists():
+        pytest.skip(f"the toolloop-fsm console script is not installed at {CONSOLE_SCRIPT}")
+    return [str(CONSOLE_SCRIPT), *command[1:]]
+
+
+def test_the_printed_reproduce_command_fails_the_same_way(
+    broken: subprocess.CompletedProcess[str],
+) -> None:
+    command = _reproduce_command(broken.stdout)
+    # PYTHONPATH: the console script, unlike `python -m`, does not look in the current
+    # directory for the policy's module (see the xfail below)
+    proc = subprocess.run(command, cwd=REPO, env=_env(PYTHONPATH=str(REPO)), capture_output=True,
+                          text=True, encoding="utf-8", timeout=TIMEOUT, check=False)  # fmt: skip
+    assert proc.returncode == broken.returncode == 1, proc.stdout + proc.stderr
+    assert _failure_report(proc.stdout) == _failure_report(broken.stdout)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the printed `toolloop-fsm fuzz … --policy tests.fuzz_policies:BROKEN`, pasted in "
+    "the directory it was printed from, exits 2 'cannot import': the console script does not "
+    "put the current directory on sys.path as `python -m` does",
+)
+def test_the_printed_reproduce_command_works_verbatim(
+    broken: subprocess.CompletedProcess[str],
+) -> None:
+    proc = subprocess.run(_reproduce_command(broken.stdout), cwd=REPO, env=_env(),
+                          capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+
+
+def test_fuzz_takes_a_policy_factory(broken: subprocess.CompletedProcess[str]) -> None:
+    proc = run("fuzz", "--policy", "tests.fuzz_policies:make_broken", "--examples", "200",
+               "--seed", "1")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert _failure_report(proc.stdout) == _failure_report(broken.stdout)
+    assert "--policy tests.fuzz_policies:make_broken" in proc.stdout
+
+
+def test_fuzz_with_an_unimportable_policy_is_a_clean_error() -> None:
+    proc = run("fuzz", "--policy", "nosuchmodule:x")
+    line = assert_clean_error(proc, "fuzz")
+    assert "nosuchmodule" in line and "import" in line
+    assert proc.stdout == ""
