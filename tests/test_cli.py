@@ -256,11 +256,6 @@ def test_highlight_with_a_file_that_is_not_json_is_a_clean_error(tmp_path: Path)
     assert proc.stdout == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="diagram --highlight on a non-JSON file prints only json's 'Expecting value: line 1 "
-    "column 1 (char 0)', naming neither the file nor that it is not JSON",
-)
 def test_highlight_error_names_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "notes.txt"
     bad.write_text("not a trace\n", encoding="utf-8")
@@ -268,11 +263,6 @@ def test_highlight_error_names_the_file(tmp_path: Path) -> None:
     assert str(bad) in proc.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="JSON that is not a trace (e.g. [1, 2]) makes `diagram --highlight` and `trace` "
-    "exit 1 with a cattrs exception-group traceback",
-)
 @pytest.mark.parametrize("command", ["diagram", "trace"])
 def test_json_that_is_not_a_trace_is_a_clean_error(command: str, tmp_path: Path) -> None:
     bad = tmp_path / "numbers.json"
@@ -348,20 +338,12 @@ def test_the_printed_reproduce_command_fails_the_same_way(
     broken: subprocess.CompletedProcess[str],
 ) -> None:
     command = _reproduce_command(broken.stdout)
-    # PYTHONPATH: the console script, unlike `python -m`, does not look in the current
-    # directory for the policy's module (see the xfail below)
     proc = subprocess.run(command, cwd=REPO, env=_env(PYTHONPATH=str(REPO)), capture_output=True,
                           text=True, encoding="utf-8", timeout=TIMEOUT, check=False)  # fmt: skip
     assert proc.returncode == broken.returncode == 1, proc.stdout + proc.stderr
     assert _failure_report(proc.stdout) == _failure_report(broken.stdout)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the printed `toolloop-fsm fuzz … --policy tests.fuzz_policies:BROKEN`, pasted in "
-    "the directory it was printed from, exits 2 'cannot import': the console script does not "
-    "put the current directory on sys.path as `python -m` does",
-)
 def test_the_printed_reproduce_command_works_verbatim(
     broken: subprocess.CompletedProcess[str],
 ) -> None:

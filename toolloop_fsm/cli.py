@@ -179,14 +179,24 @@ def load_trace(path: str, machine: str) -> tuple[TraceStep, ...]:
     machine, a generation turn's result gives its last attempt's trace."""
     from toolloop_fsm.result import converter
 
-    with open(path, encoding="utf-8") as source:
-        data = json.load(source)
-    if isinstance(data, dict):
-        if machine == "inner" and data.get("attempts"):
-            data = data["attempts"][-1].get("trace", [])
-        else:
-            data = data.get("trace", [])
-    return converter.structure(data, tuple[TraceStep, ...])
+    data = _read_json(path)
+    try:
+        if isinstance(data, dict):
+            if machine == "inner" and data.get("attempts"):
+                data = data["attempts"][-1].get("trace", [])
+            else:
+                data = data.get("trace", [])
+        return converter.structure(data, tuple[TraceStep, ...])
+    except Exception:
+        raise ValueError(f"{path} holds neither a saved result nor a trace") from None
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as source:
+            return json.load(source)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not JSON ({err.msg} at line {err.lineno})") from None
 
 
 def _diagram(args: argparse.Namespace) -> int:
@@ -251,23 +261,37 @@ def _trace(args: argparse.Namespace) -> int:
     from toolloop_fsm.fuzz import trace_table
     from toolloop_fsm.result import converter
 
+    def table(steps: Any) -> str:
+        return trace_table(converter.structure(steps, tuple[TraceStep, ...]))
+
     try:
-        with open(args.file, encoding="utf-8") as source:
-            data = json.load(source)
-    except (OSError, ValueError) as err:
-        sys.stderr.write(f"toolloop-fsm trace: cannot read {args.file}: {err}\n")
+        data = _read_json(args.file)
+        if isinstance(data, list):
+            print(table(data))
+            return 0
+        if not isinstance(data, dict):
+            raise ValueError(f"{args.file} holds neither a saved result nor a trace")
+        lines = [
+            f"status: {data.get('status')}" + (f" ({data['reason']})" if data.get("reason") else "")
+        ]
+        lines.append(table(data.get("trace", [])))
+        for attempt in data.get("attempts", []):
+            superseded = " (superseded)" if attempt.get("superseded") else ""
+            heading = f"attempt {attempt['index']} — {attempt['label']}"
+            lines.append(f"\n{heading}: {attempt['status']}{superseded}")
+            lines.append(table(attempt.get("trace", [])))
+    except OSError as err:
+        sys.stderr.write(f"toolloop-fsm trace: cannot read {args.file}: {err.strerror}\n")
         return 2
-    if isinstance(data, list):
-        print(trace_table(converter.structure(data, tuple[TraceStep, ...])))
-        return 0
-    status = data.get("status")
-    reason = data.get("reason")
-    print(f"status: {status}" + (f" ({reason})" if reason else ""))
-    print(trace_table(converter.structure(data.get("trace", []), tuple[TraceStep, ...])))
-    for attempt in data.get("attempts", []):
-        print(f"\nattempt {attempt['index']} — {attempt['label']}: {attempt['status']}"
-              + (" (superseded)" if attempt.get("superseded") else ""))  # fmt: skip
-        print(trace_table(converter.structure(attempt.get("trace", []), tuple[TraceStep, ...])))
+    except ValueError as err:
+        sys.stderr.write(f"toolloop-fsm trace: {err}\n")
+        return 2
+    except Exception:
+        sys.stderr.write(
+            f"toolloop-fsm trace: {args.file} holds neither a saved result nor a trace\n"
+        )
+        return 2
+    print("\n".join(lines))
     return 0
 
 

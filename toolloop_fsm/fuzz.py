@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,6 +35,9 @@ def load_policy(spec: str, tier: str) -> LoopPolicy | TurnPolicy:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise FuzzSetupError(f"--policy takes module:attr, got {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # as `python -m` does: a policy module in the current directory can be named
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:

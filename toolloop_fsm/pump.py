@@ -427,13 +427,16 @@ class EventPump:
             if effect.first_seconds is not None and self._last_chunk is None:
                 kind = DeadlineKind.FIRST_TOKEN  # no chunk yet in this pass
                 due = self._stream_armed_at + effect.first_seconds
+                # wake again within one inactivity window, so that a first chunk arriving
+                # late is followed by the inactivity budget, not by the first-token due
+                wake = min(due, now + effect.seconds)
             else:
                 if effect.first_seconds is not None:
                     kind = DeadlineKind.INACTIVITY
                 # a rolling deadline counts from the last chunk or recorded delivery
-                due = self._last_activity + effect.seconds
+                due = wake = self._last_activity + effect.seconds
             if due - now > 1e-9:
-                handle = self.clock.call_later(due - now, self._deadline_fired, effect)
+                handle = self.clock.call_later(wake - now, self._deadline_fired, effect)
                 self._timers[effect.token] = (handle, effect)
                 return
         del self._timers[effect.token]

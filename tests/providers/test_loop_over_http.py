@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.providers.wire_server import Scripted, WireServer
 from toolloop_fsm import (
@@ -116,13 +115,6 @@ async def test_a_stalled_stream_times_out_keeps_its_text_and_closes_the_connecti
     assert len(wire_server.requests) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pump: when the first chunk arrives after inactivity_timeout has already elapsed "
-    "(the timer's first wake found no chunk and re-armed for the first-token due), the stall "
-    "is detected only at start + first_token_timeout (5 s here) instead of first chunk + "
-    "inactivity_timeout; regression from e576ce7 (ee5a82a detected it at 0.3 s)",
-)
 async def test_a_stall_after_a_slow_first_token_ends_one_inactivity_window_later(
     wire_server: WireServer,
 ) -> None:
