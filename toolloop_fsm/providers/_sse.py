@@ -54,8 +54,9 @@ unterminated last line is decoded at EOF.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import Any, Protocol
 
 from attrs import frozen
 
@@ -267,6 +268,47 @@ def decode_ndjson_line(line: bytes) -> Any:
             kind="protocol",
             retryable=True,
         ) from None
+
+
+class EventDecoder(Protocol):
+    """A provider's sans-IO decoder of named SSE events into chunk events."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def event(self, name: str, data: str, out: list[Any]) -> None: ...
+
+    def finish(self, out: list[Any]) -> None: ...
+
+
+async def decode_event_stream(
+    body: AsyncGenerator[bytes, None], decoder: EventDecoder
+) -> AsyncIterator[Any]:
+    """Frame ``body`` as SSE and run each event through ``decoder``, yielding its chunks as
+    they come; stops reading once the decoder saw the stream's end, and closes ``body``
+    either way (a cancelled or abandoned pass closes the HTTP response at once)."""
+    sse = SSEDecoder()
+    out: list[Any] = []
+    async with aclosing(body) as raw:
+        async for data in raw:
+            for name, text, _id, _retry in sse.feed_raw(data):
+                decoder.event(name, text, out)
+            if sse.error is not None:
+                raise sse.error
+            if out:
+                for chunk in out:
+                    yield chunk
+                out.clear()
+            if decoder.done:
+                break
+        if not decoder.done:
+            for name, text, _id, _retry in sse.finish_raw():
+                decoder.event(name, text, out)
+            if sse.error is not None:
+                raise sse.error
+    decoder.finish(out)
+    for chunk in out:
+        yield chunk
 
 
 async def aiter_ndjson(byte_iter: AsyncIterator[bytes]) -> AsyncIterator[Any]:

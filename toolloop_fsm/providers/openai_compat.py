@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import aclosing
 from typing import Any, Literal
 
 import httpx
@@ -52,7 +51,7 @@ from toolloop_fsm.events import (
 )
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._http import error_from_payload, post_stream, redact
-from toolloop_fsm.providers._sse import SSEDecoder
+from toolloop_fsm.providers._sse import decode_event_stream
 from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
 
@@ -487,9 +486,6 @@ class OpenAICompatibleProvider:
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
         secrets = (self._api_key,)
-        decoder = ChatStreamDecoder(provider=self.name, secrets=secrets)
-        sse = SSEDecoder()
-        out: list[Chunk] = []
         body = post_stream(
             self.url,
             self.build_body(request),
@@ -499,25 +495,8 @@ class OpenAICompatibleProvider:
             secrets=secrets,
             timeout=self._timeout,
         )
-        async with aclosing(body) as raw:
-            async for data in raw:
-                for name, text, _id, _retry in sse.feed_raw(data):
-                    decoder.event(name, text, out)
-                if sse.error is not None:
-                    raise sse.error
-                if out:
-                    for chunk in out:
-                        yield chunk
-                    out.clear()
-                if decoder.done:
-                    break
-            if not decoder.done:
-                for name, text, _id, _retry in sse.finish_raw():
-                    decoder.event(name, text, out)
-                if sse.error is not None:
-                    raise sse.error
-        decoder.finish(out)
-        for chunk in out:
+        decoder = ChatStreamDecoder(provider=self.name, secrets=secrets)
+        async for chunk in decode_event_stream(body, decoder):
             yield chunk
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import aclosing
 from typing import Any, Literal
 
 import httpx
@@ -48,7 +47,7 @@ from toolloop_fsm.events import (
 )
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._http import error_from_payload, post_stream, redact
-from toolloop_fsm.providers._sse import SSEDecoder
+from toolloop_fsm.providers._sse import decode_event_stream
 from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers.openai_compat import dump_json, history_call_id, tool_response_payload
 
@@ -152,6 +151,11 @@ class ResponsesStreamDecoder:
         self._calls_made = 0
         self._ended = False
         self._events = 0
+
+    @property
+    def done(self) -> bool:
+        """The stream's terminal event arrived (the same as `ended`)."""
+        return self._ended
 
     @property
     def ended(self) -> bool:
@@ -362,9 +366,6 @@ class OpenAIResponsesProvider:
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
         secrets = (self._api_key,)
-        decoder = ResponsesStreamDecoder(provider=self.name, secrets=secrets)
-        sse = SSEDecoder()
-        out: list[Chunk] = []
         body = post_stream(
             self.url,
             self.build_body(request),
@@ -374,25 +375,8 @@ class OpenAIResponsesProvider:
             secrets=secrets,
             timeout=self._timeout,
         )
-        async with aclosing(body) as raw:
-            async for data in raw:
-                for name, text, _id, _retry in sse.feed_raw(data):
-                    decoder.event(name, text, out)
-                if sse.error is not None:
-                    raise sse.error
-                if out:
-                    for chunk in out:
-                        yield chunk
-                    out.clear()
-                if decoder.ended:
-                    break
-            if not decoder.ended:
-                for name, text, _id, _retry in sse.finish_raw():
-                    decoder.event(name, text, out)
-                if sse.error is not None:
-                    raise sse.error
-        decoder.finish(out)
-        for chunk in out:
+        decoder = ResponsesStreamDecoder(provider=self.name, secrets=secrets)
+        async for chunk in decode_event_stream(body, decoder):
             yield chunk
 
 
