@@ -87,8 +87,20 @@ from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus, converter
 from toolloop_fsm.turn import LedgerEntry
 
-#: Stands in when a turn is run without signals; nobody can reach it to request anything.
-_NO_SIGNALS = TurnSignals()
+class _Unsignalled(TurnSignals):
+    """Stands in when a turn is run without signals: nothing can be requested of it."""
+
+    def request_stop(self, stop_message: str | None = None) -> None:
+        raise RuntimeError("this turn was started without TurnSignals; pass signals= to stop it")
+
+    def follow_up(self) -> None:
+        raise RuntimeError("this turn was started without TurnSignals; pass signals=")
+
+    def report_unreachable(self) -> None:
+        raise RuntimeError("this turn was started without TurnSignals; pass signals=")
+
+
+_NO_SIGNALS = _Unsignalled()
 
 
 class EventPump:
