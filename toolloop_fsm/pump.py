@@ -87,6 +87,7 @@ from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus, converter
 from toolloop_fsm.turn import LedgerEntry
 
+
 class _Unsignalled(TurnSignals):
     """Stands in when a turn is run without signals: nothing can be requested of it."""
 
