@@ -107,6 +107,41 @@ _NO_SIGNALS = _Unsignalled()
 class EventPump:
     """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
 
+    __slots__ = (
+        "_deliveries",
+        "_delivery_task",
+        "_depth",
+        "_done",
+        "_follow_ups_seen",
+        "_group",
+        "_host_calls",
+        "_host_exception",
+        "_host_task",
+        "_interrupted",
+        "_iteration",
+        "_last_activity",
+        "_last_chunk",
+        "_main",
+        "_outcomes",
+        "_pending_stream",
+        "_reading",
+        "_signals_dirty",
+        "_stop_fed",
+        "_stream_armed_at",
+        "_stream_generation",
+        "_timers",
+        "_tool_dispatch",
+        "_tool_task",
+        "_wake",
+        "channel",
+        "clock",
+        "machine",
+        "on_effect",
+        "provider",
+        "registry",
+        "signals",
+    )
+
     def __init__(
         self,
         machine: ToolLoopMachine,
@@ -127,7 +162,13 @@ class EventPump:
         self.on_effect = on_effect
         self._group: asyncio.TaskGroup | None = None
         self._done: asyncio.Future[GenerationTurnResult] | None = None
-        self._stream_task: asyncio.Task[None] | None = None
+        # the stream is read by the turn's own task (no task per pass): a pass waiting to
+        # be read, whether it is being read, and a wake-up for the task between passes
+        self._main: asyncio.Task[Any] | None = None
+        self._pending_stream: tuple[ProviderRequest, int] | None = None
+        self._reading = False
+        self._interrupted = False
+        self._wake: asyncio.Future[None] | None = None
         self._stream_generation = 0
         self._tool_task: asyncio.Task[None] | None = None
         self._tool_dispatch = 0
@@ -160,6 +201,7 @@ class EventPump:
         """Run the turn to its terminal state and return its result."""
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
+        self._main = asyncio.current_task()
         if continuation_style is None:
             continuation_style = bool(getattr(self.provider, "continuation_style", False))
         self._follow_ups_seen = self.signals.follow_ups
@@ -182,7 +224,7 @@ class EventPump:
                     )
                     self._signals_dirty = True
                     self._take_signals()
-                    result = await self._done
+                    result = await self._serve()
                 except asyncio.CancelledError:
                     raise
                 except Exception as err:  # raised plainly below, not as an ExceptionGroup
@@ -201,7 +243,8 @@ class EventPump:
         """The turn is over (or the caller was cancelled): stop the stream and the tool,
         abandon deliveries still in flight, disarm every deadline."""
         self._stream_generation += 1
-        for task in (self._stream_task, self._tool_task, self._delivery_task):
+        self._pending_stream = None
+        for task in (self._tool_task, self._delivery_task):
             if task is not None and not task.done():
                 task.cancel()
         self._deliveries.clear()
@@ -228,9 +271,16 @@ class EventPump:
         try:
             effects = self.machine.feed(event)
         except BaseException as err:  # the machine rejected the event: surface it to run()
-            done.set_exception(err)
+            self._fail(err)
             return
         self._execute(effects)
+
+    def _fail(self, err: BaseException) -> None:
+        done = self._done
+        if done is not None and not done.done():
+            done.set_exception(err)
+        self._interrupt_read()
+        self._wake_up()
 
     def _execute(self, effects: Iterable[Effect]) -> None:
         self._depth += 1
@@ -292,6 +342,8 @@ class EventPump:
         if self._host_exception is not None:
             result = attrs.evolve(result, exception=self._host_exception)
         done.set_result(result)
+        self._interrupt_read()
+        self._wake_up()
 
     # ------------------------------------------------------------------ signals
     def _signal_arrived(self) -> None:
@@ -311,23 +363,67 @@ class EventPump:
             self._feed(FollowUpArrived())
 
     # ------------------------------------------------------------------ the provider stream
+    async def _serve(self) -> GenerationTurnResult:
+        """The turn's own task: read each pass's stream as the machine starts it, and wait
+        between passes. A deadline, a stop or a failure elsewhere interrupts a read by
+        cancelling this task; that cancellation is taken back here (`uncancel`), while the
+        caller's own cancellation propagates as usual."""
+        done = self._done
+        main = self._main
+        assert done is not None and main is not None
+        loop = asyncio.get_running_loop()
+        while not done.done():
+            try:
+                pending = self._pending_stream
+                if pending is not None:
+                    self._pending_stream = None
+                    await self._read_stream(*pending)
+                    if self._interrupted:  # a provider swallowed the interruption
+                        self._interrupted = False
+                        main.uncancel()
+                else:
+                    self._wake = loop.create_future()
+                    await self._wake
+            except asyncio.CancelledError:
+                if not self._interrupted:
+                    raise
+                self._interrupted = False
+                if main.uncancel() > 0:
+                    raise
+            finally:
+                self._wake = None
+        return done.result()
+
+    def _wake_up(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    def _interrupt_read(self) -> None:
+        """Stop a read in progress in the turn's task (from a timer, a tool, a signal)."""
+        main = self._main
+        if self._reading and not self._interrupted and main is not asyncio.current_task():
+            assert main is not None
+            self._interrupted = True
+            main.cancel()
+
     def _start_stream(self, effect: StartStream) -> None:
-        assert self._group is not None
         self._stream_generation += 1
         self._iteration = effect.iteration
         self._last_activity = self.clock.now()
-        self._stream_task = self._group.create_task(
-            self._read_stream(effect.request, self._stream_generation)
-        )
+        self._pending_stream = (effect.request, self._stream_generation)
+        self._wake_up()
 
     def _cancel_stream(self) -> None:
         self._stream_generation += 1
-        task = self._stream_task
-        if task is not None and task is not asyncio.current_task() and not task.done():
-            task.cancel()
+        self._pending_stream = None
+        self._interrupt_read()
 
     async def _read_stream(self, request: ProviderRequest, generation: int) -> None:
+        if generation != self._stream_generation:
+            return  # cancelled before it was read
         stream = self.provider.stream(request)
+        self._reading = True
         machine = self.machine
         feed = machine.feed
         turn = machine.turn
@@ -355,8 +451,8 @@ class EventPump:
                                 retryable=True,
                             )
                         )
-                    elif self._done is not None and not self._done.done():
-                        self._done.set_exception(err)
+                    else:
+                        self._fail(err)
                     return
                 if effects:
                     execute(effects)
@@ -389,6 +485,7 @@ class EventPump:
                 )
             return
         finally:
+            self._reading = False
             await _close_stream(stream)
         if generation == self._stream_generation:
             self._feed(StreamEnded())
