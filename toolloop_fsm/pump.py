@@ -111,7 +111,9 @@ class EventPump:
         "_deliveries",
         "_delivery_task",
         "_depth",
-        "_done",
+        "_failure",
+        "_finished",
+        "_result",
         "_follow_ups_seen",
         "_group",
         "_host_calls",
@@ -161,7 +163,10 @@ class EventPump:
         self.clock: Clock = clock if clock is not None else LOOP_CLOCK
         self.on_effect = on_effect
         self._group: asyncio.TaskGroup | None = None
-        self._done: asyncio.Future[GenerationTurnResult] | None = None
+        # how the run ended (plain state: read by the turn's own task when it wakes)
+        self._finished = False
+        self._result: GenerationTurnResult | None = None
+        self._failure: BaseException | None = None
         # the stream is read by the turn's own task (no task per pass): a pass waiting to
         # be read, whether it is being read, and a wake-up for the task between passes
         self._main: asyncio.Task[Any] | None = None
@@ -200,7 +205,6 @@ class EventPump:
     ) -> GenerationTurnResult:
         """Run the turn to its terminal state and return its result."""
         loop = asyncio.get_running_loop()
-        self._done = loop.create_future()
         self._main = asyncio.current_task()
         if continuation_style is None:
             continuation_style = bool(getattr(self.provider, "continuation_style", False))
@@ -249,8 +253,7 @@ class EventPump:
                 task.cancel()
         self._deliveries.clear()
         self._cancel_timers()
-        if self._done is not None and not self._done.done():
-            self._done.cancel()
+        self._finished = True
 
     def _cancel_timers(self) -> None:
         for handle, _ in self._timers.values():
@@ -260,13 +263,12 @@ class EventPump:
     # ------------------------------------------------------------------ feeding
     def _feed(self, event: Any) -> None:
         """Feed one event and carry out its effects; a failure ends the run with it."""
-        done = self._done
-        if done is None or done.done() or self.machine.is_finished:
+        if self._finished or self.machine.is_finished:
             return
         if self._signals_dirty:
             # a signal that arrived before this event is taken first, in the state it met
             self._take_signals()
-            if done.done() or self.machine.is_finished:
+            if self._finished or self.machine.is_finished:
                 return
         try:
             effects = self.machine.feed(event)
@@ -276,9 +278,9 @@ class EventPump:
         self._execute(effects)
 
     def _fail(self, err: BaseException) -> None:
-        done = self._done
-        if done is not None and not done.done():
-            done.set_exception(err)
+        if not self._finished:
+            self._finished = True
+            self._failure = err
         self._interrupt_read()
         self._wake_up()
 
@@ -323,8 +325,7 @@ class EventPump:
                 self._finish(effect)  # type: ignore[arg-type]
 
     def _finish(self, effect: Finish) -> None:
-        done = self._done
-        if done is None or done.done():
+        if self._finished:
             return
         self._stream_generation += 1
         self._deliveries.clear()
@@ -336,12 +337,12 @@ class EventPump:
         self._settle_result(effect.result)
 
     def _settle_result(self, result: GenerationTurnResult) -> None:
-        done = self._done
-        if done is None or done.done():
+        if self._finished:
             return
         if self._host_exception is not None:
             result = attrs.evolve(result, exception=self._host_exception)
-        done.set_result(result)
+        self._finished = True
+        self._result = result
         self._interrupt_read()
         self._wake_up()
 
@@ -368,11 +369,10 @@ class EventPump:
         between passes. A deadline, a stop or a failure elsewhere interrupts a read by
         cancelling this task; that cancellation is taken back here (`uncancel`), while the
         caller's own cancellation propagates as usual."""
-        done = self._done
         main = self._main
-        assert done is not None and main is not None
+        assert main is not None
         loop = asyncio.get_running_loop()
-        while not done.done():
+        while not self._finished:
             try:
                 pending = self._pending_stream
                 if pending is not None:
@@ -392,7 +392,10 @@ class EventPump:
                     raise
             finally:
                 self._wake = None
-        return done.result()
+        if self._failure is not None:
+            raise self._failure
+        assert self._result is not None
+        return self._result
 
     def _wake_up(self) -> None:
         wake = self._wake
