@@ -225,6 +225,8 @@ class StepRunner(Generic[ModelT]):
     """Runs a compiled declaration over one model: real triggers, decision points
     (transient states advance at once), the trace, and transition coverage."""
 
+    __slots__ = ("coverage", "declaration", "fast", "on_step", "reference")
+
     def __init__(
         self,
         declaration: CompiledDeclaration,
@@ -313,6 +315,7 @@ class DeclaredMachine(Generic[ModelT]):
     """What both machines share: the model a run drives, its result, and the public
     surface (``state``, ``is_finished``, ``result``, ``trace``)."""
 
+    __slots__ = ("_model", "_result", "_runner")
     name = "machine"
 
     def __init__(

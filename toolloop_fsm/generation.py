@@ -164,6 +164,7 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
     """The outer tier as a sans-IO machine: `start` it with the chain's plans, `feed` it
     each attempt's outcome, carry out the effects it returns (`StartAttempt`, …)."""
 
+    __slots__ = ("policy",)
     name = "GenerationTurnMachine"
 
     def __init__(

@@ -315,6 +315,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
     compiled paths must agree with it).
     """
 
+    __slots__ = ("policy", "tools")
     name = "ToolLoopMachine"
 
     def __init__(

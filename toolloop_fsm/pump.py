@@ -113,7 +113,6 @@ class EventPump:
         "_depth",
         "_failure",
         "_finished",
-        "_result",
         "_follow_ups_seen",
         "_group",
         "_host_calls",
@@ -127,6 +126,7 @@ class EventPump:
         "_outcomes",
         "_pending_stream",
         "_reading",
+        "_result",
         "_signals_dirty",
         "_stop_fed",
         "_stream_armed_at",
@@ -204,7 +204,6 @@ class EventPump:
         expression_delivered: bool = False,
     ) -> GenerationTurnResult:
         """Run the turn to its terminal state and return its result."""
-        loop = asyncio.get_running_loop()
         self._main = asyncio.current_task()
         if continuation_style is None:
             continuation_style = bool(getattr(self.provider, "continuation_style", False))
