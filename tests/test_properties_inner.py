@@ -58,9 +58,9 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.host import ToolRegistry, TurnRequest, TurnSignals
-from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.machine import CHUNK_TRIGGERS, ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import TraceStep, TurnStatus
 from toolloop_fsm.testing import (
     InvariantViolation,
     ScriptRun,
@@ -288,6 +288,37 @@ def drive_machine(policy: LoopPolicy, data: st.DataObject, *, probe: bool = True
     assert replayed == log
     assert replay.state == machine.state
     assert replay.trace == machine.trace
+    # the compiled tables and `transitions`' own trigger (the reference interpreter) take
+    # the same steps: same effects, same phase steps (the reference also traces each chunk's
+    # internal transition, which the fast path does not), same result
+    reference = ToolLoopMachine(policy, tools=TOOLS, reference=True)
+    referenced = [reference.start(request, continuation_style=continuation)]
+    referenced += [reference.feed(event) for event in events]
+    assert _phase_effects(referenced) == _phase_effects(log)
+    assert reference.state == machine.state
+    assert _phase_steps(reference.trace) == _phase_steps(machine.trace)
+    if machine.is_finished:
+        assert attrs.evolve(reference.result, trace=()) == attrs.evolve(machine.result, trace=())
+
+
+_CHUNK_TRIGGERS = frozenset(CHUNK_TRIGGERS.values())
+
+
+def _phase_steps(trace: Sequence[TraceStep]) -> list[TraceStep]:
+    return [s for s in trace if not (s.event in _CHUNK_TRIGGERS and s.state == s.next_state)]
+
+
+def _phase_effects(log: Sequence[Sequence[Effect]]) -> list[list[object]]:
+    """The effects, with the trace inside a `Finish` result reduced to its phase steps."""
+    return [
+        [
+            Finish(attrs.evolve(e.result, trace=tuple(_phase_steps(e.result.trace))))
+            if isinstance(e, Finish)
+            else e
+            for e in effects
+        ]
+        for effects in log
+    ]
 
 
 def _probe_illegal(machine: ToolLoopMachine, sim: Simulator, data: st.DataObject) -> None:
