@@ -326,5 +326,25 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument(
+        "--run-only",
+        choices=("minimal", "same-work", "engine"),
+        help="just run --turns T1 turns of one contender (for instruction counts under "
+        "valgrind --tool=callgrind: subtract a --turns 0 run)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.turns, args.rounds))
+    if args.run_only:
+        runner = {
+            "minimal": handwritten_turn,
+            "same-work": handwritten_same_work_turn,
+            "engine": engine_turn,
+        }[args.run_only]
+
+        async def run_only() -> None:
+            script = t1_script()
+            for _ in range(args.turns):
+                await runner(MemoryProvider(script), CountingChannel())
+
+        asyncio.run(run_only())
+    else:
+        asyncio.run(main(args.turns, args.rounds))
