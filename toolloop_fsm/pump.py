@@ -1,16 +1,19 @@
 """The event pump: the async shell around the sans-IO machines.
 
-`EventPump` carries out a machine's effects — the provider stream reader, tool tasks,
+`EventPump` carries out a machine's effects — reading the provider stream, tool tasks,
 deadline timers on the injected `Clock`, deliveries to the host's `Channel` — and turns
-what happens into events, fed to the machine one at a time. Everything runs under one
-`asyncio.TaskGroup`, so cancelling the caller cancels the stream and the tools and
-propagates; a stop is the first-party `StopRequested` event, never a swallowed
-`CancelledError`.
+what happens into events, fed to the machine one at a time. Structured concurrency: every
+task the pump starts is its child, and the run does not return before its children are
+done; cancelling the caller cancels the stream, the tools and the deliveries and
+propagates. (The children are tracked by hand rather than by an `asyncio.TaskGroup`: a turn
+parked on its provider has no child at all, and a group's bookkeeping was a fifth of the
+memory of a waiting turn.) A stop is the first-party `StopRequested` event, never a
+swallowed `CancelledError`.
 
-The per-chunk path has no hops: the reader task feeds each chunk to the machine directly
-and checks the host's signals between chunks. Every event source (reader, tool tasks,
-timers, the delivery worker) feeds the machine synchronously on the loop's one thread, so
-the machine never sees two events at once.
+The per-chunk path has no hops: the turn's own task reads the stream and hands each chunk
+to the machine's chunk handlers directly, checking the host's signals between chunks. Every
+event source (the read, tool tasks, timers, the delivery worker) feeds the machine
+synchronously on the loop's one thread, so the machine never sees two events at once.
 """
 
 from __future__ import annotations
@@ -108,13 +111,13 @@ class EventPump:
     """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
 
     __slots__ = (
+        "_children",
         "_deliveries",
         "_delivery_task",
         "_depth",
         "_failure",
         "_finished",
         "_follow_ups_seen",
-        "_group",
         "_host_calls",
         "_host_exception",
         "_host_task",
@@ -162,7 +165,7 @@ class EventPump:
         self.signals = signals if signals is not None else _NO_SIGNALS
         self.clock: Clock = clock if clock is not None else LOOP_CLOCK
         self.on_effect = on_effect
-        self._group: asyncio.TaskGroup | None = None
+        self._children: list[asyncio.Task[None]] | None = None  # made on the first spawn
         # how the run ended (plain state: read by the turn's own task when it wakes)
         self._finished = False
         self._result: GenerationTurnResult | None = None
@@ -211,36 +214,65 @@ class EventPump:
         listening = self.signals is not _NO_SIGNALS
         if listening:
             self.signals.add_listener(self._signal_arrived)
+        failure: Exception | None = None
+        cancelled = True
         try:
-            failure: Exception | None = None
-            async with asyncio.TaskGroup() as group:
-                self._group = group
-                try:
-                    self._execute(
-                        self.machine.start(
-                            request,
-                            continuation_style=continuation_style,
-                            hold_timeout_notice=hold_timeout_notice,
-                            ledger=ledger,
-                            expression_delivered=expression_delivered,
-                        )
-                    )
-                    self._signals_dirty = True
-                    self._take_signals()
-                    result = await self._serve()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as err:  # raised plainly below, not as an ExceptionGroup
-                    failure = err
-                finally:
-                    self._wind_down()
-            if failure is not None:
-                raise failure
-            return result
+            self._execute(
+                self.machine.start(
+                    request,
+                    continuation_style=continuation_style,
+                    hold_timeout_notice=hold_timeout_notice,
+                    ledger=ledger,
+                    expression_delivered=expression_delivered,
+                )
+            )
+            self._signals_dirty = True
+            self._take_signals()
+            result = await self._serve()
+            cancelled = False
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            cancelled = False
+            failure = err
         finally:
-            if listening:
-                self.signals.remove_listener(self._signal_arrived)
-            self._cancel_timers()
+            self._wind_down()
+            try:
+                await self._join_children(cancel=cancelled)
+            finally:
+                if listening:
+                    self.signals.remove_listener(self._signal_arrived)
+                self._cancel_timers()
+        if failure is not None:
+            raise failure
+        return result
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        children = self._children
+        if children is None:
+            self._children = [task]
+        else:
+            children[:] = [child for child in children if not child.done()]
+            children.append(task)
+        return task
+
+    async def _join_children(self, *, cancel: bool) -> None:
+        """Wait for every child (the host's notices and stop message may still be on their
+        way); when the caller was cancelled, cancel them first. A child's own failure —
+        a bug, since children turn everything into events — is raised."""
+        children = self._children
+        if not children:
+            return
+        pending = [child for child in children if not child.done()]
+        if cancel:
+            for child in pending:
+                child.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        for child in children:
+            if not child.cancelled() and child.exception() is not None:
+                raise child.exception()  # type: ignore[misc]
 
     def _wind_down(self) -> None:
         """The turn is over (or the caller was cancelled): stop the stream and the tool,
@@ -494,9 +526,8 @@ class EventPump:
 
     # ------------------------------------------------------------------ tools
     def _run_tool(self, effect: RunTool) -> None:
-        assert self._group is not None
         self._tool_dispatch = effect.dispatch
-        self._tool_task = self._group.create_task(self._call_tool(effect))
+        self._tool_task = self._spawn(self._call_tool(effect))
 
     def _cancel_tool(self) -> None:
         self._tool_dispatch = -1
@@ -579,8 +610,7 @@ class EventPump:
             self._host_exception = err
             self._outcomes.append(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
             return
-        assert self._group is not None
-        self._delivery_task = self._group.create_task(
+        self._delivery_task = self._spawn(
             self._deliver_in_order(effect, _resume(coroutine, waiting_on))
         )
 
@@ -605,8 +635,7 @@ class EventPump:
 
     def _ensure_host_worker(self) -> None:
         if self._host_task is None or self._host_task.done():
-            assert self._group is not None
-            self._host_task = self._group.create_task(self._call_host_in_order())
+            self._host_task = self._spawn(self._call_host_in_order())
 
     async def _call_host_in_order(self) -> None:
         channel = self.channel
