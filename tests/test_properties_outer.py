@@ -417,9 +417,9 @@ def drive_generation_machine(
     it), the setup, and the machine."""
     setup = data.draw(machine_setups(), label="setup")
     policy, plans, shared, health = setup
-    machine = GenerationTurnMachine(policy)
+    machine = GenerationTurnMachine(policy, plans=plans, shared=shared)
     fed: list[Fed] = []
-    pending: list[Effect] = machine.start(_REQUEST, plans, shared=shared, health=health)
+    pending: list[Effect] = machine.start(_REQUEST, health=health)
     now = 0.0
     for _ in range(max_steps):
         if machine.is_finished:
@@ -477,8 +477,8 @@ def replay(
     fed: Sequence[Fed], setup: Any, *, reference: bool
 ) -> tuple[list[list[Effect]], tuple[TraceStep, ...], GenerationTurnResult | None]:
     policy, plans, shared, health = setup
-    machine = GenerationTurnMachine(policy, reference=reference)
-    effects = [machine.start(_REQUEST, plans, shared=shared, health=health)]
+    machine = GenerationTurnMachine(policy, plans=plans, shared=shared, reference=reference)
+    effects = [machine.start(_REQUEST, health=health)]
     for kind, event in fed:
         if kind == "illegal":
             with pytest.raises(InvalidEvent):

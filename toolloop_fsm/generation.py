@@ -161,21 +161,31 @@ DECLARATION = compile_declaration(
 
 
 class GenerationTurnMachine(DeclaredMachine[GenerationState]):
-    """The outer tier as a sans-IO machine: `start` it with the chain's plans, `feed` it
-    each attempt's outcome, carry out the effects it returns (`StartAttempt`, …)."""
+    """The outer tier as a sans-IO machine over a chain of `AttemptPlan`s (``shared``: the
+    shared route's): `start` it, `feed` it each attempt's outcome, carry out the effects it
+    returns (`StartAttempt`, …)."""
 
-    __slots__ = ("policy",)
+    __slots__ = ("plans", "policy", "shared", "tool_specs")
     name = "GenerationTurnMachine"
 
     def __init__(
         self,
         policy: TurnPolicy | None = None,
         *,
+        plans: Sequence[AttemptPlan] = (),
+        shared: Sequence[AttemptPlan] = (),
+        tools: Iterable[ToolSpec] = (),
         reference: bool = False,
         on_step: Callable[[TraceStep], None] | None = None,
     ) -> None:
         super().__init__(DECLARATION, reference=reference, on_step=on_step)
         self.policy = policy if policy is not None else TurnPolicy()
+        self.plans = tuple(plans)
+        self.shared = tuple(shared)
+        self.tool_specs = tuple(tools)
+        labels = [plan.label for plan in (*self.plans, *self.shared)]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"attempt labels must be unique, got {labels}")
 
     @property
     def generation(self) -> GenerationState:
@@ -186,25 +196,20 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
     def start(
         self,
         request: TurnRequest,
-        plans: Sequence[AttemptPlan],
         *,
-        tools: Iterable[ToolSpec] = (),
-        shared: Sequence[AttemptPlan] = (),
         health: Mapping[tuple[str, int], KeyHealth] | None = None,
         now: float = 0.0,
     ) -> list[Effect]:
-        """Begin the turn over the chain ``plans`` (``shared``: the shared route's plans)."""
+        """Begin the turn over the chain; ``health`` is the key book as it stands at ``now``
+        (the clock's time)."""
         if self._model is not None:
             raise InvalidEvent(self.name, self.state, "start", "the machine was already started")
-        labels = [plan.label for plan in (*plans, *shared)]
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"attempt labels must be unique, got {labels}")
         self._model = GenerationState(
             policy=self.policy,
             request=request,
-            tool_specs=tuple(tools),
-            plans=list(plans),
-            shared_plans=tuple(shared),
+            tool_specs=self.tool_specs,
+            plans=list(self.plans),
+            shared_plans=self.shared,
             health=dict(health or {}),
             now=now,
         )

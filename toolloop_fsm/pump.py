@@ -768,20 +768,9 @@ class GenerationPump:
         self._keys = [key for attempt in (*self.attempts, *self.shared) for key in attempt.keys]
 
     async def run(self, request: TurnRequest) -> GenerationTurnResult:
-        plans = [attempt.plan(i, "user") for i, attempt in enumerate(self.attempts)]
-        shared = [
-            attempt.plan(len(plans) + i, "shared") for i, attempt in enumerate(self.shared)
-        ]
         self._follow_ups_seen = self.signals.follow_ups
         pending = collections.deque(
-            self.machine.start(
-                request,
-                plans,
-                tools=[tool.spec() for tool in self.tools],
-                shared=shared,
-                health=self.key_book,
-                now=self.clock.now(),
-            )
+            self.machine.start(request, health=self.key_book, now=self.clock.now())
         )
         while pending:
             effect = pending.popleft()
@@ -984,7 +973,15 @@ async def run_generation_turn(
     key health (cooldowns, retirements) across turns when the host passes the same one.
     """
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
-    machine = GenerationTurnMachine(policy, on_step=on_step)
+    plans = [attempt.plan(i, "user") for i, attempt in enumerate(attempts)]
+    shared = [
+        attempt.plan(len(plans) + i, "shared")
+        for i, attempt in enumerate(shared_route.attempts if shared_route is not None else ())
+    ]
+    machine = GenerationTurnMachine(
+        policy, plans=plans, shared=shared, tools=[tool.spec() for tool in registry],
+        on_step=on_step,
+    )  # fmt: skip
     pump = GenerationPump(
         machine,
         attempts,
