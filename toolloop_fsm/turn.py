@@ -133,9 +133,10 @@ class TurnState:
     last_tool: str | None = None
     tool_response_delivered: bool = False
 
-    # the current pass
+    # the current pass (lists a turn may never need are made on first use: a turn waiting
+    # on its provider stays small)
     pass_text: list[str] = field(factory=list)
-    pass_thoughts: list[str] = field(factory=list)
+    pass_thoughts: list[str] | None = None
     # the undelivered buffer is pass_text[buffer_start:] (one list, one append per chunk)
     buffer_start: int = 0
     buffer_len: int = 0
@@ -143,8 +144,8 @@ class TurnState:
     pass_finish: FinishKind | None = None
     pass_usage: UsageEntry | None = None
     pending_call: FunctionCall | None = None
-    ignored_calls: list[str] = field(factory=list)
-    scene_metadata: list[str] = field(factory=list)
+    ignored_calls: list[str] | None = None
+    scene_metadata: list[str] | None = None
 
     # the current tool round
     pre_tool_text: str | None = None
@@ -160,9 +161,9 @@ class TurnState:
     visible_text_delivered: bool = False
 
     # what the turn produced
-    stream_results: list[StreamResult] = field(factory=list)
-    usage: list[UsageEntry] = field(factory=list)
-    notices: list[Notice] = field(factory=list)
+    stream_results: list[StreamResult] | None = None
+    usage: list[UsageEntry] | None = None
+    notices: list[Notice] | None = None
     held_notice: Notice | None = None
     thought_log: str = ""
     last_text: str = ""

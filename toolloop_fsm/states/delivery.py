@@ -50,6 +50,8 @@ def record_delivery(turn: TurnState, event: DeliveryRecorded) -> None:
 
 
 def post_notice(turn: TurnState, notice: Notice) -> None:
+    if turn.notices is None:
+        turn.notices = []
     turn.notices.append(notice)
     turn.effects.append(PostNotice(notice))
 

@@ -37,13 +37,13 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
     first-token budget, and post the one-time *still working* notice."""
     turn.iterations += 1
     turn.pass_text.clear()
-    turn.pass_thoughts.clear()
+    turn.pass_thoughts = None
     turn.buffer_start = 0
     turn.buffer_len = 0
     turn.pass_finish = None
     turn.pass_usage = None
     turn.pending_call = None
-    turn.ignored_calls.clear()
+    turn.ignored_calls = None
     turn.outcome = None
     turn.current_call_key = None
     if turn.iterations == turn.policy.soft_warn_iteration:
@@ -83,7 +83,11 @@ def take_text(turn: TurnState, event: TextDelta) -> None:
 
 
 def take_thought(turn: TurnState, event: ThoughtDelta) -> None:
-    turn.pass_thoughts.append(event.text)
+    thoughts = turn.pass_thoughts
+    if thoughts is None:
+        turn.pass_thoughts = [event.text]
+    else:
+        thoughts.append(event.text)
 
 
 def take_usage(turn: TurnState, event: UsageReport) -> None:
@@ -107,7 +111,11 @@ def take_function_call(turn: TurnState, event: FunctionCall) -> None:
     if turn.pending_call is None:
         turn.pending_call = event
     else:
-        turn.ignored_calls.append(str(event.name))
+        ignored = turn.ignored_calls
+        if ignored is None:
+            turn.ignored_calls = [str(event.name)]
+        else:
+            ignored.append(str(event.name))
 
 
 def take_finish_reason(turn: TurnState, event: FinishReason) -> None:
@@ -115,7 +123,10 @@ def take_finish_reason(turn: TurnState, event: FinishReason) -> None:
 
 
 def take_scene_metadata(turn: TurnState, event: SceneMetadata) -> None:
-    turn.scene_metadata.append(event.text)
+    if turn.scene_metadata is None:
+        turn.scene_metadata = [event.text]
+    else:
+        turn.scene_metadata.append(event.text)
 
 
 CHUNK_HANDLERS: dict[type, Callable[[TurnState, Any], None]] = {
@@ -140,6 +151,8 @@ def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> st
     clear_deadline(turn, DeadlineKind.STREAM)
     text = "".join(turn.pass_text)
     call = turn.pending_call
+    if turn.stream_results is None:
+        turn.stream_results = []
     turn.stream_results.append(
         StreamResult(
             iteration=turn.iterations,
@@ -147,11 +160,13 @@ def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> st
             text=text,
             finish=turn.pass_finish,
             function_call=str(call.name) if call is not None else None,
-            ignored_calls=tuple(turn.ignored_calls),
+            ignored_calls=tuple(turn.ignored_calls or ()),
             error=error,
         )
     )
     if turn.pass_usage is not None:
+        if turn.usage is None:
+            turn.usage = []
         turn.usage.append(turn.pass_usage)
         turn.pass_usage = None
     if turn.pass_thoughts:
