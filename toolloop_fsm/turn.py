@@ -118,7 +118,7 @@ class TurnState:
 
     # the conversation as the next pass will see it
     context: list[Mapping[str, Any]] = field(factory=list)
-    history: list[ToolHistoryEntry] = field(factory=list)
+    history: list[ToolHistoryEntry] | None = None
     prefill: str | None = None
     # immutable until something is disabled: most turns never disable anything
     disabled_tools: frozenset[str] = frozenset()
@@ -157,7 +157,7 @@ class TurnState:
     armed: dict[DeadlineKind, int] = field(factory=dict)
     next_seq: int = 0
     in_flight: dict[int, Delivered] = field(factory=dict)
-    delivered: list[Delivered] = field(factory=list)
+    delivered: list[Delivered] | None = None
     visible_text_delivered: bool = False
 
     # what the turn produced

@@ -114,14 +114,14 @@ def build_result(
     details = "\n".join(
         f"{entry.call.name}: "
         + ("ok" if entry.response.success else f"failed ({entry.response.reason})")
-        for entry in turn.history
+        for entry in turn.history or ()
     )
     return GenerationTurnResult(
         status=status,
         reason=reason,
         final_text=final_text,
         details_text=details,
-        history=tuple(turn.history),
+        history=tuple(turn.history or ()),
         stream_results=tuple(turn.stream_results or ()),
         usage=UsageLedger(tuple(turn.usage or ())),
         iterations=turn.iterations,
@@ -129,7 +129,7 @@ def build_result(
         tool_response_delivered=turn.tool_response_delivered,
         thought_log=turn.thought_log,
         thought_log_owner=turn.request.thought_log_owner,
-        delivered=tuple(sorted(turn.delivered, key=lambda d: d.seq)),
+        delivered=tuple(sorted(turn.delivered or (), key=lambda d: d.seq)),
         notices=tuple(turn.notices or ()),
         held_notice=turn.held_notice,
         stop_message=turn.stop_message,

@@ -46,6 +46,8 @@ def discard_buffer(turn: TurnState) -> None:
 def record_delivery(turn: TurnState, event: DeliveryRecorded) -> None:
     delivered = turn.in_flight.pop(event.seq, None)
     if delivered is not None:
+        if turn.delivered is None:
+            turn.delivered = []
         turn.delivered.append(delivered)
 
 

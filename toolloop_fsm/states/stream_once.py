@@ -55,7 +55,7 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
     request = ProviderRequest(
         context=tuple(turn.context),
         tools=tools,
-        history=tuple(turn.history),
+        history=tuple(turn.history or ()),
         prefill=turn.prefill,
         max_output=turn.request.max_output,
     )

@@ -186,6 +186,8 @@ def record_tool_outcome(turn: TurnState, _event: Any = None) -> None:
             reason=outcome.reason,
             tool_name=name,
         )
+    if turn.history is None:
+        turn.history = []
     turn.history.append(
         ToolHistoryEntry(
             call=ToolCallRecord(name, dict(arguments), call.call_id, call.provider_data),
