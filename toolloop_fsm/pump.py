@@ -76,7 +76,6 @@ from toolloop_fsm.host import (
     LOOP_CLOCK,
     Channel,
     Clock,
-    TimerHandle,
     Tool,
     ToolContext,
     ToolRegistry,
@@ -181,7 +180,8 @@ class EventPump:
         self._tool_task: asyncio.Task[None] | None = None
         self._tool_dispatch = 0
         self._iteration = 0
-        self._timers: dict[int, tuple[TimerHandle, ArmDeadline]] = {}
+        # [handle, effect] per armed deadline: rarely more than two, so a list of pairs
+        self._timers: list[list[Any]] = []
         self._last_activity = 0.0
         self._last_chunk: float | None = None
         self._stream_armed_at = 0.0
@@ -317,7 +317,7 @@ class EventPump:
         self._finished = True
 
     def _cancel_timers(self) -> None:
-        for handle, _ in self._timers.values():
+        for handle, _ in self._timers:
             handle.cancel()
         self._timers.clear()
 
@@ -368,9 +368,10 @@ class EventPump:
             elif kind is ArmDeadline:
                 self._arm(effect)  # type: ignore[arg-type]
             elif kind is ClearDeadline:
-                entry = self._timers.pop(effect.token, None)  # type: ignore[union-attr]
+                entry = self._timer(effect.token)  # type: ignore[union-attr]
                 if entry is not None:
                     entry[0].cancel()
+                    self._timers.remove(entry)
             elif kind is StartStream:
                 self._start_stream(effect)  # type: ignore[arg-type]
             elif kind is CancelStream:
@@ -556,10 +557,17 @@ class EventPump:
         if effect.rolling:
             self._last_activity = now
         handle = self.clock.call_later(seconds, self._deadline_fired, effect)
-        self._timers[effect.token] = (handle, effect)
+        self._timers.append([handle, effect])
+
+    def _timer(self, token: int) -> list[Any] | None:
+        for entry in self._timers:
+            if entry[1].token == token:
+                return entry
+        return None
 
     def _deadline_fired(self, effect: ArmDeadline) -> None:
-        if effect.token not in self._timers:
+        entry = self._timer(effect.token)
+        if entry is None:
             return
         kind = effect.kind
         if effect.rolling:
@@ -576,10 +584,9 @@ class EventPump:
                 # a rolling deadline counts from the last chunk or recorded delivery
                 due = wake = self._last_activity + effect.seconds
             if due - now > 1e-9:
-                handle = self.clock.call_later(wake - now, self._deadline_fired, effect)
-                self._timers[effect.token] = (handle, effect)
+                entry[0] = self.clock.call_later(wake - now, self._deadline_fired, effect)
                 return
-        del self._timers[effect.token]
+        self._timers.remove(entry)
         self._feed(DeadlineExpired(kind, effect.token))
 
     # ------------------------------------------------------------------ deliveries
