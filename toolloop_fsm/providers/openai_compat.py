@@ -51,7 +51,7 @@ from toolloop_fsm.events import (
 )
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._http import error_from_payload, post_stream, redact
-from toolloop_fsm.providers._sse import decode_event_stream
+from toolloop_fsm.providers._sse import EventDecoder, decode_event_stream
 from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
 
@@ -438,16 +438,15 @@ class ChatStreamDecoder:
 
 
 # --------------------------------------------------------------------------- the provider
-class OpenAICompatibleProvider:
-    """Streams passes from an OpenAI-compatible ``/chat/completions`` endpoint.
-
-    ``base_url`` is the API root (``…/v1``). The key is sent only as a bearer header and is
-    never shown by ``repr`` or in errors. ``client`` is an optional shared
-    ``httpx.AsyncClient``; without one each pass opens and closes its own. ``extra_body`` is
-    merged into every request body (e.g. ``{"temperature": 0}``, ``{"reasoning_effort": …}``).
-    """
+class OpenAIStyleProvider:
+    """What the OpenAI APIs' adapters share: a bearer key sent only in a header (never in
+    ``repr`` or errors), an optional shared ``httpx.AsyncClient`` (without one each pass
+    opens and closes its own), ``extra_body`` merged into every request body, and the SSE
+    stream decoded event by event. Subclasses name the path, the body and the decoder."""
 
     tool_calling: Literal["native"] = "native"
+    path = ""
+    default_name = "openai"
 
     def __init__(
         self,
@@ -458,19 +457,21 @@ class OpenAICompatibleProvider:
         client: httpx.AsyncClient | None = None,
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        auth_header: str = "authorization",
         name: str | None = None,
         timeout: httpx.Timeout | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.name = name or f"openai-compatible:{model}"
+        self.name = name or f"{self.default_name}:{model}"
         self.extra_body = dict(extra_body or {})
         self._api_key = api_key
         self._client = client
         self._timeout = timeout
         self._headers = {"accept": "text/event-stream", **(headers or {})}
         if api_key:
-            self._headers["authorization"] = f"Bearer {api_key}"
+            bearer = auth_header.lower() == "authorization"
+            self._headers[auth_header.lower()] = f"Bearer {api_key}" if bearer else api_key
 
     def __repr__(self) -> str:
         key = "<set>" if self._api_key else None
@@ -479,10 +480,13 @@ class OpenAICompatibleProvider:
 
     @property
     def url(self) -> str:
-        return f"{self.base_url}/chat/completions"
+        return f"{self.base_url}/{self.path}"
 
     def build_body(self, request: ProviderRequest) -> dict[str, Any]:
-        return build_chat_body(request, self.model, self.extra_body)
+        raise NotImplementedError
+
+    def decoder(self, secrets: Sequence[str | None]) -> EventDecoder:
+        raise NotImplementedError
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
         secrets = (self._api_key,)
@@ -495,15 +499,31 @@ class OpenAICompatibleProvider:
             secrets=secrets,
             timeout=self._timeout,
         )
-        decoder = ChatStreamDecoder(provider=self.name, secrets=secrets)
-        async for chunk in decode_event_stream(body, decoder):
+        async for chunk in decode_event_stream(body, self.decoder(secrets)):
             yield chunk
 
+
+class OpenAICompatibleProvider(OpenAIStyleProvider):
+    """Streams passes from an OpenAI-compatible ``/chat/completions`` endpoint.
+
+    ``base_url`` is the API root (``…/v1``). ``extra_body`` is merged into every request body
+    (e.g. ``{"temperature": 0}``, ``{"reasoning_effort": …}``).
+    """
+
+    path = "chat/completions"
+    default_name = "openai-compatible"
+
+    def build_body(self, request: ProviderRequest) -> dict[str, Any]:
+        return build_chat_body(request, self.model, self.extra_body)
+
+    def decoder(self, secrets: Sequence[str | None]) -> EventDecoder:
+        return ChatStreamDecoder(provider=self.name, secrets=secrets)
 
 __all__ = [
     "FINISH_KINDS",
     "ChatStreamDecoder",
     "OpenAICompatibleProvider",
+    "OpenAIStyleProvider",
     "ToolCallAccumulator",
     "build_chat_body",
     "build_chat_messages",

@@ -31,10 +31,8 @@ Decisions:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Literal
-
-import httpx
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from toolloop_fsm.events import (
     Chunk,
@@ -46,10 +44,15 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.providers._arguments import decode_arguments
-from toolloop_fsm.providers._http import error_from_payload, post_stream, redact
-from toolloop_fsm.providers._sse import decode_event_stream
+from toolloop_fsm.providers._http import error_from_payload, redact
+from toolloop_fsm.providers._sse import EventDecoder
 from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.providers.openai_compat import dump_json, history_call_id, tool_response_payload
+from toolloop_fsm.providers.openai_compat import (
+    OpenAIStyleProvider,
+    dump_json,
+    history_call_id,
+    tool_response_payload,
+)
 
 _INCOMPLETE_KINDS: Mapping[str, FinishKind] = {
     "max_output_tokens": FinishKind.LENGTH,
@@ -317,68 +320,22 @@ class ResponsesStreamDecoder:
 
 
 # --------------------------------------------------------------------------- the provider
-class OpenAIResponsesProvider:
+class OpenAIResponsesProvider(OpenAIStyleProvider):
     """Streams passes from an OpenAI Responses endpoint (``{base_url}/responses``).
 
     ``base_url`` is the API root (``…/v1``; for Azure ``…/openai/v1``). The key travels as a
-    bearer header only (``headers={"api-key": …}`` style Azure keys: pass ``api_key`` and
+    bearer header only (Azure-style ``api-key`` headers: pass ``api_key`` and
     ``auth_header="api-key"``) and never appears in ``repr`` or errors.
     """
 
-    tool_calling: Literal["native"] = "native"
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        *,
-        api_key: str | None = None,
-        client: httpx.AsyncClient | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-        auth_header: str = "authorization",
-        name: str | None = None,
-        timeout: httpx.Timeout | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.name = name or f"openai-responses:{model}"
-        self.extra_body = dict(extra_body or {})
-        self._api_key = api_key
-        self._client = client
-        self._timeout = timeout
-        self._headers = {"accept": "text/event-stream", **(headers or {})}
-        if api_key:
-            bearer = auth_header.lower() == "authorization"
-            self._headers[auth_header.lower()] = f"Bearer {api_key}" if bearer else api_key
-
-    def __repr__(self) -> str:
-        key = "<set>" if self._api_key else None
-        base_url = redact(self.base_url, (self._api_key,))
-        return f"{type(self).__name__}(base_url={base_url!r}, model={self.model!r}, api_key={key})"
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/responses"
+    path = "responses"
+    default_name = "openai-responses"
 
     def build_body(self, request: ProviderRequest) -> dict[str, Any]:
         return build_responses_body(request, self.model, self.extra_body)
 
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
-        secrets = (self._api_key,)
-        body = post_stream(
-            self.url,
-            self.build_body(request),
-            provider=self.name,
-            headers=self._headers,
-            client=self._client,
-            secrets=secrets,
-            timeout=self._timeout,
-        )
-        decoder = ResponsesStreamDecoder(provider=self.name, secrets=secrets)
-        async for chunk in decode_event_stream(body, decoder):
-            yield chunk
-
+    def decoder(self, secrets: Sequence[str | None]) -> EventDecoder:
+        return ResponsesStreamDecoder(provider=self.name, secrets=secrets)
 
 __all__ = [
     "OpenAIResponsesProvider",
