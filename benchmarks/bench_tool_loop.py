@@ -208,6 +208,8 @@ async def handwritten_same_work_turn(provider: MemoryProvider, channel: Counting
             task, policy.effective_first_token_timeout, policy.inactivity_timeout
         )
         now = watchdog.loop.time
+        # the per-chunk body repeats the minimal loop's on purpose: a hand-written loop inlines
+        # it, and a shared helper would add a call per chunk to the floor
         try:
             async for chunk in provider.stream(request):
                 watchdog.last_chunk = now()

@@ -466,7 +466,7 @@ class EventPump:
         now = self.clock.now
         try:
             async for chunk in stream:
-                self._last_activity = self._last_chunk = now()
+                self._last_chunk = now()
                 try:
                     handler = handler_for(chunk.__class__)
                     if handler is not None:
@@ -582,7 +582,11 @@ class EventPump:
                 if effect.first_seconds is not None:
                     kind = DeadlineKind.INACTIVITY
                 # a rolling deadline counts from the last chunk or recorded delivery
-                due = wake = self._last_activity + effect.seconds
+                # (chunks stamp _last_chunk only: one store per chunk on the hot path)
+                last = self._last_activity
+                if self._last_chunk is not None and self._last_chunk > last:
+                    last = self._last_chunk
+                due = wake = last + effect.seconds
             if due - now > 1e-9:
                 entry[0] = self.clock.call_later(wake - now, self._deadline_fired, effect)
                 return
