@@ -242,12 +242,12 @@ async def test_a_stop_is_consumed_by_the_generation_turn_that_honours_it() -> No
 )
 async def test_final_text_holds_only_what_the_user_saw(ending: str, status: TurnStatus) -> None:
     # 12 characters are flushed (the batch size), the rest stays buffered
-    tail: list[Any] = [TextDelta(" and the rest"), Pause(5)]
+    tail: list[Any] = [TextDelta(" and more"), Pause(5)]
     if ending == "fail":
-        tail = [TextDelta(" and the rest"), Fail(ProviderError("boom", kind="server",
+        tail = [TextDelta(" and more"), Fail(ProviderError("boom", kind="server",
                                                                retryable=True))]  # fmt: skip
     elif ending == "stall":
-        tail = [TextDelta(" and the rest"), Pause(1000)]
+        tail = [TextDelta(" and more"), Pause(1000)]
     turn = scripted_turn([[TextDelta("Seen by you."), *tail]])
     actions = {
         "stop": [(1.0, lambda s: s.request_stop())],
@@ -261,7 +261,7 @@ async def test_final_text_holds_only_what_the_user_saw(ending: str, status: Turn
     assert result.status is status
     assert turn.channel.text == "Seen by you."
     assert result.final_text == "Seen by you."
-    assert result.undelivered_text == " and the rest"
+    assert result.undelivered_text == " and more"
 
 
 async def test_a_completed_pass_keeps_its_whole_text_as_final_text() -> None:
@@ -386,7 +386,7 @@ async def test_the_held_timeout_notice_is_not_posted_when_a_later_attempt_is_sto
     signals = TurnSignals()
     stalled = ScriptedProvider([[Pause(1000)]], clock=clock)
     stopped = ScriptedProvider([[TextDelta("Hel"), Pause(50)]], clock=clock)
-    clock.call_later(400.0, signals.request_stop)
+    clock.call_later(330.0, signals.request_stop)
     channel = RecordingChannel(clock=clock)
     result = await run_generation_turn(
         [Attempt(stalled, label="slow"), Attempt(stopped, label="next")], [], channel,

@@ -247,7 +247,7 @@ async def test_iteration_ceiling_ends_timeout_after_exactly_one_hundred_passes()
     assert keys.count("max_iterations") == 1
     assert keys.count("still_working") == 1
     still = next(n for n in turn.channel.notices if n.key == "still_working")
-    assert still.params == {"iteration": 20}
+    assert still.params == {"iteration": 21}  # posted as the 21st pass begins
 
 
 # --------------------------------------------------------------------------- restart

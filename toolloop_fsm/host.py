@@ -66,16 +66,29 @@ class ToolContext:
     dispatch: int
     iteration: int
     clock: Clock
+    #: enrichment kinds a context restart already used this turn: an enrichment tool skips
+    #: them (a video already transcribed is not transcribed again)
+    disabled_enrichment_kinds: frozenset[str] = frozenset()
 
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResult]]
 Redactor = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 
+REPLAY_MODES = ("reuse", "rerun")
+
+
 @frozen
 class Tool:
     """A tool the model may call. ``timeout`` overrides the policy's tool deadline;
-    ``redact`` prepares arguments for storage in notices."""
+    ``redact`` prepares arguments for storage in notices.
+
+    ``replay`` says what happens when a replay (a key rotation, a model fallback, a context
+    restart) asks for a call this turn already completed: ``"reuse"`` (the default) hands
+    back the recorded outcome, so a side effect never happens twice; ``"rerun"`` runs the
+    tool again, for read-only tools whose fresh answer matters (a clock, a status poll). A
+    deliberate repeat inside one attempt always runs.
+    """
 
     name: str
     description: str
@@ -84,6 +97,12 @@ class Tool:
     requires_follow_up: bool = True
     timeout: float | None = None
     redact: Redactor | None = field(default=None, eq=False)
+    replay: str = field(default="reuse")
+
+    @replay.validator
+    def _check_replay(self, _attribute: Any, value: str) -> None:
+        if value not in REPLAY_MODES:
+            raise ValueError(f"Tool.replay must be 'reuse' or 'rerun', got {value!r}")
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
@@ -215,6 +234,12 @@ class TurnSignals:
         self.follow_ups += 1
         for listener in tuple(self._listeners):
             listener()
+
+    def consume_stop(self) -> None:
+        """Forget a stop that a turn honoured, so that the next turn run with these signals
+        is not stopped by it (the turns call this themselves)."""
+        self.stop_requested = False
+        self.stop_message = None
 
     def report_unreachable(self) -> None:
         """The destination cannot be reached: the generation turn ends ``skipped``."""

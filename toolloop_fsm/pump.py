@@ -139,6 +139,7 @@ class EventPump:
         "_wake",
         "channel",
         "clock",
+        "consume_stop",
         "machine",
         "on_effect",
         "provider",
@@ -155,8 +156,11 @@ class EventPump:
         signals: TurnSignals | None = None,
         clock: Clock | None = None,
         on_effect: Callable[[Effect], None] | None = None,
+        consume_stop: bool = True,
     ) -> None:
         self.machine = machine
+        # the turn that honours a stop consumes it (the outer tier does so for its attempts)
+        self.consume_stop = consume_stop
         self.provider = provider
         self.channel = channel
         self.registry = machine.tools
@@ -260,6 +264,8 @@ class EventPump:
             assert self._result is not None
             result = self._result
             cancelled = False
+            if self._stop_fed and self.consume_stop:
+                self.signals.consume_stop()
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -419,6 +425,8 @@ class EventPump:
         self._signals_dirty = False
         signals = self.signals
         if signals.stop_requested and not self._stop_fed:
+            if self._finished or self.machine.is_finished:
+                return  # too late for this turn: the stop stays for the next one
             self._stop_fed = True
             self._feed(StopRequested(signals.stop_message))
         if signals.follow_ups > self._follow_ups_seen:
@@ -539,9 +547,14 @@ class EventPump:
         if tool is None:  # the machine only dispatches registered tools; keep it a value
             event = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
         else:
-            event = await _call_handler(
-                tool, effect, ToolContext(effect.name, effect.dispatch, self._iteration, self.clock)
+            ctx = ToolContext(
+                effect.name,
+                effect.dispatch,
+                self._iteration,
+                self.clock,
+                self.machine.turn.disabled_enrichment_kinds,
             )
+            event = await _call_handler(tool, effect, ctx)
         if effect.dispatch == self._tool_dispatch:
             self._feed(event)
 
@@ -773,6 +786,7 @@ class GenerationPump:
         self.key_book: KeyBook = key_book if key_book is not None else {}
         self.on_attempt_step = on_attempt_step
         self._follow_ups_seen = 0
+        self._stop_honoured = False
         self._keys = [key for attempt in (*self.attempts, *self.shared) for key in attempt.keys]
 
     async def run(self, request: TurnRequest) -> GenerationTurnResult:
@@ -783,6 +797,8 @@ class GenerationPump:
         while pending:
             effect = pending.popleft()
             if isinstance(effect, Finish):
+                if self._stop_honoured or effect.result.status is TurnStatus.STOPPED_BY_USER:
+                    self.signals.consume_stop()  # the turn that honours a stop consumes it
                 return self._redacted(effect.result)
             pending.extend(await self._carry_out(effect))
         raise RuntimeError("the generation turn stopped without a result")
@@ -833,7 +849,10 @@ class GenerationPump:
                 exception=err,
             )
             return self.machine.feed(self._finished(effect, result, {}))
-        pump = EventPump(inner, provider, self.channel, signals=self.signals, clock=self.clock)
+        pump = EventPump(
+            inner, provider, self.channel, signals=self.signals, clock=self.clock,
+            consume_stop=False,
+        )  # fmt: skip
         run = asyncio.ensure_future(
             pump.run(
                 effect.request,
@@ -870,6 +889,8 @@ class GenerationPump:
                     inner.interrupted_result(TurnStatus.SKIPPED, "destination_unreachable")
                 )
             return self.machine.feed(UnreachableReported(partial))
+        if pump._stop_fed:
+            self._stop_honoured = True
         result = run.result()
         ledger = inner.turn.ledger if inner.is_finished else {}
         return self.machine.feed(self._finished(effect, result, ledger))

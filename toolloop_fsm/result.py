@@ -7,6 +7,7 @@ All of these are frozen attrs values that round-trip through JSON with `cattrs`
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
@@ -118,11 +119,13 @@ class UsageLedger:
 
 @frozen
 class Delivered:
-    """One delivery the channel accepted: text or an expression, in order."""
+    """One delivery the channel accepted: text or an expression, in order, and the provider
+    pass (``iteration``) it came from."""
 
     seq: int
     text: str | None = None
     expression: str | None = None
+    iteration: int = 0
 
 
 @frozen
@@ -169,6 +172,7 @@ class GenerationTurnResult:
     status: TurnStatus
     reason: str | None = None
     final_text: str = ""
+    undelivered_text: str = ""
     details_text: str = ""
     history: tuple[ToolHistoryEntry, ...] = ()
     stream_results: tuple[StreamResult, ...] = ()
@@ -189,6 +193,7 @@ class GenerationTurnResult:
     attempt_failures: tuple[AttemptFailure, ...] = ()
     attempts: tuple[AttemptRecord, ...] = ()
     credential_source: str = "user"
+    disabled_enrichment_kinds: frozenset[str] = frozenset()
     trace: tuple[TraceStep, ...] = ()
     exception: BaseException | None = field(default=None, eq=False, repr=False)
 
@@ -198,8 +203,14 @@ class GenerationTurnResult:
         return "".join(d.text for d in self.delivered if d.text is not None)
 
 
+def _is_frozenset_type(kind: Any) -> bool:
+    return kind is frozenset or typing.get_origin(kind) is frozenset
+
+
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter()
+    # sets travel as sorted lists (JSON has no set), and come back as sets
+    converter.register_unstructure_hook_func(_is_frozenset_type, sorted)
     # A host exception object is not data: it is attached for the caller, never stored.
     converter.register_unstructure_hook(
         GenerationTurnResult,

@@ -54,6 +54,29 @@ def canonical_call_key(name: str, arguments: Any) -> str:
     return f"{name}:{canonical}"
 
 
+def occurrence_key(call_key: str, occurrence: int) -> str:
+    """The ledger's key for the ``occurrence``-th identical call (1-based) of a replay scope:
+    the n-th identical call of an attempt, or of the passes after a context restart, matches
+    the n-th one recorded earlier in the turn."""
+    return f"{call_key}#{occurrence}"
+
+
+def next_occurrence(turn: TurnState, call_key: str) -> str:
+    """The ledger key the next identical call of the current scope would take."""
+    seen = turn.occurrences.get(call_key, 0) if turn.occurrences is not None else 0
+    return occurrence_key(call_key, seen + 1)
+
+
+def take_occurrence(turn: TurnState, call_key: str) -> str:
+    """Count one more identical call in the current scope; returns its ledger key."""
+    occurrences = turn.occurrences
+    if occurrences is None:
+        occurrences = turn.occurrences = {}
+    seen = occurrences.get(call_key, 0) + 1
+    occurrences[call_key] = seen
+    return occurrence_key(call_key, seen)
+
+
 @frozen
 class ToolOutcome:
     """A tool's outcome as the loop sees it (a real dispatch, a reuse, or a refusal)."""
@@ -97,7 +120,8 @@ class ToolOutcome:
 
 @frozen
 class LedgerEntry:
-    """A completed call recorded in the turn-scoped ledger."""
+    """A completed call recorded in the turn-scoped ledger, under its occurrence key. Failed
+    calls are recorded too (so that occurrences line up); only a success is reused."""
 
     call_key: str
     outcome: ToolOutcome
@@ -115,6 +139,9 @@ class TurnState:
     hold_timeout_notice: bool = False
     ledger: dict[str, LedgerEntry] = field(factory=dict)
     expression_delivered: bool = False
+    # identical calls seen in the current replay scope (this attempt, or since the last
+    # context restart), by call key: the n-th one replays the n-th recorded outcome
+    occurrences: dict[str, int] | None = None
 
     # the conversation as the next pass will see it
     context: list[Mapping[str, Any]] = field(factory=list)

@@ -61,9 +61,11 @@ def should_end_after_pre_tool_text(turn: TurnState) -> bool:
     view = exit_view(turn)
     if turn.policy.end_after_pre_tool_text is not None:
         return bool(turn.policy.end_after_pre_tool_text(view))
-    if view.tool_name in turn.policy.suppress_followup_after_pre_tool_text:
-        return True
-    return view.continuation_style and not view.requires_follow_up
+    if view.requires_follow_up:
+        return False  # even a member of the suppress set continues when it needs a follow-up
+    return view.tool_name in turn.policy.suppress_followup_after_pre_tool_text or (
+        view.continuation_style
+    )
 
 
 def pass_has_text(turn: TurnState) -> bool:
@@ -72,13 +74,17 @@ def pass_has_text(turn: TurnState) -> bool:
 
 
 def is_settled_after_tool(turn: TurnState) -> bool:
-    """An empty pass after visible text or a delivered expression is a finished reply when the
-    last tool needs no follow-up and the pass was not cut (SPEC §3, other terminal rules)."""
+    """An empty pass is a finished reply when it was not cut (length limit, speaker guard,
+    pending continuation fragment) and either a tool already delivered its own response
+    (a message it sent, an expression), or visible text or an expression was delivered and
+    the last tool needs no follow-up."""
+    if turn.pass_finish in _CUT_FINISHES:
+        return False
+    if turn.tool_response_delivered:
+        return True
     if not (turn.visible_text_delivered or turn.expression_delivered):
         return False
     if turn.last_tool is None:
         return False
     tool = turn.registry.get(turn.last_tool)
-    if tool is None or tool.requires_follow_up:
-        return False
-    return turn.pass_finish not in _CUT_FINISHES
+    return tool is not None and not tool.requires_follow_up

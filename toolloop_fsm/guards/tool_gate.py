@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from toolloop_fsm.turn import TurnState, canonical_call_key
+from toolloop_fsm.turn import TurnState, canonical_call_key, next_occurrence
 
 
 def call_pending(turn: TurnState) -> bool:
@@ -43,11 +43,18 @@ def call_outside_allowlist(turn: TurnState) -> bool:
 
 
 def call_already_recorded(turn: TurnState) -> bool:
-    """An identical call already completed this turn: reuse it, never run it twice."""
+    """A replay: this call is the n-th identical call of its scope (the attempt, or the
+    passes since a context restart), and the n-th identical call recorded earlier in the
+    turn succeeded — reuse it, never run it twice. A tool marked ``replay="rerun"`` always
+    runs; a deliberate repeat inside one scope is a new occurrence and runs."""
     call = turn.pending_call
-    if call is None:
+    if call is None or not turn.ledger:
         return False
-    return canonical_call_key(call.name, call.arguments) in turn.ledger
+    tool = turn.registry.get(call.name)
+    if tool is not None and tool.replay == "rerun":
+        return False
+    entry = turn.ledger.get(next_occurrence(turn, canonical_call_key(call.name, call.arguments)))
+    return entry is not None and entry.outcome.success
 
 
 def allowed_tool_names(turn: TurnState) -> tuple[str, ...]:

@@ -30,6 +30,8 @@ class ProviderRequest:
     ``context`` is the provider-neutral message list (``{"role": …, "content": …}``);
     ``history`` the tool calls made so far this turn with their responses; ``prefill`` text
     the assistant already said that the provider must continue rather than repeat.
+    ``disabled_enrichment_kinds`` are the enrichment kinds a context restart already used
+    this turn: the host's context preparation skips them.
     """
 
     context: Sequence[Mapping[str, Any]]
@@ -37,6 +39,7 @@ class ProviderRequest:
     history: Sequence[ToolHistoryEntry] = ()
     prefill: str | None = None
     max_output: int | None = None
+    disabled_enrichment_kinds: frozenset[str] = frozenset()
 
 
 class ProviderError(Exception):

@@ -270,7 +270,10 @@ def post_closing_notices(state: GenerationState, _event: Any = None) -> None:
                     },
                 ),
             )
-    elif state.held_notice is not None and state.status is not TurnStatus.SKIPPED:
+    elif state.held_notice is not None and state.status not in (
+        TurnStatus.SKIPPED,
+        TurnStatus.STOPPED_BY_USER,
+    ):  # a stopped turn is answered by the stop, not by a timeout
         _post(state, state.held_notice)
 
 

@@ -108,7 +108,7 @@ def build_result(
         status = turn.status
         reason = turn.reason
     assert status is not None
-    final_text = turn.last_text
+    final_text, undelivered_text = _final_and_undelivered_text(turn, status)
     if turn.scene_metadata:
         final_text = f"{final_text}\n\n[Scene Metadata]\n" + "\n".join(turn.scene_metadata)
     details = "\n".join(
@@ -120,6 +120,7 @@ def build_result(
         status=status,
         reason=reason,
         final_text=final_text,
+        undelivered_text=undelivered_text,
         details_text=details,
         history=tuple(turn.history or ()),
         stream_results=tuple(turn.stream_results or ()),
@@ -137,5 +138,46 @@ def build_result(
         provider_error_kind=turn.provider_error_kind,
         retryable=turn.provider_error_retryable,
         retry_after=turn.provider_retry_after,
+        disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
         trace=tuple(turn.trace),
     )
+
+
+#: Exits on which the final text is only what the channel confirmed: the user saw no more.
+_DELIVERED_ONLY = frozenset(
+    {
+        TurnStatus.STOPPED_BY_USER,
+        TurnStatus.FOLLOW_UP_INTERRUPT,
+        TurnStatus.TIMEOUT,
+        TurnStatus.ERROR,
+        TurnStatus.SKIPPED,
+    }
+)
+
+
+def _final_and_undelivered_text(turn: TurnState, status: TurnStatus) -> tuple[str, str]:
+    """The final text and the text that was buffered but never reached the user.
+
+    A completed (or empty) turn's final text is its last pass's text, flushed before the
+    end. On a stop, follow-up, timeout or error it is only what the channel confirmed: the
+    confirmed text of the latest pass that had any. What the last pass streamed beyond what
+    was confirmed is the undelivered text.
+    """
+    by_pass: dict[int, list[str]] = {}
+    for item in sorted(turn.delivered or (), key=lambda d: d.seq):
+        if item.text is not None:
+            by_pass.setdefault(item.iteration, []).append(item.text)
+    confirmed_now = "".join(by_pass.get(turn.iterations, ()))
+    streamed = "".join(turn.pass_text)
+    # a suppressed pass was never handed over: nothing of it is known to have been seen
+    seen = streamed.startswith(confirmed_now)
+    undelivered = streamed[len(confirmed_now) :] if seen else streamed
+    if status not in _DELIVERED_ONLY:
+        return turn.last_text, undelivered
+    final = ""
+    for iteration in sorted(by_pass, reverse=True):
+        text = "".join(by_pass[iteration])
+        if text.strip():
+            final = text
+            break
+    return final, undelivered

@@ -1,4 +1,4 @@
-"""Enhanced context restart (SPEC §2.3): append the enrichment, disable its kinds, reset the
+"""Enhanced context restart: append the enrichment, disable its kinds, reset the
 error counters, and start a new pass — without a tool-history entry."""
 
 from __future__ import annotations
@@ -20,3 +20,6 @@ def apply_context_restart(turn: TurnState, _event: Any = None) -> None:
     call = turn.pending_call
     if call is not None:
         turn.last_tool = str(call.name)
+    # the restarted passes replay like a new attempt: their n-th identical call matches the
+    # n-th one recorded so far
+    turn.occurrences = None

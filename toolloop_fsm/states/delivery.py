@@ -11,7 +11,7 @@ from toolloop_fsm.turn import TurnState
 def deliver_text(turn: TurnState, text: str) -> None:
     seq = turn.next_seq
     turn.next_seq = seq + 1
-    turn.in_flight[seq] = Delivered(seq, text=text)
+    turn.in_flight[seq] = Delivered(seq, text=text, iteration=turn.iterations)
     if text.strip():
         turn.visible_text_delivered = True
     turn.effects.append(Deliver(seq, text=text))
@@ -20,7 +20,7 @@ def deliver_text(turn: TurnState, text: str) -> None:
 def deliver_expression(turn: TurnState, expression: str) -> None:
     seq = turn.next_seq
     turn.next_seq = seq + 1
-    turn.in_flight[seq] = Delivered(seq, expression=expression)
+    turn.in_flight[seq] = Delivered(seq, expression=expression, iteration=turn.iterations)
     turn.expression_delivered = True
     turn.effects.append(Deliver(seq, expression=expression))
 

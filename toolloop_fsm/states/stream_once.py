@@ -35,6 +35,10 @@ from toolloop_fsm.turn import TurnState
 def begin_pass(turn: TurnState, _event: Any = None) -> None:
     """Open pass number ``iterations + 1``: reset the accumulators, start the stream, arm the
     first-token budget, and post the one-time *still working* notice."""
+    # the one-time notice goes out as the pass after the soft-warn count begins (with the
+    # default 20: before the 21st pass)
+    if turn.iterations == turn.policy.soft_warn_iteration:
+        post_notice(turn, Notice("still_working", {"iteration": turn.iterations + 1}))
     turn.iterations += 1
     turn.pass_text.clear()
     turn.pass_thoughts = None
@@ -46,8 +50,6 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
     turn.ignored_calls = None
     turn.outcome = None
     turn.current_call_key = None
-    if turn.iterations == turn.policy.soft_warn_iteration:
-        post_notice(turn, Notice("still_working", {"iteration": turn.iterations}))
     registry = turn.registry
     tools = tuple(
         spec for name in allowed_tool_names(turn) if (spec := registry.spec(name)) is not None
@@ -58,6 +60,7 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
         history=tuple(turn.history or ()),
         prefill=turn.prefill,
         max_output=turn.request.max_output,
+        disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
     )
     turn.effects.append(StartStream(turn.iterations, request))
     # one deadline per pass: the first-token budget until the first chunk, then the rolling

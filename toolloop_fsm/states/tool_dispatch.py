@@ -25,7 +25,13 @@ from toolloop_fsm.states.delivery import (
     post_notice,
 )
 from toolloop_fsm.states.stream_once import close_pass_with_call, decide, queue_stop_message
-from toolloop_fsm.turn import LedgerEntry, ToolOutcome, TurnState, canonical_call_key
+from toolloop_fsm.turn import (
+    LedgerEntry,
+    ToolOutcome,
+    TurnState,
+    canonical_call_key,
+    take_occurrence,
+)
 
 TRUNCATED_ARGUMENTS_REASON = (
     "The provider truncated the arguments of this call before they were complete; "
@@ -68,12 +74,13 @@ def refuse_outside_allowlist(turn: TurnState, _event: Any = None) -> None:
 
 
 def reuse_recorded_outcome(turn: TurnState, _event: Any = None) -> None:
-    """An identical call already succeeded this turn: reuse its outcome instead of running
-    the tool again. A reused restart does not restart (its context is already there)."""
+    """A replayed call whose recorded occurrence succeeded: reuse its outcome instead of
+    running the tool again. A reused restart does not restart (its context is already
+    there)."""
     close_pass_with_call(turn)
     call = turn.pending_call
     assert call is not None
-    key = canonical_call_key(call.name, call.arguments)
+    key = take_occurrence(turn, canonical_call_key(call.name, call.arguments))
     recorded = turn.ledger[key].outcome
     turn.current_call_key = key
     turn.outcome = ToolOutcome(
@@ -96,7 +103,7 @@ def dispatch_tool(turn: TurnState, _event: Any = None) -> None:
     tool = turn.registry.get(call.name)
     assert tool is not None
     turn.dispatches += 1
-    key = canonical_call_key(call.name, call.arguments)
+    key = take_occurrence(turn, canonical_call_key(call.name, call.arguments))
     turn.current_call_key = key
     turn.effects.append(RunTool(turn.dispatches, call.name, dict(call.arguments), key))
     timeout = tool.timeout if tool.timeout is not None else turn.policy.tool_timeout
@@ -139,8 +146,15 @@ def announce_tool_outcome(turn: TurnState, _event: Any = None) -> None:
     hidden failure notice with redacted arguments."""
     outcome = turn.outcome
     assert outcome is not None
-    if outcome.expression is not None and not turn.expression_delivered and not outcome.reused:
+    if (
+        outcome.success
+        and outcome.expression is not None
+        and not turn.expression_delivered
+        and not outcome.reused
+    ):
         deliver_expression(turn, outcome.expression)
+        # the expression is the tool's own reply: an empty follow-up may settle on it
+        turn.tool_response_delivered = True
     if not outcome.success and not outcome.review_rejection:
         post_notice(turn, tool_failure_notice(turn, outcome))
 
@@ -200,11 +214,14 @@ def record_tool_outcome(turn: TurnState, _event: Any = None) -> None:
     turn.last_tool = name
     if outcome.success and outcome.delivered:
         turn.tool_response_delivered = True
+    if outcome.dispatched and turn.current_call_key is not None:
+        # failures are recorded too, so that occurrences line up; only a success is reused
+        turn.ledger[turn.current_call_key] = LedgerEntry(turn.current_call_key, outcome)
     if outcome.success:
         turn.consecutive_tool_errors = 0
         turn.continuation_failures = 0
-        if outcome.dispatched and turn.current_call_key is not None:
-            turn.ledger[turn.current_call_key] = LedgerEntry(turn.current_call_key, outcome)
+        # a success lifts a continuation-style provider's suppression of further text
+        turn.suppress_text = False
         if name == turn.policy.memory_tool_name:
             turn.disabled_tools = turn.disabled_tools | {name}
     elif not outcome.review_rejection:

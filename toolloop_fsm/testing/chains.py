@@ -597,6 +597,10 @@ class ChainToolExecution:
     key: tuple[str, str]
     at: float
     attempt: int
+    #: the provider pass of the attempt whose call this is (``ToolContext.iteration``)
+    iteration: int = 0
+    #: the handler returned (it was not cancelled by a stop or the destination going away)
+    finished: bool = False
 
 
 @frozen
@@ -953,17 +957,18 @@ def _tool(
         nonlocal calls
         delay = _TOOL_DELAYS[calls % len(_TOOL_DELAYS)]
         calls += 1
-        executions.append(
-            ChainToolExecution(
-                name,
-                dict(arguments),
-                tool_call_key(name, arguments),
-                clock.now(),
-                current_attempt[0],
-            )
+        execution = ChainToolExecution(
+            name,
+            dict(arguments),
+            tool_call_key(name, arguments),
+            clock.now(),
+            current_attempt[0],
+            ctx.iteration,
         )
+        executions.append(execution)
         if delay > 0:
             await ctx.clock.sleep(delay)
+        execution.finished = True
         expression = "sticker:wave" if name == "send_sticker" else None
         return ToolResult(
             data={"tool": name, "args": arguments}, message=f"{name} done", expression=expression
@@ -1142,18 +1147,34 @@ def _check_attempt_budget(run: ChainRun, result: GenerationTurnResult) -> None:
                 )
 
 
-def _check_tool_once(run: ChainRun, _result: GenerationTurnResult) -> None:
-    first: dict[tuple[str, str], ChainToolExecution] = {}
-    for execution in run.executions:
-        earlier = first.get(execution.key)
-        if earlier is not None:
-            _fail(
-                "tool_once",
-                f"{execution.name}({execution.key[1]}) ran again at "
-                f"t={execution.at:g} in attempt {execution.attempt}; it already "
-                f"ran at t={earlier.at:g} in attempt {earlier.attempt}",
-            )
-        first[execution.key] = execution
+def _check_tool_once(run: ChainRun, result: GenerationTurnResult) -> None:
+    """No call runs twice because the turn replayed it: the n-th identical call of an
+    attempt reuses the n-th one an earlier attempt completed; a deliberate repeat inside one
+    attempt (an occurrence no earlier attempt reached) runs."""
+    models = {m.label: m for m in run.script.models}
+    if run.script.shared is not None:
+        models.update({m.label: m for m in run.script.shared.models})
+    recorded: dict[tuple[str, str], int] = {}  # occurrences completed by earlier attempts
+    for record in result.attempts:
+        model = models.get(record.label)
+        if model is None:
+            continue
+        steps = [tool_call_key(s.tool, s.arguments) for s in model.attempt_for(
+            record.key_index).tool_steps]  # fmt: skip
+        reached = 0
+        for execution in (e for e in run.executions if e.attempt == record.index):
+            occurrence = steps[: execution.iteration].count(execution.key)
+            if occurrence <= recorded.get(execution.key, 0):
+                _fail(
+                    "tool_once",
+                    f"{execution.name}({execution.key[1]}) ran again at t={execution.at:g} "
+                    f"in attempt {execution.attempt} (pass {execution.iteration}); occurrence "
+                    f"{occurrence} of it was already completed by an earlier attempt",
+                )
+            if execution.finished:
+                reached = max(reached, execution.iteration)
+        for key in set(steps[:reached]):
+            recorded[key] = max(recorded.get(key, 0), steps[:reached].count(key))
 
 
 def _check_delivered(run: ChainRun, result: GenerationTurnResult) -> None:

@@ -37,6 +37,11 @@ class RecordingChannel:
         return [d.text for d in self.delivered if d.text is not None]
 
     @property
+    def text(self) -> str:
+        """Every text delivery, concatenated in order: what the user read."""
+        return "".join(self.texts)
+
+    @property
     def expressions(self) -> list[str]:
         return [d.expression for d in self.delivered if d.expression is not None]
 

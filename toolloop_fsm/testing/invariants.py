@@ -79,6 +79,8 @@ class ToolExecution:
     stop_requested: bool
     outcome: str | None = None
     finished_at: float | None = None
+    #: the provider pass whose call this is (the handler's ``ToolContext.iteration``)
+    iteration: int | None = None
 
 
 def call_identity(name: str, arguments: Any) -> str:
@@ -130,7 +132,7 @@ def check_invariants(
     _check_ceilings(result, policy, provider, executions)
     _check_error_runs(result, policy)
     if executions is not None:
-        _check_tool_runs(executions, registry, request)
+        _check_tool_runs(executions, registry, request, result)
     _check_deliveries(result, channel)
     if elapsed is not None:
         _check_time(result, policy, elapsed, provider, streamed, executions, registry, channel)
@@ -262,25 +264,88 @@ def _check_tool_runs(
     executions: Sequence[ToolExecution],
     registry: ToolRegistry | None,
     request: TurnRequest | None,
+    result: GenerationTurnResult,
 ) -> None:
-    succeeded: dict[str, int] = {}
-    for index, execution in enumerate(executions):
+    """No tool after a stop; only registered, allowed tools; and no call run twice because
+    the engine replayed it.
+
+    Replay is by occurrence: the passes after a context restart form a new scope, and the
+    n-th identical call of a scope matches the n-th identical call recorded before it. A
+    call that runs at occurrence n although the n-th recorded one succeeded was replayed
+    into a second run (unless its tool is marked ``replay="rerun"``); a call reused at
+    occurrence n although nothing succeeded there was never run at all. A deliberate repeat
+    inside one scope is a new occurrence and runs.
+    """
+    for execution in executions:
         if execution.stop_requested:
             _fail(4, f"tool {execution.name!r} (dispatch {execution.dispatch}) started at "
                      f"t={execution.started_at:g} after a stop was requested")
-        key = call_identity(execution.name, execution.arguments)
-        if key in succeeded:
-            _fail(4, f"call {execution.name}({_short(execution.arguments)}) ran again at "
-                     f"dispatch {execution.dispatch} although dispatch "
-                     f"{executions[succeeded[key]].dispatch} already succeeded")
-        if execution.outcome == "succeeded":
-            succeeded[key] = index
         if registry is not None and registry.get(execution.name) is None:
             _fail(4, f"unregistered tool {execution.name!r} ran")
         allowed = request.tools_allowed if request is not None else None
         if allowed is not None and execution.name not in allowed:
             _fail(4, f"tool {execution.name!r} ran although the turn allows only "
                      f"{sorted(allowed)}")
+    if any(execution.iteration is None for execution in executions):
+        return  # without the pass of each run, occurrences cannot be told apart
+    scope_of = _scope_of_each_pass(result)
+    ran: dict[int, ToolExecution] = {}
+    for execution in executions:
+        assert execution.iteration is not None
+        twice = ran.get(execution.iteration)
+        if twice is not None:
+            _fail(4, f"pass {execution.iteration} ran {execution.name!r} twice (dispatches "
+                     f"{twice.dispatch} and {execution.dispatch}): one call, one run")
+        ran[execution.iteration] = execution
+    reused = {
+        entry.iteration
+        for entry in result.history
+        if entry.response.success and entry.iteration not in ran
+    }
+    recorded: dict[str, list[bool]] = {}  # by identity: did the n-th occurrence succeed
+    seen: dict[tuple[int, str], int] = {}
+    for iteration in sorted({*ran, *reused}):
+        found = ran.get(iteration)
+        if found is not None:
+            name, arguments = found.name, found.arguments
+        else:
+            entry = next(e for e in result.history if e.iteration == iteration)
+            name, arguments = entry.call.name, entry.call.arguments
+        identity = call_identity(name, arguments)
+        scope = scope_of.get(iteration, 0)
+        occurrence = seen.get((scope, identity), 0) + 1
+        seen[(scope, identity)] = occurrence
+        outcomes = recorded.setdefault(identity, [])
+        earlier = outcomes[occurrence - 1] if occurrence <= len(outcomes) else None
+        tool = registry.get(name) if registry is not None else None
+        rerun = tool is not None and tool.replay == "rerun"
+        if found is None:
+            if not earlier:
+                _fail(4, f"call {name}({_short(arguments)}) of pass {iteration} reused "
+                         f"occurrence {occurrence}, which never succeeded")
+            continue
+        if earlier and not rerun:
+            _fail(4, f"call {name}({_short(arguments)}) ran again in pass {iteration} "
+                     f"(dispatch {found.dispatch}) although its occurrence "
+                     f"{occurrence} already succeeded and had to be reused")
+        succeeded = found.outcome == "succeeded"
+        if occurrence <= len(outcomes):
+            outcomes[occurrence - 1] = succeeded
+        else:
+            outcomes.append(succeeded)
+
+
+def _scope_of_each_pass(result: GenerationTurnResult) -> dict[int, int]:
+    """Each provider pass's replay scope: a context restart opens a new one."""
+    scope_of: dict[int, int] = {}
+    iteration = scope = 0
+    for step in result.trace:
+        if step.next_state == "restarting_context":
+            scope += 1
+        elif step.state == "starting_pass" and step.next_state == "awaiting_first_token":
+            iteration += 1
+            scope_of[iteration] = scope
+    return scope_of
 
 
 def _short(value: Any) -> str:

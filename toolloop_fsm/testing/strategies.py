@@ -600,7 +600,12 @@ def _scripted_handler(
         behaviour = plan[calls] if calls < len(plan) else DEFAULT_BEHAVIOUR
         calls += 1
         execution = ToolExecution(
-            name, dict(arguments), ctx.dispatch, clock.now(), signals.stop_requested
+            name,
+            dict(arguments),
+            ctx.dispatch,
+            clock.now(),
+            signals.stop_requested,
+            iteration=ctx.iteration,
         )
         executions.append(execution)
         if behaviour.action is ToolAction.HANG:
