@@ -16,9 +16,13 @@ through `transitions`' own trigger instead (a property test checks both agree):
 
 from __future__ import annotations
 
+import math
+import types
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
+import attrs
 from attrs import frozen
 from transitions import Machine, MachineError
 
@@ -202,6 +206,95 @@ def compile_declaration(
     )
 
 
+# --------------------------------------------------------------------------- event shapes
+Accepts = Callable[[object], bool]
+
+
+def _accepting(hint: Any) -> tuple[Accepts | None, str]:
+    """What a declared field type accepts at run time, and how to say it (``None``: anything).
+
+    Events are built by shells and providers without checks of their own (they are made on
+    the hot path), so a machine checks the fields it reads before it takes the event.
+    """
+    if hint is Any:
+        return None, "anything"
+    if hint is None or hint is type(None):
+        return (lambda value: value is None), "None"
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        options = [_accepting(arg) for arg in typing.get_args(hint)]
+        checks = [accepts for accepts, _ in options]
+        described = " or ".join(description for _, description in options)
+        if any(accepts is None for accepts in checks):
+            return None, described
+        alternatives = tuple(accepts for accepts in checks if accepts is not None)
+        return (lambda value: any(accepts(value) for accepts in alternatives)), described
+    if hint is bool:
+        return (lambda value: value is True or value is False), "a bool"
+    if hint is int:
+        return (lambda value: type(value) is not bool and isinstance(value, int)), "an int"
+    if hint is float:
+        # a clock time or a delay: NaN compares false with everything, so it is no time
+        return (
+            lambda value: (
+                type(value) is not bool and isinstance(value, int | float) and math.isfinite(value)
+            )
+        ), "a finite number"
+    if origin is not None and isinstance(origin, type) and issubclass(origin, Mapping):
+        key_check, key_described = _accepting(typing.get_args(hint)[0])
+        item_check, item_described = _accepting(typing.get_args(hint)[1])
+
+        def mapping(value: object) -> bool:
+            if not isinstance(value, Mapping):
+                return False
+            return all(
+                (key_check is None or key_check(key)) and (item_check is None or item_check(item))
+                for key, item in value.items()
+            )
+
+        return mapping, f"a mapping of {key_described} to {item_described}"
+    if origin is tuple:
+        return (lambda value: isinstance(value, tuple)), "a tuple"
+    if isinstance(hint, type):
+        return (lambda value: isinstance(value, hint)), f"a {hint.__name__}"
+    raise TypeError(f"an event field of type {hint!r} cannot be checked")
+
+
+FieldCheck = tuple[str, Accepts, str]
+
+
+def event_shapes(
+    event_classes: Iterable[type], *, read_as: Mapping[tuple[type, str], Any] | None = None
+) -> dict[type, tuple[FieldCheck, ...]]:
+    """Per event class, a check of each field against its declared type, or against the
+    type the machine reads it as (``read_as``: an event field declared ``Any`` that one
+    machine reads as a result, say). Built once, when the machine module is imported."""
+    read_as = read_as or {}
+    shapes: dict[type, tuple[FieldCheck, ...]] = {}
+    for cls in event_classes:
+        hints = typing.get_type_hints(cls)
+        checks: list[FieldCheck] = []
+        for attribute in attrs.fields(cls):
+            accepts, described = _accepting(
+                read_as.get((cls, attribute.name), hints[attribute.name])
+            )
+            if accepts is not None:
+                checks.append((attribute.name, accepts, described))
+        shapes[cls] = tuple(checks)
+    return shapes
+
+
+def malformation(shapes: Mapping[type, tuple[FieldCheck, ...]], event: object) -> str | None:
+    """What is wrong with ``event``'s fields, or ``None``. The message names the field and
+    the type it got, never a value (a shell's mistake may carry an API key)."""
+    for name, accepts, described in shapes.get(type(event), ()):
+        value = getattr(event, name)
+        if not accepts(value):
+            got = repr(value) if isinstance(value, float) else type(value).__name__
+            return f"{name} must be {described}, got {got}"
+    return None
+
+
 class Stateful(Protocol):
     state: str
     effects: list[Any]
@@ -256,6 +349,7 @@ class StepRunner(Generic[ModelT]):
         else:
             fired = self.take_step(model, trigger, event)
         if not fired:
+            model.current_event = None  # a refused event leaves no trace on the model
             raise InvalidEvent(declaration.name, before, event)
         self.record(model, TraceStep(before, trigger, model.state))
         transient = declaration.transient_states
