@@ -5,6 +5,12 @@ the next healthy key of the same model, no key left or a ``timeout`` advances to
 model, and when every attempt on the user's own credentials failed the host may admit the
 shared route. The order of `TRANSITIONS` is the order in which the guards are tried.
 Behaviour lives in `states/attempts.py`, decisions in `guards/attempts.py`.
+
+`feed` checks every event before it is taken: its fields against their declared types (an
+attempt's ``result`` must be a `GenerationTurnResult`, a clock time a finite number), then
+that an `AttemptFinished` is the running attempt's. A malformed or stale event, like one
+the state cannot take, raises `InvalidEvent` naming the state and the event, and changes
+nothing.
 """
 
 from __future__ import annotations
@@ -238,9 +244,7 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
             raise InvalidEvent(self.name, "ready", event, "call start() first")
         trigger = _TRIGGERS.get(type(event))
         if trigger is None:
-            raise InvalidEvent(
-                self.name, state.state, event, "not an event of the generation turn"
-            )
+            raise InvalidEvent(self.name, state.state, event, "not an event of the generation turn")
         problem = malformation(_SHAPES, event)
         if problem is not None:
             raise InvalidEvent(self.name, state.state, event, problem)
