@@ -78,7 +78,8 @@ def test_the_walk_covers_every_numeric_field_of_both_policies() -> None:
 def test_a_loop_policy_refuses_nan_infinity_and_negatives_naming_the_field(
     name: str, value: float
 ) -> None:
-    message = _refusal(lambda: LoopPolicy(**{name: value}))
+    fields: dict[str, Any] = {name: value}
+    message = _refusal(lambda: LoopPolicy(**fields))
     assert name in message
 
 
@@ -87,7 +88,8 @@ def test_a_loop_policy_refuses_nan_infinity_and_negatives_naming_the_field(
 def test_a_turn_policy_refuses_nan_infinity_and_negatives_naming_the_field(
     name: str, value: float
 ) -> None:
-    message = _refusal(lambda: TurnPolicy(**{name: value}))
+    fields: dict[str, Any] = {name: value}
+    message = _refusal(lambda: TurnPolicy(**fields))
     assert name in message
 
 
@@ -106,7 +108,8 @@ def test_a_turn_policy_refuses_nan_infinity_and_negatives_naming_the_field(
     ],
 )
 def test_a_loop_policy_refuses_zero_where_zero_means_nothing_could_happen(name: str) -> None:
-    assert name in _refusal(lambda: LoopPolicy(**{name: 0}))
+    fields: dict[str, Any] = {name: 0}
+    assert name in _refusal(lambda: LoopPolicy(**fields))
 
 
 def test_zero_is_a_valid_settle_window_and_cooldown() -> None:
@@ -117,12 +120,13 @@ def test_zero_is_a_valid_settle_window_and_cooldown() -> None:
 
 @pytest.mark.parametrize("name", ["max_function_call_iterations", "delivery_flush_chars"])
 @pytest.mark.parametrize("value", [2.5, "100", True, None], ids=repr)
-def test_a_count_must_be_a_whole_number(name: str, value: object) -> None:
-    assert name in _refusal(lambda: LoopPolicy(**{name: value}))
+def test_a_count_must_be_a_whole_number(name: str, value: Any) -> None:
+    fields: dict[str, Any] = {name: value}
+    assert name in _refusal(lambda: LoopPolicy(**fields))
 
 
 @pytest.mark.parametrize("value", ["120", True, None, [1.0]], ids=repr)
-def test_a_budget_must_be_a_number(value: object) -> None:
+def test_a_budget_must_be_a_number(value: Any) -> None:
     assert "inactivity_timeout" in _refusal(lambda: LoopPolicy(inactivity_timeout=value))
 
 
@@ -150,7 +154,7 @@ def test_the_suppressed_tools_given_as_one_string_are_refused_not_split_into_let
     ],
 )
 def test_a_loop_policy_refuses_other_wrong_values_naming_the_field(
-    changes: dict[str, object], name: str
+    changes: dict[str, Any], name: str
 ) -> None:
     assert name in _refusal(lambda: LoopPolicy(**changes))
 
@@ -163,7 +167,7 @@ def test_a_loop_policy_refuses_other_wrong_values_naming_the_field(
     ],
 )
 def test_a_turn_policy_refuses_other_wrong_values_naming_the_field(
-    changes: dict[str, object], name: str
+    changes: dict[str, Any], name: str
 ) -> None:
     assert name in _refusal(lambda: TurnPolicy(**changes))
 
@@ -182,7 +186,7 @@ def test_a_turn_policy_refuses_other_wrong_values_naming_the_field(
     ],
 )
 def test_a_key_health_entry_refuses_a_cooldown_that_never_ends_or_wrong_counts(
-    changes: dict[str, object], name: str
+    changes: dict[str, Any], name: str
 ) -> None:
     assert name in _refusal(lambda: KeyHealth(**changes))
 
@@ -199,7 +203,7 @@ def test_a_key_health_entry_refuses_a_cooldown_that_never_ends_or_wrong_counts(
     ],
 )
 def test_an_attempt_plan_refuses_wrong_values_naming_the_field(
-    changes: dict[str, object], name: str
+    changes: dict[str, Any], name: str
 ) -> None:
     assert name in _refusal(lambda: AttemptPlan(**{"label": "m0", **changes}))
 
@@ -239,7 +243,7 @@ def _tool(**changes: object) -> Tool:
     ],
 )
 def test_a_tool_with_a_wrong_value_is_refused_naming_the_field(
-    changes: dict[str, object], name: str
+    changes: dict[str, Any], name: str
 ) -> None:
     assert name in _refusal(lambda: _tool(**changes))
 
@@ -261,9 +265,9 @@ def test_a_well_formed_tool_is_accepted() -> None:
     ],
 )
 def test_a_tool_result_with_a_wrong_value_is_refused_naming_the_field(
-    changes: dict[str, object], name: str
+    changes: dict[str, Any], name: str
 ) -> None:
-    assert name in _refusal(lambda: ToolResult(**changes))  # type: ignore[arg-type]
+    assert name in _refusal(lambda: ToolResult(**changes))
 
 
 def test_a_registry_refuses_two_tools_with_the_same_name() -> None:
@@ -271,7 +275,9 @@ def test_a_registry_refuses_two_tools_with_the_same_name() -> None:
     assert "get_weather" in message and "twice" in message
 
 
-@pytest.mark.parametrize("tools", [["get_weather"], [_answer], [None]], ids=repr)
+@pytest.mark.parametrize(
+    "tools", [["get_weather"], [_answer], [None]], ids=["a name", "a handler", "None"]
+)
 def test_a_registry_refuses_what_is_not_a_tool(tools: list[object]) -> None:
     message = _refusal(lambda: ToolRegistry(tools))  # type: ignore[arg-type]
     assert "Tool" in message and type(tools[0]).__name__ in message
@@ -301,7 +307,7 @@ def test_a_registry_given_one_tool_instead_of_a_collection_says_so() -> None:
     ],
 )
 def test_a_request_with_a_wrong_value_is_refused_naming_the_field(
-    changes: dict[str, object], name: str
+    changes: dict[str, Any], name: str
 ) -> None:
     fields: dict[str, Any] = {"context": USER, **changes}
     assert name in _refusal(lambda: TurnRequest(**fields))
@@ -316,7 +322,7 @@ def test_a_request_keeps_its_messages_and_allowlist_as_given() -> None:
 # --------------------------------------------------------------------------- attempts
 def test_keys_given_as_one_string_are_refused_not_split_into_one_key_per_letter() -> None:
     provider = ScriptedProvider([])
-    message = _refusal(lambda: Attempt(provider, keys="sk-abc"))  # type: ignore[arg-type]
+    message = _refusal(lambda: Attempt(provider, keys="sk-abc"))
     assert "keys" in message
     assert "sk-abc" not in message  # a key is never shown, not even a mistaken one
 
@@ -327,7 +333,7 @@ def test_keys_given_as_one_string_are_refused_not_split_into_one_key_per_letter(
 def test_a_key_that_is_not_a_non_empty_string_is_refused_without_showing_it(
     keys: list[object],
 ) -> None:
-    message = _refusal(lambda: Attempt(ScriptedProvider([]), keys=keys))  # type: ignore[arg-type]
+    message = _refusal(lambda: Attempt(ScriptedProvider([]), keys=keys))
     assert "keys" in message and "AAAA1111" not in message
 
 
@@ -348,7 +354,7 @@ def test_the_same_key_twice_is_refused_without_showing_it() -> None:
     ],
 )
 def test_an_attempt_with_a_wrong_value_is_refused_naming_the_field(
-    changes: dict[str, object], name: str
+    changes: dict[str, Any], name: str
 ) -> None:
     fields: dict[str, Any] = {"provider": ScriptedProvider([]), **changes}
     assert name in _refusal(lambda: Attempt(**fields))
@@ -363,5 +369,5 @@ def test_a_provider_factory_and_a_keyless_provider_are_both_accepted() -> None:
 def test_a_shared_route_refuses_a_single_attempt_and_an_admission_that_is_not_callable() -> None:
     attempt = Attempt(ScriptedProvider([]))
     assert "attempts" in _refusal(lambda: SharedRoute(attempt, lambda _request: True))  # type: ignore[arg-type]
-    assert "attempts" in _refusal(lambda: SharedRoute(["openai"], lambda _request: True))  # type: ignore[list-item]
+    assert "attempts" in _refusal(lambda: SharedRoute(["openai"], lambda _request: True))
     assert "admit" in _refusal(lambda: SharedRoute([attempt], True))  # type: ignore[arg-type]
