@@ -3,18 +3,52 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
-from attrs import field, frozen
+from attrs import Attribute, field, frozen
+from attrs import validators as check
 
+from toolloop_fsm.policy import (
+    as_tuple,
+    clock_time,
+    collection_of,
+    count,
+    flag,
+    name_text,
+    non_blank,
+)
 from toolloop_fsm.providers.base import Provider
 from toolloop_fsm.result import AttemptFailure
 
 ProviderFactory = Callable[[str | None], Provider]
 
+#: How a model calls tools: natively, or written in its text ("verbatim").
+TOOL_CALLING = ("native", "verbatim")
+#: Whose credentials an attempt uses: the user's own, or the operator's shared route.
+ROUTES = ("user", "shared")
 
-def _as_keys(keys: Sequence[str]) -> tuple[str, ...]:
-    return tuple(keys)
+
+def _provider_or_factory(_: object, attribute: Attribute[Any], value: object) -> None:
+    if not (callable(getattr(value, "stream", None)) or callable(value)):
+        raise TypeError(
+            f"{attribute.name} must be a Provider (with a stream method) or a factory called "
+            f"with each key, got {type(value).__name__}"
+        )
+
+
+def _distinct(_: object, attribute: Attribute[Any], keys: tuple[str, ...]) -> None:
+    # two entries for one key would give it two health records and two tries per model
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{attribute.name} holds the same key twice")
+
+
+def _one_of(options: Sequence[str]) -> Callable[[object, Attribute[Any], object], None]:
+    def validate(_: object, attribute: Attribute[Any], value: object) -> None:
+        if value not in options:
+            raise ValueError(f"{attribute.name} must be one of {', '.join(options)}, got {value!r}")
+
+    return validate
 
 
 @frozen(repr=False)
@@ -26,10 +60,14 @@ class Attempt:
     Keys are never shown: not in ``repr``, results, traces, notices or messages.
     """
 
-    provider: Provider | ProviderFactory
-    keys: tuple[str, ...] = field(default=(), converter=_as_keys)
-    label: str | None = None
-    tool_calling: str | None = None
+    provider: Provider | ProviderFactory = field(validator=_provider_or_factory)
+    keys: tuple[str, ...] = field(
+        default=(),
+        converter=as_tuple,
+        validator=[collection_of(str), check.deep_iterable(non_blank), _distinct],
+    )
+    label: str | None = field(default=None, validator=check.optional(name_text))
+    tool_calling: str | None = field(default=None, validator=check.optional(_one_of(TOOL_CALLING)))
 
     def __repr__(self) -> str:
         return f"Attempt(label={self.label!r}, keys=<{len(self.keys)} hidden>)"
@@ -54,20 +92,20 @@ class AttemptPlan:
     """What the outer machine knows of one model: a label, how many keys, how it calls tools,
     and which credential route it belongs to (``user`` or ``shared``)."""
 
-    label: str
-    keys: int = 0
-    tool_calling: str = "native"
-    route: str = "user"
+    label: str = field(validator=name_text)
+    keys: int = field(default=0, validator=count)
+    tool_calling: str = field(default="native", validator=_one_of(TOOL_CALLING))
+    route: str = field(default="user", validator=_one_of(ROUTES))
 
 
 @frozen
 class KeyHealth:
     """Health of one API key: cooling down until a clock time, or retired for the turn."""
 
-    cooldown_until: float = 0.0
-    retired: bool = False
-    successes: int = 0
-    failures: int = 0
+    cooldown_until: float = field(default=0.0, validator=clock_time)
+    retired: bool = field(default=False, validator=flag)
+    successes: int = field(default=0, validator=count)
+    failures: int = field(default=0, validator=count)
 
     def usable_at(self, now: float) -> bool:
         return not self.retired and self.cooldown_until <= now
@@ -84,17 +122,13 @@ class AdmissionRequest:
 Admission = Callable[[AdmissionRequest], Awaitable[bool] | bool]
 
 
-def _as_attempts(attempts: Iterable[Attempt]) -> tuple[Attempt, ...]:
-    return tuple(attempts)
-
-
 @frozen
 class SharedRoute:
     """Extra attempts on a shared route (the operator's credentials), used only when every
     attempt on the user's own credentials failed retryably and ``admit`` allows it."""
 
-    attempts: tuple[Attempt, ...] = field(converter=_as_attempts)
-    admit: Admission = field(eq=False)
+    attempts: tuple[Attempt, ...] = field(converter=as_tuple, validator=collection_of(Attempt))
+    admit: Admission = field(eq=False, validator=check.is_callable())
 
 
 KeyBook = dict[tuple[str, int], KeyHealth]
@@ -109,5 +143,3 @@ __all__ = [
     "ProviderFactory",
     "SharedRoute",
 ]
-
-

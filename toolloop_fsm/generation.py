@@ -5,6 +5,12 @@ the next healthy key of the same model, no key left or a ``timeout`` advances to
 model, and when every attempt on the user's own credentials failed the host may admit the
 shared route. The order of `TRANSITIONS` is the order in which the guards are tried.
 Behaviour lives in `states/attempts.py`, decisions in `guards/attempts.py`.
+
+`feed` checks every event before it is taken: its fields against their declared types (an
+attempt's ``result`` must be a `GenerationTurnResult`, a clock time a finite number), then
+that an `AttemptFinished` is the running attempt's. A malformed or stale event, like one
+the state cannot take, raises `InvalidEvent` naming the state and the event, and changes
+nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +19,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from toolloop_fsm.attempts import AttemptPlan, KeyHealth
-from toolloop_fsm.declaration import DeclaredMachine, compile_declaration, transition
+from toolloop_fsm.declaration import (
+    DeclaredMachine,
+    compile_declaration,
+    event_shapes,
+    malformation,
+    transition,
+)
 from toolloop_fsm.effects import Effect
 from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.events import (
@@ -61,7 +73,7 @@ from toolloop_fsm.states.attempts import (
     supersede_attempt,
     take_attempt_result,
 )
-from toolloop_fsm.turn import GenerationState
+from toolloop_fsm.turn import GenerationState, LedgerEntry
 
 FINAL_STATES: tuple[str, ...] = (
     "completed",
@@ -149,6 +161,17 @@ _TRIGGERS: dict[type, str] = {
     UnreachableReported: "destination_unreachable",
 }
 
+#: The fields of each event, checked before the event is taken; three are declared ``Any`` on
+#: the event and read here as what the pump puts there.
+_SHAPES = event_shapes(
+    _TRIGGERS,
+    read_as={
+        (AttemptFinished, "result"): GenerationTurnResult,
+        (AttemptFinished, "ledger"): Mapping[str, LedgerEntry],
+        (UnreachableReported, "partial"): GenerationTurnResult | None,
+    },
+)
+
 DECLARATION = compile_declaration(
     "GenerationTurnMachine",
     states=STATES,
@@ -221,9 +244,10 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
             raise InvalidEvent(self.name, "ready", event, "call start() first")
         trigger = _TRIGGERS.get(type(event))
         if trigger is None:
-            raise InvalidEvent(
-                self.name, state.state, event, "not an event of the generation turn"
-            )
+            raise InvalidEvent(self.name, state.state, event, "not an event of the generation turn")
+        problem = malformation(_SHAPES, event)
+        if problem is not None:
+            raise InvalidEvent(self.name, state.state, event, problem)
         if isinstance(event, AttemptFinished) and event.attempt != state.attempts:
             raise InvalidEvent(
                 self.name, state.state, event,

@@ -12,18 +12,23 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from attrs import define, field, frozen
+from attrs import validators as check
 
 from toolloop_fsm.events import ContextRestart
+from toolloop_fsm.policy import (
+    as_optional_frozenset,
+    as_tuple,
+    collection_of,
+    flag,
+    name_text,
+    of_type,
+    positive_count,
+    positive_seconds,
+)
 from toolloop_fsm.providers.base import ToolSpec
 from toolloop_fsm.result import Notice
 
-
-def _as_context(messages: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
-    return tuple(messages)
-
-
-def _optional_frozenset(value: Iterable[str] | None) -> frozenset[str] | None:
-    return None if value is None else frozenset(value)
+_optional_text = of_type(str, type(None))
 
 
 @frozen
@@ -32,11 +37,15 @@ class TurnRequest:
     the tools this turn may use (``None`` = every registered tool), and an assistant
     ``prefill`` to continue from."""
 
-    context: Sequence[Mapping[str, Any]] = field(converter=_as_context)
-    tools_allowed: frozenset[str] | None = field(default=None, converter=_optional_frozenset)
-    prefill: str | None = None
-    thought_log_owner: str = "default"
-    max_output: int | None = None
+    context: Sequence[Mapping[str, Any]] = field(
+        converter=as_tuple, validator=collection_of(Mapping)
+    )
+    tools_allowed: frozenset[str] | None = field(
+        default=None, converter=as_optional_frozenset, validator=check.optional(collection_of(str))
+    )
+    prefill: str | None = field(default=None, validator=_optional_text)
+    thought_log_owner: str = field(default="default", validator=of_type(str))
+    max_output: int | None = field(default=None, validator=check.optional(positive_count))
 
 
 @frozen
@@ -49,13 +58,15 @@ class ToolResult:
     context restart (SPEC §2.3).
     """
 
-    success: bool = True
+    success: bool = field(default=True, validator=flag)
     data: Any = None
-    message: str | None = None
-    end_turn: bool = False
-    delivered: bool = False
-    expression: str | None = None
-    context_restart: ContextRestart | None = None
+    message: str | None = field(default=None, validator=_optional_text)
+    end_turn: bool = field(default=False, validator=flag)
+    delivered: bool = field(default=False, validator=flag)
+    expression: str | None = field(default=None, validator=_optional_text)
+    context_restart: ContextRestart | None = field(
+        default=None, validator=of_type(ContextRestart, type(None))
+    )
 
 
 @frozen
@@ -90,17 +101,19 @@ class Tool:
     deliberate repeat inside one attempt always runs.
     """
 
-    name: str
-    description: str
-    parameters: Mapping[str, Any]
-    handler: ToolHandler = field(eq=False)
-    requires_follow_up: bool = True
-    timeout: float | None = None
-    redact: Redactor | None = field(default=None, eq=False)
+    name: str = field(validator=name_text)
+    description: str = field(validator=of_type(str))
+    parameters: Mapping[str, Any] = field(validator=of_type(Mapping))
+    handler: ToolHandler = field(eq=False, validator=check.is_callable())
+    requires_follow_up: bool = field(default=True, validator=flag)
+    timeout: float | None = field(default=None, validator=check.optional(positive_seconds))
+    redact: Redactor | None = field(
+        default=None, eq=False, validator=check.optional(check.is_callable())
+    )
     replay: str = field(default="reuse")
 
     @replay.validator
-    def _check_replay(self, _attribute: Any, value: str) -> None:
+    def _check_replay(self, _attribute: Any, value: object) -> None:
         if value not in REPLAY_MODES:
             raise ValueError(f"Tool.replay must be 'reuse' or 'rerun', got {value!r}")
 
@@ -112,12 +125,16 @@ class ToolRegistry:
     """The host's tools by name."""
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        if isinstance(tools, Tool | str | Mapping) or not isinstance(tools, Iterable):
+            raise TypeError(
+                f"a ToolRegistry takes a collection of Tool values, got {type(tools).__name__}"
+            )
         self._tools: dict[str, Tool] = {}
         for tool in tools:
+            if not isinstance(tool, Tool):
+                raise TypeError(f"a ToolRegistry holds Tool values, got {type(tool).__name__}")
             if tool.name in self._tools:
                 raise ValueError(f"tool {tool.name!r} is registered twice")
-            if not tool.name.strip():
-                raise ValueError("a tool needs a non-blank name")
             self._tools[tool.name] = tool
         self._specs = {name: tool.spec() for name, tool in self._tools.items()}
 

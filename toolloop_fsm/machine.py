@@ -7,6 +7,12 @@ transition, and — by their order in `TRANSITIONS` — the order in which guard
 Stream chunks are events of the streaming states, declared as internal transitions so the
 diagram shows them, but run through a handler table derived from the same declaration (the
 fast path) instead of a full `transitions` trigger.
+
+`feed` checks every event before it is taken: its fields against their declared types (a
+text that is ``None``, a deadline kind given as a string), then its identity (a dispatch,
+deadline token or delivery that is not the current one). A malformed or stale event, like
+one the state cannot take, raises `InvalidEvent` naming the state and the event, and
+changes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from toolloop_fsm.declaration import (
     Coverage,
     DeclaredMachine,
     compile_declaration,
+    event_shapes,
+    malformation,
     transition,
 )
 from toolloop_fsm.effects import Effect
@@ -304,6 +312,9 @@ def trigger_for(event: object) -> str:
     raise TypeError(f"{type(event).__name__} is not an event of the tool loop")
 
 
+#: The fields of each event, checked before the event is taken (chunks too).
+_SHAPES = event_shapes((*CHUNK_TRIGGERS, *_SIGNAL_TRIGGERS, DeadlineExpired))
+
 DEFAULT_POLICY = LoopPolicy()
 
 
@@ -383,6 +394,9 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         if handler is not None:
             turn = self._model
             assert turn is not None
+            problem = malformation(_SHAPES, event)
+            if problem is not None:
+                raise InvalidEvent(self.name, turn.state, event, problem)
             handler(turn, event)
             effects = turn.effects
             if effects:
@@ -395,7 +409,8 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
     def chunk_handlers(self) -> Mapping[type, Callable[[TurnState, Any], None]]:
         """The current state's chunk handlers (the fast path), kept up to date in place: a
         stream reader may hold this mapping and call a handler directly with `turn`, then
-        collect `take_effects()` — exactly what `feed` does for a chunk."""
+        collect `take_effects()` — what `feed` does for a chunk, without its check of the
+        chunk's fields (the reader vouches for its chunks)."""
         return self._runner.fast
 
     def take_effects(self) -> list[Effect]:
@@ -410,6 +425,9 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         turn = self._model
         if turn is None:
             raise InvalidEvent(self.name, "ready", event, "call start() first")
+        problem = malformation(_SHAPES, event)
+        if problem is not None:
+            raise InvalidEvent(self.name, turn.state, event, problem)
         try:
             trigger = trigger_for(event)
         except TypeError as err:

@@ -1,33 +1,123 @@
-"""Policies: the ceilings, budgets and exit rules of a turn, as plain frozen data.
+"""Policies: the ceilings, budgets and exit rules of a turn, as plain frozen data, and the
+field validators every construction-checked value of the library shares.
 
-`LoopPolicy` governs the inner tool loop (SPEC §2–§3, defaults from SPEC §7);
-`TurnPolicy` wraps it with the outer tier's attempt rules (SPEC §1).
+`LoopPolicy` governs the inner tool loop; `TurnPolicy` wraps it with the outer tier's
+attempt rules. Every field is checked when the value is built, and a bad value raises
+`TypeError`/`ValueError` naming the field: a policy that reaches a turn is a valid one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from attrs import Attribute, field, frozen
+from attrs import validators as check
 
 if TYPE_CHECKING:
     from toolloop_fsm.guards.exit_policy import ExitView
 
 
-def _positive(_: object, attribute: Attribute[float], value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
+# --------------------------------------------------------------------------- shared validators
+def _kind(value: object) -> str:
+    # the type, never the value: a mistaken value may be an API key
+    return type(value).__name__
 
 
-def _at_least_one(_: object, attribute: Attribute[int], value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be >= 1, got {value!r}")
+def _whole_number(_: object, attribute: Attribute[Any], value: object) -> None:
+    # bool is an int to Python, but True is never meant as "one iteration"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{attribute.name} must be a whole number, got {_kind(value)}")
 
 
-def _non_negative(_: object, attribute: Attribute[float], value: float) -> None:
-    if value < 0:
-        raise ValueError(f"{attribute.name} must be >= 0, got {value!r}")
+def _real_number(_: object, attribute: Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{attribute.name} must be a number, got {_kind(value)}")
+
+
+def _finite(_: object, attribute: Attribute[Any], value: float) -> None:
+    # NaN compares false with everything, so a NaN deadline is never reached and a NaN
+    # cooldown never ends; an infinite one is the same mistake spelled differently
+    if not math.isfinite(value):
+        raise ValueError(f"{attribute.name} must be a finite number, got {value!r}")
+
+
+def non_blank(_: object, attribute: Attribute[Any], value: str) -> None:
+    if not value.strip():
+        raise ValueError(f"{attribute.name} must not be empty or blank")
+
+
+Validator = Callable[[Any, "Attribute[Any]", Any], None]
+
+
+def of_type(*types: type) -> Validator:
+    """A validator: the value is an instance of one of ``types`` (the message names the
+    field and the type it got, never the value)."""
+    expected = " or ".join("None" if t is type(None) else t.__name__ for t in types)
+
+    def validate(_: object, attribute: Attribute[Any], value: object) -> None:
+        if not isinstance(value, types):
+            raise TypeError(f"{attribute.name} must be {expected}, got {_kind(value)}")
+
+    return validate
+
+
+def _single(value: object) -> bool:
+    # a string is iterable, so without this check "get_weather" would become the set of its
+    # letters, "sk-abc" six keys, and a message dict the tuple of its keys
+    return isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable)
+
+
+def as_tuple(value: Iterable[Any]) -> Any:
+    """A converter: any collection as a tuple; a single value (a string, a mapping) is left
+    as it is for the field's `collection_of` validator to refuse by name."""
+    return value if _single(value) else tuple(value)
+
+
+def as_frozenset(value: Iterable[Any]) -> Any:
+    """`as_tuple`, for a set."""
+    return value if _single(value) else frozenset(value)
+
+
+def as_optional_frozenset(value: Iterable[Any] | None) -> Any:
+    return None if value is None else as_frozenset(value)
+
+
+def _converted(_: object, attribute: Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple | frozenset):
+        raise TypeError(
+            f"{attribute.name} must be a collection (a list, tuple or set), got {_kind(value)}"
+        )
+
+
+def collection_of(*types: type) -> Validator:
+    """A validator for a field converted by `as_tuple` or `as_frozenset`: a collection was
+    given, not a single value, and each item is one of ``types``."""
+    expected = " or ".join(t.__name__ for t in types)
+
+    def each(_: object, attribute: Attribute[Any], item: object) -> None:
+        if not isinstance(item, types):
+            raise TypeError(f"every item of {attribute.name} must be {expected}, got {_kind(item)}")
+
+    validator: Validator = check.deep_iterable(each, iterable_validator=_converted)
+    return validator
+
+
+#: A count of at least one (a ceiling, a threshold, a size).
+positive_count: Validator = check.and_(_whole_number, check.ge(1))
+#: A count that may be zero (how many times something happened).
+count: Validator = check.and_(_whole_number, check.ge(0))
+#: Seconds that must pass before something happens (a deadline, a budget).
+positive_seconds: Validator = check.and_(_real_number, _finite, check.gt(0))
+#: Seconds that may be zero (a settle window, a cooldown).
+seconds: Validator = check.and_(_real_number, _finite, check.ge(0))
+#: An instant on a clock.
+clock_time: Validator = check.and_(_real_number, _finite)
+#: A yes/no switch (a truthy string is not one).
+flag: Validator = of_type(bool)
+#: Text a reader must be able to see (a name, a label).
+name_text: Validator = check.and_(of_type(str), non_blank)
 
 
 @frozen
@@ -43,22 +133,26 @@ class LoopPolicy:
     when set: a pure function of an `ExitView` returning whether the turn ends ``completed``.
     """
 
-    max_function_call_iterations: int = field(default=100, validator=_at_least_one)
-    soft_warn_iteration: int = field(default=20, validator=_at_least_one)
-    max_consecutive_tool_errors: int = field(default=5, validator=_at_least_one)
-    continuation_tool_failure_threshold: int = field(default=3, validator=_at_least_one)
-    inactivity_timeout: float = field(default=120.0, validator=_positive)
-    first_token_timeout: float | None = None
-    abandoned_stream_settle: float = field(default=5.0, validator=_non_negative)
-    tool_timeout: float = field(default=300.0, validator=_positive)
-    tool_failure_notice_limit: int = field(default=1800, validator=_at_least_one)
-    suppress_followup_after_pre_tool_text: frozenset[str] = field(
-        default=frozenset({"update_short_term_memory"}), converter=frozenset
+    max_function_call_iterations: int = field(default=100, validator=positive_count)
+    soft_warn_iteration: int = field(default=20, validator=positive_count)
+    max_consecutive_tool_errors: int = field(default=5, validator=positive_count)
+    continuation_tool_failure_threshold: int = field(default=3, validator=positive_count)
+    inactivity_timeout: float = field(default=120.0, validator=positive_seconds)
+    first_token_timeout: float | None = field(
+        default=None, validator=check.optional(positive_seconds)
     )
-    memory_tool_name: str = "update_short_term_memory"
-    delivery_flush_chars: int = field(default=200, validator=_at_least_one)
+    abandoned_stream_settle: float = field(default=5.0, validator=seconds)
+    tool_timeout: float = field(default=300.0, validator=positive_seconds)
+    tool_failure_notice_limit: int = field(default=1800, validator=positive_count)
+    suppress_followup_after_pre_tool_text: frozenset[str] = field(
+        default=frozenset({"update_short_term_memory"}),
+        converter=as_frozenset,
+        validator=collection_of(str),
+    )
+    memory_tool_name: str = field(default="update_short_term_memory", validator=name_text)
+    delivery_flush_chars: int = field(default=200, validator=positive_count)
     end_after_pre_tool_text: Callable[[ExitView], bool] | None = field(
-        default=None, eq=False, repr=False
+        default=None, eq=False, repr=False, validator=check.optional(check.is_callable())
     )
 
     @property
@@ -67,17 +161,13 @@ class LoopPolicy:
             return self.first_token_timeout
         return max(self.inactivity_timeout, 300.0)
 
-    def __attrs_post_init__(self) -> None:
-        if self.first_token_timeout is not None and self.first_token_timeout <= 0:
-            raise ValueError(f"first_token_timeout must be > 0, got {self.first_token_timeout!r}")
-
 
 @frozen
 class TurnPolicy:
     """The outer tier's rules: key attempts per model, key cooldowns, and the loop policy."""
 
-    loop: LoopPolicy = LoopPolicy()
-    max_key_attempts_per_model: int = field(default=3, validator=_at_least_one)
-    rate_limit_cooldown: float = field(default=60.0, validator=_non_negative)
-    failure_cooldown: float = field(default=300.0, validator=_non_negative)
-    allow_shared_route: bool = True
+    loop: LoopPolicy = field(default=LoopPolicy(), validator=of_type(LoopPolicy))
+    max_key_attempts_per_model: int = field(default=3, validator=positive_count)
+    rate_limit_cooldown: float = field(default=60.0, validator=seconds)
+    failure_cooldown: float = field(default=300.0, validator=seconds)
+    allow_shared_route: bool = field(default=True, validator=flag)
