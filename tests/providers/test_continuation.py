@@ -352,7 +352,7 @@ async def test_closing_the_session_between_chunks_closes_the_fragment_being_read
     model = ScriptedProvider([[TextDelta("a"), TextDelta("b"), STOP]])
     stream = ContinuationSession(model, max_total_output=10).stream(ProviderRequest(USER))
     assert await anext(stream) == TextDelta("a")
-    await stream.aclose()  # type: ignore[attr-defined]
+    await stream.aclose()
     assert model.streams_closed == 1  # at once, not whenever it is garbage-collected
 
 

@@ -51,7 +51,7 @@ How a pass runs:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import attrs
@@ -165,7 +165,7 @@ class ContinuationSession:
         prefill = (request.prefill or "") + text
         return attrs.evolve(request, tools=(), prefill=prefill or None, max_output=cap)
 
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
+    async def stream(self, request: ProviderRequest) -> AsyncGenerator[Chunk, None]:
         text: list[str] = []
         before = UsageReport(0, 0)  # the pass's usage before the current fragment
         fragments = 0
