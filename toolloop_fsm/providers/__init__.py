@@ -13,26 +13,32 @@ from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest
 
 if TYPE_CHECKING:
     from toolloop_fsm.providers.anthropic import AnthropicProvider
+    from toolloop_fsm.providers.continuation import ContinuationSession
     from toolloop_fsm.providers.gemini import GeminiProvider
     from toolloop_fsm.providers.ollama import OllamaProvider
     from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
+    from toolloop_fsm.providers.openai_completions import OpenAICompletionsProvider
     from toolloop_fsm.providers.openai_responses import OpenAIResponsesProvider
     from toolloop_fsm.providers.verbatim import VerbatimToolCalls
 
 _ADAPTERS = {
     "AnthropicProvider": "anthropic",
+    "ContinuationSession": "continuation",
     "GeminiProvider": "gemini",
     "OllamaProvider": "ollama",
     "OpenAICompatibleProvider": "openai_compat",
+    "OpenAICompletionsProvider": "openai_completions",
     "OpenAIResponsesProvider": "openai_responses",
     "VerbatimToolCalls": "verbatim",
 }
 
 __all__ = [
     "AnthropicProvider",
+    "ContinuationSession",
     "GeminiProvider",
     "OllamaProvider",
     "OpenAICompatibleProvider",
+    "OpenAICompletionsProvider",
     "OpenAIResponsesProvider",
     "Provider",
     "ProviderError",
