@@ -65,6 +65,9 @@ def test_the_walk_covers_every_numeric_field_of_both_policies() -> None:
         "tool_timeout",
         "tool_failure_notice_limit",
         "delivery_flush_chars",
+        "host_call_timeout",
+        "cancel_grace",
+        "max_pass_duration",
     ]
     assert _numeric_fields(TurnPolicy) == [
         "max_key_attempts_per_model",

@@ -151,6 +151,14 @@ class LoopPolicy:
     )
     memory_tool_name: str = field(default="update_short_term_memory", validator=name_text)
     delivery_flush_chars: int = field(default=200, validator=positive_count)
+    #: bound on every call into host code other than a tool: channel sends, notices, the
+    #: stop message, the outer tier's hooks and the shared-route admission
+    host_call_timeout: float = field(default=30.0, validator=positive_seconds)
+    #: how long code that was cancelled may take to stop before it is abandoned (named in
+    #: the result's ``abandoned_calls`` and never awaited again)
+    cancel_grace: float = field(default=2.0, validator=positive_seconds)
+    #: total budget of one provider pass, however steadily it trickles
+    max_pass_duration: float = field(default=900.0, validator=positive_seconds)
     end_after_pre_tool_text: Callable[[ExitView], bool] | None = field(
         default=None, eq=False, repr=False, validator=check.optional(check.is_callable())
     )
