@@ -75,6 +75,13 @@ from toolloop_fsm.testing import (
     run_script,
     turn_scripts,
 )
+from toolloop_fsm.testing.strategies import _ARGUMENTS, KNOWN_TOOLS
+from toolloop_fsm.turn import (
+    LedgerEntry,
+    ToolOutcome,
+    canonical_call_key,
+    occurrence_key,
+)
 
 FINAL_STATES = frozenset(status.value for status in TurnStatus)
 
@@ -251,6 +258,15 @@ def _machine_tools() -> ToolRegistry:
 TOOLS = _machine_tools()
 
 
+#: What an earlier attempt completed: the first occurrence of every well-formed call the
+#: strategies draw, each a success (the outer tier hands such a ledger to the next attempt).
+CARRIED_LEDGER = {
+    key: LedgerEntry(key, ToolOutcome(success=True, data={"carried": True}))
+    for call in (FunctionCall(name, args) for args in _ARGUMENTS for name in KNOWN_TOOLS)
+    for key in [occurrence_key(canonical_call_key(call.name, call.arguments), 1)]
+}
+
+
 def drive_machine(policy: LoopPolicy, data: st.DataObject, *, probe: bool = True) -> None:
     """Drive a `ToolLoopMachine` with legal events (and, with ``probe``, illegal ones in
     between), then replay the legal events into a fresh machine and compare."""
@@ -260,9 +276,13 @@ def drive_machine(policy: LoopPolicy, data: st.DataObject, *, probe: bool = True
         prefill=data.draw(st.sampled_from((None, "Sure, ")), label="prefill"),
     )
     continuation = data.draw(st.booleans(), label="continuation style")
+    # an earlier attempt's ledger, as the outer tier carries it: a replayed call is reused
+    ledger = data.draw(st.sampled_from((None, CARRIED_LEDGER)), label="carried ledger")
     machine = ToolLoopMachine(policy, tools=TOOLS)
     sim = Simulator()
-    log: list[list[Effect]] = [machine.start(request, continuation_style=continuation)]
+    log: list[list[Effect]] = [
+        machine.start(request, continuation_style=continuation, ledger=ledger)
+    ]
     sim.take(log[0])
     events: list[object] = []
     for _ in range(MAX_STEPS):
@@ -283,7 +303,7 @@ def drive_machine(policy: LoopPolicy, data: st.DataObject, *, probe: bool = True
     # determinism: the same events give the same effects, step by step, and the illegal
     # probes above changed nothing
     replay = ToolLoopMachine(policy, tools=TOOLS)
-    replayed = [replay.start(request, continuation_style=continuation)]
+    replayed = [replay.start(request, continuation_style=continuation, ledger=ledger)]
     replayed += [replay.feed(event) for event in events]
     assert replayed == log
     assert replay.state == machine.state
@@ -292,7 +312,7 @@ def drive_machine(policy: LoopPolicy, data: st.DataObject, *, probe: bool = True
     # the same steps: same effects, same phase steps (the reference also traces each chunk's
     # internal transition, which the fast path does not), same result
     reference = ToolLoopMachine(policy, tools=TOOLS, reference=True)
-    referenced = [reference.start(request, continuation_style=continuation)]
+    referenced = [reference.start(request, continuation_style=continuation, ledger=ledger)]
     referenced += [reference.feed(event) for event in events]
     assert _phase_effects(referenced) == _phase_effects(log)
     assert reference.state == machine.state

@@ -78,7 +78,9 @@ class ArmDeadline:
     A ``rolling`` deadline is pushed back by every provider chunk and every recorded
     delivery: it fires only after ``seconds`` without activity. With ``first_seconds`` (the
     stream deadline of a pass) the window until the pass's first chunk is ``first_seconds``
-    instead, and the deadline expires as ``FIRST_TOKEN`` then, ``INACTIVITY`` after.
+    instead, and the deadline expires as ``FIRST_TOKEN`` then, ``INACTIVITY`` after. With
+    ``total_seconds`` it also expires as ``PASS_DURATION`` that long after it was armed,
+    whatever the activity (a stream that trickles forever still ends).
     """
 
     kind: DeadlineKind
@@ -86,6 +88,7 @@ class ArmDeadline:
     seconds: float
     rolling: bool = False
     first_seconds: float | None = None
+    total_seconds: float | None = None
 
 
 @frozen

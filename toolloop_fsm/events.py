@@ -152,11 +152,13 @@ class ContextRestart:
 
 class DeadlineKind(StrEnum):
     """What a deadline bounds. A pass arms one ``STREAM`` deadline; it expires as
-    ``FIRST_TOKEN`` before the pass's first chunk and as ``INACTIVITY`` after it."""
+    ``FIRST_TOKEN`` before the pass's first chunk, as ``INACTIVITY`` after it, and as
+    ``PASS_DURATION`` when the pass's total budget is spent however steadily it streams."""
 
     STREAM = "stream"
     FIRST_TOKEN = "first_token"
     INACTIVITY = "inactivity"
+    PASS_DURATION = "pass_duration"
     TOOL = "tool"
     SETTLE = "settle"
 
@@ -195,6 +197,8 @@ class DeliveryFailed:
 
     seq: int | None
     error: str
+    #: the host's code did not return within the policy's ``host_call_timeout``
+    timed_out: bool = False
 
 
 # --------------------------------------------------------------------------- outer tier

@@ -7,9 +7,10 @@ handlers, and may pass its own `Clock`.
 from __future__ import annotations
 
 import difflib
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from attrs import define, field, frozen
 from attrs import validators as check
@@ -26,6 +27,9 @@ from toolloop_fsm.policy import (
     positive_seconds,
 )
 from toolloop_fsm.providers.base import ToolSpec
+
+if TYPE_CHECKING:
+    import asyncio
 from toolloop_fsm.result import Notice
 
 _optional_text = of_type(str, type(None))
@@ -228,45 +232,71 @@ LOOP_CLOCK = LoopClock()
 
 @define
 class TurnSignals:
-    """The host's signals to a running turn; call from any task of the same loop.
+    """The host's signals to a running turn: ``request_stop`` is the /kill command (with an
+    optional message to queue first), ``follow_up`` says a new user message arrived,
+    ``report_unreachable`` says the destination is gone.
 
-    ``request_stop`` is the /kill command (with an optional message to queue first);
-    ``follow_up`` says a new user message arrived.
+    Every method is safe to call from any task *and from any thread*: a call made outside
+    the turn's event loop changes the flags under a lock and hands the wake-up to the loop
+    with ``call_soon_threadsafe``. A stop is consumed by the turn that honours it, so one
+    signals object can serve a whole conversation.
     """
 
     stop_requested: bool = False
     stop_message: str | None = None
     follow_ups: int = 0
     unreachable: bool = False
-    _listeners: list[Callable[[], None]] = field(factory=list, repr=False)
+    _listeners: list[tuple[asyncio.AbstractEventLoop | None, Callable[[], None]]] = field(
+        factory=list, repr=False
+    )
+    _lock: threading.Lock = field(factory=threading.Lock, repr=False, eq=False)
 
     def request_stop(self, stop_message: str | None = None) -> None:
-        self.stop_requested = True
-        if stop_message is not None:
-            self.stop_message = stop_message
-        for listener in tuple(self._listeners):
-            listener()
+        with self._lock:
+            self.stop_requested = True
+            if stop_message is not None:
+                self.stop_message = stop_message
+        self._notify()
 
     def follow_up(self) -> None:
-        self.follow_ups += 1
-        for listener in tuple(self._listeners):
-            listener()
+        with self._lock:
+            self.follow_ups += 1
+        self._notify()
 
     def consume_stop(self) -> None:
         """Forget a stop that a turn honoured, so that the next turn run with these signals
         is not stopped by it (the turns call this themselves)."""
-        self.stop_requested = False
-        self.stop_message = None
+        with self._lock:
+            self.stop_requested = False
+            self.stop_message = None
 
     def report_unreachable(self) -> None:
         """The destination cannot be reached: the generation turn ends ``skipped``."""
-        self.unreachable = True
-        for listener in tuple(self._listeners):
-            listener()
+        with self._lock:
+            self.unreachable = True
+        self._notify()
 
     def add_listener(self, listener: Callable[[], None]) -> None:
-        self._listeners.append(listener)
+        """Call ``listener`` on every signal, in the event loop this is called from."""
+        self._listeners.append((_running_loop(), listener))
 
     def remove_listener(self, listener: Callable[[], None]) -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
+        self._listeners[:] = [entry for entry in self._listeners if entry[1] != listener]
+
+    def _notify(self) -> None:
+        here = _running_loop()
+        for loop, listener in tuple(self._listeners):
+            if loop is None or loop is here:
+                listener()
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(listener)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    # asyncio is imported where it is used: the sans-IO core imports host.py
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -107,6 +107,7 @@ from toolloop_fsm.states.stream_once import (
     take_first_chunk,
     time_out_first_token,
     time_out_inactivity,
+    time_out_pass_duration,
 )
 from toolloop_fsm.states.tool_dispatch import (
     announce_tool_outcome,
@@ -208,6 +209,7 @@ TRANSITIONS: list[dict[str, Any]] = [
     _t("first_token_deadline", "awaiting_first_token", "building_result",
        do=time_out_first_token),
     _t("inactivity_deadline", "streaming", "building_result", do=time_out_inactivity),
+    _t("pass_duration_deadline", STREAM_STATES, "building_result", do=time_out_pass_duration),
     _t("stop_requested", STREAM_STATES, "building_result", do=stop_stream),
     _t("follow_up_arrived", STREAM_STATES, "building_result", do=interrupt_for_follow_up),
     _t("delivery_recorded", [*STREAM_STATES, "executing_tool"], None, do=record_delivery),
@@ -266,7 +268,8 @@ _CALLBACK_FUNCTIONS: tuple[Callable[..., Any], ...] = (
         apply_context_restart, record_delivery, begin_pass, complete_settled_after_tool,
         complete_with_text, end_empty_response, end_malformed_call, fail_stream,
         interrupt_for_follow_up, stop_stream, take_first_chunk, time_out_first_token,
-        time_out_inactivity, announce_tool_outcome, clear_stale_follow_up, dispatch_tool,
+        time_out_inactivity, time_out_pass_duration, announce_tool_outcome,
+        clear_stale_follow_up, dispatch_tool,
         record_tool_outcome, refuse_outside_allowlist, refuse_truncated_call,
         refuse_unparseable_call, reuse_recorded_outcome, stop_during_tool, take_tool_outcome,
         time_out_tool, *CHUNK_HANDLERS.values(),
@@ -316,6 +319,10 @@ def trigger_for(event: object) -> str:
 _SHAPES = event_shapes((*CHUNK_TRIGGERS, *_SIGNAL_TRIGGERS, DeadlineExpired))
 
 DEFAULT_POLICY = LoopPolicy()
+#: the budgets a pass's one stream deadline expires as
+_STREAM_DEADLINE_KINDS = frozenset(
+    {DeadlineKind.FIRST_TOKEN, DeadlineKind.INACTIVITY, DeadlineKind.PASS_DURATION}
+)
 
 
 class ToolLoopMachine(DeclaredMachine[TurnState]):
@@ -442,7 +449,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         """Outcomes that belong to something already cancelled are a shell bug, not data."""
         if isinstance(event, DeadlineExpired):
             kind = event.kind
-            if kind is DeadlineKind.FIRST_TOKEN or kind is DeadlineKind.INACTIVITY:
+            if kind in _STREAM_DEADLINE_KINDS:
                 kind = DeadlineKind.STREAM
             armed = turn.armed.get(kind)
             if armed != event.token:

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import copy
 import inspect
+import math
 import types
 from collections.abc import (
     AsyncIterator,
@@ -33,6 +35,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from functools import partial
 from typing import Any
 
 import attrs
@@ -110,6 +113,7 @@ class EventPump:
     """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
 
     __slots__ = (
+        "_abandoned",
         "_children",
         "_deliveries",
         "_delivery_task",
@@ -124,8 +128,10 @@ class EventPump:
         "_iteration",
         "_last_activity",
         "_last_chunk",
+        "_late_confirmed",
         "_main",
         "_outcomes",
+        "_pending_result",
         "_pending_stream",
         "_reading",
         "_result",
@@ -135,6 +141,8 @@ class EventPump:
         "_stream_generation",
         "_timers",
         "_tool_dispatch",
+        "_tool_grace",
+        "_tool_name",
         "_tool_task",
         "_wake",
         "channel",
@@ -142,6 +150,7 @@ class EventPump:
         "consume_stop",
         "machine",
         "on_effect",
+        "policy",
         "provider",
         "registry",
         "signals",
@@ -199,6 +208,15 @@ class EventPump:
         self._depth = 0
         self._host_task: asyncio.Task[None] | None = None
         self._host_exception: BaseException | None = None
+        self.policy = machine.policy
+        self._tool_name = ""
+        self._tool_grace: Any = None
+        # code that ignored its cancellation past the grace: named, never awaited again
+        self._abandoned: list[str] = []
+        # deliveries the channel confirmed after the machine had already finished
+        self._late_confirmed: list[int] = []
+        # the result waits for the host's notices and stop message still on their way
+        self._pending_result: GenerationTurnResult | None = None
 
     # ------------------------------------------------------------------ running
     async def run(
@@ -218,7 +236,7 @@ class EventPump:
         listening = self.signals is not _NO_SIGNALS
         if listening:
             self.signals.add_listener(self._signal_arrived)
-        failure: Exception | None = None
+        failure: BaseException | None = None
         cancelled = True
         try:
             self._execute(
@@ -281,10 +299,26 @@ class EventPump:
                 self._cancel_timers()
         if failure is not None:
             raise failure
-        return result
+        return self._with_late_facts(result)
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coroutine)
+    def _with_late_facts(self, result: GenerationTurnResult) -> GenerationTurnResult:
+        """Add what happened after the machine finished but before the run returned: a
+        delivery the channel confirmed (it is in the result, whatever the interleaving) and
+        the calls abandoned for ignoring their cancellation."""
+        changes: dict[str, Any] = {}
+        if self._late_confirmed:
+            in_flight = self.machine.turn.in_flight
+            late = [in_flight[seq] for seq in self._late_confirmed if seq in in_flight]
+            if late:
+                delivered = sorted((*result.delivered, *late), key=lambda d: d.seq)
+                changes["delivered"] = tuple(delivered)
+        if self._abandoned:
+            changes["abandoned_calls"] = (*result.abandoned_calls, *self._abandoned)
+        return attrs.evolve(result, **changes) if changes else result
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Start a child task; ``name`` says what it runs (an abandoned child is named)."""
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
         children = self._children
         if children is None:
             self._children = [task]
@@ -295,8 +329,10 @@ class EventPump:
 
     async def _join_children(self, *, cancel: bool) -> None:
         """Wait for every child (the host's notices and stop message may still be on their
-        way); when the caller was cancelled, cancel them first. A child's own failure —
-        a bug, since children turn everything into events — is raised."""
+        way); when the caller was cancelled, cancel them first. The wait is bounded: a child
+        still running after the host-call budget (or, once cancelled, after the grace) is
+        abandoned and named. A child's own failure — a bug, since children turn everything
+        into events — is raised."""
         children = self._children
         if not children:
             return
@@ -304,11 +340,31 @@ class EventPump:
         if cancel:
             for child in pending:
                 child.cancel()
+        policy = self.policy
         if pending:
-            await asyncio.wait(pending)
+            # a cancelled child has the grace to stop; one still working (a notice on its
+            # way) has its own host-call budget first
+            budget = policy.cancel_grace
+            if any(child.cancelling() == 0 for child in pending):
+                budget += policy.host_call_timeout
+            for straggler in await wait_bounded(self.clock, pending, budget):
+                straggler.cancel()
+                self._abandon(straggler, straggler.get_name())
         for child in children:
-            if not child.cancelled() and child.exception() is not None:
+            if child.done() and not child.cancelled() and child.exception() is not None:
                 raise child.exception()  # type: ignore[misc]
+
+    def _abandon(self, task: asyncio.Task[Any], name: str) -> None:
+        """Give up on a child that ignored its cancellation: it is named in the result and
+        never awaited again."""
+        children = self._children
+        if children is not None and task in children:
+            children.remove(task)
+            self._abandoned.append(name)
+
+    def _abandon_unless_done(self, task: asyncio.Task[Any], name: str) -> None:
+        if not task.done():
+            self._abandon(task, name)
 
     def _wind_down(self) -> None:
         """The turn is over (or the caller was cancelled): stop the stream and the tool,
@@ -326,14 +382,20 @@ class EventPump:
         for handle, _ in self._timers:
             handle.cancel()
         self._timers.clear()
+        if self._tool_grace is not None:
+            self._tool_grace.cancel()
+            self._tool_grace = None
 
     # ------------------------------------------------------------------ feeding
     def _feed(self, event: Any) -> None:
         """Feed one event and carry out its effects; a failure ends the run with it."""
         if self._finished or self.machine.is_finished:
+            if type(event) is DeliveryRecorded and event.seq is not None:
+                self._late_confirmed.append(event.seq)  # confirmed: it belongs in the result
             return
-        if self._signals_dirty:
+        if self._signals_dirty and type(event) is not DeliveryRecorded:
             # a signal that arrived before this event is taken first, in the state it met
+            # (a delivery the channel already confirmed is recorded first: it happened)
             self._take_signals()
             if self._finished or self.machine.is_finished:
                 return
@@ -399,8 +461,9 @@ class EventPump:
         self._deliveries.clear()
         host_task = self._host_task
         if host_task is not None and not host_task.done():
-            # notices and the stop message are owed to the host: let them finish first
-            host_task.add_done_callback(lambda _task: self._settle_result(effect.result))
+            # notices and the stop message are owed to the host: they finish first (each
+            # bounded by the host-call budget), then the result is settled
+            self._pending_result = effect.result
             return
         self._settle_result(effect.result)
 
@@ -533,13 +596,18 @@ class EventPump:
     # ------------------------------------------------------------------ tools
     def _run_tool(self, effect: RunTool) -> None:
         self._tool_dispatch = effect.dispatch
-        self._tool_task = self._spawn(self._call_tool(effect))
+        self._tool_name = f"tool {effect.name} (dispatch {effect.dispatch})"
+        self._tool_task = self._spawn(self._call_tool(effect), self._tool_name)
 
     def _cancel_tool(self) -> None:
         self._tool_dispatch = -1
         task = self._tool_task
         if task is not None and not task.done():
             task.cancel()
+            # a tool that ignores its cancellation is abandoned after the grace
+            self._tool_grace = self.clock.call_later(
+                self.policy.cancel_grace, self._abandon_unless_done, task, self._tool_name
+            )
 
     async def _call_tool(self, effect: RunTool) -> None:
         tool = self.registry.get(effect.name)
@@ -547,6 +615,10 @@ class EventPump:
         if tool is None:  # the machine only dispatches registered tools; keep it a value
             event = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
         else:
+            try:
+                arguments = copy.deepcopy(dict(effect.arguments))
+            except Exception:  # arguments come from JSON; a host-built oddity is shallow-copied
+                arguments = dict(effect.arguments)
             ctx = ToolContext(
                 effect.name,
                 effect.dispatch,
@@ -554,7 +626,12 @@ class EventPump:
                 self.clock,
                 self.machine.turn.disabled_enrichment_kinds,
             )
-            event = await _call_handler(tool, effect, ctx)
+            try:
+                event = await _call_handler(tool, effect.dispatch, arguments, ctx)
+            except (KeyboardInterrupt, SystemExit) as err:
+                # the process is going down: end the run with it, children cancelled first
+                self._fail(err)
+                return
         if effect.dispatch == self._tool_dispatch:
             self._feed(event)
 
@@ -563,8 +640,10 @@ class EventPump:
         now = self.clock.now()
         seconds = effect.seconds
         if effect.first_seconds is not None:
-            # the pass's stream deadline: first wake at the earlier of the two windows
+            # the pass's stream deadline: first wake at the earliest of its windows
             seconds = min(seconds, effect.first_seconds)
+            if effect.total_seconds is not None:
+                seconds = min(seconds, effect.total_seconds)
             self._stream_armed_at = now
             self._last_chunk = None
         if effect.rolling:
@@ -585,6 +664,13 @@ class EventPump:
         kind = effect.kind
         if effect.rolling:
             now = self.clock.now()
+            total = effect.total_seconds
+            pass_due = self._stream_armed_at + total if total is not None else math.inf
+            if effect.first_seconds is not None and pass_due - now <= 1e-9:
+                # the pass's total budget is spent, however steadily it streams
+                self._timers.remove(entry)
+                self._feed(DeadlineExpired(DeadlineKind.PASS_DURATION, effect.token))
+                return
             if effect.first_seconds is not None and self._last_chunk is None:
                 kind = DeadlineKind.FIRST_TOKEN  # no chunk yet in this pass
                 due = self._stream_armed_at + effect.first_seconds
@@ -600,6 +686,7 @@ class EventPump:
                 if self._last_chunk is not None and self._last_chunk > last:
                     last = self._last_chunk
                 due = wake = last + effect.seconds
+            wake = min(wake, pass_due)
             if due - now > 1e-9:
                 entry[0] = self.clock.call_later(wake - now, self._deadline_fired, effect)
                 return
@@ -627,53 +714,188 @@ class EventPump:
             self._last_activity = self.clock.now()
             self._outcomes.append(DeliveryRecorded(effect.seq))
             return
-        except Exception as err:
+        except (KeyboardInterrupt, SystemExit) as err:
+            self._fail(err)
+            return
+        except BaseException as err:  # any failure of host code is the turn's `host_error`
             self._host_exception = err
             self._outcomes.append(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
             return
         self._delivery_task = self._spawn(
-            self._deliver_in_order(effect, _resume(coroutine, waiting_on))
+            self._deliver_in_order(effect, _resume(coroutine, waiting_on)), "channel deliveries"
         )
 
     async def _deliver_in_order(
         self, first: Deliver, started: Awaitable[None] | None = None
     ) -> None:
+        """Deliver in order, each send bounded by the host-call budget: a send that does not
+        return ends the turn ``error`` (``host_timeout``), keeping every confirmed delivery;
+        one that also ignores its cancellation is abandoned after the grace."""
         deliveries = self._deliveries
         effect: Deliver | None = first
         while effect is not None:
+            seq = effect.seq
+            name = "channel.send_expression" if effect.expression is not None else (
+                "channel.send_text"
+            )  # fmt: skip
+            overdue = DeliveryFailed(seq, self._overdue_message(name), timed_out=True)
+            guard = _HostCallGuard(self, name, on_abandon=partial(self._feed, overdue))
             try:
                 await (started if started is not None else self._send(effect))
             except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                self._host_exception = err
-                self._feed(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
+                if not guard.expired:
+                    raise  # the turn is over, or its caller was cancelled
+                guard.taken_back()
+                self._deliveries.clear()
+                self._feed(DeliveryFailed(seq, self._overdue_message(name), timed_out=True))
                 return
+            except (KeyboardInterrupt, SystemExit) as err:
+                self._fail(err)
+                return
+            except BaseException as err:
+                self._host_exception = err
+                self._feed(DeliveryFailed(seq, f"{type(err).__name__}: {err}"))
+                return
+            finally:
+                guard.disarm()
+            if guard.expired:
+                guard.taken_back()  # it returned after all, before the grace ran out
             started = None
             self._last_activity = self.clock.now()
-            self._feed(DeliveryRecorded(effect.seq))
+            self._feed(DeliveryRecorded(seq))
             effect = deliveries.pop(0) if deliveries else None
+
+    def _overdue_message(self, name: str) -> str:
+        return f"{name} did not return within {self.policy.host_call_timeout:g} s"
 
     def _ensure_host_worker(self) -> None:
         if self._host_task is None or self._host_task.done():
-            self._host_task = self._spawn(self._call_host_in_order())
+            self._host_task = self._spawn(self._call_host_in_order(), "channel notices")
 
     async def _call_host_in_order(self) -> None:
+        """Post notices and the stop message in order, each bounded by the host-call budget.
+        A call that fails or does not return is a ``host_error``/``host_timeout`` while the
+        turn runs; after it, it is only named (a late notice cannot change how it ended)."""
         channel = self.channel
         calls = self._host_calls
-        while calls:
-            effect = calls.pop(0)
-            try:
+        me = asyncio.current_task()
+        try:
+            while calls and self._host_task is me:
+                effect = calls.pop(0)
                 if isinstance(effect, PostNotice):
-                    await channel.send_notice(effect.notice)
+                    name = "channel.send_notice"
+                    call: Awaitable[None] = channel.send_notice(effect.notice)
                 else:
-                    await channel.queue_front(effect.stop_message)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                self._host_exception = err
-                if not self.machine.is_finished:
-                    self._feed(DeliveryFailed(None, f"{type(err).__name__}: {err}"))
+                    name = "channel.queue_front"
+                    call = channel.queue_front(effect.stop_message)
+                guard = _HostCallGuard(self, name, on_abandon=self._host_worker_abandoned)
+                failure: DeliveryFailed | None = None
+                try:
+                    await call
+                except asyncio.CancelledError:
+                    if not guard.expired:
+                        raise
+                    guard.taken_back()
+                    failure = DeliveryFailed(None, self._overdue_message(name), timed_out=True)
+                except (KeyboardInterrupt, SystemExit) as err:
+                    self._fail(err)
+                    return
+                except BaseException as err:
+                    self._host_exception = err
+                    failure = DeliveryFailed(None, f"{type(err).__name__}: {err}")
+                finally:
+                    guard.disarm()
+                if guard.expired and failure is None:
+                    guard.taken_back()
+                if failure is not None and not self.machine.is_finished:
+                    self._feed(failure)
+        finally:
+            if self._host_task is me:
+                self._host_calls_done()
+
+    def _host_worker_abandoned(self) -> None:
+        """The host call in progress ignored its cancellation: carry on without it."""
+        self._host_task = None
+        if self._host_calls:
+            self._ensure_host_worker()
+        else:
+            self._host_calls_done()
+
+    def _host_calls_done(self) -> None:
+        pending = self._pending_result
+        if pending is not None and not self._host_calls:
+            self._pending_result = None
+            self._settle_result(pending)
+
+
+class _HostCallGuard:
+    """Bounds one call into host code running in the current task: after the policy's
+    ``host_call_timeout`` the task is cancelled (`expired`); if the host code ignores that
+    for ``cancel_grace``, the task is abandoned — named, never awaited again — and
+    ``on_abandon`` runs in its place."""
+
+    __slots__ = ("_handle", "_name", "_on_abandon", "_pump", "_task", "expired")
+
+    def __init__(
+        self, pump: EventPump, name: str, *, on_abandon: Callable[[], None] | None = None
+    ) -> None:
+        self._pump = pump
+        self._name = name
+        self._on_abandon = on_abandon
+        self._task = asyncio.current_task()
+        self.expired = False
+        self._handle: Any = pump.clock.call_later(pump.policy.host_call_timeout, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        self._handle = self._pump.clock.call_later(self._pump.policy.cancel_grace, self._give_up)
+        if self._task is not None:
+            self._task.cancel()
+
+    def _give_up(self) -> None:
+        self._handle = None
+        task = self._task
+        if task is not None and not task.done():
+            self._pump._abandon(task, self._name)
+            if self._on_abandon is not None:
+                self._on_abandon()
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def taken_back(self) -> None:
+        """The cancellation this guard sent was absorbed: take it back from the task."""
+        if self._task is not None:
+            self._task.uncancel()
+
+
+async def wait_bounded(
+    clock: Clock, tasks: Iterable[asyncio.Task[Any]], seconds: float
+) -> list[asyncio.Task[Any]]:
+    """Wait for ``tasks`` at most ``seconds`` on ``clock``; returns those still pending."""
+    tasks = list(tasks)
+    pending = {task for task in tasks if not task.done()}
+    if not pending:
+        return []
+    expired: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    handle = clock.call_later(seconds, _resolve, expired)
+    try:
+        while pending and not expired.done():
+            waits: set[asyncio.Future[Any]] = {*pending, expired}
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            pending.difference_update(done)
+    finally:
+        handle.cancel()
+        if not expired.done():
+            expired.cancel()
+    return [task for task in tasks if not task.done()]
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 @types.coroutine
@@ -699,24 +921,26 @@ def _resume(coroutine: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[
                 return
 
 
-async def _call_handler(tool: Tool, effect: RunTool, ctx: ToolContext) -> ToolFinished:
-    """Run a tool handler; whatever it does becomes a `ToolFinished` value."""
+async def _call_handler(
+    tool: Tool, dispatch: int, arguments: dict[str, Any], ctx: ToolContext
+) -> ToolFinished:
+    """Run a tool handler on its own copy of the arguments; whatever it does becomes a
+    `ToolFinished` value — any exception, `BaseException` subclasses and `GeneratorExit`
+    included — except cancellation and the process going down, which propagate."""
     try:
-        result = await tool.handler(dict(effect.arguments), ctx)
-    except asyncio.CancelledError:
+        result = await tool.handler(arguments, ctx)
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
         raise
-    except Exception as err:
-        return ToolFinished(
-            effect.dispatch, ToolOutcomeKind.RAISED, error=f"{type(err).__name__}: {err}"
-        )
+    except BaseException as err:
+        return ToolFinished(dispatch, ToolOutcomeKind.RAISED, error=f"{type(err).__name__}: {err}")
     if not isinstance(result, ToolResult):
         return ToolFinished(
-            effect.dispatch,
+            dispatch,
             ToolOutcomeKind.RAISED,
             error=f"the handler returned {type(result).__name__}, not ToolResult",
         )
     return ToolFinished(
-        effect.dispatch,
+        dispatch,
         ToolOutcomeKind.SUCCEEDED if result.success else ToolOutcomeKind.FAILED,
         data=result.data,
         message=result.message,
@@ -787,6 +1011,7 @@ class GenerationPump:
         self.on_attempt_step = on_attempt_step
         self._follow_ups_seen = 0
         self._stop_honoured = False
+        self._abandoned: list[str] = []
         self._keys = [key for attempt in (*self.attempts, *self.shared) for key in attempt.keys]
 
     async def run(self, request: TurnRequest) -> GenerationTurnResult:
@@ -799,7 +1024,15 @@ class GenerationPump:
             if isinstance(effect, Finish):
                 if self._stop_honoured or effect.result.status is TurnStatus.STOPPED_BY_USER:
                     self.signals.consume_stop()  # the turn that honours a stop consumes it
-                return self._redacted(effect.result)
+                result = effect.result
+                abandoned = [
+                    *(name for attempt in self.machine.generation.results for name in
+                      attempt.abandoned_calls),
+                    *self._abandoned,
+                ]  # fmt: skip
+                if abandoned:
+                    result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
+                return self._redacted(result)
             pending.extend(await self._carry_out(effect))
         raise RuntimeError("the generation turn stopped without a result")
 
@@ -808,24 +1041,46 @@ class GenerationPump:
             return await self._run_attempt(effect)
         if isinstance(effect, AskAdmission):
             return await self._ask_admission(effect)
-        if isinstance(effect, PostNotice):
-            with contextlib.suppress(Exception):  # a notice the host cannot show ends nothing
-                await self.channel.send_notice(effect.notice)
+        if isinstance(effect, PostNotice):  # a notice the host cannot show ends nothing
+            await self._call_host(self.channel.send_notice(effect.notice), "channel.send_notice")
             return []
         if isinstance(effect, SupersedeAttempt):
             mark = getattr(self.channel, "attempt_superseded", None)
             if mark is not None:
-                with contextlib.suppress(Exception):
-                    await mark(effect.attempt, effect.label, effect.delivered_text)
+                await self._call_host(
+                    mark(effect.attempt, effect.label, effect.delivered_text),
+                    "channel.attempt_superseded",
+                )
             return []
         if isinstance(effect, UpdateKeyHealth):
             self.key_book[(effect.label, effect.key_index)] = effect.health
             return []
         if isinstance(effect, QueueStopResponse):
-            with contextlib.suppress(Exception):
-                await self.channel.queue_front(effect.stop_message)
+            await self._call_host(
+                self.channel.queue_front(effect.stop_message), "channel.queue_front"
+            )
             return []
         raise TypeError(f"the generation pump cannot carry out {type(effect).__name__}")
+
+    async def _call_host(self, call: Awaitable[Any], name: str) -> Any:
+        """Await host code that cannot end the turn (a notice, a hook), bounded by the
+        host-call budget; a failure is ignored, code that ignores its cancellation is
+        abandoned after the grace and named in the result. Returns what it returned, or
+        ``None``."""
+        task = asyncio.ensure_future(call)
+        policy = self.machine.policy.loop
+        try:
+            if await wait_bounded(self.clock, [task], policy.host_call_timeout):
+                task.cancel()
+                if await wait_bounded(self.clock, [task], policy.cancel_grace):
+                    self._abandoned.append(name)
+                    return None
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
 
     def _attempt_for(self, model: int) -> Attempt:
         chain = [*self.attempts, *self.shared]
@@ -921,20 +1176,27 @@ class GenerationPump:
 
         self.signals.add_listener(watch)
         watch()
+        # an admission policy that does not answer within the host-call budget refuses
+        overdue = self.clock.call_later(
+            self.machine.policy.loop.host_call_timeout, _resolve, interrupted
+        )
         try:
             await asyncio.wait({admission, interrupted}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            overdue.cancel()
             self.signals.remove_listener(watch)
             if not admission.done():
                 admission.cancel()
-                with contextlib.suppress(BaseException):
-                    await admission
+                grace = self.machine.policy.loop.cancel_grace
+                if await wait_bounded(self.clock, [admission], grace):
+                    self._abandoned.append("shared_route.admit")
             interrupted.cancel()
         if self.signals.unreachable:
             return self.machine.feed(UnreachableReported())
         if self.signals.stop_requested:
             return self.machine.feed(StopRequested(self.signals.stop_message))
-        return self.machine.feed(AdmissionDecided(admission.result(), self.clock.now()))
+        admitted = admission.done() and not admission.cancelled() and admission.result()
+        return self.machine.feed(AdmissionDecided(bool(admitted), self.clock.now()))
 
     def _redacted(self, result: GenerationTurnResult) -> GenerationTurnResult:
         """Defence in depth: no key may leave the turn — not in a message a careless provider
@@ -959,7 +1221,9 @@ async def _admit(route: SharedRoute, request: AdmissionRequest) -> bool:
     try:
         answer = route.admit(request)
         return bool(await answer) if inspect.isawaitable(answer) else bool(answer)
-    except Exception:  # a failing admission policy admits nobody
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # a failing admission policy admits nobody
         return False
 
 

@@ -194,6 +194,7 @@ class GenerationTurnResult:
     attempts: tuple[AttemptRecord, ...] = ()
     credential_source: str = "user"
     disabled_enrichment_kinds: frozenset[str] = frozenset()
+    abandoned_calls: tuple[str, ...] = ()
     trace: tuple[TraceStep, ...] = ()
     exception: BaseException | None = field(default=None, eq=False, repr=False)
 

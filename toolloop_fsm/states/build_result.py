@@ -54,8 +54,12 @@ def fail_delivery(turn: TurnState, event: DeliveryFailed) -> None:
         turn.effects.append(CancelTool(turn.dispatches))
     if event.seq is not None:
         turn.in_flight.pop(event.seq, None)
-    turn.error_message = f"the host's channel raised while delivering: {event.error}"
-    decide(turn, TurnStatus.ERROR, "host_error")
+    if event.timed_out:
+        turn.error_message = f"the host's channel did not return: {event.error}"
+        decide(turn, TurnStatus.ERROR, "host_timeout")
+    else:
+        turn.error_message = f"the host's channel raised while delivering: {event.error}"
+        decide(turn, TurnStatus.ERROR, "host_error")
 
 
 # --------------------------------------------------------------------------- settling
@@ -143,24 +147,12 @@ def build_result(
     )
 
 
-#: Exits on which the final text is only what the channel confirmed: the user saw no more.
-_DELIVERED_ONLY = frozenset(
-    {
-        TurnStatus.STOPPED_BY_USER,
-        TurnStatus.FOLLOW_UP_INTERRUPT,
-        TurnStatus.TIMEOUT,
-        TurnStatus.ERROR,
-        TurnStatus.SKIPPED,
-    }
-)
-
-
 def _final_and_undelivered_text(turn: TurnState, status: TurnStatus) -> tuple[str, str]:
     """The final text and the text that was buffered but never reached the user.
 
-    A completed (or empty) turn's final text is its last pass's text, flushed before the
-    end. On a stop, follow-up, timeout or error it is only what the channel confirmed: the
-    confirmed text of the latest pass that had any. What the last pass streamed beyond what
+    A completed turn's final text is its last pass's text, flushed before the end. On every
+    other exit it is only what the channel confirmed: the confirmed text of the latest pass
+    that had any. What the last pass streamed beyond what
     was confirmed is the undelivered text.
     """
     by_pass: dict[int, list[str]] = {}
@@ -172,7 +164,7 @@ def _final_and_undelivered_text(turn: TurnState, status: TurnStatus) -> tuple[st
     # a suppressed pass was never handed over: nothing of it is known to have been seen
     seen = streamed.startswith(confirmed_now)
     undelivered = streamed[len(confirmed_now) :] if seen else streamed
-    if status not in _DELIVERED_ONLY:
+    if status is TurnStatus.COMPLETED:
         return turn.last_text, undelivered
     final = ""
     for iteration in sorted(by_pass, reverse=True):

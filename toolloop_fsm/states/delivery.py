@@ -65,11 +65,12 @@ def arm_deadline(
     *,
     rolling: bool = False,
     first_seconds: float | None = None,
+    total_seconds: float | None = None,
 ) -> None:
     turn.next_token += 1
     token = turn.next_token
     turn.armed[kind] = token
-    turn.effects.append(ArmDeadline(kind, token, seconds, rolling, first_seconds))
+    turn.effects.append(ArmDeadline(kind, token, seconds, rolling, first_seconds, total_seconds))
 
 
 def clear_deadline(turn: TurnState, kind: DeadlineKind) -> None:

@@ -72,6 +72,7 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
         policy.inactivity_timeout,
         rolling=True,
         first_seconds=policy.effective_first_token_timeout,
+        total_seconds=policy.max_pass_duration,
     )
 
 
@@ -268,6 +269,11 @@ def time_out_first_token(turn: TurnState, _event: Any = None) -> None:
 
 def time_out_inactivity(turn: TurnState, _event: Any = None) -> None:
     _time_out_stream(turn, "inactivity_timeout")
+
+
+def time_out_pass_duration(turn: TurnState, _event: Any = None) -> None:
+    """The pass streamed for its whole ``max_pass_duration`` without ending."""
+    _time_out_stream(turn, "pass_duration_timeout")
 
 
 def _time_out_stream(turn: TurnState, reason: str) -> None:

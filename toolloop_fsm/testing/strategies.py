@@ -480,7 +480,8 @@ _SUPPRESS_SETS: tuple[frozenset[str], ...] = (
 def loop_policies(*, max_iterations: int = 8) -> st.SearchStrategy[LoopPolicy]:
     """`LoopPolicy` values with small ceilings and short budgets, so limits are reached:
     1–``max_iterations`` passes, soft warning at 1–5, 1–4 consecutive tool errors, 1–3
-    continuation failures, budgets of seconds, and flushes every 1–50 characters."""
+    continuation failures, budgets of seconds (a pass's total budget included, so that a
+    steadily streaming pass can run out of it), and flushes every 1–50 characters."""
     return st.builds(
         LoopPolicy,
         # sampled_from, not integers(): Hypothesis draws integers' bounds far more often
@@ -495,6 +496,7 @@ def loop_policies(*, max_iterations: int = 8) -> st.SearchStrategy[LoopPolicy]:
         tool_timeout=st.sampled_from((30.0, 10.0, 3.0, 1.0)),
         delivery_flush_chars=st.sampled_from((1, 2, 5, 10, 20, 50)),
         suppress_followup_after_pre_tool_text=st.sampled_from(_SUPPRESS_SETS),
+        max_pass_duration=st.sampled_from((900.0, 900.0, 6.0, 2.5)),
     )
 
 
