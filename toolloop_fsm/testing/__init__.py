@@ -58,7 +58,7 @@ _STRATEGY_NAMES = frozenset(
         "loop_policies", "provider_passes", "run_script", "script_items", "text_deltas",
         "timed_signals", "tool_behaviours", "turn_scripts",
     }
-)
+)  # fmt: skip
 
 __all__ += [
     "KNOWN_TOOLS",
@@ -160,7 +160,41 @@ __all__ += [
 ]
 
 
+# ---- the reference model of a turn's ending (invariant 10; needs Hypothesis through the
+# script types it reads: imported on first use)
+if TYPE_CHECKING:
+    from toolloop_fsm.testing.reference_model import (
+        AmbiguousEnding,
+        PredictedEnding,
+        describe_script,
+        difference,
+        ending_of,
+        predict_ending,
+        predict_endings,
+    )
+
+_REFERENCE_NAMES = frozenset(
+    {
+        "AmbiguousEnding", "PredictedEnding", "describe_script", "difference", "ending_of",
+        "predict_ending", "predict_endings",
+    }
+)  # fmt: skip
+__all__ += [
+    "AmbiguousEnding",
+    "PredictedEnding",
+    "describe_script",
+    "difference",
+    "ending_of",
+    "predict_ending",
+    "predict_endings",
+]
+
+
 def __getattr__(name: str) -> Any:
+    if name in _REFERENCE_NAMES:
+        from toolloop_fsm.testing import reference_model
+
+        return getattr(reference_model, name)
     if name in _STRATEGY_NAMES:
         from toolloop_fsm.testing import strategies
 

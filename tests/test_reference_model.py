@@ -1,0 +1,358 @@
+"""Invariant 10: every scripted turn ends as the kit's reference model predicts.
+
+The property test runs each drawn script through the engine (`run_script`) and through the
+independent model (`predict_endings`) and compares status, sub-reason, ``final_text``,
+``undelivered_text``, passes, dispatches, confirmed deliveries, notices, tool rounds and
+whether a tool delivered a response. The example tests pin what the model itself predicts
+for behaviours a user would notice, and a structural test keeps the model independent of
+the engine's decisions.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+
+import attrs
+import pytest
+from hypothesis import Phase, given, settings
+
+import toolloop_fsm.testing.reference_model as reference_model
+from toolloop_fsm.events import (
+    ContextRestart,
+    FinishKind,
+    FinishReason,
+    FunctionCall,
+    SceneMetadata,
+    TextDelta,
+)
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.providers.base import ProviderError
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.testing import (
+    AmbiguousEnding,
+    Fail,
+    Pause,
+    PredictedEnding,
+    TimedSignal,
+    ToolAction,
+    ToolBehaviour,
+    TurnScript,
+    describe_script,
+    difference,
+    ending_of,
+    loop_policies,
+    predict_ending,
+    predict_endings,
+    run_script,
+    turn_scripts,
+)
+
+#: 300 examples under the ci profile (3/5 of its count); the explore profile scales it up.
+EXAMPLES = max(1, settings.default.max_examples * 3 // 5)
+
+#: The engine does not follow the updated rules yet: the property is expected to fail, and
+#: it does not spend the suite's time shrinking a failure nobody reads. Set to False when
+#: the engine catches up (the property then runs strictly, with shrinking).
+ENGINE_LACKS_UPDATED_RULES = True
+PENDING_RULES = (
+    "the engine does not follow the updated rules yet (issue 8, being implemented): replay "
+    "by occurrence, suppression lifted by a successful tool, self-delivered replies and "
+    "expressions settle an empty pass, delivered-only final_text with undelivered_text, "
+    "no expression from a failed tool, the still-working notice as the pass after "
+    "soft_warn_iteration begins"
+)
+
+
+# =========================================================================== the property
+@pytest.mark.xfail(ENGINE_LACKS_UPDATED_RULES, strict=False, reason=PENDING_RULES)
+@settings(
+    max_examples=EXAMPLES,
+    phases=[p for p in Phase if p is not Phase.shrink or not ENGINE_LACKS_UPDATED_RULES],
+)
+@given(script=turn_scripts(), policy=loop_policies())
+def test_every_scripted_turn_ends_as_the_reference_model_predicts(
+    script: TurnScript, policy: LoopPolicy
+) -> None:
+    run = asyncio.run(run_script(script, policy))
+    predicted = predict_endings(script, policy)
+    mismatch = difference(predicted, ending_of(run.result))
+    assert mismatch is None, (
+        f"the engine's ending is not the reference model's:\n{mismatch}\n"
+        f"script:\n{describe_script(script, policy)}"
+    )
+
+
+# =========================================================================== independence
+ENGINE_DECISIONS = (
+    "toolloop_fsm.guards",
+    "toolloop_fsm.states",
+    "toolloop_fsm.machine",
+    "toolloop_fsm.generation",
+    "toolloop_fsm.declaration",
+    "toolloop_fsm.pump",
+    "toolloop_fsm.turn",
+)
+
+
+def _is_engine(module: str) -> bool:
+    return any(module == name or module.startswith(f"{name}.") for name in ENGINE_DECISIONS)
+
+
+def test_the_reference_model_imports_none_of_the_engines_decisions() -> None:
+    tree = ast.parse(inspect.getsource(reference_model))
+    imported: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            imported.append(base)
+            imported += [f"{base}.{alias.name}" for alias in node.names]
+    assert [name for name in imported if _is_engine(name)] == []
+    # nor does it reach one through a name another module handed it
+    borrowed = {
+        name: getattr(value, "__module__", "")
+        for name, value in vars(reference_model).items()
+        if callable(value)
+    }
+    assert {name: m for name, m in borrowed.items() if _is_engine(m)} == {}
+
+
+# =========================================================================== what it predicts
+WEATHER = FunctionCall("get_weather", {"city": "Oslo"})
+STICKER = FunctionCall("send_sticker", {})
+MEMORY = FunctionCall("update_short_term_memory", {"city": "Oslo"})
+ENRICH = ContextRestart({"role": "system", "content": "enriched"})
+EAGER = LoopPolicy(delivery_flush_chars=1)
+
+
+def predict(script: TurnScript, policy: LoopPolicy = EAGER) -> PredictedEnding:
+    return predict_ending(script, policy)
+
+
+def test_a_kill_during_a_tool_is_predicted_as_stopped_during_tool_with_nothing_recorded() -> None:
+    script = TurnScript(
+        passes=((TextDelta("Checking. "), WEATHER), (TextDelta("never"),)),
+        tool_plan=(("get_weather", (ToolBehaviour(ToolAction.HANG),)),),
+        signals=(TimedSignal(10.0, "stop", "ok, stopping"),),
+    )
+    ending = predict(script, LoopPolicy(delivery_flush_chars=1, tool_timeout=30.0))
+    assert (ending.status, ending.reason) == (TurnStatus.STOPPED_BY_USER, "stopped_during_tool")
+    assert ending.history == ()
+    assert ending.iterations == 1 and ending.tool_dispatches == 1
+    assert ending.final_text == "Checking. "
+
+
+def test_a_stop_keeps_only_the_delivered_text_and_reports_the_buffer_as_undelivered() -> None:
+    script = TurnScript(
+        passes=((TextDelta("Seen by you."), TextDelta(" and more"), Pause(5.0)),),
+        signals=(TimedSignal(1.0, "stop"),),
+    )
+    ending = predict(script, LoopPolicy(delivery_flush_chars=12))
+    assert ending.status is TurnStatus.STOPPED_BY_USER and ending.reason is None
+    assert ending.final_text == "Seen by you."
+    assert ending.undelivered_text == " and more"
+
+
+@pytest.mark.parametrize(
+    ("tail", "status", "reason"),
+    [
+        ((Pause(1000.0),), TurnStatus.TIMEOUT, "inactivity_timeout"),
+        ((Fail(ProviderError("boom", kind="server", retryable=True)),), TurnStatus.ERROR,
+         "provider_error"),
+    ],
+)  # fmt: skip
+def test_a_failed_or_stalled_stream_keeps_only_the_delivered_text(
+    tail: tuple[Pause | Fail, ...], status: TurnStatus, reason: str
+) -> None:
+    script = TurnScript(passes=((TextDelta("Seen by you."), TextDelta(" and more"), *tail),))
+    ending = predict(script, LoopPolicy(delivery_flush_chars=12, inactivity_timeout=10.0))
+    assert (ending.status, ending.reason) == (status, reason)
+    assert ending.final_text == "Seen by you."
+    assert ending.undelivered_text == " and more"
+
+
+def test_a_completed_pass_keeps_its_whole_text_even_when_it_was_delivered_in_batches() -> None:
+    script = TurnScript(passes=((TextDelta("Seen by you."), TextDelta(" And the rest.")),))
+    ending = predict(script, LoopPolicy(delivery_flush_chars=12))
+    assert ending.status is TurnStatus.COMPLETED and ending.reason is None
+    assert ending.final_text == "Seen by you. And the rest."
+    assert ending.undelivered_text == ""
+    assert ending.delivered == (("text", "Seen by you."), ("text", " And the rest."))
+
+
+def test_scene_metadata_is_appended_to_the_final_text() -> None:
+    script = TurnScript(passes=((TextDelta("Rain."), SceneMetadata("a rainy street")),))
+    assert predict(script).final_text == "Rain.\n\n[Scene Metadata]\na rainy street"
+
+
+def test_a_deliberate_repeat_inside_one_attempt_is_predicted_to_run_again() -> None:
+    script = TurnScript(passes=((WEATHER,), (WEATHER,), (TextDelta("Twice."),)))
+    ending = predict(script)
+    assert ending.tool_dispatches == 2
+    assert ending.history == (("get_weather", True), ("get_weather", True))
+
+
+def test_a_restarted_pass_replays_the_nth_recorded_call_and_runs_the_next_occurrence() -> None:
+    script = TurnScript(
+        passes=((WEATHER,), (STICKER,), (WEATHER,), (WEATHER,), (TextDelta("done"),)),
+        tool_plan=(("send_sticker", (ToolBehaviour(context_restart=ENRICH),)),),
+    )
+    ending = predict(script)
+    # get_weather runs, the sticker restarts, the 1st weather replays, the 2nd runs
+    assert ending.tool_dispatches == 3
+    assert ending.history == (("get_weather", True),) * 3
+    assert ending.iterations == 5
+
+
+def test_continuation_suppression_is_predicted_to_lift_after_a_successful_tool() -> None:
+    script = TurnScript(
+        passes=(
+            (TextDelta("One. "), WEATHER),
+            (TextDelta("Two. "), FunctionCall("search", {})),
+            (TextDelta("Three, final."),),
+        ),
+        tool_plan=(("get_weather", (ToolBehaviour(ToolAction.FAIL),)),),
+        continuation_style=True,
+    )
+    ending = predict(script)
+    assert ending.status is TurnStatus.COMPLETED
+    assert ending.delivered == (("text", "One. "), ("text", "Three, final."))
+    assert ending.final_text == "Three, final."
+
+
+@pytest.mark.parametrize(
+    "result",
+    [ToolBehaviour(delivered=True), ToolBehaviour(expression="wave")],
+    ids=["delivered itself", "expression"],
+)
+def test_a_tool_that_delivered_a_response_is_predicted_to_settle_an_empty_pass(
+    result: ToolBehaviour,
+) -> None:
+    script = TurnScript(passes=((WEATHER,), ()), tool_plan=(("get_weather", (result,)),))
+    ending = predict(script)
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "settled_after_tool")
+    assert ending.tool_response_delivered
+
+
+def test_an_empty_pass_cut_at_the_length_limit_is_predicted_not_to_settle() -> None:
+    script = TurnScript(
+        passes=((WEATHER,), (FinishReason(FinishKind.LENGTH),)),
+        tool_plan=(("get_weather", (ToolBehaviour(delivered=True),)),),
+    )
+    assert predict(script).status is TurnStatus.EMPTY_RESPONSE
+
+
+def test_a_failed_tools_expression_is_predicted_undelivered() -> None:
+    script = TurnScript(
+        passes=((STICKER,), (TextDelta("sorry"),)),
+        tool_plan=(("send_sticker", (ToolBehaviour(ToolAction.FAIL, expression="wave"),)),),
+    )
+    ending = predict(script)
+    assert ending.delivered == (("text", "sorry"),)
+    assert ending.notices == ("tool_failed",)
+
+
+def test_the_memory_tool_after_text_is_predicted_to_end_the_turn_and_without_text_to_go_on() -> (
+    None
+):
+    after_text = TurnScript(passes=((TextDelta("Noted. "), MEMORY), (TextDelta("never"),)))
+    ending = predict(after_text)
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "pre_tool_text_suffices")
+    assert ending.final_text == "Noted. " and ending.iterations == 1
+    silent = TurnScript(passes=((MEMORY,), (TextDelta("Anything else?"),)))
+    assert predict(silent).final_text == "Anything else?"
+
+
+def test_the_still_working_notice_is_predicted_as_the_pass_after_the_soft_warning_begins() -> None:
+    script = TurnScript(passes=((WEATHER,), (FunctionCall("search", {}),), (TextDelta("done"),)))
+    ending = predict(script, LoopPolicy(soft_warn_iteration=2))
+    assert ending.notices == ("still_working",)
+    assert predict(script, LoopPolicy(soft_warn_iteration=3)).notices == ()
+
+
+def test_the_iteration_ceiling_is_predicted_as_a_timeout_after_exactly_the_maximum_passes() -> None:
+    calls = tuple((FunctionCall("get_weather", {"city": c}),) for c in ("Oslo", "Lima", "Rome"))
+    ending = predict(TurnScript(passes=calls), LoopPolicy(max_function_call_iterations=3))
+    assert (ending.status, ending.reason) == (TurnStatus.TIMEOUT, "iteration_ceiling")
+    assert ending.iterations == 3 and ending.notices == ("max_iterations",)
+
+
+def test_consecutive_failures_are_predicted_to_end_in_error_after_exactly_that_many() -> None:
+    fail = ToolBehaviour(ToolAction.FAIL)
+    script = TurnScript(passes=((WEATHER,),) * 6, tool_plan=(("get_weather", (fail,) * 3),))
+    ending = predict(script, LoopPolicy(max_consecutive_tool_errors=3))
+    assert (ending.status, ending.reason) == (TurnStatus.ERROR, "consecutive_tool_errors")
+    assert ending.tool_dispatches == 3
+    assert ending.notices == ("tool_failed",) * 3 + ("tool_error_loop",)
+
+
+def test_truncated_arguments_are_predicted_as_failures_that_never_run() -> None:
+    truncated = FunctionCall("get_weather", {"city": "Os"}, truncated=True)
+    script = TurnScript(passes=((truncated,),) * 10)
+    ending = predict(script, LoopPolicy(max_consecutive_tool_errors=10))
+    assert (ending.status, ending.reason) == (TurnStatus.ERROR, "consecutive_tool_errors")
+    assert ending.tool_dispatches == 0 and ending.iterations == 10
+
+
+def test_first_token_and_inactivity_budgets_are_predicted_apart() -> None:
+    policy = LoopPolicy(first_token_timeout=3.0, inactivity_timeout=10.0)
+    silent = predict(TurnScript(passes=((Pause(5.0), TextDelta("late")),)), policy)
+    assert (silent.status, silent.reason) == (TurnStatus.TIMEOUT, "first_token_timeout")
+    stalled = predict(TurnScript(passes=((TextDelta("Hi"), Pause(12.0)),)), policy)
+    assert (stalled.status, stalled.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
+    assert silent.notices == stalled.notices == ("timeout",)
+
+
+def test_a_delivery_in_flight_is_predicted_to_be_awaited_unless_the_user_stops() -> None:
+    stalled = (TextDelta("Hi"), Pause(400.0))
+    policy = LoopPolicy(delivery_flush_chars=1, inactivity_timeout=2.0,
+                        abandoned_stream_settle=5.0)  # fmt: skip
+    # "Hi" takes 3 s to deliver; the stream times out at 2 s and the settle window waits
+    settled = predict(TurnScript(passes=(stalled,), delivery_delay=3.0), policy)
+    assert (settled.status, settled.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
+    assert settled.final_text == "Hi"
+    # a stop while waiting ends it at once, as stopped, and "Hi" is never confirmed
+    killed = TurnScript(passes=(stalled,), delivery_delay=3.0,
+                        signals=(TimedSignal(2.5, "stop"),))  # fmt: skip
+    ending = predict(killed, policy)
+    assert (ending.status, ending.reason) == (TurnStatus.STOPPED_BY_USER, "stopped_while_settling")
+    assert ending.final_text == "" and ending.delivered == ()
+
+
+def test_a_stop_at_the_instant_a_budget_expires_allows_either_ending() -> None:
+    script = TurnScript(passes=((Pause(5.0),),), signals=(TimedSignal(1.0, "stop"),))
+    policy = LoopPolicy(first_token_timeout=1.0)
+    endings = {(e.status, e.reason) for e in predict_endings(script, policy)}
+    assert endings == {
+        (TurnStatus.TIMEOUT, "first_token_timeout"),
+        (TurnStatus.STOPPED_BY_USER, None),
+    }
+    with pytest.raises(AmbiguousEnding, match="2 endings"):
+        predict_ending(script, policy)
+
+
+def test_a_failing_channel_is_predicted_to_end_the_turn_as_a_host_error() -> None:
+    script = TurnScript(passes=((TextDelta("Hi"), WEATHER),), failing_delivery=0)
+    ending = predict(script)
+    assert (ending.status, ending.reason) == (TurnStatus.ERROR, "host_error")
+    assert ending.delivered == () and ending.final_text == ""
+
+
+def test_the_model_refuses_a_policy_with_a_custom_exit_rule() -> None:
+    policy = LoopPolicy(end_after_pre_tool_text=lambda _view: True)
+    with pytest.raises(ValueError, match="end_after_pre_tool_text"):
+        predict_endings(TurnScript(), policy)
+
+
+def test_a_difference_names_every_field_that_parts_from_the_prediction() -> None:
+    predicted = predict(TurnScript(passes=((TextDelta("Hi"),),)))
+    assert difference([predicted], predicted) is None
+    observed = attrs.evolve(predicted, status=TurnStatus.EMPTY_RESPONSE, final_text="")
+    assert difference([predicted], observed) == (
+        "  status: predicted <TurnStatus.COMPLETED: 'completed'>, "
+        "engine <TurnStatus.EMPTY_RESPONSE: 'empty_response'>\n"
+        "  final_text: predicted 'Hi', engine ''"
+    )

@@ -1,0 +1,856 @@
+"""The reference model: how a scripted turn must end, predicted without the engine.
+
+`predict_endings(script, policy)` runs an independent, plain-Python discrete-event simulation
+of the behaviour rules of one tool-loop turn on a `TurnScript` (the provider's passes, what
+each tool does, host signals at virtual instants, the channel) and returns every
+`PredictedEnding` the rules allow: status, sub-reason, ``final_text``, ``undelivered_text``,
+passes, tool dispatches, the deliveries the channel confirmed, the notices, the tool rounds
+and whether a tool delivered a response. `ending_of(result)` reads the same fields off an
+engine result, and `difference(predicted, observed)` says where they part. This is the kit's
+invariant 10: the ending is the one the rules predict.
+
+The model shares no decision with the engine: it imports only values (events, the policy,
+the result types) and the kit's script types, never the engine's guards, states, machines,
+pump or turn state, and it keeps its own clock.
+
+Theory of operation (what the stage functions below do not show):
+
+* Time. Work that takes no virtual time (reading chunks up to the next pause, deciding, a
+  tool that returns at once, a delivery to a channel without delay) finishes before the next
+  timer falls due. The timers are: the end of a provider pause, the pass's stream budget, a
+  tool's return and its deadline, the channel finishing a delivery, the settle window, and
+  each host signal. A delivery to a channel without delay is confirmed right after the step
+  that handed it over, before anything else happens.
+* Ties. When several timers fall due at the same virtual instant, the rules do not say which
+  comes first; the model follows every order and predicts every ending they lead to (usually
+  one). Host signals at the same instant keep the script's order.
+* Replay identity. A call is identified by its tool name and canonical arguments, and
+  counted by occurrence within a replay segment (the attempt; a context restart begins a new
+  segment). The n-th identical call of a segment reuses the n-th outcome recorded for that
+  identity earlier in the turn; past the recorded ones it runs, so a deliberate repeat
+  inside one segment runs again. Only successful runs are recorded. A tool whose ``replay``
+  is ``"rerun"`` always runs.
+* Final text. A completed turn's ``final_text`` is the text of the pass that completed it (an
+  empty pass that settles keeps the last pass text that was not blank; a turn ended after a
+  tool round keeps that round's pre-tool text). Every other ending keeps only what the
+  channel confirmed: the confirmed text of the last pass whose confirmed text is not blank.
+  Scene metadata the provider sent is appended as a ``[Scene Metadata]`` block either way.
+  ``undelivered_text`` is the buffer a stream exit dropped.
+* Settling. After any ending but a stop or a failure of the host's channel, deliveries still
+  in flight are awaited: for the settle window after a timeout, for one inactivity budget
+  otherwise. A stop while waiting ends the turn at once (a stream timeout becomes
+  ``stopped_by_user``); a follow-up while waiting is ignored; a delivery failing while
+  waiting ends the turn ``error`` (``host_error``).
+
+Room to grow: a hostile channel (hanging or raising calls, ``host_timeout``) is one more
+timer beside the delivery timer; a total pass budget (``pass_duration_timeout``) is one more
+due time in `_Simulation._stream_due`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from attrs import define, field, frozen
+
+from toolloop_fsm.events import (
+    FinishKind,
+    FinishReason,
+    FunctionCall,
+    SceneMetadata,
+    TextDelta,
+)
+from toolloop_fsm.host import ToolRegistry, TurnSignals
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.result import GenerationTurnResult, TurnStatus
+from toolloop_fsm.testing.clock import VirtualClock
+from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
+from toolloop_fsm.testing.strategies import (
+    ToolAction,
+    ToolBehaviour,
+    TurnScript,
+    build_tools,
+)
+
+__all__ = [
+    "AmbiguousEnding",
+    "PredictedEnding",
+    "describe_script",
+    "difference",
+    "ending_of",
+    "predict_ending",
+    "predict_endings",
+]
+
+#: Orders of coinciding timers the model follows at most for one script.
+MAX_ORDERINGS = 4096
+#: Two timers this close (virtual seconds) fall due at the same instant.
+_SAME_INSTANT = 1e-9
+#: Finish reasons that mean the pass was cut, not finished: an empty pass so cut never settles.
+_CUT_FINISHES = frozenset(
+    {FinishKind.LENGTH, FinishKind.SPEAKER_GUARD, FinishKind.CONTINUATION_PENDING}
+)
+_STREAM_TIMEOUTS = ("first_token_timeout", "inactivity_timeout")
+
+
+# =========================================================================== what it predicts
+@frozen
+class PredictedEnding:
+    """How a turn ends, field by field as `GenerationTurnResult` reports it.
+
+    ``delivered`` holds ``("text", …)`` / ``("expression", …)`` per confirmed delivery, in
+    order; ``notices`` the keys of the notices posted, in order; ``history`` one
+    ``(tool name, success)`` per tool round recorded (a context restart records none).
+    ``undelivered_text`` is ``None`` only in an observed ending whose result has no such field.
+    """
+
+    status: TurnStatus
+    reason: str | None
+    final_text: str
+    undelivered_text: str | None
+    iterations: int
+    tool_dispatches: int
+    delivered: tuple[tuple[str, str], ...]
+    notices: tuple[str, ...]
+    history: tuple[tuple[str, bool], ...]
+    tool_response_delivered: bool
+
+
+class AmbiguousEnding(ValueError):
+    """The script's coinciding timers allow more than one ending; ``endings`` lists them."""
+
+    def __init__(self, endings: Sequence[PredictedEnding]) -> None:
+        self.endings = tuple(endings)
+        listed = "; ".join(f"{e.status.value} ({e.reason})" for e in self.endings)
+        super().__init__(f"events at one instant allow {len(self.endings)} endings: {listed}")
+
+
+def ending_of(result: GenerationTurnResult) -> PredictedEnding:
+    """The fields of an engine result the model predicts, for comparing with it."""
+    return PredictedEnding(
+        status=result.status,
+        reason=result.reason,
+        final_text=result.final_text,
+        undelivered_text=getattr(result, "undelivered_text", None),
+        iterations=result.iterations,
+        tool_dispatches=result.tool_dispatches,
+        delivered=tuple(
+            ("expression", d.expression) if d.expression is not None else ("text", d.text or "")
+            for d in result.delivered
+        ),
+        notices=tuple(notice.key for notice in result.notices),
+        history=tuple((e.call.name, e.response.success) for e in result.history),
+        tool_response_delivered=result.tool_response_delivered,
+    )
+
+
+def difference(predicted: Sequence[PredictedEnding], observed: PredictedEnding) -> str | None:
+    """``None`` when ``observed`` is one of the ``predicted`` endings; otherwise the fields in
+    which it differs from the closest of them, one line each."""
+    if observed in predicted:
+        return None
+    names = [a.name for a in PredictedEnding.__attrs_attrs__]
+
+    def differing(expected: PredictedEnding) -> list[str]:
+        return [n for n in names if getattr(expected, n) != getattr(observed, n)]
+
+    closest = min(predicted, key=lambda expected: len(differing(expected)))
+    lines = [
+        f"  {name}: predicted {getattr(closest, name)!r}, engine {getattr(observed, name)!r}"
+        for name in differing(closest)
+    ]
+    if len(predicted) > 1:
+        lines.append(f"  ({len(predicted)} endings allowed by coinciding events; closest shown)")
+    return "\n".join(lines)
+
+
+def predict_endings(
+    script: TurnScript, policy: LoopPolicy, *, tools: ToolRegistry | None = None
+) -> tuple[PredictedEnding, ...]:
+    """Every ending the rules allow for ``script`` under ``policy`` (more than one only when
+    timers coincide and their order decides). ``tools`` defaults to the registry
+    `run_script` builds (only the tools' shapes are read, no handler runs)."""
+    if policy.end_after_pre_tool_text is not None:
+        raise ValueError(
+            "the reference model knows the built-in exit rule after pre-tool text only; "
+            "this policy sets end_after_pre_tool_text"
+        )
+    if tools is None:
+        tools = build_tools(script, clock=VirtualClock(), signals=TurnSignals(), executions=[])
+    shapes = {
+        tool.name: _ToolShape(
+            requires_follow_up=tool.requires_follow_up,
+            deadline=tool.timeout if tool.timeout is not None else policy.tool_timeout,
+            rerun=getattr(tool, "replay", None) == "rerun",
+        )
+        for tool in tools
+    }
+    endings: list[PredictedEnding] = []
+    path: list[int] | None = []
+    runs = 0
+    while path is not None:
+        runs += 1
+        if runs > MAX_ORDERINGS:
+            raise RuntimeError(
+                f"more than {MAX_ORDERINGS} orders of coinciding events; the model gives up"
+            )
+        choices = _Choices(path)
+        ending = _Simulation(script, policy, shapes, choices).run()
+        if ending not in endings:
+            endings.append(ending)
+        path = choices.next_path()
+    return tuple(endings)
+
+
+def predict_ending(
+    script: TurnScript, policy: LoopPolicy, *, tools: ToolRegistry | None = None
+) -> PredictedEnding:
+    """The one ending the rules predict; raises `AmbiguousEnding` when coinciding events
+    allow several (use `predict_endings` for those scripts)."""
+    endings = predict_endings(script, policy, tools=tools)
+    if len(endings) > 1:
+        raise AmbiguousEnding(endings)
+    return endings[0]
+
+
+# =========================================================================== the world
+@frozen
+class _ToolShape:
+    requires_follow_up: bool
+    deadline: float
+    rerun: bool
+
+
+@frozen
+class _Outcome:
+    """A tool round's outcome as the loop sees it."""
+
+    success: bool
+    end_turn: bool = False
+    delivered: bool = False
+    expression: str | None = None
+    restarts: bool = False
+    dispatched: bool = False
+    reused: bool = False
+
+
+_TIMED_OUT = _Outcome(success=False, dispatched=True)
+_REFUSED = _Outcome(success=False)
+
+
+class _Choices:
+    """One path through the tree of orders of coinciding timers (depth-first, in order)."""
+
+    def __init__(self, path: Sequence[int]) -> None:
+        self.path = list(path)
+        self.taken: list[tuple[int, int]] = []
+
+    def pick(self, options: int) -> int:
+        depth = len(self.taken)
+        choice = self.path[depth] if depth < len(self.path) else 0
+        self.taken.append((choice, options))
+        return choice
+
+    def next_path(self) -> list[int] | None:
+        for depth in range(len(self.taken) - 1, -1, -1):
+            choice, options = self.taken[depth]
+            if choice + 1 < options:
+                return [c for c, _ in self.taken[:depth]] + [choice + 1]
+        return None
+
+
+@define
+class _Delivery:
+    text: str | None = None
+    expression: str | None = None
+    pass_number: int = 0
+
+
+@define
+class _Pass:
+    """One provider pass: its script, what it streamed so far and when."""
+
+    number: int
+    started_at: float
+    items: tuple[ScriptItem, ...]
+    position: int = 0
+    resumes_at: float | None = None  # the end of the pause the stream is in
+    last_chunk_at: float | None = None  # None: no chunk yet (the first-token budget runs)
+    last_confirmed_at: float | None = None
+    texts: list[str] = field(factory=list)
+    buffer: list[str] = field(factory=list)  # text chunks not yet handed to the channel
+    confirmed: list[str] = field(factory=list)  # this pass's text the channel confirmed
+    call: FunctionCall | None = None
+    finish: FinishKind | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+
+@define
+class _ToolRun:
+    name: str
+    done_at: float | None  # None: the tool hangs
+    deadline_at: float
+    behaviour: ToolBehaviour
+
+
+def _identity(call: FunctionCall) -> str:
+    """A call's identity: its name and its arguments in canonical JSON."""
+    try:
+        canonical = json.dumps(call.arguments, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        canonical = repr(call.arguments)
+    return f"{call.name}\x00{canonical}"
+
+
+# =========================================================================== the simulation
+class _Simulation:
+    """One run of the rules along one order of coinciding timers."""
+
+    def __init__(
+        self,
+        script: TurnScript,
+        policy: LoopPolicy,
+        tools: Mapping[str, _ToolShape],
+        choices: _Choices,
+    ) -> None:
+        self.script = script
+        self.policy = policy
+        self.tools = tools
+        self.choices = choices
+        self.now = 0.0
+        self.phase = "streaming"  # streaming, tool, settling, ended
+        # the world: tool plans played per tool, the channel, the host's signals
+        self.executions: dict[str, int] = {}
+        self.queue: deque[_Delivery] = deque()
+        self.head_done_at: float | None = None
+        self.sends = 0
+        self.confirmed: list[_Delivery] = []
+        self.signals = sorted(enumerate(script.signals), key=lambda s: (s[1].at, s[0]))
+        # the turn
+        self.passes: list[_Pass] = []
+        self.reading = False
+        self.tool: _ToolRun | None = None
+        self.tool_starting = False
+        self.call: FunctionCall | None = None
+        self.pre_tool_text: str | None = None
+        self.dispatches = 0
+        self.consecutive_errors = 0
+        self.continuation_failures = 0
+        self.suppressed = False
+        self.last_tool: str | None = None
+        self.visible_text_handed = False
+        self.expression_delivered = False
+        self.tool_response_delivered = False
+        self.disabled: set[str] = set()
+        self.ledger: dict[str, list[_Outcome]] = {}
+        self.occurrences: dict[str, int] = {}
+        self.history: list[tuple[str, bool]] = []
+        self.notices: list[str] = []
+        self.scene: list[str] = []
+        # the ending
+        self.status: TurnStatus | None = None
+        self.reason: str | None = None
+        self.completed_text = ""
+        self.dropped = ""
+        self.settle_due = 0.0
+
+    @property
+    def current(self) -> _Pass:
+        return self.passes[-1]
+
+    # ------------------------------------------------------------------ the event loop
+    def run(self) -> PredictedEnding:
+        self.start_pass()
+        while self.phase != "ended":
+            if self.queue and self.script.delivery_delay <= 0:
+                self.delivery_done()  # an instant channel answers right after the step
+            elif self.reading:
+                self.read_item()
+            elif self.tool_starting:
+                self.start_tool()
+            else:
+                self.next_timer()
+        return self.ending()
+
+    def next_timer(self) -> None:
+        """Move the clock to the earliest timer and fire it (in every order, at a tie)."""
+        due: list[tuple[float, Callable[[], None]]] = []
+        if self.phase == "streaming":
+            if self.current.resumes_at is not None:
+                due.append((self.current.resumes_at, self.stream_resumes))
+            due.append((self._stream_due(), self.stream_budget_expires))
+        elif self.phase == "tool":
+            assert self.tool is not None
+            if self.tool.done_at is not None:
+                due.append((self.tool.done_at, self.tool_returns))
+            due.append((self.tool.deadline_at, self.tool_deadline_expires))
+        elif self.phase == "settling":
+            due.append((self.settle_due, self.settle_window_ends))
+        if self.head_done_at is not None:
+            due.append((self.head_done_at, self.delivery_done))
+        if self.signals:
+            due.append((max(self.signals[0][1].at, self.now), self.signal_arrives))
+        if not due:
+            raise RuntimeError(f"the turn waits on nothing in phase {self.phase!r}")
+        first = min(at for at, _ in due)
+        ready = [fire for at, fire in due if at - first <= _SAME_INSTANT]
+        fire = ready[self.choices.pick(len(ready))] if len(ready) > 1 else ready[0]
+        self.now = first
+        fire()
+
+    # ------------------------------------------------------------------ stream once
+    def start_pass(self) -> None:
+        """Before every pass: the iteration ceiling; then the pass opens, posting the one-time
+        *still working* notice as the pass after the soft-warning iteration begins."""
+        if len(self.passes) >= self.policy.max_function_call_iterations:
+            self.notices.append("max_iterations")
+            self.decide(TurnStatus.TIMEOUT, "iteration_ceiling")
+            return
+        number = len(self.passes) + 1
+        if number == self.policy.soft_warn_iteration + 1:
+            self.notices.append("still_working")
+        items = self.script.passes[number - 1] if number <= len(self.script.passes) else ()
+        self.passes.append(_Pass(number, self.now, tuple(items)))
+        self.phase = "streaming"
+        self.reading = True
+
+    def _stream_due(self) -> float:
+        """The first-token budget runs from the pass's start until its first chunk of any
+        kind; then the inactivity budget runs from the later of the last chunk and the last
+        delivery the channel confirmed during the pass."""
+        current = self.current
+        if current.last_chunk_at is None:
+            return current.started_at + self.policy.effective_first_token_timeout
+        last = current.last_chunk_at
+        if current.last_confirmed_at is not None:
+            last = max(last, current.last_confirmed_at)
+        return last + self.policy.inactivity_timeout
+
+    def read_item(self) -> None:
+        """Read the stream up to its next pause, failure or end (no time passes)."""
+        current = self.current
+        if current.position == len(current.items):
+            self.reading = False
+            self.stream_ends()
+            return
+        item = current.items[current.position]
+        current.position += 1
+        if isinstance(item, Pause):
+            self.reading = False
+            current.resumes_at = self.now + item.seconds
+        elif isinstance(item, Fail):
+            self.reading = False
+            self.end_stream(TurnStatus.ERROR, "provider_error")
+        else:
+            self.take_chunk(item)
+
+    def stream_resumes(self) -> None:
+        self.current.resumes_at = None
+        self.reading = True
+
+    def take_chunk(self, chunk: ScriptItem) -> None:
+        """Every chunk re-arms the budget. Text is buffered and handed to the channel once
+        ``delivery_flush_chars`` are buffered; the first call of a pass is the one it asks
+        for (later ones are ignored); the last finish reason counts; scene metadata is kept
+        for the final text."""
+        current = self.current
+        current.last_chunk_at = self.now
+        if isinstance(chunk, TextDelta):
+            current.texts.append(chunk.text)
+            current.buffer.append(chunk.text)
+            if sum(map(len, current.buffer)) >= self.policy.delivery_flush_chars:
+                self.flush()
+        elif isinstance(chunk, FunctionCall):
+            if current.call is None:
+                current.call = chunk
+        elif isinstance(chunk, FinishReason):
+            current.finish = chunk.kind
+        elif isinstance(chunk, SceneMetadata):
+            self.scene.append(chunk.text)
+
+    def flush(self) -> None:
+        """Hand the buffered text to the channel as one delivery — unless text is suppressed
+        (a continuation-style provider after a failed tool), when it is dropped."""
+        current = self.current
+        if not current.buffer:
+            return
+        text = "".join(current.buffer)
+        current.buffer.clear()
+        if self.suppressed:
+            return
+        if text.strip():
+            self.visible_text_handed = True
+        self.hand_over(_Delivery(text=text, pass_number=current.number))
+
+    def end_stream(self, status: TurnStatus, reason: str | None) -> None:
+        """A pass cut short (provider failure, budget, stop, follow-up, host failure): the
+        buffered text is dropped, never delivered."""
+        current = self.current
+        self.dropped = "".join(current.buffer)
+        current.buffer.clear()
+        current.resumes_at = None
+        self.reading = False
+        self.decide(status, reason)
+
+    def stream_budget_expires(self) -> None:
+        """A genuine timeout (a stop would already have ended the pass): the stream is
+        aborted and the timeout notice posted."""
+        first = self.current.last_chunk_at is None
+        reason = "first_token_timeout" if first else "inactivity_timeout"
+        self.notices.append("timeout")
+        self.end_stream(TurnStatus.TIMEOUT, reason)
+
+    def stream_ends(self) -> None:
+        """The pass ended normally: a call goes to the gate; otherwise text completes the
+        turn, and an empty pass settles or ends ``empty_response``. The buffer is flushed
+        first in every case."""
+        current = self.current
+        self.flush()
+        call = current.call
+        if call is not None:
+            self.gate(call)
+        elif current.text.strip():
+            self.completed_text = current.text
+            self.decide(TurnStatus.COMPLETED)
+        elif self.settles(current):
+            texts = [p.text for p in self.passes if p.text.strip()]
+            self.completed_text = texts[-1] if texts else ""
+            self.decide(TurnStatus.COMPLETED, "settled_after_tool")
+        else:
+            self.decide(TurnStatus.EMPTY_RESPONSE)
+
+    def settles(self, current: _Pass) -> bool:
+        """An empty pass that was not cut is a finished reply when a tool already delivered
+        a response (itself, or by a delivered expression), or when visible text was
+        delivered and the last tool needs no follow-up."""
+        if current.finish in _CUT_FINISHES or self.last_tool is None:
+            return False
+        if self.tool_response_delivered:
+            return True
+        shape = self.tools.get(self.last_tool)
+        return self.visible_text_handed and shape is not None and not shape.requires_follow_up
+
+    # ------------------------------------------------------------------ execute the tool call
+    def gate(self, call: FunctionCall) -> None:
+        """The call's gate, in order: a malformed call ends the turn with nothing run;
+        truncated or unparseable arguments and a tool outside the allowlist (unknown,
+        not allowed, or disabled for the turn) are failures shown to the model; a replayed
+        call reuses its recorded outcome; anything else is dispatched."""
+        self.call = call
+        text = self.current.text
+        self.pre_tool_text = text if text.strip() else None
+        name = call.name
+        checked = not call.truncated and call.parse_error is None
+        if (
+            not isinstance(name, str)
+            or not name.strip()
+            or (checked and not isinstance(call.arguments, Mapping))
+        ):
+            self.decide(TurnStatus.ERROR, "malformed_call")
+            return
+        if call.truncated or call.parse_error is not None:
+            self.tool_outcome(_REFUSED)
+            return
+        allowed = self.script.tools_allowed
+        if (
+            name not in self.tools
+            or (allowed is not None and name not in allowed)
+            or (name in self.disabled)
+        ):
+            self.tool_outcome(_REFUSED)
+            return
+        identity = _identity(call)
+        occurrence = self.occurrences.get(identity, 0)
+        self.occurrences[identity] = occurrence + 1
+        recorded = self.ledger.get(identity, [])
+        if not self.tools[name].rerun and occurrence < len(recorded):
+            replayed = recorded[occurrence]
+            self.tool_outcome(_Outcome(
+                success=True, end_turn=replayed.end_turn, delivered=replayed.delivered,
+                expression=replayed.expression, reused=True,
+            ))  # fmt: skip
+            return
+        self.dispatches += 1
+        self.tool = _ToolRun(name, None, self.now + self.tools[name].deadline, ToolBehaviour())
+        self.phase = "tool"
+        self.tool_starting = True
+
+    def start_tool(self) -> None:
+        """The handler starts (after the dispatching step): it plays the tool's next planned
+        behaviour, or succeeds plainly once the plan is used up."""
+        self.tool_starting = False
+        tool = self.tool
+        assert tool is not None
+        plan = self.script.plan_for(tool.name)
+        played = self.executions.get(tool.name, 0)
+        self.executions[tool.name] = played + 1
+        tool.behaviour = plan[played] if played < len(plan) else ToolBehaviour()
+        if tool.behaviour.action is not ToolAction.HANG:
+            tool.done_at = self.now + tool.behaviour.delay
+            if tool.behaviour.delay <= 0:
+                self.tool_returns()
+
+    def tool_returns(self) -> None:
+        tool = self.tool
+        assert tool is not None
+        behaviour = tool.behaviour
+        if behaviour.action is ToolAction.SUCCEED:
+            outcome = _Outcome(
+                success=True, end_turn=behaviour.end_turn, delivered=behaviour.delivered,
+                expression=behaviour.expression,
+                restarts=behaviour.context_restart is not None, dispatched=True,
+            )  # fmt: skip
+        else:  # a reported failure or a raise: a failure shown to the model
+            outcome = _Outcome(success=False, expression=behaviour.expression, dispatched=True)
+        self.tool_outcome(outcome)
+
+    def tool_deadline_expires(self) -> None:
+        """The tool deadline: the tool is abandoned and the model told it timed out."""
+        self.tool_outcome(_TIMED_OUT)
+
+    # ------------------------------------------------------------------ after a tool call
+    def tool_outcome(self, outcome: _Outcome) -> None:
+        """Deliver a successful tool's expression (once per turn) and post the failure
+        notice; then the checks after a tool call, in order."""
+        self.tool = None
+        call = self.call
+        assert call is not None
+        name = call.name
+        if (
+            outcome.success
+            and outcome.expression is not None
+            and not outcome.reused
+            and not self.expression_delivered
+        ):
+            self.expression_delivered = True
+            self.tool_response_delivered = True
+            self.hand_over(_Delivery(expression=outcome.expression))
+        if not outcome.success:
+            self.notices.append("tool_failed")
+        self.last_tool = name
+        # 1. restart: the enrichment joins the context and a new pass starts, with no history
+        # entry; both error counters reset, suppression lifts, and calls replay afresh
+        if outcome.restarts:
+            self.record(outcome)
+            self.consecutive_errors = self.continuation_failures = 0
+            self.suppressed = False
+            self.occurrences = {}
+            self.start_pass()
+            return
+        # 3. the history entry; a delivered response is noted
+        self.history.append((name, outcome.success))
+        if outcome.success:
+            self.tool_response_delivered |= outcome.delivered
+            self.record(outcome)
+            # 4. a success resets both counters and lifts the suppression of text
+            self.consecutive_errors = self.continuation_failures = 0
+            self.suppressed = False
+        else:
+            self.consecutive_errors += 1
+            # 6. on a provider whose text cannot be retracted, a failure after visible text
+            # suppresses further text
+            if self.script.continuation_style and self.pre_tool_text is not None:
+                self.continuation_failures += 1
+                self.suppressed = True
+        shape = self.tools.get(name)
+        if self.consecutive_errors >= self.policy.max_consecutive_tool_errors:
+            self.notices.append("tool_error_loop")
+            self.decide(TurnStatus.ERROR, "consecutive_tool_errors")
+        elif outcome.success and outcome.end_turn:  # 5.
+            self.complete_with_pre_tool_text("end_turn")
+        elif (
+            self.script.continuation_style
+            and self.continuation_failures >= self.policy.continuation_tool_failure_threshold
+        ):  # 6.
+            self.notices.append("retry_exhausted")
+            self.complete_with_pre_tool_text("continuation_retries_exhausted")
+        elif (
+            outcome.success
+            and self.pre_tool_text is not None
+            and shape is not None
+            and not shape.requires_follow_up
+            and (
+                name in self.policy.suppress_followup_after_pre_tool_text
+                or self.script.continuation_style
+            )
+        ):  # 7. a silent tool after visible text: the text was the reply
+            self.complete_with_pre_tool_text("pre_tool_text_suffices")
+        else:  # 8. the next pass; a successful memory update disables further ones
+            if outcome.success and name == self.policy.memory_tool_name:
+                self.disabled.add(name)
+            self.start_pass()
+
+    def record(self, outcome: _Outcome) -> None:
+        """A successful run is recorded for replay under the call's identity."""
+        call = self.call
+        if outcome.dispatched and call is not None:
+            self.ledger.setdefault(_identity(call), []).append(outcome)
+
+    def complete_with_pre_tool_text(self, reason: str) -> None:
+        self.completed_text = self.pre_tool_text or ""
+        self.decide(TurnStatus.COMPLETED, reason)
+
+    # ------------------------------------------------------------------ host signals
+    def signal_arrives(self) -> None:
+        """A stop ends the turn at once wherever it is; a follow-up ends a pass being
+        streamed, waits for the next turn during a tool chain, and changes nothing once the
+        turn has ended."""
+        _, signal = self.signals.pop(0)
+        if signal.kind == "stop":
+            self.signals.clear()  # one stop ends the turn; nothing later can matter
+            if self.phase == "streaming":
+                self.end_stream(TurnStatus.STOPPED_BY_USER, None)
+            elif self.phase == "tool":
+                self.tool = None
+                self.tool_starting = False
+                self.decide(TurnStatus.STOPPED_BY_USER, "stopped_during_tool")
+            elif self.phase == "settling":
+                if self.status is TurnStatus.TIMEOUT and self.reason in _STREAM_TIMEOUTS:
+                    self.status, self.reason = TurnStatus.STOPPED_BY_USER, "stopped_while_settling"
+                self.phase = "ended"
+        elif self.phase == "streaming":
+            self.end_stream(TurnStatus.FOLLOW_UP_INTERRUPT, None)
+
+    # ------------------------------------------------------------------ the channel
+    def hand_over(self, delivery: _Delivery) -> None:
+        """Deliveries go to the channel one after another, each taking the channel's delay."""
+        self.queue.append(delivery)
+        if self.head_done_at is None and self.script.delivery_delay > 0:
+            self.head_done_at = self.now + self.script.delivery_delay
+
+    def delivery_done(self) -> None:
+        """The channel finished the delivery at the head of the queue: it failed (a host
+        failure ends the turn ``error`` at once) or it is confirmed (which also re-arms a
+        streaming pass's inactivity budget)."""
+        delivery = self.queue.popleft()
+        failing = self.sends == self.script.failing_delivery
+        self.sends += 1
+        self.head_done_at = None
+        if failing:
+            if self.phase == "streaming":
+                self.end_stream(TurnStatus.ERROR, "host_error")
+            else:
+                self.tool = None
+                self.tool_starting = False
+                self.decide(TurnStatus.ERROR, "host_error")
+            return
+        self.confirmed.append(delivery)
+        if delivery.text is not None:
+            self.passes[delivery.pass_number - 1].confirmed.append(delivery.text)
+        if self.phase == "streaming":
+            self.current.last_confirmed_at = self.now
+        if self.queue and self.script.delivery_delay > 0:
+            self.head_done_at = self.now + self.script.delivery_delay
+        if self.phase == "settling" and not self.queue:
+            self.phase = "ended"
+
+    def settle_window_ends(self) -> None:
+        self.phase = "ended"
+
+    # ------------------------------------------------------------------ the ending
+    def decide(self, status: TurnStatus, reason: str | None = None) -> None:
+        """The turn's ending is decided. A stop and a host failure end it at once; otherwise
+        it waits (bounded) for deliveries in flight: the settle window after a timeout, one
+        inactivity budget after anything else."""
+        self.status, self.reason = status, reason
+        self.reading = False
+        if status is TurnStatus.STOPPED_BY_USER or reason == "host_error" or not self.queue:
+            self.phase = "ended"
+            return
+        self.phase = "settling"
+        window = (
+            self.policy.abandoned_stream_settle
+            if status is TurnStatus.TIMEOUT
+            else self.policy.inactivity_timeout
+        )
+        self.settle_due = self.now + window
+
+    def ending(self) -> PredictedEnding:
+        """A completed turn keeps its completing text; any other ending keeps only the text
+        the channel confirmed (the last pass whose confirmed text is not blank)."""
+        status = self.status
+        assert status is not None
+        if status is TurnStatus.COMPLETED:
+            final_text = self.completed_text
+            dropped = ""
+        else:
+            seen = ["".join(p.confirmed) for p in self.passes]
+            shown = [text for text in seen if text.strip()]
+            final_text = shown[-1] if shown else ""
+            dropped = self.dropped
+        if self.scene:
+            final_text = f"{final_text}\n\n[Scene Metadata]\n" + "\n".join(self.scene)
+        return PredictedEnding(
+            status=status,
+            reason=self.reason,
+            final_text=final_text,
+            undelivered_text=dropped,
+            iterations=len(self.passes),
+            tool_dispatches=self.dispatches,
+            delivered=tuple(
+                ("expression", d.expression) if d.expression is not None else ("text", d.text or "")
+                for d in self.confirmed
+            ),
+            notices=tuple(self.notices),
+            history=tuple(self.history),
+            tool_response_delivered=self.tool_response_delivered,
+        )
+
+
+def describe_script(script: TurnScript, policy: LoopPolicy) -> str:
+    """The script and the policy fields the model reads, one item a line, for failure
+    messages."""
+    lines = [f"policy: {_policy_text(policy)}"]
+    for number, items in enumerate(script.passes, 1):
+        lines.append(f"pass {number}: " + ", ".join(map(_item_text, items)))
+    for name, plan in script.tool_plan:
+        lines.append(f"tool {name}: " + ", ".join(map(_behaviour_text, plan)))
+    for signal in script.signals:
+        lines.append(f"signal {signal.kind} at {signal.at:g}")
+    lines.append(
+        f"channel: delay {script.delivery_delay:g}, failing delivery {script.failing_delivery}; "
+        f"allowlist {sorted(script.tools_allowed) if script.tools_allowed is not None else None}; "
+        f"continuation_style {script.continuation_style}"
+    )
+    return "\n".join(lines)
+
+
+def _policy_text(policy: LoopPolicy) -> str:
+    names = (
+        "max_function_call_iterations", "soft_warn_iteration", "max_consecutive_tool_errors",
+        "continuation_tool_failure_threshold", "inactivity_timeout", "first_token_timeout",
+        "abandoned_stream_settle", "tool_timeout", "delivery_flush_chars",
+    )  # fmt: skip
+    fields = [f"{name}={getattr(policy, name)!r}" for name in names]
+    fields.append(f"suppress={sorted(policy.suppress_followup_after_pre_tool_text)}")
+    return ", ".join(fields)
+
+
+def _item_text(item: ScriptItem) -> str:
+    if isinstance(item, Pause):
+        return f"Pause({item.seconds:g})"
+    if isinstance(item, Fail):
+        return f"Fail({item.error.kind})"
+    if isinstance(item, FunctionCall):
+        flags = " truncated" if item.truncated else ""
+        flags += " unparseable" if item.parse_error is not None else ""
+        return f"Call({item.name!r}, {item.arguments!r}{flags})"
+    if isinstance(item, TextDelta):
+        return f"Text({item.text!r})"
+    return repr(item)
+
+
+def _behaviour_text(behaviour: ToolBehaviour) -> str:
+    fields: dict[str, Any] = {
+        "end_turn": behaviour.end_turn, "delivered": behaviour.delivered,
+        "expression": behaviour.expression, "restart": behaviour.context_restart is not None,
+    }  # fmt: skip
+    shown = ", ".join(f"{k}={v!r}" for k, v in fields.items() if v)
+    delay = f" after {behaviour.delay:g}s" if behaviour.delay else ""
+    return f"{behaviour.action.value}{delay}" + (f" ({shown})" if shown else "")
