@@ -16,7 +16,7 @@ import inspect
 
 import attrs
 import pytest
-from hypothesis import Phase, given, settings
+from hypothesis import given, settings
 
 import toolloop_fsm.testing.reference_model as reference_model
 from toolloop_fsm.events import (
@@ -52,25 +52,8 @@ from toolloop_fsm.testing import (
 #: 300 examples under the ci profile (3/5 of its count); the explore profile scales it up.
 EXAMPLES = max(1, settings.default.max_examples * 3 // 5)
 
-#: The engine does not follow the updated rules yet: the property is expected to fail, and
-#: it does not spend the suite's time shrinking a failure nobody reads. Set to False when
-#: the engine catches up (the property then runs strictly, with shrinking).
-ENGINE_LACKS_UPDATED_RULES = True
-PENDING_RULES = (
-    "the engine does not follow the updated rules yet (issue 8, being implemented): replay "
-    "by occurrence, suppression lifted by a successful tool, self-delivered replies and "
-    "expressions settle an empty pass, delivered-only final_text with undelivered_text, "
-    "no expression from a failed tool, the still-working notice as the pass after "
-    "soft_warn_iteration begins"
-)
-
-
 # =========================================================================== the property
-@pytest.mark.xfail(ENGINE_LACKS_UPDATED_RULES, strict=False, reason=PENDING_RULES)
-@settings(
-    max_examples=EXAMPLES,
-    phases=[p for p in Phase if p is not Phase.shrink or not ENGINE_LACKS_UPDATED_RULES],
-)
+@settings(max_examples=EXAMPLES)
 @given(script=turn_scripts(), policy=loop_policies())
 def test_every_scripted_turn_ends_as_the_reference_model_predicts(
     script: TurnScript, policy: LoopPolicy

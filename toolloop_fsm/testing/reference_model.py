@@ -35,7 +35,8 @@ Theory of operation (what the stage functions below do not show):
   tool round keeps that round's pre-tool text). Every other ending keeps only what the
   channel confirmed: the confirmed text of the last pass whose confirmed text is not blank.
   Scene metadata the provider sent is appended as a ``[Scene Metadata]`` block either way.
-  ``undelivered_text`` is the buffer a stream exit dropped.
+  ``undelivered_text`` is what the last pass streamed beyond what the channel confirmed
+  (dropped from the buffer, suppressed, or still in flight when the turn ended).
 * Settling. After any ending but a stop or a failure of the host's channel, deliveries still
   in flight are awaited: for the settle window after a timeout, for one inactivity budget
   otherwise. A stop while waiting ends the turn at once (a stream timeout becomes
@@ -43,8 +44,7 @@ Theory of operation (what the stage functions below do not show):
   waiting ends the turn ``error`` (``host_error``).
 
 Room to grow: a hostile channel (hanging or raising calls, ``host_timeout``) is one more
-timer beside the delivery timer; a total pass budget (``pass_duration_timeout``) is one more
-due time in `_Simulation._stream_due`.
+timer beside the delivery timer.
 """
 
 from __future__ import annotations
@@ -423,14 +423,16 @@ class _Simulation:
     def _stream_due(self) -> float:
         """The first-token budget runs from the pass's start until its first chunk of any
         kind; then the inactivity budget runs from the later of the last chunk and the last
-        delivery the channel confirmed during the pass."""
+        delivery the channel confirmed during the pass. The pass's total budget runs from its
+        start whatever happens."""
         current = self.current
+        whole_pass = current.started_at + self.policy.max_pass_duration
         if current.last_chunk_at is None:
-            return current.started_at + self.policy.effective_first_token_timeout
+            return min(whole_pass, current.started_at + self.policy.effective_first_token_timeout)
         last = current.last_chunk_at
         if current.last_confirmed_at is not None:
             last = max(last, current.last_confirmed_at)
-        return last + self.policy.inactivity_timeout
+        return min(whole_pass, last + self.policy.inactivity_timeout)
 
     def read_item(self) -> None:
         """Read the stream up to its next pause, failure or end (no time passes)."""
@@ -501,8 +503,13 @@ class _Simulation:
     def stream_budget_expires(self) -> None:
         """A genuine timeout (a stop would already have ended the pass): the stream is
         aborted and the timeout notice posted."""
-        first = self.current.last_chunk_at is None
-        reason = "first_token_timeout" if first else "inactivity_timeout"
+        current = self.current
+        if self.now >= current.started_at + self.policy.max_pass_duration - _SAME_INSTANT:
+            reason = "pass_duration_timeout"  # the whole pass's budget, however it streamed
+        elif current.last_chunk_at is None:
+            reason = "first_token_timeout"
+        else:
+            reason = "inactivity_timeout"
         self.notices.append("timeout")
         self.end_stream(TurnStatus.TIMEOUT, reason)
 
@@ -778,12 +785,17 @@ class _Simulation:
         assert status is not None
         if status is TurnStatus.COMPLETED:
             final_text = self.completed_text
-            dropped = ""
         else:
             seen = ["".join(p.confirmed) for p in self.passes]
             shown = [text for text in seen if text.strip()]
             final_text = shown[-1] if shown else ""
-            dropped = self.dropped
+        # what the last pass streamed beyond what the channel confirmed never reached the
+        # user: dropped from the buffer, suppressed, or still in flight when the turn ended
+        dropped = ""
+        if self.passes:
+            last = self.passes[-1]
+            streamed, confirmed = "".join(last.texts), "".join(last.confirmed)
+            dropped = streamed[len(confirmed) :] if streamed.startswith(confirmed) else streamed
         if self.scene:
             final_text = f"{final_text}\n\n[Scene Metadata]\n" + "\n".join(self.scene)
         return PredictedEnding(
