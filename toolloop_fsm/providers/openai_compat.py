@@ -452,9 +452,9 @@ class OpenAIStyleProvider:
         return f"{type(self).__name__}(base_url={base_url!r}, model={self.model!r}, api_key={key})"
 
     @property
-    def secrets(self) -> tuple[str | None, ...]:
+    def secrets(self) -> tuple[str, ...]:
         """What no text from this provider may contain: the key and any credential header."""
-        return (self._api_key, *header_secrets(self._headers))
+        return (*((self._api_key,) if self._api_key else ()), *header_secrets(self._headers))
 
     @property
     def url(self) -> str:
