@@ -1,9 +1,11 @@
-"""Fixtures for the provider tests: a loopback HTTP server serving recorded streams."""
+"""Fixtures for the provider tests: a loopback HTTP server serving recorded streams, and a
+shared HTTP client."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
 from tests.providers.wire_server import WireServer
@@ -17,3 +19,10 @@ async def wire_server() -> AsyncIterator[WireServer]:
         yield server
     finally:
         await server.close()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    # One shared client per test: creating one (its TLS context) costs more than a replay.
+    async with httpx.AsyncClient() as shared:
+        yield shared

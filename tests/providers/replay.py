@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import httpx
 from attrs import frozen
 
 from tests.providers.wire import RecordedResponse
@@ -18,9 +19,50 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.providers import (
+    AnthropicProvider,
+    GeminiProvider,
+    OllamaProvider,
+    OpenAICompatibleProvider,
+    OpenAIResponsesProvider,
+)
 from toolloop_fsm.providers.base import Provider, ProviderRequest
 
 REQUEST = ProviderRequest([{"role": "user", "content": "hi"}])
+ADAPTERS = ("openai-chat", "openai-responses", "anthropic", "gemini", "ollama")
+"""The five adapters, by the name their captures and hand-written endings start with."""
+
+
+def adapter(
+    kind: str, server_url: str, key: str, client: httpx.AsyncClient | None = None
+) -> Provider:
+    """The adapter ``kind`` (one of `ADAPTERS`) talking to ``server_url`` with the secret
+    ``key``: its API key, or for Ollama, which has none, a proxy's bearer token."""
+    if kind == "anthropic":
+        return AnthropicProvider(f"{server_url}/v1", "claude-x", api_key=key, client=client)
+    if kind == "gemini":
+        return GeminiProvider(f"{server_url}/v1beta", "gemini-x", api_key=key, client=client)
+    if kind == "ollama":
+        return OllamaProvider(
+            server_url, "qwen3:8b", headers={"Authorization": f"Bearer {key}"}, client=client
+        )
+    if kind == "openai-responses":
+        return OpenAIResponsesProvider(f"{server_url}/v1", "gpt-x", api_key=key, client=client)
+    assert kind == "openai-chat", kind
+    return OpenAICompatibleProvider(f"{server_url}/v1", "gpt-x", api_key=key, client=client)
+
+
+def adapter_kind(capture: str) -> str:
+    """Which adapter a capture (or a hand-written ending) was recorded from, by its name."""
+    if capture.startswith(("anthropic__", "anthropic-compatible__")):
+        return "anthropic"
+    if capture.startswith(("gemini__", "gemini-vertex__")):
+        return "gemini"
+    if capture.startswith("ollama__"):
+        return "ollama"
+    if capture.startswith(("openai-responses__", "azure-openai-responses__")):
+        return "openai-responses"
+    return "openai-chat"
 
 
 @frozen

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -168,13 +168,6 @@ EXPECTED: dict[str, Expected] = {
 
 
 # --------------------------------------------------------------------------- helpers
-@pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    # One shared client per test: creating one (its TLS context) costs more than a replay.
-    async with httpx.AsyncClient() as shared:
-        yield shared
-
-
 def provider(server: WireServer, client: httpx.AsyncClient | None = None) -> AnthropicProvider:
     return AnthropicProvider(f"{server.url}/v1", "claude-test", api_key=API_KEY, client=client)
 

@@ -13,7 +13,7 @@ import asyncio
 import hashlib
 import itertools
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -142,13 +142,6 @@ def case_id(case: tuple[str, int]) -> str:
 
 
 # --------------------------------------------------------------------------- helpers
-@pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    # One shared client per test: creating one (its TLS context) costs more than a replay.
-    async with httpx.AsyncClient() as shared:
-        yield shared
-
-
 def provider(server: WireServer, client: httpx.AsyncClient | None = None) -> GeminiProvider:
     return GeminiProvider(f"{server.url}/v1beta", MODEL, api_key=API_KEY, client=client)
 

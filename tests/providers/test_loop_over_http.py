@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.providers.wire_server import Scripted, WireServer
 from toolloop_fsm import (
@@ -28,6 +29,7 @@ from toolloop_fsm import (
     TurnPolicy,
     TurnRequest,
     TurnStatus,
+    result_to_json,
     run_generation_turn,
     run_tool_loop,
 )
@@ -226,3 +228,39 @@ async def test_generation_turn_falls_back_after_a_429_and_runs_the_tool_once(
     assert len(tool_messages) == 1 and "clear" in tool_messages[0]["content"]
     # no key reached what the user sees
     assert "sk-fast-key" not in repr(result) and "sk-backup-key" not in repr(result)
+
+
+# ----------------------------------------------------------------------------- a wild Retry-After
+@pytest.mark.parametrize(
+    ("header", "retry_after"),
+    [("inf", 86400.0), ("1e400", 86400.0), ("nan", None), ("-30", 0.0)],
+)
+async def test_a_wild_retry_after_cools_the_key_at_most_a_day_and_the_result_stays_json(
+    wire_server: WireServer, header: str, retry_after: float | None
+) -> None:
+    wire_server.serve(
+        Scripted(
+            status=429,
+            headers=(("content-type", "application/json"), ("retry-after", header)),
+            chunks=(b'{"error": {"message": "Rate limit reached", "type": "rate_limit_error"}}',),
+            framing="length",
+        )
+    )
+
+    def provider(key: str | None) -> OpenAICompatibleProvider:
+        return OpenAICompatibleProvider(wire_server.url + "/v1", "m", api_key=key)
+
+    key_book: dict[tuple[str, int], KeyHealth] = {}
+    before = time.monotonic()
+    result = await asyncio.wait_for(
+        run_generation_turn([Attempt(provider, keys=("sk-only-key",), label="only")], [],
+                            RecordingChannel(), QUESTION, clock=LoopClock(), key_book=key_book),
+        timeout=10,
+    )  # fmt: skip
+
+    assert (result.status, result.provider_error_kind) == (TurnStatus.ERROR, "rate_limit")
+    assert result.retry_after == retry_after
+    # the key is back within a day (NaN is no hint: the policy's own rate-limit pause applies)
+    assert key_book[("only", 0)].cooldown_until <= before + 86400.0 + 60
+    # the result is strict JSON: no NaN, no Infinity
+    json.loads(result_to_json(result), parse_constant=lambda token: pytest.fail(token))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -52,13 +52,6 @@ SPLITS = settings(
 
 
 # --------------------------------------------------------------------------- helpers
-@pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    # One shared client per test: creating one (its TLS context) costs more than a replay.
-    async with httpx.AsyncClient() as shared:
-        yield shared
-
-
 def provider(server: WireServer, client: httpx.AsyncClient | None = None) -> OllamaProvider:
     return OllamaProvider(server.url, "dolphin3:8b", client=client)
 

@@ -22,8 +22,10 @@ async def _bytes(chunks: Sequence[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def _events(chunks: Sequence[bytes], *, strict: bool = True) -> list[ServerSentEvent]:
-    return [event async for event in aiter_sse(_bytes(chunks), strict=strict)]
+async def _events(
+    chunks: Sequence[bytes], *, strict: bool = True, secrets: Sequence[str] = ()
+) -> list[ServerSentEvent]:
+    return [event async for event in aiter_sse(_bytes(chunks), strict=strict, secrets=secrets)]
 
 
 def _split(body: bytes, cuts: Sequence[int]) -> list[bytes]:
@@ -210,3 +212,24 @@ async def test_ndjson_non_json_line_is_a_protocol_error_naming_it() -> None:
         _ = [v async for v in aiter_ndjson(_bytes([b'{"a": 1}\nnot json at all\n']))]
     assert caught.value.kind == "protocol"
     assert "not json at all" in caught.value.message
+
+
+async def test_the_quote_of_non_sse_text_does_not_depend_on_the_reads() -> None:
+    page = b"<html>\n" + b"".join(b"<p>line %d of a long proxy page</p>\n" % i for i in range(200))
+    body = b'data: {"a":1}\n\n' + page
+    messages = []
+    for step in (1, 3, 64, len(body)):
+        chunks = [body[i : i + step] for i in range(0, len(body), step)]
+        with pytest.raises(ProviderError) as caught:
+            await _events(chunks)
+        messages.append(caught.value.message)
+    assert len(set(messages)) == 1
+    assert "line 0 of a long proxy page" in messages[0] and messages[0].endswith("…'")
+
+
+async def test_the_quote_of_non_sse_text_is_redacted_before_it_is_cut() -> None:
+    key = "sk-quote-0123456789abcdef"
+    body = b"<html>" + b"x" * 274 + key.encode() + b"</html>\n"  # the key crosses the cut
+    with pytest.raises(ProviderError) as caught:
+        await _events([body[i : i + 7] for i in range(0, len(body), 7)], secrets=[key])
+    assert "sk-quote" not in caught.value.message and "01234567" not in caught.value.message

@@ -13,6 +13,9 @@
   headers and body (``body.string`` verbatim, or ``parsed_body`` re-serialised as JSON);
 * TRANSCRIPT (``*.txt``) — the NDJSON lines from line 13 on, one ``application/x-ndjson``
   response.
+
+`load_ending(name)` serves a hand-written body from ``tests/data/endings`` (streams that end in
+an error, a cut or stray bytes, which the recordings lack) as one 200 response.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import yaml
 from attrs import frozen
 
 WIRE_DIR = Path(__file__).resolve().parent.parent / "data" / "wire"
+ENDINGS_DIR = WIRE_DIR.parent / "endings"
 
 SSE_HEADERS: tuple[tuple[str, str], ...] = (("content-type", "text/event-stream; charset=utf-8"),)
 NDJSON_HEADERS: tuple[tuple[str, str], ...] = (("content-type", "application/x-ndjson"),)
@@ -83,6 +87,20 @@ def names(*prefixes: str) -> list[str]:
     if prefixes:
         found = [n for n in found if n.startswith(prefixes)]
     return found
+
+
+def ending_names(*prefixes: str) -> list[str]:
+    """The hand-written stream endings in ``tests/data/endings`` (see the README there)."""
+    found = sorted(p.name for p in ENDINGS_DIR.iterdir() if p.suffix in (".sse", ".ndjson"))
+    if prefixes:
+        found = [n for n in found if n.startswith(prefixes)]
+    return found
+
+
+def load_ending(name: str) -> RecordedResponse:
+    """A hand-written ending as the 200 response that serves it."""
+    headers = NDJSON_HEADERS if name.endswith(".ndjson") else SSE_HEADERS
+    return RecordedResponse(200, headers, (ENDINGS_DIR / name).read_bytes())
 
 
 def expected_sha256() -> dict[str, str]:

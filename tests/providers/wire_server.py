@@ -5,8 +5,9 @@ queue runs dry). A response body is a sequence of byte chunks, each written and 
 separately — with a yield to the event loop between them — so the client sees the split. A
 response can also drop the connection after some chunks (no chunked-encoding terminator, so
 the client sees a truncated body), or stall until the client goes away. The server records
-every request, and sets `client_gone` when a client closes a connection while a response
-was still being sent (or was stalled) — what a cancellation test waits for.
+every request, counts the body bytes it wrote (`body_bytes_sent`), and sets `client_gone`
+when a client closes a connection while a response was still being sent (or was stalled) —
+what a cancellation test waits for.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class WireServer:
         self._writers: set[asyncio.StreamWriter] = set()
         self._handlers: set[asyncio.Task[None]] = set()
         self.requests: list[ReceivedRequest] = []
+        self.body_bytes_sent = 0
         self.client_gone = asyncio.Event()
         self.port = 0
 
@@ -202,6 +204,7 @@ class WireServer:
                 writer.write(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
             else:
                 writer.write(chunk)
+            self.body_bytes_sent += len(chunk)
             try:
                 await writer.drain()
             except ConnectionError:

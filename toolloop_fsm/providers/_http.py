@@ -8,37 +8,50 @@ Owns three things:
   closed as soon as the generator is closed or the task reading it is cancelled. Adapters
   wrap it in ``contextlib.aclosing`` so that closing happens at a known point, not whenever
   the garbage collector finalises an abandoned generator.
-* Classification: an HTTP error response (`error_from_response`), an error object inside a
-  200 stream (`error_from_payload`) and a transport failure (`error_from_transport`) become
-  one `ProviderError` with a ``kind``, ``retryable`` and ``retry_after`` (seconds, from
-  ``retry-after-ms``, ``retry-after`` as seconds or HTTP date, or Gemini's
-  ``RetryInfo.retryDelay``).
-* Secrecy: API keys travel only in headers. Every message built here passes through `redact`,
-  which removes the given secrets and any ``key=`` query value, and transport errors are
-  re-raised without their httpx cause (whose request object carries the headers).
+* What a response that is not a stream becomes: an error status, a 2xx body that is a
+  document (JSON, HTML) rather than the stream asked for, and an empty 2xx body. Of an error
+  body or a document at most `BODY_READ_LIMIT` (64 KiB) is read — the response is then closed,
+  and with it the connection — so a huge or endless body costs neither memory nor the pass's
+  deadlines.
+* Classification, in one place for every adapter: an HTTP error response
+  (`error_from_response`), a document in place of a stream (`error_from_document`), an error
+  object inside a 200 stream (`error_from_payload`), an empty body (`empty_body_error`) and a
+  transport failure (`error_from_transport`) become one `ProviderError` with a ``kind``,
+  ``retryable`` and ``retry_after`` (seconds, from ``retry-after-ms``, ``retry-after`` as
+  seconds or HTTP date, or Gemini's ``RetryInfo.retryDelay``; always within
+  `bounded_retry_after`).
+
+Every text quoted into a message goes through `_secrecy.quote` (redacted, then cut); API keys
+travel only in headers.
 """
 
 from __future__ import annotations
 
 import email.utils
 import json
-import re
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from contextlib import aclosing
+from typing import Any, Literal, cast
 
 import httpx
 
-from toolloop_fsm.providers.base import ProviderError
+from toolloop_fsm.providers._secrecy import quote
+from toolloop_fsm.providers.base import ProviderError, bounded_retry_after
 
 # LLM streams are long-lived; the pump's own deadlines (first token, inactivity) bound the
 # waits that matter, so the read timeout only catches a dead connection.
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 
-REDACTED = "[REDACTED]"
-_KEY_IN_QUERY = re.compile(r"((?:[?&;]|\b)(?:key|api[_-]?key)=)[^&\s\"'#]+", re.IGNORECASE)
-# How much of an unreadable error body a message quotes.
-_BODY_QUOTE_LIMIT = 500
+BODY_READ_LIMIT = 64 * 1024
+"""The most bytes read of an error body, or of a 2xx body that is not a stream."""
+# How much of a provider's error text or an unreadable body a message quotes, in characters.
+_DETAIL_LIMIT = 500
+
+Framing = Literal["sse", "ndjson"]
+# The first byte of a 2xx body (after whitespace) that says it is a document, not the stream:
+# an SSE stream starts with a field or a comment, an NDJSON stream with an object.
+_DOCUMENT_STARTS: Mapping[Framing, bytes] = {"sse": b"{[<", "ndjson": b"[<"}
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429, 529})
 
@@ -52,6 +65,9 @@ _ERROR_WORDS: Mapping[str, tuple[str, bool]] = {
     "resource_exhausted": ("rate_limit", True),
     "insufficient_quota": ("rate_limit", True),
     "too_many_requests": ("rate_limit", True),
+    "throttling_error": ("rate_limit", True),
+    "throttlingexception": ("rate_limit", True),  # AWS (Bedrock) behind a gateway
+    "throttled": ("rate_limit", True),
     # the request itself is wrong: repeating it cannot help
     "tool_use_failed": ("bad_request", False),
     "invalid_request_error": ("bad_request", False),
@@ -83,15 +99,6 @@ _ERROR_WORDS: Mapping[str, tuple[str, bool]] = {
 }
 
 
-# --------------------------------------------------------------------------- secrecy
-def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """``text`` with every secret and every ``key=…`` query value replaced by a marker."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, REDACTED)
-    return _KEY_IN_QUERY.sub(r"\1" + REDACTED, text)
-
-
 # --------------------------------------------------------------------------- classification
 def kind_for_status(status: int) -> tuple[str, bool]:
     """(kind, retryable) for an HTTP status code."""
@@ -114,35 +121,42 @@ def parse_retry_after(
     """The server's wait hint in seconds: ``retry-after-ms``, then ``retry-after``.
 
     ``retry-after`` may be seconds (fractions accepted) or an HTTP date (taken relative to
-    ``now``, default the wall clock, and never negative). Unparseable values are ignored.
+    ``now``, default the wall clock). Unparseable values are ignored, and so is a NaN (the
+    next header is tried); the rest is `bounded_retry_after`: a negative wait is none, and
+    anything past a day (``inf`` included) is a day.
     """
     lowered = {k.lower(): v for k, v in headers.items()}
     raw_ms = lowered.get("retry-after-ms")
     if raw_ms is not None:
-        try:
-            return max(float(raw_ms) / 1000.0, 0.0)
-        except ValueError:
-            pass
+        seconds = bounded_retry_after(_seconds(raw_ms, scale=0.001))
+        if seconds is not None:
+            return seconds
     raw = lowered.get("retry-after")
     if raw is None:
         return None
-    raw = raw.strip()
+    seconds = _seconds(raw)
+    if seconds is not None:
+        return bounded_retry_after(seconds)
     try:
-        return max(float(raw), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError, IndexError):
+        when = email.utils.parsedate_to_datetime(raw.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when is None:
         return None
     reference = time.time() if now is None else now
-    return max(when.timestamp() - reference, 0.0)
+    return bounded_retry_after(when.timestamp() - reference)
+
+
+def _seconds(text: str, *, scale: float = 1.0) -> float | None:
+    """A decimal number of seconds (NaN and infinities included), or None."""
+    try:
+        return float(text.strip()) * scale
+    except ValueError:
+        return None
 
 
 def _retry_delay_from_body(error: Mapping[str, Any]) -> float | None:
-    """Gemini's ``details[{"@type": …RetryInfo, "retryDelay": "34.4s"}]``."""
+    """Gemini's ``details[{"@type": …RetryInfo, "retryDelay": "34.4s"}]``, bounded."""
     details = error.get("details")
     if not isinstance(details, list):
         return None
@@ -151,10 +165,9 @@ def _retry_delay_from_body(error: Mapping[str, Any]) -> float | None:
             continue
         delay = detail.get("retryDelay")
         if isinstance(delay, str) and delay.endswith("s"):
-            try:
-                return max(float(delay[:-1]), 0.0)
-            except ValueError:
-                continue
+            seconds = bounded_retry_after(_seconds(delay[:-1]))
+            if seconds is not None:
+                return seconds
     return None
 
 
@@ -193,17 +206,31 @@ def error_message(error: Mapping[str, Any]) -> str:
     return f"{text} [{', '.join(unique)}]" if unique else text
 
 
-def _classify(error: Mapping[str, Any]) -> tuple[str, bool] | None:
+def classify(error: Mapping[str, Any]) -> tuple[str, bool] | None:
+    """(kind, retryable) for a provider error object, or None when nothing in it is known.
+
+    The ``code``/``type``/``status`` words come first (they are more specific), then an HTTP
+    status in ``code``/``status_code``/``status`` — an integer, or a string of digits as
+    LiteLLM sends (``"429"``, ``"500"``).
+    """
     for key in ("code", "type", "status"):
         value = error.get(key)
         if isinstance(value, str):
-            found = _ERROR_WORDS.get(value.lower())
+            found = _ERROR_WORDS.get(value.strip().lower())
             if found is not None:
                 return found
     for key in ("code", "status_code", "status"):
-        value = error.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and 400 <= value < 600:
-            return kind_for_status(value)
+        status = _status_number(error.get(key))
+        if status is not None and 400 <= status < 600:
+            return kind_for_status(status)
+    return None
+
+
+def _status_number(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdecimal() and len(value.strip()) == 3:
+        return int(value)
     return None
 
 
@@ -213,24 +240,23 @@ def error_from_payload(
     provider: str,
     status_code: int | None = None,
     secrets: Iterable[str | None] = (),
+    unknown: tuple[str, bool] = ("provider_error", True),
 ) -> ProviderError:
     """A `ProviderError` for an error object met inside a 200 stream.
 
     ``payload`` is the decoded event (``{"error": {…}}``, ``{"type": "error", "error": {…}}``,
-    a top-level ``code``/``message``, or Ollama's ``{"error": "…"}``). The kind comes from the
-    error's ``code``/``type``/``status`` words, then from a numeric code; an unknown error is
-    ``provider_error`` and retryable, since the stream, not the request, failed.
+    a top-level ``code``/``message``, or Ollama's ``{"error": "…"}``). The kind comes from
+    `classify`; an error it does not know is ``unknown`` — by default ``provider_error`` and
+    retryable, since the stream, not the request, failed.
     """
     error = _error_object(payload) or {}
-    kind, retryable = _classify(error) or ("provider_error", True)
-    retry_after = _retry_delay_from_body(error)
-    message = redact(f"{provider} stream error: {error_message(error)}", secrets)
+    kind, retryable = classify(error) or unknown
     return ProviderError(
-        message,
+        f"{provider} stream error: {quote(error_message(error), secrets, _DETAIL_LIMIT)}",
         kind=kind,
         retryable=retryable,
         status_code=status_code,
-        retry_after=retry_after,
+        retry_after=_retry_delay_from_body(error),
     )
 
 
@@ -250,22 +276,16 @@ def error_from_response(
     if should_retry in ("true", "false"):
         retryable = should_retry == "true"
     retry_after = parse_retry_after(lowered, now=now)
-    try:
-        decoded: Any = json.loads(body) if body.strip() else None
-    except ValueError:
-        decoded = None
-    error = _error_object(decoded)
+    error = _error_object(_json_or_none(body))
     if error is not None:
         detail = error_message(error)
         if retry_after is None:
             retry_after = _retry_delay_from_body(error)
     else:
-        text = body.decode("utf-8", "replace").strip()
-        if len(text) > _BODY_QUOTE_LIMIT:
-            text = text[:_BODY_QUOTE_LIMIT] + "…"
-        detail = text or httpx.codes.get_reason_phrase(status) or "no body"
+        detail = body.decode("utf-8", "replace").strip()
+        detail = detail or httpx.codes.get_reason_phrase(status) or "no body"
     return ProviderError(
-        redact(f"{provider} HTTP {status}: {detail}", secrets),
+        f"{provider} HTTP {status}: {quote(detail, secrets, _DETAIL_LIMIT)}",
         kind=kind,
         retryable=retryable,
         status_code=status,
@@ -273,16 +293,75 @@ def error_from_response(
     )
 
 
+def error_from_document(
+    status: int,
+    headers: Mapping[str, str] | httpx.Headers,
+    body: bytes,
+    *,
+    provider: str,
+    secrets: Iterable[str | None] = (),
+    now: float | None = None,
+) -> ProviderError:
+    """A `ProviderError` for a 2xx response whose body is a document, not the stream asked for.
+
+    A provider's error object in it (some gateways answer errors with 200) is classified like
+    one met in a stream. Anything else — the JSON of a non-streamed reply, a proxy's HTML page
+    — is a ``protocol`` error, not retryable: the same request would get the same document.
+    """
+    error = _error_object(_json_or_none(body))
+    if error is not None:
+        kind, retryable = classify(error) or ("provider_error", True)
+        detail = error_message(error)
+        retry_after = parse_retry_after(headers, now=now)
+        if retry_after is None:
+            retry_after = _retry_delay_from_body(error)
+    else:
+        kind, retryable, retry_after = "protocol", False, None
+        detail = body.decode("utf-8", "replace").strip()
+    return ProviderError(
+        f"{provider} answered HTTP {status} with a document instead of a stream: "
+        f"{quote(detail, secrets, _DETAIL_LIMIT)}",
+        kind=kind,
+        retryable=retryable,
+        status_code=status,
+        retry_after=retry_after,
+    )
+
+
+def empty_body_error(provider: str, status: int) -> ProviderError:
+    """A 2xx response with nothing in its body (or only whitespace): a ``protocol`` error,
+    not retryable — the same request on the same key would get the same nothing."""
+    return ProviderError(
+        f"{provider} answered HTTP {status} with an empty body",
+        kind="protocol",
+        retryable=False,
+        status_code=status,
+    )
+
+
 def error_from_transport(
     exc: BaseException, *, provider: str, secrets: Iterable[str | None] = ()
 ) -> ProviderError:
-    """A retryable ``connection`` error for a failed connect, read, timeout or dropped body."""
+    """A retryable ``connection`` error for a failed connect, read, timeout or dropped body;
+    a retryable ``protocol`` error for any other httpx failure (a body whose content encoding
+    does not decode, too many redirects)."""
     detail = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.TransportError):
+        what, kind = "connection failed", "connection"
+    else:
+        what, kind = "response unreadable", "protocol"
     return ProviderError(
-        redact(f"{provider} connection failed ({type(exc).__name__}): {detail}", secrets),
-        kind="connection",
+        f"{provider} {what} ({type(exc).__name__}): {quote(detail, secrets, _DETAIL_LIMIT)}",
+        kind=kind,
         retryable=True,
     )
+
+
+def _json_or_none(body: bytes) -> Any:
+    try:
+        return json.loads(body) if body.strip() else None
+    except (ValueError, RecursionError):
+        return None
 
 
 # --------------------------------------------------------------------------- the request
@@ -291,6 +370,7 @@ async def post_stream(
     body: Mapping[str, Any],
     *,
     provider: str,
+    framing: Framing = "sse",
     headers: Mapping[str, str] | None = None,
     client: httpx.AsyncClient | None = None,
     secrets: Iterable[str | None] = (),
@@ -298,10 +378,14 @@ async def post_stream(
 ) -> AsyncGenerator[bytes, None]:
     """POST ``body`` as JSON and yield the response body bytes as they arrive.
 
-    An error status raises `error_from_response` (after reading the error body); a
-    transport failure at any point raises `error_from_transport`. Without ``client`` a
-    private ``httpx.AsyncClient`` is created and closed when the generator finishes. Wrap
-    the generator in ``contextlib.aclosing`` so an abandoned stream is closed at once.
+    An error status raises `error_from_response`; a 2xx body whose first byte (after
+    whitespace) cannot start a ``framing`` stream raises `error_from_document`; either reads at
+    most `BODY_READ_LIMIT` bytes and closes the response. An empty 2xx body raises
+    `empty_body_error`, a transport failure at any point `error_from_transport`. None of these
+    has an httpx exception chained to it (its request holds the headers, key included).
+    Without ``client`` a private ``httpx.AsyncClient`` is created and closed when the generator
+    finishes. Wrap the generator in ``contextlib.aclosing`` so an abandoned stream is closed at
+    once.
     """
     secret_list = tuple(s for s in secrets if s)
     own_client = client is None
@@ -311,33 +395,82 @@ async def post_stream(
     extra: dict[str, Any] = {}
     if timeout is not None and not own_client:
         extra["timeout"] = timeout
+    document_starts = _DOCUMENT_STARTS[framing]
+    failure: ProviderError | None = None
     try:
-        try:
-            async with active.stream(
+        async with (
+            active.stream(
                 "POST", url, content=content, headers=request_headers, **extra
-            ) as response:
-                if not response.is_success:
-                    error_body = await response.aread()
-                    raise error_from_response(
-                        response.status_code,
-                        response.headers,
-                        error_body,
-                        provider=provider,
-                        secrets=secret_list,
-                    )
-                async for chunk in response.aiter_bytes():
+            ) as response,
+            aclosing(cast("AsyncGenerator[bytes, None]", response.aiter_bytes())) as chunks,
+        ):
+            status = response.status_code
+            if not response.is_success:
+                failure = error_from_response(
+                    status,
+                    response.headers,
+                    await _read_capped(chunks),
+                    provider=provider,
+                    secrets=secret_list,
+                )
+            else:
+                # Whitespace before the first meaningful byte is held (not dropped: it is part
+                # of the first line) until that byte says whether this is a stream at all.
+                held: list[bytes] = []
+                started = False
+                async for chunk in chunks:
+                    if not started:
+                        first = chunk.lstrip()[:1]
+                        if not first:
+                            held.append(chunk)
+                            continue
+                        started = True
+                        if first in document_starts:
+                            document = await _read_capped(chunks, b"".join(held) + chunk)
+                            failure = error_from_document(
+                                status,
+                                response.headers,
+                                document,
+                                provider=provider,
+                                secrets=secret_list,
+                            )
+                            break
+                        for whitespace in held:
+                            yield whitespace
                     yield chunk
-        except httpx.TransportError as exc:
-            # Not chained: the httpx exception holds the request, headers and key included.
-            raise error_from_transport(exc, provider=provider, secrets=secret_list) from None
+                if not started:
+                    failure = empty_body_error(provider, status)
+    except httpx.HTTPError as exc:
+        failure = error_from_transport(exc, provider=provider, secrets=secret_list)
     finally:
         if own_client:
             await active.aclose()
+    if failure is not None:
+        # Raised here, outside the `except`, so that no httpx exception is chained to it.
+        raise failure
+
+
+async def _read_capped(chunks: AsyncIterator[bytes], head: bytes = b"") -> bytes:
+    """``head`` and then what ``chunks`` yields, up to `BODY_READ_LIMIT` bytes. Reading stops
+    there; the caller closes the response, which drops the connection instead of reading on."""
+    parts = [head]
+    size = len(head)
+    if size < BODY_READ_LIMIT:
+        async for chunk in chunks:
+            parts.append(chunk)
+            size += len(chunk)
+            if size >= BODY_READ_LIMIT:
+                break
+    return b"".join(parts)[:BODY_READ_LIMIT]
 
 
 __all__ = [
+    "BODY_READ_LIMIT",
     "DEFAULT_TIMEOUT",
-    "REDACTED",
+    "Framing",
+    "classify",
+    "empty_body_error",
+    "error_from_document",
     "error_from_payload",
     "error_from_response",
     "error_from_transport",
@@ -345,5 +478,4 @@ __all__ = [
     "kind_for_status",
     "parse_retry_after",
     "post_stream",
-    "redact",
 ]

@@ -17,7 +17,9 @@ non-SSE text in a 200 body: an HTML error page from a proxy, or (reported for Ge
 JSON error object appended after the events. Ignoring those lines would turn the failure
 into a silently empty or truncated stream, so `aiter_sse` raises `ProviderError`
 (``kind="protocol"``) quoting the offending text instead. ``strict=False`` restores the
-WHATWG behaviour.
+WHATWG behaviour. What the message quotes does not depend on how the body was split into
+reads: the offending line and what follows it, up to a fixed number of bytes (or the end of
+the body), redacted and then cut; the error is raised once that much has arrived.
 
 Byte chunks may be split anywhere, including inside a UTF-8 character: lines are cut on the
 byte values of CR and LF (which never occur inside a multi-byte UTF-8 sequence) and each
@@ -46,25 +48,35 @@ process CPU time, 10,000-event OpenAI stream):
 
 So the adapters use this decoder; httpx-sse stays the reference in tests and the benchmark.
 
-`aiter_ndjson` splits on LF (tolerating CRLF), skips blank lines, decodes each line as JSON
-and raises `ProviderError` (``kind="protocol"``) naming the offending line otherwise. An
-unterminated last line is decoded at EOF.
+`decode_event_stream` runs the events through a provider's sans-IO decoder. Whatever the read
+boundaries, every chunk decoded before a failure is yielded, in order, before the failure is
+raised, and nothing after the decoder saw the stream's end (``[DONE]``) is decoded — even when
+it came in the same read.
+
+`aiter_ndjson` splits on LF (tolerating CRLF), skips blank lines, decodes each line as a JSON
+object and raises `ProviderError` (``kind="protocol"``) naming the offending line otherwise.
+An unterminated last line is decoded at EOF. `decode_json_object` is that rule for any one
+event's text, shared by every adapter: a bad event is a protocol error quoting it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import aclosing
 from typing import Any, Protocol
 
 from attrs import frozen
 
+from toolloop_fsm.providers._secrecy import quote
 from toolloop_fsm.providers.base import ProviderError
 
 _BOM = b"\xef\xbb\xbf"
-# How much of a bad line an error message quotes.
+# How much of a bad line an error message quotes, in characters.
 _QUOTE_LIMIT = 300
+# How many bytes of non-SSE text are gathered for the quote: enough for _QUOTE_LIMIT
+# characters of up to four bytes each, and for the redaction of a key that crosses the cut.
+_BAD_TEXT_BYTES = 4 * _QUOTE_LIMIT + 256
 
 
 RawEvent = tuple[str, str, str, int | None]
@@ -85,19 +97,39 @@ class _NotAnEventStream(Exception):
     """Internal: the decoder met a line that is no SSE field (strict mode)."""
 
 
-def _not_sse(text: bytes) -> ProviderError:
+def _not_sse(text: bytes, secrets: Iterable[str | None]) -> ProviderError:
     return ProviderError(
-        f"response body is not a server-sent event stream: {_quote(text.strip())}",
+        f"response body is not a server-sent event stream: {_quote(text.strip(), secrets)}",
         kind="protocol",
         retryable=True,
     )
 
 
-def _quote(line: bytes | str) -> str:
+def _quote(line: bytes | str, secrets: Iterable[str | None]) -> str:
     text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
-    if len(text) > _QUOTE_LIMIT:
-        text = text[:_QUOTE_LIMIT] + "…"
-    return repr(text)
+    return repr(quote(text, secrets, _QUOTE_LIMIT))
+
+
+def decode_json_object(
+    data: str | bytes, *, what: str, secrets: Iterable[str | None] = ()
+) -> dict[str, Any]:
+    """``data`` decoded as a JSON object, or a protocol `ProviderError` saying that ``what``
+    (``"Gemini stream event"``, ``"stream line"``, …) is not one, quoting it redacted.
+
+    The error is raised outside the ``except``: the JSON error it replaces holds the raw text
+    in its ``doc`` and must not travel chained to it.
+    """
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        problem = f"not JSON ({exc})"
+    else:
+        if isinstance(value, dict):
+            return value
+        problem = "not a JSON object"
+    raise ProviderError(
+        f"{what} is {problem}: {_quote(data, secrets)}", kind="protocol", retryable=True
+    )
 
 
 class SSEDecoder:
@@ -105,24 +137,30 @@ class SSEDecoder:
 
     ``feed(chunk)`` returns the events completed by that chunk; ``finish()`` returns the
     undelimited last event, if any (see the module docstring for why it is flushed). Once a
-    line that is no SSE field arrives (strict mode), ``error`` holds the protocol error, the
-    events before that line are still returned, and everything after it is discarded.
+    line that is no SSE field arrives (strict mode), the events before that line are still
+    returned, nothing after it is decoded, and ``error`` holds the protocol error as soon as
+    its quote is complete: `_BAD_TEXT_BYTES` from that line on, or the end of the body. The
+    quote is redacted of ``secrets``.
     """
 
     __slots__ = (
+        "_bad",
         "_data",
         "_error",
         "_event",
         "_id",
         "_pending",
         "_retry",
+        "_secrets",
         "_skip_lf",
         "_started",
         "_strict",
     )
 
-    def __init__(self, *, strict: bool = True) -> None:
+    def __init__(self, *, strict: bool = True, secrets: Iterable[str | None] = ()) -> None:
         self._strict = strict
+        self._secrets = tuple(secrets)
+        self._bad: bytearray | None = None
         self._error: ProviderError | None = None
         self._pending = b""
         self._skip_lf = False
@@ -147,6 +185,9 @@ class SSEDecoder:
     def feed_raw(self, chunk: bytes) -> list[RawEvent]:
         """`feed` as ``(event, data, id, retry)`` tuples: the adapters' per-chunk hot path."""
         if not chunk or self._error is not None:
+            return []
+        if self._bad is not None:
+            self._gather_bad(chunk)
             return []
         if self._skip_lf:
             # The previous chunk ended in CR; an LF starting this one belongs to that CRLF.
@@ -191,14 +232,26 @@ class SSEDecoder:
                 try:
                     self._field(line)
                 except _NotAnEventStream:
-                    self._error = _not_sse(b"".join(lines[index:]) + self._pending)
+                    self._bad = bytearray()
+                    self._gather_bad(b"".join(lines[index:]) + self._pending)
                     self._pending = b""
                     break
         return events
 
+    def _gather_bad(self, text: bytes) -> None:
+        """Keep the non-SSE text for the error's quote; the error is due once there is enough."""
+        bad = self._bad
+        assert bad is not None
+        bad += text[: _BAD_TEXT_BYTES - len(bad)]
+        if len(bad) >= _BAD_TEXT_BYTES:
+            self._error = _not_sse(bytes(bad), self._secrets)
+
     def finish_raw(self) -> list[RawEvent]:
         """`finish` as ``(event, data, id, retry)`` tuples."""
         if self._error is not None:
+            return []
+        if self._bad is not None:
+            self._error = _not_sse(bytes(self._bad), self._secrets)
             return []
         if self._pending:
             line, self._pending = self._pending, b""
@@ -208,7 +261,7 @@ class SSEDecoder:
                 try:
                     self._field(line)
                 except _NotAnEventStream:
-                    self._error = _not_sse(line)
+                    self._error = _not_sse(line, self._secrets)
                     return []
         if not self._data:
             return []
@@ -240,13 +293,14 @@ class SSEDecoder:
 
 
 async def aiter_sse(
-    byte_iter: AsyncIterator[bytes], *, strict: bool = True
+    byte_iter: AsyncIterator[bytes], *, strict: bool = True, secrets: Iterable[str | None] = ()
 ) -> AsyncIterator[ServerSentEvent]:
     """Yield the server-sent events of a byte stream, chunked anyhow.
 
-    Raises `ProviderError` (``kind="protocol"``) on a line that is no SSE field (``strict``).
+    Raises `ProviderError` (``kind="protocol"``) on a line that is no SSE field (``strict``),
+    its quote redacted of ``secrets``.
     """
-    decoder = SSEDecoder(strict=strict)
+    decoder = SSEDecoder(strict=strict, secrets=secrets)
     async for chunk in byte_iter:
         for event in decoder.feed(chunk):
             yield event
@@ -256,18 +310,6 @@ async def aiter_sse(
         yield event
     if decoder.error is not None:
         raise decoder.error
-
-
-def decode_ndjson_line(line: bytes) -> Any:
-    """Decode one NDJSON line, or raise a protocol `ProviderError` that quotes it."""
-    try:
-        return json.loads(line)
-    except ValueError as exc:
-        raise ProviderError(
-            f"stream line is not JSON ({exc}): {_quote(line)}",
-            kind="protocol",
-            retryable=True,
-        ) from None
 
 
 class EventDecoder(Protocol):
@@ -282,37 +324,67 @@ class EventDecoder(Protocol):
 
 
 async def decode_event_stream(
-    body: AsyncGenerator[bytes, None], decoder: EventDecoder
+    body: AsyncGenerator[bytes, None],
+    decoder: EventDecoder,
+    *,
+    secrets: Iterable[str | None] = (),
 ) -> AsyncIterator[Any]:
-    """Frame ``body`` as SSE and run each event through ``decoder``, yielding its chunks as
-    they come; stops reading once the decoder saw the stream's end, and closes ``body``
-    either way (a cancelled or abandoned pass closes the HTTP response at once)."""
-    sse = SSEDecoder()
+    """Frame ``body`` as SSE and run each event through ``decoder``, yielding its chunks.
+
+    Every chunk decoded before a failure (the decoder's, or a line that is no SSE field) is
+    yielded, in order, before the failure is raised; nothing after the decoder saw the
+    stream's end is decoded. Both hold whatever the read boundaries: a read may hold many
+    events, and the chunks of those before a failure are not lost with it. Stops reading once
+    the decoder is done, and closes ``body`` either way (a cancelled or abandoned pass closes
+    the HTTP response at once).
+    """
+    sse = SSEDecoder(secrets=secrets)
     out: list[Any] = []
+    failure: ProviderError | None = None
     async with aclosing(body) as raw:
         async for data in raw:
-            for name, text, _id, _retry in sse.feed_raw(data):
-                decoder.event(name, text, out)
-            if sse.error is not None:
-                raise sse.error
+            failure = _run_events(sse.feed_raw(data), decoder, out)
             if out:
                 for chunk in out:
                     yield chunk
                 out.clear()
-            if decoder.done:
+            if failure is not None or decoder.done:
                 break
-        if not decoder.done:
-            for name, text, _id, _retry in sse.finish_raw():
-                decoder.event(name, text, out)
             if sse.error is not None:
-                raise sse.error
-    decoder.finish(out)
+                failure = sse.error
+                break
+        else:
+            failure = _run_events(sse.finish_raw(), decoder, out) or sse.error
+    if failure is None:
+        try:
+            decoder.finish(out)
+        except ProviderError as error:
+            failure = error
     for chunk in out:
         yield chunk
+    if failure is not None:
+        raise failure
 
 
-async def aiter_ndjson(byte_iter: AsyncIterator[bytes]) -> AsyncIterator[Any]:
-    """Yield one decoded JSON value per non-blank line of a byte stream."""
+def _run_events(
+    events: list[RawEvent], decoder: EventDecoder, out: list[Any]
+) -> ProviderError | None:
+    """Feed ``events`` to ``decoder`` until it is done; the error it raised, if it did (the
+    chunks it appended to ``out`` before that stay there)."""
+    try:
+        for name, text, _id, _retry in events:
+            decoder.event(name, text, out)
+            if decoder.done:
+                break
+    except ProviderError as error:
+        return error
+    return None
+
+
+async def aiter_ndjson(
+    byte_iter: AsyncIterator[bytes], *, secrets: Iterable[str | None] = ()
+) -> AsyncIterator[dict[str, Any]]:
+    """Yield one decoded JSON object per non-blank line of a byte stream."""
     pending = b""
     async for chunk in byte_iter:
         if not chunk:
@@ -322,16 +394,18 @@ async def aiter_ndjson(byte_iter: AsyncIterator[bytes]) -> AsyncIterator[Any]:
         pending = lines.pop()
         for line in lines:
             if line.strip():
-                yield decode_ndjson_line(line)
+                yield decode_json_object(line, what="stream line", secrets=secrets)
     if pending.strip():
-        yield decode_ndjson_line(pending)
+        yield decode_json_object(pending, what="stream line", secrets=secrets)
 
 
 __all__ = [
+    "EventDecoder",
     "RawEvent",
     "SSEDecoder",
     "ServerSentEvent",
     "aiter_ndjson",
     "aiter_sse",
-    "decode_ndjson_line",
+    "decode_event_stream",
+    "decode_json_object",
 ]

@@ -36,7 +36,8 @@ from toolloop_fsm.events import (
 )
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._http import error_from_payload, post_stream
-from toolloop_fsm.providers._sse import ServerSentEvent, aiter_sse
+from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
+from toolloop_fsm.providers._sse import ServerSentEvent, aiter_sse, decode_json_object
 from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
 
@@ -226,20 +227,11 @@ class AnthropicStreamDecoder:
     def feed(self, event: str | None, data: str) -> list[Chunk]:
         if self._finished:
             return []
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            # Anthropic pads its JSON with spaces (§1.3) — json.loads accepts that; anything
-            # else that fails here is not the Messages stream.
-            raise ProviderError(
-                f"Anthropic stream sent a data line that is not JSON (event {event!r})",
-                kind="protocol",
-                retryable=True,
-            ) from None
-        if not isinstance(payload, dict):
-            raise ProviderError(
-                "Anthropic stream sent JSON that is not an object", kind="protocol", retryable=True
-            )
+        # Anthropic pads its JSON with spaces (§1.3) — json accepts that; anything else that
+        # fails here is not the Messages stream.
+        payload = decode_json_object(
+            data, what=f"Anthropic stream event {event!r}", secrets=self._secrets
+        )
         # The event name is authoritative; the SDK falls back to the data's `type` (§1.1).
         name = event if event and event != "message" else str(payload.get("type", ""))
         handler = _HANDLERS.get(name)
@@ -456,7 +448,13 @@ class AnthropicProvider:
         self._timeout = timeout
 
     def __repr__(self) -> str:
-        return f"AnthropicProvider(base_url={self.base_url!r}, model={self.model!r})"
+        base_url = redact(self.base_url, self.secrets)
+        return f"AnthropicProvider(base_url={base_url!r}, model={self.model!r})"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What no text from this provider may contain: the key and any credential header."""
+        return (*((self._api_key,) if self._api_key else ()), *header_secrets(self._headers))
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
         body = build_anthropic_body(request, model=self.model, max_tokens=self.max_tokens)
@@ -467,7 +465,7 @@ class AnthropicProvider:
         }
         if self._api_key:
             headers["x-api-key"] = self._api_key
-        secrets = (self._api_key,) if self._api_key else ()
+        secrets = self.secrets
         decoder = AnthropicStreamDecoder(secrets=secrets)
         raw = post_stream(
             f"{self.base_url}/messages",
@@ -481,13 +479,19 @@ class AnthropicProvider:
         # aclosing both generators: a cancelled or abandoned pass closes the response (and
         # its connection) at once rather than whenever the generators are finalised.
         # aiter_sse is an async generator typed as AsyncIterator; aclosing needs its aclose().
-        events_iter = cast("AsyncGenerator[ServerSentEvent, None]", aiter_sse(raw))
-        async with aclosing(raw), aclosing(events_iter) as events:
-            async for event in events:
-                for chunk in decoder.feed(event.event, event.data):
-                    yield chunk
-        for chunk in decoder.finish():
-            yield chunk
+        events_iter = cast("AsyncGenerator[ServerSentEvent, None]", aiter_sse(raw, secrets=secrets))
+        failure: ProviderError | None = None
+        try:
+            async with aclosing(raw), aclosing(events_iter) as events:
+                async for event in events:
+                    for chunk in decoder.feed(event.event, event.data):
+                        yield chunk
+            for chunk in decoder.finish():
+                yield chunk
+        except ProviderError as error:
+            failure = redacted_error(error, secrets)
+        if failure is not None:
+            raise failure  # outside the `except`: nothing chained to it
 
 
 __all__ = [

@@ -1,8 +1,10 @@
 """The provider contract: what a pass asks for (`ProviderRequest`), what a provider streams
-back (chunk events), and how it fails (`ProviderError`)."""
+back (chunk events), and how it fails (`ProviderError`, whose wait hint `bounded_retry_after`
+keeps usable)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -42,12 +44,38 @@ class ProviderRequest:
     disabled_enrichment_kinds: frozenset[str] = frozenset()
 
 
+MAX_RETRY_AFTER = 24 * 60 * 60.0
+"""The longest wait hint taken from a provider, in seconds (a day)."""
+
+
+def bounded_retry_after(seconds: float | None) -> float | None:
+    """A provider's wait hint as a usable number of seconds in ``[0, MAX_RETRY_AFTER]``.
+
+    A server can send anything in ``Retry-After``; the hint decides how long a key cools down
+    and is written to JSON results, where NaN and infinity are not valid. So NaN counts as no
+    hint at all (``None``: it says nothing), a negative wait as none (``0``), and anything
+    longer than a day — ``inf`` included — as a day. ``None`` stays ``None``; a value that is
+    not a number raises `TypeError` naming ``retry_after``.
+    """
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(f"retry_after must be a number of seconds or None, got {seconds!r}")
+    if isinstance(seconds, int):
+        return float(min(max(seconds, 0), MAX_RETRY_AFTER))  # ints beyond float range too
+    if math.isnan(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
 class ProviderError(Exception):
     """A provider's stream failed.
 
     ``kind`` is one of ``rate_limit``, ``auth``, ``server``, ``connection``, ``bad_request``,
     ``not_found``, ``protocol``, ``provider_error``; ``retryable`` says whether another attempt
-    (another key or model) may succeed; ``retry_after`` is the provider's hint in seconds.
+    (another key or model) may succeed; ``retry_after`` is the provider's hint in seconds,
+    always `bounded_retry_after` (on construction and on assignment): never NaN, infinite,
+    negative or longer than a day.
     """
 
     def __init__(
@@ -66,6 +94,14 @@ class ProviderError(Exception):
         self.status_code = status_code
         self.retry_after = retry_after
 
+    @property
+    def retry_after(self) -> float | None:
+        return self._retry_after
+
+    @retry_after.setter
+    def retry_after(self, seconds: float | None) -> None:
+        self._retry_after = bounded_retry_after(seconds)
+
     def __repr__(self) -> str:
         return (
             f"ProviderError({self.message!r}, kind={self.kind!r}, retryable={self.retryable!r}, "
@@ -82,4 +118,11 @@ class Provider(Protocol):
     def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]: ...
 
 
-__all__ = ["Provider", "ProviderError", "ProviderRequest", "ToolSpec"]
+__all__ = [
+    "MAX_RETRY_AFTER",
+    "Provider",
+    "ProviderError",
+    "ProviderRequest",
+    "ToolSpec",
+    "bounded_retry_after",
+]

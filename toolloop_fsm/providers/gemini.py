@@ -17,7 +17,6 @@ Wire facts are in WIRE-FORMATS §1.1, §1.3 and §6.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
@@ -36,7 +35,8 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.providers._http import error_from_payload, post_stream
-from toolloop_fsm.providers._sse import ServerSentEvent, aiter_sse
+from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
+from toolloop_fsm.providers._sse import ServerSentEvent, aiter_sse, decode_json_object
 from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
 
@@ -284,7 +284,7 @@ class GeminiStreamDecoder:
         del event  # Gemini's SSE has no event names
         if self._finished:
             return []
-        payload = _json_object(data)
+        payload = decode_json_object(data, what="Gemini stream event", secrets=self._secrets)
         if isinstance(payload.get("error"), Mapping):
             # An error object in place of a chunk (§6.3): classify it by its status word
             # (UNAVAILABLE, RESOURCE_EXHAUSTED, …) and keep any RetryInfo delay.
@@ -444,20 +444,6 @@ def _count(metadata: Mapping[str, Any], key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _json_object(data: str) -> dict[str, Any]:
-    try:
-        payload = json.loads(data)
-    except ValueError:
-        raise ProviderError(
-            "Gemini stream sent a data line that is not JSON", kind="protocol", retryable=True
-        ) from None
-    if not isinstance(payload, dict):
-        raise ProviderError(
-            "Gemini stream sent JSON that is not an object", kind="protocol", retryable=True
-        )
-    return payload
-
-
 # --------------------------------------------------------------------------- the provider
 class GeminiProvider:
     """Streams one pass from Gemini's ``streamGenerateContent`` (Gemini API or Vertex).
@@ -494,13 +480,19 @@ class GeminiProvider:
         self._timeout = timeout
 
     def __repr__(self) -> str:
-        return f"GeminiProvider(base_url={self.base_url!r}, model={self.model!r})"
+        base_url = redact(self.base_url, self.secrets)
+        return f"GeminiProvider(base_url={base_url!r}, model={self.model!r})"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What no text from this provider may contain: the key and any credential header."""
+        return (*((self._api_key,) if self._api_key else ()), *header_secrets(self._headers))
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
         headers = {**self._headers, "accept": "text/event-stream"}
         if self._api_key:
             headers["x-goog-api-key"] = self._api_key
-        secrets = (self._api_key,) if self._api_key else ()
+        secrets = self.secrets
         decoder = GeminiStreamDecoder(secrets=secrets)
         raw = post_stream(
             f"{self.base_url}/models/{self.model}:streamGenerateContent?alt=sse",
@@ -513,13 +505,19 @@ class GeminiProvider:
         )
         # aclosing both generators: a cancelled or abandoned pass closes the response at once.
         # aiter_sse is an async generator typed as AsyncIterator; aclosing needs its aclose().
-        events_iter = cast("AsyncGenerator[ServerSentEvent, None]", aiter_sse(raw))
-        async with aclosing(raw), aclosing(events_iter) as events:
-            async for event in events:
-                for chunk in decoder.feed(event.event, event.data):
-                    yield chunk
-        for chunk in decoder.finish():
-            yield chunk
+        events_iter = cast("AsyncGenerator[ServerSentEvent, None]", aiter_sse(raw, secrets=secrets))
+        failure: ProviderError | None = None
+        try:
+            async with aclosing(raw), aclosing(events_iter) as events:
+                async for event in events:
+                    for chunk in decoder.feed(event.event, event.data):
+                        yield chunk
+            for chunk in decoder.finish():
+                yield chunk
+        except ProviderError as error:
+            failure = redacted_error(error, secrets)
+        if failure is not None:
+            raise failure  # outside the `except`: nothing chained to it
 
 
 __all__ = ["SKIP_SIGNATURE", "GeminiProvider", "GeminiStreamDecoder", "build_gemini_body"]

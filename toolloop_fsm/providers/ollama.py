@@ -38,7 +38,8 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.providers._arguments import decode_arguments
-from toolloop_fsm.providers._http import post_stream, redact
+from toolloop_fsm.providers._http import error_from_payload, post_stream
+from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
 from toolloop_fsm.providers._sse import aiter_ndjson
 from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.result import ToolResponseRecord
@@ -141,15 +142,11 @@ class OllamaStreamDecoder:
                 kind="protocol",
                 retryable=True,
             )
-        error = line.get("error")
-        if error:
+        if line.get("error"):
             # "the status code of the response will not be changed" (§5.1): a 200 whose model
-            # run failed on the server, worth another attempt.
-            detail = error.get("message") if isinstance(error, Mapping) else error
-            raise ProviderError(
-                redact(f"Ollama stream error: {detail}", self._secrets),
-                kind="server",
-                retryable=True,
+            # run failed on the server, worth another attempt — unless the error says more.
+            raise error_from_payload(
+                line, provider="Ollama", secrets=self._secrets, unknown=("server", True)
             )
         chunks: list[Chunk] = []
         message = line.get("message")
@@ -258,20 +255,22 @@ class OllamaProvider:
         self._timeout = timeout
 
     def __repr__(self) -> str:
-        return f"OllamaProvider(base_url={self.base_url!r}, model={self.model!r})"
+        base_url = redact(self.base_url, self.secrets)
+        return f"OllamaProvider(base_url={base_url!r}, model={self.model!r})"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What no text from this provider may contain: a proxy's credentials in `headers`."""
+        return header_secrets(self._headers)
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
-        # A proxy's credentials in `headers` are as secret as an API key.
-        secrets = tuple(
-            value
-            for name, value in self._headers.items()
-            if any(word in name.lower() for word in ("auth", "key", "token"))
-        )
+        secrets = self.secrets
         decoder = OllamaStreamDecoder(secrets=secrets)
         raw = post_stream(
             f"{self.base_url}/api/chat",
             build_ollama_body(request, model=self.model),
             provider="Ollama",
+            framing="ndjson",
             headers={**self._headers, "accept": "application/x-ndjson"},
             client=self._client,
             secrets=secrets,
@@ -279,13 +278,19 @@ class OllamaProvider:
         )
         # aclosing both generators: a cancelled or abandoned pass closes the response at once.
         # aiter_ndjson is an async generator typed as AsyncIterator; aclosing needs aclose().
-        lines_iter = cast("AsyncGenerator[Any, None]", aiter_ndjson(raw))
-        async with aclosing(raw), aclosing(lines_iter) as lines:
-            async for line in lines:
-                for chunk in decoder.feed(line):
-                    yield chunk
-        for chunk in decoder.finish():
-            yield chunk
+        lines_iter = cast("AsyncGenerator[Any, None]", aiter_ndjson(raw, secrets=secrets))
+        failure: ProviderError | None = None
+        try:
+            async with aclosing(raw), aclosing(lines_iter) as lines:
+                async for line in lines:
+                    for chunk in decoder.feed(line):
+                        yield chunk
+            for chunk in decoder.finish():
+                yield chunk
+        except ProviderError as error:
+            failure = redacted_error(error, secrets)
+        if failure is not None:
+            raise failure  # outside the `except`: nothing chained to it
 
 
 __all__ = ["OllamaProvider", "OllamaStreamDecoder", "build_ollama_body"]

@@ -27,8 +27,9 @@ Decisions (each a place where the wire allows more than one reading):
 * A finish reason repeated on later chunks (OpenRouter) is reported once. Usage is reported
   each time it changes (the ledger keeps a pass's last, cumulative report).
 * ``[DONE]``, a finish chunk, and the connection closing are separate endings: a stream that
-  closes after some chunks without either ``[DONE]`` or a finish raises a retryable
-  ``connection`` error (the pass was cut); a body with no event at all is a ``protocol`` error.
+  closes without either ``[DONE]`` or a finish raises a retryable ``connection`` error (the
+  pass was cut); an empty body is a ``protocol`` error (`post_stream`). Events after ``[DONE]``
+  are not part of the pass and are not decoded.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.providers._arguments import decode_arguments
-from toolloop_fsm.providers._http import error_from_payload, post_stream, redact
-from toolloop_fsm.providers._sse import EventDecoder, decode_event_stream
+from toolloop_fsm.providers._http import error_from_payload, post_stream
+from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
+from toolloop_fsm.providers._sse import EventDecoder, decode_event_stream, decode_json_object
 from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
 
@@ -70,8 +72,6 @@ FINISH_KINDS: Mapping[str, FinishKind] = {
     "content_filter": FinishKind.CONTENT_FILTER,
     "refusal": FinishKind.REFUSAL,
 }
-# How much of a bad data line an error quotes.
-_QUOTE_LIMIT = 300
 
 
 # --------------------------------------------------------------------------- request side
@@ -263,10 +263,6 @@ class ToolCallAccumulator:
         return calls
 
 
-def _quote(text: str) -> str:
-    return repr(text if len(text) <= _QUOTE_LIMIT else text[:_QUOTE_LIMIT] + "…")
-
-
 class ChatStreamDecoder:
     """Chat Completions SSE events → chunk events (sans-IO).
 
@@ -279,7 +275,6 @@ class ChatStreamDecoder:
         "_calls",
         "_calls_emitted",
         "_done",
-        "_events",
         "_finish",
         "_last_usage",
         "_provider",
@@ -294,7 +289,6 @@ class ChatStreamDecoder:
         self._calls = ToolCallAccumulator()
         self._calls_emitted = False
         self._done = False
-        self._events = 0
         self._finish: str | None = None
         self._last_usage: tuple[int, int] | None = None
         self._refusal_only = False
@@ -306,33 +300,17 @@ class ChatStreamDecoder:
         return self._done
 
     def event(self, name: str, data: str, out: list[Chunk]) -> None:
-        self._events += 1
+        if self._done:
+            return  # nothing after [DONE] belongs to this pass
         if data[:1] != "{":
             if data.startswith("[DONE]"):
                 self._done = True
                 return
             if not data.strip():
                 return  # keep-alive with an empty data field
-        try:
-            chunk = json.loads(data)
-        except ValueError as exc:
-            raise ProviderError(
-                redact(
-                    f"{self._provider}: stream event is not JSON ({exc}): {_quote(data)}",
-                    self._secrets,
-                ),
-                kind="protocol",
-                retryable=True,
-            ) from None
-        if not isinstance(chunk, dict):
-            raise ProviderError(
-                redact(
-                    f"{self._provider}: stream event is not a JSON object: {_quote(data)}",
-                    self._secrets,
-                ),
-                kind="protocol",
-                retryable=True,
-            )
+        chunk = decode_json_object(
+            data, what=f"{self._provider}: stream event", secrets=self._secrets
+        )
         if name == "error" or chunk.get("error"):
             raise error_from_payload(chunk, provider=self._provider, secrets=self._secrets)
 
@@ -422,12 +400,6 @@ class ChatStreamDecoder:
 
     def finish(self, out: list[Chunk]) -> None:
         """The body ended: emit what is pending, or raise if the stream was cut."""
-        if self._events == 0:
-            raise ProviderError(
-                f"{self._provider}: the response body held no server-sent event",
-                kind="protocol",
-                retryable=True,
-            )
         if not self._done and self._finish is None:
             raise ProviderError(
                 f"{self._provider}: the stream ended before the provider finished the reply",
@@ -440,9 +412,10 @@ class ChatStreamDecoder:
 # --------------------------------------------------------------------------- the provider
 class OpenAIStyleProvider:
     """What the OpenAI APIs' adapters share: a bearer key sent only in a header (never in
-    ``repr`` or errors), an optional shared ``httpx.AsyncClient`` (without one each pass
-    opens and closes its own), ``extra_body`` merged into every request body, and the SSE
-    stream decoded event by event. Subclasses name the path, the body and the decoder."""
+    ``repr`` or errors, nor are other credential headers), an optional shared
+    ``httpx.AsyncClient`` (without one each pass opens and closes its own), ``extra_body``
+    merged into every request body, and the SSE stream decoded event by event. Subclasses name
+    the path, the body and the decoder."""
 
     tool_calling: Literal["native"] = "native"
     path = ""
@@ -475,8 +448,13 @@ class OpenAIStyleProvider:
 
     def __repr__(self) -> str:
         key = "<set>" if self._api_key else None
-        base_url = redact(self.base_url, (self._api_key,))
+        base_url = redact(self.base_url, self.secrets)
         return f"{type(self).__name__}(base_url={base_url!r}, model={self.model!r}, api_key={key})"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What no text from this provider may contain: the key and any credential header."""
+        return (*((self._api_key,) if self._api_key else ()), *header_secrets(self._headers))
 
     @property
     def url(self) -> str:
@@ -489,7 +467,7 @@ class OpenAIStyleProvider:
         raise NotImplementedError
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
-        secrets = (self._api_key,)
+        secrets = self.secrets
         body = post_stream(
             self.url,
             self.build_body(request),
@@ -499,8 +477,14 @@ class OpenAIStyleProvider:
             secrets=secrets,
             timeout=self._timeout,
         )
-        async for chunk in decode_event_stream(body, self.decoder(secrets)):
-            yield chunk
+        failure: ProviderError | None = None
+        try:
+            async for chunk in decode_event_stream(body, self.decoder(secrets), secrets=secrets):
+                yield chunk
+        except ProviderError as error:
+            failure = redacted_error(error, secrets)
+        if failure is not None:
+            raise failure  # outside the `except`: nothing chained to it
 
 
 class OpenAICompatibleProvider(OpenAIStyleProvider):
@@ -518,6 +502,7 @@ class OpenAICompatibleProvider(OpenAIStyleProvider):
 
     def decoder(self, secrets: Sequence[str | None]) -> EventDecoder:
         return ChatStreamDecoder(provider=self.name, secrets=secrets)
+
 
 __all__ = [
     "FINISH_KINDS",

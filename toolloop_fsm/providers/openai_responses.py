@@ -30,7 +30,6 @@ Decisions:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,8 +43,8 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.providers._arguments import decode_arguments
-from toolloop_fsm.providers._http import error_from_payload, redact
-from toolloop_fsm.providers._sse import EventDecoder
+from toolloop_fsm.providers._http import error_from_payload
+from toolloop_fsm.providers._sse import EventDecoder, decode_json_object
 from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers.openai_compat import (
     OpenAIStyleProvider,
@@ -58,7 +57,6 @@ _INCOMPLETE_KINDS: Mapping[str, FinishKind] = {
     "max_output_tokens": FinishKind.LENGTH,
     "content_filter": FinishKind.CONTENT_FILTER,
 }
-_QUOTE_LIMIT = 300
 
 
 # --------------------------------------------------------------------------- request side
@@ -129,17 +127,12 @@ class _OpenCall:
         self.arguments: str | None = None  # the full text, once the server sent it
 
 
-def _quote(text: str) -> str:
-    return repr(text if len(text) <= _QUOTE_LIMIT else text[:_QUOTE_LIMIT] + "…")
-
-
 class ResponsesStreamDecoder:
     """Responses API SSE events → chunk events (sans-IO); see the module docstring."""
 
     __slots__ = (
         "_calls_made",
         "_ended",
-        "_events",
         "_open",
         "_provider",
         "_reasoning",
@@ -153,7 +146,6 @@ class ResponsesStreamDecoder:
         self._reasoning: list[dict[str, Any]] = []
         self._calls_made = 0
         self._ended = False
-        self._events = 0
 
     @property
     def done(self) -> bool:
@@ -166,24 +158,11 @@ class ResponsesStreamDecoder:
         return self._ended
 
     def event(self, name: str, data: str, out: list[Chunk]) -> None:
-        self._events += 1
-        try:
-            payload = json.loads(data)
-        except ValueError as exc:
-            raise ProviderError(
-                redact(
-                    f"{self._provider}: stream event is not JSON ({exc}): {_quote(data)}",
-                    self._secrets,
-                ),
-                kind="protocol",
-                retryable=True,
-            ) from None
-        if not isinstance(payload, dict):
-            raise ProviderError(
-                f"{self._provider}: stream event is not a JSON object: {_quote(data)}",
-                kind="protocol",
-                retryable=True,
-            )
+        if self._ended:
+            return  # nothing after the terminal event belongs to this pass
+        payload = decode_json_object(
+            data, what=f"{self._provider}: stream event", secrets=self._secrets
+        )
         kind = payload.get("type") or name
         if kind == "response.output_text.delta" or kind == "response.refusal.delta":
             delta = payload.get("delta")
@@ -306,12 +285,6 @@ class ResponsesStreamDecoder:
         """The body ended: raise unless a terminal event arrived."""
         if self._ended:
             return
-        if self._events == 0:
-            raise ProviderError(
-                f"{self._provider}: the response body held no server-sent event",
-                kind="protocol",
-                retryable=True,
-            )
         raise ProviderError(
             f"{self._provider}: the stream ended before the response completed",
             kind="connection",
@@ -336,6 +309,7 @@ class OpenAIResponsesProvider(OpenAIStyleProvider):
 
     def decoder(self, secrets: Sequence[str | None]) -> EventDecoder:
         return ResponsesStreamDecoder(provider=self.name, secrets=secrets)
+
 
 __all__ = [
     "OpenAIResponsesProvider",
