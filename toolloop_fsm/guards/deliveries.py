@@ -8,12 +8,13 @@ from toolloop_fsm.turn import TurnState
 
 
 def must_settle_deliveries(turn: TurnState) -> bool:
-    """Deliveries are in flight and the turn is not being killed: wait for them (bounded)."""
+    """Deliveries are in flight and the turn is not being killed and its channel did not
+    fail: wait for them (bounded)."""
     return (
         bool(turn.in_flight)
         and not turn.settle_started
         and turn.status is not TurnStatus.STOPPED_BY_USER
-        and turn.reason != "host_error"
+        and turn.reason not in ("host_error", "host_timeout")
     )
 
 

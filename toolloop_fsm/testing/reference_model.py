@@ -41,7 +41,8 @@ Theory of operation (what the stage functions below do not show):
   in flight are awaited: for the settle window after a timeout, for one inactivity budget
   otherwise. A stop while waiting ends the turn at once (a stream timeout becomes
   ``stopped_by_user``); a follow-up while waiting is ignored; a delivery failing while
-  waiting ends the turn ``error`` (``host_error``).
+  waiting ends the turn ``error`` (``host_error``). A send still running after the policy's
+  ``host_call_timeout`` is given up on the same way (``host_timeout``).
 
 Room to grow: a hostile channel (hanging or raising calls, ``host_timeout``) is one more
 timer beside the delivery timer.
@@ -94,6 +95,9 @@ _CUT_FINISHES = frozenset(
     {FinishKind.LENGTH, FinishKind.SPEAKER_GUARD, FinishKind.CONTINUATION_PENDING}
 )
 _STREAM_TIMEOUTS = ("first_token_timeout", "inactivity_timeout")
+
+#: A failure of the host's channel ends the turn at once: nothing in flight is awaited.
+_HOST_FAILURES = frozenset({"host_error", "host_timeout"})
 
 
 # =========================================================================== what it predicts
@@ -729,7 +733,7 @@ class _Simulation:
         """Deliveries go to the channel one after another, each taking the channel's delay."""
         self.queue.append(delivery)
         if self.head_done_at is None and self.script.delivery_delay > 0:
-            self.head_done_at = self.now + self.script.delivery_delay
+            self.head_done_at = self.now + self._send_time()
 
     def delivery_done(self) -> None:
         """The channel finished the delivery at the head of the queue: it failed (a host
@@ -739,13 +743,16 @@ class _Simulation:
         failing = self.sends == self.script.failing_delivery
         self.sends += 1
         self.head_done_at = None
-        if failing:
+        # a send still running after the host-call budget is given up on: host_timeout
+        overdue = self.script.delivery_delay > self.policy.host_call_timeout
+        if failing or overdue:
+            reason = "host_timeout" if overdue else "host_error"
             if self.phase == "streaming":
-                self.end_stream(TurnStatus.ERROR, "host_error")
+                self.end_stream(TurnStatus.ERROR, reason)
             else:
                 self.tool = None
                 self.tool_starting = False
-                self.decide(TurnStatus.ERROR, "host_error")
+                self.decide(TurnStatus.ERROR, reason)
             return
         self.confirmed.append(delivery)
         if delivery.text is not None:
@@ -753,9 +760,14 @@ class _Simulation:
         if self.phase == "streaming":
             self.current.last_confirmed_at = self.now
         if self.queue and self.script.delivery_delay > 0:
-            self.head_done_at = self.now + self.script.delivery_delay
+            self.head_done_at = self.now + self._send_time()
         if self.phase == "settling" and not self.queue:
             self.phase = "ended"
+
+    def _send_time(self) -> float:
+        """How long the channel's send at the head of the queue runs: its delay, cut at the
+        host-call budget."""
+        return min(self.script.delivery_delay, self.policy.host_call_timeout)
 
     def settle_window_ends(self) -> None:
         self.phase = "ended"
@@ -767,7 +779,7 @@ class _Simulation:
         inactivity budget after anything else."""
         self.status, self.reason = status, reason
         self.reading = False
-        if status is TurnStatus.STOPPED_BY_USER or reason == "host_error" or not self.queue:
+        if status is TurnStatus.STOPPED_BY_USER or reason in _HOST_FAILURES or not self.queue:
             self.phase = "ended"
             return
         self.phase = "settling"
