@@ -315,7 +315,7 @@ async def test_no_key_material_anywhere_in_results_traces_notices_logs_or_errors
         assert key not in repr(channel.notices)
         assert key not in caplog.text
         assert key not in (result.error_message or "")
-    assert "***" in (result.error_message or "")
+    assert "[REDACTED]" in (result.error_message or "")
     assert everything  # the haystack was not empty
 
 
@@ -551,3 +551,18 @@ async def test_cancelling_the_caller_propagates_through_the_generation_turn() ->
     with pytest.raises(asyncio.CancelledError):
         await task
     assert cancelled == ["stream"]
+
+
+async def test_a_key_cut_short_in_a_providers_error_never_reaches_the_result() -> None:
+    clock = VirtualClock()
+    key = "sk-live-" + "Q7x2Lm9Pz4Rt8Wv1Ys6Nb3Kc5Hd0Jf2Ge7"
+    # a server that quotes the key cut at its error-body limit: no whole key to match
+    cut = ProviderError(f"401 invalid api key {key[:30]}…", kind="auth", retryable=False)
+    provider = ScriptedProvider([[Fail(cut)]], clock=clock)
+    result, channel = await generate(
+        [Attempt(lambda _key: provider, keys=(key,), label="m")], clock
+    )
+    assert result.status is TurnStatus.ERROR
+    text = result_to_json(result) + repr(result.exception) + repr(channel.notices)
+    pieces = {key[i : i + 8] for i in range(len(key) - 7)}
+    assert not [piece for piece in pieces if piece in text]

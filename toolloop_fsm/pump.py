@@ -88,6 +88,7 @@ from toolloop_fsm.host import (
 )
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.providers._secrecy import redact
 from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus, converter
 from toolloop_fsm.turn import LedgerEntry
@@ -1200,17 +1201,19 @@ class GenerationPump:
 
     def _redacted(self, result: GenerationTurnResult) -> GenerationTurnResult:
         """Defence in depth: no key may leave the turn — not in a message a careless provider
-        or factory wrote, not in an exception (DESIGN invariant 9)."""
+        or factory wrote, not in an exception, not even in part."""
         keys = [key for key in self._keys if key]
         if not keys:
             return result
         data = converter.unstructure(result)
         scrubbed = _scrub(data, keys)
         exception = result.exception
-        if exception is not None and any(key in f"{exception!s}{exception!r}" for key in keys):
-            exception = RedactedError(
-                f"{type(exception).__name__}: {_scrub(str(exception), keys)}"
-            )
+        if exception is not None:
+            said = f"{exception!s}{exception!r}"
+            if redact(said, keys) != said:
+                exception = RedactedError(
+                    f"{type(exception).__name__}: {redact(str(exception), keys)}"
+                )
         if scrubbed == data and exception is result.exception:
             return result
         clean = converter.structure(scrubbed, GenerationTurnResult)
@@ -1232,11 +1235,10 @@ class RedactedError(Exception):
 
 
 def _scrub(value: Any, keys: Sequence[str]) -> Any:
+    """Every text in ``value`` with every key, and every 8-character run of one, redacted
+    (the adapters' own rule: a server may quote a key cut short or partly masked)."""
     if isinstance(value, str):
-        for key in keys:
-            if key in value:
-                value = value.replace(key, "***")
-        return value
+        return redact(value, keys)
     if isinstance(value, dict):
         return {name: _scrub(item, keys) for name, item in value.items()}
     if isinstance(value, list):
