@@ -15,6 +15,7 @@ def apply_context_restart(turn: TurnState, _event: Any = None) -> None:
     turn.disabled_enrichment_kinds = turn.disabled_enrichment_kinds | set(outcome.restart_kinds)
     turn.consecutive_tool_errors = 0
     turn.continuation_failures = 0
+    turn.suppress_text = False  # a successful tool, like any other, lifts the suppression
     if outcome.dispatched and turn.current_call_key is not None:
         turn.ledger[turn.current_call_key] = LedgerEntry(turn.current_call_key, outcome)
     call = turn.pending_call
