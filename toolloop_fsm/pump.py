@@ -789,7 +789,9 @@ class EventPump:
                 else:
                     name = "channel.queue_front"
                     call = channel.queue_front(effect.stop_message)
-                guard = _HostCallGuard(self, name, on_abandon=self._host_worker_abandoned)
+                guard = _HostCallGuard(
+                    self, name, on_abandon=partial(self._host_worker_abandoned, name)
+                )
                 failure: DeliveryFailed | None = None
                 try:
                     await call
@@ -814,9 +816,12 @@ class EventPump:
             if self._host_task is me:
                 self._host_calls_done()
 
-    def _host_worker_abandoned(self) -> None:
-        """The host call in progress ignored its cancellation: carry on without it."""
+    def _host_worker_abandoned(self, name: str) -> None:
+        """The host call in progress ignored its cancellation: it failed like one that did
+        not return, and the worker carries on without it."""
         self._host_task = None
+        if not self.machine.is_finished:
+            self._feed(DeliveryFailed(None, self._overdue_message(name), timed_out=True))
         if self._host_calls:
             self._ensure_host_worker()
         else:
