@@ -117,11 +117,20 @@ class Stragglers:
 
 
 class TurnDidNotReturn(AssertionError):
-    """A turn did not return within its real-time guard."""
+    """A turn did not return within its real-time guard; ``running`` names the host code
+    still running when the guard expired."""
+
+    def __init__(self, message: str, running: str = "") -> None:
+        super().__init__(message)
+        self.running = running
 
 
 async def returns_within(
-    turn: Awaitable[_T], real_seconds: float, *, stragglers: Stragglers | None = None
+    turn: Awaitable[_T],
+    real_seconds: float,
+    *,
+    stragglers: Stragglers | None = None,
+    running: Callable[[], Iterable[str]] | None = None,
 ) -> _T:
     """Await ``turn`` for at most ``real_seconds`` of real time; raise `TurnDidNotReturn` if
     it has not returned by then.
@@ -129,6 +138,7 @@ async def returns_within(
     The turn runs as its own task, so the guard does not depend on the turn honouring a
     cancellation: on expiry the ``stragglers`` are released first (so a turn stuck awaiting
     them can unwind), then the turn is cancelled and given one more bounded wait.
+    ``running`` names the host code still running at that moment, for the message.
     """
     task = asyncio.ensure_future(turn)
     try:
@@ -138,6 +148,7 @@ async def returns_within(
         raise
     if task in done:
         return task.result()
+    names = ", ".join(running()) if running is not None else ""
     if stragglers is not None:
         stragglers.release()
     task.cancel()
@@ -146,7 +157,9 @@ async def returns_within(
         task.exception()  # retrieved: what it raised while unwinding is not the finding
     raise TurnDidNotReturn(
         f"the turn did not return within {real_seconds:g} real seconds: a wait without a "
-        "deadline, or host code that ignored its cancellation and was awaited forever"
+        "deadline, or host code that ignored its cancellation and was awaited forever "
+        f"(host code still running: {names or 'none'})",
+        names,
     )
 
 

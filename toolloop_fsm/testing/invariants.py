@@ -286,7 +286,7 @@ def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
     ``stopped_by_user``, so that no outer tier retries a turn the user stopped.
     """
     ceiling = policy.max_consecutive_tool_errors
-    trace = result.trace
+    trace = _loop_trace(result)
     entries = iter(result.history)
     recorded = 0
     run = 0

@@ -939,13 +939,16 @@ async def run_script(
             if real_timeout is None:
                 result = await turn
             else:
-                result = await returns_within(turn, real_timeout, stragglers=stragglers)
-        except TurnDidNotReturn:
-            names = ", ".join(_still_running(channel, executions)) or "nothing of the host's"
+                result = await returns_within(
+                    turn, real_timeout, stragglers=stragglers,
+                    running=lambda: _still_running(channel, executions),
+                )  # fmt: skip
+        except TurnDidNotReturn as err:
             raise InvariantViolation(
                 6, f"the run did not finish within {real_timeout:g} real seconds "
                    f"(virtual time {clock.now():g}); a wait without a deadline, or host code "
-                   f"ignoring its cancellation awaited forever (running: {names})"
+                   f"ignoring its cancellation awaited forever (still running: "
+                   f"{err.running or 'no host code'})"
             ) from None
         except (Exception, KeyboardInterrupt, SystemExit):
             raise  # an ordinary exception is reported as it is (Hypothesis shrinks on it)
