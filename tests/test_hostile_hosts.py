@@ -327,12 +327,12 @@ async def test_a_stream_that_trickles_forever_ends_timeout_at_the_pass_budget() 
 # --------------------------------------------------------------------------- a stop's race
 async def test_a_delivery_confirmed_at_the_instant_of_a_stop_is_kept() -> None:
     # The stop's timer is armed first, so at t=3 it fires before the delivery's own timer;
-    # the stop message takes a second to queue, and the delivery confirms meanwhile.
-    policy = LoopPolicy(inactivity_timeout=120, host_call_timeout=2, delivery_flush_chars=1)
+    # the stop message takes a while to queue, and the delivery confirms meanwhile.
+    policy = LoopPolicy(inactivity_timeout=120, host_call_timeout=10, delivery_flush_chars=1)
     turn, channel, stragglers = hostile_turn(
         [[TextDelta("Hello"), Pause(100)]],
         policy,
-        notices=(ChannelAct.SLOW_WITHIN,),  # queueing the stop message takes 1 s
+        notices=(ChannelAct.SLOW_WITHIN,),  # queueing the stop message takes 5 s
         delivery_delay=3.0,
     )
 
