@@ -22,6 +22,7 @@ the Hypothesis profile (tests/conftest.py).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -64,6 +65,7 @@ from toolloop_fsm.machine import CHUNK_TRIGGERS, ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import TraceStep, TurnStatus
 from toolloop_fsm.testing import (
+    PROVIDER_KEYS,
     InvariantViolation,
     ScriptRun,
     ToolAction,
@@ -442,3 +444,31 @@ def test_the_checker_catches_invalid_history_and_a_wrong_ledger() -> None:
     _expect(8, run, result=attrs.evolve(run.result, usage=usage))
 
 
+
+
+def test_the_checker_catches_an_unnamed_straggler_and_a_signal_that_raised() -> None:
+    run = _one_run(TurnScript(passes=((WEATHER,), (TextDelta("3 °C"),))))
+    (execution,) = run.executions
+    stubborn = attrs.evolve(execution, cancel_ignored=True)
+    _expect(1, run, executions=(stubborn,))
+    _expect(1, run, running_at_return=("tool get_weather (dispatch 1)",))
+    _expect(1, run, signal_errors=(RuntimeError("no running event loop"),))
+
+
+def test_the_checker_catches_a_leaked_key_run_and_rewritten_arguments() -> None:
+    run = _one_run(TurnScript(passes=((WEATHER,), (TextDelta("3 °C"),))))
+    key = PROVIDER_KEYS[0]
+    # eight characters from the middle of the key are enough to give it away
+    quoted = attrs.evolve(run.result, error_message=f"401 for key …{key[5:13]}…")
+    _expect(9, run, result=quoted, keys=(key,))
+    check_invariants(run.result, policy=run.policy, keys=(key,))  # nothing leaked here
+    entry = run.result.history[0]
+    rewritten = attrs.evolve(entry, call=attrs.evolve(entry.call, arguments={"city": "Lima"}))
+    _expect(7, run, result=attrs.evolve(run.result, history=(rewritten,)))
+
+
+def test_the_checker_catches_a_ledger_that_holds_no_number() -> None:
+    run = _one_run(TurnScript(passes=((TextDelta("Hi"), UsageReport(5, 6)),)))
+    (entry,) = run.result.usage.entries
+    broken = attrs.evolve(run.result.usage, entries=(attrs.evolve(entry, input_tokens=math.nan),))
+    _expect(8, run, result=attrs.evolve(run.result, usage=broken))
