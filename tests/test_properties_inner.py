@@ -1,10 +1,11 @@
-"""Property tests of the inner tool loop (DESIGN.md invariants 1–8).
+"""Property tests of the inner tool loop (DESIGN.md invariants 1–9).
 
 Three groups:
 
 * any scripted turn under any small policy, run through `run_tool_loop` on a virtual
   clock, reaches exactly one terminal state within its ceilings and keeps every invariant
-  (`check_invariants` with every witness);
+  (`check_invariants` with every witness) — in the kind world, and in a hostile one whose
+  channel, tools, signals and provider misbehave in every way the kit knows;
 * the sans-IO `ToolLoopMachine`, driven without the pump by random event sequences that are
   legal in its current state (a tiny simulator reads the effects: `StartStream` lets chunks
   come, `RunTool` lets its `ToolFinished` come, `ArmDeadline` lets that token expire,
@@ -21,12 +22,14 @@ the Hypothesis profile (tests/conftest.py).
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolloop_fsm.effects import (
@@ -62,6 +65,7 @@ from toolloop_fsm.machine import CHUNK_TRIGGERS, ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import TraceStep, TurnStatus
 from toolloop_fsm.testing import (
+    PROVIDER_KEYS,
     InvariantViolation,
     ScriptRun,
     ToolAction,
@@ -105,6 +109,40 @@ def test_any_turn_ends_in_one_terminal_state_within_its_ceilings_and_keeps_the_i
     assert len(run.provider.requests) <= result.iterations
     assert len(run.executions) <= result.tool_dispatches <= result.iterations
     run.check()
+
+
+#: Hostile examples under the ci profile: fewer than the kind test's, as each hostile turn
+#: costs a little more to run.
+HOSTILE_CI_EXAMPLES = 300
+
+
+def _hostile_examples() -> int:
+    """300 under the ci profile; any other profile's own count (5,000 under explore)."""
+    profile = os.environ.get("HYPOTHESIS_PROFILE") or "ci"
+    return HOSTILE_CI_EXAMPLES if profile == "ci" else settings.default.max_examples
+
+
+@settings(max_examples=_hostile_examples())
+@given(script=turn_scripts(hostile=True), policy=loop_policies(hostile=True))
+def test_any_turn_with_hostile_hosts_ends_and_keeps_every_invariant(
+    script: TurnScript, policy: LoopPolicy
+) -> None:
+    """Channel calls that raise, hang, run long or ignore their cancellation; tools that raise
+    their own BaseException or GeneratorExit, ignore cancellation or mutate their arguments;
+    stops from another thread; providers that quote their key, report NaN usage or an
+    infinite retry hint, or trickle forever: the turn still returns within its bounds, keeps
+    every confirmed delivery, names what it abandoned and leaks no key."""
+    run = asyncio.run(run_script(script, policy, real_timeout=HOSTILE_REAL_TIMEOUT))
+    result = run.result
+    assert result.status in TurnStatus
+    assert [s.next_state in FINAL_STATES for s in result.trace].count(True) == 1
+    assert result.iterations <= policy.max_function_call_iterations
+    run.check()
+
+
+#: Real seconds a virtual-time turn may take before it counts as never returning (one takes
+#: milliseconds; the guard only has to tell a hang from a turn).
+HOSTILE_REAL_TIMEOUT = 3.0
 
 
 # =========================================================================== the sans-IO machine
@@ -426,3 +464,31 @@ def test_the_checker_catches_invalid_history_and_a_wrong_ledger() -> None:
     _expect(8, run, result=attrs.evolve(run.result, usage=usage))
 
 
+
+
+def test_the_checker_catches_an_unnamed_straggler_and_a_signal_that_raised() -> None:
+    run = _one_run(TurnScript(passes=((WEATHER,), (TextDelta("3 °C"),))))
+    (execution,) = run.executions
+    stubborn = attrs.evolve(execution, cancel_ignored=True)
+    _expect(1, run, executions=(stubborn,))
+    _expect(1, run, running_at_return=("tool get_weather (dispatch 1)",))
+    _expect(1, run, signal_errors=(RuntimeError("no running event loop"),))
+
+
+def test_the_checker_catches_a_leaked_key_run_and_rewritten_arguments() -> None:
+    run = _one_run(TurnScript(passes=((WEATHER,), (TextDelta("3 °C"),))))
+    key = PROVIDER_KEYS[0]
+    # eight characters from the middle of the key are enough to give it away
+    quoted = attrs.evolve(run.result, error_message=f"401 for key …{key[5:13]}…")
+    _expect(9, run, result=quoted, keys=(key,))
+    check_invariants(run.result, policy=run.policy, keys=(key,))  # nothing leaked here
+    entry = run.result.history[0]
+    rewritten = attrs.evolve(entry, call=attrs.evolve(entry.call, arguments={"city": "Lima"}))
+    _expect(7, run, result=attrs.evolve(run.result, history=(rewritten,)))
+
+
+def test_the_checker_catches_a_ledger_that_holds_no_number() -> None:
+    run = _one_run(TurnScript(passes=((TextDelta("Hi"), UsageReport(5, 6)),)))
+    (entry,) = run.result.usage.entries
+    broken = attrs.evolve(run.result.usage, entries=(attrs.evolve(entry, input_tokens=math.nan),))
+    _expect(8, run, result=attrs.evolve(run.result, usage=broken))

@@ -1,5 +1,5 @@
-"""The public test kit: scripted providers, a recording channel, a virtual clock,
-Hypothesis strategies and the invariant checker."""
+"""The public test kit: scripted providers, a recording channel, a virtual clock, hostile
+host behaviours, Hypothesis strategies and the invariant checker."""
 
 from __future__ import annotations
 
@@ -7,15 +7,49 @@ from typing import TYPE_CHECKING, Any
 
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock
+from toolloop_fsm.testing.hostile import (
+    ChannelAct,
+    EchoKey,
+    HostCall,
+    HostileChannel,
+    HostileItem,
+    HostileProvider,
+    KeyEcho,
+    RogueBaseException,
+    Stragglers,
+    Trickle,
+    TurnDidNotReturn,
+    fire_from_thread,
+    key_runs,
+    leaked_runs,
+    mutate_in_place,
+    returns_within,
+)
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider, ScriptItem
 
 __all__ = [
+    "ChannelAct",
+    "EchoKey",
     "Fail",
+    "HostCall",
+    "HostileChannel",
+    "HostileItem",
+    "HostileProvider",
+    "KeyEcho",
     "Pause",
     "RecordingChannel",
+    "RogueBaseException",
     "ScriptItem",
     "ScriptedProvider",
+    "Stragglers",
+    "Trickle",
+    "TurnDidNotReturn",
     "VirtualClock",
+    "fire_from_thread",
+    "key_runs",
+    "leaked_runs",
+    "mutate_in_place",
+    "returns_within",
 ]
 
 # ---- the invariant checker and the Hypothesis strategies (appended for issue #2)
@@ -30,6 +64,7 @@ if TYPE_CHECKING:
     from toolloop_fsm.testing.strategies import (
         KNOWN_TOOLS,
         MEMORY_TOOL,
+        PROVIDER_KEYS,
         UNKNOWN_TOOLS,
         ScriptRun,
         TimedSignal,
@@ -53,7 +88,8 @@ if TYPE_CHECKING:
 #: module needs Hypothesis, a test dependency the rest of the kit does not need.
 _STRATEGY_NAMES = frozenset(
     {
-        "KNOWN_TOOLS", "MEMORY_TOOL", "UNKNOWN_TOOLS", "ScriptRun", "TimedSignal", "ToolAction",
+        "KNOWN_TOOLS", "MEMORY_TOOL", "PROVIDER_KEYS", "UNKNOWN_TOOLS", "ScriptRun", "TimedSignal",
+        "ToolAction",
         "ToolBehaviour", "TurnScript", "build_tools", "chunks", "function_calls",
         "loop_policies", "provider_passes", "run_script", "script_items", "text_deltas",
         "timed_signals", "tool_behaviours", "turn_scripts",
@@ -63,6 +99,7 @@ _STRATEGY_NAMES = frozenset(
 __all__ += [
     "KNOWN_TOOLS",
     "MEMORY_TOOL",
+    "PROVIDER_KEYS",
     "UNKNOWN_TOOLS",
     "InvariantViolation",
     "ScriptRun",

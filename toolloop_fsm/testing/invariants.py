@@ -1,49 +1,69 @@
 """The invariant checker: DESIGN.md's run invariants as one function a test calls per run.
 
-`check_invariants(result, policy=…, …)` checks the inner tier's invariants 1–8 of DESIGN.md
-against one finished run and raises `InvariantViolation` (an `AssertionError`, so pytest and
-Hypothesis treat it as a failed assertion) whose message starts ``invariant N:`` and says
-what was seen. Everything but ``result`` and ``policy`` is optional: each extra witness
-(the channel, the provider, the tool executions, the virtual time, the chunks the provider
-actually streamed, the tools, the request) switches on the checks that need it.
+`check_invariants(result, policy=…, …)` checks invariants 1–9 against one finished run and
+raises `InvariantViolation` (an `AssertionError`, so pytest and Hypothesis treat it as a
+failed assertion) whose message starts ``invariant N:`` and says what was seen. Everything
+but ``result`` and ``policy`` is optional: each extra witness (the channel, the provider, the
+tool executions, the virtual time, the chunks the provider actually streamed, the tools, the
+request, the keys, the log records, what was still running when the turn returned) switches
+on the checks that need it.
 
 The checker does not trust the engine's own bookkeeping where a witness exists: tool calls
 are keyed here with an independent canonical form, usage is re-added from the chunks the
-provider streamed, and delivered text is compared with what the channel recorded.
+provider streamed, delivered text is compared with what the channel confirmed, and the
+arguments on the history with what the model sent.
 
-Invariant 9 (no API key anywhere) belongs to the outer tier and is not checked here.
+Invariant 1 covers whatever the host does: the result is one terminal state; host code that
+ignored its cancellation, or was still running when the turn returned, is named in the
+result's ``abandoned_calls``; a host signal fired from another thread did not raise.
+Invariant 9 (no key, nor any 8-character run of one, in the result's JSON, its repr, its
+traces, the notices, the error message, the attached exception or the library's log
+records) is checked for the ``keys`` given.
 
 The virtual-time bound (invariant 6), with F the first-token budget, I the inactivity
-budget, S the abandoned-stream settle window and T_j the deadline of dispatch j::
+budget, M the pass budget, S the abandoned-stream settle window, H the host-call budget, G
+the grace given to code that ignores its cancellation and T_j the deadline of dispatch j::
 
-    elapsed ≤ Σ_k min(P_k, F + I·(c_k + D))  +  Σ_j T_j  +  max(I, S)
+    elapsed ≤ Σ_k min(P_k, F + I·(c_k + D), M)  +  Σ_j t_j  +  Σ_h w_h  +  max(I, S)
 
-where, for each provider pass k, P_k is the total of the script's pauses (a scripted stream
-cannot take longer than its own pauses) and c_k the number of chunks it streamed; D is the
-number of deliveries the channel confirmed (each confirmed delivery re-arms the rolling
-inactivity budget). The first-token budget covers the wait for the first chunk, after which
-every chunk and every confirmed delivery buys at most one more inactivity budget; a tool
-round is bounded by its deadline; the final settle wait is bounded by the inactivity budget
-(or the shorter abandoned-stream window after a timeout) and happens once per turn. Nothing
-else in the loop waits. For a script of at most N passes of at most C chunks each, this is
-bounded by the policy alone: ``N·(F + I·(C + D)) + N·T_max + max(I, S)`` with D ≤ N·C + N.
+where, for each provider pass k, P_k is the longest the script lets the pass take (its
+pauses and trickles: a scripted stream cannot take longer than that) and c_k the number of
+chunks it streamed; D is the number of deliveries the channel confirmed (each confirmed
+delivery re-arms the rolling inactivity budget). The first-token budget covers the wait for
+the first chunk, after which every chunk and every confirmed delivery buys at most one more
+inactivity budget, and no pass outlasts M however steadily it trickles. A tool run takes
+t_j = min(T_j, its duration) when it returned or raised, T_j when it was cancelled, and
+T_j + G when it ignored its cancellation. Each host call (a delivery, a notice, the stop
+message) takes w_h = min(H, its duration) when it returned or raised, H when it hung, and
+H + G when it ignored its cancellation. The final settle wait is bounded by the inactivity
+budget (or the shorter abandoned-stream window after a timeout) and happens once per turn.
+Nothing else in the loop waits. Without the host-call records of a `HostileChannel`, tool
+runs count their whole deadline and host calls nothing, as the kind channel's deliveries
+are covered by D.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from attrs import define
 
-from toolloop_fsm.events import TextDelta, UsageReport
+from toolloop_fsm.events import FunctionCall, TextDelta, UsageReport
 from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.providers.base import ProviderRequest
-from toolloop_fsm.result import GenerationTurnResult, ToolHistoryEntry, TurnStatus
+from toolloop_fsm.result import (
+    GenerationTurnResult,
+    ToolHistoryEntry,
+    TraceStep,
+    TurnStatus,
+    result_to_json,
+)
 from toolloop_fsm.testing.channel import RecordingChannel
+from toolloop_fsm.testing.hostile import HostileChannel, HostileProvider, leaked_runs
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider
 
 __all__ = ["InvariantViolation", "ToolExecution", "call_identity", "check_invariants"]
@@ -56,7 +76,7 @@ _EPSILON = 1e-6
 
 
 class InvariantViolation(AssertionError):
-    """A run broke one of DESIGN.md's invariants; ``invariant`` is its number."""
+    """A run broke one of the run invariants; ``invariant`` is its number."""
 
     def __init__(self, invariant: int, message: str) -> None:
         self.invariant = invariant
@@ -67,9 +87,12 @@ class InvariantViolation(AssertionError):
 class ToolExecution:
     """One time a tool handler actually started running (recorded by the handler itself).
 
+    ``arguments`` are a copy taken as the handler started, before it could change them.
     ``stop_requested`` is whether the host had asked to stop at the instant the handler
     started; ``outcome`` is ``"succeeded"``, ``"failed"`` or ``"raised"`` once the handler
     returned or raised, and stays ``None`` when it was cancelled (deadline, stop) or hung.
+    ``finished_at`` is when it returned or raised, ``ended_at`` when it stopped running by
+    any means (``None`` while it runs); ``cancel_ignored`` says it swallowed a cancellation.
     """
 
     name: str
@@ -81,6 +104,13 @@ class ToolExecution:
     finished_at: float | None = None
     #: the provider pass whose call this is (the handler's ``ToolContext.iteration``)
     iteration: int | None = None
+    ended_at: float | None = None
+    cancel_ignored: bool = False
+
+    @property
+    def label(self) -> str:
+        """How the engine names this run when it abandons it."""
+        return f"tool {self.name} (dispatch {self.dispatch})"
 
 
 def call_identity(name: str, arguments: Any) -> str:
@@ -111,8 +141,13 @@ def check_invariants(
     streamed: Sequence[Sequence[object]] | None = None,
     tools: ToolRegistry | Iterable[Tool] | None = None,
     request: TurnRequest | None = None,
+    keys: Collection[str] = (),
+    log_text: str = "",
+    running_at_return: Sequence[str] | None = None,
+    signal_errors: Sequence[BaseException] = (),
 ) -> None:
-    """Check one finished inner-tier run against DESIGN.md invariants 1–8.
+    """Check one finished run of the tool loop (or a one-model generation turn) against
+    invariants 1–9.
 
     ``channel``: the `RecordingChannel` the run delivered to (invariant 5).
     ``provider``: the `ScriptedProvider` it streamed from — its ``requests`` (invariants 2
@@ -124,11 +159,19 @@ def check_invariants(
     for invariant 8, exact pre-tool text for invariant 7, chunk counts for invariant 6).
     ``tools``: the registry (per-tool deadlines for invariant 6, registered names for 4).
     ``request``: the `TurnRequest` (the allowlist for invariant 4, the prefill for 7).
+    ``keys``: API keys the turn was given, which must appear nowhere (invariant 9), and
+    ``log_text`` the library's log records during the run (searched for them too).
+    ``running_at_return``: host code still running when the turn returned, as the engine
+    names it; each must be named in the result's ``abandoned_calls`` (invariant 1).
+    ``signal_errors``: what calls to the turn's signals raised (none may: invariant 1).
+
+    A `HostileChannel` also gives every host call with its timing (invariants 1 and 6).
     """
     registry = (
         tools if isinstance(tools, ToolRegistry) or tools is None else ToolRegistry(tools)
     )
     _check_terminal(result)
+    _check_returned(result, channel, executions, running_at_return, signal_errors)
     _check_ceilings(result, policy, provider, executions)
     _check_error_runs(result, policy)
     if executions is not None:
@@ -136,8 +179,10 @@ def check_invariants(
     _check_deliveries(result, channel)
     if elapsed is not None:
         _check_time(result, policy, elapsed, provider, streamed, executions, registry, channel)
-    _check_history(result, provider, streamed, request)
+    _check_history(result, provider, streamed, request, executions)
     _check_usage(result, provider, streamed)
+    if keys:
+        _check_secrecy(result, channel, keys, log_text)
 
 
 # --------------------------------------------------------------------------- 1
@@ -165,6 +210,38 @@ def _check_terminal(result: GenerationTurnResult) -> None:
     if trace[-1].next_state != status.value:
         _fail(1, f"the trace ends in {trace[-1].next_state!r} but the status is "
                  f"{status.value!r}")
+
+
+def _check_returned(
+    result: GenerationTurnResult,
+    channel: RecordingChannel | None,
+    executions: Sequence[ToolExecution] | None,
+    running_at_return: Sequence[str] | None,
+    signal_errors: Sequence[BaseException],
+) -> None:
+    """Whatever the host did, the turn returned a usable result and named what it left."""
+    for err in signal_errors:
+        _fail(1, f"a host signal raised {type(err).__name__}: {err} (the turn's signals must "
+                 "be safe to call from any thread)")
+    if result.retry_after is not None and not math.isfinite(result.retry_after):
+        _fail(1, f"the result's retry_after is {result.retry_after!r}: a retry hint must be a "
+                 "finite number of seconds or none")
+    # an engine without the field names nothing: every straggler is then reported missing
+    abandoned: tuple[str, ...] = tuple(getattr(result, "abandoned_calls", ()))
+    ignored = [e.label for e in executions or () if e.cancel_ignored]
+    if isinstance(channel, HostileChannel):
+        ignored += [call.label for call in channel.calls if call.cancel_ignored]
+    for label in ignored:
+        if label not in abandoned:
+            _fail(1, f"{label} ignored its cancellation, yet the result's abandoned_calls "
+                     f"{list(abandoned)} do not name it (status {result.status.value}, reason "
+                     f"{result.reason})")
+    named = list(abandoned)
+    for label in running_at_return or ():
+        if label not in named:
+            _fail(1, f"{label} was still running when the turn returned, yet the result's "
+                     f"abandoned_calls {list(abandoned)} do not name it")
+        named.remove(label)
 
 
 # --------------------------------------------------------------------------- 2
@@ -209,7 +286,7 @@ def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
     ``stopped_by_user``, so that no outer tier retries a turn the user stopped.
     """
     ceiling = policy.max_consecutive_tool_errors
-    trace = result.trace
+    trace = _loop_trace(result)
     entries = iter(result.history)
     recorded = 0
     run = 0
@@ -335,11 +412,19 @@ def _check_tool_runs(
             outcomes.append(succeeded)
 
 
+def _loop_trace(result: GenerationTurnResult) -> tuple[TraceStep, ...]:
+    """The tool loop's own steps: the result's trace, or, for a generation turn, its
+    attempts' traces one after the other."""
+    if result.attempts:
+        return tuple(step for attempt in result.attempts for step in attempt.trace)
+    return result.trace
+
+
 def _scope_of_each_pass(result: GenerationTurnResult) -> dict[int, int]:
     """Each provider pass's replay scope: a context restart opens a new one."""
     scope_of: dict[int, int] = {}
     iteration = scope = 0
-    for step in result.trace:
+    for step in _loop_trace(result):
         if step.next_state == "restarting_context":
             scope += 1
         elif step.state == "starting_pass" and step.next_state == "awaiting_first_token":
@@ -395,20 +480,22 @@ def _check_time(
         return  # without the chunk counts there is no finite bound to check against
     first = policy.effective_first_token_timeout
     inactivity = policy.inactivity_timeout
+    budget = policy.max_pass_duration
     deliveries = max(len(result.delivered), len(channel.delivered) if channel else 0)
     passes_bound = 0.0
     for k in range(result.iterations):
-        script = None
-        if provider is not None:
-            script = provider.passes[k] if k < len(provider.passes) else ()
-        pauses = math.inf if script is None else _pause_total(script)
+        pauses = math.inf
+        if isinstance(provider, HostileProvider):
+            pauses = provider.pause_total(k)
+        elif provider is not None:
+            pauses = _pause_total(provider.passes[k] if k < len(provider.passes) else ())
         if streamed is not None and k < len(streamed):
             chunks = len(streamed[k])
-        elif script is not None:
-            chunks = sum(1 for item in script if not isinstance(item, Pause | Fail))
+        elif provider is not None and k < len(provider.passes):
+            chunks = sum(1 for item in provider.passes[k] if not isinstance(item, Pause | Fail))
         else:
             chunks = 0
-        passes_bound += min(pauses, first + inactivity * (chunks + deliveries))
+        passes_bound += min(pauses, first + inactivity * (chunks + deliveries), budget)
     timeouts = [policy.tool_timeout]
     if registry is not None:
         timeouts.extend(t.timeout for t in registry if t.timeout is not None)
@@ -420,15 +507,36 @@ def _check_time(
             return worst_tool
         return tool.timeout if tool.timeout is not None else policy.tool_timeout
 
+    grace = policy.cancel_grace
+    host = policy.host_call_timeout
+    timed = isinstance(channel, HostileChannel)  # every host call's timing is known
     runs = list(executions) if executions is not None else []
-    tools_bound = sum(deadline_of(e.name) for e in runs)
+    tools_bound = 0.0
+    for run in runs:
+        deadline = deadline_of(run.name)
+        if run.cancel_ignored:
+            tools_bound += deadline + grace
+        elif timed and run.finished_at is not None:
+            tools_bound += min(deadline, run.finished_at - run.started_at)
+        else:
+            tools_bound += deadline
     tools_bound += max(0, result.tool_dispatches - len(runs)) * worst_tool
+    host_bound = 0.0
+    if isinstance(channel, HostileChannel):
+        for call in channel.calls:
+            if call.cancel_ignored:
+                host_bound += host + grace
+            elif call.finished_at is not None and call.outcome in ("confirmed", "raised"):
+                host_bound += min(host, call.finished_at - call.started_at)
+            else:
+                host_bound += host
     settle = max(inactivity, policy.abandoned_stream_settle)
-    bound = passes_bound + tools_bound + settle
+    bound = passes_bound + tools_bound + host_bound + settle
     if elapsed > bound + _EPSILON:
         _fail(6, f"the run took {elapsed:g} virtual s, above the bound {bound:g} s "
-                 f"(passes {passes_bound:g} + tools {tools_bound:g} + settle {settle:g}; "
-                 f"F={first:g}, I={inactivity:g}, {result.iterations} passes, "
+                 f"(passes {passes_bound:g} + tools {tools_bound:g} + host calls "
+                 f"{host_bound:g} + settle {settle:g}; F={first:g}, I={inactivity:g}, "
+                 f"M={budget:g}, H={host:g}, G={grace:g}, {result.iterations} passes, "
                  f"{result.tool_dispatches} dispatches, {deliveries} deliveries; status "
                  f"{result.status.value}, reason {result.reason})")
 
@@ -449,8 +557,10 @@ def _check_history(
     provider: ScriptedProvider | None,
     streamed: Sequence[Sequence[object]] | None,
     request: TurnRequest | None,
+    executions: Sequence[ToolExecution] | None = None,
 ) -> None:
     _check_entries(result.history, "the result's history", result, streamed)
+    _check_arguments_as_sent(result, streamed, executions)
     if provider is None:
         return
     for index, sent in enumerate(provider.requests):
@@ -537,6 +647,34 @@ def _pass_text(
     return None
 
 
+def _check_arguments_as_sent(
+    result: GenerationTurnResult,
+    streamed: Sequence[Sequence[object]] | None,
+    executions: Sequence[ToolExecution] | None,
+) -> None:
+    """The history carries each call's arguments as the model sent them, whatever the tool
+    did with the arguments it was handed."""
+    sent_by_pass: dict[int, Any] = {}
+    if streamed is not None:
+        for k, chunks in enumerate(streamed, start=1):
+            calls = [c for c in chunks if isinstance(c, FunctionCall)]
+            if calls and calls[0].parse_error is None and not calls[0].truncated:
+                sent_by_pass[k] = (calls[0].name, calls[0].arguments, "the model sent")
+    for execution in executions or ():
+        if execution.iteration is not None and execution.iteration not in sent_by_pass:
+            sent_by_pass[execution.iteration] = (
+                execution.name, execution.arguments, "the tool was handed",
+            )  # fmt: skip
+    for entry in result.history:
+        sent = sent_by_pass.get(entry.iteration)
+        if sent is None or sent[0] != entry.call.name or not isinstance(sent[1], Mapping):
+            continue
+        if entry.call.arguments != sent[1]:
+            _fail(7, f"the history holds {entry.call.name}({_short(entry.call.arguments)}) for "
+                     f"pass {entry.iteration}, but {sent[2]} {_short(sent[1])}: a tool's "
+                     "change to its arguments reached the history")
+
+
 # --------------------------------------------------------------------------- 8
 def _check_usage(
     result: GenerationTurnResult,
@@ -546,6 +684,11 @@ def _check_usage(
     by_pass: dict[int, list[Any]] = {}
     for entry in result.usage.entries:
         by_pass.setdefault(entry.iteration, []).append(entry)
+    for entry in result.usage.entries:
+        for label, value in (("input", entry.input_tokens), ("output", entry.output_tokens)):
+            if not _whole(value):
+                _fail(8, f"pass {entry.iteration}'s ledger entry holds {value!r} {label} tokens: "
+                         "a usage figure is a whole number of at least 0")
     for iteration, entries in by_pass.items():
         if len(entries) > 1:
             _fail(8, f"pass {iteration} has {len(entries)} ledger entries")
@@ -558,13 +701,20 @@ def _check_usage(
     if passes is None:
         return
     for k in range(result.iterations):
-        reports = [c for c in (passes[k] if k < len(passes) else ()) if
-                   isinstance(c, UsageReport)]
+        reported = [c for c in (passes[k] if k < len(passes) else ()) if
+                    isinstance(c, UsageReport)]
+        reports = [r for r in reported if _whole(r.input_tokens) and _whole(r.output_tokens)]
         folds = _usage_folds(reports)
         entries = by_pass.get(k + 1, [])
         got = (entries[0].input_tokens, entries[0].output_tokens, entries[0].estimated) \
             if entries else None
-        if exact:
+        if len(reports) < len(reported):
+            # a report that is no usage figure (NaN, infinite) may end the pass as a
+            # protocol failure: the ledger then holds a running total of the good ones
+            if got is not None and got not in folds:
+                _fail(8, f"pass {k + 1}: ledger entry {got} is no running total of the "
+                         f"well-formed reports among {_usage_text(reported)}")
+        elif exact:
             want = folds[-1] if folds else None
             if got != want:
                 _fail(8, f"pass {k + 1}: the provider reported {_usage_text(reports)} "
@@ -576,6 +726,10 @@ def _check_usage(
     total_in = sum(e.input_tokens for e in result.usage.entries)
     if total_in != result.usage.input_tokens:
         _fail(8, "the ledger's input total is not the sum of its entries")
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _usage_folds(reports: Sequence[UsageReport]) -> list[tuple[int, int, bool]]:
@@ -602,3 +756,34 @@ def _usage_text(reports: Sequence[UsageReport]) -> str:
     return ", ".join(
         f"{r.input_tokens}/{r.output_tokens}{'' if r.cumulative else '+'}" for r in reports
     )
+
+
+# --------------------------------------------------------------------------- 9
+def _check_secrecy(
+    result: GenerationTurnResult,
+    channel: RecordingChannel | None,
+    keys: Collection[str],
+    log_text: str,
+) -> None:
+    try:
+        as_json = result_to_json(result)
+    except (TypeError, ValueError) as err:
+        as_json = f"(not serialisable: {err})"
+    notices: list[object] = [*result.notices, result.held_notice]
+    if channel is not None:
+        notices += channel.notices
+    places = {
+        "result_to_json(result)": as_json,
+        "repr(result)": repr(result),
+        "the traces": repr(result.trace) + repr([a.trace for a in result.attempts]),
+        "the notices": repr(notices),
+        "the error message": result.error_message or "",
+        "the log records": log_text,
+    }
+    if result.exception is not None:
+        places["the result's exception"] = f"{result.exception!r} {result.exception}"
+    found = leaked_runs(keys, places)
+    if found:
+        # the message never quotes the key: it would leak from the test report itself
+        _fail(9, f"an API key, or an 8-character run of one, appears in {', '.join(found)} "
+                 f"(status {result.status.value}, reason {result.reason})")

@@ -23,19 +23,34 @@ The tool universe is fixed (`KNOWN_TOOLS`) so that scripts can name tools that e
 that do not (`UNKNOWN_TOOLS`, one a near miss of a known name) and tools outside the turn's
 allowlist. This module needs Hypothesis (a test dependency); `toolloop_fsm.testing` imports
 it lazily.
+
+``turn_scripts(hostile=True)`` and ``loop_policies(hostile=True)`` add the unkind world of
+`toolloop_fsm.testing.hostile` to the menus, after the kind entries (so a failure still
+shrinks toward a kind turn): tools that raise their own `BaseException` subclass or
+`GeneratorExit`, ignore their cancellation or mutate their arguments; channel calls that
+raise, hang, take a while within or over the host-call budget, or ignore their cancellation;
+stops and follow-ups fired from another thread; providers that quote their API key in an
+error, report non-finite usage or ``retry_after``, or trickle forever; and short host-call,
+grace and pass budgets. A script whose provider quotes a key runs as a one-model generation
+turn, the tier that is given keys and must keep them secret.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import logging
+import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
+import attrs
 from attrs import define, field, frozen
 from hypothesis import strategies as st
 
+from toolloop_fsm.attempts import Attempt
 from toolloop_fsm.events import (
     Chunk,
     ContextRestart,
@@ -48,18 +63,33 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.host import Tool, ToolContext, ToolRegistry, ToolResult, TurnRequest, TurnSignals
-from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.providers.base import ProviderError, ProviderRequest
-from toolloop_fsm.pump import run_tool_loop
+from toolloop_fsm.pump import run_generation_turn, run_tool_loop
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
-from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock
-from toolloop_fsm.testing.invariants import ToolExecution, check_invariants
-from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider, ScriptItem
+from toolloop_fsm.testing.hostile import (
+    ChannelAct,
+    EchoKey,
+    HostileChannel,
+    HostileItem,
+    HostileProvider,
+    KeyEcho,
+    RogueBaseException,
+    Stragglers,
+    Trickle,
+    TurnDidNotReturn,
+    fire_from_thread,
+    mutate_in_place,
+    returns_within,
+)
+from toolloop_fsm.testing.invariants import InvariantViolation, ToolExecution, check_invariants
+from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
 
 __all__ = [
     "KNOWN_TOOLS",
     "MEMORY_TOOL",
+    "PROVIDER_KEYS",
     "UNKNOWN_TOOLS",
     "ScriptRun",
     "TimedSignal",
@@ -106,20 +136,30 @@ UNKNOWN_TOOLS: tuple[str, ...] = ("get_wether", "launch_rockets")
 
 
 class ToolAction(StrEnum):
-    """What a tool handler does on one dispatch (after its ``delay``)."""
+    """What a tool handler does on one dispatch (after its ``delay``).
+
+    The last four are hostile: raise a `RogueBaseException` (a host's own `BaseException`
+    subclass) or `GeneratorExit`, hang while swallowing every cancellation until the kit
+    releases it after the turn, or edit its arguments in place and then succeed.
+    """
 
     SUCCEED = "succeed"
     FAIL = "fail"
     RAISE = "raise"
     HANG = "hang"
+    RAISE_BASE_EXCEPTION = "raise_base_exception"
+    RAISE_GENERATOR_EXIT = "raise_generator_exit"
+    IGNORE_CANCELLATION = "ignore_cancellation"
+    MUTATE_ARGUMENTS = "mutate_arguments"
 
 
 @frozen
 class ToolBehaviour:
     """One dispatch of a tool: wait ``delay`` virtual seconds, then do ``action``.
 
-    A ``HANG`` never returns (only the tool deadline or a stop ends it). The remaining
-    fields shape the returned `ToolResult` (``message`` and ``data`` also on failure).
+    A ``HANG`` never returns (only the tool deadline or a stop ends it); an
+    ``IGNORE_CANCELLATION`` does not end even then. The remaining fields shape the returned
+    `ToolResult` (``message`` and ``data`` also on failure).
     """
 
     action: ToolAction = ToolAction.SUCCEED
@@ -139,11 +179,13 @@ DEFAULT_BEHAVIOUR = ToolBehaviour()
 @frozen
 class TimedSignal:
     """A host signal at virtual instant ``at``: ``stop`` (/kill, with an optional message)
-    or ``follow_up`` (a new user message)."""
+    or ``follow_up`` (a new user message); ``from_thread`` fires it from another thread (see
+    `toolloop_fsm.testing.hostile.fire_from_thread`)."""
 
     at: float
     kind: str = "stop"
     stop_message: str | None = None
+    from_thread: bool = False
 
 
 @frozen
@@ -157,9 +199,13 @@ class TurnScript:
     ``failing_delivery``: index of the channel delivery that raises (a host failure).
     ``tools_allowed``, ``prefill``: the `TurnRequest`'s allowlist and prefill.
     ``continuation_style``: run as a NovelAI-style provider whose text cannot be retracted.
+    ``sends`` / ``notices``: what the channel's 1st, 2nd, … delivery and notice (or stop
+    message) do (`ChannelAct`; past the plan, and by default, they confirm).
+    ``provider_key``: the API key the provider holds and an `EchoKey` quotes; a script with
+    one runs as a one-model generation turn.
     """
 
-    passes: tuple[tuple[ScriptItem, ...], ...] = ()
+    passes: tuple[tuple[HostileItem, ...], ...] = ()
     tool_plan: tuple[tuple[str, tuple[ToolBehaviour, ...]], ...] = ()
     signals: tuple[TimedSignal, ...] = ()
     delivery_delay: float = 0.0
@@ -167,6 +213,9 @@ class TurnScript:
     tools_allowed: frozenset[str] | None = None
     prefill: str | None = None
     continuation_style: bool = False
+    sends: tuple[ChannelAct, ...] = ()
+    notices: tuple[ChannelAct, ...] = ()
+    provider_key: str | None = None
 
     def plan_for(self, name: str) -> tuple[ToolBehaviour, ...]:
         for tool, behaviours in self.tool_plan:
@@ -337,14 +386,47 @@ _ENDINGS = _ending_menu()
 _BODY_ITEMS = _body_menu()
 _BODIES = {n: st.lists(st.sampled_from(_BODY_ITEMS), max_size=n) for n in range(8)}
 
+#: Items only a hostile provider sends: non-finite usage and retry hints, an error quoting
+#: the provider's key (each way it happens), and a stream that trickles forever.
+_NON_FINITE: tuple[ScriptItem, ...] = (
+    UsageReport(math.nan, 3),  # type: ignore[arg-type]
+    UsageReport(4, math.inf),  # type: ignore[arg-type]
+    Fail(ProviderError("scripted rate limit", kind="rate_limit", retryable=True,
+                       status_code=429, retry_after=math.inf)),
+    Fail(ProviderError("scripted overload", kind="server", retryable=True, status_code=503,
+                       retry_after=math.nan)),
+)  # fmt: skip
+_KEY_ECHOES: tuple[EchoKey, ...] = tuple(EchoKey(style) for style in KeyEcho)
+_HOSTILE_ONLY: tuple[HostileItem, ...] = (*_NON_FINITE, *_KEY_ECHOES, Trickle())
+#: Arguments with nested values, so that a tool mutating them in place reaches inside.
+_NESTED = {"cities": ["Oslo", "Lima"], "units": {"temp": "C"}}
+_HOSTILE_BODY_ITEMS: tuple[HostileItem, ...] = (*_BODY_ITEMS, *_HOSTILE_ONLY)
+_HOSTILE_ENDINGS: tuple[tuple[HostileItem, ...], ...] = (
+    *_ENDINGS,
+    *((FunctionCall(name, _NESTED),) for name in KNOWN_TOOLS),
+    *((FunctionCall(name, _NESTED),) for name in KNOWN_TOOLS[:2]),
+    *((item,) for item in _HOSTILE_ONLY),
+    (TextDelta("Let me see. "), Trickle()),
+)
+_HOSTILE_BODIES = {
+    n: st.lists(st.sampled_from(_HOSTILE_BODY_ITEMS), max_size=n) for n in range(8)
+}
 
-def provider_passes(*, max_items: int = 5) -> st.SearchStrategy[tuple[ScriptItem, ...]]:
+
+def provider_passes(
+    *, max_items: int = 5, hostile: bool = False
+) -> st.SearchStrategy[tuple[HostileItem, ...]]:
     """One provider pass: up to ``max_items`` random items, then an ending drawn from a
-    menu weighted toward a tool call. Shrinks toward the empty pass."""
-    body = _BODIES.get(max_items)
+    menu weighted toward a tool call. Shrinks toward the empty pass. With ``hostile``, the
+    menus also hold the items of a hostile provider (after the kind ones)."""
+    bodies: Mapping[int, st.SearchStrategy[list[HostileItem]]]
+    bodies = _HOSTILE_BODIES if hostile else _BODIES  # type: ignore[assignment]
+    items = _HOSTILE_BODY_ITEMS if hostile else _BODY_ITEMS
+    body = bodies.get(max_items)
     if body is None:
-        body = st.lists(st.sampled_from(_BODY_ITEMS), max_size=max_items)
-    return st.builds(lambda items, end: (*items, *end), body, st.sampled_from(_ENDINGS))
+        body = st.lists(st.sampled_from(items), max_size=max_items)
+    endings = _HOSTILE_ENDINGS if hostile else _ENDINGS
+    return st.builds(lambda items, end: (*items, *end), body, st.sampled_from(endings))
 
 
 def _result_menu() -> tuple[dict[str, Any], ...]:
@@ -373,26 +455,39 @@ _ACTIONS = (ToolAction.SUCCEED, ToolAction.SUCCEED, ToolAction.SUCCEED, ToolActi
             ToolAction.RAISE, ToolAction.HANG)
 
 
-def tool_behaviours() -> st.SearchStrategy[ToolBehaviour]:
+_HOSTILE_ACTIONS = (
+    *_ACTIONS,
+    ToolAction.RAISE_BASE_EXCEPTION,
+    ToolAction.RAISE_GENERATOR_EXIT,
+    ToolAction.IGNORE_CANCELLATION,
+    ToolAction.MUTATE_ARGUMENTS,
+    ToolAction.MUTATE_ARGUMENTS,
+)
+
+
+def tool_behaviours(*, hostile: bool = False) -> st.SearchStrategy[ToolBehaviour]:
     """One dispatch's behaviour: succeed (with optional message, data, end_turn, delivered,
     expression, context restart), fail (message, data and expression kept), raise or hang,
-    after a virtual delay."""
+    after a virtual delay; with ``hostile``, also raise a `BaseException` subclass or
+    `GeneratorExit`, ignore cancellation, or mutate the arguments."""
     return st.builds(
         lambda action, delay, fields: ToolBehaviour(action, delay, **fields),
-        st.sampled_from(_ACTIONS),
+        st.sampled_from(_HOSTILE_ACTIONS if hostile else _ACTIONS),
         st.sampled_from(_TOOL_DELAYS),
         st.sampled_from(_RESULTS),
     )
 
 
-def timed_signals() -> st.SearchStrategy[TimedSignal]:
+def timed_signals(*, hostile: bool = False) -> st.SearchStrategy[TimedSignal]:
     """A stop (with or without a stop message) or a follow-up at a virtual instant. The
-    instants come from a small menu so that signals coincide with other events."""
+    instants come from a small menu so that signals coincide with other events. With
+    ``hostile``, a signal may come from another thread."""
     return st.builds(
         TimedSignal,
         at=st.sampled_from(_INSTANTS),
         kind=st.sampled_from(("stop", "follow_up")),
         stop_message=st.sampled_from((None, "sorry, stopping")),
+        from_thread=st.booleans() if hostile else st.just(False),
     )
 
 
@@ -409,7 +504,9 @@ _ALLOWLISTS: tuple[frozenset[str] | None, ...] = (
 
 
 _BEHAVIOUR_LISTS = st.lists(tool_behaviours(), max_size=3).map(tuple)
+_HOSTILE_BEHAVIOUR_LISTS = st.lists(tool_behaviours(hostile=True), max_size=3).map(tuple)
 _SIGNAL = timed_signals()
+_HOSTILE_SIGNAL = timed_signals(hostile=True)
 #: how many host signals a turn gets: none in half the turns (a signal cuts a turn short)
 _SIGNAL_COUNTS = {n: st.sampled_from((0, 0, *range(1, n + 1))) for n in range(4)}
 _BOOLEANS = st.booleans()
@@ -417,6 +514,18 @@ _DELAYS = st.sampled_from(_DELIVERY_DELAYS)
 _FAILING = st.sampled_from((None, None, None, None, None, None, None, 0, 1, 2, 4))
 _ALLOWED = st.sampled_from(_ALLOWLISTS)
 _PREFILLS = st.sampled_from((None, "Sure, "))
+#: What a channel call does, confirming most often (a hostile call cuts a turn short).
+_CHANNEL_ACTS = (
+    ChannelAct.CONFIRM, ChannelAct.CONFIRM, ChannelAct.CONFIRM, ChannelAct.CONFIRM,
+    ChannelAct.RAISE, ChannelAct.HANG, ChannelAct.SLOW_WITHIN, ChannelAct.SLOW_OVER,
+    ChannelAct.IGNORE_CANCELLATION,
+)  # fmt: skip
+_SEND_PLANS = st.lists(st.sampled_from(_CHANNEL_ACTS), max_size=3).map(tuple)
+_NOTICE_PLANS = st.lists(st.sampled_from(_CHANNEL_ACTS), max_size=2).map(tuple)
+#: Fake API keys: no 8-character run of one occurs in any scripted text, so finding one
+#: anywhere is a leak.
+PROVIDER_KEYS: tuple[str, ...] = ("hk-7Qm2xZ9pLk4vR8tW3nB6", "hk-Jd5sYc1uHf8gTe2wKa9")
+_KEYS = st.sampled_from(PROVIDER_KEYS)
 
 
 def turn_scripts(
@@ -424,42 +533,63 @@ def turn_scripts(
     max_passes: int = 6,
     max_items: int = 5,
     max_signals: int = 2,
+    hostile: bool = False,
 ) -> st.SearchStrategy[TurnScript]:
     """A whole simulated turn (see `TurnScript`): 1 to ``max_passes`` provider passes of
     up to ``max_items`` random items and an ending each, a plan of up to 3 behaviours per
     known tool, up to ``max_signals`` host signals, the channel's delay and failing
-    delivery, the allowlist, the prefill and the provider style."""
-    passes = st.lists(provider_passes(max_items=max_items), min_size=1, max_size=max_passes)
+    delivery, the allowlist, the prefill and the provider style.
+
+    ``hostile`` adds the hostile world (see the module docstring): hostile provider items,
+    tool behaviours and thread-fired signals in the menus, the channel's plans for its
+    deliveries and notices, and the provider's key when a pass quotes it. The kind
+    behaviours stay on every menu, first, so a failure shrinks toward a kind turn."""
+    passes = st.lists(
+        provider_passes(max_items=max_items, hostile=hostile), min_size=1, max_size=max_passes
+    )
     counts = _SIGNAL_COUNTS.get(max_signals)
     if counts is None:
         counts = st.sampled_from((0, 0, *range(1, max_signals + 1)))
+    behaviour_lists = _HOSTILE_BEHAVIOUR_LISTS if hostile else _BEHAVIOUR_LISTS
+    signal = _HOSTILE_SIGNAL if hostile else _SIGNAL
 
     @st.composite
     def scripts(draw: st.DrawFn) -> TurnScript:
         drawn = draw(passes)
         if draw(_BOOLEANS):
             drawn = _with_call_ids(drawn)
-        plan = tuple((name, draw(_BEHAVIOUR_LISTS)) for name in KNOWN_TOOLS)
-        return TurnScript(
+        plan = tuple((name, draw(behaviour_lists)) for name in KNOWN_TOOLS)
+        script = TurnScript(
             passes=tuple(drawn),
             tool_plan=tuple((name, b) for name, b in plan if b),
-            signals=tuple(draw(_SIGNAL) for _ in range(draw(counts))),
+            signals=tuple(draw(signal) for _ in range(draw(counts))),
             delivery_delay=draw(_DELAYS),
             failing_delivery=draw(_FAILING),
             tools_allowed=draw(_ALLOWED),
             prefill=draw(_PREFILLS),
             continuation_style=draw(_BOOLEANS),
         )
+        if not hostile:
+            return script
+        quotes_key = any(isinstance(i, EchoKey) for items in drawn for i in items)
+        return attrs.evolve(
+            script,
+            sends=draw(_SEND_PLANS),
+            notices=draw(_NOTICE_PLANS),
+            provider_key=draw(_KEYS) if quotes_key else None,
+        )
 
     return scripts()
 
 
-def _with_call_ids(passes: Sequence[tuple[ScriptItem, ...]]) -> list[tuple[ScriptItem, ...]]:
+def _with_call_ids(
+    passes: Sequence[tuple[HostileItem, ...]],
+) -> list[tuple[HostileItem, ...]]:
     """Give the calls provider call ids, unique across the turn as real providers do."""
-    out: list[tuple[ScriptItem, ...]] = []
+    out: list[tuple[HostileItem, ...]] = []
     n = 0
     for items in passes:
-        new: list[ScriptItem] = []
+        new: list[HostileItem] = []
         for item in items:
             if isinstance(item, FunctionCall):
                 item = FunctionCall(item.name, item.arguments, f"call_{n}", item.truncated,
@@ -477,11 +607,30 @@ _SUPPRESS_SETS: tuple[frozenset[str], ...] = (
 )
 
 
-def loop_policies(*, max_iterations: int = 8) -> st.SearchStrategy[LoopPolicy]:
+def loop_policies(
+    *, max_iterations: int = 8, hostile: bool = False
+) -> st.SearchStrategy[LoopPolicy]:
     """`LoopPolicy` values with small ceilings and short budgets, so limits are reached:
     1–``max_iterations`` passes, soft warning at 1–5, 1–4 consecutive tool errors, 1–3
     continuation failures, budgets of seconds (a pass's total budget included, so that a
-    steadily streaming pass can run out of it), and flushes every 1–50 characters."""
+    steadily streaming pass can run out of it), and flushes every 1–50 characters. With
+    ``hostile``, the host-call budget, the cancellation grace and the pass budget are drawn
+    short too (defaults first)."""
+    kind = _kind_policies(max_iterations)
+    if not hostile:
+        return kind
+    return st.builds(
+        lambda policy, host, grace, pass_budget: attrs.evolve(
+            policy, host_call_timeout=host, cancel_grace=grace, max_pass_duration=pass_budget
+        ),
+        kind,
+        st.sampled_from((30.0, 5.0, 1.0)),
+        st.sampled_from((2.0, 0.5, 5.0)),
+        st.sampled_from((900.0, 60.0, 20.0, 8.0)),
+    )
+
+
+def _kind_policies(max_iterations: int) -> st.SearchStrategy[LoopPolicy]:
     return st.builds(
         LoopPolicy,
         # sampled_from, not integers(): Hypothesis draws integers' bounds far more often
@@ -509,10 +658,11 @@ class ScriptRun:
     policy: LoopPolicy
     request: TurnRequest
     result: GenerationTurnResult
-    channel: RecordingChannel
-    provider: ScriptedProvider
+    channel: HostileChannel
+    provider: HostileProvider
     tools: ToolRegistry
-    #: per provider pass, the chunks the provider actually yielded
+    #: per provider pass, the chunks the provider actually yielded (a call's arguments as
+    #: they were when it was yielded, before any tool could touch them)
     streamed: tuple[tuple[Chunk, ...], ...]
     #: every tool handler start, in order
     executions: tuple[ToolExecution, ...]
@@ -520,6 +670,13 @@ class ScriptRun:
     elapsed: float
     #: (virtual instant, kind) of each host signal that fired before the result
     signals_fired: tuple[tuple[float, str], ...] = field(default=())
+    #: what each signal call raised (a signal fired from another thread must not raise)
+    signal_errors: tuple[BaseException, ...] = field(default=())
+    #: host code (tools, channel calls) still running when the turn returned, as the engine
+    #: names a call it abandons
+    running_at_return: tuple[str, ...] = field(default=())
+    #: the library's log records during the run (captured when the provider holds a key)
+    log_text: str = ""
 
     def check(self) -> None:
         """Run `check_invariants` with every witness; raises `InvariantViolation`."""
@@ -533,14 +690,20 @@ class ScriptRun:
             streamed=self.streamed,
             tools=self.tools,
             request=self.request,
+            keys=(self.script.provider_key,) if self.script.provider_key else (),
+            log_text=self.log_text,
+            running_at_return=self.running_at_return,
+            signal_errors=self.signal_errors,
         )
 
 
 class _TapProvider:
     """Wraps the scripted provider and records every chunk it actually yields, per pass
-    (what the provider *reported*, independent of what the engine did with it)."""
+    (what the provider *reported*, independent of what the engine did with it). A call is
+    recorded with a deep copy of its arguments: a tool that mutates the arguments it was
+    handed must not rewrite the witness."""
 
-    def __init__(self, inner: ScriptedProvider) -> None:
+    def __init__(self, inner: HostileProvider) -> None:
         self.inner = inner
         self.name = inner.name
         self.continuation_style = inner.continuation_style
@@ -554,7 +717,7 @@ class _TapProvider:
     async def _tap(self, source: AsyncIterator[Chunk], chunks: list[Chunk]) -> AsyncIterator[Chunk]:
         try:
             async for chunk in source:
-                chunks.append(chunk)
+                chunks.append(_snapshot(chunk))
                 yield chunk
         finally:
             aclose = getattr(source, "aclose", None)
@@ -563,15 +726,30 @@ class _TapProvider:
                     await aclose()
 
 
+def _snapshot(chunk: Chunk) -> Chunk:
+    if isinstance(chunk, FunctionCall) and isinstance(chunk.arguments, dict | list):
+        return attrs.evolve(chunk, arguments=copy.deepcopy(chunk.arguments))
+    return chunk
+
+
+def _fresh(passes: Sequence[Sequence[HostileItem]]) -> list[tuple[HostileItem, ...]]:
+    """The script's passes with every call's arguments copied: the drawn script (and the
+    shared menus it came from) stay as drawn whatever a tool does to its arguments."""
+    return [tuple(_snapshot(i) if isinstance(i, FunctionCall) else i for i in p) for p in passes]
+
+
 def build_tools(
     script: TurnScript,
     *,
     clock: VirtualClock,
     signals: TurnSignals,
     executions: list[ToolExecution],
+    stragglers: Stragglers | None = None,
 ) -> ToolRegistry:
     """The registry of `KNOWN_TOOLS`, each playing its plan from ``script`` and recording
-    every execution (with whether a stop had been requested at that instant)."""
+    every execution (with whether a stop had been requested at that instant). A tool that
+    ignores its cancellation waits on ``stragglers`` (a fresh set when not given)."""
+    held = stragglers if stragglers is not None else Stragglers()
     tools = []
     for shape in _SHAPES:
         tools.append(
@@ -580,7 +758,7 @@ def build_tools(
                 f"scripted {shape.name}",
                 {"type": "object", "properties": {}},
                 _scripted_handler(shape.name, script.plan_for(shape.name), clock, signals,
-                                  executions),
+                                  executions, held),
                 requires_follow_up=shape.requires_follow_up,
                 timeout=shape.timeout,
             )
@@ -594,6 +772,7 @@ def _scripted_handler(
     clock: VirtualClock,
     signals: TurnSignals,
     executions: list[ToolExecution],
+    stragglers: Stragglers,
 ) -> Any:
     calls = 0
 
@@ -603,34 +782,73 @@ def _scripted_handler(
         calls += 1
         execution = ToolExecution(
             name,
-            dict(arguments),
+            copy.deepcopy(arguments),
             ctx.dispatch,
             clock.now(),
             signals.stop_requested,
             iteration=ctx.iteration,
         )
         executions.append(execution)
-        if behaviour.action is ToolAction.HANG:
-            await asyncio.Event().wait()
-        if behaviour.delay > 0:
-            await ctx.clock.sleep(behaviour.delay)
-        execution.finished_at = clock.now()
-        if behaviour.action is ToolAction.RAISE:
-            execution.outcome = "raised"
-            raise RuntimeError(f"{name} blew up")
-        success = behaviour.action is ToolAction.SUCCEED
-        execution.outcome = "succeeded" if success else "failed"
-        return ToolResult(
-            success=success,
-            data=behaviour.data,
-            message=behaviour.message,
-            end_turn=behaviour.end_turn,
-            delivered=behaviour.delivered,
-            expression=behaviour.expression,
-            context_restart=behaviour.context_restart if success else None,
-        )
+        try:
+            return await _act_out(behaviour, name, arguments, ctx, execution, stragglers)
+        finally:
+            execution.ended_at = clock.now()
 
     return handler
+
+
+async def _act_out(
+    behaviour: ToolBehaviour,
+    name: str,
+    arguments: dict[str, Any],
+    ctx: ToolContext,
+    execution: ToolExecution,
+    stragglers: Stragglers,
+) -> ToolResult:
+    action = behaviour.action
+    if action is ToolAction.HANG:
+        await asyncio.Event().wait()
+    if action is ToolAction.IGNORE_CANCELLATION:
+
+        def noted() -> None:
+            execution.cancel_ignored = True
+
+        await stragglers.ignore_cancellation(execution.label, noted)
+    if behaviour.delay > 0:
+        await ctx.clock.sleep(behaviour.delay)
+    execution.finished_at = ctx.clock.now()
+    if action is ToolAction.RAISE:
+        execution.outcome = "raised"
+        raise RuntimeError(f"{name} blew up")
+    if action is ToolAction.RAISE_BASE_EXCEPTION:
+        execution.outcome = "raised"
+        raise RogueBaseException(f"{name} gave up in its own way")
+    if action is ToolAction.RAISE_GENERATOR_EXIT:
+        execution.outcome = "raised"
+        raise GeneratorExit(f"{name} closed itself")
+    if action is ToolAction.MUTATE_ARGUMENTS:
+        mutate_in_place(arguments)
+    success = action is not ToolAction.FAIL
+    execution.outcome = "succeeded" if success else "failed"
+    return ToolResult(
+        success=success,
+        data=behaviour.data,
+        message=behaviour.message,
+        end_turn=behaviour.end_turn,
+        delivered=behaviour.delivered,
+        expression=behaviour.expression,
+        context_restart=behaviour.context_restart if success else None,
+    )
+
+
+class _LogCapture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # the message and any exception text: both are places a key could be written
+        self.lines.append(self.format(record))
 
 
 async def run_script(
@@ -642,60 +860,116 @@ async def run_script(
 ) -> ScriptRun:
     """Run ``script`` under ``policy`` through `run_tool_loop` on a fresh `VirtualClock`.
 
-    Builds the scripted provider (tapped, to record what it streams), a `RecordingChannel`
-    (with the script's delivery delay and failing delivery), the tool registry, the
-    `TurnSignals` and one task per timed signal; returns a `ScriptRun`. ``real_timeout``
-    guards against a deadlocked run (real seconds; a virtual-time run takes milliseconds);
-    ``on_step`` sees every trace step as it happens (passed to `run_tool_loop`). The signal
-    tasks are finished when this returns (the pump finishes its own), so one event loop can
-    run many scripts; the clock's idle-jumper task ends by itself once its timers are gone.
+    Builds the provider (tapped, to record what it streams; an endless trickle stops past
+    the policy's pass budget), a `HostileChannel` (with the script's delivery delay, failing
+    delivery and plans), the tool registry, the `TurnSignals` and one task per timed signal;
+    returns a `ScriptRun`. A script whose provider holds a key runs as a one-model
+    generation turn (`run_generation_turn`, one key, one try), with the library's log records
+    captured. ``real_timeout`` guards against a run that never returns (real seconds; a
+    virtual-time run takes milliseconds), also when host code ignores its cancellation;
+    ``on_step`` sees every step of the tool loop as it happens. Code that ignored its
+    cancellation is released once the turn has returned, and the signal tasks are finished,
+    so one event loop can run many scripts; the clock's idle-jumper task ends by itself
+    once its timers are gone.
+
+    A turn that raises an exception raises it here; one that raises a `BaseException` that
+    is not the caller's cancellation (a tool's own subclass, `GeneratorExit`) breaks
+    invariant 1, and one that has not returned after ``real_timeout`` breaks invariant 6
+    (`InvariantViolation` for both).
     """
     clock = VirtualClock()
     signals = TurnSignals()
+    stragglers = Stragglers()
     executions: list[ToolExecution] = []
-    provider = ScriptedProvider(script.passes, clock=clock,
-                                continuation_style=script.continuation_style)
-    tap = _TapProvider(provider)
-    channel = RecordingChannel(
+    provider = HostileProvider(
+        _fresh(script.passes),
         clock=clock,
+        api_key=script.provider_key,
+        inactivity_timeout=policy.inactivity_timeout,
+        # well past the pass budget and whatever slack the time bound allows
+        trickle_past=2 * policy.max_pass_duration
+        + policy.effective_first_token_timeout
+        + max(policy.inactivity_timeout, policy.abandoned_stream_settle),
+        continuation_style=script.continuation_style,
+    )
+    tap = _TapProvider(provider)
+    channel = HostileChannel(
+        clock=clock,
+        host_call_timeout=policy.host_call_timeout,
+        stragglers=stragglers,
+        sends=script.sends,
+        notices=script.notices,
         delivery_delay=script.delivery_delay,
         fail_when=_nth_delivery_fails(script.failing_delivery),
     )
-    tools = build_tools(script, clock=clock, signals=signals, executions=executions)
+    tools = build_tools(script, clock=clock, signals=signals, executions=executions,
+                        stragglers=stragglers)  # fmt: skip
     request = script.request()
     fired: list[tuple[float, str]] = []
+    signal_errors: list[BaseException] = []
 
-    async def send(signal: TimedSignal) -> None:
-        await clock.sleep(signal.at)
-        fired.append((clock.now(), signal.kind))
+    def fire(signal: TimedSignal) -> None:
         if signal.kind == "stop":
             signals.request_stop(signal.stop_message)
         else:
             signals.follow_up()
 
+    async def send(signal: TimedSignal) -> None:
+        await clock.sleep(signal.at)
+        fired.append((clock.now(), signal.kind))
+        if signal.from_thread:
+            raised = fire_from_thread(lambda: fire(signal))
+            if raised is not None:
+                signal_errors.append(raised)
+        else:
+            fire(signal)
+
+    capture: _LogCapture | None = None
+    library_logger = logging.getLogger("toolloop_fsm")
+    previous_level = library_logger.level
+    if script.provider_key is not None:
+        capture = _LogCapture()
+        library_logger.addHandler(capture)
+        library_logger.setLevel(logging.DEBUG)
     loop = asyncio.get_running_loop()
     # strong references: the loop itself only keeps tasks weakly
     senders = [loop.create_task(send(signal)) for signal in script.signals]
     started = clock.now()
     try:
-        turn = run_tool_loop(tap, tools, channel, request, policy=policy, signals=signals,
-                             clock=clock, continuation_style=script.continuation_style,
-                             on_step=on_step)
-        if real_timeout is None:
-            result = await turn
-        else:
-            try:
-                async with asyncio.timeout(real_timeout):
-                    result = await turn
-            except TimeoutError:
-                from toolloop_fsm.testing.invariants import InvariantViolation
-
-                raise InvariantViolation(
-                    6, f"the run did not finish within {real_timeout:g} real seconds "
-                       f"(virtual time {clock.now():g}); a wait without a deadline?"
-                ) from None
+        turn = _turn(script, tap, tools, channel, request, policy, signals, clock, on_step)
+        try:
+            if real_timeout is None:
+                result = await turn
+            else:
+                result = await returns_within(
+                    turn, real_timeout, stragglers=stragglers,
+                    running=lambda: _still_running(channel, executions),
+                )  # fmt: skip
+        except TurnDidNotReturn as err:
+            raise InvariantViolation(
+                6, f"the run did not finish within {real_timeout:g} real seconds "
+                   f"(virtual time {clock.now():g}); a wait without a deadline, or host code "
+                   f"ignoring its cancellation awaited forever (still running: "
+                   f"{err.running or 'no host code'})"
+            ) from None
+        except (Exception, KeyboardInterrupt, SystemExit):
+            raise  # an ordinary exception is reported as it is (Hypothesis shrinks on it)
+        except BaseException as err:
+            # a tool's own BaseException, a GeneratorExit or a stray cancellation escaping the
+            # turn would stop Hypothesis itself: it is a broken invariant like any other
+            task = asyncio.current_task()
+            if isinstance(err, asyncio.CancelledError) and task is not None and task.cancelling():
+                raise  # the caller's own cancellation
+            raise InvariantViolation(
+                1, f"the turn raised {type(err).__name__}: {err} instead of returning a result"
+            ) from err
         elapsed = clock.now() - started
+        running = tuple(_still_running(channel, executions))
     finally:
+        stragglers.release()
+        if capture is not None:
+            library_logger.removeHandler(capture)
+            library_logger.setLevel(previous_level)
         # not asyncio.all_tasks(): it walks every task not yet garbage-collected
         leftover = [task for task in senders if not task.done()]
         for task in leftover:
@@ -714,7 +988,43 @@ async def run_script(
         executions=tuple(executions),
         elapsed=elapsed,
         signals_fired=tuple(fired),
+        signal_errors=tuple(signal_errors),
+        running_at_return=running,
+        log_text="\n".join(capture.lines) if capture is not None else "",
     )
+
+
+def _turn(
+    script: TurnScript,
+    provider: _TapProvider,
+    tools: ToolRegistry,
+    channel: HostileChannel,
+    request: TurnRequest,
+    policy: LoopPolicy,
+    signals: TurnSignals,
+    clock: VirtualClock,
+    on_step: Callable[[TraceStep], None] | None,
+) -> Any:
+    """The turn's coroutine: the tool loop itself, or, for a provider holding a key, a
+    generation turn of one model with that one key (the tier that is given keys)."""
+    if script.provider_key is None:
+        return run_tool_loop(provider, tools, channel, request, policy=policy, signals=signals,
+                             clock=clock, continuation_style=script.continuation_style,
+                             on_step=on_step)  # fmt: skip
+    attempt = Attempt(lambda _key: provider, keys=(script.provider_key,), label="hostile")
+    report = None if on_step is None else (lambda _attempt, step: on_step(step))
+    return run_generation_turn(
+        [attempt], tools, channel, request,
+        policy=TurnPolicy(loop=policy, max_key_attempts_per_model=1),
+        signals=signals, clock=clock, on_attempt_step=report,
+    )  # fmt: skip
+
+
+def _still_running(channel: HostileChannel, executions: Sequence[ToolExecution]) -> list[str]:
+    """Host code not finished: channel calls and tool runs, named as the engine names them."""
+    names = [call.label for call in channel.running()]
+    names += [e.label for e in executions if e.ended_at is None]
+    return names
 
 
 def _nth_delivery_fails(index: int | None) -> Any:

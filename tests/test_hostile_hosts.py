@@ -1,0 +1,452 @@
+"""Regression tests: host code that hangs, raises the wrong thing, ignores its cancellation,
+mutates what it was handed or calls in from another thread cannot keep a turn from
+returning, lose a confirmed delivery or rewrite the history.
+
+One test per defect, each on a virtual clock (no real sleeping) and each behind a real-time
+guard (`returns_within`, which, unlike a plain `asyncio.timeout`, still ends when the code
+under test swallows its cancellation), so that a regression is a failure, not a hung suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from tests.inner_kit import USER, Executions, Turn, hang, make_tool, run_turn
+from toolloop_fsm import (
+    Attempt,
+    FunctionCall,
+    GenerationTurnResult,
+    LoopPolicy,
+    ProviderError,
+    SharedRoute,
+    TextDelta,
+    Tool,
+    ToolContext,
+    ToolResult,
+    TurnPolicy,
+    TurnRequest,
+    TurnSignals,
+    TurnStatus,
+    run_generation_turn,
+)
+from toolloop_fsm.attempts import AdmissionRequest
+from toolloop_fsm.testing import Fail, Pause, ScriptedProvider, ScriptItem, VirtualClock
+from toolloop_fsm.testing.hostile import (
+    ChannelAct,
+    HostileChannel,
+    HostileProvider,
+    Stragglers,
+    Trickle,
+    fire_from_thread,
+    returns_within,
+)
+
+#: Real seconds any one turn may take before the test calls it hung (a virtual-time turn
+#: takes milliseconds).
+GUARD = 10.0
+#: Float slack for virtual instants.
+EPSILON = 1e-6
+WEATHER = FunctionCall("get_weather", {"city": "Paris"})
+
+
+def hostile_turn(
+    passes: Sequence[Sequence[Any]],
+    policy: LoopPolicy,
+    *,
+    sends: Sequence[ChannelAct] = (),
+    notices: Sequence[ChannelAct] = (),
+    delivery_delay: float = 0.0,
+    provider: ScriptedProvider | None = None,
+) -> tuple[Turn, HostileChannel, Stragglers]:
+    clock = VirtualClock()
+    stragglers = Stragglers()
+    channel = HostileChannel(
+        clock=clock,
+        host_call_timeout=policy.host_call_timeout,
+        stragglers=stragglers,
+        sends=sends,
+        notices=notices,
+        delivery_delay=delivery_delay,
+    )
+    turn = Turn(
+        clock=clock,
+        provider=provider if provider is not None else ScriptedProvider(passes, clock=clock),
+        channel=channel,
+        signals=TurnSignals(),
+        executions=Executions(),
+    )
+    return turn, channel, stragglers
+
+
+async def guarded(
+    turn: Turn,
+    tools: Sequence[Tool],
+    stragglers: Stragglers,
+    *,
+    policy: LoopPolicy,
+    at: Sequence[tuple[float, Any]] = (),
+) -> GenerationTurnResult:
+    """Run the turn behind the real-time guard; release what ignored its cancellation."""
+    channel = turn.channel
+    running = channel.running if isinstance(channel, HostileChannel) else list
+    try:
+        return await returns_within(
+            run_turn(turn, tools, policy=policy, at=at), GUARD, stragglers=stragglers,
+            running=lambda: [call.label for call in running()],
+        )  # fmt: skip
+    finally:
+        stragglers.release()
+
+
+def texts(result: GenerationTurnResult) -> list[str]:
+    return [d.text for d in result.delivered if d.text is not None]
+
+
+# --------------------------------------------------------------------------- the channel
+async def test_a_notice_that_never_returns_does_not_keep_the_turn_from_returning() -> None:
+    policy = LoopPolicy(inactivity_timeout=5, first_token_timeout=5, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn(
+        [[TextDelta("Checking"), Pause(400)]], policy, notices=(ChannelAct.HANG,)
+    )
+
+    result = await guarded(turn, [], stragglers, policy=policy)
+
+    assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
+    assert texts(result) == channel.texts == ["Checking"]
+    assert [call.method for call in channel.calls][-1] == "send_notice"
+    # the stall (5 s), the settle window, and at most one host-call budget for the notice
+    bound = 5 + policy.abandoned_stream_settle + policy.host_call_timeout
+    assert turn.clock.now() <= bound + EPSILON
+
+
+async def test_a_send_that_never_returns_ends_the_turn_host_timeout_keeping_confirmed_ones() -> (
+    None
+):
+    policy = LoopPolicy(inactivity_timeout=120, host_call_timeout=30, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn(
+        [[TextDelta("Hello"), TextDelta(" world")]],
+        policy,
+        sends=(ChannelAct.CONFIRM, ChannelAct.HANG),
+    )
+
+    result = await guarded(turn, [], stragglers, policy=policy)
+
+    assert (result.status, result.reason) == (TurnStatus.ERROR, "host_timeout")
+    assert texts(result) == channel.texts == ["Hello"]
+    assert turn.clock.now() <= policy.host_call_timeout + EPSILON
+
+
+async def test_a_channel_that_ignores_its_cancellation_is_abandoned_and_named() -> None:
+    policy = LoopPolicy(
+        inactivity_timeout=120, host_call_timeout=30, cancel_grace=2, delivery_flush_chars=1
+    )
+    turn, channel, stragglers = hostile_turn(
+        [[TextDelta("Hello"), TextDelta(" world")]],
+        policy,
+        sends=(ChannelAct.CONFIRM, ChannelAct.IGNORE_CANCELLATION),
+    )
+
+    result = await guarded(turn, [], stragglers, policy=policy)
+
+    assert (result.status, result.reason) == (TurnStatus.ERROR, "host_timeout")
+    assert result.abandoned_calls == ("channel.send_text",)
+    assert channel.calls[1].cancel_ignored  # it really was cancelled, and swallowed it
+    assert texts(result) == channel.texts == ["Hello"]
+    assert turn.clock.now() <= policy.host_call_timeout + policy.cancel_grace + EPSILON
+
+
+# --------------------------------------------------------------------------- tools
+async def test_a_tool_that_ignores_cancellation_after_its_deadline_is_abandoned_and_named() -> (
+    None
+):
+    policy = LoopPolicy(tool_timeout=10, cancel_grace=2, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn(
+        [[WEATHER], [TextDelta("Sorry, no weather today.")]], policy
+    )
+    dispatches: list[int] = []
+
+    async def stubborn(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        dispatches.append(ctx.dispatch)
+        await stragglers.ignore_cancellation(f"tool get_weather (dispatch {ctx.dispatch})")
+        raise AssertionError("released only after the turn returned")
+
+    tool = make_tool("get_weather", turn.executions, turn.clock, stubborn)
+
+    result = await guarded(turn, [tool], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    assert not result.history[0].response.success  # the deadline's failed result
+    assert result.abandoned_calls == (f"tool get_weather (dispatch {dispatches[0]})",)
+    assert stragglers.cancel_ignored  # cancelled at its deadline, and it swallowed that
+    assert channel.text == "Sorry, no weather today."
+    assert turn.clock.now() <= policy.tool_timeout + policy.cancel_grace + EPSILON
+
+
+class QuotaExhausted(BaseException):
+    """A host library's own BaseException subclass (as some SDKs define)."""
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [QuotaExhausted("monthly quota used up"), GeneratorExit("the client closed itself")],
+    ids=["custom BaseException", "GeneratorExit"],
+)
+async def test_a_tool_raising_a_base_exception_fails_the_call_at_once(
+    raised: BaseException,
+) -> None:
+    policy = LoopPolicy(tool_timeout=300, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn(
+        [[WEATHER], [TextDelta("The weather service is unavailable.")]], policy
+    )
+
+    async def breaks(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        raise raised
+
+    tool = make_tool("get_weather", turn.executions, turn.clock, breaks)
+
+    result = await guarded(turn, [tool], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    response = result.history[0].response
+    assert not response.success
+    assert type(raised).__name__ in (response.reason or "")  # shown to the model by name
+    assert channel.text == "The weather service is unavailable."
+    # failed at once: no wait for the 300-second tool deadline
+    assert turn.clock.now() < 1.0
+
+
+def test_keyboard_interrupt_from_a_tool_reaches_the_caller_after_the_turns_children_are_cancelled() -> (  # noqa: E501
+    None
+):
+    policy = LoopPolicy(host_call_timeout=100, delivery_flush_chars=1)
+    seen_at_raise: list[list[str | None]] = []
+
+    async def main() -> tuple[str, list[str | None]]:
+        turn, channel, _stragglers = hostile_turn(
+            [[TextDelta("Let me look."), WEATHER], [TextDelta("never")]],
+            policy,
+            sends=(ChannelAct.SLOW_WITHIN,),  # the first delivery takes 50 s
+        )
+
+        async def interrupted(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+            await ctx.clock.sleep(1)
+            seen_at_raise.append([call.outcome for call in channel.calls])
+            raise KeyboardInterrupt
+
+        tool = make_tool("get_weather", turn.executions, turn.clock, interrupted)
+        try:
+            async with asyncio.timeout(GUARD):
+                await run_turn(turn, [tool], policy=policy)
+        except KeyboardInterrupt:
+            return "caught by the caller", [call.outcome for call in channel.calls]
+        return "returned", []
+
+    try:
+        outcome, outcomes = asyncio.run(main())
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped the event loop instead of reaching the caller")
+    assert seen_at_raise == [[None]]  # the delivery was still in flight when the tool raised
+    assert outcome == "caught by the caller"
+    assert outcomes == ["cancelled"]  # the in-flight delivery was cancelled first
+
+
+async def test_a_tool_that_mutates_its_arguments_leaves_the_history_as_the_model_sent_it() -> (
+    None
+):
+    sent = {"cities": ["Oslo", "Lima"], "units": {"temp": "C"}, "days": 2}
+    policy = LoopPolicy(delivery_flush_chars=1)
+    turn, _channel, stragglers = hostile_turn(
+        [[FunctionCall("get_weather", {"cities": ["Oslo", "Lima"], "units": {"temp": "C"},
+                                       "days": 2})],
+         [TextDelta("Mild in both.")]],
+        policy,
+    )  # fmt: skip
+
+    async def careless(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        arguments["cities"].append("Paris")
+        arguments["units"]["temp"] = "F"
+        arguments["days"] = 7
+        arguments["injected"] = True
+        return ToolResult(data={"ok": True})
+
+    tool = make_tool("get_weather", turn.executions, turn.clock, careless)
+
+    result = await guarded(turn, [tool], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    assert result.history[0].call.arguments == sent
+    # and the follow-up request told the model what it really asked for
+    assert turn.provider.requests[1].history[0].call.arguments == sent
+
+
+# --------------------------------------------------------------------------- signals
+async def test_a_stop_requested_from_another_thread_stops_the_turn_at_that_instant() -> None:
+    policy = LoopPolicy(tool_timeout=300, delivery_flush_chars=1)
+    turn, _channel, stragglers = hostile_turn([[WEATHER], [TextDelta("never")]], policy)
+    tool = make_tool("get_weather", turn.executions, turn.clock, hang)
+    thread_errors: list[BaseException | None] = []
+
+    def stop_from_a_thread(signals: TurnSignals) -> None:
+        thread_errors.append(fire_from_thread(signals.request_stop))
+
+    result = await guarded(turn, [tool], stragglers, policy=policy, at=[(5.0, stop_from_a_thread)])
+
+    assert thread_errors == [None]  # the signal itself did not raise in its thread
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert turn.clock.now() <= 5.0 + EPSILON  # not at the 300-second tool deadline
+
+
+# --------------------------------------------------------------------------- the provider
+async def test_a_stream_that_trickles_forever_ends_timeout_at_the_pass_budget() -> None:
+    policy = LoopPolicy(
+        inactivity_timeout=10, first_token_timeout=10, max_pass_duration=60,
+        delivery_flush_chars=1,
+    )  # fmt: skip
+    clock_turn, channel, stragglers = hostile_turn([], policy)
+    provider = HostileProvider(
+        [[TextDelta("Thinking"), Trickle()]], clock=clock_turn.clock, inactivity_timeout=10
+    )
+    turn = Turn(clock_turn.clock, provider, channel, clock_turn.signals, clock_turn.executions)
+
+    result = await guarded(turn, [], stragglers, policy=policy)
+
+    assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "pass_duration_timeout")
+    assert channel.text.startswith("Thinking.")
+    assert texts(result) == channel.texts
+    assert (
+        policy.max_pass_duration
+        <= turn.clock.now()
+        <= policy.max_pass_duration + policy.abandoned_stream_settle + EPSILON
+    )
+
+
+# --------------------------------------------------------------------------- a stop's race
+async def test_a_delivery_confirmed_at_the_instant_of_a_stop_is_kept() -> None:
+    # The stop's timer is armed first, so at t=3 it fires before the delivery's own timer;
+    # the stop message takes a while to queue, and the delivery confirms meanwhile.
+    policy = LoopPolicy(inactivity_timeout=120, host_call_timeout=10, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn(
+        [[TextDelta("Hello"), Pause(100)]],
+        policy,
+        notices=(ChannelAct.SLOW_WITHIN,),  # queueing the stop message takes 5 s
+        delivery_delay=3.0,
+    )
+
+    def stop(signals: TurnSignals) -> None:
+        signals.request_stop("stopping now")
+
+    result = await guarded(turn, [], stragglers, policy=policy, at=[(3.0, stop)])
+
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    delivery = channel.calls[0]
+    assert (delivery.method, delivery.finished_at) == ("send_text", 3.0)  # the race was run
+    # whichever won, what the channel confirmed is what the result says was delivered
+    assert texts(result) == channel.texts
+
+
+# --------------------------------------------------------------------------- the outer tier
+def server_error() -> ProviderError:
+    return ProviderError("503 overloaded", kind="server", retryable=True, status_code=503)
+
+
+async def generate(
+    attempts: Sequence[Attempt],
+    channel: HostileChannel,
+    clock: VirtualClock,
+    stragglers: Stragglers,
+    *,
+    policy: TurnPolicy,
+    shared_route: SharedRoute | None = None,
+) -> GenerationTurnResult:
+    try:
+        return await returns_within(
+            run_generation_turn(
+                attempts, [], channel, TurnRequest(USER), policy=policy, clock=clock,
+                shared_route=shared_route,
+            ),
+            GUARD,
+            stragglers=stragglers,
+            running=lambda: [call.label for call in channel.running()],
+        )  # fmt: skip
+    finally:
+        stragglers.release()
+
+
+def outer_world(
+    *, hooks: Sequence[ChannelAct] = (), notices: Sequence[ChannelAct] = ()
+) -> tuple[VirtualClock, HostileChannel, Stragglers, TurnPolicy]:
+    clock = VirtualClock()
+    stragglers = Stragglers()
+    policy = TurnPolicy(loop=LoopPolicy(host_call_timeout=30, delivery_flush_chars=1))
+    channel = HostileChannel(
+        clock=clock, host_call_timeout=30, stragglers=stragglers, hooks=hooks, notices=notices
+    )
+    return clock, channel, stragglers, policy
+
+
+def failing_then_answering(clock: VirtualClock) -> list[Attempt]:
+    first: list[ScriptItem] = [TextDelta("The answer "), Fail(server_error())]
+    return [
+        Attempt(ScriptedProvider([first], clock=clock), label="primary"),
+        Attempt(ScriptedProvider([[TextDelta("is 42.")]], clock=clock), label="backup"),
+    ]
+
+
+async def test_a_superseded_mark_that_never_returns_does_not_keep_the_turn_from_returning() -> (
+    None
+):
+    clock, channel, stragglers, policy = outer_world(hooks=(ChannelAct.HANG,))
+
+    result = await generate(failing_then_answering(clock), channel, clock, stragglers,
+                            policy=policy)  # fmt: skip
+
+    assert result.status is TurnStatus.COMPLETED
+    assert channel.text == "The answer is 42."
+    assert [call.method for call in channel.calls if call.act is ChannelAct.HANG] == [
+        "attempt_superseded"
+    ]
+    assert clock.now() <= policy.loop.host_call_timeout + EPSILON
+
+
+async def test_an_admission_policy_that_never_answers_does_not_keep_the_turn_from_returning() -> (
+    None
+):
+    clock, channel, stragglers, policy = outer_world()
+    shared = ScriptedProvider([[TextDelta("from the shared route")]], clock=clock)
+    asked: list[AdmissionRequest] = []
+
+    async def admit(request: AdmissionRequest) -> bool:
+        asked.append(request)
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    primary = ScriptedProvider([[Fail(server_error())]], clock=clock)
+    result = await generate(
+        [Attempt(primary, label="primary")], channel, clock, stragglers, policy=policy,
+        shared_route=SharedRoute((Attempt(shared, label="shared"),), admit),
+    )  # fmt: skip
+
+    assert len(asked) == 1
+    assert result.status is TurnStatus.ERROR  # no answer is no admission
+    assert shared.requests == []
+    assert clock.now() <= policy.loop.host_call_timeout + EPSILON
+
+
+async def test_a_notice_that_never_returns_does_not_keep_a_generation_turn_from_returning() -> (
+    None
+):
+    clock, channel, stragglers, policy = outer_world(notices=(ChannelAct.HANG,))
+
+    result = await generate(failing_then_answering(clock), channel, clock, stragglers,
+                            policy=policy)  # fmt: skip
+
+    assert result.status is TurnStatus.COMPLETED
+    assert channel.text == "The answer is 42."
+    assert [call.method for call in channel.calls if call.act is ChannelAct.HANG] == [
+        "send_notice"
+    ]
+    assert clock.now() <= policy.loop.host_call_timeout + EPSILON
