@@ -58,6 +58,7 @@ from toolloop_fsm.effects import (
     SupersedeAttempt,
     UpdateKeyHealth,
 )
+from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.events import (
     CHUNK_TYPES,
     AdmissionDecided,
@@ -555,6 +556,16 @@ class EventPump:
                                 retryable=True,
                             )
                         )
+                    elif isinstance(err, InvalidEvent | ValueError | TypeError):
+                        # a chunk the machine refuses (a malformed field, non-finite usage)
+                        # is the provider's protocol failure, not a crash of the turn
+                        self._feed(
+                            StreamFailed(
+                                f"the provider sent a malformed {type(chunk).__name__}: {err}",
+                                kind="protocol",
+                                retryable=True,
+                            )
+                        )
                     else:
                         self._fail(err)
                     return
@@ -723,7 +734,8 @@ class EventPump:
             self._outcomes.append(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
             return
         self._delivery_task = self._spawn(
-            self._deliver_in_order(effect, _resume(coroutine, waiting_on)), "channel deliveries"
+            self._deliver_in_order(effect, _resume(coroutine, waiting_on)),
+            "channel.send_expression" if effect.expression is not None else "channel.send_text",
         )
 
     async def _deliver_in_order(

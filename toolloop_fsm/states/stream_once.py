@@ -95,6 +95,11 @@ def take_thought(turn: TurnState, event: ThoughtDelta) -> None:
 
 
 def take_usage(turn: TurnState, event: UsageReport) -> None:
+    """Fold a usage report into the pass's entry. A count that is not a finite whole number
+    is refused (the pump turns that into the provider's protocol failure)."""
+    for count in (event.input_tokens, event.output_tokens):
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"usage counts are whole numbers >= 0, got {count!r}")
     previous = turn.pass_usage
     if event.cumulative or previous is None:
         turn.pass_usage = UsageEntry(

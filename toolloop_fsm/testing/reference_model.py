@@ -420,7 +420,7 @@ class _Simulation:
         if number == self.policy.soft_warn_iteration + 1:
             self.notices.append("still_working")
         items = self.script.passes[number - 1] if number <= len(self.script.passes) else ()
-        self.passes.append(_Pass(number, self.now, tuple(items)))
+        self.passes.append(_Pass(number, self.now, tuple(items)))  # type: ignore[arg-type]
         self.phase = "streaming"
         self.reading = True
 
@@ -832,7 +832,7 @@ def describe_script(script: TurnScript, policy: LoopPolicy) -> str:
     messages."""
     lines = [f"policy: {_policy_text(policy)}"]
     for number, items in enumerate(script.passes, 1):
-        lines.append(f"pass {number}: " + ", ".join(map(_item_text, items)))
+        lines.append(f"pass {number}: " + ", ".join(_item_text(item) for item in items))  # type: ignore[arg-type]
     for name, plan in script.tool_plan:
         lines.append(f"tool {name}: " + ", ".join(map(_behaviour_text, plan)))
     for signal in script.signals:
