@@ -1,11 +1,13 @@
-"""The invariant checker: DESIGN.md's run invariants as one function a test calls per run.
+"""The invariant checker: the run invariants of docs/invariants.md as one function a test calls
+per run.
 
-`check_invariants(result, policy=…, …)` checks the inner tier's invariants 1–8 of DESIGN.md
-against one finished run and raises `InvariantViolation` (an `AssertionError`, so pytest and
-Hypothesis treat it as a failed assertion) whose message starts ``invariant N:`` and says
-what was seen. Everything but ``result`` and ``policy`` is optional: each extra witness
-(the channel, the provider, the tool executions, the virtual time, the chunks the provider
-actually streamed, the tools, the request) switches on the checks that need it.
+`check_invariants(result, policy=…, …)` checks the inner tier's invariants 1–8
+(docs/invariants.md §1–§8) against one finished run and raises `InvariantViolation` (an
+`AssertionError`, so pytest and Hypothesis treat it as a failed assertion) whose message
+starts ``invariant N:`` and says what was seen. Everything but ``result`` and ``policy`` is
+optional: each extra witness (the channel, the provider, the tool executions, the virtual
+time, the chunks the provider actually streamed, the tools, the request) switches on the
+checks that need it.
 
 The checker does not trust the engine's own bookkeeping where a witness exists: tool calls
 are keyed here with an independent canonical form, usage is re-added from the chunks the
@@ -56,7 +58,7 @@ _EPSILON = 1e-6
 
 
 class InvariantViolation(AssertionError):
-    """A run broke one of DESIGN.md's invariants; ``invariant`` is its number."""
+    """A run broke one of the invariants of docs/invariants.md; ``invariant`` is its number."""
 
     def __init__(self, invariant: int, message: str) -> None:
         self.invariant = invariant
@@ -112,7 +114,7 @@ def check_invariants(
     tools: ToolRegistry | Iterable[Tool] | None = None,
     request: TurnRequest | None = None,
 ) -> None:
-    """Check one finished inner-tier run against DESIGN.md invariants 1–8.
+    """Check one finished inner-tier run against invariants 1–8 (docs/invariants.md).
 
     ``channel``: the `RecordingChannel` the run delivered to (invariant 5).
     ``provider``: the `ScriptedProvider` it streamed from — its ``requests`` (invariants 2
