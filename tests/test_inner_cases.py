@@ -1,5 +1,6 @@
-"""The inner-tier cases of SPEC §8, each as a named test, plus the inner behaviours of
-SPEC §2–§3 a user would notice. Time is virtual: a 300-second deadline costs microseconds."""
+"""The inner-tier cases every rule must have, each as a named test, plus the inner
+behaviours of docs/behaviour.md §2–§8 a user would notice. Time is virtual: a 300-second
+deadline costs microseconds."""
 
 from __future__ import annotations
 

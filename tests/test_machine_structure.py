@@ -119,7 +119,8 @@ def test_transient_state_ends_with_an_unconditional_advance(name: str, state: st
 
 
 # --------------------------------------------------------------------------- guard order
-#: SPEC §2.2 (stream end → tool gate → text rules) and §3 (after a tool call), per machine:
+#: docs/behaviour.md §2.4 (stream end → tool gate → text rules) and §4 (after a tool call),
+#: per machine:
 #: (source, trigger) → the guards in the order they must be tried; ``None`` = unconditional.
 SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
     "inner": {
@@ -310,8 +311,9 @@ def _violations(module: str, names: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("path", _sans_io_files(), ids=lambda p: _module_name(p))
 def test_sans_io_modules_import_no_io(path: Path) -> None:
-    """DESIGN: nothing in guards/, states/ or the machines imports asyncio, httpx, a provider
-    adapter or the pump (checked on the source, so an unused import counts too)."""
+    """The dependency rule (docs/design.md §2): nothing in guards/, states/ or the machines
+    imports asyncio, httpx, a provider adapter or the pump (checked on the source, so an unused
+    import counts too)."""
     bad = [v for module, names in _imports(path) for v in _violations(module, names)]
     assert not bad, f"{_module_name(path)} imports {bad}"
 

@@ -1,4 +1,4 @@
-"""The outer-tier cases of SPEC §8 and issue #3, each as a named test: fallback chains,
+"""The outer-tier cases (docs/behaviour.md §9) and issue #3, each as a named test: fallback chains,
 key rotation and health, continuation from delivered text, the tool ledger across attempts,
 shared-route admission, notices, and keys that never leak."""
 

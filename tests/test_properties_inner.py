@@ -1,4 +1,4 @@
-"""Property tests of the inner tool loop (DESIGN.md invariants 1–9).
+"""Property tests of the inner tool loop (docs/invariants.md §1–§9).
 
 Three groups:
 

@@ -1,5 +1,5 @@
-"""Property tests of the outer tier: the fallback chain (SPEC §1, DESIGN.md invariants 1, 4,
-5 and 9 across attempts).
+"""Property tests of the outer tier: the fallback chain (docs/behaviour.md §9;
+docs/invariants.md §1, §4, §5 and §9 across attempts).
 
 Two groups:
 
@@ -92,7 +92,7 @@ ALL_BUT_SECRECY = frozenset(CHAIN_INVARIANTS) - {"key_secrecy"}
 #: instead of ``skipped``, and an admitted one asks one more provider.
 #: BUG-4: an exception raised by the host's provider factory is attached to the result as
 #: `result.exception` unredacted (only `error_message` is redacted): a factory that quotes
-#: its key hands it back in ``str(result.exception)``, against DESIGN invariant 9.
+#: its key hands it back in ``str(result.exception)``, against invariant 9 (docs/invariants.md §9).
 #: BUG-5: admitting a shared route none of whose keys is usable (all cooling or retired)
 #: crashes the turn: `begin_next_model` asserts a next model exists, the machine is left in
 #: the transient ``advancing_model`` and `run_generation_turn` raises a bare AssertionError.

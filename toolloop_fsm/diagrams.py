@@ -20,7 +20,7 @@ show a transition the machine does not have, nor miss one it does.
 
 Only declaration names (states, triggers, guards) ever reach a diagram: a trace's ``detail``
 is ignored and a trace naming anything undeclared is refused without echoing it, so no key or
-other run-time material can leak into a rendered file (DESIGN invariant 9).
+other run-time material can leak into a rendered file (docs/invariants.md §9).
 
 Regenerate the committed renders with ``python -m toolloop_fsm.diagrams`` (``--check`` only
 reports drift).

@@ -144,7 +144,7 @@ class ToolFinished:
 
 @frozen
 class ContextRestart:
-    """A context-enrichment signal carried by a successful tool result (SPEC §2.3)."""
+    """A context-enrichment signal carried by a successful tool result (docs/behaviour.md §5)."""
 
     item: Mapping[str, Any]
     disable_kinds: tuple[str, ...] = ()

@@ -2,7 +2,7 @@
 
 Each example is a whole simulated turn on a virtual clock: a random script (inner tier) or a
 random fallback chain (outer tier) run under the policy being fuzzed, then checked against
-the invariants of DESIGN.md. An invariant that breaks — or policy code that raises — is
+the invariants of docs/invariants.md. An invariant that breaks — or policy code that raises — is
 shrunk by Hypothesis to the shortest failing example, reported with its trace and the seed
 that reproduces it. Needs Hypothesis (``pip install "toolloop-fsm[test]"``).
 """

@@ -1,4 +1,5 @@
-"""`GenerationTurnMachine`: the outer tier (SPEC §1), declared once with `transitions`.
+"""`GenerationTurnMachine`: the outer tier (docs/behaviour.md §9), declared once with
+`transitions`.
 
 It walks the fallback chain: each attempt runs the inner tool loop; an ``error`` rotates to
 the next healthy key of the same model, no key left or a ``timeout`` advances to the next
@@ -110,7 +111,7 @@ TRANSITIONS: list[dict[str, Any]] = [
     _t("attempt_finished", "attempting", "judging_attempt", do=take_attempt_result),
     _t("destination_unreachable", ["attempting", "admitting_shared_route"], "finishing",
        do=skip_unreachable),
-    # ---- judging it, in SPEC §1 order
+    # ---- judging it, in docs/behaviour.md §9.2 order
     _t("advance", "judging_attempt", "finishing", when=destination_unreachable,
        do=skip_unreachable),
     _t("advance", "judging_attempt", "finishing", when=attempt_is_final, do=accept_attempt),

@@ -59,7 +59,7 @@ class ToolResult:
     ``message`` is shown to the model beside ``data``; ``end_turn`` ends the turn after this
     tool; ``delivered`` says the tool itself already answered the user; ``expression`` is an
     expression (e.g. a sticker id) to deliver; ``context_restart`` asks for an enhanced
-    context restart (SPEC §2.3).
+    context restart (docs/behaviour.md §5).
     """
 
     success: bool = field(default=True, validator=flag)

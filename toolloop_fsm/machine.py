@@ -2,7 +2,7 @@
 
 This module is the one place to read the whole loop: the states of each stage, every
 transition, and — by their order in `TRANSITIONS` — the order in which guards are tried
-(SPEC §2.2 and §3). Behaviour lives in `states/`, decisions in `guards/`.
+(docs/behaviour.md §2.4 and §4). Behaviour lives in `states/`, decisions in `guards/`.
 
 Stream chunks are events of the streaming states, declared as internal transitions so the
 diagram shows them, but run through a handler table derived from the same declaration (the
@@ -144,8 +144,9 @@ TRANSIENT_STATES: frozenset[str] = frozenset(
         "building_result",
     }
 )
-# Drafting (SPEC §4) adds a `reviewing` state between `recording_tool_outcome`/`streaming`
-# and `building_result`; it is declared by the drafting issue, not here.
+# Drafting (prose held back for review before delivery) adds a `reviewing` state between
+# `recording_tool_outcome`/`streaming` and `building_result`; it is declared by the drafting
+# issue, not here.
 STATES: list[dict[str, Any]] = [
     {"name": "ready"},
     {"name": "starting_pass"},
@@ -178,7 +179,7 @@ _t = transition
 # fmt: off
 TRANSITIONS: list[dict[str, Any]] = [
     _t("start", "ready", "starting_pass"),
-    # ---- stream once: the ceiling is checked before every pass (SPEC §3, iteration ceiling)
+    # ---- stream once: the ceiling is checked before every pass (docs/behaviour.md §2.1)
     _t("advance", "starting_pass", "building_result",
        when=iteration_ceiling_reached, do=end_iteration_ceiling),
     _t("advance", "starting_pass", "awaiting_first_token", do=begin_pass),
@@ -188,8 +189,9 @@ TRANSITIONS: list[dict[str, Any]] = [
     # chunks while streaming: internal transitions, run by the fast path
     *(_t(trigger, "streaming", None, do=CHUNK_HANDLERS[chunk])
       for chunk, trigger in CHUNK_TRIGGERS.items()),
-    # ---- the pass ends; which way is decided at `ending_pass`: SPEC §2.2 steps 1, 3, 4,
-    # the ledger, then dispatch; without a call, the text and empty-response rules
+    # ---- the pass ends; which way is decided at `ending_pass`: the gate (docs/behaviour.md
+    # §2.4 rules 1–5), the ledger, then dispatch; without a call, the text and empty-response
+    # rules
     _t("stream_ended", STREAM_STATES, "ending_pass"),
     _t("advance", "ending_pass", "building_result", when=call_is_malformed, do=end_malformed_call),
     _t("advance", "ending_pass", "checking_tool_outcome",
@@ -215,12 +217,13 @@ TRANSITIONS: list[dict[str, Any]] = [
     _t("delivery_recorded", [*STREAM_STATES, "executing_tool"], None, do=record_delivery),
     _t("delivery_failed", [*STREAM_STATES, "executing_tool", "settling"], "building_result",
        do=fail_delivery),
-    # ---- execute tool call (SPEC §2.2 step 6): the deadline and the stop signal
+    # ---- execute tool call (docs/behaviour.md §3.6): the deadline and the stop signal
     _t("tool_finished", "executing_tool", "checking_tool_outcome", do=take_tool_outcome),
     _t("tool_deadline", "executing_tool", "checking_tool_outcome", do=time_out_tool),
     _t("stop_requested", "executing_tool", "building_result", do=stop_during_tool),
     _t("follow_up_arrived", "executing_tool", None, do=clear_stale_follow_up),
-    # ---- after a tool call, in SPEC §3 order (an abort arrives as stop_requested above)
+    # ---- after a tool call, in docs/behaviour.md §4 order (an abort arrives as stop_requested
+    # above)
     _t("advance", "checking_tool_outcome", "restarting_context",
        when=tool_requested_context_restart),
     _t("advance", "checking_tool_outcome", "recording_tool_outcome"),

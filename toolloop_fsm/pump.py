@@ -1277,7 +1277,7 @@ async def run_generation_turn(
     on_step: Callable[[TraceStep], None] | None = None,
     on_attempt_step: Callable[[int, TraceStep], None] | None = None,
 ) -> GenerationTurnResult:
-    """Run a whole generation turn over a fallback chain of attempts (SPEC §1).
+    """Run a whole generation turn over a fallback chain of attempts (docs/behaviour.md §9).
 
     Each attempt runs the tool loop; ``error`` rotates keys, ``timeout`` or no key left
     advances to the next model; what a failed attempt delivered stays delivered and the next

@@ -1,4 +1,4 @@
-"""Verbatim prompt scaffolding (SPEC §5, prompt side), owned by the outer tier's context
+"""Verbatim prompt scaffolding (docs/behaviour.md §9.10), owned by the outer tier's context
 preparation: for a model that writes its tool calls in text, the tool-schema dump and the
 calling-format nudge; stripped again for native models. Also the call forms each tool accepts,
 which the prompt describes and `toolloop_fsm.providers.verbatim` parses. Pure values only:

@@ -1,6 +1,6 @@
 """AnthropicProvider: every recorded Anthropic stream replayed over a real loopback HTTP server.
 
-Expected values are read off the capture files by hand (WIRE-FORMATS §4) and hard-coded.
+Expected values are read off the capture files by hand (docs/wire-formats.md §4) and hard-coded.
 Hypothesis re-splits each body at arbitrary byte offsets; a constructed stream with
 multi-byte text (the captures are all ASCII) covers splits inside UTF-8 characters.
 """
@@ -581,8 +581,8 @@ OVERLOADED = (
 
 
 async def test_overloaded_error_event_mid_stream(wire_server: WireServer) -> None:
-    # WIRE-FORMATS §4.4: after some output, `event: error` over HTTP 200, then the connection
-    # closes with no message_stop.
+    # docs/wire-formats.md §4.4: after some output, `event: error` over HTTP 200, then the
+    # connection closes with no message_stop.
     head = sse(message_start(), *text_block(0, "Partial answer")[:2])
     wire_server.serve(Scripted(headers=wire.SSE_HEADERS, chunks=(head, OVERLOADED)))
     seen: list[Chunk] = []

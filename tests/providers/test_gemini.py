@@ -1,7 +1,7 @@
 """GeminiProvider: every recorded Gemini / Vertex stream replayed over a real loopback server.
 
-Expected values are read off the capture files by hand (WIRE-FORMATS §6) and hard-coded; the
-opaque thought signatures are pinned by length and sha256 prefix (checked against the files
+Expected values are read off the capture files by hand (docs/wire-formats.md §6) and hard-coded;
+the opaque thought signatures are pinned by length and sha256 prefix (checked against the files
 with grep). Hypothesis re-splits each body at arbitrary byte offsets — across the CRLF pairs
 Gemini frames events with — and a constructed stream with multi-byte text covers splits
 inside UTF-8 characters.
@@ -527,7 +527,7 @@ RETRY_INFO_429 = {
 
 
 async def test_429_with_retry_info(wire_server: WireServer) -> None:
-    # Shape from WIRE-FORMATS §6.3; no retry-after header, the delay is in the body only.
+    # Shape from docs/wire-formats.md §6.3; no retry-after header, the delay is in the body only.
     wire_server.serve(
         Scripted(
             status=429,

@@ -3,8 +3,8 @@
 The only real Ollama capture is an ``/api/generate`` transcript (text in ``response``); the
 decoder accepts that shape too, so it replays through the same ``/api/chat`` provider (the
 server answers whatever path it is asked). The ``/api/chat`` shapes with ``thinking`` and
-``tool_calls`` — of which no capture exists (SOURCES.md "Gaps") — are constructed from the
-documented shape (WIRE-FORMATS §5.1) and say so.
+``tool_calls`` — of which no capture exists (tests/data/wire/SOURCES.md "Gaps") — are
+constructed from the documented shape (docs/wire-formats.md §5.1) and say so.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ async def test_request_path_and_body(wire_server: WireServer) -> None:
 
 # --------------------------------------------------------------------------- errors
 async def test_error_line_on_a_200_response(wire_server: WireServer) -> None:
-    # WIRE-FORMATS §5.1: one more NDJSON line, the status stays 200.
+    # docs/wire-formats.md §5.1: one more NDJSON line, the status stays 200.
     body = ndjson(
         chat_line(content="Partial"),
         {"error": "an error was encountered while running the model"},

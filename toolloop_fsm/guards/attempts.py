@@ -1,4 +1,5 @@
-"""Attempt control (SPEC §1): which key or model comes next, and when the chain is done."""
+"""Attempt control (docs/behaviour.md §9.2–§9.3): which key or model comes next, and when the
+chain is done."""
 
 from __future__ import annotations
 

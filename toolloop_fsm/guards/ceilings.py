@@ -11,12 +11,13 @@ def iteration_ceiling_reached(turn: TurnState) -> bool:
 
 
 def consecutive_error_ceiling_reached(turn: TurnState) -> bool:
-    """``max_consecutive_tool_errors`` tool failures in a row (SPEC §3.4)."""
+    """``max_consecutive_tool_errors`` tool failures in a row (docs/behaviour.md §4.3)."""
     return turn.consecutive_tool_errors >= turn.policy.max_consecutive_tool_errors
 
 
 def continuation_retries_exhausted(turn: TurnState) -> bool:
-    """A continuation-style provider failed after visible text too often in a row (SPEC §3.6)."""
+    """A continuation-style provider failed after visible text too often in a row
+    (docs/behaviour.md §4.5)."""
     return (
         turn.continuation_style
         and turn.continuation_failures >= turn.policy.continuation_tool_failure_threshold

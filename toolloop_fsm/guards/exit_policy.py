@@ -1,5 +1,5 @@
-"""Exit rules: when a pass or a tool round ends the turn (SPEC §3 rules 1, 5, 7 and the
-empty-response rule)."""
+"""Exit rules: when a pass or a tool round ends the turn (docs/behaviour.md §4.1, §4.4, §4.6 and
+the empty-pass rules of §2.5)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class ExitView:
 
 
 def tool_requested_context_restart(turn: TurnState) -> bool:
-    """The successful outcome carries a context-enrichment signal (SPEC §2.3)."""
+    """The successful outcome carries a context-enrichment signal (docs/behaviour.md §5)."""
     outcome = turn.outcome
     return outcome is not None and outcome.success and outcome.restart_item is not None
 
@@ -48,7 +48,8 @@ def exit_view(turn: TurnState) -> ExitView:
 
 
 def should_end_after_pre_tool_text(turn: TurnState) -> bool:
-    """SPEC §3.7: after visible pre-tool text, a silent tool ends the turn ``completed``.
+    """After visible pre-tool text, a silent tool ends the turn ``completed``
+    (docs/behaviour.md §4.6).
 
     Members of ``suppress_followup_after_pre_tool_text`` end it at once; on
     continuation-style providers any tool that needs no follow-up ends it too.

@@ -1,4 +1,4 @@
-"""The gate a requested call passes before anything runs (SPEC §2.2 steps 1–4)."""
+"""The gate a requested call passes before anything runs (docs/behaviour.md §3.1–§3.5)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def call_is_malformed(turn: TurnState) -> bool:
 
 
 def call_arguments_truncated(turn: TurnState) -> bool:
-    """The adapter had to repair a cut-off JSON payload (SPEC §2.2.3)."""
+    """The adapter had to repair a cut-off JSON payload (docs/behaviour.md §3.2)."""
     return turn.pending_call is not None and turn.pending_call.truncated
 
 

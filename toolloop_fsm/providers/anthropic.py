@@ -11,7 +11,8 @@ This module owns three things for the Anthropic Messages API (``POST {base_url}/
 * `AnthropicProvider` — the thin async shell that POSTs the body through the shared
   streamed-POST helper and feeds the SSE events through the decoder.
 
-Wire facts are in WIRE-FORMATS §1.1, §1.3 and §4; every branch below names the fact it handles.
+Wire facts are in docs/wire-formats.md §1.1, §1.3 and §4; every branch below names the fact it
+handles.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ This module owns, for ``POST {base_url}/models/{model}:streamGenerateContent?alt
 * `GeminiProvider` — the async shell: the key goes in the ``x-goog-api-key`` header, never in
   a ``key=`` query parameter (a URL ends up in logs and exception messages).
 
-Wire facts are in WIRE-FORMATS §1.1, §1.3 and §6.
+Wire facts are in docs/wire-formats.md §1.1, §1.3 and §6.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ This module owns:
 **The decoder also takes ``/api/generate`` lines.** They carry the text in ``response`` (and
 reasoning in ``thinking``) instead of ``message``; everything else — ``done``, ``done_reason``,
 ``prompt_eval_count``, ``eval_count``, ``error`` — is the same. Accepting both lets the one real
-Ollama capture we have (an ``/api/generate`` transcript, WIRE-FORMATS §5.1) replay through the
-same code as ``/api/chat``; the provider itself only ever calls ``/api/chat``.
+Ollama capture we have (an ``/api/generate`` transcript, docs/wire-formats.md §5.1) replay
+through the same code as ``/api/chat``; the provider itself only ever calls ``/api/chat``.
 
-Wire facts are in WIRE-FORMATS §1.2 and §5.1.
+Wire facts are in docs/wire-formats.md §1.2 and §5.1.
 """
 
 from __future__ import annotations

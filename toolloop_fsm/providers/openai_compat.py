@@ -85,7 +85,7 @@ def history_call_id(entry: ToolHistoryEntry, position: int) -> str:
 
 
 def tool_response_payload(response: ToolResponseRecord) -> dict[str, Any]:
-    """What the model is shown for a tool's response (SPEC §2.2 step 10)."""
+    """What the model is shown for a tool's response (docs/behaviour.md §4.2)."""
     if response.success:
         shown: dict[str, Any] = {"data": response.data, "message": response.message}
     else:

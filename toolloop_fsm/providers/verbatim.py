@@ -1,4 +1,4 @@
-"""Verbatim tool calling (SPEC §5): tool calls written in the assistant's text.
+"""Verbatim tool calling (docs/behaviour.md §10.3): tool calls written in the assistant's text.
 
 This module owns both sides of verbatim tool calling:
 
@@ -46,7 +46,7 @@ from toolloop_fsm.scaffolding import (
 )
 
 VERBATIM_BUFFER_CAP = 8192
-"""The longest candidate call held back (SPEC §7 ``verbatim buffer``), in characters."""
+"""The longest candidate call held back (docs/behaviour.md §10.3), in characters."""
 
 # --------------------------------------------------------------------------- the scanner
 def _call_start_pattern(names: Sequence[str]) -> str:

@@ -1,5 +1,5 @@
-"""The outer tier's stages (SPEC §1): start an attempt, judge how it ended, rotate a key,
-advance to the next model, ask for the shared route, and assemble the turn's result."""
+"""The outer tier's stages (docs/behaviour.md §9): start an attempt, judge how it ended, rotate a
+key, advance to the next model, ask for the shared route, and assemble the turn's result."""
 
 from __future__ import annotations
 
@@ -252,9 +252,9 @@ def _post(state: GenerationState, notice: Notice) -> None:
 
 
 def post_closing_notices(state: GenerationState, _event: Any = None) -> None:
-    """SPEC §1 notices: one compact *fallback used* notice after a success that followed
-    failures (not while a stop or follow-up is pending), and a held timeout notice only if
-    nothing later answered."""
+    """The closing notices (docs/behaviour.md §9.8): one compact *fallback used* notice after a
+    success that followed failures (not while a stop or follow-up is pending), and a held
+    timeout notice only if nothing later answered."""
     if state.status is TurnStatus.COMPLETED:
         if state.failures and not state.signals_pending:
             _post(

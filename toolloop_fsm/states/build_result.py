@@ -1,5 +1,6 @@
-"""Build result (SPEC §2.4): the terminal decisions that end a turn after a tool round,
-the bounded wait for deliveries in flight, and assembling `GenerationTurnResult`."""
+"""Build result (docs/behaviour.md §4.3–§4.6, §6): the terminal decisions that end a turn after
+a tool round, the bounded wait for deliveries in flight, and assembling
+`GenerationTurnResult`."""
 
 from __future__ import annotations
 
@@ -87,7 +88,8 @@ def abandon_in_flight(turn: TurnState, _event: Any = None) -> None:
 
 def kill_while_settling(turn: TurnState, event: StopRequested) -> None:
     """A stop while waiting for deliveries: finish at once (the kill path skips the settle
-    window). A stream that was aborted for a timeout ends ``stopped_by_user`` (SPEC §2.1);
+    window). A stream that was aborted for a timeout ends ``stopped_by_user``
+    (docs/behaviour.md §6.1);
     any other decided outcome stands — the turn had already ended that way."""
     clear_deadline(turn, DeadlineKind.SETTLE)
     queue_stop_message(turn, event)

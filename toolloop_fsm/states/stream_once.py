@@ -1,5 +1,5 @@
-"""Stream once (SPEC §2.1): one provider pass — awaiting the first token, streaming, and
-every way a pass ends (text, tool call, empty, failure, deadline, stop, follow-up)."""
+"""Stream once (docs/behaviour.md §2): one provider pass — awaiting the first token, streaming,
+and every way a pass ends (text, tool call, empty, failure, deadline, stop, follow-up)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Execute tool call (SPEC §2.2) and the record-keeping after it (SPEC §3 steps 3–4):
+"""Execute tool call (docs/behaviour.md §3) and the record-keeping after it (§4.2):
 refusals at the gate, dispatch under the tool deadline, outcomes, expressions, failure
 notices, history entries, the ledger and the error counters."""
 
@@ -142,7 +142,7 @@ def clear_stale_follow_up(turn: TurnState, _event: FollowUpArrived) -> None:
 
 # --------------------------------------------------------------------------- after the outcome
 def announce_tool_outcome(turn: TurnState, _event: Any = None) -> None:
-    """SPEC §2.2 steps 7–8: deliver the tool's expression (once per turn) and post the
+    """docs/behaviour.md §3.8: deliver the tool's expression (once per turn) and post the
     hidden failure notice with redacted arguments."""
     outcome = turn.outcome
     assert outcome is not None
@@ -178,7 +178,7 @@ def tool_failure_notice(turn: TurnState, outcome: ToolOutcome) -> Notice:
 
 
 def record_tool_outcome(turn: TurnState, _event: Any = None) -> None:
-    """SPEC §2.2 step 10 and §3 steps 3–4: push the history entry, remember the tool, update
+    """docs/behaviour.md §4.2: push the history entry, remember the tool, update
     the ledger and the error counters, and clear the prefill the entry now carries."""
     outcome = turn.outcome
     call = turn.pending_call

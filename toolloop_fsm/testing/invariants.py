@@ -1,6 +1,8 @@
-"""The invariant checker: DESIGN.md's run invariants as one function a test calls per run.
+"""The invariant checker: the run invariants of docs/invariants.md as one function a test calls
+per run.
 
-`check_invariants(result, policy=…, …)` checks invariants 1–9 against one finished run and
+`check_invariants(result, policy=…, …)` checks invariants 1–9
+(docs/invariants.md §1–§9) against one finished run and
 raises `InvariantViolation` (an `AssertionError`, so pytest and Hypothesis treat it as a
 failed assertion) whose message starts ``invariant N:`` and says what was seen. Everything
 but ``result`` and ``policy`` is optional: each extra witness (the channel, the provider, the
@@ -76,7 +78,7 @@ _EPSILON = 1e-6
 
 
 class InvariantViolation(AssertionError):
-    """A run broke one of the run invariants; ``invariant`` is its number."""
+    """A run broke one of the invariants of docs/invariants.md; ``invariant`` is its number."""
 
     def __init__(self, invariant: int, message: str) -> None:
         self.invariant = invariant
@@ -147,7 +149,7 @@ def check_invariants(
     signal_errors: Sequence[BaseException] = (),
 ) -> None:
     """Check one finished run of the tool loop (or a one-model generation turn) against
-    invariants 1–9.
+    invariants 1–9 (docs/invariants.md).
 
     ``channel``: the `RecordingChannel` the run delivered to (invariant 5).
     ``provider``: the `ScriptedProvider` it streamed from — its ``requests`` (invariants 2
