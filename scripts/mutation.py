@@ -96,7 +96,8 @@ TEST_ORDER: tuple[str, ...] = (
     "tests/test_outer_cases.py",
     "tests/test_inner_machine_events.py",
     "tests/test_outer_machine_events.py",
-    "tests/test_mutation_killers.py",
+    "tests/test_inner_rules.py",
+    "tests/test_outer_rules.py",
     "tests/test_properties_inner.py",
     "tests/test_properties_outer.py",
 )
@@ -159,7 +160,52 @@ class Equivalent:
 #: Mutants that change no behaviour a caller could observe, found by reading each survivor.
 #: Keyed by file, line, operator and the mutated line (so an entry goes stale, and is
 #: reported, when the code under it changes).
-EQUIVALENT: tuple[Equivalent, ...] = ()
+_REFUSED_CALL_KEY = (
+    "a refused call never gets a ledger key (`current_call_key` is reset when the pass "
+    "begins and set only by a dispatch or a reuse), and `dispatched` only guards the ledger "
+    "write, which also needs that key"
+)
+EQUIVALENT: tuple[Equivalent, ...] = (
+    Equivalent(
+        "toolloop_fsm/guards/attempts.py", 57, "drop_branch", "pass",
+        "dead branch: `unreachable` is set only by `skip_unreachable`, whose transitions go "
+        "straight to `finishing`; `judging_attempt` never sees it set",
+    ),
+    Equivalent(
+        "toolloop_fsm/states/attempts.py", 181, "true_false", "state.admission_asked = False",
+        "admission is asked only while the credential source is the user's; an admitted turn "
+        "switches it to shared and a refused or stopped one finishes, so the flag is never "
+        "read again",
+    ),
+    Equivalent(
+        "toolloop_fsm/states/build_result.py", 81, "drop_call", "pass",
+        "the settle deadline has fired and the turn goes straight to its terminal state; no "
+        "later step reads the armed deadlines",
+    ),
+    Equivalent(
+        "toolloop_fsm/states/tool_dispatch.py", 55, "true_false", "dispatched=True,",
+        _REFUSED_CALL_KEY,
+    ),
+    Equivalent(
+        "toolloop_fsm/states/tool_dispatch.py", 73, "true_false",
+        "turn.outcome = ToolOutcome(success=False, reason=reason, dispatched=True)",
+        _REFUSED_CALL_KEY,
+    ),
+    Equivalent(
+        "toolloop_fsm/pump.py", 316, "int_minus_one", "self._stream_generation += 0",
+        "at wind-down no stream can be read any more: a finished turn already moved the "
+        "generation on, and a failed or cancelled one has interrupted its read",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump.py", 328, "drop_call", "pass",
+        "the timers were just cancelled and the run is over; nothing reads the list again",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump.py", 571, "drop_branch", "pass",
+        "the only rolling deadline is armed in the same batch as its `StartStream`, which "
+        "already set the last activity to the same instant",
+    ),
+)  # fmt: skip
 
 _COMPARISON_FLIPS: dict[type[ast.cmpop], tuple[type[ast.cmpop], str, str]] = {
     ast.Lt: (ast.LtE, r"<", "<="),
@@ -227,29 +273,35 @@ class _Source:
 
 
 class _Site:
-    """Where a node sits: its parents (innermost last) and whether a function encloses it."""
+    """Where a node sits: its parents (innermost last), and whether it runs when a function
+    is called (its body) rather than when the module is imported (a default argument, a
+    decorator, a table)."""
 
-    def __init__(self, parents: tuple[ast.AST, ...]) -> None:
+    def __init__(self, parents: tuple[ast.AST, ...], in_function: bool) -> None:
         self.parents = parents
-        self.in_function = any(
-            isinstance(p, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) for p in parents
-        )
+        self.in_function = in_function
 
     @property
     def parent(self) -> ast.AST | None:
         return self.parents[-1] if self.parents else None
 
 
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
 def _walk(tree: ast.Module) -> Iterator[tuple[ast.AST, _Site]]:
     """Every node that may be mutated, with its site; skips docstrings, annotations,
     assertions and `TYPE_CHECKING` blocks."""
 
-    def visit(node: ast.AST, parents: tuple[ast.AST, ...]) -> Iterator[tuple[ast.AST, _Site]]:
-        yield node, _Site(parents)
+    def visit(
+        node: ast.AST, parents: tuple[ast.AST, ...], in_function: bool
+    ) -> Iterator[tuple[ast.AST, _Site]]:
+        yield node, _Site(parents, in_function)
         inner = (*parents, node)
         for name, value in ast.iter_fields(node):
             if name in ("annotation", "returns", "type_comment") or isinstance(node, ast.Assert):
                 continue
+            runs_in_call = in_function or (isinstance(node, _FUNCTIONS) and name == "body")
             children = value if isinstance(value, list) else [value]
             for index, child in enumerate(children):
                 if not isinstance(child, ast.AST):
@@ -260,9 +312,9 @@ def _walk(tree: ast.Module) -> Iterator[tuple[ast.AST, _Site]]:
                     continue
                 if isinstance(child, ast.Assign | ast.AnnAssign) and _declares_names(child):
                     continue
-                yield from visit(child, inner)
+                yield from visit(child, inner, runs_in_call)
 
-    yield from visit(tree, ())
+    yield from visit(tree, (), False)
 
 
 def _is_docstring(node: ast.AST) -> bool:
@@ -471,7 +523,7 @@ class _Enumerator:
             self._table(statement.value)
 
     def _table(self, table: ast.List) -> None:
-        site = _Site(())
+        site = _Site((), in_function=False)
         elements = table.elts
         for index, element in enumerate(elements):
             if not isinstance(element, ast.Call):
@@ -836,10 +888,10 @@ def run_mutant(
     if proc.returncode == 0:
         return Outcome(mutant, "survived", seconds, len(indices))
     if proc.returncode == _WATCHDOG_EXIT:
-        hung = _HUNG.search(text)
-        return Outcome(
-            mutant, "timeout", seconds, len(indices), killed_by=hung.group(1) if hung else None
-        )
+        hung = Path(f"{limits_file}.hung")
+        killer = hung.read_text(encoding="utf-8").strip() if hung.is_file() else None
+        hung.unlink(missing_ok=True)
+        return Outcome(mutant, "timeout", seconds, len(indices), killed_by=killer)
     if proc.returncode in (1, 2):  # a test failed, or the mutant broke collection (import)
         failed = _FAILED.search(text)
         killer = failed.group(1) if failed else "collection (the module no longer imports)"
@@ -860,7 +912,6 @@ def _end_group(pgid: int) -> None:
 # (raising instead would let Hypothesis shrink the hang, example by hanging example).
 _LIMITS_VARIABLE = "TOOLLOOP_MUTATION_TEST_LIMITS"
 _WATCHDOG_EXIT = 97
-_HUNG = re.compile(r"^mutation watchdog: (\S+) ran past", re.MULTILINE)
 _limits_cache: dict[str, float] | None = None
 
 
@@ -882,7 +933,9 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Iterator[None]:
         return
 
     def expire(_signum: int, _frame: FrameType | None) -> None:
-        os.write(2, f"\nmutation watchdog: {item.nodeid} ran past {seconds:.0f} s\n".encode())
+        # pytest captures this test's output and would lose it: the name goes to a file
+        hung = Path(os.environ[_LIMITS_VARIABLE] + ".hung")
+        hung.write_text(f"{item.nodeid} ran past {seconds:.0f} s\n", encoding="utf-8")
         os._exit(_WATCHDOG_EXIT)
 
     previous = signal.signal(signal.SIGALRM, expire)
