@@ -183,6 +183,12 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "later step reads the armed deadlines",
     ),
     Equivalent(
+        "toolloop_fsm/states/tool_dispatch.py", 45, "true_false",
+        "turn.outcome = ToolOutcome(success=False, reason=TRUNCATED_ARGUMENTS_REASON, "
+        "dispatched=True)",
+        _REFUSED_CALL_KEY,
+    ),
+    Equivalent(
         "toolloop_fsm/states/tool_dispatch.py", 55, "true_false", "dispatched=True,",
         _REFUSED_CALL_KEY,
     ),
@@ -192,6 +198,27 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
+        "toolloop_fsm/states/tool_dispatch.py", 120, "drop_call", "pass",
+        "the fired tool deadline's token is never read again: the next dispatch re-arms the "
+        "kind, and a stale token is refused by its value either way",
+    ),
+    Equivalent(
+        "toolloop_fsm/states/stream_once.py", 277, "drop_call", "pass",
+        "a timed-out pass is never flushed again (the turn only settles and ends), and the "
+        "undelivered text is computed from what was confirmed, not from the buffer",
+    ),
+    Equivalent(
+        "toolloop_fsm/generation.py", 138, "swap_transitions",
+        '_t("advance", "finishing", "empty_response", when=outcome_is_empty_response),',
+        "the two guards test one status for two different values: at most one holds, so "
+        "their order cannot matter",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump.py", 180, "true_false", "self._reading = True",
+        "the first read starts in the same step as the turn (no await between `start` and "
+        "the read setting the flag), so no callback can see the initial value",
+    ),
+    Equivalent(
         "toolloop_fsm/pump.py", 316, "int_minus_one", "self._stream_generation += 0",
         "at wind-down no stream can be read any more: a finished turn already moved the "
         "generation on, and a failed or cancelled one has interrupted its read",
@@ -199,6 +226,22 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
         "toolloop_fsm/pump.py", 328, "drop_call", "pass",
         "the timers were just cancelled and the run is over; nothing reads the list again",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump.py", 595, "comparison", "if effect.first_seconds is None:",
+        "every rolling deadline is the pass's stream deadline (it has `first_seconds`); the "
+        "machine reads a stream deadline after the first chunk as the inactivity deadline "
+        "either way",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump.py", 606, "drop_call", "pass",
+        "a fired timer left in the list is never found again (tokens are unique) and a "
+        "later clear of it cancels a handle that already ran",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump.py", 887, "reason_literal", "if inner.state != 'ready_x':",
+        "the attempt's run starts before the unreachable watcher can fire (the report is "
+        "checked before the attempt starts), so the inner machine is never still `ready`",
     ),
     Equivalent(
         "toolloop_fsm/pump.py", 571, "drop_branch", "pass",

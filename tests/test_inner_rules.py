@@ -11,6 +11,7 @@ from tests.inner_kit import USER, Executions, make_tool, run_turn, scripted_turn
 from toolloop_fsm import (
     FollowUpArrived,
     FunctionCall,
+    InvalidEvent,
     LoopPolicy,
     StreamEnded,
     TextDelta,
@@ -18,7 +19,10 @@ from toolloop_fsm import (
     ToolLoopMachine,
     TurnRequest,
     TurnStatus,
+    UsageReport,
 )
+from toolloop_fsm.effects import CancelStream, Deliver
+from toolloop_fsm.events import DeliveryFailed
 from toolloop_fsm.testing import Pause, VirtualClock
 
 EAGER = LoopPolicy(delivery_flush_chars=1)
@@ -58,11 +62,65 @@ async def test_a_malformed_call_with_a_name_says_its_arguments_are_not_an_object
     )
 
 
+async def test_a_reply_with_text_after_a_self_delivered_tool_response_completes_as_a_reply() -> (
+    None
+):
+    turn = scripted_turn(
+        [[FunctionCall("send_photo", {})], [TextDelta("Here it is. Anything else?")]]
+    )
+    tool = make_tool("send_photo", turn.executions, turn.clock, succeeds(delivered=True))
+    result = await run_turn(turn, [tool])
+    assert result.status is TurnStatus.COMPLETED
+    assert result.reason is None  # a reply in its own right, not an empty pass that settled
+    assert result.stream_results[-1].outcome == "completed"
+    assert result.final_text == "Here it is. Anything else?"
+
+
+async def test_a_blank_follow_up_that_settles_leaves_nothing_undelivered() -> None:
+    turn = scripted_turn(
+        [[TextDelta("Here you go. "), FunctionCall("react", {})], [TextDelta("\n")]]
+    )
+    tool = make_tool("react", turn.executions, turn.clock, requires_follow_up=False)
+    result = await run_turn(turn, [tool])
+    assert result.reason == "settled_after_tool"
+    assert turn.channel.text == "Here you go. \n"  # the blank pass was handed over too
+    assert result.undelivered_text == ""
+
+
+async def test_a_stop_in_a_later_pass_keeps_that_pass_confirmed_text_as_final_text() -> None:
+    turn = scripted_turn(
+        [
+            [TextDelta("Checking. "), FunctionCall("lookup", {})],
+            [TextDelta("It is sunny"), Pause(5), TextDelta(" and warm.")],
+        ]
+    )
+    tool = make_tool("lookup", turn.executions, turn.clock)
+    result = await run_turn(turn, [tool], policy=EAGER, at=[(1.0, lambda s: s.request_stop())])
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert turn.channel.text == "Checking. It is sunny"
+    assert result.final_text == "It is sunny"  # the latest pass the user saw, not the first
+
+
 # --------------------------------------------------------------------------- text and thoughts
 async def test_thoughts_streamed_in_pieces_are_kept_whole() -> None:
     turn = scripted_turn([[ThoughtDelta("the user "), ThoughtDelta("wants "), TextDelta("Hi")]])
     result = await run_turn(turn, [])
     assert result.thought_log == "the user wants "
+
+
+async def test_usage_added_up_in_a_pass_is_estimated_if_any_report_was() -> None:
+    turn = scripted_turn(
+        [
+            [
+                UsageReport(10, 0, cumulative=False, estimated=True),
+                TextDelta("Hi"),
+                UsageReport(0, 3, cumulative=False),
+            ]
+        ]
+    )
+    result = await run_turn(turn, [])
+    [entry] = result.usage.entries
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (10, 3, True)
 
 
 # --------------------------------------------------------------------------- the gate
@@ -72,6 +130,13 @@ async def test_the_failure_notice_of_a_truncated_call_shows_no_arguments() -> No
     await run_turn(turn, [make_tool("get_weather", turn.executions, turn.clock)])
     [notice] = [n for n in turn.channel.notices if n.key == "tool_failed"]
     assert notice.params["summary"].endswith("\narguments: {}")  # never the half-read payload
+
+
+async def test_a_call_when_no_tool_is_allowed_says_none_may_be_called() -> None:
+    turn = scripted_turn([[FunctionCall("get_wether", {})], [TextDelta("Sorry.")]])
+    result = await run_turn(turn, [])
+    reason = result.history[0].response.reason or ""
+    assert reason.endswith("Tools you may call: none.")
 
 
 # --------------------------------------------------------------------------- deadlines and settling
@@ -117,3 +182,23 @@ def test_a_follow_up_that_cannot_interrupt_is_counted_as_cleared_and_the_turn_go
     machine.feed(FollowUpArrived())
     assert machine.state == waiting_in  # not interrupted: the follow-up waits for its turn
     assert machine.turn.follow_ups_cleared == 2
+
+
+# --------------------------------------------------------------------------- the sans-IO contract
+def test_a_channel_failure_while_streaming_tells_the_host_to_cancel_the_stream() -> None:
+    machine = ToolLoopMachine(EAGER)
+    machine.start(TurnRequest(USER))
+    [deliver] = [e for e in machine.feed(TextDelta("Hel")) if isinstance(e, Deliver)]
+    effects = machine.feed(DeliveryFailed(deliver.seq, "ConnectionError: gone"))
+    assert CancelStream() in effects
+    assert machine.state == "error"
+    assert machine.result.reason == "host_error"
+
+
+def test_starting_a_tool_loop_twice_is_refused_naming_the_start() -> None:
+    machine = ToolLoopMachine()
+    machine.start(TurnRequest(USER))
+    with pytest.raises(InvalidEvent, match="already started") as refused:
+        machine.start(TurnRequest(USER))
+    assert refused.value.event == "start"
+    assert machine.state == "awaiting_first_token"

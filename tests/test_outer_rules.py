@@ -60,6 +60,21 @@ async def test_a_fallback_reply_that_used_a_tool_ends_with_its_own_last_text() -
     assert result.final_text == "Sunny in Paris."
 
 
+async def test_a_host_failure_ends_the_turn_even_when_the_model_has_another_key() -> None:
+    clock = VirtualClock()
+    keyed = KeyedProviders(
+        clock,
+        {SECRET_KEYS[0]: [[TextDelta("Hello")]], SECRET_KEYS[1]: [[TextDelta("Hello")]]},
+    )
+    channel = RecordingChannel(clock=clock, fail_when=lambda text, _expression: text is not None)
+    result, _ = await generate(
+        [Attempt(keyed, keys=SECRET_KEYS[:2], label="main")], clock, channel=channel
+    )
+    assert result.status is TurnStatus.ERROR
+    assert result.reason == "host_error"
+    assert keyed.used == [SECRET_KEYS[0]]  # the host's own code failed: no key can help
+
+
 # --------------------------------------------------------------------------- stops
 async def test_a_stop_during_a_completed_replys_settle_window_is_consumed_by_the_turn() -> None:
     clock = VirtualClock()
