@@ -214,9 +214,20 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "their order cannot matter",
     ),
     Equivalent(
+        "toolloop_fsm/machine.py", 239, "swap_transitions",
+        '_t("advance", "building_result", "timeout", when=outcome_is_timeout),',
+        "the two guards test one status for two different values: at most one holds, so "
+        "their order cannot matter",
+    ),
+    Equivalent(
         "toolloop_fsm/pump.py", 180, "true_false", "self._reading = True",
         "the first read starts in the same step as the turn (no await between `start` and "
         "the read setting the flag), so no callback can see the initial value",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump.py", 311, "drop_branch", "pass  # type: ignore[misc]",
+        "no child can fail: the tool, delivery and host-call tasks turn every exception into "
+        "an event, so there is never a child exception to raise",
     ),
     Equivalent(
         "toolloop_fsm/pump.py", 316, "int_minus_one", "self._stream_generation += 0",
@@ -237,6 +248,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "toolloop_fsm/pump.py", 606, "drop_call", "pass",
         "a fired timer left in the list is never found again (tokens are unique) and a "
         "later clear of it cancels a handle that already ran",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump.py", 944, "drop_branch", "pass",
+        "a shortcut: without keys the scrub finds nothing and the exception is kept, so the "
+        "same result comes back",
     ),
     Equivalent(
         "toolloop_fsm/pump.py", 887, "reason_literal", "if inner.state != 'ready_x':",

@@ -5,6 +5,10 @@ virtual (`VirtualClock`)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
 import pytest
 
 from tests.inner_kit import USER, Executions, make_tool, run_turn, scripted_turn, succeeds
@@ -18,12 +22,15 @@ from toolloop_fsm import (
     ThoughtDelta,
     ToolLoopMachine,
     TurnRequest,
+    TurnSignals,
     TurnStatus,
     UsageReport,
+    run_tool_loop,
 )
 from toolloop_fsm.effects import CancelStream, Deliver
 from toolloop_fsm.events import DeliveryFailed
-from toolloop_fsm.testing import Pause, VirtualClock
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.testing import Pause, RecordingChannel, ScriptedProvider, VirtualClock
 
 EAGER = LoopPolicy(delivery_flush_chars=1)
 
@@ -123,6 +130,22 @@ async def test_usage_added_up_in_a_pass_is_estimated_if_any_report_was() -> None
     assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (10, 3, True)
 
 
+async def test_every_call_after_the_first_in_one_pass_is_recorded_as_ignored() -> None:
+    turn = scripted_turn(
+        [
+            [
+                FunctionCall("get_weather", {"city": "Paris"}),
+                FunctionCall("get_weather", {"city": "Rome"}),
+                FunctionCall("get_time", {}),
+            ],
+            [TextDelta("Sunny in Paris.")],
+        ]
+    )
+    result = await run_turn(turn, [make_tool("get_weather", turn.executions, turn.clock)])
+    assert turn.executions.calls == [("get_weather", {"city": "Paris"}, 0.0)]
+    assert result.stream_results[0].ignored_calls == ("get_weather", "get_time")
+
+
 # --------------------------------------------------------------------------- the gate
 async def test_the_failure_notice_of_a_truncated_call_shows_no_arguments() -> None:
     cut = FunctionCall("get_weather", {"city": "Par"}, truncated=True)
@@ -193,6 +216,8 @@ def test_a_channel_failure_while_streaming_tells_the_host_to_cancel_the_stream()
     assert CancelStream() in effects
     assert machine.state == "error"
     assert machine.result.reason == "host_error"
+    [cut] = machine.result.stream_results  # the pass is recorded as ended by the failure
+    assert (cut.outcome, cut.error) == ("error", "the host's channel raised")
 
 
 def test_starting_a_tool_loop_twice_is_refused_naming_the_start() -> None:
@@ -202,3 +227,95 @@ def test_starting_a_tool_loop_twice_is_refused_naming_the_start() -> None:
         machine.start(TurnRequest(USER))
     assert refused.value.event == "start"
     assert machine.state == "awaiting_first_token"
+
+
+# --------------------------------------------------------------------------- the run's own duties
+async def test_a_stream_abandoned_between_chunks_is_closed_before_the_turn_returns() -> None:
+    signals = TurnSignals()
+    channel = RecordingChannel(on_delivery=lambda _delivered: signals.request_stop())
+    provider = ScriptedProvider([[TextDelta("Hel"), TextDelta("lo"), TextDelta(" there")]])
+    result = await run_tool_loop(
+        provider, [], channel, TurnRequest(USER), policy=EAGER, signals=signals
+    )
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert channel.text == "Hel"
+    assert provider.streams_closed == 1  # the provider's connection is not left open
+
+
+class _StoppedMidStream(ScriptedProvider):
+    """Notes each chunk as the turn pulls it; the user asks to stop while the provider is
+    between its first and second chunk (as a host task would, while the provider waits on
+    the network)."""
+
+    def __init__(self, signals: TurnSignals, chunks: list[TextDelta]) -> None:
+        super().__init__([chunks])
+        self.signals = signals
+        self.pulled: list[str] = []
+
+    async def _play(self, script: Sequence[Any]) -> AsyncIterator[Any]:
+        for index, chunk in enumerate(script):
+            if index == 1:
+                self.signals.request_stop()
+            self.pulled.append(chunk.text)
+            yield chunk
+
+
+async def test_a_stop_between_two_chunks_ends_the_read_before_the_next_chunk() -> None:
+    signals = TurnSignals()
+    chunks = [TextDelta("Hel"), TextDelta("lo"), TextDelta(" there")]
+    provider = _StoppedMidStream(signals, chunks)
+    result = await run_tool_loop(
+        provider, [], RecordingChannel(), TurnRequest(USER), signals=signals
+    )
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert provider.pulled == ["Hel", "lo"]  # " there" is never asked for
+
+
+class _CancellableChannel(RecordingChannel):
+    """Records the texts whose delivery was cancelled (a real channel would clean up)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.cancelled: list[str] = []
+
+    async def send_text(self, text: str) -> None:
+        try:
+            await super().send_text(text)
+        except asyncio.CancelledError:
+            self.cancelled.append(text)
+            raise
+
+
+async def test_a_delivery_the_turn_abandons_is_cancelled_before_the_turn_returns() -> None:
+    clock = VirtualClock()
+    channel = _CancellableChannel(clock=clock, delivery_delay=30)
+    provider = ScriptedProvider([[TextDelta("Hello"), Pause(1000)]], clock=clock)
+    policy = LoopPolicy(delivery_flush_chars=1, inactivity_timeout=10, abandoned_stream_settle=5)
+    result = await run_tool_loop(
+        provider, [], channel, TurnRequest(USER), policy=policy, clock=clock
+    )
+    assert result.status is TurnStatus.TIMEOUT
+    assert clock.now() == pytest.approx(15)
+    assert channel.cancelled == ["Hello"]  # its cancellation ran before the result came back
+
+
+async def test_a_step_observer_failing_on_a_deadline_ends_the_run_while_the_provider_stalls() -> (
+    None
+):
+    def observer(step: TraceStep) -> None:
+        if step.event.endswith("_deadline"):
+            raise RuntimeError("observer broke")
+
+    clock = VirtualClock()
+    provider = ScriptedProvider([[TextDelta("Hel"), Pause(1000)]], clock=clock)
+    with pytest.raises(RuntimeError, match="observer broke"):
+        await run_tool_loop(
+            provider,
+            [],
+            RecordingChannel(clock=clock),
+            TurnRequest(USER),
+            policy=LoopPolicy(inactivity_timeout=10),
+            clock=clock,
+            on_step=observer,
+        )
+    assert clock.now() == pytest.approx(10)  # not left reading the stalled stream

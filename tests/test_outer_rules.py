@@ -14,6 +14,7 @@ from toolloop_fsm import (
     FunctionCall,
     InvalidEvent,
     LoopPolicy,
+    Provider,
     ProviderError,
     TextDelta,
     TurnPolicy,
@@ -24,6 +25,7 @@ from toolloop_fsm import (
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.events import AttemptFinished
 from toolloop_fsm.generation import GenerationTurnMachine
+from toolloop_fsm.pump import RedactedError
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.testing import Fail, RecordingChannel, ScriptedProvider, VirtualClock
 
@@ -116,3 +118,27 @@ def test_the_outcome_of_an_attempt_that_is_not_running_is_refused() -> None:
         machine.feed(stale)
     assert machine.state == "attempting"
     assert machine.generation.results == []
+
+
+# --------------------------------------------------------------------------- keys never leak
+class _ClientRefused(Exception):
+    """A client library's error: a plain message, but its repr shows the key it was given."""
+
+    def __init__(self, key: str | None) -> None:
+        super().__init__("the client refused the configuration")
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"_ClientRefused(key={self.key!r})"
+
+
+async def test_a_host_exception_whose_repr_quotes_a_key_is_replaced() -> None:
+    def factory(key: str | None) -> Provider:
+        raise _ClientRefused(key)
+
+    clock = VirtualClock()
+    result, _ = await generate([Attempt(factory, keys=SECRET_KEYS[:1], label="main")], clock)
+    assert result.reason == "host_error"
+    assert isinstance(result.exception, RedactedError)
+    assert SECRET_KEYS[0] not in f"{result.exception!s}{result.exception!r}"
+    assert "the client refused the configuration" in str(result.exception)
