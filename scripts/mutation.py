@@ -3,9 +3,10 @@ machines, their guards and states and the pump, and see whether the behavioural 
 
 Each mutant is one small edit of one engine module (a flipped comparison, a dropped call, a
 removed transition, ...; see `OPERATORS`). It is written into a scratch copy of the tree,
-never into the checkout, and the behavioural tests that execute the mutated line run against
-it with ``-x``: a failing test *kills* the mutant, a run past its time limit is a *timeout*
-(the bug hangs a turn, which a user notices too), and a mutant every test passes *survives*.
+never into the checkout, and the behavioural tests that execute the mutated code run against
+it with ``-x``: a failing test *kills* the mutant, a test that runs far past its recorded
+time is a *timeout* (the bug hangs a turn, which a user notices too; a watchdog inside the
+test run ends it at once), and a mutant every test passes *survives*.
 
 The score is ``(killed + timeouts) / (mutants - equivalent)``. An equivalent mutant changes no
 behaviour at all; each one is listed in `EQUIVALENT` with the reason, and is not run.
@@ -14,18 +15,20 @@ Only behavioural tests count: the structural tests (the machines' shape, the com
 diagrams, transition coverage) would notice a removed transition without any behaviour
 being checked, so they are left out (`STRUCTURAL_FILES`, `STRUCTURAL_TESTS`).
 
-Making a mutant cheap to test: one recording run (cached per tree content) traces which
-engine lines every behavioural test executes; a mutant then runs only the tests that execute
-its lines (a test that never reaches the mutated code cannot tell the difference), ordered so
-the quick turn-level cases go first. A mutant at module level (a transition table, a
-constant) runs every behavioural test. Tests that start a Python subprocess are run for
-every mutant, last, since the tracer cannot follow them.
+Making a mutant cheap to test: one recording run (cached per content of the package and the
+tests) traces which engine lines every behavioural test executes; a mutant then runs only
+the tests that execute its lines (a test that never reaches the mutated code cannot tell the
+difference), the quick turn-level cases first (`TEST_ORDER`). A mutant of code that runs at
+import (a transition table, a constant, a default argument) runs every test that executes
+any engine code. Tests that start a Python subprocess run for every mutant, last, since the
+tracer cannot follow them.
 
 Usage (from the repository root; `scripts/mutation.sh` runs it under ``nice``)::
 
     python scripts/mutation.py --list                      # count the mutants
-    python scripts/mutation.py --sample 160 --seed 9 --report /tmp/mutation.json
-    python scripts/mutation.py --only 'toolloop_fsm/guards/ceilings.py:11:15:comparison'
+    python scripts/mutation.py --sample 200 --seed 1 --report /tmp/mutation.json
+    python scripts/mutation.py --show 'toolloop_fsm/guards/ceilings.py:15:11:comparison'
+    python scripts/mutation.py --only 'toolloop_fsm/guards/ceilings.py:15:11:comparison'
     python scripts/mutation.py --retry /tmp/mutation.json  # rerun what survived last time
 """
 
