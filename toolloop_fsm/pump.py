@@ -751,6 +751,9 @@ class EventPump:
             name = "channel.send_expression" if effect.expression is not None else (
                 "channel.send_text"
             )  # fmt: skip
+            task = asyncio.current_task()
+            if task is not None:
+                task.set_name(name)  # abandoned at the end, it is named by its call
             overdue = DeliveryFailed(seq, self._overdue_message(name), timed_out=True)
             guard = _HostCallGuard(self, name, on_abandon=partial(self._feed, overdue))
             try:
@@ -801,6 +804,8 @@ class EventPump:
                 else:
                     name = "channel.queue_front"
                     call = channel.queue_front(effect.stop_message)
+                if me is not None:
+                    me.set_name(name)  # a worker abandoned at the end is named by its call
                 guard = _HostCallGuard(
                     self, name, on_abandon=partial(self._host_worker_abandoned, name)
                 )
