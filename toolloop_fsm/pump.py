@@ -24,6 +24,7 @@ import contextlib
 import copy
 import inspect
 import math
+import re
 import types
 from collections.abc import (
     AsyncIterator,
@@ -89,7 +90,7 @@ from toolloop_fsm.host import (
 )
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-from toolloop_fsm.providers._secrecy import redact
+from toolloop_fsm.providers._secrecy import fragment_pattern, redact
 from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus, converter
 from toolloop_fsm.turn import LedgerEntry
@@ -680,28 +681,27 @@ class EventPump:
             pass_due = self._stream_armed_at + total if total is not None else math.inf
             if effect.first_seconds is not None and pass_due - now <= 1e-9:
                 # the pass's total budget is spent, however steadily it streams
-                self._timers.remove(entry)
-                self._feed(DeadlineExpired(DeadlineKind.PASS_DURATION, effect.token))
-                return
-            if effect.first_seconds is not None and self._last_chunk is None:
-                kind = DeadlineKind.FIRST_TOKEN  # no chunk yet in this pass
-                due = self._stream_armed_at + effect.first_seconds
-                # wake again within one inactivity window, so that a first chunk arriving
-                # late is followed by the inactivity budget, not by the first-token due
-                wake = min(due, now + effect.seconds)
+                kind = DeadlineKind.PASS_DURATION
             else:
-                if effect.first_seconds is not None:
-                    kind = DeadlineKind.INACTIVITY
-                # a rolling deadline counts from the last chunk or recorded delivery
-                # (chunks stamp _last_chunk only: one store per chunk on the hot path)
-                last = self._last_activity
-                if self._last_chunk is not None and self._last_chunk > last:
-                    last = self._last_chunk
-                due = wake = last + effect.seconds
-            wake = min(wake, pass_due)
-            if due - now > 1e-9:
-                entry[0] = self.clock.call_later(wake - now, self._deadline_fired, effect)
-                return
+                if effect.first_seconds is not None and self._last_chunk is None:
+                    kind = DeadlineKind.FIRST_TOKEN  # no chunk yet in this pass
+                    due = self._stream_armed_at + effect.first_seconds
+                    # wake again within one inactivity window, so that a first chunk
+                    # arriving late is followed by the inactivity budget, not the first due
+                    wake = min(due, now + effect.seconds)
+                else:
+                    if effect.first_seconds is not None:
+                        kind = DeadlineKind.INACTIVITY
+                    # a rolling deadline counts from the last chunk or recorded delivery
+                    # (chunks stamp _last_chunk only: one store per chunk on the hot path)
+                    last = self._last_activity
+                    if self._last_chunk is not None and self._last_chunk > last:
+                        last = self._last_chunk
+                    due = wake = last + effect.seconds
+                if due - now > 1e-9:
+                    wake = min(wake, pass_due)
+                    entry[0] = self.clock.call_later(wake - now, self._deadline_fired, effect)
+                    return
         self._timers.remove(entry)
         self._feed(DeadlineExpired(kind, effect.token))
 
@@ -754,8 +754,9 @@ class EventPump:
             task = asyncio.current_task()
             if task is not None:
                 task.set_name(name)  # abandoned at the end, it is named by its call
-            overdue = DeliveryFailed(seq, self._overdue_message(name), timed_out=True)
-            guard = _HostCallGuard(self, name, on_abandon=partial(self._feed, overdue))
+            guard = _HostCallGuard(
+                self, name, on_abandon=partial(self._delivery_abandoned, seq, name)
+            )
             try:
                 await (started if started is not None else self._send(effect))
             except asyncio.CancelledError:
@@ -780,6 +781,9 @@ class EventPump:
             self._last_activity = self.clock.now()
             self._feed(DeliveryRecorded(seq))
             effect = deliveries.pop(0) if deliveries else None
+
+    def _delivery_abandoned(self, seq: int, name: str) -> None:
+        self._feed(DeliveryFailed(seq, self._overdue_message(name), timed_out=True))
 
     def _overdue_message(self, name: str) -> str:
         return f"{name} did not return within {self.policy.host_call_timeout:g} s"
@@ -1036,6 +1040,7 @@ class GenerationPump:
         self._stop_honoured = False
         self._abandoned: list[str] = []
         self._keys = [key for attempt in (*self.attempts, *self.shared) for key in attempt.keys]
+        self._leak = fragment_pattern(self._keys)  # finds any piece of a key, in one pass
 
     async def run(self, request: TurnRequest) -> GenerationTurnResult:
         self._follow_ups_seen = self.signals.follow_ups
@@ -1225,10 +1230,11 @@ class GenerationPump:
         """Defence in depth: no key may leave the turn — not in a message a careless provider
         or factory wrote, not in an exception, not even in part."""
         keys = [key for key in self._keys if key]
-        if not keys:
+        leak = self._leak
+        if leak is None:
             return result
         data = converter.unstructure(result)
-        scrubbed = _scrub(data, keys)
+        scrubbed = _scrub(data, keys, leak)
         exception = result.exception
         if exception is not None:
             said = f"{exception!s}{exception!r}"
@@ -1256,15 +1262,16 @@ class RedactedError(Exception):
     """Stands in for a host exception whose message quoted an API key."""
 
 
-def _scrub(value: Any, keys: Sequence[str]) -> Any:
+def _scrub(value: Any, keys: Sequence[str], leak: re.Pattern[str]) -> Any:
     """Every text in ``value`` with every key, and every 8-character run of one, redacted
-    (the adapters' own rule: a server may quote a key cut short or partly masked)."""
+    (the adapters' own rule: a server may quote a key cut short or partly masked). ``leak``
+    finds the texts that need it."""
     if isinstance(value, str):
-        return redact(value, keys)
+        return redact(value, keys) if leak.search(value) else value
     if isinstance(value, dict):
-        return {name: _scrub(item, keys) for name, item in value.items()}
+        return {name: _scrub(item, keys, leak) for name, item in value.items()}
     if isinstance(value, list):
-        return [_scrub(item, keys) for item in value]
+        return [_scrub(item, keys, leak) for item in value]
     return value
 
 

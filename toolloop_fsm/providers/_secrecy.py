@@ -51,8 +51,7 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
         if not secret:
             continue
         size = min(len(secret), FRAGMENT)
-        # Every run of `size` characters of the secret; longer runs are unions of these.
-        for piece in dict.fromkeys(secret[i : i + size] for i in range(len(secret) - size + 1)):
+        for piece in _pieces(secret):
             found = text.find(piece)
             while found != -1:
                 spans.append((found, found + size))
@@ -61,6 +60,25 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
         text = _mask(text, spans)
     text = _URL_PASSWORD.sub(r"\1" + REDACTED + "@", text)
     return _KEY_IN_QUERY.sub(r"\1" + REDACTED, text)
+
+
+def _pieces(secret: str) -> dict[str, None]:
+    """Every run of `FRAGMENT` characters of ``secret`` (the whole of a shorter one), in
+    order, once each; a longer run is a union of these."""
+    size = min(len(secret), FRAGMENT)
+    return dict.fromkeys(secret[i : i + size] for i in range(len(secret) - size + 1))
+
+
+def fragment_pattern(secrets: Iterable[str | None]) -> re.Pattern[str] | None:
+    """One compiled pattern that finds any piece of ``secrets`` `redact` would replace: a
+    quick test, made once per set of keys, that spares `redact` the texts holding none."""
+    pieces: dict[str, None] = {}
+    for secret in secrets:
+        if secret:
+            pieces.update(_pieces(secret))
+    if not pieces:
+        return None
+    return re.compile("|".join(map(re.escape, pieces)))
 
 
 def _mask(text: str, spans: list[tuple[int, int]]) -> str:
@@ -117,6 +135,7 @@ __all__ = [
     "FRAGMENT",
     "MESSAGE_LIMIT",
     "REDACTED",
+    "fragment_pattern",
     "header_secrets",
     "quote",
     "redact",
