@@ -34,7 +34,14 @@ from toolloop_fsm import (
     run_generation_turn,
 )
 from toolloop_fsm.attempts import AdmissionRequest
-from toolloop_fsm.testing import Fail, Pause, ScriptedProvider, ScriptItem, VirtualClock
+from toolloop_fsm.testing import (
+    Fail,
+    Pause,
+    ScriptedProvider,
+    ScriptItem,
+    VirtualClock,
+    real_time_limit,
+)
 from toolloop_fsm.testing.hostile import (
     ChannelAct,
     HostileChannel,
@@ -239,7 +246,7 @@ def test_keyboard_interrupt_from_a_tool_reaches_the_caller_after_the_turns_child
 
         tool = make_tool("get_weather", turn.executions, turn.clock, interrupted)
         try:
-            async with asyncio.timeout(GUARD):
+            async with real_time_limit(GUARD):
                 await run_turn(turn, [tool], policy=policy)
         except KeyboardInterrupt:
             return "caught by the caller", [call.outcome for call in channel.calls]

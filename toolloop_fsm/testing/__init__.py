@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from toolloop_fsm.testing.channel import RecordingChannel
-from toolloop_fsm.testing.clock import VirtualClock
+from toolloop_fsm.testing.clock import VirtualClock, real_time_limit, watchdog_timer
 from toolloop_fsm.testing.hostile import (
     ChannelAct,
     EchoKey,
@@ -49,7 +49,9 @@ __all__ = [
     "key_runs",
     "leaked_runs",
     "mutate_in_place",
+    "real_time_limit",
     "returns_within",
+    "watchdog_timer",
 ]
 
 # ---- the invariant checker and the Hypothesis strategies (appended for issue #2)

@@ -26,7 +26,6 @@ Hypothesis; `toolloop_fsm.testing` imports it lazily.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 import json
@@ -64,7 +63,7 @@ from toolloop_fsm.result import (
 )
 from toolloop_fsm.scaffolding import is_verbatim_scaffolding
 from toolloop_fsm.testing.channel import RecordingChannel
-from toolloop_fsm.testing.clock import VirtualClock
+from toolloop_fsm.testing.clock import VirtualClock, real_time_limit
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider, ScriptItem
 
 __all__ = [
@@ -912,7 +911,7 @@ async def run_chain(
             on_attempt_step=on_attempt_step,
         )
         try:
-            async with asyncio.timeout(real_timeout):
+            async with real_time_limit(real_timeout):
                 result = await turn
         except TimeoutError:
             raised = TimeoutError(

@@ -1,10 +1,18 @@
-"""`VirtualClock`: test time that jumps instead of passing.
+"""`VirtualClock`: test time that jumps instead of passing, but never over a real wait.
 
 Timers run in virtual time. Whenever every task on the loop is waiting (nothing is ready
 to run), the clock jumps to the next timer and fires it — so a 300-second tool deadline is
-tested in microseconds and no test sleeps. Like trio's autojump clock, it assumes the code
-under test waits only on its own timers and in-memory work; use the real `LoopClock` with
-real sockets.
+tested in microseconds and no test sleeps.
+
+Code under test may still wait on real time: a tool that sleeps 50 ms, an HTTP call under
+its client's timeout (httpx arms one as a real loop timer). Jumping then would fire a
+virtual deadline long before the real wait could finish ("timed out after 300 s" for a
+50 ms sleep). So the clock holds still while the event loop has a real timer pending, and
+jumps once those timers have fired. I/O with no timer at all is not seen: use the real
+`LoopClock` for that. A real-time watchdog around a virtual turn would hold the clock for
+its whole length, so the kit's own watchdogs are made with `real_time_limit` or
+`watchdog_timer`, which the clock ignores; a hold longer than ``real_hold_warning`` real
+seconds is logged (logger ``toolloop_fsm.testing``) naming the timers that hold it.
 """
 
 from __future__ import annotations
@@ -12,10 +20,47 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Callable
+import logging
+import weakref
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from attrs import define, field
+
+__all__ = ["VirtualClock", "VirtualTimer", "real_time_limit", "watchdog_timer"]
+
+_log = logging.getLogger("toolloop_fsm.testing")
+
+#: Real loop timers that guard a test rather than belong to the code under test.
+_WATCHDOGS: weakref.WeakSet[asyncio.TimerHandle] = weakref.WeakSet()
+
+
+def watchdog_timer(
+    delay: float, callback: Callable[..., object], *args: Any
+) -> asyncio.TimerHandle:
+    """``loop.call_later`` for a real-time watchdog: a `VirtualClock` does not hold virtual
+    time still for it (it would otherwise wait out the whole watchdog before jumping)."""
+    handle = asyncio.get_running_loop().call_later(delay, callback, *args)
+    _WATCHDOGS.add(handle)
+    return handle
+
+
+@asynccontextmanager
+async def real_time_limit(seconds: float | None) -> AsyncIterator[None]:
+    """Like ``asyncio.timeout(seconds)`` in real time, as a watchdog a `VirtualClock`
+    ignores: raises `TimeoutError` if the block runs longer than ``seconds`` real seconds
+    (``None``: no limit)."""
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(None) as limit:
+        if seconds is None:
+            yield
+            return
+        handle = watchdog_timer(seconds, lambda: limit.reschedule(loop.time()))
+        try:
+            yield
+        finally:
+            handle.cancel()
 
 
 @define(eq=False)
@@ -35,10 +80,13 @@ class VirtualTimer:
 
 @define
 class VirtualClock:
-    """A `Clock` whose time only moves when the loop is idle (or `advance` is called)."""
+    """A `Clock` whose time only moves when the loop is idle and no real timer is pending
+    (or `advance` is called). ``real_hold_warning``: real seconds of holding still for real
+    timers after which the clock logs a warning naming them."""
 
     start: float = 0.0
     idle_rounds: int = 3
+    real_hold_warning: float = 5.0
     _now: float = field(init=False)
     _timers: list[VirtualTimer] = field(init=False, factory=list)
     _seq: itertools.count[int] = field(init=False, factory=itertools.count)
@@ -96,6 +144,8 @@ class VirtualClock:
     async def _jump_when_idle(self) -> None:
         loop = asyncio.get_running_loop()
         idle = 0
+        held_since: float | None = None
+        warned = False
         while True:
             while self._timers and self._timers[0].cancelled:
                 heapq.heappop(self._timers)
@@ -110,6 +160,24 @@ class VirtualClock:
             if idle < self.idle_rounds:
                 continue
             idle = 0
+            holding = _real_timers(loop)
+            if holding:
+                # someone waits on real time: let it pass (without spinning) before jumping
+                wake_at = min(handle.when() for handle in holding)
+                if held_since is None:
+                    held_since, warned = loop.time(), False
+                if not warned and wake_at - held_since >= self.real_hold_warning:
+                    warned = True
+                    _log.warning(
+                        "VirtualClock holds virtual time still for %.3g real seconds or more: "
+                        "the loop has %d real timer(s) pending (%s); code under a "
+                        "VirtualClock should wait on the clock, and a watchdog should be made "
+                        "with real_time_limit() or watchdog_timer()",
+                        wake_at - held_since, len(holding), _describe(holding),
+                    )  # fmt: skip
+                await _sleep_until(loop, wake_at)
+                continue
+            held_since = None
             while self._timers and self._timers[0].cancelled:
                 heapq.heappop(self._timers)
             if not self._timers:
@@ -117,3 +185,33 @@ class VirtualClock:
             timer = heapq.heappop(self._timers)
             self._now = max(self._now, timer.when)
             timer.callback(*timer.args)
+
+
+def _real_timers(loop: asyncio.AbstractEventLoop) -> list[asyncio.TimerHandle]:
+    """The loop's pending real timers that belong to the code under test."""
+    # asyncio keeps its timers in `_scheduled`; a loop without one is treated as having none
+    scheduled: list[asyncio.TimerHandle] = getattr(loop, "_scheduled", [])
+    return [h for h in scheduled if not h.cancelled() and h not in _WATCHDOGS]
+
+
+async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float) -> None:
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    handle = loop.call_at(when, wake)
+    _WATCHDOGS.add(handle)
+    try:
+        await woken
+    finally:
+        handle.cancel()
+
+
+def _describe(handles: list[asyncio.TimerHandle]) -> str:
+    names = []
+    for handle in handles[:3]:
+        callback = getattr(handle, "_callback", None)
+        names.append(getattr(callback, "__qualname__", repr(callback)))
+    return ", ".join(names) + (", …" if len(handles) > 3 else "")

@@ -43,6 +43,7 @@ from toolloop_fsm.host import Clock
 from toolloop_fsm.providers.base import ProviderError
 from toolloop_fsm.result import Delivered, Notice
 from toolloop_fsm.testing.channel import RecordingChannel
+from toolloop_fsm.testing.clock import watchdog_timer
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider, ScriptItem
 
 __all__ = [
@@ -142,17 +143,17 @@ async def returns_within(
     """
     task = asyncio.ensure_future(turn)
     try:
-        done, _ = await asyncio.wait({task}, timeout=real_seconds)
+        await _wait_real(task, real_seconds)
     except BaseException:
         task.cancel()
         raise
-    if task in done:
+    if task.done():
         return task.result()
     names = ", ".join(running()) if running is not None else ""
     if stragglers is not None:
         stragglers.release()
     task.cancel()
-    await asyncio.wait({task}, timeout=real_seconds)
+    await _wait_real(task, real_seconds)
     if task.done() and not task.cancelled():
         task.exception()  # retrieved: what it raised while unwinding is not the finding
     raise TurnDidNotReturn(
@@ -161,6 +162,22 @@ async def returns_within(
         f"(host code still running: {names or 'none'})",
         names,
     )
+
+
+async def _wait_real(task: asyncio.Future[Any], real_seconds: float) -> None:
+    """Wait for ``task`` at most ``real_seconds``, with a watchdog a `VirtualClock` ignores."""
+    expired: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def expire() -> None:
+        if not expired.done():
+            expired.set_result(None)
+
+    handle = watchdog_timer(real_seconds, expire)
+    try:
+        await asyncio.wait({task, expired}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        handle.cancel()
+        expired.cancel()
 
 
 # --------------------------------------------------------------------------- the channel

@@ -1,0 +1,90 @@
+"""The test kit's `VirtualClock` jumps over virtual waits but never over real ones.
+
+A tool that awaits real time (a short `asyncio.sleep`, an HTTP call under its timeout) must
+see its real wait complete before virtual time moves past its deadline; the kit's own
+real-time watchdogs must not hold virtual time still.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from toolloop_fsm import LoopPolicy, Tool, ToolRegistry, ToolResult, TurnRequest, run_tool_loop
+from toolloop_fsm.events import FunctionCall, TextDelta
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, VirtualClock, real_time_limit
+from toolloop_fsm.testing.hostile import returns_within
+
+
+async def test_a_tool_awaiting_a_short_real_sleep_is_not_timed_out_by_virtual_time() -> None:
+    clock = VirtualClock()
+
+    async def lookup(arguments: dict[str, object], context: object) -> ToolResult:
+        await asyncio.sleep(0.05)  # real I/O stand-in: 50 ms of real time
+        return ToolResult(message="found it")
+
+    provider = ScriptedProvider(
+        [[FunctionCall("lookup", {})], [TextDelta("Here it is.")]], clock=clock
+    )
+    tools = ToolRegistry([Tool("lookup", "look it up", {"type": "object"}, lookup)])
+    channel = RecordingChannel(clock=clock)
+    result = await run_tool_loop(
+        provider, tools, channel, TurnRequest([{"role": "user", "content": "hi"}]),
+        policy=LoopPolicy(), clock=clock,
+    )  # fmt: skip
+    assert result.status is TurnStatus.COMPLETED, result.error_message
+    assert result.history[0].response.success, result.history[0].response
+    assert result.final_text == "Here it is."
+
+
+async def test_virtual_time_waits_for_a_pending_real_timer_before_jumping() -> None:
+    clock = VirtualClock()
+    order: list[str] = []
+
+    async def real_wait() -> None:
+        await asyncio.sleep(0.02)
+        order.append("real")
+
+    async def virtual_wait() -> None:
+        await clock.sleep(1_000)
+        order.append("virtual")
+
+    await asyncio.gather(real_wait(), virtual_wait())
+    assert order == ["real", "virtual"]
+    assert clock.now() == 1_000
+
+
+async def test_the_kits_real_time_watchdogs_do_not_hold_virtual_time() -> None:
+    clock = VirtualClock()
+    started = time.monotonic()
+    async with real_time_limit(30.0):
+        await clock.sleep(3_600)
+    await returns_within(clock.sleep(3_600), 30.0)
+    assert clock.now() == 7_200
+    assert time.monotonic() - started < 10.0  # far less than either watchdog's 30 s
+
+
+async def test_real_time_limit_raises_timeout_when_real_time_runs_out() -> None:
+    with pytest.raises(TimeoutError):
+        async with real_time_limit(0.01):
+            await asyncio.Event().wait()
+
+
+async def test_a_clock_held_by_real_timers_says_which_and_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = VirtualClock(real_hold_warning=0.01)
+    caplog.set_level(logging.WARNING, logger="toolloop_fsm.testing")
+
+    async def long_real_wait() -> None:
+        await asyncio.sleep(0.05)
+
+    await asyncio.gather(long_real_wait(), clock.sleep(5))
+    assert clock.now() == 5
+    held = [r.getMessage() for r in caplog.records if "VirtualClock" in r.getMessage()]
+    assert held, "no warning that virtual time was held by real timers"
+    assert "real timer" in held[0]
