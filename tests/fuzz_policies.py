@@ -24,3 +24,13 @@ BROKEN = LoopPolicy(end_after_pre_tool_text=second_word_ends_sentence)
 
 def make_broken() -> LoopPolicy:
     return LoopPolicy(end_after_pre_tool_text=second_word_ends_sentence)
+
+
+def wait_for_ever(view: ExitView) -> bool:
+    """Hangs on purpose: a custom exit rule that never returns (a busy loop, so that no
+    asyncio timeout can interrupt it)."""
+    while True:
+        pass
+
+
+HANGS = LoopPolicy(end_after_pre_tool_text=wait_for_ever)

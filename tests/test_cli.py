@@ -272,6 +272,67 @@ def test_json_that_is_not_a_trace_is_a_clean_error(command: str, tmp_path: Path)
     assert_clean_error(run(*args), command)
 
 
+@pytest.mark.parametrize("command", ["diagram", "trace"])
+@pytest.mark.parametrize(
+    "content",
+    ['{"status": 5}\n', '{"status": "completed", "trace": [{"state": 1}]}\n', '{}\n'],
+    ids=["status-only", "bad-step", "empty-object"],
+)
+def test_an_object_that_is_not_a_saved_result_is_a_clean_error(
+    command: str, content: str, tmp_path: Path
+) -> None:
+    bad = tmp_path / "object.json"
+    bad.write_text(content, encoding="utf-8")
+    args = ("diagram", "outer", "--highlight", str(bad)) if command == "diagram" else (
+        "trace", str(bad))  # fmt: skip
+    line = assert_clean_error(run(*args), command)
+    assert str(bad) in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("diagram", "inner", "-o", "{missing}/inner.mmd"),
+     ("demo", "--scripted", "--save-trace", "{missing}/result.json")],
+    ids=["diagram-output", "demo-save-trace"],
+)  # fmt: skip
+def test_writing_into_a_missing_directory_is_a_clean_error(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
+    missing = tmp_path / "no" / "such"
+    proc = run(*(arg.format(missing=missing) for arg in args))
+    line = assert_clean_error(proc, args[0])
+    assert str(missing) in line
+
+
+def test_scripted_demo_saves_its_result_too(tmp_path: Path) -> None:
+    target = tmp_path / "scripted.json"
+    proc = run("demo", "--scripted", "--save-trace", str(target))
+    assert proc.returncode == 0, proc.stderr
+    result = result_from_json(target.read_text(encoding="utf-8"))
+    assert result.status is TurnStatus.COMPLETED
+
+
+def test_output_piped_into_a_closed_reader_ends_quietly() -> None:
+    command = [sys.executable, "-m", "toolloop_fsm", "demo", "--scripted"]
+    with subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.readline()  # like `| head -1`: read one line, then hang up
+        proc.stdout.close()
+        stderr = proc.stderr.read().decode("utf-8")
+        proc.wait(timeout=TIMEOUT)
+    assert "Traceback" not in stderr, stderr
+    assert proc.returncode != 0 or stderr == ""
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    proc = run("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"toolloop-fsm {version('toolloop-fsm')}"
+
+
 # ----------------------------------------------------------------------------- fuzz
 def _coverage(out: str) -> tuple[int, int]:
     found = re.search(r"^transition coverage: (\d+)/(\d+)\b", out, re.MULTILINE)
@@ -359,6 +420,27 @@ def test_fuzz_takes_a_policy_factory(broken: subprocess.CompletedProcess[str]) -
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert _failure_report(proc.stdout) == _failure_report(broken.stdout)
     assert "--policy tests.fuzz_policies:make_broken" in proc.stdout
+
+
+def test_fuzz_names_a_policy_that_hangs_instead_of_hanging_itself() -> None:
+    proc = run("fuzz", "--policy", "tests.fuzz_policies:HANGS", "--examples", "30",
+               "--seed", "1", "--time-limit", "0.5")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    failed = proc.stdout[proc.stdout.index("FAILED") :].splitlines()[0]
+    assert "0.5 s time limit" in failed
+    assert "fuzz_policies.py" in failed and "in wait_for_ever" in failed
+
+
+def test_fuzz_progress_shows_the_total_and_an_eta() -> None:
+    proc = run("fuzz", "--examples", "40", "--seed", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"\d+/40 examples, [\d,]+/s, ETA \d+ s", proc.stderr), proc.stderr
+
+
+def test_fuzz_with_zero_examples_is_a_clean_error() -> None:
+    line = assert_clean_error(run("fuzz", "--examples", "0"), "fuzz")
+    assert "--examples" in line
 
 
 def test_fuzz_with_an_unimportable_policy_is_a_clean_error() -> None:

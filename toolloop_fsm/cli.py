@@ -107,8 +107,29 @@ async def scripted_demo(out: TextIO) -> GenerationTurnResult:
     return result
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("toolloop-fsm")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
+def _writable(path: str) -> str:
+    """``path`` if a file can be created there; otherwise a `ValueError` saying why (checked
+    before the work, so a long run is not lost to a typo in the directory)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ValueError(f"cannot write {path}: the directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"cannot write {path}: it is a directory")
+    return path
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolloop-fsm", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"toolloop-fsm {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo",
@@ -137,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--examples", type=int, default=500, metavar="N")
     fuzz.add_argument("--seed", type=int, default=0, metavar="S")
     fuzz.add_argument("--tier", choices=("inner", "outer"), default="inner")
+    fuzz.add_argument(
+        "--time-limit", type=float, default=5.0, metavar="SECONDS",
+        help="real seconds one example may run before it fails as hung (default 5)",
+    )  # fmt: skip
 
     trace = commands.add_parser("trace", help="print a saved result's trace as a table")
     trace.add_argument("file", metavar="FILE")
@@ -146,8 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _demo(args: argparse.Namespace) -> int:
     from toolloop_fsm.demo import run_demo, unreachable_message
 
+    try:
+        save_to = _writable(args.save_trace) if args.save_trace else None
+    except ValueError as err:
+        sys.stderr.write(f"toolloop-fsm demo: {err}\n")
+        return 2
     if args.scripted:
         result = asyncio.run(scripted_demo(sys.stdout))
+        _save(result, save_to)
         return 0 if result.status.value == "completed" else 1
     if (args.base_url is None) != (args.model is None):
         sys.stderr.write("toolloop-fsm demo: --base-url and --model go together\n")
@@ -161,11 +192,7 @@ def _demo(args: argparse.Namespace) -> int:
     result = asyncio.run(
         run_demo(sys.stdout, base_url=args.base_url, model=args.model, api_key=api_key)
     )
-    if args.save_trace:
-        from toolloop_fsm.result import result_to_json
-
-        with open(args.save_trace, "w", encoding="utf-8") as out:
-            out.write(result_to_json(result))
+    _save(result, save_to)
     if args.base_url is not None:
         message = unreachable_message(result, args.base_url)
         if message is not None:
@@ -174,21 +201,50 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if result.status.value == "completed" else 1
 
 
-def load_trace(path: str, machine: str) -> tuple[TraceStep, ...]:
-    """Steps from a saved result (``result_to_json``) or a bare trace list. For the inner
-    machine, a generation turn's result gives its last attempt's trace."""
+def _save(result: GenerationTurnResult, path: str | None) -> None:
+    if path is None:
+        return
+    from toolloop_fsm.result import result_to_json
+
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(result_to_json(result))
+
+
+def load_saved(path: str) -> GenerationTurnResult | tuple[TraceStep, ...]:
+    """A saved result (``result_to_json``) or a bare trace list, checked whole: a file of
+    any other shape is a `ValueError` naming it, never an empty table."""
     from toolloop_fsm.result import converter
 
     data = _read_json(path)
+    problem = f"a JSON {type(data).__name__}"
     try:
+        if isinstance(data, list):
+            return converter.structure(data, tuple[TraceStep, ...])
         if isinstance(data, dict):
-            if machine == "inner" and data.get("attempts"):
-                data = data["attempts"][-1].get("trace", [])
-            else:
-                data = data.get("trace", [])
-        return converter.structure(data, tuple[TraceStep, ...])
-    except Exception:
-        raise ValueError(f"{path} holds neither a saved result nor a trace") from None
+            return converter.structure(data, GenerationTurnResult)
+    except Exception as err:
+        problem = _first_line(err)
+    raise ValueError(f"{path} holds neither a saved result nor a trace ({problem})")
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of a (cattrs) structuring error, without its sub-exception tree."""
+    causes = getattr(err, "exceptions", None)
+    if causes:
+        return _first_line(causes[0])
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def load_trace(path: str, machine: str) -> tuple[TraceStep, ...]:
+    """Steps from a saved result (``result_to_json``) or a bare trace list. For the inner
+    machine, a generation turn's result gives its last attempt's trace."""
+    saved = load_saved(path)
+    if isinstance(saved, tuple):
+        return saved
+    if machine == "inner" and saved.attempts:
+        return saved.attempts[-1].trace
+    return saved.trace
 
 
 def _read_json(path: str) -> Any:
@@ -197,19 +253,24 @@ def _read_json(path: str) -> Any:
             return json.load(source)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not JSON ({err.msg} at line {err.lineno})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not JSON (not UTF-8 text)") from None
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror}") from None
 
 
 def _diagram(args: argparse.Namespace) -> int:
     from toolloop_fsm.diagrams import DiagramError, declaration, render
 
     try:
+        output = _writable(args.output) if args.output else None
         highlight = load_trace(args.highlight, args.machine) if args.highlight else None
         data = render(declaration(args.machine), args.format, highlight=highlight)
     except (DiagramError, ValueError, OSError) as err:
         sys.stderr.write(f"toolloop-fsm diagram: {err}\n")
         return 2
-    if args.output:
-        with open(args.output, "wb") as out:
+    if output is not None:
+        with open(output, "wb") as out:
             out.write(data)
     else:
         sys.stdout.buffer.write(data)
@@ -222,7 +283,13 @@ def _fuzz(args: argparse.Namespace) -> int:
     from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 
     def progress(count: int, seconds: float) -> None:
-        sys.stderr.write(f"\r  … {count} examples, {count / seconds:,.0f}/s")
+        rate = count / seconds if seconds > 0 else 0.0
+        line = f"\r  … {count}/{args.examples} examples, {rate:,.0f}/s"
+        if count < args.examples and rate > 0:
+            line += f", ETA {(args.examples - count) / rate:.0f} s"
+        else:
+            line += ", shrinking" if count > args.examples else ""
+        sys.stderr.write(line + " " * 8)
         sys.stderr.flush()
 
     try:
@@ -231,12 +298,13 @@ def _fuzz(args: argparse.Namespace) -> int:
         else:
             policy = LoopPolicy() if args.tier == "inner" else TurnPolicy()
         report = fuzz(
-            policy, tier=args.tier, examples=args.examples, seed=args.seed, progress=progress
-        )
+            policy, tier=args.tier, examples=args.examples, seed=args.seed, progress=progress,
+            time_limit=args.time_limit,
+        )  # fmt: skip
     except FuzzSetupError as err:
         sys.stderr.write(f"toolloop-fsm fuzz: {err}\n")
         return 2
-    sys.stderr.write("\r" + " " * 60 + "\r")
+    sys.stderr.write("\r" + " " * 72 + "\r")
     fired, declared = report.coverage
     name = args.policy or "the default policy"
     print(f"fuzzed {name} ({args.tier} tier): {report.examples} examples in "
@@ -259,38 +327,22 @@ def _fuzz(args: argparse.Namespace) -> int:
 
 def _trace(args: argparse.Namespace) -> int:
     from toolloop_fsm.fuzz import trace_table
-    from toolloop_fsm.result import converter
-
-    def table(steps: Any) -> str:
-        return trace_table(converter.structure(steps, tuple[TraceStep, ...]))
 
     try:
-        data = _read_json(args.file)
-        if isinstance(data, list):
-            print(table(data))
-            return 0
-        if not isinstance(data, dict):
-            raise ValueError(f"{args.file} holds neither a saved result nor a trace")
-        lines = [
-            f"status: {data.get('status')}" + (f" ({data['reason']})" if data.get("reason") else "")
-        ]
-        lines.append(table(data.get("trace", [])))
-        for attempt in data.get("attempts", []):
-            superseded = " (superseded)" if attempt.get("superseded") else ""
-            heading = f"attempt {attempt['index']} — {attempt['label']}"
-            lines.append(f"\n{heading}: {attempt['status']}{superseded}")
-            lines.append(table(attempt.get("trace", [])))
-    except OSError as err:
-        sys.stderr.write(f"toolloop-fsm trace: cannot read {args.file}: {err.strerror}\n")
-        return 2
+        saved = load_saved(args.file)
     except ValueError as err:
         sys.stderr.write(f"toolloop-fsm trace: {err}\n")
         return 2
-    except Exception:
-        sys.stderr.write(
-            f"toolloop-fsm trace: {args.file} holds neither a saved result nor a trace\n"
-        )
-        return 2
+    if isinstance(saved, tuple):
+        print(trace_table(saved))
+        return 0
+    lines = [f"status: {saved.status.value}" + (f" ({saved.reason})" if saved.reason else "")]
+    lines.append(trace_table(saved.trace))
+    for attempt in saved.attempts:
+        superseded = " (superseded)" if attempt.superseded else ""
+        heading = f"attempt {attempt.index} — {attempt.label}"
+        lines.append(f"\n{heading}: {attempt.status.value}{superseded}")
+        lines.append(trace_table(attempt.trace))
     print("\n".join(lines))
     return 0
 
@@ -298,7 +350,14 @@ def _trace(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"demo": _demo, "diagram": _diagram, "fuzz": _fuzz, "trace": _trace}
-    return commands[args.command](args)
+    try:
+        return commands[args.command](args)
+    except BrokenPipeError:
+        # the reader hung up (`| head`): stop quietly, as Unix tools do; point stdout at
+        # devnull so the interpreter's own flush at exit does not raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the pipe
 
 
 if __name__ == "__main__":

@@ -10,11 +10,15 @@ that reproduces it. Needs Hypothesis (``pip install "toolloop-fsm[test]"``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 from attrs import define, field, frozen
@@ -26,6 +30,18 @@ from toolloop_fsm.result import TraceStep
 
 class FuzzSetupError(Exception):
     """The fuzz run could not start (bad ``--policy``, Hypothesis missing, …)."""
+
+
+class ExampleTimeLimitExceeded(Exception):
+    """One example ran past the per-example time limit: code it runs (the policy's own
+    rules, most likely) hangs. The message names where it was interrupted."""
+
+
+#: Real seconds one example may run by default; a whole turn takes milliseconds.
+EXAMPLE_TIME_LIMIT = 5.0
+#: The limit while shrinking an example that hung (each shrink step would otherwise wait out
+#: the whole limit).
+HUNG_SHRINK_LIMIT = 0.2
 
 
 def load_policy(spec: str, tier: str) -> LoopPolicy | TurnPolicy:
@@ -94,10 +110,12 @@ class FuzzReport:
 
 @define
 class _Progress:
+    """Reports after the first example, then about once a second."""
+
     report: Callable[[int, float], None] | None
     every: float = 1.0
     started: float = field(factory=time.perf_counter)
-    last: float = 0.0
+    last: float | None = None
     count: int = 0
 
     def tick(self) -> None:
@@ -105,9 +123,41 @@ class _Progress:
         if self.report is None:
             return
         now = time.perf_counter()
-        if now - self.last >= self.every:
+        if self.last is None or now - self.last >= self.every:
             self.last = now
             self.report(self.count, now - self.started)
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Interrupt the block after ``seconds`` real seconds with `ExampleTimeLimitExceeded`,
+    naming the line it was running. A policy that spins in a plain loop never yields to the
+    event loop, so no asyncio timeout could stop it: a real-time signal can (on the main
+    thread of a POSIX process; elsewhere the block runs unlimited)."""
+    if (
+        not hasattr(signal, "setitimer")
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+
+    def interrupt(_signum: int, frame: FrameType | None) -> None:
+        where = "an unknown place"
+        if frame is not None:
+            code = frame.f_code
+            where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+        raise ExampleTimeLimitExceeded(
+            f"the example ran past the {seconds:g} s time limit, interrupted at {where}: "
+            "the policy (or code it calls) hangs"
+        )
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def fuzz(
@@ -117,8 +167,14 @@ def fuzz(
     examples: int = 500,
     seed: int = 0,
     progress: Callable[[int, float], None] | None = None,
+    time_limit: float = EXAMPLE_TIME_LIMIT,
 ) -> FuzzReport:
-    """Run ``examples`` random turns under ``policy`` and check the invariants."""
+    """Run ``examples`` random turns under ``policy`` and check the invariants. An example
+    running longer than ``time_limit`` real seconds fails, naming where it hung."""
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+        raise FuzzSetupError(f"--examples takes a whole number of at least 1, got {examples!r}")
+    if not time_limit > 0 or time_limit == float("inf"):
+        raise FuzzSetupError(f"--time-limit takes a positive number of seconds, got {time_limit!r}")
     try:
         from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import seed as seeded
@@ -141,6 +197,7 @@ def fuzz(
 
     ticker = _Progress(progress)
     failures: list[tuple[str, tuple[TraceStep, ...], str]] = []
+    hung: list[str] = []
     loop = asyncio.new_event_loop()
     fired: set[str] = set()
     previous = Coverage.fired
@@ -159,8 +216,16 @@ def fuzz(
     def property_holds(example: Any) -> None:
         ticker.tick()
         steps: list[TraceStep] = []
+        # once one example hung, shrinking needs only to see which ones still reach the hang
+        limit = time_limit if not hung else min(time_limit, HUNG_SHRINK_LIMIT)
         try:
-            loop.run_until_complete(run_example(example, steps.append))
+            with _time_limit(limit):
+                loop.run_until_complete(run_example(example, steps.append))
+        except ExampleTimeLimitExceeded as err:
+            hung.append(str(err))
+            message = hung[0]  # the first report names the full limit
+            failures.append((f"{type(err).__name__}: {message}", tuple(steps), repr(example)))
+            raise
         except Exception as err:
             failures.append((f"{type(err).__name__}: {err}", tuple(steps), repr(example)))
             raise
