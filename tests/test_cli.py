@@ -11,9 +11,11 @@ import ast
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -204,6 +206,65 @@ def test_demo_names_an_unset_api_key_variable() -> None:
     proc = run("demo", "--api-key-env", "NOT_SET_VAR", env=env)
     line = assert_clean_error(proc, "demo")
     assert "NOT_SET_VAR" in line and "not set" in line
+
+
+# ----------------------------------------------------------------------------- serve
+def _readme_example() -> str:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Running a turn") :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("\n```", start)]
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[str]:
+    """``toolloop-fsm serve --port 0`` running in the background; yields its base URL."""
+    command = [sys.executable, "-m", "toolloop_fsm", "serve", "--port", "0"]
+    with subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, encoding="utf-8") as proc:  # fmt: skip
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        found = re.search(r"(http://127\.0\.0\.1:\d+/v1)", first)
+        assert found is not None, first + (proc.stderr.read() if proc.stderr else "")
+        yield found.group(1)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=TIMEOUT)
+        assert "Traceback" not in err, err
+        assert proc.returncode == 0, err
+
+
+def test_the_readme_example_completes_against_toolloop_fsm_serve(
+    served: str, tmp_path: Path
+) -> None:
+    example = _readme_example()
+    assert "http://127.0.0.1:8765/v1" in example  # the README points at `serve`'s default
+    script = tmp_path / "example.py"
+    script.write_text(example.replace("http://127.0.0.1:8765/v1", served), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "°C" in proc.stdout  # the model's answer, delivered through the example's channel
+    assert " completed " in proc.stdout, proc.stdout
+    assert "asked about the weather in Paris" in proc.stdout  # the silent tool's note
+
+
+def test_the_readme_example_prints_why_a_turn_failed(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    script = tmp_path / "example.py"
+    script.write_text(_readme_example().replace("http://127.0.0.1:8765/v1", url), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT,
+                          check=False)  # fmt: skip
+    assert " error provider_error " in proc.stdout, proc.stdout + proc.stderr
+    assert "connect" in proc.stdout.lower(), proc.stdout  # the error message, not just a status
+
+
+def test_serve_answers_the_models_route(served: str) -> None:
+    import httpx
+
+    listed = httpx.get(f"{served}/models", timeout=10).json()
+    assert {m["id"] for m in listed["data"]} == {"swift-1", "steady-2"}
 
 
 # ----------------------------------------------------------------------------- diagram

@@ -1,4 +1,5 @@
-"""The `toolloop-fsm` command (and `python -m toolloop_fsm`): demo, diagram, fuzz."""
+"""The `toolloop-fsm` command (and `python -m toolloop_fsm`): demo, serve, diagram, fuzz,
+trace."""
 
 from __future__ import annotations
 
@@ -143,6 +144,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scripted", action="store_true", help="no HTTP: a scripted provider")
     demo.add_argument("--save-trace", metavar="FILE", help="write the result (and trace) as JSON")
 
+    serve = commands.add_parser(
+        "serve",
+        help="run the demo's scripted OpenAI-compatible model on 127.0.0.1 until Ctrl-C",
+        description="The embedded scripted model of the demo, to try a host against without "
+        "a real model: POST /v1/chat/completions (models steady-2 and the rate-limited "
+        "swift-1) and GET /v1/models.",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=8765,
+        metavar="N",
+        help="port on 127.0.0.1 (default 8765; 0 picks a free one)",
+    )
+
     diagram = commands.add_parser(
         "diagram", help="render a machine's state diagram from its declaration"
     )
@@ -208,6 +224,23 @@ def _save(result: GenerationTurnResult, path: str | None) -> None:
 
     with open(path, "w", encoding="utf-8") as out:
         out.write(result_to_json(result))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from toolloop_fsm.demo import serve
+
+    if not 0 <= args.port <= 65535:
+        sys.stderr.write(f"toolloop-fsm serve: --port takes 0 to 65535, got {args.port}\n")
+        return 2
+    try:
+        asyncio.run(serve(sys.stdout, port=args.port))
+    except KeyboardInterrupt:
+        sys.stdout.write("toolloop-fsm serve: stopped\n")
+    except OSError as err:
+        sys.stderr.write(f"toolloop-fsm serve: cannot listen on 127.0.0.1:{args.port}: "
+                         f"{err.strerror}\n")  # fmt: skip
+        return 2
+    return 0
 
 
 def load_saved(path: str) -> GenerationTurnResult | tuple[TraceStep, ...]:
@@ -349,7 +382,9 @@ def _trace(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"demo": _demo, "diagram": _diagram, "fuzz": _fuzz, "trace": _trace}
+    commands = {
+        "demo": _demo, "serve": _serve, "diagram": _diagram, "fuzz": _fuzz, "trace": _trace,
+    }  # fmt: skip
     try:
         return commands[args.command](args)
     except BrokenPipeError:

@@ -142,6 +142,11 @@ class DemoServer:
         self, method: str, path: str, headers: dict[str, str], body: bytes,
         writer: asyncio.StreamWriter,
     ) -> None:  # fmt: skip
+        if method == "GET" and path.rstrip("/").endswith("/v1/models"):
+            models = [{"id": name, "object": "model", "owned_by": "toolloop-fsm-demo"}
+                      for name in (RATE_LIMITED_MODEL, ANSWERING_MODEL)]  # fmt: skip
+            await _respond(writer, 200, {"object": "list", "data": models})
+            return
         if method != "POST" or not path.endswith("/chat/completions"):
             await _respond(writer, 404, {"error": {"message": f"no route {method} {path}"}})
             return
@@ -165,7 +170,7 @@ async def _respond(
     writer: asyncio.StreamWriter, status: int, body: Any, extra: dict[str, str] | None = None
 ) -> None:
     data = json.dumps(body).encode()
-    reason = {404: "Not Found", 429: "Too Many Requests"}.get(status, "Error")
+    reason = {200: "OK", 404: "Not Found", 429: "Too Many Requests"}.get(status, "Error")
     head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
     head += "".join(f"{k}: {v}\r\n" for k, v in (extra or {}).items())
     head += f"content-length: {len(data)}\r\nconnection: close\r\n\r\n"
@@ -322,6 +327,25 @@ async def run_demo(
     if memory:
         out.write(f"  memory        {memory}\n")
     return result
+
+
+#: The port `toolloop-fsm serve` listens on unless told otherwise (the README's example
+#: points at it).
+SERVE_PORT = 8765
+
+
+async def serve(out: TextIO = sys.stdout, *, port: int = SERVE_PORT) -> None:
+    """Run the embedded scripted model on 127.0.0.1 until cancelled (Ctrl-C), so a host can
+    try the library without a model: its first line names the base URL."""
+    async with DemoServer(port=port) as server:
+        out.write(f"toolloop-fsm serve: the scripted demo model at {server.base_url}\n")
+        out.write(
+            f"  models: {ANSWERING_MODEL} (answers, calling get_weather and "
+            f"update_short_term_memory), {RATE_LIMITED_MODEL} (always HTTP 429, Retry-After 20)\n"
+            "  any API key is accepted; Ctrl-C stops it\n"
+        )
+        out.flush()
+        await asyncio.Event().wait()
 
 
 def unreachable_message(result: GenerationTurnResult, base_url: str) -> str | None:
