@@ -177,13 +177,6 @@ class Channel(Protocol):
     async def queue_front(self, stop_message: str) -> None: ...
 
 
-@runtime_checkable
-class Localizer(Protocol):
-    """Turns a `Notice` into text in the host's language."""
-
-    def localize(self, notice: Notice) -> str: ...
-
-
 class TimerHandle(Protocol):
     def cancel(self) -> None: ...
 

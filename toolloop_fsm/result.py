@@ -240,11 +240,3 @@ def result_to_json(result: GenerationTurnResult) -> str:
 def result_from_json(text: str) -> GenerationTurnResult:
     """Rebuild a result from `result_to_json` output."""
     return converter.structure(json.loads(text), GenerationTurnResult)
-
-
-def trace_to_json(trace: tuple[TraceStep, ...]) -> str:
-    return json.dumps(converter.unstructure(trace), ensure_ascii=False)
-
-
-def trace_from_json(text: str) -> tuple[TraceStep, ...]:
-    return converter.structure(json.loads(text), tuple[TraceStep, ...])

@@ -54,7 +54,7 @@ __all__ = [
     "watchdog_timer",
 ]
 
-# ---- the invariant checker and the Hypothesis strategies (appended for issue #2)
+# ---- the invariant checker and the Hypothesis strategies
 from toolloop_fsm.testing.invariants import (
     InvariantViolation,
     ToolExecution,
@@ -125,7 +125,7 @@ __all__ += [
     "turn_scripts",
 ]
 
-# ---- the outer tier: fallback-chain strategies, harness and checker (appended for issue #3)
+# ---- the outer tier: fallback-chain strategies, harness and checker
 if TYPE_CHECKING:
     from toolloop_fsm.testing.chains import (
         CHAIN_INVARIANTS,
