@@ -19,6 +19,7 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import Provider, ProviderRequest
 from toolloop_fsm.providers import (
     AnthropicProvider,
     GeminiProvider,
@@ -26,7 +27,6 @@ from toolloop_fsm.providers import (
     OpenAICompatibleProvider,
     OpenAIResponsesProvider,
 )
-from toolloop_fsm.providers.base import Provider, ProviderRequest
 
 REQUEST = ProviderRequest([{"role": "user", "content": "hi"}])
 ADAPTERS = ("openai-chat", "openai-responses", "anthropic", "gemini", "ollama")

@@ -30,10 +30,10 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers import AnthropicProvider
 from toolloop_fsm.providers._sse import SSEDecoder
 from toolloop_fsm.providers.anthropic import AnthropicStreamDecoder, build_anthropic_body
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
 
 API_KEY = "sk-ant-test-SECRET-0123456789"

@@ -33,9 +33,9 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers import GeminiProvider
 from toolloop_fsm.providers._sse import SSEDecoder
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers.gemini import SKIP_SIGNATURE, GeminiStreamDecoder, build_gemini_body
 from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
 

@@ -31,8 +31,8 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers import OllamaProvider
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers.ollama import OllamaStreamDecoder
 from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
 
@@ -271,7 +271,13 @@ async def test_request_path_and_body(wire_server: WireServer) -> None:
             },
             {
                 "role": "tool",
-                "content": json.dumps({"success": False, "reason": "timed out after 300 s"}),
+                "content": json.dumps(
+                    {
+                        "success": False,
+                        "status": "tool_execution_failed",
+                        "reason": "timed out after 300 s",
+                    }
+                ),
                 "tool_name": "get_time",
             },
             {"role": "assistant", "content": "It is"},

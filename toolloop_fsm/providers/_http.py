@@ -36,8 +36,8 @@ from typing import Any, Literal, cast
 
 import httpx
 
+from toolloop_fsm.provider import ProviderError, bounded_retry_after
 from toolloop_fsm.providers._secrecy import quote
-from toolloop_fsm.providers.base import ProviderError, bounded_retry_after
 
 # LLM streams are long-lived; the pump's own deadlines (first token, inactivity) bound the
 # waits that matter, so the read timeout only catches a dead connection.

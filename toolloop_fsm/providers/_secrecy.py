@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from toolloop_fsm.providers.base import ProviderError
+from toolloop_fsm.provider import ProviderError
 
 REDACTED = "[REDACTED]"
 FRAGMENT = 8

@@ -68,8 +68,8 @@ from typing import Any, Protocol
 
 from attrs import frozen
 
+from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.providers._secrecy import quote
-from toolloop_fsm.providers.base import ProviderError
 
 _BOM = b"\xef\xbb\xbf"
 # How much of a bad line an error message quotes, in characters.

@@ -17,14 +17,12 @@ handles.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, cast
 
 import httpx
-from attrs import asdict
 
 from toolloop_fsm.events import (
     Chunk,
@@ -35,12 +33,13 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload, post_stream
 from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
 from toolloop_fsm.providers._sse import ServerSentEvent, aiter_sse, decode_json_object
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
+from toolloop_fsm.result import ToolHistoryEntry
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -62,11 +61,6 @@ _TOOL_ID_INVALID = re.compile(r"[^a-zA-Z0-9_-]")
 
 
 # --------------------------------------------------------------------------- request body
-def tool_response_payload(response: ToolResponseRecord) -> dict[str, Any]:
-    """The JSON object shown to the model for one tool response (unset fields left out)."""
-    return asdict(response, filter=lambda _attribute, value: value is not None)
-
-
 def _tool_use_id(entry: ToolHistoryEntry, position: int) -> str:
     # A call replayed from a provider without ids (Gemini, old Ollama) still needs one here,
     # and it must be stable across passes so the tool_result pairs with its tool_use.
@@ -134,7 +128,6 @@ def build_anthropic_body(
             }
         )
         _append(messages, "assistant", assistant)
-        payload = tool_response_payload(entry.response)
         _append(
             messages,
             "user",
@@ -142,7 +135,7 @@ def build_anthropic_body(
                 {
                     "type": "tool_result",
                     "tool_use_id": call_id,
-                    "content": json.dumps(payload, ensure_ascii=False, default=str),
+                    "content": tool_response_json(entry.response),
                     "is_error": not entry.response.success,
                 }
             ],
@@ -500,5 +493,4 @@ __all__ = [
     "AnthropicProvider",
     "AnthropicStreamDecoder",
     "build_anthropic_body",
-    "tool_response_payload",
 ]

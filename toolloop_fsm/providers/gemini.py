@@ -23,7 +23,6 @@ from contextlib import aclosing
 from typing import Any, cast
 
 import httpx
-from attrs import asdict
 
 from toolloop_fsm.events import (
     Chunk,
@@ -34,11 +33,12 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.providers._history import tool_response_payload
 from toolloop_fsm.providers._http import error_from_payload, post_stream
 from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
 from toolloop_fsm.providers._sse import ServerSentEvent, aiter_sse, decode_json_object
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
+from toolloop_fsm.result import ToolHistoryEntry
 
 # There is no tool-call finish reason: STOP ends a turn with calls too (§6.2), so the decoder
 # turns STOP into TOOL_CALLS itself when it saw a call.
@@ -68,11 +68,6 @@ _PATH_TOKEN = re.compile(
 
 
 # --------------------------------------------------------------------------- request body
-def _response_payload(response: ToolResponseRecord) -> dict[str, Any]:
-    # functionResponse.response must be a JSON object (a Struct): the record, unset fields out.
-    return asdict(response, filter=lambda _attribute, value: value is not None)
-
-
 def _parts(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"text": content}] if content else []
@@ -114,7 +109,8 @@ def _history_contents(contents: list[dict[str, Any]], entry: ToolHistoryEntry) -
     _append(contents, "model", model_parts)
     function_response: dict[str, Any] = {
         "name": entry.call.name,
-        "response": _response_payload(entry.response),
+        # functionResponse.response must be a JSON object (a Struct), which the payload is.
+        "response": tool_response_payload(entry.response),
     }
     if entry.call.call_id:
         function_response["id"] = entry.call.call_id

@@ -20,13 +20,11 @@ Wire facts are in docs/wire-formats.md §1.2 and §5.1.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, cast
 
 import httpx
-from attrs import asdict
 
 from toolloop_fsm.events import (
     Chunk,
@@ -37,12 +35,12 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload, post_stream
 from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
 from toolloop_fsm.providers._sse import aiter_ndjson
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.result import ToolResponseRecord
 
 # `done_reason` is "stop" even when tools were called (§5.1); the decoder upgrades it itself.
 _DONE_REASONS: Mapping[str, FinishKind] = {
@@ -52,10 +50,6 @@ _DONE_REASONS: Mapping[str, FinishKind] = {
 
 
 # --------------------------------------------------------------------------- request body
-def _response_payload(response: ToolResponseRecord) -> dict[str, Any]:
-    return asdict(response, filter=lambda _attribute, value: value is not None)
-
-
 def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -94,9 +88,7 @@ def build_ollama_body(request: ProviderRequest, *, model: str) -> dict[str, Any]
         )
         result: dict[str, Any] = {
             "role": "tool",
-            "content": json.dumps(
-                _response_payload(entry.response), ensure_ascii=False, default=str
-            ),
+            "content": tool_response_json(entry.response),
             # Which call this answers: by name (all servers since tool results existed) and by
             # id (newer servers); unknown fields are ignored by older ones.
             "tool_name": entry.call.name,

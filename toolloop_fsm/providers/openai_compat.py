@@ -5,7 +5,8 @@ servers that imitate it (Azure, DeepSeek, Groq, Mistral, OpenRouter, vLLM, Ollam
 
 * `build_chat_messages` / `build_chat_body` — a `ProviderRequest` as a request body: the
   context, then per history entry an assistant message (pre-tool text + the call) and a
-  ``tool`` message (the response as JSON), then the prefill as a trailing assistant message;
+  ``tool`` message (the response as every adapter shows it, as JSON), then the prefill as a
+  trailing assistant message;
 * `ChatStreamDecoder` — sans-IO, from SSE events to chunk events. Text from ``delta.content``
   (a string, or Mistral's array of ``thinking``/``text`` parts); reasoning from ``reasoning``
   or else ``reasoning_content`` (vLLM sends both, one a copy of the other); refusals as text;
@@ -50,12 +51,13 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._history import dump_json, tool_response_json
 from toolloop_fsm.providers._http import error_from_payload, post_stream
 from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
 from toolloop_fsm.providers._sse import EventDecoder, decode_event_stream, decode_json_object
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
+from toolloop_fsm.result import ToolHistoryEntry
 
 FINISH_KINDS: Mapping[str, FinishKind] = {
     "stop": FinishKind.STOP,
@@ -82,23 +84,6 @@ def history_call_id(entry: ToolHistoryEntry, position: int) -> str:
     canonical = json.dumps(entry.call.arguments, sort_keys=True, default=str)
     digest = hashlib.sha256(f"{position}:{entry.call.name}:{canonical}".encode()).hexdigest()
     return digest[:9]
-
-
-def tool_response_payload(response: ToolResponseRecord) -> dict[str, Any]:
-    """What the model is shown for a tool's response (docs/behaviour.md §4.2)."""
-    if response.success:
-        shown: dict[str, Any] = {"data": response.data, "message": response.message}
-    else:
-        shown = {
-            "status": response.status or "tool_execution_failed",
-            "reason": response.reason,
-            "tool_name": response.tool_name,
-        }
-    return {key: value for key, value in shown.items() if value is not None}
-
-
-def dump_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def build_chat_messages(request: ProviderRequest) -> list[dict[str, Any]]:
@@ -129,7 +114,7 @@ def build_chat_messages(request: ProviderRequest) -> list[dict[str, Any]]:
             {
                 "role": "tool",
                 "tool_call_id": call_id,
-                "content": dump_json(tool_response_payload(entry.response)),
+                "content": tool_response_json(entry.response),
             }
         )
     if request.prefill:
@@ -514,5 +499,4 @@ __all__ = [
     "build_chat_messages",
     "chat_tool",
     "history_call_id",
-    "tool_response_payload",
 ]

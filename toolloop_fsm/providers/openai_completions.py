@@ -44,8 +44,8 @@ from typing import Any
 import httpx
 
 from toolloop_fsm.events import Chunk, FinishKind, FinishReason, TextDelta
+from toolloop_fsm.provider import ProviderError, ProviderRequest
 from toolloop_fsm.providers._sse import EventDecoder
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest
 from toolloop_fsm.providers.openai_compat import (
     FINISH_KINDS,
     ChatStreamDecoder,
