@@ -14,90 +14,13 @@ from typing import Any
 
 import pytest
 
-from tests.providers.replay import adapter, collect
-from tests.providers.wire_server import Scripted, WireServer
+from tests.providers.replay import FINISHED_PASS, adapter, collect
+from tests.providers.wire_server import WireServer
 from toolloop_fsm.provider import Provider, ProviderRequest
 from toolloop_fsm.providers.openai_completions import OpenAICompletionsProvider
 from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
 
 KEY = "sk-payload-0123456789abcdef"
-SSE = (("content-type", "text/event-stream"),)
-NDJSON = (("content-type", "application/x-ndjson"),)
-
-
-def _sse(*events: tuple[str | None, dict[str, Any] | str]) -> bytes:
-    lines = []
-    for name, data in events:
-        text = data if isinstance(data, str) else json.dumps(data)
-        lines.append((f"event: {name}\n" if name else "") + f"data: {text}\n\n")
-    return "".join(lines).encode()
-
-
-# The shortest stream each adapter accepts as a finished pass.
-_STREAMS: dict[str, Scripted] = {
-    "openai-chat": Scripted(
-        headers=SSE,
-        chunks=(
-            _sse(
-                (None, {"choices": [{"index": 0, "delta": {"content": "ok"}}]}),
-                (None, {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
-                (None, "[DONE]"),
-            ),
-        ),
-    ),
-    "openai-completions": Scripted(
-        headers=SSE,
-        chunks=(
-            _sse(
-                (None, {"choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}),
-                (None, "[DONE]"),
-            ),
-        ),
-    ),
-    "openai-responses": Scripted(
-        headers=SSE,
-        chunks=(
-            _sse(
-                (
-                    "response.completed",
-                    {"type": "response.completed", "response": {"status": "completed"}},
-                )
-            ),
-        ),
-    ),
-    "anthropic": Scripted(
-        headers=SSE,
-        chunks=(
-            _sse(
-                ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}),
-                ("message_stop", {"type": "message_stop"}),
-            ),
-        ),
-    ),
-    "gemini": Scripted(
-        headers=SSE,
-        chunks=(
-            _sse(
-                (
-                    None,
-                    {
-                        "candidates": [
-                            {
-                                "index": 0,
-                                "content": {"role": "model", "parts": [{"text": "ok"}]},
-                                "finishReason": "STOP",
-                            }
-                        ]
-                    },
-                )
-            ),
-        ),
-    ),
-    "ollama": Scripted(
-        headers=NDJSON,
-        chunks=(b'{"message": {"role": "assistant", "content": "ok"}, "done": true}\n',),
-    ),
-}
 
 
 def _chat_responses(body: dict[str, Any]) -> list[Any]:
@@ -163,7 +86,7 @@ async def _shown_for(
         _entry(response.tool_name or "lookup", response, f"call_{position}")
         for position, response in enumerate(responses)
     ]
-    wire_server.serve(_STREAMS[kind])
+    wire_server.serve(FINISHED_PASS[kind])
     request = ProviderRequest([{"role": "user", "content": "go"}], history=history)
     await collect(_provider(kind, wire_server.url), request)
     (sent,) = wire_server.requests

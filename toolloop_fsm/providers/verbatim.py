@@ -49,6 +49,7 @@ from toolloop_fsm.scaffolding import (
 VERBATIM_BUFFER_CAP = 8192
 """The longest candidate call held back (docs/behaviour.md §10.3), in characters."""
 
+
 # --------------------------------------------------------------------------- the scanner
 def _call_start_pattern(names: Sequence[str]) -> str:
     """A pattern matching exactly where a call can begin in the text seen so far.
@@ -648,9 +649,7 @@ def as_verbatim_request(request: ProviderRequest) -> ProviderRequest:
         )
         result = tool_response_json(entry.response)
         transcript.append({"role": "user", "content": f"[result of {call.name}] {result}"})
-    return attrs.evolve(
-        request, context=(*request.context, *transcript), tools=(), history=()
-    )
+    return attrs.evolve(request, context=(*request.context, *transcript), tools=(), history=())
 
 
 __all__ = [
