@@ -405,7 +405,7 @@ class OpenAIStyleProvider(HTTPStreamProvider):
     """What the OpenAI APIs' adapters add to the HTTP stream base: the key as a bearer
     ``authorization`` header, or bare in the header ``auth_header`` names (Azure's
     ``api-key``); ``extra_body`` merged into every request body; a default name of
-    ``{default_name}:{model}``, which is also how their errors name them. Subclasses name the
+    ``{default_name}:{model}`` (their errors name them by their name). Subclasses name the
     path, the body and the decoder."""
 
     default_name = "openai"
