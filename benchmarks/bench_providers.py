@@ -27,8 +27,8 @@ import httpx
 import httpx_sse
 
 from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.providers._sse import aiter_sse
-from toolloop_fsm.providers.base import ProviderRequest
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 
 WIRE = Path(__file__).resolve().parent.parent / "tests" / "data" / "wire"

@@ -232,9 +232,6 @@ def test_callback_names_are_the_functions_names(decl: MachineDeclaration) -> Non
 
 # --------------------------------------------------------------------------- imports
 FORBIDDEN_EXTERNAL = {"asyncio", "httpx", "httpx_sse", "anyio", "trio"}
-#: The provider *contract* (values: ProviderRequest, ToolSpec); everything else under
-#: providers/ is an adapter.
-PROVIDER_CONTRACT = "toolloop_fsm.providers.base"
 
 
 def _sans_io_files() -> list[Path]:
@@ -302,9 +299,10 @@ def _violations(module: str, names: list[str]) -> list[str]:
     if module == "toolloop_fsm":
         # the package facade re-exports the pump and the adapters
         bad.append(f"from toolloop_fsm import {', '.join(names)}")
-    if module == "toolloop_fsm.providers" and names and names != ["base"]:
-        bad.append(f"from toolloop_fsm.providers import {', '.join(names)}")
-    if module.startswith("toolloop_fsm.providers.") and module != PROVIDER_CONTRACT:
+    if module == "toolloop_fsm.providers":
+        # the adapters' package: the contract the machines use is `toolloop_fsm.provider`
+        bad.append(f"from toolloop_fsm.providers import {', '.join(names)}" if names else module)
+    if module.startswith("toolloop_fsm.providers."):
         bad.append(module)
     return bad
 
@@ -326,7 +324,8 @@ def test_import_checker_sees_violations(tmp_path: Path) -> None:
         "if TYPE_CHECKING:\n    import httpx\n"
         "def f():\n    from ..pump import EventPump\n"
         "from toolloop_fsm.providers.anthropic import AnthropicProvider\n"
-        "from toolloop_fsm.providers.base import ProviderRequest\n"
+        "from toolloop_fsm.provider import ProviderRequest\n"
+        "from toolloop_fsm.providers import ToolSpec\n"
         "from toolloop_fsm import run_tool_loop\n"
     )
     probe = tmp_path / "toolloop_fsm" / "states" / "probe.py"
@@ -337,6 +336,7 @@ def test_import_checker_sees_violations(tmp_path: Path) -> None:
         "asyncio",
         "toolloop_fsm.pump",
         "toolloop_fsm.providers.anthropic",
+        "from toolloop_fsm.providers import ToolSpec",
         "from toolloop_fsm import run_tool_loop",
     ]
 

@@ -28,7 +28,7 @@ from toolloop_fsm.events import (
     TextDelta,
 )
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.providers.base import ProviderError
+from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.testing import (
     AmbiguousEnding,

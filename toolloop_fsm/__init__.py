@@ -68,7 +68,7 @@ from toolloop_fsm.host import (
 )
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.pump import EventPump, GenerationPump, run_generation_turn, run_tool_loop
 from toolloop_fsm.result import (
     AttemptFailure,

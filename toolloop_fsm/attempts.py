@@ -18,7 +18,7 @@ from toolloop_fsm.policy import (
     name_text,
     non_blank,
 )
-from toolloop_fsm.providers.base import Provider
+from toolloop_fsm.provider import Provider
 from toolloop_fsm.result import AttemptFailure
 
 ProviderFactory = Callable[[str | None], Provider]

@@ -14,7 +14,7 @@ from attrs import frozen
 from toolloop_fsm.events import DeadlineKind
 
 if TYPE_CHECKING:
-    from toolloop_fsm.providers.base import ProviderRequest
+    from toolloop_fsm.provider import ProviderRequest
     from toolloop_fsm.result import GenerationTurnResult, Notice
 
 

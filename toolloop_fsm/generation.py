@@ -55,7 +55,7 @@ from toolloop_fsm.guards.outcome import (
 )
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import TurnPolicy
-from toolloop_fsm.providers.base import ToolSpec
+from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
 from toolloop_fsm.states.attempts import (
     accept_attempt,

@@ -26,7 +26,7 @@ from toolloop_fsm.policy import (
     positive_count,
     positive_seconds,
 )
-from toolloop_fsm.providers.base import ToolSpec
+from toolloop_fsm.provider import ToolSpec
 
 if TYPE_CHECKING:
     import asyncio

@@ -90,8 +90,8 @@ from toolloop_fsm.host import (
 )
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.providers._secrecy import fragment_pattern, redact
-from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus, converter
 from toolloop_fsm.turn import LedgerEntry
 

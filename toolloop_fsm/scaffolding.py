@@ -12,7 +12,7 @@ from typing import Any
 
 from attrs import frozen
 
-from toolloop_fsm.providers.base import ToolSpec
+from toolloop_fsm.provider import ToolSpec
 
 SCAFFOLDING_KEY = "toolloop_scaffolding"
 """Key marking a context message the library added; its value says which scaffolding."""

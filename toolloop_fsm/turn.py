@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from toolloop_fsm.effects import Effect
     from toolloop_fsm.host import ToolRegistry, TurnRequest
     from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-    from toolloop_fsm.providers.base import ToolSpec
+    from toolloop_fsm.provider import ToolSpec
 
 
 def canonical_call_key(name: str, arguments: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import Provider, ProviderRequest
 from toolloop_fsm.providers import (
     AnthropicProvider,
     GeminiProvider,
@@ -26,11 +28,102 @@ from toolloop_fsm.providers import (
     OpenAICompatibleProvider,
     OpenAIResponsesProvider,
 )
-from toolloop_fsm.providers.base import Provider, ProviderRequest
 
 REQUEST = ProviderRequest([{"role": "user", "content": "hi"}])
 ADAPTERS = ("openai-chat", "openai-responses", "anthropic", "gemini", "ollama")
 """The five adapters, by the name their captures and hand-written endings start with."""
+
+
+SSE = (("content-type", "text/event-stream"),)
+NDJSON = (("content-type", "application/x-ndjson"),)
+
+
+def _sse(*events: tuple[str | None, dict[str, Any] | str]) -> bytes:
+    lines = []
+    for name, data in events:
+        text = data if isinstance(data, str) else json.dumps(data)
+        lines.append((f"event: {name}\n" if name else "") + f"data: {text}\n\n")
+    return "".join(lines).encode()
+
+
+FINISHED_PASS: dict[str, Scripted] = {
+    "openai-chat": Scripted(
+        headers=SSE,
+        chunks=(
+            _sse(
+                (None, {"choices": [{"index": 0, "delta": {"content": "ok"}}]}),
+                (None, {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+                (None, "[DONE]"),
+            ),
+        ),
+    ),
+    "openai-completions": Scripted(
+        headers=SSE,
+        chunks=(
+            _sse(
+                (None, {"choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}),
+                (None, "[DONE]"),
+            ),
+        ),
+    ),
+    "openai-responses": Scripted(
+        headers=SSE,
+        chunks=(
+            _sse(
+                (
+                    "response.output_text.delta",
+                    {"type": "response.output_text.delta", "delta": "ok"},
+                ),
+                (
+                    "response.completed",
+                    {"type": "response.completed", "response": {"status": "completed"}},
+                ),
+            ),
+        ),
+    ),
+    "anthropic": Scripted(
+        headers=SSE,
+        chunks=(
+            _sse(
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": "ok"},
+                    },
+                ),
+                ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}),
+                ("message_stop", {"type": "message_stop"}),
+            ),
+        ),
+    ),
+    "gemini": Scripted(
+        headers=SSE,
+        chunks=(
+            _sse(
+                (
+                    None,
+                    {
+                        "candidates": [
+                            {
+                                "index": 0,
+                                "content": {"role": "model", "parts": [{"text": "ok"}]},
+                                "finishReason": "STOP",
+                            }
+                        ]
+                    },
+                )
+            ),
+        ),
+    ),
+    "ollama": Scripted(
+        headers=NDJSON,
+        chunks=(b'{"message": {"role": "assistant", "content": "ok"}, "done": true}\n',),
+    ),
+}
+"""The shortest stream each adapter takes as a finished pass whose text is ``"ok"``, by kind
+(`ADAPTERS` and ``"openai-completions"``)."""
 
 
 def adapter(

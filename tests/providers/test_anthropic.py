@@ -30,10 +30,10 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers import AnthropicProvider
 from toolloop_fsm.providers._sse import SSEDecoder
 from toolloop_fsm.providers.anthropic import AnthropicStreamDecoder, build_anthropic_body
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
 
 API_KEY = "sk-ant-test-SECRET-0123456789"
@@ -201,8 +201,8 @@ def decode_sync(body: bytes) -> list[Chunk]:
     decoder = AnthropicStreamDecoder()
     chunks: list[Chunk] = []
     for event in [*sse.feed(body), *sse.finish()]:
-        chunks.extend(decoder.feed(event.event, event.data))
-    chunks.extend(decoder.finish())
+        decoder.event(event.event, event.data, chunks)
+    decoder.finish(chunks)
     return chunks
 
 
@@ -610,22 +610,22 @@ def test_error_event_kinds(error_type: str, kind: str, retryable: bool) -> None:
     decoder = AnthropicStreamDecoder()
     payload = {"type": "error", "error": {"type": error_type, "message": "m"}, "request_id": "r"}
     with pytest.raises(ProviderError) as caught:
-        decoder.feed("error", json.dumps(payload))
+        decoder.event("error", json.dumps(payload), [])
     assert (caught.value.kind, caught.value.retryable) == (kind, retryable)
 
 
 def test_stream_that_ends_before_the_message_is_a_connection_error() -> None:
     decoder = AnthropicStreamDecoder()
     for name, data in [message_start(), *text_block(0, "cut")]:
-        decoder.feed(name, json.dumps(data))
+        decoder.event(name, json.dumps(data), [])
     with pytest.raises(ProviderError) as caught:
-        decoder.finish()
+        decoder.finish([])
     assert (caught.value.kind, caught.value.retryable) == ("connection", True)
 
 
 def test_data_that_is_not_json_is_a_protocol_error() -> None:
     with pytest.raises(ProviderError) as caught:
-        AnthropicStreamDecoder().feed("message_start", "<html>")
+        AnthropicStreamDecoder().event("message_start", "<html>", [])
     assert caught.value.kind == "protocol"
 
 
@@ -657,7 +657,7 @@ async def test_api_key_never_in_messages_or_repr(wire_server: WireServer) -> Non
     # Same for an in-stream error event.
     leak = json.dumps({"type": "error", "error": {"type": "api_error", "message": API_KEY}})
     with pytest.raises(ProviderError) as in_stream:
-        AnthropicStreamDecoder(secrets=[API_KEY]).feed("error", leak)
+        AnthropicStreamDecoder(secrets=[API_KEY]).event("error", leak, [])
     assert API_KEY not in str(in_stream.value)
 
 

@@ -34,8 +34,8 @@ from toolloop_fsm import (
     run_generation_turn,
     run_tool_loop,
 )
+from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.providers import ContinuationSession, Provider, VerbatimToolCalls
-from toolloop_fsm.providers.base import ProviderRequest
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
 from toolloop_fsm.testing.scripted import ScriptItem
 

@@ -33,9 +33,9 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers import GeminiProvider
 from toolloop_fsm.providers._sse import SSEDecoder
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers.gemini import SKIP_SIGNATURE, GeminiStreamDecoder, build_gemini_body
 from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
 
@@ -182,8 +182,8 @@ def decode_sync(body: bytes) -> list[Chunk]:
     decoder = GeminiStreamDecoder()
     chunks: list[Chunk] = []
     for event in [*sse.feed(body), *sse.finish()]:
-        chunks.extend(decoder.feed(event.event, event.data))
-    chunks.extend(decoder.finish())
+        decoder.event(event.event, event.data, chunks)
+    decoder.finish(chunks)
     return chunks
 
 
@@ -496,9 +496,9 @@ def test_blocked_prompt_is_a_content_filter_finish() -> None:
 
 def test_stream_without_finish_reason_is_a_connection_error() -> None:
     decoder = GeminiStreamDecoder()
-    decoder.feed(None, json.dumps(chunk_of({"text": "cut"})))
+    decoder.event("message", json.dumps(chunk_of({"text": "cut"})), [])
     with pytest.raises(ProviderError) as caught:
-        decoder.finish()
+        decoder.finish([])
     assert (caught.value.kind, caught.value.retryable) == ("connection", True)
 
 

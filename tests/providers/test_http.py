@@ -13,6 +13,7 @@ import pytest
 
 from tests.providers.replay import ADAPTERS, REQUEST, adapter
 from tests.providers.wire_server import Scripted, WireServer
+from toolloop_fsm.provider import MAX_RETRY_AFTER, Provider, ProviderError
 from toolloop_fsm.providers._http import (
     error_from_payload,
     error_from_response,
@@ -22,7 +23,6 @@ from toolloop_fsm.providers._http import (
     post_stream,
 )
 from toolloop_fsm.providers._secrecy import REDACTED, redact
-from toolloop_fsm.providers.base import MAX_RETRY_AFTER, Provider, ProviderError
 
 NOW = 1_700_000_000.0
 DAY = 24 * 60 * 60.0

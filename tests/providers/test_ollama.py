@@ -31,8 +31,8 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers import OllamaProvider
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers.ollama import OllamaStreamDecoder
 from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
 
@@ -74,8 +74,8 @@ def decode_sync(body: bytes) -> list[Chunk]:
     chunks: list[Chunk] = []
     for line in body.split(b"\n"):
         if line.strip():
-            chunks.extend(decoder.feed(json.loads(line)))
-    chunks.extend(decoder.finish())
+            decoder.event("message", line.decode(), chunks)
+    decoder.finish(chunks)
     return chunks
 
 
@@ -197,9 +197,13 @@ def test_done_reasons(reason: str, kind: FinishKind) -> None:
 
 def test_string_arguments_from_a_proxy_are_decoded() -> None:
     decoder = OllamaStreamDecoder()
-    (call,) = decoder.feed(
-        chat_line(tool_calls=[{"function": {"name": "f", "arguments": '{"a": [1, 2'}}])
+    chunks: list[Chunk] = []
+    decoder.event(
+        "message",
+        json.dumps(chat_line(tool_calls=[{"function": {"name": "f", "arguments": '{"a": [1, 2'}}])),
+        chunks,
     )
+    (call,) = chunks
     assert isinstance(call, FunctionCall)
     assert (call.arguments, call.truncated) == ({"a": [1]}, True)
 
@@ -271,7 +275,13 @@ async def test_request_path_and_body(wire_server: WireServer) -> None:
             },
             {
                 "role": "tool",
-                "content": json.dumps({"success": False, "reason": "timed out after 300 s"}),
+                "content": json.dumps(
+                    {
+                        "success": False,
+                        "status": "tool_execution_failed",
+                        "reason": "timed out after 300 s",
+                    }
+                ),
                 "tool_name": "get_time",
             },
             {"role": "assistant", "content": "It is"},

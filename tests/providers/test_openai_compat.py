@@ -19,7 +19,7 @@ from tests.providers import wire
 from tests.providers.replay import REQUEST, Replay, assemble, collect, replay
 from tests.providers.wire_server import Scripted, WireServer
 from toolloop_fsm.events import FinishKind, FinishReason, FunctionCall, TextDelta, UsageReport
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
 
@@ -784,7 +784,7 @@ async def test_request_body_and_headers(wire_server: WireServer) -> None:
             {
                 "role": "tool",
                 "tool_call_id": "call_1",
-                "content": '{"data": {"temp": 21}, "message": "sunny"}',
+                "content": '{"success": true, "data": {"temp": 21}, "message": "sunny"}',
             },
             {
                 "role": "assistant",
@@ -801,7 +801,8 @@ async def test_request_body_and_headers(wire_server: WireServer) -> None:
                 "role": "tool",
                 "tool_call_id": generated_id,
                 "content": (
-                    '{"status": "tool_execution_failed", "reason": "no seats", "tool_name": "book"}'
+                    '{"success": false, "status": "tool_execution_failed", "reason": "no seats", '
+                    '"tool_name": "book"}'
                 ),
             },
             {"role": "assistant", "content": "It is"},

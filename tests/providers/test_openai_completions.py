@@ -27,8 +27,8 @@ from toolloop_fsm import (
     UsageReport,
     run_tool_loop,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers import ContinuationSession, OpenAICompletionsProvider
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
 from toolloop_fsm.testing import RecordingChannel
 

@@ -14,7 +14,7 @@ from tests.providers import wire
 from tests.providers.replay import Replay, assemble, collect, replay
 from tests.providers.wire_server import Scripted, WireServer
 from toolloop_fsm.events import FinishKind, FunctionCall
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers.openai_responses import OpenAIResponsesProvider
 from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
 
@@ -319,7 +319,11 @@ async def test_request_body(wire_server: WireServer) -> None:
                 "name": "calculator",
                 "arguments": '{"a": 12, "b": 7}',
             },
-            {"type": "function_call_output", "call_id": "call_A", "output": '{"data": 19}'},
+            {
+                "type": "function_call_output",
+                "call_id": "call_A",
+                "output": '{"success": true, "data": 19}',
+            },
             {"role": "assistant", "content": "The answer"},
         ],
     }

@@ -29,8 +29,8 @@ from tests.providers.replay import adapter_kind
 from tests.providers.wire import RecordedResponse
 from tests.providers.wire_server import Scripted, WireServer
 from toolloop_fsm.events import Chunk, FunctionCall, TextDelta
+from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers import VerbatimToolCalls
-from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest, ToolSpec
 
 API_KEY = "sk-read-boundaries-0123456789abcdef"
 REQUEST = ProviderRequest([{"role": "user", "content": "hi"}])

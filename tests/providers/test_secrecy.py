@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from tests.providers.replay import ADAPTERS, REQUEST, adapter
 from tests.providers.wire_server import Scripted, WireServer
+from toolloop_fsm.provider import Provider, ProviderError
 from toolloop_fsm.providers._http import error_from_response
 from toolloop_fsm.providers._secrecy import FRAGMENT, REDACTED, header_secrets, quote, redact
-from toolloop_fsm.providers.base import Provider, ProviderError
 
 KEY = "sk-live-0123456789abcdefGHIJKLMNOPqrstuv"
 SSE = (("content-type", "text/event-stream"),)

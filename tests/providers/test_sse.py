@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.providers import wire
+from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.providers._sse import ServerSentEvent, SSEDecoder, aiter_ndjson, aiter_sse
-from toolloop_fsm.providers.base import ProviderError
 
 
 async def _bytes(chunks: Sequence[bytes]) -> AsyncIterator[bytes]:

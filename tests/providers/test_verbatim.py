@@ -23,8 +23,8 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers import VerbatimToolCalls
-from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers.verbatim import (
     SCAFFOLDING_KEY,
     VERBATIM_BUFFER_CAP,

@@ -1,7 +1,7 @@
-"""Provider adapters: the `Provider` protocol and the streams of real APIs as chunk events.
+"""Provider adapters: the streams of real APIs as chunk events.
 
-The adapters load on first use, so importing the contract (`toolloop_fsm.providers.base`,
-which the sans-IO machines use for `ProviderRequest`) never pulls in httpx.
+Each adapter implements the provider contract (`toolloop_fsm.provider`), re-exported here
+beside them. The adapters load on first use, so importing this package never pulls in httpx.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
 
 if TYPE_CHECKING:
     from toolloop_fsm.providers.anthropic import AnthropicProvider

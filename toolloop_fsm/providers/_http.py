@@ -5,9 +5,9 @@ Owns three things:
 * `post_stream` — POST a JSON body and yield the response body as bytes, on a shared
   ``httpx.AsyncClient`` or on one it creates and closes itself. The request runs inside
   ``async with client.stream(...)`` in the generator, so the response (and its connection) is
-  closed as soon as the generator is closed or the task reading it is cancelled. Adapters
-  wrap it in ``contextlib.aclosing`` so that closing happens at a known point, not whenever
-  the garbage collector finalises an abandoned generator.
+  closed as soon as the generator is closed or the task reading it is cancelled. The decoding
+  loop wraps it in ``contextlib.aclosing`` so that closing happens at a known point, not
+  whenever the garbage collector finalises an abandoned generator.
 * What a response that is not a stream becomes: an error status, a 2xx body that is a
   document (JSON, HTML) rather than the stream asked for, and an empty 2xx body. Of an error
   body or a document at most `BODY_READ_LIMIT` (64 KiB) is read — the response is then closed,
@@ -36,8 +36,8 @@ from typing import Any, Literal, cast
 
 import httpx
 
+from toolloop_fsm.provider import ProviderError, bounded_retry_after
 from toolloop_fsm.providers._secrecy import quote
-from toolloop_fsm.providers.base import ProviderError, bounded_retry_after
 
 # LLM streams are long-lived; the pump's own deadlines (first token, inactivity) bound the
 # waits that matter, so the read timeout only catches a dead connection.

@@ -15,9 +15,10 @@ Owns the one rule every adapter applies to every text it lets out:
 * `header_secrets` names the credentials among request headers: a proxy's token is as
   secret as an API key.
 * `redacted_error` is the copy of a `ProviderError` that leaves an adapter: message redacted
-  and bounded, nothing chained to it. Each adapter raises it outside any ``except`` block, so
-  neither ``__cause__`` nor ``__context__`` carries an httpx exception (whose request holds
-  the headers) or a JSON error (whose ``doc`` holds the raw text) out of the adapter.
+  and bounded, nothing chained to it. The HTTP stream base raises it outside any ``except``
+  block, so neither ``__cause__`` nor ``__context__`` carries an httpx exception (whose
+  request holds the headers) or a JSON error (whose ``doc`` holds the raw text) out of the
+  adapter.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from toolloop_fsm.providers.base import ProviderError
+from toolloop_fsm.provider import ProviderError
 
 REDACTED = "[REDACTED]"
 FRAGMENT = 8

@@ -48,28 +48,24 @@ process CPU time, 10,000-event OpenAI stream):
 
 So the adapters use this decoder; httpx-sse stays the reference in tests and the benchmark.
 
-`decode_event_stream` runs the events through a provider's sans-IO decoder. Whatever the read
-boundaries, every chunk decoded before a failure is yielded, in order, before the failure is
-raised, and nothing after the decoder saw the stream's end (``[DONE]``) is decoded — even when
-it came in the same read.
-
-`aiter_ndjson` splits on LF (tolerating CRLF), skips blank lines, decodes each line as a JSON
-object and raises `ProviderError` (``kind="protocol"``) naming the offending line otherwise.
-An unterminated last line is decoded at EOF. `decode_json_object` is that rule for any one
-event's text, shared by every adapter: a bad event is a protocol error quoting it.
+`NDJSONDecoder` cuts an NDJSON body the same way, with the same raw interface (`EventFramer`):
+it splits on LF (tolerating CRLF), skips blank lines and hands each line on as the data of an
+event named ``"message"``; an unterminated last line comes out at EOF. `aiter_ndjson` decodes
+each line as a JSON object. `decode_json_object` is that rule for any one event's text, shared
+by every adapter: a bad event is a protocol error quoting it. Running the events through a
+provider's decoder is `toolloop_fsm.providers._stream`'s.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, Protocol
 
 from attrs import frozen
 
+from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.providers._secrecy import quote
-from toolloop_fsm.providers.base import ProviderError
 
 _BOM = b"\xef\xbb\xbf"
 # How much of a bad line an error message quotes, in characters.
@@ -312,100 +308,74 @@ async def aiter_sse(
         raise decoder.error
 
 
-class EventDecoder(Protocol):
-    """A provider's sans-IO decoder of named SSE events into chunk events."""
+class NDJSONDecoder:
+    """Incremental NDJSON line splitter over byte chunks (sans-IO), with `SSEDecoder`'s raw
+    interface: each non-blank line is an event named ``"message"`` whose data is the line.
+
+    Lines end with LF; a CR before it is left to JSON, which reads it as whitespace. Each
+    complete line is decoded on its own, with replacement of invalid bytes as for SSE. An
+    unterminated last line is an event at `finish_raw`. Splitting never fails: whether a line
+    is a JSON object is the provider's decoder's question (`decode_json_object`).
+    """
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending = b""
 
     @property
-    def done(self) -> bool: ...
+    def error(self) -> ProviderError | None:
+        return None
 
-    def event(self, name: str, data: str, out: list[Any]) -> None: ...
+    def feed_raw(self, chunk: bytes) -> list[RawEvent]:
+        """The lines completed by ``chunk``, as ``(event, data, id, retry)`` tuples."""
+        if not chunk:
+            return []
+        lines = (self._pending + chunk if self._pending else chunk).split(b"\n")
+        self._pending = lines.pop()
+        return [_line_event(line) for line in lines if line.strip()]
 
-    def finish(self, out: list[Any]) -> None: ...
-
-
-async def decode_event_stream(
-    body: AsyncGenerator[bytes, None],
-    decoder: EventDecoder,
-    *,
-    secrets: Iterable[str | None] = (),
-) -> AsyncIterator[Any]:
-    """Frame ``body`` as SSE and run each event through ``decoder``, yielding its chunks.
-
-    Every chunk decoded before a failure (the decoder's, or a line that is no SSE field) is
-    yielded, in order, before the failure is raised; nothing after the decoder saw the
-    stream's end is decoded. Both hold whatever the read boundaries: a read may hold many
-    events, and the chunks of those before a failure are not lost with it. Stops reading once
-    the decoder is done, and closes ``body`` either way (a cancelled or abandoned pass closes
-    the HTTP response at once).
-    """
-    sse = SSEDecoder(secrets=secrets)
-    out: list[Any] = []
-    failure: ProviderError | None = None
-    async with aclosing(body) as raw:
-        async for data in raw:
-            failure = _run_events(sse.feed_raw(data), decoder, out)
-            if out:
-                for chunk in out:
-                    yield chunk
-                out.clear()
-            if failure is not None or decoder.done:
-                break
-            if sse.error is not None:
-                failure = sse.error
-                break
-        else:
-            failure = _run_events(sse.finish_raw(), decoder, out) or sse.error
-    if failure is None:
-        try:
-            decoder.finish(out)
-        except ProviderError as error:
-            failure = error
-    for chunk in out:
-        yield chunk
-    if failure is not None:
-        raise failure
+    def finish_raw(self) -> list[RawEvent]:
+        """The unterminated last line, if it holds anything."""
+        line, self._pending = self._pending, b""
+        return [_line_event(line)] if line.strip() else []
 
 
-def _run_events(
-    events: list[RawEvent], decoder: EventDecoder, out: list[Any]
-) -> ProviderError | None:
-    """Feed ``events`` to ``decoder`` until it is done; the error it raised, if it did (the
-    chunks it appended to ``out`` before that stay there)."""
-    try:
-        for name, text, _id, _retry in events:
-            decoder.event(name, text, out)
-            if decoder.done:
-                break
-    except ProviderError as error:
-        return error
-    return None
+def _line_event(line: bytes) -> RawEvent:
+    return ("message", line.decode("utf-8", "replace"), "", None)
+
+
+class EventFramer(Protocol):
+    """What cuts a body into events: `SSEDecoder` or `NDJSONDecoder`."""
+
+    @property
+    def error(self) -> ProviderError | None: ...
+
+    def feed_raw(self, chunk: bytes) -> list[RawEvent]: ...
+
+    def finish_raw(self) -> list[RawEvent]: ...
 
 
 async def aiter_ndjson(
     byte_iter: AsyncIterator[bytes], *, secrets: Iterable[str | None] = ()
 ) -> AsyncIterator[dict[str, Any]]:
-    """Yield one decoded JSON object per non-blank line of a byte stream."""
-    pending = b""
+    """Yield one decoded JSON object per non-blank line of a byte stream; raise
+    `ProviderError` (``kind="protocol"``) quoting a line that is not one."""
+    lines = NDJSONDecoder()
     async for chunk in byte_iter:
-        if not chunk:
-            continue
-        buffer = pending + chunk if pending else chunk
-        lines = buffer.split(b"\n")
-        pending = lines.pop()
-        for line in lines:
-            if line.strip():
-                yield decode_json_object(line, what="stream line", secrets=secrets)
-    if pending.strip():
-        yield decode_json_object(pending, what="stream line", secrets=secrets)
+        for _name, data, _id, _retry in lines.feed_raw(chunk):
+            yield decode_json_object(data, what="stream line", secrets=secrets)
+    for _name, data, _id, _retry in lines.finish_raw():
+        yield decode_json_object(data, what="stream line", secrets=secrets)
 
 
 __all__ = [
-    "EventDecoder",
+    "EventFramer",
+    "NDJSONDecoder",
     "RawEvent",
     "SSEDecoder",
     "ServerSentEvent",
     "aiter_ndjson",
     "aiter_sse",
-    "decode_event_stream",
     "decode_json_object",
 ]

@@ -8,8 +8,8 @@ This module owns three things for the Anthropic Messages API (``POST {base_url}/
 * `AnthropicStreamDecoder` — the sans-IO decoder from named SSE events to chunk events
   (text, thinking with its signature, tool calls assembled from ``input_json_delta``, usage,
   finish reason, in-stream ``error`` events);
-* `AnthropicProvider` — the thin async shell that POSTs the body through the shared
-  streamed-POST helper and feeds the SSE events through the decoder.
+* `AnthropicProvider` — the adapter on the shared HTTP stream base: its path, its headers
+  (``anthropic-version``, the key in ``x-api-key``), its body and its decoder.
 
 Wire facts are in docs/wire-formats.md §1.1, §1.3 and §4; every branch below names the fact it
 handles.
@@ -17,14 +17,9 @@ handles.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from contextlib import aclosing
-from typing import Any, cast
-
-import httpx
-from attrs import asdict
+from collections.abc import Mapping, Sequence
+from typing import Any, Unpack
 
 from toolloop_fsm.events import (
     Chunk,
@@ -35,12 +30,13 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
-from toolloop_fsm.providers._http import error_from_payload, post_stream
-from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
-from toolloop_fsm.providers._sse import ServerSentEvent, aiter_sse, decode_json_object
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
+from toolloop_fsm.providers._history import tool_response_json
+from toolloop_fsm.providers._http import error_from_payload
+from toolloop_fsm.providers._sse import decode_json_object
+from toolloop_fsm.providers._stream import HTTPStreamProvider, KeyedStreamOptions
+from toolloop_fsm.result import ToolHistoryEntry
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -62,11 +58,6 @@ _TOOL_ID_INVALID = re.compile(r"[^a-zA-Z0-9_-]")
 
 
 # --------------------------------------------------------------------------- request body
-def tool_response_payload(response: ToolResponseRecord) -> dict[str, Any]:
-    """The JSON object shown to the model for one tool response (unset fields left out)."""
-    return asdict(response, filter=lambda _attribute, value: value is not None)
-
-
 def _tool_use_id(entry: ToolHistoryEntry, position: int) -> str:
     # A call replayed from a provider without ids (Gemini, old Ollama) still needs one here,
     # and it must be stable across passes so the tool_result pairs with its tool_use.
@@ -134,7 +125,6 @@ def build_anthropic_body(
             }
         )
         _append(messages, "assistant", assistant)
-        payload = tool_response_payload(entry.response)
         _append(
             messages,
             "user",
@@ -142,7 +132,7 @@ def build_anthropic_body(
                 {
                     "type": "tool_result",
                     "tool_use_id": call_id,
-                    "content": json.dumps(payload, ensure_ascii=False, default=str),
+                    "content": tool_response_json(entry.response),
                     "is_error": not entry.response.success,
                 }
             ],
@@ -190,12 +180,13 @@ class _ThinkingBlock:
 
 
 class AnthropicStreamDecoder:
-    """Named SSE events of one Messages stream → chunk events. Sans-IO and synchronous.
+    """Named SSE events of one Messages stream → chunk events: a `StreamDecoder`, sans-IO.
 
-    `feed` takes the SSE event name (``None`` when the stream has no ``event:`` lines) and the
-    event's data text; `finish` is called once the body ended. Both return the chunks to
-    yield, in order, and raise `ProviderError` for an in-stream error, a data line that is not
-    JSON, or a stream that ended before the message did.
+    `event` takes the SSE event name (``"message"`` when the stream has no ``event:`` lines)
+    and the event's data text; `finish` is called once the body ended; `done` once
+    ``message_stop`` arrived. They append the chunks to yield to ``out``, in order, and raise
+    `ProviderError` for an in-stream error, a data line that is not JSON, or a stream that
+    ended before the message did.
     """
 
     __slots__ = (
@@ -225,30 +216,36 @@ class AnthropicStreamDecoder:
         self._finished = False
 
     # ---- public
-    def feed(self, event: str | None, data: str) -> list[Chunk]:
+    @property
+    def done(self) -> bool:
+        """The message finished: nothing after it belongs to this pass."""
+        return self._finished
+
+    def event(self, name: str, data: str, out: list[Chunk]) -> None:
         if self._finished:
-            return []
+            return
         # Anthropic pads its JSON with spaces (§1.3) — json accepts that; anything else that
         # fails here is not the Messages stream.
         payload = decode_json_object(
-            data, what=f"Anthropic stream event {event!r}", secrets=self._secrets
+            data, what=f"Anthropic stream event {name!r}", secrets=self._secrets
         )
         # The event name is authoritative; the SDK falls back to the data's `type` (§1.1).
-        name = event if event and event != "message" else str(payload.get("type", ""))
-        handler = _HANDLERS.get(name)
+        kind = name if name and name != "message" else str(payload.get("type", ""))
+        handler = _HANDLERS.get(kind)
         # Unknown event types must be ignored (docs "Other events", §4.1); `ping` likewise.
-        return handler(self, payload) if handler is not None else []
+        if handler is not None:
+            out.extend(handler(self, payload))
 
-    def finish(self) -> list[Chunk]:
+    def finish(self, out: list[Chunk]) -> None:
         if self._finished:
-            return []
+            return
         if self._stop_reason is None:
             raise ProviderError(
                 "Anthropic stream ended before the message finished (no stop_reason)",
                 kind="connection",
                 retryable=True,
             )
-        return self._finish_message()
+        out.extend(self._finish_message())
 
     # ---- event handlers
     def _message_start(self, payload: Mapping[str, Any]) -> list[Chunk]:
@@ -404,7 +401,7 @@ _HANDLERS = {
 
 
 # --------------------------------------------------------------------------- the provider
-class AnthropicProvider:
+class AnthropicProvider(HTTPStreamProvider):
     """Streams one pass from the Anthropic Messages API (or a compatible server).
 
     ``base_url`` is the API root (``https://api.anthropic.com/v1``); the request goes to
@@ -414,85 +411,37 @@ class AnthropicProvider:
     Messages API requires one.
     """
 
-    tool_calling = "native"
+    path = "messages"
+    default_name = "anthropic"
 
-    __slots__ = (
-        "_api_key",
-        "_client",
-        "_headers",
-        "_timeout",
-        "base_url",
-        "max_tokens",
-        "model",
-        "name",
-    )
+    __slots__ = ("max_tokens",)
 
     def __init__(
         self,
         base_url: str,
         model: str,
         *,
-        api_key: str | None = None,
-        client: httpx.AsyncClient | None = None,
         max_tokens: int = 4096,
-        name: str = "anthropic",
-        headers: Mapping[str, str] | None = None,
-        timeout: httpx.Timeout | None = None,
+        **options: Unpack[KeyedStreamOptions],
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model = model
         self.max_tokens = max_tokens
-        self.name = name
-        self._api_key = api_key
-        self._client = client
-        self._headers = dict(headers or {})
-        self._timeout = timeout
-
-    def __repr__(self) -> str:
-        base_url = redact(self.base_url, self.secrets)
-        return f"AnthropicProvider(base_url={base_url!r}, model={self.model!r})"
+        super().__init__(base_url, model, **options)
 
     @property
-    def secrets(self) -> tuple[str, ...]:
-        """What no text from this provider may contain: the key and any credential header."""
-        return (*((self._api_key,) if self._api_key else ()), *header_secrets(self._headers))
+    def label(self) -> str:
+        return "Anthropic"
 
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
-        body = build_anthropic_body(request, model=self.model, max_tokens=self.max_tokens)
-        headers = {
-            **self._headers,
-            "anthropic-version": ANTHROPIC_VERSION,
-            "accept": "text/event-stream",
-        }
-        if self._api_key:
-            headers["x-api-key"] = self._api_key
-        secrets = self.secrets
-        decoder = AnthropicStreamDecoder(secrets=secrets)
-        raw = post_stream(
-            f"{self.base_url}/messages",
-            body,
-            provider="Anthropic",
-            headers=headers,
-            client=self._client,
-            secrets=secrets,
-            timeout=self._timeout,
-        )
-        # aclosing both generators: a cancelled or abandoned pass closes the response (and
-        # its connection) at once rather than whenever the generators are finalised.
-        # aiter_sse is an async generator typed as AsyncIterator; aclosing needs its aclose().
-        events_iter = cast("AsyncGenerator[ServerSentEvent, None]", aiter_sse(raw, secrets=secrets))
-        failure: ProviderError | None = None
-        try:
-            async with aclosing(raw), aclosing(events_iter) as events:
-                async for event in events:
-                    for chunk in decoder.feed(event.event, event.data):
-                        yield chunk
-            for chunk in decoder.finish():
-                yield chunk
-        except ProviderError as error:
-            failure = redacted_error(error, secrets)
-        if failure is not None:
-            raise failure  # outside the `except`: nothing chained to it
+    def protocol_headers(self) -> dict[str, str]:
+        return {"anthropic-version": ANTHROPIC_VERSION}
+
+    def credential_headers(self, api_key: str) -> dict[str, str]:
+        return {"x-api-key": api_key}
+
+    def build_body(self, request: ProviderRequest) -> dict[str, Any]:
+        return build_anthropic_body(request, model=self.model, max_tokens=self.max_tokens)
+
+    def decoder(self) -> AnthropicStreamDecoder:
+        return AnthropicStreamDecoder(secrets=self.secrets)
 
 
 __all__ = [
@@ -500,5 +449,4 @@ __all__ = [
     "AnthropicProvider",
     "AnthropicStreamDecoder",
     "build_anthropic_body",
-    "tool_response_payload",
 ]

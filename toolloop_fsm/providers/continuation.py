@@ -65,7 +65,7 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
-from toolloop_fsm.providers.base import Provider, ProviderRequest
+from toolloop_fsm.provider import Provider, ProviderRequest
 
 DEFAULT_MAX_FRAGMENTS = 8
 """How many fragments one pass may request when the caller does not say."""

@@ -9,8 +9,9 @@ This module owns, for ``POST {base_url}/models/{model}:streamGenerateContent?alt
 * `GeminiStreamDecoder` — the sans-IO decoder from SSE ``data:`` payloads to chunk events
   (text, ``thought: true`` parts, whole function calls, Vertex streamed ``partialArgs``,
   running ``usageMetadata``, the finish reason);
-* `GeminiProvider` — the async shell: the key goes in the ``x-goog-api-key`` header, never in
-  a ``key=`` query parameter (a URL ends up in logs and exception messages).
+* `GeminiProvider` — the adapter on the shared HTTP stream base: its URL, and the key in the
+  ``x-goog-api-key`` header, never in a ``key=`` query parameter (a URL ends up in logs and
+  exception messages).
 
 Wire facts are in docs/wire-formats.md §1.1, §1.3 and §6.
 """
@@ -18,12 +19,8 @@ Wire facts are in docs/wire-formats.md §1.1, §1.3 and §6.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from contextlib import aclosing
-from typing import Any, cast
-
-import httpx
-from attrs import asdict
+from collections.abc import Mapping, Sequence
+from typing import Any, Unpack
 
 from toolloop_fsm.events import (
     Chunk,
@@ -34,11 +31,12 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
-from toolloop_fsm.providers._http import error_from_payload, post_stream
-from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
-from toolloop_fsm.providers._sse import ServerSentEvent, aiter_sse, decode_json_object
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.providers._history import tool_response_payload
+from toolloop_fsm.providers._http import error_from_payload
+from toolloop_fsm.providers._sse import decode_json_object
+from toolloop_fsm.providers._stream import HTTPStreamProvider, KeyedStreamOptions
+from toolloop_fsm.result import ToolHistoryEntry
 
 # There is no tool-call finish reason: STOP ends a turn with calls too (§6.2), so the decoder
 # turns STOP into TOOL_CALLS itself when it saw a call.
@@ -68,11 +66,6 @@ _PATH_TOKEN = re.compile(
 
 
 # --------------------------------------------------------------------------- request body
-def _response_payload(response: ToolResponseRecord) -> dict[str, Any]:
-    # functionResponse.response must be a JSON object (a Struct): the record, unset fields out.
-    return asdict(response, filter=lambda _attribute, value: value is not None)
-
-
 def _parts(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"text": content}] if content else []
@@ -114,7 +107,8 @@ def _history_contents(contents: list[dict[str, Any]], entry: ToolHistoryEntry) -
     _append(contents, "model", model_parts)
     function_response: dict[str, Any] = {
         "name": entry.call.name,
-        "response": _response_payload(entry.response),
+        # functionResponse.response must be a JSON object (a Struct), which the payload is.
+        "response": tool_response_payload(entry.response),
     }
     if entry.call.call_id:
         function_response["id"] = entry.call.call_id
@@ -251,13 +245,15 @@ def _set(root: dict[str, Any], steps: Sequence[str | int], value: Any) -> None:
 
 
 class GeminiStreamDecoder:
-    """SSE ``data:`` payloads of one ``streamGenerateContent`` stream → chunk events.
+    """SSE ``data:`` payloads of one ``streamGenerateContent`` stream → chunk events: a
+    `StreamDecoder`, sans-IO.
 
-    `feed` takes the event name (unused: Gemini sends none) and the data text; `finish` is
+    `event` takes the event name (unused: Gemini sends none) and the data text; `finish` is
     called when the body ended — Gemini has no terminal event, the connection just closes
     after the chunk carrying ``finishReason`` (§6.1), so that is where the finish reason and
-    any still-open streamed call come out. Raises `ProviderError` for an error object in the
-    stream, a payload that is not JSON, or a body that ended without a finish reason.
+    any still-open streamed call come out, and only then is the decoder `done`. Raises
+    `ProviderError` for an error object in the stream, a payload that is not JSON, or a body
+    that ended without a finish reason.
     """
 
     __slots__ = (
@@ -280,16 +276,20 @@ class GeminiStreamDecoder:
         self._usage: tuple[int, int] | None = None
         self._finished = False
 
-    def feed(self, event: str | None, data: str) -> list[Chunk]:
-        del event  # Gemini's SSE has no event names
+    @property
+    def done(self) -> bool:
+        """The body ended and the pass's finish came out."""
+        return self._finished
+
+    def event(self, name: str, data: str, out: list[Chunk]) -> None:
+        del name  # Gemini's SSE has no event names
         if self._finished:
-            return []
+            return
         payload = decode_json_object(data, what="Gemini stream event", secrets=self._secrets)
         if isinstance(payload.get("error"), Mapping):
             # An error object in place of a chunk (§6.3): classify it by its status word
             # (UNAVAILABLE, RESOURCE_EXHAUSTED, …) and keep any RetryInfo delay.
             raise error_from_payload(payload, provider="Gemini", secrets=self._secrets)
-        chunks: list[Chunk] = []
         candidates = payload.get("candidates") or []
         candidate = next(
             (c for c in candidates if isinstance(c, Mapping) and c.get("index", 0) == 0), None
@@ -298,7 +298,7 @@ class GeminiStreamDecoder:
             content = candidate.get("content") or {}
             for part in content.get("parts") or ():
                 if isinstance(part, Mapping):
-                    chunks.extend(self._part(part))
+                    out.extend(self._part(part))
             reason = candidate.get("finishReason")
             if reason:
                 self._finish_raw = str(reason)
@@ -310,12 +310,11 @@ class GeminiStreamDecoder:
                 self._blocked = True
         usage = self._usage_report(payload.get("usageMetadata"))
         if usage is not None:
-            chunks.append(usage)
-        return chunks
+            out.append(usage)
 
-    def finish(self) -> list[Chunk]:
+    def finish(self, out: list[Chunk]) -> None:
         if self._finished:
-            return []
+            return
         if self._finish_raw is None:
             raise ProviderError(
                 "Gemini stream ended without a finishReason",
@@ -324,19 +323,17 @@ class GeminiStreamDecoder:
             )
         self._finished = True
         raw = self._finish_raw
-        chunks: list[Chunk] = []
         if self._streamed is not None:
             # A streamed call never got its closing `{}`: complete only if the model stopped
             # on its own, cut if it ran out of tokens.
-            chunks.append(self._emit_streamed(truncated=raw == "MAX_TOKENS"))
+            out.append(self._emit_streamed(truncated=raw == "MAX_TOKENS"))
         kind = _FINISH_REASONS.get(raw, FinishKind.OTHER)
         if self._blocked:
             # promptFeedback.blockReason: the prompt itself was refused, whatever the word.
             kind = FinishKind.CONTENT_FILTER
         elif kind is FinishKind.STOP and self._calls:
             kind = FinishKind.TOOL_CALLS
-        chunks.append(FinishReason(kind, raw))
-        return chunks
+        out.append(FinishReason(kind, raw))
 
     # ---- parts
     def _part(self, part: Mapping[str, Any]) -> list[Chunk]:
@@ -445,7 +442,7 @@ def _count(metadata: Mapping[str, Any], key: str) -> int:
 
 
 # --------------------------------------------------------------------------- the provider
-class GeminiProvider:
+class GeminiProvider(HTTPStreamProvider):
     """Streams one pass from Gemini's ``streamGenerateContent`` (Gemini API or Vertex).
 
     ``base_url`` is the API root (``https://generativelanguage.googleapis.com/v1beta``); the
@@ -455,69 +452,30 @@ class GeminiProvider:
     or repr. ``client`` is an optional shared ``httpx.AsyncClient`` (never closed here).
     """
 
-    tool_calling = "native"
+    default_name = "gemini"
 
-    __slots__ = ("_api_key", "_client", "_headers", "_timeout", "base_url", "model", "name")
+    __slots__ = ()
 
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        *,
-        api_key: str | None = None,
-        client: httpx.AsyncClient | None = None,
-        name: str = "gemini",
-        headers: Mapping[str, str] | None = None,
-        timeout: httpx.Timeout | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, base_url: str, model: str, **options: Unpack[KeyedStreamOptions]) -> None:
         # "models/gemini-…" (the name the models list returns) and "gemini-…" both work.
-        self.model = model.removeprefix("models/")
-        self.name = name
-        self._api_key = api_key
-        self._client = client
-        self._headers = dict(headers or {})
-        self._timeout = timeout
-
-    def __repr__(self) -> str:
-        base_url = redact(self.base_url, self.secrets)
-        return f"GeminiProvider(base_url={base_url!r}, model={self.model!r})"
+        super().__init__(base_url, model.removeprefix("models/"), **options)
 
     @property
-    def secrets(self) -> tuple[str, ...]:
-        """What no text from this provider may contain: the key and any credential header."""
-        return (*((self._api_key,) if self._api_key else ()), *header_secrets(self._headers))
+    def url(self) -> str:
+        return f"{self.base_url}/models/{self.model}:streamGenerateContent?alt=sse"
 
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
-        headers = {**self._headers, "accept": "text/event-stream"}
-        if self._api_key:
-            headers["x-goog-api-key"] = self._api_key
-        secrets = self.secrets
-        decoder = GeminiStreamDecoder(secrets=secrets)
-        raw = post_stream(
-            f"{self.base_url}/models/{self.model}:streamGenerateContent?alt=sse",
-            build_gemini_body(request),
-            provider="Gemini",
-            headers=headers,
-            client=self._client,
-            secrets=secrets,
-            timeout=self._timeout,
-        )
-        # aclosing both generators: a cancelled or abandoned pass closes the response at once.
-        # aiter_sse is an async generator typed as AsyncIterator; aclosing needs its aclose().
-        events_iter = cast("AsyncGenerator[ServerSentEvent, None]", aiter_sse(raw, secrets=secrets))
-        failure: ProviderError | None = None
-        try:
-            async with aclosing(raw), aclosing(events_iter) as events:
-                async for event in events:
-                    for chunk in decoder.feed(event.event, event.data):
-                        yield chunk
-            for chunk in decoder.finish():
-                yield chunk
-        except ProviderError as error:
-            failure = redacted_error(error, secrets)
-        if failure is not None:
-            raise failure  # outside the `except`: nothing chained to it
+    @property
+    def label(self) -> str:
+        return "Gemini"
+
+    def credential_headers(self, api_key: str) -> dict[str, str]:
+        return {"x-goog-api-key": api_key}
+
+    def build_body(self, request: ProviderRequest) -> dict[str, Any]:
+        return build_gemini_body(request)
+
+    def decoder(self) -> GeminiStreamDecoder:
+        return GeminiStreamDecoder(secrets=self.secrets)
 
 
 __all__ = ["SKIP_SIGNATURE", "GeminiProvider", "GeminiStreamDecoder", "build_gemini_body"]

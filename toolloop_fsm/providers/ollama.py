@@ -7,7 +7,7 @@ This module owns:
 * `OllamaStreamDecoder` — the sans-IO decoder from NDJSON objects to chunk events
   (``message.content`` / ``message.thinking`` / ``message.tool_calls``, the ``done`` line's
   usage and ``done_reason``, an ``{"error": …}`` line);
-* `OllamaProvider` — the async shell.
+* `OllamaProvider` — the adapter on the shared HTTP stream base, with NDJSON framing.
 
 **The decoder also takes ``/api/generate`` lines.** They carry the text in ``response`` (and
 reasoning in ``thinking``) instead of ``message``; everything else — ``done``, ``done_reason``,
@@ -20,13 +20,8 @@ Wire facts are in docs/wire-formats.md §1.2 and §5.1.
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from contextlib import aclosing
-from typing import Any, cast
-
-import httpx
-from attrs import asdict
+from collections.abc import Mapping, Sequence
+from typing import Any, Unpack
 
 from toolloop_fsm.events import (
     Chunk,
@@ -37,12 +32,12 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
-from toolloop_fsm.providers._http import error_from_payload, post_stream
-from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
-from toolloop_fsm.providers._sse import aiter_ndjson
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.result import ToolResponseRecord
+from toolloop_fsm.providers._history import tool_response_json
+from toolloop_fsm.providers._http import error_from_payload
+from toolloop_fsm.providers._sse import decode_json_object
+from toolloop_fsm.providers._stream import HTTPStreamProvider, StreamOptions
 
 # `done_reason` is "stop" even when tools were called (§5.1); the decoder upgrades it itself.
 _DONE_REASONS: Mapping[str, FinishKind] = {
@@ -52,10 +47,6 @@ _DONE_REASONS: Mapping[str, FinishKind] = {
 
 
 # --------------------------------------------------------------------------- request body
-def _response_payload(response: ToolResponseRecord) -> dict[str, Any]:
-    return asdict(response, filter=lambda _attribute, value: value is not None)
-
-
 def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -94,9 +85,7 @@ def build_ollama_body(request: ProviderRequest, *, model: str) -> dict[str, Any]
         )
         result: dict[str, Any] = {
             "role": "tool",
-            "content": json.dumps(
-                _response_payload(entry.response), ensure_ascii=False, default=str
-            ),
+            "content": tool_response_json(entry.response),
             # Which call this answers: by name (all servers since tool results existed) and by
             # id (newer servers); unknown fields are ignored by older ones.
             "tool_name": entry.call.name,
@@ -119,11 +108,13 @@ def build_ollama_body(request: ProviderRequest, *, model: str) -> dict[str, Any]
 
 # --------------------------------------------------------------------------- stream decoding
 class OllamaStreamDecoder:
-    """Decoded NDJSON objects of one ``/api/chat`` (or ``/api/generate``) stream → chunks.
+    """NDJSON lines of one ``/api/chat`` (or ``/api/generate``) stream → chunk events: a
+    `StreamDecoder`, sans-IO.
 
-    `feed` takes one decoded line; `finish` is called when the body ended. Raises
-    `ProviderError` for an ``error`` line (Ollama reports mid-stream failures that way on a
-    200 response, §5.1), a line that is not an object, or a body without a ``done`` line.
+    `event` takes one line (the event's name is unused); `finish` is called when the body
+    ended; `done` once the ``done`` line arrived. Raises `ProviderError` for an ``error`` line
+    (Ollama reports mid-stream failures that way on a 200 response, §5.1), a line that is not
+    a JSON object, or a body without a ``done`` line.
     """
 
     __slots__ = ("_calls", "_done", "_secrets")
@@ -133,52 +124,49 @@ class OllamaStreamDecoder:
         self._calls = 0
         self._done = False
 
-    def feed(self, line: Any) -> list[Chunk]:
+    @property
+    def done(self) -> bool:
+        """The done line arrived: nothing after it belongs to this pass."""
+        return self._done
+
+    def event(self, name: str, data: str, out: list[Chunk]) -> None:
+        del name  # NDJSON lines have no names
         if self._done:
-            return []
-        if not isinstance(line, Mapping):
-            raise ProviderError(
-                "Ollama stream sent a line that is not a JSON object",
-                kind="protocol",
-                retryable=True,
-            )
+            return
+        line = decode_json_object(data, what="stream line", secrets=self._secrets)
         if line.get("error"):
             # "the status code of the response will not be changed" (§5.1): a 200 whose model
             # run failed on the server, worth another attempt — unless the error says more.
             raise error_from_payload(
                 line, provider="Ollama", secrets=self._secrets, unknown=("server", True)
             )
-        chunks: list[Chunk] = []
         message = line.get("message")
         if isinstance(message, Mapping):
-            chunks.extend(self._message(message))
+            out.extend(self._message(message))
         else:
             # /api/generate shape (see the module docstring).
             thinking = line.get("thinking")
             if isinstance(thinking, str) and thinking:
-                chunks.append(ThoughtDelta(thinking))
+                out.append(ThoughtDelta(thinking))
             response = line.get("response")
             if isinstance(response, str) and response:
-                chunks.append(TextDelta(response))
+                out.append(TextDelta(response))
         if line.get("done"):
             self._done = True
-            chunks.append(
-                UsageReport(_count(line, "prompt_eval_count"), _count(line, "eval_count"))
-            )
+            out.append(UsageReport(_count(line, "prompt_eval_count"), _count(line, "eval_count")))
             raw = line.get("done_reason")
             raw_text = str(raw) if raw else None
             kind = _DONE_REASONS.get(raw_text or "stop", FinishKind.OTHER)
             if kind is FinishKind.STOP and self._calls:
                 kind = FinishKind.TOOL_CALLS
-            chunks.append(FinishReason(kind, raw_text))
-        return chunks
+            out.append(FinishReason(kind, raw_text))
 
-    def finish(self) -> list[Chunk]:
+    def finish(self, out: list[Chunk]) -> None:
+        del out  # the done line already said everything
         if not self._done:
             raise ProviderError(
                 "Ollama stream ended without a done line", kind="connection", retryable=True
             )
-        return []
 
     def _message(self, message: Mapping[str, Any]) -> list[Chunk]:
         chunks: list[Chunk] = []
@@ -225,7 +213,7 @@ def _count(line: Mapping[str, Any], key: str) -> int:
 
 
 # --------------------------------------------------------------------------- the provider
-class OllamaProvider:
+class OllamaProvider(HTTPStreamProvider):
     """Streams one pass from Ollama's native ``/api/chat``.
 
     ``base_url`` is the server root (``http://127.0.0.1:11434``), not the ``/v1`` root of its
@@ -233,64 +221,25 @@ class OllamaProvider:
     closed here). Ollama has no API key; ``headers`` can carry one for a proxy in front of it.
     """
 
-    tool_calling = "native"
+    framing = "ndjson"
+    path = "api/chat"
+    default_name = "ollama"
+    takes_api_key = False
 
-    __slots__ = ("_client", "_headers", "_timeout", "base_url", "model", "name")
+    __slots__ = ()
 
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        *,
-        client: httpx.AsyncClient | None = None,
-        name: str = "ollama",
-        headers: Mapping[str, str] | None = None,
-        timeout: httpx.Timeout | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.name = name
-        self._client = client
-        self._headers = dict(headers or {})
-        self._timeout = timeout
-
-    def __repr__(self) -> str:
-        base_url = redact(self.base_url, self.secrets)
-        return f"OllamaProvider(base_url={base_url!r}, model={self.model!r})"
+    def __init__(self, base_url: str, model: str, **options: Unpack[StreamOptions]) -> None:
+        super().__init__(base_url, model, **options)
 
     @property
-    def secrets(self) -> tuple[str, ...]:
-        """What no text from this provider may contain: a proxy's credentials in `headers`."""
-        return header_secrets(self._headers)
+    def label(self) -> str:
+        return "Ollama"
 
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
-        secrets = self.secrets
-        decoder = OllamaStreamDecoder(secrets=secrets)
-        raw = post_stream(
-            f"{self.base_url}/api/chat",
-            build_ollama_body(request, model=self.model),
-            provider="Ollama",
-            framing="ndjson",
-            headers={**self._headers, "accept": "application/x-ndjson"},
-            client=self._client,
-            secrets=secrets,
-            timeout=self._timeout,
-        )
-        # aclosing both generators: a cancelled or abandoned pass closes the response at once.
-        # aiter_ndjson is an async generator typed as AsyncIterator; aclosing needs aclose().
-        lines_iter = cast("AsyncGenerator[Any, None]", aiter_ndjson(raw, secrets=secrets))
-        failure: ProviderError | None = None
-        try:
-            async with aclosing(raw), aclosing(lines_iter) as lines:
-                async for line in lines:
-                    for chunk in decoder.feed(line):
-                        yield chunk
-            for chunk in decoder.finish():
-                yield chunk
-        except ProviderError as error:
-            failure = redacted_error(error, secrets)
-        if failure is not None:
-            raise failure  # outside the `except`: nothing chained to it
+    def build_body(self, request: ProviderRequest) -> dict[str, Any]:
+        return build_ollama_body(request, model=self.model)
+
+    def decoder(self) -> OllamaStreamDecoder:
+        return OllamaStreamDecoder(secrets=self.secrets)
 
 
 __all__ = ["OllamaProvider", "OllamaStreamDecoder", "build_ollama_body"]

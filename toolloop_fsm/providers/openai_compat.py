@@ -5,14 +5,16 @@ servers that imitate it (Azure, DeepSeek, Groq, Mistral, OpenRouter, vLLM, Ollam
 
 * `build_chat_messages` / `build_chat_body` — a `ProviderRequest` as a request body: the
   context, then per history entry an assistant message (pre-tool text + the call) and a
-  ``tool`` message (the response as JSON), then the prefill as a trailing assistant message;
+  ``tool`` message (the response as every adapter shows it, as JSON), then the prefill as a
+  trailing assistant message;
 * `ChatStreamDecoder` — sans-IO, from SSE events to chunk events. Text from ``delta.content``
   (a string, or Mistral's array of ``thinking``/``text`` parts); reasoning from ``reasoning``
   or else ``reasoning_content`` (vLLM sends both, one a copy of the other); refusals as text;
   usage from ``usage`` or Groq's ``x_groq.usage``, wherever it comes; finish reasons
   normalised to `FinishKind`; tool calls through one tolerant accumulator; in-stream errors
   (a truthy top-level ``error`` or ``event: error``) raised as `ProviderError`;
-* `OpenAICompatibleProvider` — the async shell: POST through `post_stream`, decode.
+* `OpenAIStyleProvider` — what the OpenAI-style adapters add to the HTTP stream base (how the
+  key travels, ``extra_body``), and `OpenAICompatibleProvider`, the chat adapter on it.
 
 Decisions (each a place where the wire allows more than one reading):
 
@@ -36,10 +38,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Literal
-
-import httpx
+from collections.abc import Mapping, Sequence
+from typing import Any, Unpack
 
 from toolloop_fsm.events import (
     Chunk,
@@ -50,12 +50,13 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
-from toolloop_fsm.providers._http import error_from_payload, post_stream
-from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
-from toolloop_fsm.providers._sse import EventDecoder, decode_event_stream, decode_json_object
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.result import ToolHistoryEntry, ToolResponseRecord
+from toolloop_fsm.providers._history import dump_json, tool_response_json
+from toolloop_fsm.providers._http import error_from_payload
+from toolloop_fsm.providers._sse import decode_json_object
+from toolloop_fsm.providers._stream import HTTPStreamProvider, KeyedStreamOptions
+from toolloop_fsm.result import ToolHistoryEntry
 
 FINISH_KINDS: Mapping[str, FinishKind] = {
     "stop": FinishKind.STOP,
@@ -82,23 +83,6 @@ def history_call_id(entry: ToolHistoryEntry, position: int) -> str:
     canonical = json.dumps(entry.call.arguments, sort_keys=True, default=str)
     digest = hashlib.sha256(f"{position}:{entry.call.name}:{canonical}".encode()).hexdigest()
     return digest[:9]
-
-
-def tool_response_payload(response: ToolResponseRecord) -> dict[str, Any]:
-    """What the model is shown for a tool's response (docs/behaviour.md §4.2)."""
-    if response.success:
-        shown: dict[str, Any] = {"data": response.data, "message": response.message}
-    else:
-        shown = {
-            "status": response.status or "tool_execution_failed",
-            "reason": response.reason,
-            "tool_name": response.tool_name,
-        }
-    return {key: value for key, value in shown.items() if value is not None}
-
-
-def dump_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def build_chat_messages(request: ProviderRequest) -> list[dict[str, Any]]:
@@ -129,7 +113,7 @@ def build_chat_messages(request: ProviderRequest) -> list[dict[str, Any]]:
             {
                 "role": "tool",
                 "tool_call_id": call_id,
-                "content": dump_json(tool_response_payload(entry.response)),
+                "content": tool_response_json(entry.response),
             }
         )
     if request.prefill:
@@ -410,81 +394,45 @@ class ChatStreamDecoder:
 
 
 # --------------------------------------------------------------------------- the provider
-class OpenAIStyleProvider:
-    """What the OpenAI APIs' adapters share: a bearer key sent only in a header (never in
-    ``repr`` or errors, nor are other credential headers), an optional shared
-    ``httpx.AsyncClient`` (without one each pass opens and closes its own), ``extra_body``
-    merged into every request body, and the SSE stream decoded event by event. Subclasses name
-    the path, the body and the decoder."""
+class OpenAIStyleOptions(KeyedStreamOptions, total=False):
+    """`KeyedStreamOptions` and what every OpenAI-style adapter takes besides."""
 
-    tool_calling: Literal["native"] = "native"
-    path = ""
+    extra_body: Mapping[str, Any] | None
+    auth_header: str
+
+
+class OpenAIStyleProvider(HTTPStreamProvider):
+    """What the OpenAI APIs' adapters add to the HTTP stream base: the key as a bearer
+    ``authorization`` header, or bare in the header ``auth_header`` names (Azure's
+    ``api-key``); ``extra_body`` merged into every request body; a default name of
+    ``{default_name}:{model}`` (their errors name them by their name). Subclasses name the
+    path, the body and the decoder."""
+
     default_name = "openai"
+
+    __slots__ = ("_auth_header", "extra_body")
 
     def __init__(
         self,
         base_url: str,
         model: str,
         *,
-        api_key: str | None = None,
-        client: httpx.AsyncClient | None = None,
         extra_body: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
         auth_header: str = "authorization",
-        name: str | None = None,
-        timeout: httpx.Timeout | None = None,
+        **options: Unpack[KeyedStreamOptions],
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.name = name or f"{self.default_name}:{model}"
+        # Set before the base builds the headers: where the key travels depends on it.
+        self._auth_header = auth_header.lower()
         self.extra_body = dict(extra_body or {})
-        self._api_key = api_key
-        self._client = client
-        self._timeout = timeout
-        self._headers = {"accept": "text/event-stream", **(headers or {})}
-        if api_key:
-            bearer = auth_header.lower() == "authorization"
-            self._headers[auth_header.lower()] = f"Bearer {api_key}" if bearer else api_key
+        super().__init__(base_url, model, **options)
 
-    def __repr__(self) -> str:
-        key = "<set>" if self._api_key else None
-        base_url = redact(self.base_url, self.secrets)
-        return f"{type(self).__name__}(base_url={base_url!r}, model={self.model!r}, api_key={key})"
+    def unnamed(self) -> str:
+        return f"{self.default_name}:{self.model}"
 
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        """What no text from this provider may contain: the key and any credential header."""
-        return (*((self._api_key,) if self._api_key else ()), *header_secrets(self._headers))
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}/{self.path}"
-
-    def build_body(self, request: ProviderRequest) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def decoder(self, secrets: Sequence[str | None]) -> EventDecoder:
-        raise NotImplementedError
-
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
-        secrets = self.secrets
-        body = post_stream(
-            self.url,
-            self.build_body(request),
-            provider=self.name,
-            headers=self._headers,
-            client=self._client,
-            secrets=secrets,
-            timeout=self._timeout,
-        )
-        failure: ProviderError | None = None
-        try:
-            async for chunk in decode_event_stream(body, self.decoder(secrets), secrets=secrets):
-                yield chunk
-        except ProviderError as error:
-            failure = redacted_error(error, secrets)
-        if failure is not None:
-            raise failure  # outside the `except`: nothing chained to it
+    def credential_headers(self, api_key: str) -> dict[str, str]:
+        if self._auth_header == "authorization":
+            return {"authorization": f"Bearer {api_key}"}
+        return {self._auth_header: api_key}
 
 
 class OpenAICompatibleProvider(OpenAIStyleProvider):
@@ -497,22 +445,24 @@ class OpenAICompatibleProvider(OpenAIStyleProvider):
     path = "chat/completions"
     default_name = "openai-compatible"
 
+    __slots__ = ()
+
     def build_body(self, request: ProviderRequest) -> dict[str, Any]:
         return build_chat_body(request, self.model, self.extra_body)
 
-    def decoder(self, secrets: Sequence[str | None]) -> EventDecoder:
-        return ChatStreamDecoder(provider=self.name, secrets=secrets)
+    def decoder(self) -> ChatStreamDecoder:
+        return ChatStreamDecoder(provider=self.name, secrets=self.secrets)
 
 
 __all__ = [
     "FINISH_KINDS",
     "ChatStreamDecoder",
     "OpenAICompatibleProvider",
+    "OpenAIStyleOptions",
     "OpenAIStyleProvider",
     "ToolCallAccumulator",
     "build_chat_body",
     "build_chat_messages",
     "chat_tool",
     "history_call_id",
-    "tool_response_payload",
 ]

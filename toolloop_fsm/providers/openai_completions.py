@@ -7,9 +7,9 @@ models, and OpenAI for its instruct models:
 * `render_transcript` — the default way a provider-neutral context becomes a prompt;
 * `build_completion_body` — a `ProviderRequest` as a request body;
 * `CompletionStreamDecoder` — sans-IO, from SSE events to chunk events;
-* `OpenAICompletionsProvider` — the async shell, an `OpenAIStyleProvider` like the chat
-  adapter (the key only in a header, a shared client, the SSE loop, errors classified the
-  same way).
+* `OpenAICompletionsProvider` — the adapter, an `OpenAIStyleProvider` like the chat adapter
+  (the key only in a header, a shared client, the SSE loop, errors classified and redacted
+  the same way).
 
 Decisions:
 
@@ -28,7 +28,8 @@ Decisions:
 * **A context the prompt cannot show is a bad request.** A message without a role, or content
   that is neither text nor a list of text parts (an image, say), fails the pass with a
   `ProviderError` of kind ``bad_request``, not retryable, naming the message — before anything
-  is sent. A custom renderer reports such a context the same way by raising `ValueError`.
+  is sent. A custom renderer reports such a context the same way by raising `ValueError`;
+  its message is redacted of the key like any other text that leaves an adapter.
 * **The stream** is read exactly as the chat adapter reads its own (`ChatStreamDecoder`): only
   choice 0 counts, usage comes from any chunk, a finish reason repeated on later chunks is
   reported once, in-stream errors and non-JSON lines raise, and a stream that closes before
@@ -39,16 +40,14 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import httpx
+from typing import Any, Unpack
 
 from toolloop_fsm.events import Chunk, FinishKind, FinishReason, TextDelta
-from toolloop_fsm.providers._sse import EventDecoder
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest
+from toolloop_fsm.provider import ProviderError, ProviderRequest
 from toolloop_fsm.providers.openai_compat import (
     FINISH_KINDS,
     ChatStreamDecoder,
+    OpenAIStyleOptions,
     OpenAIStyleProvider,
 )
 from toolloop_fsm.providers.verbatim import as_verbatim_request
@@ -159,32 +158,18 @@ class OpenAICompletionsProvider(OpenAIStyleProvider):
     path = "completions"
     default_name = "openai-completions"
 
+    __slots__ = ("render_prompt",)
+
     def __init__(
         self,
         base_url: str,
         model: str,
         *,
-        api_key: str | None = None,
-        client: httpx.AsyncClient | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-        auth_header: str = "authorization",
-        name: str | None = None,
-        timeout: httpx.Timeout | None = None,
         render_prompt: PromptRenderer = render_transcript,
+        **options: Unpack[OpenAIStyleOptions],
     ) -> None:
-        super().__init__(
-            base_url,
-            model,
-            api_key=api_key,
-            client=client,
-            extra_body=extra_body,
-            headers=headers,
-            auth_header=auth_header,
-            name=name,
-            timeout=timeout,
-        )
         self.render_prompt = render_prompt
+        super().__init__(base_url, model, **options)
 
     def build_body(self, request: ProviderRequest) -> dict[str, Any]:
         try:
@@ -196,8 +181,8 @@ class OpenAICompletionsProvider(OpenAIStyleProvider):
                 retryable=False,
             ) from error
 
-    def decoder(self, secrets: Sequence[str | None]) -> EventDecoder:
-        return CompletionStreamDecoder(provider=self.name, secrets=secrets)
+    def decoder(self) -> CompletionStreamDecoder:
+        return CompletionStreamDecoder(provider=self.name, secrets=self.secrets)
 
 
 __all__ = [

@@ -13,7 +13,7 @@ Owns, for ``POST {base_url}/responses`` with ``"stream": true`` (OpenAI and Azur
   (arguments from the deltas, replaced by the full text of ``function_call_arguments.done`` /
   ``output_item.done``; the id is the item's ``call_id``, which tool outputs must quote, not
   its ``fc_…`` item id); usage and finish from the terminal event;
-* `OpenAIResponsesProvider` — the async shell.
+* `OpenAIResponsesProvider` — the adapter on the OpenAI-style HTTP stream base.
 
 Decisions:
 
@@ -42,16 +42,12 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
+from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._history import dump_json, tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
-from toolloop_fsm.providers._sse import EventDecoder, decode_json_object
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.providers.openai_compat import (
-    OpenAIStyleProvider,
-    dump_json,
-    history_call_id,
-    tool_response_payload,
-)
+from toolloop_fsm.providers._sse import decode_json_object
+from toolloop_fsm.providers.openai_compat import OpenAIStyleProvider, history_call_id
 
 _INCOMPLETE_KINDS: Mapping[str, FinishKind] = {
     "max_output_tokens": FinishKind.LENGTH,
@@ -91,7 +87,7 @@ def build_responses_input(request: ProviderRequest) -> list[dict[str, Any]]:
             {
                 "type": "function_call_output",
                 "call_id": call_id,
-                "output": dump_json(tool_response_payload(entry.response)),
+                "output": tool_response_json(entry.response),
             }
         )
     if request.prefill:
@@ -304,11 +300,13 @@ class OpenAIResponsesProvider(OpenAIStyleProvider):
     path = "responses"
     default_name = "openai-responses"
 
+    __slots__ = ()
+
     def build_body(self, request: ProviderRequest) -> dict[str, Any]:
         return build_responses_body(request, self.model, self.extra_body)
 
-    def decoder(self, secrets: Sequence[str | None]) -> EventDecoder:
-        return ResponsesStreamDecoder(provider=self.name, secrets=secrets)
+    def decoder(self) -> ResponsesStreamDecoder:
+        return ResponsesStreamDecoder(provider=self.name, secrets=self.secrets)
 
 
 __all__ = [

@@ -32,8 +32,9 @@ import attrs
 from attrs import frozen
 
 from toolloop_fsm.events import Chunk, FunctionCall, TextDelta
+from toolloop_fsm.provider import Provider, ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
-from toolloop_fsm.providers.base import Provider, ProviderRequest, ToolSpec
+from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.scaffolding import (
     _NO_FORMS,
     SCAFFOLDING_KEY,
@@ -47,6 +48,7 @@ from toolloop_fsm.scaffolding import (
 
 VERBATIM_BUFFER_CAP = 8192
 """The longest candidate call held back (docs/behaviour.md §10.3), in characters."""
+
 
 # --------------------------------------------------------------------------- the scanner
 def _call_start_pattern(names: Sequence[str]) -> str:
@@ -645,17 +647,9 @@ def as_verbatim_request(request: ProviderRequest) -> ProviderRequest:
         transcript.append(
             {"role": "assistant", "content": f"{entry.pre_tool_text or ''}{call.name}({arguments})"}
         )
-        response = entry.response
-        payload: dict[str, Any] = {"success": response.success}
-        if response.success:
-            payload.update(data=response.data, message=response.message)
-        else:
-            payload.update(status=response.status, reason=response.reason)
-        result = json.dumps(payload, ensure_ascii=False, default=str)
+        result = tool_response_json(entry.response)
         transcript.append({"role": "user", "content": f"[result of {call.name}] {result}"})
-    return attrs.evolve(
-        request, context=(*request.context, *transcript), tools=(), history=()
-    )
+    return attrs.evolve(request, context=(*request.context, *transcript), tools=(), history=())
 
 
 __all__ = [

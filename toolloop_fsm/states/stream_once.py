@@ -19,7 +19,7 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.guards.tool_gate import allowed_tool_names
-from toolloop_fsm.providers.base import ProviderRequest
+from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import Notice, StreamResult, TurnStatus, UsageEntry
 from toolloop_fsm.states.delivery import (
     arm_deadline,

@@ -51,7 +51,7 @@ from toolloop_fsm.host import (
     TurnSignals,
 )
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-from toolloop_fsm.providers.base import Provider, ProviderError, ProviderRequest
+from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.pump import run_generation_turn
 from toolloop_fsm.result import (
     AttemptRecord,

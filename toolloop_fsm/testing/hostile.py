@@ -40,7 +40,7 @@ from attrs import define, frozen
 
 from toolloop_fsm.events import Chunk, TextDelta
 from toolloop_fsm.host import Clock
-from toolloop_fsm.providers.base import ProviderError
+from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import Delivered, Notice
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import watchdog_timer

@@ -56,7 +56,7 @@ from attrs import define
 from toolloop_fsm.events import FunctionCall, TextDelta, UsageReport
 from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.providers.base import ProviderRequest
+from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import (
     GenerationTurnResult,
     ToolHistoryEntry,

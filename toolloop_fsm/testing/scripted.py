@@ -9,7 +9,7 @@ from attrs import frozen
 
 from toolloop_fsm.events import Chunk
 from toolloop_fsm.host import Clock
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest
+from toolloop_fsm.provider import ProviderError, ProviderRequest
 
 
 @frozen

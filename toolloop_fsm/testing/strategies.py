@@ -64,7 +64,7 @@ from toolloop_fsm.events import (
 )
 from toolloop_fsm.host import Tool, ToolContext, ToolRegistry, ToolResult, TurnRequest, TurnSignals
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-from toolloop_fsm.providers.base import ProviderError, ProviderRequest
+from toolloop_fsm.provider import ProviderError, ProviderRequest
 from toolloop_fsm.pump import run_generation_turn, run_tool_loop
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
 from toolloop_fsm.testing.clock import VirtualClock

@@ -1,6 +1,10 @@
-"""The provider contract: what a pass asks for (`ProviderRequest`), what a provider streams
-back (chunk events), and how it fails (`ProviderError`, whose wait hint `bounded_retry_after`
-keeps usable)."""
+"""The provider contract: what a pass asks for (`ProviderRequest`, with the tools as
+`ToolSpec`), what a provider streams back (chunk events), and how it fails (`ProviderError`,
+whose wait hint `bounded_retry_after` keeps usable).
+
+Values only, like the rest of the value layer: the machines build requests with it, and the
+adapters in `toolloop_fsm.providers` implement it; it imports neither them nor any I/O.
+"""
 
 from __future__ import annotations
 

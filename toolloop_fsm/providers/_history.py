@@ -1,0 +1,54 @@
+"""How a tool's response in the turn's history is shown to a model: one rule for every adapter.
+
+A success is shown as ``{"success": true, "data": …, "message": …}``: the tool's message beside
+its data. A failure as ``{"success": false, "status": "tool_execution_failed", "reason": …,
+"tool_name": …}``; a failure recorded without a status (a host can write history by hand) is
+still shown with that status, the one a failed call has. Whatever the record leaves unset is
+left out, and nothing else on it is shown: a success's tool name, a failure's data or message.
+
+``success`` is part of it because most wire formats carry no error flag of their own beside a
+tool's result (only Anthropic's ``is_error`` does), so the payload is where a model reads
+whether the call worked, even when a success has neither data nor a message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from toolloop_fsm.result import ToolResponseRecord
+
+FAILED_STATUS = "tool_execution_failed"
+"""The status a failed call's response is shown with."""
+
+
+def tool_response_payload(response: ToolResponseRecord) -> dict[str, Any]:
+    """The JSON object a model is shown for one tool response (see the module docstring)."""
+    if response.success:
+        shown: dict[str, Any] = {
+            "success": True,
+            "data": response.data,
+            "message": response.message,
+        }
+    else:
+        shown = {
+            "success": False,
+            "status": response.status or FAILED_STATUS,
+            "reason": response.reason,
+            "tool_name": response.tool_name,
+        }
+    return {key: value for key, value in shown.items() if value is not None}
+
+
+def tool_response_json(response: ToolResponseRecord) -> str:
+    """`tool_response_payload` as JSON text: non-ASCII characters kept as they are, and a value
+    JSON cannot hold (a date, a set) written as its ``str``."""
+    return dump_json(tool_response_payload(response))
+
+
+def dump_json(value: Any) -> str:
+    """``value`` as JSON text the way every request body quotes JSON inside a string."""
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+__all__ = ["FAILED_STATUS", "dump_json", "tool_response_json", "tool_response_payload"]
