@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
         "diagram", help="render a machine's state diagram from its declaration"
     )
     diagram.add_argument("machine", choices=("inner", "outer"))
+    diagram.add_argument(
+        "--view",
+        choices=("full", "exits"),
+        default="full",
+        help="full: every transition; exits: each way the turn ends, drawn from where it "
+        "happens to its terminal state",
+    )
     diagram.add_argument("--format", choices=("mermaid", "dot", "svg"), default="mermaid")
     diagram.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     diagram.add_argument(
@@ -176,14 +183,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 def load_trace(path: str, machine: str) -> tuple[TraceStep, ...]:
     """Steps from a saved result (``result_to_json``) or a bare trace list. For the inner
-    machine, a generation turn's result gives its last attempt's trace."""
+    machine, a generation turn's result gives the steps of every attempt."""
     from toolloop_fsm.result import converter
 
     data = _read_json(path)
     try:
         if isinstance(data, dict):
             if machine == "inner" and data.get("attempts"):
-                data = data["attempts"][-1].get("trace", [])
+                data = [step for attempt in data["attempts"] for step in attempt.get("trace", [])]
             else:
                 data = data.get("trace", [])
         return converter.structure(data, tuple[TraceStep, ...])
@@ -204,7 +211,7 @@ def _diagram(args: argparse.Namespace) -> int:
 
     try:
         highlight = load_trace(args.highlight, args.machine) if args.highlight else None
-        data = render(declaration(args.machine), args.format, highlight=highlight)
+        data = render(declaration(args.machine), args.format, view=args.view, highlight=highlight)
     except (DiagramError, ValueError, OSError) as err:
         sys.stderr.write(f"toolloop-fsm diagram: {err}\n")
         return 2
