@@ -109,7 +109,6 @@ AS_THE_ATTEMPT_ANSWERED = Ending(
 AS_THE_ATTEMPT_FAILED = Ending(
     sorted(RETRYABLE_STATUSES), status_of=attempt_status, reason_of=attempt_reason
 )
-_UNREACHABLE = ("skipped", "destination_unreachable")
 
 # fmt: off
 TRANSITIONS: list[_t] = [
@@ -120,10 +119,10 @@ TRANSITIONS: list[_t] = [
     # ---- an attempt ran the inner tool loop (or the host reported the destination gone)
     _t("attempt_finished", "attempting", "judging_attempt", do=take_attempt_result),
     _t("destination_unreachable", ["attempting", "admitting_shared_route"], "finishing",
-       do=skip_unreachable, ends=_UNREACHABLE),
+       do=skip_unreachable, ends=("skipped", "destination_unreachable")),
     # ---- judging it, in docs/behaviour.md §9.2 order
     _t("advance", "judging_attempt", "finishing", when=destination_unreachable,
-       do=skip_unreachable, ends=_UNREACHABLE),
+       do=skip_unreachable, ends=("skipped", "destination_unreachable")),
     _t("advance", "judging_attempt", "finishing", when=attempt_is_final,
        ends=AS_THE_ATTEMPT_ANSWERED),
     _t("advance", "judging_attempt", "finishing", when=attempt_failed_in_host_code,
