@@ -34,7 +34,14 @@ class DeclarationError(ValueError):
 
 
 def _statuses(value: Iterable[TurnStatus | str]) -> tuple[TurnStatus, ...]:
-    return tuple(TurnStatus(status) for status in value)
+    statuses = []
+    for status in value:
+        try:
+            statuses.append(TurnStatus(status))
+        except ValueError:
+            known = ", ".join(s.value for s in TurnStatus)
+            raise DeclarationError(f"an ending names {status!r}, not a status ({known})") from None
+    return tuple(statuses)
 
 
 @frozen
