@@ -224,8 +224,16 @@ class MachineDeclaration:
     source_module: str
     chunks: Mapping[type, str] = field(factory=dict, kw_only=True)
     notes: tuple[TraceNote, ...] = field(default=(), converter=_notes, kw_only=True)
+    # derived once: every run reads them
+    final_states: tuple[str, ...] = field(init=False)
+    transient_states: frozenset[str] = field(init=False)
+    settle_states: frozenset[str] = field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        derive = object.__setattr__  # a frozen instance is filled in once, here
+        derive(self, "final_states", tuple(s.name for s in self.states if s.final))
+        derive(self, "transient_states", frozenset(s.name for s in self.states if s.transient))
+        derive(self, "settle_states", frozenset(s.name for s in self.states if s.settle))
         known = {state.name for state in self.states}
         problems = [
             f"{t.trigger} from {source}"
@@ -252,18 +260,6 @@ class MachineDeclaration:
     @property
     def state_names(self) -> tuple[str, ...]:
         return tuple(state.name for state in self.states)
-
-    @property
-    def final_states(self) -> tuple[str, ...]:
-        return tuple(state.name for state in self.states if state.final)
-
-    @property
-    def transient_states(self) -> frozenset[str]:
-        return frozenset(state.name for state in self.states if state.transient)
-
-    @property
-    def settle_states(self) -> frozenset[str]:
-        return frozenset(state.name for state in self.states if state.settle)
 
     def state(self, name: str) -> State:
         for state in self.states:

@@ -108,7 +108,7 @@ class Runner(ABC, Generic[ModelT]):
     to (transient states advance at once), the trace, and transition coverage. How one step is
     taken is the subclass's (`take`)."""
 
-    __slots__ = ("coverage", "declaration", "fast", "on_step", "transient")
+    __slots__ = ("coverage", "declaration", "fast", "on_step")
 
     def __init__(
         self, declaration: MachineDeclaration, *, on_step: Callable[[TraceStep], None] | None
@@ -116,7 +116,6 @@ class Runner(ABC, Generic[ModelT]):
         self.declaration = declaration
         self.on_step = on_step
         self.coverage = Coverage.fired
-        self.transient = declaration.transient_states
         # one dict for the whole run, refilled on every state change, so that the stream
         # reader can hold it: the chunk handlers of the current state
         self.fast: dict[type, Action] = {}
@@ -139,7 +138,7 @@ class Runner(ABC, Generic[ModelT]):
             model.current_event = None  # a refused event leaves no trace on the model
             raise InvalidEvent(self.declaration.name, before, event)
         self.record(model, TraceStep(before, trigger, model.state, guard=taken[0]), taken[1])
-        transient = self.transient
+        transient = self.declaration.transient_states
         while model.state in transient:
             source = model.state
             taken = self.take(model, "advance", None)
@@ -260,16 +259,7 @@ class DeclaredMachine(Generic[ModelT]):
         self._runner.fire(model, trigger, event)
         effects = model.effects
         model.effects = []
-        if model.state in self._final_states:
+        if model.state in self._runner.declaration.final_states:
             self._result = self._build_result(model)
             effects.append(Finish(self._result))
         return effects
-
-    @property
-    def _final_states(self) -> frozenset[str]:
-        return _final_states(self._runner.declaration)
-
-
-@cache
-def _final_states(declaration: MachineDeclaration) -> frozenset[str]:
-    return frozenset(declaration.final_states)
