@@ -175,7 +175,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "straight to `finishing`; `judging_attempt` never sees it set",
     ),
     Equivalent(
-        "toolloop_fsm/states/attempts.py", 181, "true_false", "state.admission_asked = False",
+        "toolloop_fsm/states/attempts.py", 182, "true_false", "state.admission_asked = False",
         "admission is asked only while the credential source is the user's; an admitted turn "
         "switches it to shared and a refused or stopped one finishes, so the flag is never "
         "read again",
@@ -186,17 +186,17 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "later step reads the armed deadlines",
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", 45, "true_false",
+        "toolloop_fsm/states/tool_dispatch.py", 44, "true_false",
         "turn.outcome = ToolOutcome(success=False, reason=TRUNCATED_ARGUMENTS_REASON, "
         "dispatched=True)",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", 55, "true_false", "dispatched=True,",
+        "toolloop_fsm/states/tool_dispatch.py", 54, "true_false", "dispatched=True,",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", 73, "true_false",
+        "toolloop_fsm/states/tool_dispatch.py", 72, "true_false",
         "turn.outcome = ToolOutcome(success=False, reason=reason, dispatched=True)",
         _REFUSED_CALL_KEY,
     ),
@@ -554,12 +554,18 @@ class _Enumerator:
             self._add("int_plus_one", node, site, self._replace(node, repr(value + 1)))
             if value > 0:
                 self._add("int_minus_one", node, site, self._replace(node, repr(value - 1)))
-        elif isinstance(value, str) and _IDENTIFIER.match(value) and self._is_reason(site):
+        elif isinstance(value, str) and _IDENTIFIER.match(value) and self._is_reason(node, site):
             self._add("reason_literal", node, site, self._replace(node, repr(value + "_x")))
 
-    def _is_reason(self, site: _Site) -> bool:
+    def _is_reason(self, node: ast.Constant, site: _Site) -> bool:
         """A literal the code compares against or hands over as a value (a reason, a notice
-        kind, a state name it checks), not a name it looks up."""
+        kind, a state name it checks), not a name it looks up. In a declared ending
+        (``ends=(status, reason)``) the reason is one; the status names a final state."""
+        parent = site.parent
+        if isinstance(parent, ast.Tuple) and len(site.parents) > 1:
+            holder = site.parents[-2]
+            if isinstance(holder, ast.keyword) and holder.arg == "ends":
+                return parent.elts.index(node) == 1
         for parent in reversed(site.parents):
             if isinstance(parent, ast.JoinedStr | ast.Subscript | ast.Dict):
                 return False

@@ -1,8 +1,10 @@
-"""The diagrams: rendered from the declarations, committed without drift, highlighted from
-traces, and made of declaration names only."""
+"""The diagrams: both views drawn from the declarations, committed without drift (SVGs
+included, checked without Graphviz), highlighted from traces, and made of declaration names
+only."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -12,15 +14,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from toolloop_fsm import diagrams
+from toolloop_fsm.declaration import MachineDeclaration
 from toolloop_fsm.diagrams import (
     DECLARATIONS,
+    VIEWS,
     DiagramError,
     DiagramToolMissing,
-    MachineDeclaration,
     declaration,
     render,
     render_dot,
@@ -33,19 +36,25 @@ from toolloop_fsm.events import DeliveryRecorded, StreamEnded, TextDelta
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.result import TraceStep
+from toolloop_fsm.testing.chains import ChainScript, generation_chains, run_chain
 
 REPO_DIAGRAMS = Path(__file__).resolve().parent.parent / "diagrams"
 NAMES = sorted(DECLARATIONS)
+HAS_DOT = shutil.which("dot") is not None
 
 MERMAID_EDGE = re.compile(r"^\s*(\w+) --> (\w+): (.*)$")
 MERMAID_CLASS = re.compile(r"^\s*Class (\w+) s_(\w+)$")
-DOT_NODE = re.compile(r'^\s*"(\w+)"(?: \[(.*)\])?$')
-DOT_EDGE = re.compile(r'^\s*"(\w+)" -> "(\w+)"(?: \[(.*)\])?$')
+DOT_NODE = re.compile(r'^\s*"([^"]+)"(?: \[(.*)\])?$')
+DOT_EDGE = re.compile(r'^\s*"([^"]+)" -> "([^"]+)"(?: \[(.*)\])?$')
 
 
 @pytest.fixture(params=NAMES)
 def decl(request: pytest.FixtureRequest) -> MachineDeclaration:
     return declaration(request.param)
+
+
+def _stem(name: str, view: str) -> str:
+    return name if view == "full" else f"{name}-{view}"
 
 
 def _mermaid_edges(text: str) -> dict[tuple[str, str], list[str]]:
@@ -67,7 +76,16 @@ def _dot_edges(text: str) -> dict[tuple[str, str], dict[str, str]]:
 
 
 def _dot_nodes(text: str) -> dict[str, dict[str, str]]:
-    return {m[1]: _dot_attrs(m[2]) for line in text.splitlines() if (m := DOT_NODE.match(line))}
+    return {
+        m[1]: _dot_attrs(m[2])
+        for line in text.splitlines()
+        if (m := DOT_NODE.match(line)) and " -> " not in line
+    }
+
+
+def _dot_rows(label: str) -> list[str]:
+    """A dot label's rows: centred (``\\n``) or left-justified (``\\l``)."""
+    return [row for row in re.split(r"\\[nl]", label) if row]
 
 
 def _real_trace() -> tuple[TraceStep, ...]:
@@ -86,52 +104,97 @@ def test_committed_diagrams_match_the_declarations() -> None:
     stale = stale_diagrams(REPO_DIAGRAMS)
     assert not stale, (
         f"stale diagrams: {[p.name for p in stale]} no longer match the machine declarations; "
-        "regenerate them with `python -m toolloop_fsm.diagrams` (or `toolloop-fsm diagram "
-        "NAME --format mermaid|dot -o diagrams/NAME.mmd|.dot`) and commit the result"
+        "regenerate them with `python -m toolloop_fsm.diagrams` (which needs Graphviz's `dot` "
+        "for the SVGs) and commit the result"
     )
 
 
-def test_committed_dir_is_the_repository_one() -> None:
+def test_committed_dir_holds_every_view_in_every_format() -> None:
     assert diagrams.COMMITTED_DIR == REPO_DIAGRAMS
+    expected = {
+        f"{_stem(n, v)}.{ext}" for n in NAMES for v in VIEWS for ext in ("mmd", "dot", "svg")
+    }
+    assert {p.name for p in REPO_DIAGRAMS.iterdir()} == expected
+
+
+def test_each_committed_svg_was_drawn_from_its_committed_dot_text() -> None:
+    # checked without Graphviz: the SVG names the SHA-256 of the dot text it was drawn from
     for name in NAMES:
-        assert (REPO_DIAGRAMS / f"{name}.mmd").is_file()
-        assert (REPO_DIAGRAMS / f"{name}.dot").is_file()
+        for view in VIEWS:
+            svg = REPO_DIAGRAMS / f"{_stem(name, view)}.svg"
+            dot = (REPO_DIAGRAMS / f"{_stem(name, view)}.dot").read_text(encoding="utf-8")
+            assert diagrams._svg_source(svg) == diagrams._digest(dot), svg.name
+            assert svg.read_bytes().lstrip().startswith(b"<?xml")
+
+
+def test_the_committed_exits_views_fit_a_normal_screen() -> None:
+    # an SVG's size is in points (1/72 in); a screen pixel is 1/96 in
+    for name in NAMES:
+        svg = (REPO_DIAGRAMS / f"{name}-exits.svg").read_text(encoding="utf-8")
+        size = re.search(r'<svg width="(\d+)pt" height="(\d+)pt"', svg)
+        assert size is not None
+        assert int(size[1]) * 96 / 72 <= 1600, f"{name}: {int(size[1]) * 96 // 72} px wide"
 
 
 def test_write_check_and_main_round_trip(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    written = write_committed_diagrams(tmp_path)
+    written = write_committed_diagrams(tmp_path, svg=False)
     assert sorted(p.name for p in written) == sorted(
-        f"{name}.{ext}" for name in NAMES for ext in ("mmd", "dot")
+        f"{_stem(n, v)}.{ext}" for n in NAMES for v in VIEWS for ext in ("mmd", "dot")
     )
-    assert stale_diagrams(tmp_path) == []
+    assert stale_diagrams(tmp_path, svg=False) == []
+    assert diagrams.main(["--check", "--no-svg", str(tmp_path)]) == 0
+    # the SVGs: missing here, then the committed ones, drawn from the same dot text
+    assert {p.name for p in stale_diagrams(tmp_path)} == {
+        f"{_stem(n, v)}.svg" for n in NAMES for v in VIEWS
+    }
+    for svg in REPO_DIAGRAMS.glob("*.svg"):
+        shutil.copy(svg, tmp_path / svg.name)
     assert diagrams.main(["--check", str(tmp_path)]) == 0
 
     target = tmp_path / f"{NAMES[0]}.mmd"
     target.write_text(target.read_text(encoding="utf-8").replace("advance", "advnace"))
     (tmp_path / f"{NAMES[0]}.dot").unlink()
+    # the SVG is still the drawing of the dot text the declaration renders
     assert stale_diagrams(tmp_path) == [target, tmp_path / f"{NAMES[0]}.dot"]
     assert diagrams.main(["--check", str(tmp_path)]) == 1
     assert "python -m toolloop_fsm.diagrams" in capsys.readouterr().err
 
-    assert diagrams.main([str(tmp_path)]) == 0
+    assert diagrams.main(["--no-svg", str(tmp_path)]) == 0
+    assert stale_diagrams(tmp_path) == []  # the same dot text again: the SVG is fresh
+
+
+@pytest.mark.skipif(not HAS_DOT, reason="Graphviz `dot` is not installed")
+def test_writing_draws_the_svgs_that_are_missing_or_stale(tmp_path: Path) -> None:
+    written = write_committed_diagrams(tmp_path)
+    assert {p.name for p in written if p.suffix == ".svg"} == {
+        f"{_stem(n, v)}.svg" for n in NAMES for v in VIEWS
+    }
     assert stale_diagrams(tmp_path) == []
+    assert all(p.suffix != ".svg" for p in write_committed_diagrams(tmp_path))
+
+
+def test_writing_without_dot_writes_the_text_and_names_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(shutil, "which", lambda _name: None)
+    assert diagrams.main([str(tmp_path)]) == 2
+    assert "apt-get install graphviz" in capsys.readouterr().err
+    assert stale_diagrams(tmp_path, svg=False) == []
 
 
 def test_module_entry_point_regenerates(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "toolloop_fsm.diagrams", str(tmp_path)],
+        [sys.executable, "-m", "toolloop_fsm.diagrams", "--no-svg", str(tmp_path)],
         capture_output=True,
         text=True,
         check=False,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    for name in NAMES:
-        assert (tmp_path / f"{name}.mmd").read_text(encoding="utf-8") == (
-            REPO_DIAGRAMS / f"{name}.mmd"
-        ).read_text(encoding="utf-8")
+    for path in tmp_path.iterdir():
+        assert path.read_bytes() == (REPO_DIAGRAMS / path.name).read_bytes()
 
 
 def test_rendering_is_deterministic_across_processes(tmp_path: Path) -> None:
@@ -141,7 +204,7 @@ def test_rendering_is_deterministic_across_processes(tmp_path: Path) -> None:
         out = tmp_path / seed
         env = {**os.environ, "PYTHONHASHSEED": seed}
         subprocess.run(
-            [sys.executable, "-m", "toolloop_fsm.diagrams", str(out)],
+            [sys.executable, "-m", "toolloop_fsm.diagrams", "--no-svg", str(out)],
             env=env,
             check=True,
             capture_output=True,
@@ -155,9 +218,12 @@ def test_rendering_is_deterministic_across_processes(tmp_path: Path) -> None:
         assert blob.endswith(b"\n") and b"\r" not in blob
 
 
-# --------------------------------------------------------------------------- mermaid
-def test_mermaid_has_every_state_initial_and_final_markers(decl: MachineDeclaration) -> None:
-    text = render_mermaid(decl)
+# --------------------------------------------------------------------------- the full view
+@pytest.mark.parametrize("view", VIEWS)
+def test_mermaid_has_every_state_initial_and_final_markers(
+    decl: MachineDeclaration, view: str
+) -> None:
+    text = render_mermaid(decl, view=view)
     lines = text.splitlines()
     assert lines[:4] == ["---", f"title: {decl.title}", "---", "stateDiagram-v2"]
     for state in decl.state_names:
@@ -169,22 +235,21 @@ def test_mermaid_has_every_state_initial_and_final_markers(decl: MachineDeclarat
     assert marked_final == list(decl.final_states)
 
 
-def test_mermaid_edges_are_exactly_the_declared_transitions(decl: MachineDeclaration) -> None:
+def test_full_mermaid_edges_are_exactly_the_declared_transitions_and_trace_notes(
+    decl: MachineDeclaration,
+) -> None:
     edges = _mermaid_edges(render_mermaid(decl))
     expected: dict[tuple[str, str], list[str]] = {}
     for edge in decl.edges():
         expected.setdefault((edge.source, edge.dest), []).append(edge.label)
-    # transitions groups by trigger first, so compare each (source, dest) edge's labels as
-    # the sequence of one trigger's transitions — the order guards are tried in
-    assert set(edges) == set(expected)
-    for pair, labels in expected.items():
-        assert sorted(edges[pair]) == sorted(labels), pair
-        for trigger in {label.split()[0] for label in labels}:
-            of = [lb for lb in labels if lb.split()[0] == trigger]
-            assert [lb for lb in edges[pair] if lb.split()[0] == trigger] == of
+    for note in decl.notes:
+        expected.setdefault((note.state, note.state), []).append(note.event)
+    # one edge per (source, dest), its labels in declaration order: within one trigger, the
+    # order the guards are tried
+    assert edges == expected
 
 
-def test_every_declared_guard_is_on_a_mermaid_edge(decl: MachineDeclaration) -> None:
+def test_every_declared_guard_is_on_a_full_mermaid_edge(decl: MachineDeclaration) -> None:
     shown: set[str] = set()
     for labels in _mermaid_edges(render_mermaid(decl)).values():
         for label in labels:
@@ -201,8 +266,7 @@ def test_internal_transitions_are_labelled_as_such(decl: MachineDeclaration) -> 
             assert f"{edge.trigger} [internal]" in " | ".join(edges[(edge.source, edge.source)])
 
 
-# --------------------------------------------------------------------------- dot
-def test_dot_nodes_edges_and_shapes(decl: MachineDeclaration) -> None:
+def test_full_dot_nodes_edges_and_shapes(decl: MachineDeclaration) -> None:
     text = render_dot(decl)
     assert text.splitlines()[1] == f'digraph "{decl.name}" {{'
     nodes = _dot_nodes(text)
@@ -210,20 +274,111 @@ def test_dot_nodes_edges_and_shapes(decl: MachineDeclaration) -> None:
     for state in decl.state_names:
         shape = nodes[state].get("shape")
         assert (shape == "doublecircle") == (state in decl.final_states), state
+        dashed = "dashed" in nodes[state].get("style", "")
+        assert dashed == (state in decl.transient_states), state
     edges = _dot_edges(text)
     assert edges.pop(("__initial__", decl.initial)) == {}
     expected: dict[tuple[str, str], list[str]] = {}
     for edge in decl.edges():
         expected.setdefault((edge.source, edge.dest), []).append(edge.label)
+    for note in decl.notes:
+        expected.setdefault((note.state, note.state), []).append(note.event)
     assert {pair: attrs["label"].split("\\n") for pair, attrs in edges.items()} == expected
-    shown = {g for attrs in edges.values() for g in re.findall(r"\[(\w+)\]", attrs["label"])}
-    assert shown - {"internal"} == set(decl.guard_names)
 
 
-@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed")
-def test_real_dot_renders_the_text_to_svg(decl: MachineDeclaration) -> None:
-    svg = render_svg(decl, highlight=_real_trace() if decl.name == "inner" else None)
+# --------------------------------------------------------------------------- the exits view
+def _exit_lines(decl: MachineDeclaration) -> dict[tuple[str, str], list[str]]:
+    """(source, status) → ``event [guard] / reason`` for every source of every declared exit."""
+    lines: dict[tuple[str, str], list[str]] = {}
+    for edge in decl.edges():
+        ending = edge.transition.ends
+        if ending is None:
+            continue
+        reason = ending.reason_label
+        text = f"{edge.label} / {reason}" if reason is not None else edge.label
+        for status in ending.statuses:
+            lines.setdefault((edge.source, status.value), []).append(text)
+    return lines
+
+
+def test_exits_mermaid_draws_each_exit_from_where_it_happens_to_its_terminal_state(
+    decl: MachineDeclaration,
+) -> None:
+    edges = _mermaid_edges(render_mermaid(decl, view="exits"))
+    exits = _exit_lines(decl)
+    assert exits
+    for pair, lines in exits.items():
+        assert edges[pair] == lines, pair
+    # the settle step takes the ending's terminal state: no funnel of outcome guards
+    settle, finals = decl.settle_states, set(decl.final_states)
+    into_finals = {pair for pair in edges if pair[1] in finals}
+    assert into_finals == set(exits)
+    assert not {pair for pair in into_finals if pair[0] in settle} - set(exits)
+    # nothing leads into the settle step from outside it: every way there is an exit
+    assert not [pair for pair in edges if pair[1] in settle and pair[0] not in settle]
+
+
+def test_exits_dot_hangs_each_exit_on_its_state_and_draws_the_settle_step_once(
+    decl: MachineDeclaration,
+) -> None:
+    text = render_dot(decl, view="exits")
+    assert text.count('subgraph "cluster_settle"') == 1
+    settle_block = text[text.index('subgraph "cluster_settle"') :].split("}")[0]
+    assert set(re.findall(r'^\s+"(\w+)"', settle_block, re.MULTILINE)) == decl.settle_states
+    nodes = _dot_nodes(text)
+    drawn: dict[tuple[str, str], list[str]] = {}
+    for (source, dest), attrs in _dot_edges(text).items():
+        terminal = nodes.get(dest, {})
+        if terminal.get("peripheries") != "2":
+            continue
+        statuses = _dot_rows(terminal["label"])
+        rows = _dot_rows(attrs["label"])
+        # each exit line is `event [guard]` with its reason indented below it
+        texts: list[str] = []
+        for row in rows:
+            if row.startswith("    / "):
+                texts[-1] += " " + row.strip()
+            else:
+                texts.append(row)
+        sources = tuple(group) if (group := _cluster_of(text, attrs.get("ltail"))) else (source,)
+        for member in sources:
+            for status in statuses:
+                drawn.setdefault((member, status), []).extend(texts)
+    assert drawn == _exit_lines(decl)
+
+
+def _cluster_of(text: str, cluster: str | None) -> list[str]:
+    if cluster is None:
+        return []
+    block = text[text.index(f'subgraph "{cluster}"') :].split("}")[0]
+    return re.findall(r'^\s+"(\w+)"', block, re.MULTILINE)
+
+
+def test_every_guard_but_the_settle_steps_routing_is_in_the_exits_view(
+    decl: MachineDeclaration,
+) -> None:
+    text = render_mermaid(decl, view="exits")
+    shown = set(re.findall(r"\[(\w+)\]", text)) - {"internal"}
+    routing = {
+        edge.guard
+        for edge in decl.edges()
+        if edge.source in decl.settle_states and edge.dest in decl.final_states
+    }
+    internal_only = {e.guard for e in decl.edges() if e.internal} - {
+        e.guard for e in decl.edges() if not e.internal
+    }
+    assert shown == set(decl.guard_names) - routing - internal_only
+
+
+# --------------------------------------------------------------------------- svg
+@pytest.mark.skipif(not HAS_DOT, reason="Graphviz `dot` is not installed")
+@pytest.mark.parametrize("view", VIEWS)
+def test_real_dot_renders_the_text_to_svg(decl: MachineDeclaration, view: str) -> None:
+    highlight = _real_trace() if decl.name == "ToolLoopMachine" else None
+    svg = render_svg(decl, view=view, highlight=highlight)
     assert b"<svg" in svg
+    text = render_dot(decl, view=view, highlight=highlight)
+    assert diagrams._SVG_SOURCE.search(svg)[1].decode() == diagrams._digest(text)  # type: ignore[index]
     for state in decl.state_names:
         assert state.encode() in svg
 
@@ -248,14 +403,17 @@ def _fake_dot(tmp_path: Path, body: str) -> Path:
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="shell-script stand-in for dot")
-def test_svg_pipes_the_dot_text_through_dot(
+def test_svg_pipes_the_dot_text_through_dot_and_names_its_digest(
     decl: MachineDeclaration, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     received = tmp_path / "stdin.dot"
     fake = _fake_dot(tmp_path, f'[ "$1" = "-Tsvg" ] || exit 9\ncat > "{received}"\nprintf "<svg/>"')
     monkeypatch.setattr(shutil, "which", lambda name: str(fake) if name == "dot" else None)
-    assert render_svg(decl) == b"<svg/>"
-    assert received.read_text(encoding="utf-8") == render_dot(decl)
+    text = render_dot(decl, view="exits")
+    assert render_svg(decl, view="exits") == (
+        f"<!-- drawn from dot text sha256:{diagrams._digest(text)} -->\n<svg/>".encode()
+    )
+    assert received.read_text(encoding="utf-8") == text
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="shell-script stand-in for dot")
@@ -268,11 +426,15 @@ def test_svg_reports_a_failing_dot(
         render_svg(decl)
 
 
-def test_render_dispatches_and_refuses_unknown_formats(decl: MachineDeclaration) -> None:
+def test_render_dispatches_and_refuses_unknown_formats_views_and_machines(
+    decl: MachineDeclaration,
+) -> None:
     assert render(decl, "mermaid") == render_mermaid(decl).encode()
-    assert render(decl, "dot") == render_dot(decl).encode()
+    assert render(decl, "dot", view="exits") == render_dot(decl, view="exits").encode()
     with pytest.raises(ValueError, match="unknown diagram format 'png'"):
         render(decl, "png")
+    with pytest.raises(ValueError, match="unknown diagram view 'flat'; use full or exits"):
+        render(decl, "dot", view="flat")
     with pytest.raises(ValueError, match="no machine named 'nope'; known: inner"):
         declaration("nope")
 
@@ -293,37 +455,86 @@ def _dot_marked(text: str) -> tuple[set[str], set[tuple[str, str]]]:
     return nodes, edges
 
 
-def test_highlight_marks_exactly_the_states_of_a_recorded_trace() -> None:
+def _marked_lines(text: str) -> list[str]:
+    return [
+        line.removeprefix(diagrams.TAKEN)
+        for labels in _mermaid_edges(text).values()
+        for line in labels
+        if line.startswith(diagrams.TAKEN)
+    ]
+
+
+def test_highlight_marks_exactly_the_states_edges_and_guards_of_a_recorded_trace() -> None:
     decl = declaration("inner")
     trace = _real_trace()
     assert {"ready", "streaming", "building_result", "settling", "completed"} <= _visited(trace)
     text = render_mermaid(decl, highlight=trace)
     assert _mermaid_marked(text) == _visited(trace)
     assert "classDef s_trace " in text
-    # everything else keeps the default style
     unmarked = {
         m[1] for ln in text.splitlines() if (m := MERMAID_CLASS.match(ln)) and m[2] == "default"
     }
     assert unmarked == set(decl.state_names) - _visited(trace)
+    # each line taken, with the guard that fired: one per step of the trace
+    taken = [
+        s.event + (" [internal]" if s.state == s.next_state else "")
+        + (f" [{s.guard}]" if s.guard else "")
+        for s in trace
+    ]  # fmt: skip
+    assert sorted(_marked_lines(text)) == sorted(taken)
+    assert "advance [pass_has_text]" in _marked_lines(text)
+    assert "advance [is_settled_after_tool]" not in _marked_lines(text)
 
     nodes, edges = _dot_marked(render_dot(decl, highlight=trace))
     assert nodes == _visited(trace)
     assert edges == {(s.state, s.next_state) for s in trace}
 
 
+def test_highlight_in_the_exits_view_marks_the_exit_the_turn_took() -> None:
+    decl = declaration("inner")
+    trace = _real_trace()
+    text = render_mermaid(decl, view="exits", highlight=trace)
+    assert "advance [pass_has_text]" in _marked_lines(text)
+    assert _mermaid_edges(text)[("ending_pass", "completed")][0] == "✔ advance [pass_has_text]"
+    dot = render_dot(decl, view="exits", highlight=trace)
+    nodes, edges = _dot_marked(dot)
+    assert ("ending_pass", "ending_pass → completed") in edges
+    assert "ending_pass → completed" in nodes
+    assert _dot_nodes(dot)["ending_pass → completed"]["label"] == "✔ completed"
+
+
 def test_no_highlight_marks_nothing(decl: MachineDeclaration) -> None:
-    assert _mermaid_marked(render_mermaid(decl)) == set()
-    assert _dot_marked(render_dot(decl)) == (set(), set())
-    assert render_mermaid(decl, highlight=[]) == render_mermaid(decl)
+    for view in VIEWS:
+        assert _mermaid_marked(render_mermaid(decl, view=view)) == set()
+        assert _dot_marked(render_dot(decl, view=view)) == (set(), set())
+        assert diagrams.TAKEN not in render_dot(decl, view=view)
+        assert render_mermaid(decl, view=view, highlight=[]) == render_mermaid(decl, view=view)
+
+
+def test_a_step_without_a_guard_took_the_unguarded_transition_else_any_candidate() -> None:
+    decl = declaration("inner")
+    # a trace saved before steps named their guard: `ending_pass --advance--> building_result`
+    # reads as the unguarded (empty response) transition; a step with no unguarded candidate
+    # (`building_result --advance--> completed`) marks the guarded ones it may have taken
+    old = [TraceStep(s.state, s.event, s.next_state) for s in _real_trace()]
+    marked = _marked_lines(render_mermaid(decl, highlight=old))
+    assert "advance" in marked
+    assert "advance [pass_has_text]" not in marked
+    assert "advance [outcome_is_completed]" in marked
 
 
 @st.composite
 def _walks(draw: st.DrawFn, decl: MachineDeclaration) -> list[TraceStep]:
-    """A random walk over the declared graph from the initial state (guards ignored)."""
+    """A random walk over the declared graph from the initial state (guards ignored), with
+    the trace notes its states may hold."""
     by_source: dict[str, list[TraceStep]] = {}
     for edge in decl.edges():
         by_source.setdefault(edge.source, []).append(
-            TraceStep(edge.source, edge.trigger, edge.dest)
+            TraceStep(edge.source, edge.trigger, edge.dest, guard=edge.guard)
+        )
+    for note in decl.notes:
+        by_source.setdefault(note.state, []).append(
+            TraceStep(note.state, note.event, note.state, detail="noted")
         )
     state, steps = decl.initial, []
     for _ in range(draw(st.integers(0, 25))):
@@ -339,13 +550,37 @@ def _walks(draw: st.DrawFn, decl: MachineDeclaration) -> list[TraceStep]:
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_highlight_marks_exactly_the_walked_states(name: str, data: st.DataObject) -> None:
+def test_highlight_marks_exactly_the_walked_states_and_lines(
+    name: str, data: st.DataObject
+) -> None:
     decl = declaration(name)
     trace = data.draw(_walks(decl))
-    assert _mermaid_marked(render_mermaid(decl, highlight=trace)) == _visited(trace)
+    text = render_mermaid(decl, highlight=trace)
+    assert _mermaid_marked(text) == _visited(trace)
+    assert len(_marked_lines(text)) == len({(s.state, s.event, s.next_state, s.guard)
+                                             for s in trace})  # fmt: skip
     nodes, edges = _dot_marked(render_dot(decl, highlight=trace))
     assert nodes == _visited(trace)
     assert edges == {(s.state, s.next_state) for s in trace}
+    render_dot(decl, view="exits", highlight=trace)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+)
+@given(chain=generation_chains())
+def test_every_step_of_a_generation_turn_is_drawn(chain: ChainScript) -> None:
+    """The outer trace and every attempt's trace of real runs light up only what is drawn:
+    no step is refused, every state they visit is marked."""
+    result = asyncio.run(run_chain(chain)).result
+    outer, inner = declaration("outer"), declaration("inner")
+    attempts = [step for attempt in result.attempts for step in attempt.trace]
+    for decl, steps in ((outer, result.trace), (inner, attempts)):
+        for view in VIEWS:
+            assert _mermaid_marked(render_mermaid(decl, view=view, highlight=steps)) == (
+                _visited(steps)
+            )
+            render_dot(decl, view=view, highlight=steps)
 
 
 def test_highlight_refuses_an_undeclared_step_without_echoing_it() -> None:
@@ -355,12 +590,13 @@ def test_highlight_refuses_an_undeclared_step_without_echoing_it() -> None:
         TraceStep(secret, "start", "starting_pass"),
         TraceStep("ready", secret, "starting_pass"),
         TraceStep("ready", "start", secret),
+        TraceStep("ending_pass", "advance", "building_result", guard=secret),
     ):
         with pytest.raises(ValueError, match="trace step 1") as caught:
             render_mermaid(decl, highlight=[TraceStep("ready", "start", "starting_pass"), step])
         assert secret not in str(caught.value)
         with pytest.raises(ValueError):
-            render_dot(decl, highlight=[step])
+            render_dot(decl, view="exits", highlight=[step])
     # declared names, but no such transition: named (they are declaration names)
     with pytest.raises(ValueError, match="no transition ready --advance--> completed"):
         render_dot(decl, highlight=[TraceStep("ready", "advance", "completed")])
@@ -368,24 +604,26 @@ def test_highlight_refuses_an_undeclared_step_without_echoing_it() -> None:
 
 # --------------------------------------------------------------------------- no key material
 #: Every word a diagram may contain besides the declaration's own names: mermaid and dot
-#: syntax, the styles, and the provenance comment.
+#: syntax, the styles, the captions and the provenance comment.
 SYNTAX_WORDS = set(
     """
-    stateDiagram v2 direction LR classDef Class state as title
-    s_default s_inactive s_parallel s_active s_previous s_trace
-    fill color white black red darksalmon blue azure stroke width 3px fde68a b45309
+    stateDiagram v2 direction LR TB classDef Class state as title note left of end
+    s_default s_trace fill color white black stroke width 3px fde68a b45309 6b7280
     internal
     digraph graph node edge rankdir label labelloc t fontname Helvetica fontsize 10
-    shape box style rounded filled dashed fillcolor doublecircle point 0 15 __initial__
-    penwidth fontcolor 2 5 n
+    shape box style rounded filled dashed fillcolor doublecircle point 0 15 2 4 __initial__
+    penwidth fontcolor 5 n l compound true nodesep ranksep weight 20 constraint false
+    peripheries ltail subgraph cluster_settle cluster_exits_0 group run
+    settle step every ending passes here then takes its terminal
+    full exits view
     Rendered from by toolloop_fsm diagrams do not edit regenerate with python m
-    """.split()  # noqa: SIM905 - a word list reads better than 70 quoted strings
+    """.split()  # noqa: SIM905 - a word list reads better than 90 quoted strings
 )
 
 
 def _words(text: str) -> set[str]:
-    # dot labels join lines with a literal backslash-n
-    return set(re.findall(r"\w+", text.replace("\\n", " ")))
+    # dot labels join lines with a literal backslash-n or backslash-l
+    return set(re.findall(r"\w+", re.sub(r"\\[nl]", " ", text)))
 
 
 def test_a_diagram_contains_only_declaration_names(
@@ -394,27 +632,37 @@ def test_a_diagram_contains_only_declaration_names(
     planted = "sk-ant-api03-PLANTEDkeyMATERIAL0123456789"
     for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "API_KEY"):
         monkeypatch.setenv(var, planted)
-    walk = _real_trace() if decl.name == "inner" else []
-    trace = [TraceStep(s.state, s.event, s.next_state, detail=planted) for s in walk]
+    walk = _real_trace() if decl.name == "ToolLoopMachine" else []
+    trace = [TraceStep(s.state, s.event, s.next_state, guard=s.guard) for s in walk]
+    reasons = {
+        word
+        for t in decl.transitions
+        if t.ends is not None and t.ends.reason_label is not None
+        for word in re.findall(r"\w+", t.ends.reason_label)
+    }
     allowed = (
         SYNTAX_WORDS
         | set(decl.state_names)
         | set(decl.triggers)
+        | {note.event for note in decl.notes}
         | set(decl.guard_names)
+        | reasons
         | set(re.findall(r"\w+", decl.title))
         | set(re.findall(r"\w+", decl.source_module))
         | {decl.name}
     )
-    for text in (
-        render_mermaid(decl),
-        render_mermaid(decl, highlight=trace),
-        render_dot(decl),
-        render_dot(decl, highlight=trace),
-    ):
+    texts = [
+        render(decl, fmt, view=view, highlight=h).decode()
+        for fmt in ("mermaid", "dot")
+        for view in VIEWS
+        for h in (None, trace)
+    ]
+    for text in texts:
         assert planted not in text
         assert _words(text) <= allowed, _words(text) - allowed
+    name = next(n for n in NAMES if declaration(n) is decl)
     for path in REPO_DIAGRAMS.iterdir():
-        words = _words(path.read_text(encoding="utf-8"))
-        assert not re.search(r"\b(sk-|AIza|xai-|Bearer\b)", path.read_text(encoding="utf-8"))
-        if path.stem == decl.name:
-            assert words <= allowed, words - allowed
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\b(sk-|AIza|xai-|Bearer\b)", text)
+        if path.stem in (name, f"{name}-exits") and path.suffix != ".svg":
+            assert _words(text) <= allowed, _words(text) - allowed

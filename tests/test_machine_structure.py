@@ -1,7 +1,7 @@
 """Structural checks of every machine declaration, computed from the declaration as a graph.
 
-Each test runs for every machine registered in `toolloop_fsm.diagrams.DECLARATIONS`, so the
-outer tier is covered the moment it is registered there. Guards are ignored when computing
+Each test runs for every machine registered in `toolloop_fsm.diagrams.DECLARATIONS`, so a
+machine is covered the moment it is registered there. Guards are ignored when computing
 reachability: these are properties of the declared graph, the property tests cover runs.
 """
 
@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from toolloop_fsm.diagrams import DECLARATIONS, MachineDeclaration, declaration
+from toolloop_fsm.declaration import MachineDeclaration
+from toolloop_fsm.diagrams import DECLARATIONS, declaration
+from toolloop_fsm.result import TurnStatus
 
 PACKAGE_DIR = Path(inspect.getfile(importlib.import_module("toolloop_fsm"))).parent
 NAMES = sorted(DECLARATIONS)
@@ -203,31 +205,84 @@ def test_guards_are_tried_in_spec_order(
 
 # --------------------------------------------------------------------------- rule of the house
 def test_every_guard_is_a_function_in_a_guards_module(decl: MachineDeclaration) -> None:
-    for guard in decl.guard_names:
-        assert guard in decl.callbacks, f"{decl.name}: guard {guard} is not in CALLBACKS"
-        fn = decl.callbacks[guard]
-        assert inspect.isfunction(fn), f"{decl.name}: guard {guard} is not a function"
-        assert fn.__module__.startswith("toolloop_fsm.guards."), (
-            f"{decl.name}: guard {guard} lives in {fn.__module__}, not toolloop_fsm.guards.*"
+    assert decl.guards
+    for guard in decl.guards:
+        assert inspect.isfunction(guard), f"{decl.name}: guard {guard!r} is not a function"
+        assert guard.__module__.startswith("toolloop_fsm.guards."), (
+            f"{decl.name}: guard {guard.__name__} lives in {guard.__module__}, "
+            "not toolloop_fsm.guards.*"
         )
 
 
 def test_every_action_is_a_function_in_a_states_module(decl: MachineDeclaration) -> None:
-    assert decl.action_names
-    for action in decl.action_names:
-        assert action in decl.callbacks, f"{decl.name}: action {action} is not in CALLBACKS"
-        fn = decl.callbacks[action]
-        assert inspect.isfunction(fn), f"{decl.name}: action {action} is not a function"
-        assert fn.__module__.startswith("toolloop_fsm.states."), (
-            f"{decl.name}: action {action} lives in {fn.__module__}, not toolloop_fsm.states.*"
+    assert decl.actions
+    for action in decl.actions:
+        assert inspect.isfunction(action), f"{decl.name}: action {action!r} is not a function"
+        assert action.__module__.startswith("toolloop_fsm.states."), (
+            f"{decl.name}: action {action.__name__} lives in {action.__module__}, "
+            "not toolloop_fsm.states.*"
         )
 
 
-def test_callback_names_are_the_functions_names(decl: MachineDeclaration) -> None:
-    # The declaration refers to callbacks by name; a renamed binding would render one name
-    # and run another.
-    mismatched = {k: fn.__name__ for k, fn in decl.callbacks.items() if fn.__name__ != k}
-    assert not mismatched
+def test_an_endings_readers_are_functions_in_a_guards_module(decl: MachineDeclaration) -> None:
+    # an ending carried over from the run reads its status and reason as a guard reads: purely
+    readers = [
+        reader
+        for t in decl.transitions
+        if t.ends is not None
+        for reader in (t.ends.status_of, t.ends.reason_of)
+        if reader is not None
+    ]
+    for reader in readers:
+        assert inspect.isfunction(reader) and reader.__module__.startswith("toolloop_fsm.guards.")
+
+
+def test_names_are_unique_within_a_declaration(decl: MachineDeclaration) -> None:
+    # the diagrams and the trace name guards and actions by their function's name
+    for functions in (decl.guards, decl.actions):
+        names = [fn.__name__ for fn in functions]
+        assert len(names) == len(set(names))
+    assert len(set(decl.transition_ids)) == len(decl.transition_ids)
+
+
+# --------------------------------------------------------------------------- declared endings
+def test_every_way_into_the_settle_step_declares_its_ending(decl: MachineDeclaration) -> None:
+    """An exit names its ending where it happens: no transition reaches the shared settle step
+    from outside it without one, and none that declares one leads anywhere else."""
+    settle = decl.settle_states
+    assert settle, f"{decl.name} declares no settle step"
+    undeclared = [
+        e.ident for e in decl.edges()
+        if e.dest in settle and e.source not in settle and e.transition.ends is None
+    ]  # fmt: skip
+    assert not undeclared, f"{decl.name}: into the settle step without an ending: {undeclared}"
+    astray = [e.ident for e in decl.edges() if e.transition.ends and e.dest not in settle]
+    assert not astray, f"{decl.name}: an ending that skips the settle step: {astray}"
+
+
+def test_the_settle_step_leaves_only_for_the_terminal_state_the_ending_names(
+    decl: MachineDeclaration,
+) -> None:
+    """Out of the settle step, each final state is taken by the guard that reads it off the
+    decided ending, and every status an ending names is a final state it can take."""
+    finals = set(decl.final_states)
+    routes = {e.dest for e in decl.edges() if e.source in decl.settle_states and e.dest in finals}
+    named = {s.value for t in decl.transitions if t.ends for s in t.ends.statuses}
+    assert named <= routes == finals
+    assert finals <= {status.value for status in TurnStatus}
+
+
+def test_every_terminal_state_is_the_ending_of_some_exit(
+    decl: MachineDeclaration,
+) -> None:
+    named = {s.value for t in decl.transitions if t.ends for s in t.ends.statuses}
+    assert named == set(decl.final_states)
+
+
+def test_every_trace_note_is_written_by_an_action_of_its_state(decl: MachineDeclaration) -> None:
+    for note in decl.notes:
+        writers = {e.transition.do for e in decl.edges() if e.source == note.state}
+        assert note.written_by in writers, f"{decl.name}: {note.event} is noted by no action"
 
 
 # --------------------------------------------------------------------------- imports

@@ -6,7 +6,8 @@ effects simulator — are run over a fixed, deterministic sample (derandomized u
 Hypothesis profile) with the machine's coverage switch on. Every id of
 `declared_transition_ids(TRANSITIONS)` must fire at least once; a failure lists the ones
 that did not. A transition that no random turn reaches is either a gap in the strategies
-(fix them) or dead code in the declaration (report it), never something to leave uncovered.
+(fix them), dead code in the declaration (report it), or a rare path driven explicitly here
+(`_rare_paths`), never something to leave uncovered.
 
 Invariants are not checked here (that is tests/test_properties_inner.py's job), so a
 known invariant bug cannot hide a coverage regression and vice versa.
@@ -17,10 +18,22 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_properties_inner import drive_machine, run_turn
+from tests.test_properties_inner import TOOLS, drive_machine, run_turn
 from toolloop_fsm.declaration import declared_transition_ids
-from toolloop_fsm.machine import TRANSITIONS, _Coverage
+from toolloop_fsm.effects import ArmDeadline
+from toolloop_fsm.events import (
+    DeadlineExpired,
+    DeadlineKind,
+    DeliveryFailed,
+    FunctionCall,
+    StopRequested,
+    StreamEnded,
+    TextDelta,
+)
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.machine import TRANSITIONS, ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.runner import Coverage
 from toolloop_fsm.testing import TurnScript, loop_policies, turn_scripts
 
 #: Measured: 400 turns plus 300 driven machines already fire every declared transition;
@@ -43,15 +56,39 @@ def _machine_workload(policy: LoopPolicy, data: st.DataObject) -> None:
     drive_machine(policy, data, probe=False)
 
 
+def _rare_paths() -> None:
+    """Sans-IO drives of the paths the random workloads reach rarely: a host call that does
+    not return while the machine awaits the first token, streams or runs a tool (the channel
+    failing by raising is common; by hanging, only while settling), and a stop while a stalled
+    stream's deliveries settle."""
+    request = TurnRequest([{"role": "user", "content": "hi"}])
+    hung = DeliveryFailed(None, "TimeoutError: send_notice", timed_out=True)
+    for before in ((), (TextDelta("Hi"),), (FunctionCall("get_weather", {}), StreamEnded())):
+        machine = ToolLoopMachine(tools=TOOLS)
+        machine.start(request)
+        for event in before:
+            machine.feed(event)
+        machine.feed(hung)
+        assert machine.result.reason == "host_timeout"
+    machine = ToolLoopMachine(LoopPolicy(delivery_flush_chars=1))
+    token = next(e.token for e in machine.start(request) if isinstance(e, ArmDeadline))
+    machine.feed(TextDelta("Hello"))  # handed to the channel at once: in flight
+    machine.feed(DeadlineExpired(DeadlineKind.INACTIVITY, token))
+    assert machine.state == "settling"
+    machine.feed(StopRequested())
+    assert machine.result.reason == "stopped_while_settling"
+
+
 def test_the_property_workload_fires_every_declared_transition() -> None:
     fired: set[str] = set()
-    previous = _Coverage.fired
-    _Coverage.fired = fired
+    previous = Coverage.fired
+    Coverage.fired = fired
     try:
         _pump_workload()
         _machine_workload()
+        _rare_paths()
     finally:
-        _Coverage.fired = previous
+        Coverage.fired = previous
     declared = declared_transition_ids(TRANSITIONS)
     missing = [ident for ident in declared if ident not in fired]
     assert not missing, (

@@ -28,8 +28,9 @@ from hypothesis import strategies as st
 
 from tests.test_properties_outer import drive_generation_machine
 from toolloop_fsm import generation
-from toolloop_fsm.declaration import Coverage, declared_transition_ids
+from toolloop_fsm.declaration import declared_transition_ids
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.runner import Coverage
 from toolloop_fsm.testing.chains import (
     AttemptScript,
     ChainScript,

@@ -163,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
         "diagram", help="render a machine's state diagram from its declaration"
     )
     diagram.add_argument("machine", choices=("inner", "outer"))
+    diagram.add_argument(
+        "--view",
+        choices=("full", "exits"),
+        default="full",
+        help="full: every transition; exits: each way the turn ends, drawn from where it "
+        "happens to its terminal state",
+    )
     diagram.add_argument("--format", choices=("mermaid", "dot", "svg"), default="mermaid")
     diagram.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     diagram.add_argument(
@@ -271,12 +278,12 @@ def _first_line(err: BaseException) -> str:
 
 def load_trace(path: str, machine: str) -> tuple[TraceStep, ...]:
     """Steps from a saved result (``result_to_json``) or a bare trace list. For the inner
-    machine, a generation turn's result gives its last attempt's trace."""
+    machine, a generation turn's result gives the steps of every attempt."""
     saved = load_saved(path)
     if isinstance(saved, tuple):
         return saved
     if machine == "inner" and saved.attempts:
-        return saved.attempts[-1].trace
+        return tuple(step for attempt in saved.attempts for step in attempt.trace)
     return saved.trace
 
 
@@ -298,7 +305,7 @@ def _diagram(args: argparse.Namespace) -> int:
     try:
         output = _writable(args.output) if args.output else None
         highlight = load_trace(args.highlight, args.machine) if args.highlight else None
-        data = render(declaration(args.machine), args.format, highlight=highlight)
+        data = render(declaration(args.machine), args.format, view=args.view, highlight=highlight)
     except (DiagramError, ValueError, OSError) as err:
         sys.stderr.write(f"toolloop-fsm diagram: {err}\n")
         return 2

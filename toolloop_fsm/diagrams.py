@@ -1,58 +1,65 @@
-"""State diagrams rendered from the very declarations the machines run.
+"""State diagrams drawn from the very declarations the machines run, in two views.
 
-A machine module (`toolloop_fsm.machine`, later `toolloop_fsm.generation`) declares its
-states and transitions as plain data (``STATES``, ``TRANSITIONS``, ``FINAL_STATES``,
-``TRANSIENT_STATES``, ``CALLBACKS``). `MachineDeclaration.from_module` reads that data into a
-typed, immutable value; the renderers here draw from that value only, so a diagram can never
-show a transition the machine does not have, nor miss one it does.
+- ``full``: the complete machine. One edge per (source, destination) pair, one label line per
+  declared transition (``trigger [guard]``, ``[internal]`` when the state does not change), in
+  declaration order (within one source and trigger, the order the guards are tried), and the
+  steps actions note in the trace (``attempt_superseded``).
+- ``exits``: for review. Each transition that ends the turn is drawn from the state and event
+  where it happens straight to the terminal state its declared ending names, labelled
+  ``event [guard] / reason``; the shared settle step (every ending passes it before its
+  terminal state) is drawn once, as a group, with its own transitions; the other transitions
+  are drawn as in the full view, lighter, and internal transitions are left out.
 
-- `render_mermaid` uses transitions' own mermaid engine (`GraphMachine` with
-  ``graph_engine="mermaid"``, ``show_conditions=True``). The guard *names* are given as string
-  conditions: a graph machine never evaluates them, it only prints them on the edges. Three
-  small additions to its output, each because the engine's flat mermaid graph lacks it: final
-  states are marked ``state --> [*]``; a ``%%`` comment names the source and how to regenerate;
-  trailing whitespace is stripped (committed files must survive editors and hooks).
-- `render_dot` writes Graphviz dot text directly (no graphviz Python package, no ``dot``
-  program), `render_svg` pipes it through ``dot -Tsvg`` when that program is installed.
-- ``highlight`` takes a recorded trace (`toolloop_fsm.result.TraceStep` values) and colours the
-  states it visited (mermaid: a ``classDef`` and ``Class`` lines; dot: node and edge colours —
-  mermaid state diagrams cannot style individual transitions).
+Formats: mermaid ``stateDiagram-v2`` and Graphviz dot, both written here from the declaration
+(`toolloop_fsm.declaration.MachineDeclaration`), and SVG through Graphviz's ``dot`` program
+when it is installed.
 
-Only declaration names (states, triggers, guards) ever reach a diagram: a trace's ``detail``
-is ignored and a trace naming anything undeclared is refused without echoing it, so no key or
-other run-time material can leak into a rendered file (docs/invariants.md §9).
+``highlight`` takes recorded trace steps (`toolloop_fsm.result.TraceStep`; the steps of several
+runs, such as every attempt of a generation turn, may be given together) and marks what they
+took: the states visited (mermaid: the ``s_trace`` class; dot: amber), each label line of a
+transition taken, so the guard that fired (``✔`` before the line), and in dot the edges those
+lines are on. An exit whose ending names several statuses is marked to the terminal state the
+run reached.
 
-Regenerate the committed renders with ``python -m toolloop_fsm.diagrams`` (``--check`` only
-reports drift).
+Only declaration names (states, triggers, guards, reasons) ever reach a diagram: a trace's
+``detail`` is not drawn and a trace naming anything undeclared is refused without echoing it,
+so no key or other run-time material can leak into a rendered file (docs/invariants.md §9).
+
+The committed renders (``diagrams/<machine>.{mmd,dot,svg}`` for the full view,
+``diagrams/<machine>-exits.*`` for the exits view) are regenerated with
+``python -m toolloop_fsm.diagrams`` (``--check`` only reports drift). Each SVG carries the
+SHA-256 of the dot text it was drawn from, so its freshness is checked without Graphviz.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import hashlib
+import itertools
+import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import MappingProxyType, ModuleType
-from typing import Any, Protocol, cast
+from typing import Protocol
 
-from attrs import field, frozen
-from transitions.extensions.diagrams import GraphMachine
+from attrs import frozen
+
+from toolloop_fsm.declaration import Edge, MachineDeclaration
 
 __all__ = [
     "COMMITTED_DIR",
     "DECLARATIONS",
-    "DeclaredState",
-    "DeclaredTransition",
+    "VIEWS",
+    "Diagram",
     "DiagramError",
     "DiagramToolMissing",
-    "Edge",
-    "MachineDeclaration",
+    "DrawnEdge",
+    "Line",
     "TraceLike",
     "declaration",
-    "inner_declaration",
+    "diagram",
     "main",
     "render",
     "render_dot",
@@ -64,15 +71,20 @@ __all__ = [
 
 #: Where the committed renders live in a source checkout (``<repo>/diagrams``).
 COMMITTED_DIR = Path(__file__).resolve().parent.parent / "diagrams"
-
-#: File suffix of each committed text format.
-_COMMITTED_FORMATS: dict[str, str] = {"mermaid": "mmd", "dot": "dot"}
+#: The views, the first the default.
+VIEWS = ("full", "exits")
 
 _REGENERATE = "python -m toolloop_fsm.diagrams"
+#: The mark before a label line a highlighted run took.
+TAKEN = "✔ "
+#: How a committed SVG names the dot text it was drawn from.
+_SVG_SOURCE = re.compile(rb"<!-- drawn from dot text sha256:([0-9a-f]{64}) -->")
 
 # One palette for both formats: the trace path in amber, on top of black-on-white.
 _TRACE_FILL = "#fde68a"
 _TRACE_STROKE = "#b45309"
+_FLOW = "#6b7280"  # the exits view's transitions that end nothing
+_SETTLE_CAPTION = "settle step: every ending passes here, then takes its terminal state"
 
 
 class DiagramError(RuntimeError):
@@ -96,194 +108,26 @@ class TraceLike(Protocol):
     def next_state(self) -> str: ...
 
 
-# --------------------------------------------------------------------------- the declaration
-@frozen
-class DeclaredState:
-    name: str
-    final: bool = False
-    on_enter: tuple[str, ...] = ()
+# --------------------------------------------------------------------------- the registry
+def _inner() -> MachineDeclaration:
+    # imported here so a broken machine module only breaks the diagram that needs it
+    from toolloop_fsm.machine import DECLARATION
+
+    return DECLARATION
 
 
-@frozen
-class DeclaredTransition:
-    """One entry of ``TRANSITIONS``; ``dest`` is ``None`` for an internal transition."""
+def _outer() -> MachineDeclaration:
+    from toolloop_fsm.generation import DECLARATION
 
-    trigger: str
-    sources: tuple[str, ...]
-    dest: str | None
-    conditions: tuple[str, ...] = ()
-    before: tuple[str, ...] = ()
-
-    def target(self, source: str) -> str:
-        """Where the machine is after taking this transition from ``source``."""
-        return self.dest if self.dest is not None else source
+    return DECLARATION
 
 
-@frozen
-class Edge:
-    """One declared transition from one source state, in declaration order."""
-
-    source: str
-    dest: str
-    trigger: str
-    conditions: tuple[str, ...]
-    internal: bool
-
-    @property
-    def label(self) -> str:
-        """``trigger [guard]`` — the same wording transitions' engine puts on mermaid edges."""
-        text = self.trigger
-        if self.internal:
-            text += " [internal]"
-        if self.conditions:
-            text += f" [{' & '.join(self.conditions)}]"
-        return text
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    return tuple(str(v) for v in value)
-
-
-@frozen
-class MachineDeclaration:
-    """A machine's declaration as an immutable value: what the diagrams and structural tests
-    read. Build it with `from_module` from a module in the style of `toolloop_fsm.machine`."""
-
-    name: str
-    states: tuple[DeclaredState, ...]
-    transitions: tuple[DeclaredTransition, ...]
-    initial: str
-    final_states: tuple[str, ...]
-    transient_states: frozenset[str]
-    title: str = ""
-    source_module: str = ""
-    #: name → function for every guard and action the declaration names.
-    callbacks: Mapping[str, Callable[..., Any]] = field(
-        factory=lambda: MappingProxyType({}), eq=False
-    )
-
-    @classmethod
-    def from_module(
-        cls, name: str, module: ModuleType, *, title: str = "", initial: str | None = None
-    ) -> MachineDeclaration:
-        """Read ``STATES``/``TRANSITIONS``/``FINAL_STATES``/``TRANSIENT_STATES`` (and
-        ``CALLBACKS``, ``INITIAL_STATE`` when present) from a machine module. The initial state
-        defaults to ``INITIAL_STATE``, else the first declared state."""
-        states = tuple(
-            DeclaredState(
-                name=str(s["name"]),
-                final=bool(s.get("final", False)),
-                on_enter=_names(s.get("on_enter")),
-            )
-            for s in module.STATES
-        )
-        transitions = tuple(
-            DeclaredTransition(
-                trigger=str(t["trigger"]),
-                sources=_names(t["source"]),
-                dest=None if t.get("dest") is None else str(t["dest"]),
-                conditions=_names(t.get("conditions")),
-                before=_names(t.get("before")),
-            )
-            for t in module.TRANSITIONS
-        )
-        start = initial or getattr(module, "INITIAL_STATE", None) or states[0].name
-        decl = cls(
-            name=name,
-            states=states,
-            transitions=transitions,
-            initial=start,
-            final_states=tuple(module.FINAL_STATES),
-            transient_states=frozenset(module.TRANSIENT_STATES),
-            title=title or name,
-            source_module=module.__name__,
-            callbacks=MappingProxyType(dict(getattr(module, "CALLBACKS", {}))),
-        )
-        decl._check_names()
-        return decl
-
-    # ------------------------------------------------------------------ derived views
-    @property
-    def state_names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.states)
-
-    @property
-    def triggers(self) -> tuple[str, ...]:
-        """Every trigger, in order of first declaration."""
-        return tuple(dict.fromkeys(t.trigger for t in self.transitions))
-
-    @property
-    def guard_names(self) -> tuple[str, ...]:
-        """Every guard name, in order of first use."""
-        return tuple(dict.fromkeys(c for t in self.transitions for c in t.conditions))
-
-    @property
-    def action_names(self) -> tuple[str, ...]:
-        """Every transition action and state entry callback, in order of first use."""
-        names = [a for t in self.transitions for a in t.before]
-        names += [n for s in self.states for n in s.on_enter]
-        return tuple(dict.fromkeys(names))
-
-    def edges(self) -> list[Edge]:
-        """Every declared transition expanded per source state, in declaration order (which,
-        within one source and trigger, is the order the guards are tried)."""
-        return [
-            Edge(t.sources[i], t.target(source), t.trigger, t.conditions, t.dest is None)
-            for t in self.transitions
-            for i, source in enumerate(t.sources)
-        ]
-
-    def _check_names(self) -> None:
-        known = set(self.state_names)
-        problems = [
-            f"{t.trigger}: {s}" for t in self.transitions for s in t.sources if s not in known
-        ]
-        problems += [
-            f"{t.trigger} -> {t.dest}"
-            for t in self.transitions
-            if t.dest is not None and t.dest not in known
-        ]
-        problems += [f"final {s}" for s in self.final_states if s not in known]
-        problems += [f"transient {s}" for s in sorted(self.transient_states) if s not in known]
-        if self.initial not in known:
-            problems.append(f"initial {self.initial}")
-        if problems:
-            raise ValueError(
-                f"declaration {self.name!r} names undeclared states: {'; '.join(problems)}"
-            )
-
-
-def inner_declaration() -> MachineDeclaration:
-    """`ToolLoopMachine`'s declaration (``toolloop_fsm.machine``)."""
-    # Imported here so the registry stays cheap to build and a broken machine module only
-    # breaks the diagram that needs it.
-    from toolloop_fsm import machine
-
-    return MachineDeclaration.from_module("inner", machine, title="ToolLoopMachine (inner tier)")
-
-
-def outer_declaration() -> MachineDeclaration:
-    """`GenerationTurnMachine`'s declaration (``toolloop_fsm.generation``)."""
-    from toolloop_fsm import generation
-
-    return MachineDeclaration.from_module(
-        "outer", generation, title="GenerationTurnMachine (outer tier)"
-    )
-
-
-#: Name → declaration factory: one line per machine.
-DECLARATIONS: dict[str, Callable[[], MachineDeclaration]] = {
-    "inner": inner_declaration,
-    "outer": outer_declaration,
-}
+#: Name → the machine's declaration: one line per machine.
+DECLARATIONS: dict[str, Callable[[], MachineDeclaration]] = {"inner": _inner, "outer": _outer}
 
 
 def declaration(name: str) -> MachineDeclaration:
-    """The declaration registered under ``name`` (``"inner"``, later ``"outer"``)."""
+    """The declaration registered under ``name`` (``"inner"`` or ``"outer"``)."""
     try:
         factory = DECLARATIONS[name]
     except KeyError:
@@ -292,114 +136,263 @@ def declaration(name: str) -> MachineDeclaration:
     return factory()
 
 
+# --------------------------------------------------------------------------- the drawing
+@frozen
+class Line:
+    """One label line of a drawn edge. ``steps``: the ids of the declared transitions (or
+    trace notes) it stands for; ``statuses``: for an exit, the terminal states its ending
+    names."""
+
+    text: str
+    steps: tuple[str, ...]
+    statuses: tuple[str, ...] = ()
+
+
+@frozen
+class DrawnEdge:
+    """One drawn edge: its label lines in declaration order. ``sources`` is one state, or in
+    the exits view the states an exit is declared from together (drawn from their group);
+    ``dests`` is one state, or for an exit the terminal states its ending names. ``kind`` is
+    ``flow`` (a transition), ``exit`` (to a terminal state, by a declared ending) or
+    ``settle`` (within the settle step)."""
+
+    sources: tuple[str, ...]
+    dests: tuple[str, ...]
+    lines: tuple[Line, ...]
+    kind: str = "flow"
+
+
+@frozen
+class Diagram:
+    """What one view of a declaration draws."""
+
+    declaration: MachineDeclaration
+    view: str
+    edges: tuple[DrawnEdge, ...]
+    #: the states drawn as the settle step's group (exits view)
+    settle_group: tuple[str, ...] = ()
+    #: groups of states exits are declared from together (exits view)
+    exit_groups: tuple[tuple[str, ...], ...] = ()
+
+
+def _note_id(state: str, event: str) -> str:
+    return f"{state} --{event}--> {state} (noted)"
+
+
+_Drawn = tuple[tuple[str, ...], tuple[str, ...], Line, str]
+
+
+def _group(edges: Iterable[_Drawn]) -> tuple[DrawnEdge, ...]:
+    """One drawn edge per (sources, dests, kind), its lines in order."""
+    grouped: dict[tuple[tuple[str, ...], tuple[str, ...], str], list[Line]] = {}
+    for sources, dests, line, kind in edges:
+        grouped.setdefault((sources, dests, kind), []).append(line)
+    return tuple(
+        DrawnEdge(sources, dests, tuple(lines), kind)
+        for (sources, dests, kind), lines in grouped.items()
+    )
+
+
+def _full(decl: MachineDeclaration) -> Diagram:
+    lines: list[_Drawn] = [
+        ((edge.source,), (edge.dest,), Line(edge.label, (edge.ident,)), "flow")
+        for edge in decl.edges()
+    ]
+    lines += [
+        ((note.state,), (note.state,), Line(note.event, (_note_id(note.state, note.event),)),
+         "flow")
+        for note in decl.notes
+    ]  # fmt: skip
+    return Diagram(decl, "full", _group(lines))
+
+
+def _exit_label(edge: Edge) -> str:
+    ending = edge.transition.ends
+    assert ending is not None
+    reason = ending.reason_label
+    return f"{edge.label} / {reason}" if reason is not None else edge.label
+
+
+def _exit_groups(decl: MachineDeclaration) -> tuple[tuple[str, ...], ...]:
+    """The sets of states exits are declared from together that the run passes through one
+    after the other (a pass awaits its first token, then streams): each is drawn as one group
+    the exits leave from. None when two would overlap."""
+    follows = {(e.source, e.dest) for e in decl.edges() if not e.internal}
+    groups = tuple(
+        dict.fromkeys(
+            t.sources
+            for t in decl.transitions
+            if t.ends is not None
+            and len(t.sources) > 1
+            and all(pair in follows for pair in itertools.pairwise(t.sources))
+        )
+    )
+    members = [state for group in groups for state in group]
+    return groups if len(members) == len(set(members)) else ()
+
+
+def _exits(decl: MachineDeclaration) -> Diagram:
+    settle = decl.settle_states
+    finals = set(decl.final_states)
+    groups = _exit_groups(decl)
+    lines: list[_Drawn] = []
+    for t in decl.transitions:
+        edges = [edge for edge in decl.edges() if edge.transition is t]
+        if t.ends is not None:
+            statuses = tuple(status.value for status in t.ends.statuses)
+            line = Line(_exit_label(edges[0]), tuple(e.ident for e in edges), statuses)
+            if t.sources in groups:  # declared from a group of states: drawn once, from it
+                lines.append((t.sources, statuses, line, "exit"))
+            else:
+                lines += [
+                    ((e.source,), statuses, Line(line.text, (e.ident,), statuses), "exit")
+                    for e in edges
+                ]
+            continue
+        for edge in edges:
+            if edge.internal or (edge.source in settle and edge.dest in finals):
+                # nothing changes, or the settle step takes the terminal state the ending named
+                continue
+            kind = "settle" if edge.source in settle and edge.dest in settle else "flow"
+            lines.append(((edge.source,), (edge.dest,), Line(edge.label, (edge.ident,)), kind))
+    return Diagram(
+        decl,
+        "exits",
+        _group(lines),
+        settle_group=tuple(s for s in decl.state_names if s in settle),
+        exit_groups=groups,
+    )
+
+
+def diagram(decl: MachineDeclaration, view: str = "full") -> Diagram:
+    """What ``view`` (``"full"`` or ``"exits"``) of ``decl`` draws."""
+    if view == "full":
+        return _full(decl)
+    if view == "exits":
+        return _exits(decl)
+    raise ValueError(f"unknown diagram view {view!r}; use {' or '.join(VIEWS)}")
+
+
 # --------------------------------------------------------------------------- highlight
-def _trace_path(
-    decl: MachineDeclaration, highlight: Iterable[TraceLike] | None
-) -> tuple[set[str], set[tuple[str, str]]]:
-    """The states and (source, dest) edges a trace visited, checked against the declaration.
+@frozen
+class _Marks:
+    """What a highlighted run took: the states it visited, the declared transitions (and trace
+    notes) it took, and the terminal states it reached."""
+
+    states: frozenset[str]
+    steps: frozenset[str]
+    finals: frozenset[str]
+
+    def takes(self, line: Line, dest: str | None = None) -> bool:
+        """Whether the run took ``line`` (drawn to ``dest``): one of its steps, and for an
+        exit whose ending names several statuses drawn to one of them, to the terminal state
+        the run reached."""
+        if self.steps.isdisjoint(line.steps):
+            return False
+        return dest is None or len(line.statuses) < 2 or dest in self.finals
+
+
+def _marks(decl: MachineDeclaration, highlight: Iterable[TraceLike] | None) -> _Marks:
+    """What the recorded steps took, checked against the declaration.
 
     A step that names something undeclared is refused without echoing the offending value: a
-    trace is run-time data, and a diagram (or its error) must carry declaration names only."""
-    states: set[str] = set()
-    edges: set[tuple[str, str]] = set()
+    trace is run-time data, and a diagram (or its error) carries declaration names only."""
     if highlight is None:
-        return states, edges
+        return _Marks(frozenset(), frozenset(), frozenset())
     known_states = set(decl.state_names)
-    known_triggers = set(decl.triggers)
-    declared = {(e.source, e.trigger, e.dest) for e in decl.edges()}
+    known_events = set(decl.triggers) | {note.event for note in decl.notes}
+    by_step: dict[tuple[str, str, str], list[Edge]] = {}
+    for edge in decl.edges():
+        by_step.setdefault((edge.source, edge.trigger, edge.dest), []).append(edge)
+    notes = {(note.state, note.event) for note in decl.notes}
+    states: set[str] = set()
+    steps: set[str] = set()
     for index, step in enumerate(highlight):
-        if getattr(step, "detail", None) is not None:
-            continue  # an annotation (e.g. an attempt superseded), not a transition
         for attr in ("state", "next_state"):
             if getattr(step, attr) not in known_states:
                 raise ValueError(f"trace step {index}: its {attr} is not a state of {decl.name!r}")
-        if step.event not in known_triggers:
+        if step.event not in known_events:
             raise ValueError(f"trace step {index}: its event is not a trigger of {decl.name!r}")
-        if (step.state, step.event, step.next_state) not in declared:
+        key = (step.state, step.event, step.next_state)
+        if getattr(step, "detail", None) is not None and key[0] == key[2] and key[:2] in notes:
+            steps.add(_note_id(step.state, step.event))
+        elif key in by_step:
+            steps.update(_taken(by_step[key], getattr(step, "guard", None), index))
+        else:
             raise ValueError(
                 f"trace step {index}: {decl.name!r} declares no transition "
                 f"{step.state} --{step.event}--> {step.next_state}"
             )
         states.update((step.state, step.next_state))
-        edges.add((step.state, step.next_state))
-    return states, edges
+    finals = frozenset(states & set(decl.final_states))
+    return _Marks(frozenset(states), frozenset(steps), finals)
+
+
+def _taken(edges: list[Edge], guard: str | None, index: int) -> list[str]:
+    """The declared transitions a step took: the one with its guard. A step recorded without
+    a guard took the unguarded one; when there is none, the step was saved before steps named
+    their guard, and it took one of the guarded ones (all are marked)."""
+    named = [edge.ident for edge in edges if edge.guard == guard]
+    if named:
+        return named
+    if guard is not None:
+        raise ValueError(f"trace step {index}: its guard is not one of this transition's")
+    return [edge.ident for edge in edges]
 
 
 # --------------------------------------------------------------------------- mermaid
-class _DiagramMachine(GraphMachine):
-    """transitions' graph machine with one more node style, ``trace``, for `highlight`."""
-
-    style_attributes = copy.deepcopy(GraphMachine.style_attributes)
-    cast(dict[str, Any], style_attributes["node"])["trace"] = {
-        "fillcolor": _TRACE_FILL,
-        "color": "black",
-        "stroke": _TRACE_STROKE,
-        "stroke-width": "3px",
-    }
+def _provenance(decl: MachineDeclaration, view: str) -> str:
+    return (
+        f"Rendered from {decl.source_module} ({view} view) by toolloop_fsm.diagrams; "
+        f"do not edit, regenerate with: {_REGENERATE}"
+    )
 
 
-class _MermaidGraph(Protocol):
-    """The slice of transitions' (untyped-by-stub) mermaid ``Graph`` used here."""
-
-    def set_node_style(self, state: str, style: str) -> None: ...
-
-    def get_graph(self, title: str | None = None, roi_state: str | None = None) -> Any: ...
+def _line_text(line: Line, marks: _Marks, dest: str | None = None) -> str:
+    return TAKEN + line.text if marks.takes(line, dest) else line.text
 
 
 def render_mermaid(
-    decl: MachineDeclaration, *, highlight: Sequence[TraceLike] | None = None
+    decl: MachineDeclaration,
+    *,
+    view: str = "full",
+    highlight: Iterable[TraceLike] | None = None,
 ) -> str:
-    """Mermaid ``stateDiagram-v2`` text of the declaration, by transitions' mermaid engine.
-
-    Edges read ``trigger [guard]``; the transitions of one source to one destination share an
-    edge, their labels joined by `` | `` in declaration (= guard) order. ``highlight`` gives
-    every state a recorded trace visited the ``s_trace`` class.
-    """
-    visited, _ = _trace_path(decl, highlight)
-    transitions = [
-        {
-            "trigger": t.trigger,
-            "source": list(t.sources),
-            "dest": t.dest,
-            # strings, never evaluated: a graph machine without a model only prints them
-            "conditions": list(t.conditions),
-        }
-        for t in decl.transitions
+    """Mermaid ``stateDiagram-v2`` text of ``view``. An edge's label lines are joined by
+    `` | ``; ``highlight`` gives every state the run visited the ``s_trace`` class and marks
+    each line it took with ``✔``. (Mermaid draws each terminal state once, and an exit
+    declared from a group of states from each of them.)"""
+    drawn = diagram(decl, view)
+    marks = _marks(decl, highlight)
+    out = [
+        "---",
+        f"title: {decl.title}",
+        "---",
+        "stateDiagram-v2",
+        f"  %% {_provenance(decl, view)}",
+        "  direction LR",
+        "  classDef s_default fill:white,color:black",
+        f"  classDef s_trace fill:{_TRACE_FILL},color:black,stroke:{_TRACE_STROKE},"
+        "stroke-width:3px",
+        "",
     ]
-    machine = _DiagramMachine(
-        model=None,
-        states=[{"name": s.name, "final": s.final} for s in decl.states],
-        transitions=transitions,
-        initial=decl.initial,
-        auto_transitions=False,
-        graph_engine="mermaid",
-        show_conditions=True,
-        title=decl.title,
-    )
-    # With model=None no model carries a graph; build the engine's graph object directly.
-    # (A model would also get its current state painted "active", which a static diagram
-    # must not show.)
-    graph = cast(_MermaidGraph, machine.graph_cls(machine))
     for state in decl.state_names:
-        if state in visited:
-            graph.set_node_style(state, "trace")
-    # transitions writes the title line verbatim between the front-matter fences; giving it
-    # as a YAML key makes it a mermaid title rather than a stray scalar.
-    source = cast(str, graph.get_graph(title=f"title: {decl.title}").source)
-
-    lines = [line.rstrip() for line in source.splitlines()]
-    at = lines.index("stateDiagram-v2") + 1
-    lines[at:at] = [f"  %% {_provenance(decl)}"]
-    # The engine's flat mermaid graph marks the initial state but not the final ones.
-    lines += [f"  {state} --> [*]" for state in decl.final_states]
-    return "\n".join(lines) + "\n"
-
-
-def _provenance(decl: MachineDeclaration) -> str:
-    return (
-        f"Rendered from {decl.source_module or decl.name} by toolloop_fsm.diagrams; "
-        f"do not edit, regenerate with: {_REGENERATE}"
-    )
+        out.append(f'  state "{state}" as {state}')
+        out.append(f"  Class {state} {'s_trace' if state in marks.states else 's_default'}")
+    if drawn.settle_group:
+        out += [f"  note left of {drawn.settle_group[0]}", f"    {_SETTLE_CAPTION}", "  end note"]
+    out.append("")
+    edges: dict[tuple[str, str], list[Line]] = {}
+    for edge in drawn.edges:
+        for source in edge.sources:
+            for dest in edge.dests:
+                edges.setdefault((source, dest), []).extend(edge.lines)
+    for (source, dest), lines in edges.items():
+        label = " | ".join(_line_text(line, marks, dest) for line in lines)
+        out.append(f"  {source} --> {dest}: {label}")
+    out.append(f"  [*] --> {decl.initial}")
+    out += [f"  {state} --> [*]" for state in decl.final_states]
+    return "\n".join(out) + "\n"
 
 
 # --------------------------------------------------------------------------- dot
@@ -408,21 +401,105 @@ def _q(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+#: Marks an attribute value already escaped for dot (a label of left-justified rows).
+_RAW = "\x00"
+
+
 def _attrs(**attributes: str) -> str:
-    return "[" + ", ".join(f"{key}={_q(value)}" for key, value in attributes.items()) + "]"
+    return (
+        "["
+        + ", ".join(
+            f'{key}="{value[1:]}"' if value.startswith(_RAW) else f"{key}={_q(value)}"
+            for key, value in attributes.items()
+        )
+        + "]"
+    )
 
 
-def render_dot(decl: MachineDeclaration, *, highlight: Sequence[TraceLike] | None = None) -> str:
-    """Graphviz dot text of the declaration, written directly (no graphviz needed to produce
-    it). Final states are double circles, transient (decision) states dashed; edges read
-    ``trigger [guard]``, one line per declared transition; ``highlight`` colours the states
-    and edges a recorded trace took."""
-    visited, taken = _trace_path(decl, highlight)
+def _dot_node(decl: MachineDeclaration, state: str, marks: _Marks, **extra: str) -> str:
+    attributes: dict[str, str] = dict(extra)
+    declared = decl.state(state)
+    if declared.final:
+        attributes["shape"] = "doublecircle"
+    elif declared.transient:
+        attributes["style"] = "rounded,filled,dashed"
+    if state in marks.states:
+        attributes.update(fillcolor=_TRACE_FILL, color=_TRACE_STROKE, penwidth="2")
+    return f"{_q(state)} {_attrs(**attributes)}" if attributes else _q(state)
+
+
+def _exit_rows(line: Line, marks: _Marks) -> str:
+    """An exit's label line as dot rows, left-justified: ``event [guard]``, then the reason
+    indented below it (one long line each would widen the drawing by as much)."""
+    text = _line_text(line, marks)
+    event, slash, reason = text.partition(" / ")
+    rows = [event, f"    / {reason}"] if slash else [event]
+    return "".join(_q(row)[1:-1] + "\\l" for row in rows)
+
+
+def _back_edges(drawn: Diagram) -> set[tuple[str, str]]:
+    """The (source, dest) edges that lead back to a state on the way to them from the initial
+    state (a loop): laid out without pulling their target down."""
+    successors: dict[str, list[str]] = {}
+    for edge in drawn.edges:
+        if edge.kind != "exit":
+            successors.setdefault(edge.sources[-1], []).extend(edge.dests)
+    back: set[tuple[str, str]] = set()
+    done: set[str] = set()
+    # the settle step is entered where the endings lead (the state after each exit)
+    entries = [t.dest for t in drawn.declaration.transitions if t.ends is not None and t.dest]
+    starts = [drawn.declaration.initial, *dict.fromkeys(entries), *drawn.settle_group]
+    for start in starts:
+        if start in done:
+            continue
+        path = [start]
+        stack = [(start, iter(successors.get(start, ())))]
+        while stack:
+            state, pending = stack[-1]
+            target = next(pending, None)
+            if target is None:
+                stack.pop()
+                path.pop()
+                done.add(state)
+            elif target in path:
+                back.add((state, target))
+            elif target not in done:
+                path.append(target)
+                stack.append((target, iter(successors.get(target, ()))))
+    return back
+
+
+def _terminal(edge: DrawnEdge) -> str:
+    """The exits view's node for the terminal states ``edge`` leads to: one per exit edge, so
+    that each state's exits hang beside it."""
+    return f"{'+'.join(edge.sources)} → {'|'.join(edge.dests)}"
+
+
+def render_dot(
+    decl: MachineDeclaration,
+    *,
+    view: str = "full",
+    highlight: Iterable[TraceLike] | None = None,
+) -> str:
+    """Graphviz dot text of ``view``, written directly (no Graphviz needed to produce it).
+
+    Decision states are dashed; an edge's label has one line per declared transition;
+    ``highlight`` colours the states visited and the edges taken, and marks each line taken
+    with ``✔``. In the full view final states are double circles. In the exits view each exit
+    leads to its own double-bordered box naming the terminal state, so each state's exits hang
+    beside it; exits declared from a group of states leave the group's dashed box; the settle
+    step is a dashed box of its own; the transitions that end nothing are grey."""
+    drawn = diagram(decl, view)
+    marks = _marks(decl, highlight)
     font = "Helvetica"
+    exits = view == "exits"
+    graph = {"rankdir": "TB" if exits else "LR", "label": f"{decl.title}: {view} view"}
+    if exits:
+        graph.update(compound="true", nodesep="0.15", ranksep="0.4")
     out = [
-        f"// {_provenance(decl)}",
+        f"// {_provenance(decl, view)}",
         f"digraph {_q(decl.name)} {{",
-        "  graph " + _attrs(rankdir="LR", label=decl.title, labelloc="t", fontname=font),
+        "  graph " + _attrs(**graph, labelloc="t", fontname=font),
         "  node "
         + _attrs(
             shape="box", style="rounded,filled", fillcolor="white", color="black", fontname=font
@@ -431,36 +508,61 @@ def render_dot(decl: MachineDeclaration, *, highlight: Sequence[TraceLike] | Non
         "",
         "  " + _q("__initial__") + " " + _attrs(shape="point", width="0.15", label=""),
     ]
-    for state in decl.states:
-        attributes: dict[str, str] = {}
-        if state.final:
-            attributes["shape"] = "doublecircle"
-        elif state.name in decl.transient_states:
-            attributes["style"] = "rounded,filled,dashed"
-        if state.name in visited:
-            attributes.update(fillcolor=_TRACE_FILL, color=_TRACE_STROKE, penwidth="2")
-        suffix = " " + _attrs(**attributes) if attributes else ""
-        out.append(f"  {_q(state.name)}{suffix}")
+    boxed = {state for group in (drawn.settle_group, *drawn.exit_groups) for state in group}
+    # the exits view keeps the states that run the turn in one column, so that each one's exits
+    # hang beside it
+    column = {"group": "run"} if exits else {}
+    drawn_states = [s for s in decl.state_names if not (exits and decl.state(s).final)]
+    out += ["  " + _dot_node(decl, s, marks, **column) for s in drawn_states if s not in boxed]
+    clusters: dict[tuple[str, ...], str] = {}
+    for index, group in enumerate(drawn.exit_groups):
+        clusters[group] = f"cluster_exits_{index}"
+        out.append(f"  subgraph {_q(clusters[group])} {{")
+        out.append("    graph " + _attrs(label="", style="dashed", color=_FLOW))
+        out += ["    " + _dot_node(decl, state, marks, **column) for state in group]
+        out.append("  }")
+    if drawn.settle_group:
+        out.append("  subgraph " + _q("cluster_settle") + " {")
+        out.append(
+            "    graph " + _attrs(label=_SETTLE_CAPTION, style="dashed", color=_FLOW, fontsize="10")
+        )
+        out += ["    " + _dot_node(decl, state, marks) for state in drawn.settle_group]
+        out.append("  }")
     out += ["", f"  {_q('__initial__')} -> {_q(decl.initial)}"]
-
-    # One drawn edge per (source, dest) pair, its label one line per declared transition.
-    labels: dict[tuple[str, str], list[str]] = {}
-    for edge in decl.edges():
-        labels.setdefault((edge.source, edge.dest), []).append(edge.label)
-    for (source, dest), lines in labels.items():
-        attributes = {"label": "\n".join(lines)}
-        if (source, dest) in taken:
+    back = _back_edges(drawn) if exits else set()
+    for edge in drawn.edges:
+        attributes = {"label": "\n".join(_line_text(line, marks) for line in edge.lines)}
+        taken = any(marks.takes(line) for line in edge.lines)
+        source, dest = edge.sources[-1], edge.dests[0]
+        if exits and edge.kind == "exit":
+            # one box for the terminal states the ending names; the one reached is marked
+            dest = _terminal(edge)
+            names = [TAKEN + d if taken and d in marks.finals else d for d in edge.dests]
+            terminal = {"label": "\n".join(names), "shape": "box", "peripheries": "2",
+                        "fontsize": "10"}  # fmt: skip
+            if taken:
+                terminal.update(fillcolor=_TRACE_FILL, color=_TRACE_STROKE, penwidth="2")
+            out.append(f"  {_q(dest)} {_attrs(**terminal)}")
+            label = "".join(_exit_rows(line, marks) for line in edge.lines)
+            attributes["label"] = _RAW + label
+            if edge.sources in clusters:
+                attributes["ltail"] = clusters[edge.sources]
+        elif exits:
+            attributes.update(color=_FLOW, fontcolor=_FLOW)
+            if edge.kind == "settle":
+                attributes["style"] = "dashed"
+            if (source, dest) in back:
+                attributes["constraint"] = "false"
+            elif edge.kind == "flow":
+                attributes["weight"] = "20"
+        if taken:
             attributes.update(color=_TRACE_STROKE, fontcolor=_TRACE_STROKE, penwidth="2.5")
         out.append(f"  {_q(source)} -> {_q(dest)} {_attrs(**attributes)}")
     out.append("}")
     return "\n".join(out) + "\n"
 
 
-def render_svg(decl: MachineDeclaration, *, highlight: Sequence[TraceLike] | None = None) -> bytes:
-    """SVG of `render_dot`'s text, drawn by Graphviz's ``dot`` program.
-
-    Raises `DiagramToolMissing` when ``dot`` is not on ``PATH``, `DiagramError` when it fails.
-    """
+def _dot_program() -> str:
     dot = shutil.which("dot")
     if dot is None:
         raise DiagramToolMissing(
@@ -468,7 +570,12 @@ def render_svg(decl: MachineDeclaration, *, highlight: Sequence[TraceLike] | Non
             "(Debian/Ubuntu: `apt-get install graphviz`; macOS: `brew install graphviz`; "
             "others: https://graphviz.org/download/), or use the mermaid or dot format."
         )
-    text = render_dot(decl, highlight=highlight)
+    return dot
+
+
+def _svg_of(text: str) -> bytes:
+    """``text`` (dot) drawn as SVG by ``dot``, marked with the SHA-256 of ``text``."""
+    dot = _dot_program()
     try:
         done = subprocess.run(
             [dot, "-Tsvg"], input=text.encode(), capture_output=True, timeout=120, check=False
@@ -478,65 +585,117 @@ def render_svg(decl: MachineDeclaration, *, highlight: Sequence[TraceLike] | Non
     if done.returncode != 0:
         stderr = done.stderr.decode(errors="replace").strip()
         raise DiagramError(f"{dot} -Tsvg exited with status {done.returncode}: {stderr}")
-    return done.stdout
+    svg = done.stdout
+    mark = b"<!-- drawn from dot text sha256:" + _digest(text).encode() + b" -->\n"
+    at = svg.find(b"<svg")
+    return svg[:at] + mark + svg[at:] if at >= 0 else mark + svg
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def render_svg(
+    decl: MachineDeclaration,
+    *,
+    view: str = "full",
+    highlight: Iterable[TraceLike] | None = None,
+) -> bytes:
+    """SVG of `render_dot`'s text, drawn by Graphviz's ``dot`` program.
+
+    Raises `DiagramToolMissing` when ``dot`` is not on ``PATH``, `DiagramError` when it fails.
+    """
+    _dot_program()
+    return _svg_of(render_dot(decl, view=view, highlight=highlight))
 
 
 def render(
     decl: MachineDeclaration,
     format: str,
     *,
+    view: str = "full",
     highlight: Sequence[TraceLike] | None = None,
 ) -> bytes:
-    """Render in ``format`` (``"mermaid"``, ``"dot"`` or ``"svg"``) as bytes ready to write."""
+    """Render ``view`` in ``format`` (``"mermaid"``, ``"dot"`` or ``"svg"``) as bytes ready to
+    write."""
     if format == "mermaid":
-        return render_mermaid(decl, highlight=highlight).encode()
+        return render_mermaid(decl, view=view, highlight=highlight).encode()
     if format == "dot":
-        return render_dot(decl, highlight=highlight).encode()
+        return render_dot(decl, view=view, highlight=highlight).encode()
     if format == "svg":
-        return render_svg(decl, highlight=highlight)
+        return render_svg(decl, view=view, highlight=highlight)
     raise ValueError(f"unknown diagram format {format!r}; use mermaid, dot or svg")
 
 
 # --------------------------------------------------------------------------- committed renders
+def _stem(name: str, view: str) -> str:
+    return name if view == "full" else f"{name}-{view}"
+
+
 def _committed(directory: Path) -> dict[Path, str]:
-    """Every committed render (path → the text the declarations render now)."""
+    """Every committed text render (path → the text the declarations render now)."""
     files: dict[Path, str] = {}
     for name in DECLARATIONS:
         decl = declaration(name)
-        files[directory / f"{name}.{_COMMITTED_FORMATS['mermaid']}"] = render_mermaid(decl)
-        files[directory / f"{name}.{_COMMITTED_FORMATS['dot']}"] = render_dot(decl)
+        for view in VIEWS:
+            stem = _stem(name, view)
+            files[directory / f"{stem}.mmd"] = render_mermaid(decl, view=view)
+            files[directory / f"{stem}.dot"] = render_dot(decl, view=view)
     return files
 
 
-def write_committed_diagrams(directory: Path | str = COMMITTED_DIR) -> list[Path]:
-    """(Re)write ``<name>.mmd`` and ``<name>.dot`` for every registered machine; returns the
-    paths written."""
+def _svg_source(svg: Path) -> str | None:
+    """The SHA-256 of the dot text a committed SVG was drawn from, as it says."""
+    try:
+        found = _SVG_SOURCE.search(svg.read_bytes())
+    except FileNotFoundError:
+        return None
+    return found.group(1).decode() if found else None
+
+
+def write_committed_diagrams(
+    directory: Path | str = COMMITTED_DIR, *, svg: bool = True
+) -> list[Path]:
+    """(Re)write the mermaid and dot text of every view of every registered machine and, with
+    ``svg``, the SVG of each dot text whose SVG is missing or stale (that needs Graphviz's
+    ``dot``: without it, `DiagramToolMissing` names what to install, after the text is
+    written). Returns the paths written."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     files = _committed(directory)
+    written: list[Path] = []
     for path, text in files.items():
         # newline="" keeps "\n" on every platform: the drift test compares bytes-for-text.
         with path.open("w", encoding="utf-8", newline="") as handle:
             handle.write(text)
-    return list(files)
+        written.append(path)
+    for path, text in files.items():
+        drawing = path.with_suffix(".svg")
+        if svg and path.suffix == ".dot" and _svg_source(drawing) != _digest(text):
+            drawing.write_bytes(_svg_of(text))
+            written.append(drawing)
+    return written
 
 
-def stale_diagrams(directory: Path | str = COMMITTED_DIR) -> list[Path]:
-    """The committed renders that are missing or differ from what the declarations render."""
+def stale_diagrams(directory: Path | str = COMMITTED_DIR, *, svg: bool = True) -> list[Path]:
+    """The committed renders that are missing or differ from what the declarations render:
+    text that differs and, with ``svg``, SVGs not drawn from the dot text of now."""
     stale: list[Path] = []
     for path, text in _committed(Path(directory)).items():
         try:
             current = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            stale.append(path)
-            continue
+            current = None
         if current != text:
             stale.append(path)
+        drawing = path.with_suffix(".svg")
+        if svg and path.suffix == ".dot" and _svg_source(drawing) != _digest(text):
+            stale.append(drawing)
     return stale
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m toolloop_fsm.diagrams [--check] [DIRECTORY]``."""
+    """``python -m toolloop_fsm.diagrams [--check] [--no-svg] [DIRECTORY]``."""
     parser = argparse.ArgumentParser(
         prog="python -m toolloop_fsm.diagrams",
         description="Regenerate the committed state diagrams from the machine declarations.",
@@ -545,13 +704,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="only report stale diagrams (exit 1 if any)"
     )
+    parser.add_argument(
+        "--no-svg",
+        dest="svg",
+        action="store_false",
+        help="the mermaid and dot text only (drawing SVG needs Graphviz's `dot`)",
+    )
     args = parser.parse_args(argv)
     if args.check:
-        stale = stale_diagrams(args.directory)
+        stale = stale_diagrams(args.directory, svg=args.svg)
         for path in stale:
             print(f"stale: {path} (regenerate with: {_REGENERATE})", file=sys.stderr)
         return 1 if stale else 0
-    for path in write_committed_diagrams(args.directory):
+    try:
+        written = write_committed_diagrams(args.directory, svg=args.svg)
+    except DiagramError as err:
+        print(f"{parser.prog}: {err}", file=sys.stderr)
+        return 2
+    for path in written:
         print(f"wrote {path}")
     return 0
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from attrs import define, field, frozen
 
-from toolloop_fsm.declaration import Coverage, declared_transition_ids
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.result import TraceStep
+from toolloop_fsm.runner import Coverage
 
 
 class FuzzSetupError(Exception):
@@ -184,13 +184,13 @@ def fuzz(
         from toolloop_fsm import machine
 
         assert isinstance(policy, LoopPolicy)
-        declared = tuple(declared_transition_ids(machine.TRANSITIONS))
+        declared = machine.DECLARATION.transition_ids
         strategy, run_example = _inner(policy)
     elif tier == "outer":
         from toolloop_fsm import generation
 
         assert isinstance(policy, TurnPolicy)
-        declared = tuple(declared_transition_ids(generation.TRANSITIONS))
+        declared = generation.DECLARATION.transition_ids
         strategy, run_example = _outer(policy)
     else:
         raise FuzzSetupError(f"--tier is inner or outer, got {tier!r}")

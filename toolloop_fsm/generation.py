@@ -1,11 +1,15 @@
-"""`GenerationTurnMachine`: the outer tier (docs/behaviour.md §9), declared once with
-`transitions`.
+"""`GenerationTurnMachine`: the outer tier (docs/behaviour.md §9), declared once
+(`DECLARATION`).
 
 It walks the fallback chain: each attempt runs the inner tool loop; an ``error`` rotates to
 the next healthy key of the same model, no key left or a ``timeout`` advances to the next
 model, and when every attempt on the user's own credentials failed the host may admit the
 shared route. The order of `TRANSITIONS` is the order in which the guards are tried.
 Behaviour lives in `states/attempts.py`, decisions in `guards/attempts.py`.
+
+Each exit declares its ending: a fixed one, or the attempt's own (read by `attempt_status`
+and `attempt_reason`) when the chain passes on how an attempt ended. Every ending passes
+`finishing`, which posts the closing notices and takes the terminal state the ending names.
 
 `feed` checks every event before it is taken: its fields against their declared types (an
 attempt's ``result`` must be a `GenerationTurnResult`, a clock time a finite number), then
@@ -20,15 +24,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from toolloop_fsm.attempts import AttemptPlan, KeyHealth
-from toolloop_fsm.declaration import (
-    DeclaredMachine,
-    compile_declaration,
-    event_shapes,
-    malformation,
-    transition,
-)
+from toolloop_fsm.declaration import Ending, MachineDeclaration, State, TraceNote
+from toolloop_fsm.declaration import Transition as _t
 from toolloop_fsm.effects import Effect
 from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.event_checks import event_shapes, malformation
 from toolloop_fsm.events import (
     AdmissionDecided,
     AttemptFinished,
@@ -41,6 +41,8 @@ from toolloop_fsm.guards.attempts import (
     another_model_in_chain,
     attempt_failed_in_host_code,
     attempt_is_final,
+    attempt_reason,
+    attempt_status,
     destination_unreachable,
     no_attempt_available,
     shared_route_may_be_admitted,
@@ -56,16 +58,15 @@ from toolloop_fsm.guards.outcome import (
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.provider import ToolSpec
-from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.result import RETRYABLE_STATUSES, GenerationTurnResult, TraceStep, TurnStatus
+from toolloop_fsm.runner import DeclaredMachine
 from toolloop_fsm.states.attempts import (
-    accept_attempt,
     admit_shared_route,
     ask_admission,
     begin_first_attempt,
     begin_next_key,
     begin_next_model,
     build_generation_result,
-    end_without_attempts,
     exhaust_chain,
     post_closing_notices,
     refuse_shared_route,
@@ -85,53 +86,65 @@ FINAL_STATES: tuple[str, ...] = (
     "empty_response",
     "skipped",
 )
-TRANSIENT_STATES: frozenset[str] = frozenset(
-    {"planning", "judging_attempt", "rotating_key", "advancing_model", "finishing"}
+STATES: tuple[State, ...] = (
+    State("ready"),
+    State("planning", transient=True),
+    State("attempting"),
+    State("judging_attempt", transient=True),
+    State("rotating_key", transient=True),
+    State("advancing_model", transient=True),
+    State("admitting_shared_route"),
+    # the shared settle step: the closing notices are posted on entry, then the terminal state
+    State("finishing", (post_closing_notices,), transient=True, settle=True),
+    *(State(name, final=True) for name in FINAL_STATES),
 )
-STATES: list[dict[str, Any]] = [
-    {"name": "ready"},
-    {"name": "planning"},
-    {"name": "attempting"},
-    {"name": "judging_attempt"},
-    {"name": "rotating_key"},
-    {"name": "advancing_model"},
-    {"name": "admitting_shared_route"},
-    {"name": "finishing", "on_enter": ["post_closing_notices"]},
-    *({"name": name, "final": True} for name in FINAL_STATES),
-]
 
-_t = transition
+#: The turn ends as the attempt ended: an answer (any status but a retryable one) ...
+AS_THE_ATTEMPT_ANSWERED = Ending(
+    (s for s in TurnStatus if s not in RETRYABLE_STATUSES),
+    status_of=attempt_status,
+    reason_of=attempt_reason,
+)
+#: ... or a retryable failure that nothing after it may retry.
+AS_THE_ATTEMPT_FAILED = Ending(
+    sorted(RETRYABLE_STATUSES), status_of=attempt_status, reason_of=attempt_reason
+)
 
 # fmt: off
-TRANSITIONS: list[dict[str, Any]] = [
+TRANSITIONS: list[_t] = [
     _t("start", "ready", "planning"),
-    _t("advance", "planning", "finishing", when=no_attempt_available, do=end_without_attempts),
+    _t("advance", "planning", "finishing", when=no_attempt_available,
+       ends=("error", "no_usable_credentials")),
     _t("advance", "planning", "attempting", do=begin_first_attempt),
     # ---- an attempt ran the inner tool loop (or the host reported the destination gone)
     _t("attempt_finished", "attempting", "judging_attempt", do=take_attempt_result),
     _t("destination_unreachable", ["attempting", "admitting_shared_route"], "finishing",
-       do=skip_unreachable),
+       do=skip_unreachable, ends=("skipped", "destination_unreachable")),
     # ---- judging it, in docs/behaviour.md §9.2 order
     _t("advance", "judging_attempt", "finishing", when=destination_unreachable,
-       do=skip_unreachable),
-    _t("advance", "judging_attempt", "finishing", when=attempt_is_final, do=accept_attempt),
+       do=skip_unreachable, ends=("skipped", "destination_unreachable")),
+    _t("advance", "judging_attempt", "finishing", when=attempt_is_final,
+       ends=AS_THE_ATTEMPT_ANSWERED),
     _t("advance", "judging_attempt", "finishing", when=attempt_failed_in_host_code,
-       do=accept_attempt),
+       ends=AS_THE_ATTEMPT_FAILED),
     _t("advance", "judging_attempt", "rotating_key", when=another_key_for_this_model,
        do=supersede_attempt),
     _t("advance", "judging_attempt", "advancing_model", when=another_model_in_chain,
        do=supersede_attempt),
     _t("advance", "judging_attempt", "admitting_shared_route", when=shared_route_may_be_admitted,
        do=ask_admission),
-    _t("advance", "judging_attempt", "finishing", do=exhaust_chain),
+    _t("advance", "judging_attempt", "finishing", do=exhaust_chain, ends=AS_THE_ATTEMPT_FAILED),
     _t("advance", "rotating_key", "attempting", do=begin_next_key),
     _t("advance", "advancing_model", "attempting", do=begin_next_model),
     # ---- the host's admission policy answers (once per turn)
     _t("admission_decided", "admitting_shared_route", "advancing_model", when=admission_granted,
        do=admit_shared_route),
-    _t("admission_decided", "admitting_shared_route", "finishing", do=refuse_shared_route),
-    _t("stop_requested", "admitting_shared_route", "finishing", do=stop_while_admitting),
-    # ---- finishing: the closing notices are posted on entry, then the terminal state
+    _t("admission_decided", "admitting_shared_route", "finishing", do=refuse_shared_route,
+       ends=Ending(sorted(RETRYABLE_STATUSES), "shared_route_refused", status_of=attempt_status)),
+    _t("stop_requested", "admitting_shared_route", "finishing", do=stop_while_admitting,
+       ends=("stopped_by_user", "stopped_while_admitting")),
+    # ---- finishing: the closing notices are posted on entry, then the terminal state the
+    # decided ending names
     _t("advance", "finishing", "completed", when=outcome_is_completed),
     _t("advance", "finishing", "stopped_by_user", when=outcome_is_stopped_by_user),
     _t("advance", "finishing", "follow_up_interrupt", when=outcome_is_follow_up_interrupt),
@@ -143,17 +156,16 @@ TRANSITIONS: list[dict[str, Any]] = [
 ]
 # fmt: on
 
-_CALLBACK_FUNCTIONS: tuple[Callable[..., Any], ...] = (
-    admission_granted, another_key_for_this_model, another_model_in_chain,
-    attempt_failed_in_host_code, attempt_is_final, destination_unreachable,
-    no_attempt_available, shared_route_may_be_admitted, outcome_is_completed,
-    outcome_is_empty_response, outcome_is_error, outcome_is_follow_up_interrupt,
-    outcome_is_stopped_by_user, outcome_is_timeout, accept_attempt,
-    admit_shared_route, ask_admission, begin_first_attempt, begin_next_key, begin_next_model,
-    end_without_attempts, exhaust_chain, post_closing_notices, refuse_shared_route,
-    skip_unreachable, stop_while_admitting, supersede_attempt, take_attempt_result,
-)  # fmt: skip
-CALLBACKS: dict[str, Callable[..., Any]] = {fn.__name__: fn for fn in _CALLBACK_FUNCTIONS}
+DECLARATION = MachineDeclaration(
+    name="GenerationTurnMachine",
+    title="GenerationTurnMachine (outer tier)",
+    states=STATES,
+    transitions=TRANSITIONS,
+    initial="ready",
+    source_module=__name__,
+    # an attempt that another takes over is noted in the trace, with its label
+    notes=(TraceNote("judging_attempt", "attempt_superseded", supersede_attempt),),
+)
 
 _TRIGGERS: dict[type, str] = {
     AttemptFinished: "attempt_finished",
@@ -171,16 +183,6 @@ _SHAPES = event_shapes(
         (AttemptFinished, "ledger"): Mapping[str, LedgerEntry],
         (UnreachableReported, "partial"): GenerationTurnResult | None,
     },
-)
-
-DECLARATION = compile_declaration(
-    "GenerationTurnMachine",
-    states=STATES,
-    transitions=TRANSITIONS,
-    initial="ready",
-    transient_states=TRANSIENT_STATES,
-    callbacks=_CALLBACK_FUNCTIONS,
-    event_class_by_trigger={trigger: cls for cls, trigger in _TRIGGERS.items()},
 )
 
 

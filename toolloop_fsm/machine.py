@@ -1,12 +1,17 @@
-"""`ToolLoopMachine`: the inner tool loop, declared once with `transitions`.
+"""`ToolLoopMachine`: the inner tool loop, declared once (`DECLARATION`).
 
 This module is the one place to read the whole loop: the states of each stage, every
-transition, and — by their order in `TRANSITIONS` — the order in which guards are tried
-(docs/behaviour.md §2.4 and §4). Behaviour lives in `states/`, decisions in `guards/`.
+transition, the ending each exit leads to, and — by their order in `TRANSITIONS` — the order
+in which guards are tried (docs/behaviour.md §2.4 and §4). Behaviour lives in `states/`,
+decisions in `guards/`; every ending first passes the settle step (`building_result`,
+`settling`), which waits for deliveries in flight and then takes the terminal state the
+ending names.
 
 Stream chunks are events of the streaming states, declared as internal transitions so the
 diagram shows them, but run through a handler table derived from the same declaration (the
-fast path) instead of a full `transitions` trigger.
+fast path) instead of a full trigger. One rule lives beside the table, in one function:
+`expired_deadline` names the trigger of an expired deadline (the pass's one stream deadline
+expires as the budget that ran out).
 
 `feed` checks every event before it is taken: its fields against their declared types (a
 text that is ``None``, a deadline kind given as a string), then its identity (a dispatch,
@@ -20,16 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from toolloop_fsm.declaration import (
-    Coverage,
-    DeclaredMachine,
-    compile_declaration,
-    event_shapes,
-    malformation,
-    transition,
-)
+from toolloop_fsm.declaration import MachineDeclaration, State
+from toolloop_fsm.declaration import Transition as _t
 from toolloop_fsm.effects import Effect
 from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.event_checks import event_shapes, malformation
 from toolloop_fsm.events import (
     DeadlineExpired,
     DeadlineKind,
@@ -52,7 +52,11 @@ from toolloop_fsm.guards.ceilings import (
     continuation_retries_exhausted,
     iteration_ceiling_reached,
 )
-from toolloop_fsm.guards.deliveries import all_deliveries_recorded, must_settle_deliveries
+from toolloop_fsm.guards.deliveries import (
+    all_deliveries_recorded,
+    delivery_timed_out,
+    must_settle_deliveries,
+)
 from toolloop_fsm.guards.exit_policy import (
     is_settled_after_tool,
     pass_has_text,
@@ -64,6 +68,7 @@ from toolloop_fsm.guards.outcome import (
     outcome_is_completed,
     outcome_is_error,
     outcome_is_follow_up_interrupt,
+    outcome_is_stalled_stream,
     outcome_is_stopped_by_user,
     outcome_is_timeout,
 )
@@ -78,6 +83,7 @@ from toolloop_fsm.guards.tool_gate import (
 from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus
+from toolloop_fsm.runner import DeclaredMachine
 from toolloop_fsm.states.build_result import (
     abandon_in_flight,
     begin_settling,
@@ -87,7 +93,9 @@ from toolloop_fsm.states.build_result import (
     complete_retry_exhausted,
     end_iteration_ceiling,
     end_tool_error_loop,
-    fail_delivery,
+    fail_delivery_during_tool,
+    fail_delivery_while_settling,
+    fail_delivery_while_streaming,
     ignore_follow_up_while_settling,
     kill_while_settling,
     settle_delivery,
@@ -105,9 +113,7 @@ from toolloop_fsm.states.stream_once import (
     interrupt_for_follow_up,
     stop_stream,
     take_first_chunk,
-    time_out_first_token,
-    time_out_inactivity,
-    time_out_pass_duration,
+    time_out_stream,
 )
 from toolloop_fsm.states.tool_dispatch import (
     announce_tool_outcome,
@@ -133,36 +139,26 @@ FINAL_STATES: tuple[str, ...] = (
     "error",
     "empty_response",
 )
-#: States the machine passes through within one `feed` (decision points, no waiting).
-TRANSIENT_STATES: frozenset[str] = frozenset(
-    {
-        "starting_pass",
-        "ending_pass",
-        "checking_tool_outcome",
-        "recording_tool_outcome",
-        "restarting_context",
-        "building_result",
-    }
-)
 # Drafting (prose held back for review before delivery) adds a `reviewing` state between
 # `recording_tool_outcome`/`streaming` and `building_result`; it is declared by the drafting
 # issue, not here.
-STATES: list[dict[str, Any]] = [
-    {"name": "ready"},
-    {"name": "starting_pass"},
-    {"name": "awaiting_first_token"},
-    {"name": "streaming"},
-    {"name": "ending_pass"},
-    {"name": "executing_tool"},
-    {"name": "checking_tool_outcome", "on_enter": ["announce_tool_outcome"]},
-    {"name": "restarting_context", "on_enter": ["apply_context_restart"]},
-    {"name": "recording_tool_outcome", "on_enter": ["record_tool_outcome"]},
-    {"name": "settling"},
-    {"name": "building_result"},
-    *({"name": name, "final": True} for name in FINAL_STATES),
-]
+STATES: tuple[State, ...] = (
+    State("ready"),
+    State("starting_pass", transient=True),
+    State("awaiting_first_token"),
+    State("streaming"),
+    State("ending_pass", transient=True),
+    State("executing_tool"),
+    State("checking_tool_outcome", (announce_tool_outcome,), transient=True),
+    State("restarting_context", (apply_context_restart,), transient=True),
+    State("recording_tool_outcome", (record_tool_outcome,), transient=True),
+    # the shared settle step: every ending waits here (bounded) for deliveries in flight
+    State("settling", settle=True),
+    State("building_result", transient=True, settle=True),
+    *(State(name, final=True) for name in FINAL_STATES),
+)
 
-STREAM_STATES = ["awaiting_first_token", "streaming"]
+STREAM_STATES = ("awaiting_first_token", "streaming")
 CHUNK_TRIGGERS: dict[type, str] = {
     TextDelta: "text_delta",
     ThoughtDelta: "thought_delta",
@@ -172,16 +168,12 @@ CHUNK_TRIGGERS: dict[type, str] = {
     SceneMetadata: "scene_metadata",
 }
 
-
-_t = transition
-
-
 # fmt: off
-TRANSITIONS: list[dict[str, Any]] = [
+TRANSITIONS: list[_t] = [
     _t("start", "ready", "starting_pass"),
     # ---- stream once: the ceiling is checked before every pass (docs/behaviour.md §2.1)
-    _t("advance", "starting_pass", "building_result",
-       when=iteration_ceiling_reached, do=end_iteration_ceiling),
+    _t("advance", "starting_pass", "building_result", when=iteration_ceiling_reached,
+       do=end_iteration_ceiling, ends=("timeout", "iteration_ceiling")),
     _t("advance", "starting_pass", "awaiting_first_token", do=begin_pass),
     # the first chunk of any kind swaps the first-token budget for the inactivity budget
     *(_t(trigger, "awaiting_first_token", "streaming", do=take_first_chunk)
@@ -193,7 +185,8 @@ TRANSITIONS: list[dict[str, Any]] = [
     # §2.4 rules 1–5), the ledger, then dispatch; without a call, the text and empty-response
     # rules
     _t("stream_ended", STREAM_STATES, "ending_pass"),
-    _t("advance", "ending_pass", "building_result", when=call_is_malformed, do=end_malformed_call),
+    _t("advance", "ending_pass", "building_result", when=call_is_malformed,
+       do=end_malformed_call, ends=("error", "malformed_call")),
     _t("advance", "ending_pass", "checking_tool_outcome",
        when=call_arguments_truncated, do=refuse_truncated_call),
     _t("advance", "ending_pass", "checking_tool_outcome",
@@ -203,25 +196,43 @@ TRANSITIONS: list[dict[str, Any]] = [
     _t("advance", "ending_pass", "checking_tool_outcome",
        when=call_already_recorded, do=reuse_recorded_outcome),
     _t("advance", "ending_pass", "executing_tool", when=call_pending, do=dispatch_tool),
-    _t("advance", "ending_pass", "building_result", when=pass_has_text, do=complete_with_text),
+    _t("advance", "ending_pass", "building_result", when=pass_has_text,
+       do=complete_with_text, ends=("completed", None)),
+    _t("advance", "ending_pass", "building_result", when=is_settled_after_tool,
+       do=complete_settled_after_tool, ends=("completed", "settled_after_tool")),
     _t("advance", "ending_pass", "building_result",
-       when=is_settled_after_tool, do=complete_settled_after_tool),
-    _t("advance", "ending_pass", "building_result", do=end_empty_response),
-    _t("stream_failed", STREAM_STATES, "building_result", do=fail_stream),
+       do=end_empty_response, ends=("empty_response", None)),
+    # ---- the pass is cut short
+    _t("stream_failed", STREAM_STATES, "building_result",
+       do=fail_stream, ends=("error", "provider_error")),
+    # the pass's one stream deadline expires as the budget that ran out (`expired_deadline`)
     _t("first_token_deadline", "awaiting_first_token", "building_result",
-       do=time_out_first_token),
-    _t("inactivity_deadline", "streaming", "building_result", do=time_out_inactivity),
-    _t("pass_duration_deadline", STREAM_STATES, "building_result", do=time_out_pass_duration),
-    _t("stop_requested", STREAM_STATES, "building_result", do=stop_stream),
-    _t("follow_up_arrived", STREAM_STATES, "building_result", do=interrupt_for_follow_up),
+       do=time_out_stream, ends=("timeout", "first_token_timeout")),
+    _t("inactivity_deadline", "streaming", "building_result",
+       do=time_out_stream, ends=("timeout", "inactivity_timeout")),
+    _t("pass_duration_deadline", STREAM_STATES, "building_result",
+       do=time_out_stream, ends=("timeout", "pass_duration_timeout")),
+    _t("stop_requested", STREAM_STATES, "building_result",
+       do=stop_stream, ends=("stopped_by_user", None)),
+    _t("follow_up_arrived", STREAM_STATES, "building_result",
+       do=interrupt_for_follow_up, ends=("follow_up_interrupt", None)),
     _t("delivery_recorded", [*STREAM_STATES, "executing_tool"], None, do=record_delivery),
-    _t("delivery_failed", [*STREAM_STATES, "executing_tool", "settling"], "building_result",
-       do=fail_delivery),
+    # the host's channel raised, or did not return: the turn ends `error`, no fallback
+    # (docs/behaviour.md §7.3), and what is running is cancelled
+    _t("delivery_failed", STREAM_STATES, "building_result", when=delivery_timed_out,
+       do=fail_delivery_while_streaming, ends=("error", "host_timeout")),
+    _t("delivery_failed", STREAM_STATES, "building_result",
+       do=fail_delivery_while_streaming, ends=("error", "host_error")),
     # ---- execute tool call (docs/behaviour.md §3.6): the deadline and the stop signal
     _t("tool_finished", "executing_tool", "checking_tool_outcome", do=take_tool_outcome),
     _t("tool_deadline", "executing_tool", "checking_tool_outcome", do=time_out_tool),
-    _t("stop_requested", "executing_tool", "building_result", do=stop_during_tool),
+    _t("stop_requested", "executing_tool", "building_result",
+       do=stop_during_tool, ends=("stopped_by_user", "stopped_during_tool")),
     _t("follow_up_arrived", "executing_tool", None, do=clear_stale_follow_up),
+    _t("delivery_failed", "executing_tool", "building_result", when=delivery_timed_out,
+       do=fail_delivery_during_tool, ends=("error", "host_timeout")),
+    _t("delivery_failed", "executing_tool", "building_result",
+       do=fail_delivery_during_tool, ends=("error", "host_error")),
     # ---- after a tool call, in docs/behaviour.md §4 order (an abort arrives as stop_requested
     # above)
     _t("advance", "checking_tool_outcome", "restarting_context",
@@ -229,15 +240,19 @@ TRANSITIONS: list[dict[str, Any]] = [
     _t("advance", "checking_tool_outcome", "recording_tool_outcome"),
     _t("advance", "restarting_context", "starting_pass"),
     _t("advance", "recording_tool_outcome", "building_result",
-       when=consecutive_error_ceiling_reached, do=end_tool_error_loop),
+       when=consecutive_error_ceiling_reached, do=end_tool_error_loop,
+       ends=("error", "consecutive_tool_errors")),
     _t("advance", "recording_tool_outcome", "building_result",
-       when=tool_asked_to_end_turn, do=complete_end_turn),
+       when=tool_asked_to_end_turn, do=complete_end_turn, ends=("completed", "end_turn")),
     _t("advance", "recording_tool_outcome", "building_result",
-       when=continuation_retries_exhausted, do=complete_retry_exhausted),
+       when=continuation_retries_exhausted, do=complete_retry_exhausted,
+       ends=("completed", "continuation_retries_exhausted")),
     _t("advance", "recording_tool_outcome", "building_result",
-       when=should_end_after_pre_tool_text, do=complete_after_pre_tool_text),
+       when=should_end_after_pre_tool_text, do=complete_after_pre_tool_text,
+       ends=("completed", "pre_tool_text_suffices")),
     _t("advance", "recording_tool_outcome", "starting_pass"),
-    # ---- build result: wait (bounded) for deliveries in flight, then the terminal state
+    # ---- the settle step: wait (bounded) for deliveries in flight (docs/behaviour.md §6.1),
+    # then the terminal state the decided ending names
     _t("advance", "building_result", "settling", when=must_settle_deliveries, do=begin_settling),
     _t("advance", "building_result", "completed", when=outcome_is_completed),
     _t("advance", "building_result", "stopped_by_user", when=outcome_is_stopped_by_user),
@@ -250,35 +265,27 @@ TRANSITIONS: list[dict[str, Any]] = [
        when=all_deliveries_recorded, do=settle_delivery),
     _t("delivery_recorded", "settling", None, do=settle_delivery),
     _t("settle_deadline", "settling", "building_result", do=abandon_in_flight),
+    # a stop ends the wait; it re-decides only a stalled stream's timeout
+    _t("stop_requested", "settling", "building_result", when=outcome_is_stalled_stream,
+       do=kill_while_settling, ends=("stopped_by_user", "stopped_while_settling")),
     _t("stop_requested", "settling", "building_result", do=kill_while_settling),
     _t("follow_up_arrived", "settling", None, do=ignore_follow_up_while_settling),
+    _t("delivery_failed", "settling", "building_result", when=delivery_timed_out,
+       do=fail_delivery_while_settling, ends=("error", "host_timeout")),
+    _t("delivery_failed", "settling", "building_result",
+       do=fail_delivery_while_settling, ends=("error", "host_error")),
 ]
 # fmt: on
 
-#: Every guard, action and entry callback the declaration names, by name.
-_CALLBACK_FUNCTIONS: tuple[Callable[..., Any], ...] = (
-        iteration_ceiling_reached, consecutive_error_ceiling_reached,
-        continuation_retries_exhausted, all_deliveries_recorded, must_settle_deliveries,
-        is_settled_after_tool, pass_has_text, should_end_after_pre_tool_text,
-        tool_asked_to_end_turn, tool_requested_context_restart, outcome_is_completed,
-        outcome_is_error, outcome_is_follow_up_interrupt,
-        outcome_is_stopped_by_user, outcome_is_timeout, call_already_recorded,
-        call_arguments_truncated, call_arguments_unparseable, call_is_malformed,
-        call_outside_allowlist, call_pending, abandon_in_flight, begin_settling,
-        complete_after_pre_tool_text, complete_end_turn, complete_retry_exhausted,
-        end_iteration_ceiling, end_tool_error_loop, fail_delivery,
-        ignore_follow_up_while_settling, kill_while_settling, settle_delivery,
-        apply_context_restart, record_delivery, begin_pass, complete_settled_after_tool,
-        complete_with_text, end_empty_response, end_malformed_call, fail_stream,
-        interrupt_for_follow_up, stop_stream, take_first_chunk, time_out_first_token,
-        time_out_inactivity, time_out_pass_duration, announce_tool_outcome,
-        clear_stale_follow_up, dispatch_tool,
-        record_tool_outcome, refuse_outside_allowlist, refuse_truncated_call,
-        refuse_unparseable_call, reuse_recorded_outcome, stop_during_tool, take_tool_outcome,
-        time_out_tool, *CHUNK_HANDLERS.values(),
+DECLARATION = MachineDeclaration(
+    name="ToolLoopMachine",
+    title="ToolLoopMachine (inner tier)",
+    states=STATES,
+    transitions=TRANSITIONS,
+    initial="ready",
+    source_module=__name__,
+    chunks=CHUNK_TRIGGERS,
 )
-CALLBACKS: dict[str, Callable[..., Any]] = {fn.__name__: fn for fn in _CALLBACK_FUNCTIONS}
-
 
 _SIGNAL_TRIGGERS: dict[type, str] = {
     StreamEnded: "stream_ended",
@@ -289,51 +296,46 @@ _SIGNAL_TRIGGERS: dict[type, str] = {
     DeliveryRecorded: "delivery_recorded",
     DeliveryFailed: "delivery_failed",
 }
-
-DECLARATION = compile_declaration(
-    "ToolLoopMachine",
-    states=STATES,
-    transitions=TRANSITIONS,
-    initial="ready",
-    transient_states=TRANSIENT_STATES,
-    callbacks=_CALLBACK_FUNCTIONS,
-    event_class_by_trigger={
-        trigger: cls for cls, trigger in (*CHUNK_TRIGGERS.items(), *_SIGNAL_TRIGGERS.items())
-    },
-    fast_event_classes=CHUNK_TRIGGERS,
+#: the budgets the pass's one stream deadline expires as
+_STREAM_BUDGETS = frozenset(
+    {DeadlineKind.FIRST_TOKEN, DeadlineKind.INACTIVITY, DeadlineKind.PASS_DURATION}
 )
-STEPS = DECLARATION.steps
-FAST_PATH = DECLARATION.fast_path
-FAST_PATH_IDS = DECLARATION.fast_path_ids
-_Coverage = Coverage  # the coverage switch shared by both machines
 
 
 def trigger_for(event: object) -> str:
-    """The declared trigger an event fires."""
+    """The declared trigger an event other than an expired deadline fires."""
     trigger = CHUNK_TRIGGERS.get(type(event)) or _SIGNAL_TRIGGERS.get(type(event))
     if trigger is not None:
         return trigger
-    if isinstance(event, DeadlineExpired):
-        return f"{event.kind.value}_deadline"
     raise TypeError(f"{type(event).__name__} is not an event of the tool loop")
+
+
+def expired_deadline(event: DeadlineExpired, state: str) -> tuple[str, DeadlineKind]:
+    """The trigger an expired deadline fires in ``state``, and the armed deadline whose token
+    it must carry. A pass arms one ``STREAM`` deadline; it expires as the budget that ran out
+    (first token, inactivity or the pass's duration), and a shell that reports it as
+    ``STREAM`` leaves the machine to tell: the first-token budget before the first chunk, the
+    inactivity budget after it."""
+    kind = event.kind
+    if kind is DeadlineKind.STREAM:
+        first = state == "awaiting_first_token"
+        kind = DeadlineKind.FIRST_TOKEN if first else DeadlineKind.INACTIVITY
+    armed = DeadlineKind.STREAM if kind in _STREAM_BUDGETS else kind
+    return f"{kind.value}_deadline", armed
 
 
 #: The fields of each event, checked before the event is taken (chunks too).
 _SHAPES = event_shapes((*CHUNK_TRIGGERS, *_SIGNAL_TRIGGERS, DeadlineExpired))
 
 DEFAULT_POLICY = LoopPolicy()
-#: the budgets a pass's one stream deadline expires as
-_STREAM_DEADLINE_KINDS = frozenset(
-    {DeadlineKind.FIRST_TOKEN, DeadlineKind.INACTIVITY, DeadlineKind.PASS_DURATION}
-)
 
 
 class ToolLoopMachine(DeclaredMachine[TurnState]):
     """The inner tool loop as a sans-IO machine: `start` it, `feed` it events, carry out the
     effects it returns. One instance runs one turn (one attempt).
 
-    ``reference=True`` runs every step through `transitions`' own trigger (slower; the
-    compiled paths must agree with it).
+    ``reference=True`` runs every step on `transitions` (`toolloop_fsm.reference`: slower,
+    for debugging a turn; the compiled runner must agree with it).
     """
 
     __slots__ = ("policy", "tools")
@@ -438,33 +440,29 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         problem = malformation(_SHAPES, event)
         if problem is not None:
             raise InvalidEvent(self.name, turn.state, event, problem)
+        if isinstance(event, DeadlineExpired):
+            trigger, armed = expired_deadline(event, turn.state)
+            token = turn.armed.get(armed)
+            if token != event.token:
+                raise InvalidEvent(
+                    self.name, turn.state, event,
+                    f"deadline token {event.token} is not armed (armed: {token})",
+                )  # fmt: skip
+            return self._fire(trigger, event)
         try:
             trigger = trigger_for(event)
         except TypeError as err:
             raise InvalidEvent(self.name, turn.state, event, str(err)) from None
-        if trigger == "stream_deadline":  # the pass's deadline: which budget ran out
-            first = turn.state == "awaiting_first_token"
-            trigger = "first_token_deadline" if first else "inactivity_deadline"
         self._check_current(turn, event)
         return self._fire(trigger, event)
 
     def _check_current(self, turn: TurnState, event: object) -> None:
         """Outcomes that belong to something already cancelled are a shell bug, not data."""
-        if isinstance(event, DeadlineExpired):
-            kind = event.kind
-            if kind in _STREAM_DEADLINE_KINDS:
-                kind = DeadlineKind.STREAM
-            armed = turn.armed.get(kind)
-            if armed != event.token:
-                raise InvalidEvent(
-                    self.name, turn.state, event,
-                    f"deadline token {event.token} is not armed (armed: {armed})",
-                )
-        elif isinstance(event, ToolFinished) and event.dispatch != turn.dispatches:
+        if isinstance(event, ToolFinished) and event.dispatch != turn.dispatches:
             raise InvalidEvent(
                 self.name, turn.state, event,
                 f"dispatch {event.dispatch} is not the running one ({turn.dispatches})",
-            )
+            )  # fmt: skip
         elif (
             isinstance(event, DeliveryRecorded | DeliveryFailed)
             and event.seq is not None

@@ -130,12 +130,15 @@ class Delivered:
 
 @frozen
 class TraceStep:
-    """One step of the machine: ``state --event--> next_state``."""
+    """One step of the machine: ``state --event--> next_state``; ``guard`` names the guard of
+    the declared transition taken (``None``: it has none), ``detail`` annotates a step an
+    action noted."""
 
     state: str
     event: str
     next_state: str
     detail: str | None = None
+    guard: str | None = None
 
 
 @frozen

@@ -48,6 +48,17 @@ def _last(state: GenerationState) -> GenerationTurnResult:
     return state.last
 
 
+def attempt_status(state: GenerationState) -> TurnStatus:
+    """How the last attempt ended: the status the turn ends with when it passes that ending
+    on (``error`` when no attempt ran)."""
+    return state.last.status if state.last is not None else TurnStatus.ERROR
+
+
+def attempt_reason(state: GenerationState) -> str | None:
+    """The last attempt's sub-reason, passed on with its status."""
+    return _last(state).reason
+
+
 def no_attempt_available(state: GenerationState) -> bool:
     """Every key of every model is cooling down or retired (or the chain is empty)."""
     return next_model(state) is None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import DeliveryFailed, DeliveryRecorded
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.turn import TurnState
 
@@ -25,3 +25,9 @@ def all_deliveries_recorded(turn: TurnState) -> bool:
         in_flight = turn.in_flight
         return not in_flight or (len(in_flight) == 1 and event.seq in in_flight)
     return not turn.in_flight
+
+
+def delivery_timed_out(turn: TurnState) -> bool:
+    """The delivery failing now did not return in time (rather than raising)."""
+    event = turn.current_event
+    return isinstance(event, DeliveryFailed) and event.timed_out

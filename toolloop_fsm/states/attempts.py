@@ -1,5 +1,6 @@
 """The outer tier's stages (docs/behaviour.md §9): start an attempt, judge how it ended, rotate a
-key, advance to the next model, ask for the shared route, and assemble the turn's result."""
+key, advance to the next model, ask for the shared route, and assemble the turn's result. The
+ending each exit decides is declared on its transition (`toolloop_fsm.generation`)."""
 
 from __future__ import annotations
 
@@ -191,25 +192,17 @@ def admit_shared_route(state: GenerationState, _event: Any = None) -> None:
 
 def refuse_shared_route(state: GenerationState, _event: Any = None) -> None:
     _post(state, Notice("shared_route_refused", {"failures": len(state.failures)}))
-    _decide(state, _last_status(state), "shared_route_refused")
 
 
 def stop_while_admitting(state: GenerationState, event: StopRequested) -> None:
     if event.stop_message is not None:
         state.stop_message = event.stop_message
         state.effects.append(QueueStopResponse(event.stop_message))
-    _decide(state, TurnStatus.STOPPED_BY_USER, "stopped_while_admitting")
 
 
-# --------------------------------------------------------------------------- decisions
-def accept_attempt(state: GenerationState, _event: Any = None) -> None:
-    last = state.last
-    assert last is not None
-    _decide(state, last.status, last.reason)
-
-
+# --------------------------------------------------------------------------- endings
 def exhaust_chain(state: GenerationState, _event: Any = None) -> None:
-    """No key or model left: the last failure is the result."""
+    """No key or model left: the last failure is the result (its ending is passed on)."""
     last = state.last
     assert last is not None
     state.failures.append(
@@ -221,7 +214,6 @@ def exhaust_chain(state: GenerationState, _event: Any = None) -> None:
             key_index=state.key,
         )
     )
-    _decide(state, last.status, last.reason)
 
 
 def skip_unreachable(state: GenerationState, event: Any = None) -> None:
@@ -230,20 +222,6 @@ def skip_unreachable(state: GenerationState, event: Any = None) -> None:
     if isinstance(event, UnreachableReported) and event.partial is not None:
         _record_attempt(state, event.partial)
     state.unreachable = True
-    _decide(state, TurnStatus.SKIPPED, "destination_unreachable")
-
-
-def end_without_attempts(state: GenerationState, _event: Any = None) -> None:
-    _decide(state, TurnStatus.ERROR, "no_usable_credentials")
-
-
-def _last_status(state: GenerationState) -> TurnStatus:
-    return state.last.status if state.last is not None else TurnStatus.ERROR
-
-
-def _decide(state: GenerationState, status: TurnStatus, reason: str | None) -> None:
-    state.status = status
-    state.reason = reason
 
 
 def _post(state: GenerationState, notice: Notice) -> None:

@@ -6,33 +6,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolloop_fsm.effects import CancelStream, CancelTool
 from toolloop_fsm.events import DeadlineKind, DeliveryFailed, DeliveryRecorded, StopRequested
 from toolloop_fsm.result import GenerationTurnResult, Notice, TurnStatus, UsageLedger
 from toolloop_fsm.states.delivery import arm_deadline, clear_deadline, post_notice, record_delivery
-from toolloop_fsm.states.stream_once import close_pass, decide, queue_stop_message
+from toolloop_fsm.states.stream_once import close_pass, queue_stop_message
 from toolloop_fsm.turn import TurnState
 
 
 # --------------------------------------------------------------------------- terminal decisions
 def end_tool_error_loop(turn: TurnState, _event: Any = None) -> None:
     post_notice(turn, Notice("tool_error_loop", {"failures": turn.consecutive_tool_errors}))
-    decide(turn, TurnStatus.ERROR, "consecutive_tool_errors")
 
 
 def complete_end_turn(turn: TurnState, _event: Any = None) -> None:
     _final_text_is_pre_tool_text(turn)
-    decide(turn, TurnStatus.COMPLETED, "end_turn")
 
 
 def complete_retry_exhausted(turn: TurnState, _event: Any = None) -> None:
     post_notice(turn, Notice("retry_exhausted", {"failures": turn.continuation_failures}))
     _final_text_is_pre_tool_text(turn)
-    decide(turn, TurnStatus.COMPLETED, "continuation_retries_exhausted")
 
 
 def complete_after_pre_tool_text(turn: TurnState, _event: Any = None) -> None:
     _final_text_is_pre_tool_text(turn)
-    decide(turn, TurnStatus.COMPLETED, "pre_tool_text_suffices")
 
 
 def _final_text_is_pre_tool_text(turn: TurnState) -> None:
@@ -41,26 +38,36 @@ def _final_text_is_pre_tool_text(turn: TurnState) -> None:
 
 def end_iteration_ceiling(turn: TurnState, _event: Any = None) -> None:
     post_notice(turn, Notice("max_iterations", {"iterations": turn.iterations}))
-    decide(turn, TurnStatus.TIMEOUT, "iteration_ceiling")
 
 
-def fail_delivery(turn: TurnState, event: DeliveryFailed) -> None:
-    """Host code raised: the turn ends ``error`` (no fallback) and nothing else runs."""
-    from toolloop_fsm.effects import CancelStream, CancelTool
+def fail_delivery_while_streaming(turn: TurnState, event: DeliveryFailed) -> None:
+    """The host's channel failed during a pass: the stream is cancelled and the pass closed
+    (its usage kept)."""
+    turn.effects.append(CancelStream())
+    close_pass(turn, "error", error="the host's channel raised")
+    _fail_delivery(turn, event)
 
-    if turn.state in ("awaiting_first_token", "streaming"):
-        turn.effects.append(CancelStream())
-        close_pass(turn, "error", error="the host's channel raised")  # keeps its usage
-    elif turn.state == "executing_tool":
-        turn.effects.append(CancelTool(turn.dispatches))
+
+def fail_delivery_during_tool(turn: TurnState, event: DeliveryFailed) -> None:
+    """The host's channel failed while a tool runs: the tool is cancelled."""
+    turn.effects.append(CancelTool(turn.dispatches))
+    _fail_delivery(turn, event)
+
+
+def fail_delivery_while_settling(turn: TurnState, event: DeliveryFailed) -> None:
+    """The host's channel failed while the ended turn waits for its deliveries."""
+    _fail_delivery(turn, event)
+
+
+def _fail_delivery(turn: TurnState, event: DeliveryFailed) -> None:
+    """Host code failed: the turn ends ``error`` (no fallback; the ending is declared) and
+    nothing else runs."""
     if event.seq is not None:
         turn.in_flight.pop(event.seq, None)
     if event.timed_out:
         turn.error_message = f"the host's channel did not return: {event.error}"
-        decide(turn, TurnStatus.ERROR, "host_timeout")
     else:
         turn.error_message = f"the host's channel raised while delivering: {event.error}"
-        decide(turn, TurnStatus.ERROR, "host_error")
 
 
 # --------------------------------------------------------------------------- settling
@@ -88,16 +95,10 @@ def abandon_in_flight(turn: TurnState, _event: Any = None) -> None:
 
 def kill_while_settling(turn: TurnState, event: StopRequested) -> None:
     """A stop while waiting for deliveries: finish at once (the kill path skips the settle
-    window). A stream that was aborted for a timeout ends ``stopped_by_user``
-    (docs/behaviour.md §6.1);
-    any other decided outcome stands — the turn had already ended that way."""
+    window). Which ending stands is declared: a stalled stream's timeout becomes
+    ``stopped_by_user`` (docs/behaviour.md §6.1), any other decided outcome stands."""
     clear_deadline(turn, DeadlineKind.SETTLE)
     queue_stop_message(turn, event)
-    if turn.status is TurnStatus.TIMEOUT and turn.reason in (
-        "first_token_timeout",
-        "inactivity_timeout",
-    ):
-        decide(turn, TurnStatus.STOPPED_BY_USER, "stopped_while_settling")
 
 
 def ignore_follow_up_while_settling(turn: TurnState, _event: Any = None) -> None:

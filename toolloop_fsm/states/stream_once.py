@@ -1,5 +1,7 @@
 """Stream once (docs/behaviour.md §2): one provider pass — awaiting the first token, streaming,
-and every way a pass ends (text, tool call, empty, failure, deadline, stop, follow-up)."""
+and every way a pass ends (text, tool call, empty, failure, deadline, stop, follow-up). The
+ending each exit decides is declared on its transition (`toolloop_fsm.machine`); the actions
+here do what the ending needs."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from toolloop_fsm.events import (
 )
 from toolloop_fsm.guards.tool_gate import allowed_tool_names
 from toolloop_fsm.provider import ProviderRequest
-from toolloop_fsm.result import Notice, StreamResult, TurnStatus, UsageEntry
+from toolloop_fsm.result import Notice, StreamResult, UsageEntry
 from toolloop_fsm.states.delivery import (
     arm_deadline,
     clear_deadline,
@@ -187,11 +189,6 @@ def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> st
     return text
 
 
-def decide(turn: TurnState, status: TurnStatus, reason: str | None = None) -> None:
-    turn.status = status
-    turn.reason = reason
-
-
 def close_pass_with_call(turn: TurnState) -> None:
     """A pass that asked for a tool: its text so far is the pre-tool text, delivered now."""
     text = close_pass(turn, "function_call")
@@ -202,19 +199,16 @@ def close_pass_with_call(turn: TurnState) -> None:
 def complete_with_text(turn: TurnState, _event: Any = None) -> None:
     close_pass(turn, "completed")
     flush_buffer(turn)
-    decide(turn, TurnStatus.COMPLETED)
 
 
 def complete_settled_after_tool(turn: TurnState, _event: Any = None) -> None:
     close_pass(turn, "empty_response")
     flush_buffer(turn)
-    decide(turn, TurnStatus.COMPLETED, "settled_after_tool")
 
 
 def end_empty_response(turn: TurnState, _event: Any = None) -> None:
     close_pass(turn, "empty_response")
     flush_buffer(turn)
-    decide(turn, TurnStatus.EMPTY_RESPONSE)
 
 
 def end_malformed_call(turn: TurnState, _event: Any = None) -> None:
@@ -229,7 +223,6 @@ def end_malformed_call(turn: TurnState, _event: Any = None) -> None:
         turn.error_message = (
             f"the model's call to {name!r} has arguments that are not an object ({kind})"
         )
-    decide(turn, TurnStatus.ERROR, "malformed_call")
 
 
 def fail_stream(turn: TurnState, event: StreamFailed) -> None:
@@ -241,7 +234,6 @@ def fail_stream(turn: TurnState, event: StreamFailed) -> None:
     turn.provider_error_kind = event.kind
     turn.provider_error_retryable = event.retryable
     turn.provider_retry_after = event.retry_after
-    decide(turn, TurnStatus.ERROR, "provider_error")
 
 
 def stop_stream(turn: TurnState, event: StopRequested) -> None:
@@ -251,7 +243,6 @@ def stop_stream(turn: TurnState, event: StopRequested) -> None:
     close_pass(turn, "stopped_by_user")
     discard_buffer(turn)
     queue_stop_message(turn, event)
-    decide(turn, TurnStatus.STOPPED_BY_USER)
 
 
 def queue_stop_message(turn: TurnState, event: StopRequested) -> None:
@@ -265,23 +256,13 @@ def interrupt_for_follow_up(turn: TurnState, _event: Any = None) -> None:
     turn.effects.append(CancelStream())
     close_pass(turn, "follow_up_interrupt")
     discard_buffer(turn)
-    decide(turn, TurnStatus.FOLLOW_UP_INTERRUPT)
 
 
-def time_out_first_token(turn: TurnState, _event: Any = None) -> None:
-    _time_out_stream(turn, "first_token_timeout")
-
-
-def time_out_inactivity(turn: TurnState, _event: Any = None) -> None:
-    _time_out_stream(turn, "inactivity_timeout")
-
-
-def time_out_pass_duration(turn: TurnState, _event: Any = None) -> None:
-    """The pass streamed for its whole ``max_pass_duration`` without ending."""
-    _time_out_stream(turn, "pass_duration_timeout")
-
-
-def _time_out_stream(turn: TurnState, reason: str) -> None:
+def time_out_stream(turn: TurnState, _event: Any = None) -> None:
+    """The pass's stream deadline expired: abort the stream, discard what was not delivered,
+    and post (or hold, for the outer tier) the timeout notice naming the budget that ran out —
+    the sub-reason the transition declared."""
+    reason = turn.reason
     turn.armed.pop(DeadlineKind.STREAM, None)
     turn.effects.append(CancelStream())
     close_pass(turn, "timeout", error=reason)
@@ -291,4 +272,3 @@ def _time_out_stream(turn: TurnState, reason: str) -> None:
         turn.held_notice = notice
     else:
         post_notice(turn, notice)
-    decide(turn, TurnStatus.TIMEOUT, reason)

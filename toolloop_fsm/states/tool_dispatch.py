@@ -16,7 +16,6 @@ from toolloop_fsm.result import (
     ToolCallRecord,
     ToolHistoryEntry,
     ToolResponseRecord,
-    TurnStatus,
 )
 from toolloop_fsm.states.delivery import (
     arm_deadline,
@@ -24,7 +23,7 @@ from toolloop_fsm.states.delivery import (
     deliver_expression,
     post_notice,
 )
-from toolloop_fsm.states.stream_once import close_pass_with_call, decide, queue_stop_message
+from toolloop_fsm.states.stream_once import close_pass_with_call, queue_stop_message
 from toolloop_fsm.turn import (
     LedgerEntry,
     ToolOutcome,
@@ -132,7 +131,6 @@ def stop_during_tool(turn: TurnState, event: StopRequested) -> None:
     clear_deadline(turn, DeadlineKind.TOOL)
     turn.effects.append(CancelTool(turn.dispatches))
     queue_stop_message(turn, event)
-    decide(turn, TurnStatus.STOPPED_BY_USER, "stopped_during_tool")
 
 
 def clear_stale_follow_up(turn: TurnState, _event: FollowUpArrived) -> None:
