@@ -67,7 +67,10 @@ def sorry_turn(*calls: FunctionCall) -> Any:
     ("arguments", "told"),
     [
         ({"days": 2}, "arguments.city: required"),
-        ({"city": "Paris", "days": 0}, "arguments.days: minimum (must be bigger than or equal to 1)"),
+        (
+            {"city": "Paris", "days": 0},
+            "arguments.days: minimum (must be bigger than or equal to 1)",
+        ),
         ({"city": "Paris", "days": "2"}, "arguments.days: type (must be integer)"),
         ({"city": "Paris", "stops": ["Lyon", 3]}, "arguments.stops[1]: type (must be string)"),
         ({"city": "Paris", "when": "now"}, "arguments.when: additionalProperties (not allowed)"),
