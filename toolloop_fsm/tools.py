@@ -19,6 +19,7 @@ import inspect
 import json
 import logging
 import re
+import types
 import typing
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, overload
@@ -98,6 +99,8 @@ def runs_on_loop(handler: Callable[..., Any]) -> bool:
     a `functools.partial` of one, or an object whose ``__call__`` is ``async def``. Anything
     else is a plain callable and runs in a worker thread (if it returns an awaitable, as a
     lambda wrapping a coroutine function does, that is then awaited on the loop)."""
+    if type(handler) is types.FunctionType and handler.__code__.co_flags & inspect.CO_COROUTINE:
+        return True  # the common case, answered without the general inspection
     target: Any = handler
     while isinstance(target, functools.partial):
         target = target.func
