@@ -87,6 +87,7 @@ from toolloop_fsm.result import (
     result_from_json,
     result_to_json,
 )
+from toolloop_fsm.tools import tool
 
 __all__ = [
     "AdmissionDecided",
@@ -169,4 +170,5 @@ __all__ = [
     "result_to_json",
     "run_generation_turn",
     "run_tool_loop",
+    "tool",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -332,6 +333,13 @@ def _fuzz(args: argparse.Namespace) -> int:
         sys.stderr.write(line + " " * 8)
         sys.stderr.flush()
 
+    # The fuzzed tools raise and misbehave on purpose, and each such call is a WARNING on the
+    # tools' logger for a host to read; here they are not news, and without logging set up
+    # they would go to stderr (tracebacks and all) around the report. They still reach any
+    # handler above, so the library's own records are still checked for keys.
+    quiet = logging.NullHandler()
+    tools_logger = logging.getLogger("toolloop_fsm.tools")
+    tools_logger.addHandler(quiet)
     try:
         if args.policy:
             policy = load_policy(args.policy, args.tier)
@@ -344,6 +352,8 @@ def _fuzz(args: argparse.Namespace) -> int:
     except FuzzSetupError as err:
         sys.stderr.write(f"toolloop-fsm fuzz: {err}\n")
         return 2
+    finally:
+        tools_logger.removeHandler(quiet)
     sys.stderr.write("\r" + " " * 72 + "\r")
     fired, declared = report.coverage
     name = args.policy or "the default policy"

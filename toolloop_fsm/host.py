@@ -7,6 +7,7 @@ handlers, and may pass its own `Clock`.
 from __future__ import annotations
 
 import difflib
+import json
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -86,7 +87,9 @@ class ToolContext:
     disabled_enrichment_kinds: frozenset[str] = frozenset()
 
 
-ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResult]]
+#: A tool's handler: an ``async def`` (awaited on the event loop) or a plain function (run in
+#: a worker thread); it is called with the tool's own copy of the arguments and a `ToolContext`
+ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResult] | ToolResult]
 Redactor = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 
@@ -103,6 +106,10 @@ class Tool:
     back the recorded outcome, so a side effect never happens twice; ``"rerun"`` runs the
     tool again, for read-only tools whose fresh answer matters (a clock, a status poll). A
     deliberate repeat inside one attempt always runs.
+
+    ``parameters`` is the arguments' JSON schema: a call's arguments are checked against it
+    before the handler runs (it is compiled on the tool's first dispatch and kept). The
+    handler may be ``async def`` or a plain function, which runs in a worker thread.
     """
 
     name: str = field(validator=name_text)
@@ -115,6 +122,21 @@ class Tool:
         default=None, eq=False, validator=check.optional(check.is_callable())
     )
     replay: str = field(default="reuse")
+    #: ``parameters`` as canonical JSON: the key its compiled validator is kept under
+    schema_key: str = field(init=False, eq=False, repr=False)
+
+    @schema_key.default
+    def _canonical_parameters(self) -> str:
+        if not isinstance(self.parameters, Mapping):
+            return ""  # the type validator says what is wrong
+        try:
+            return json.dumps(
+                self.parameters, sort_keys=True, separators=(",", ":"), allow_nan=False
+            )
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"Tool {self.name!r}: parameters must be a JSON schema made of JSON values ({err})"
+            ) from None
 
     @replay.validator
     def _check_replay(self, _attribute: Any, value: object) -> None:

@@ -84,7 +84,6 @@ from toolloop_fsm.host import (
     Tool,
     ToolContext,
     ToolRegistry,
-    ToolResult,
     TurnRequest,
     TurnSignals,
 )
@@ -93,6 +92,7 @@ from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.providers._secrecy import fragment_pattern, redact
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus, converter
+from toolloop_fsm.tools import run_tool_handler
 from toolloop_fsm.turn import LedgerEntry
 
 
@@ -639,8 +639,11 @@ class EventPump:
                 self.clock,
                 self.machine.turn.disabled_enrichment_kinds,
             )
+            deadline = tool.timeout if tool.timeout is not None else self.policy.tool_timeout
             try:
-                event = await _call_handler(tool, effect.dispatch, arguments, ctx)
+                event = await run_tool_handler(
+                    tool, effect.dispatch, arguments, ctx, deadline=deadline
+                )
             except (KeyboardInterrupt, SystemExit) as err:
                 # the process is going down: end the run with it, children cancelled first
                 self._fail(err)
@@ -946,37 +949,6 @@ def _resume(coroutine: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[
                 value = coroutine.send(sent)
             except StopIteration:
                 return
-
-
-async def _call_handler(
-    tool: Tool, dispatch: int, arguments: dict[str, Any], ctx: ToolContext
-) -> ToolFinished:
-    """Run a tool handler on its own copy of the arguments; whatever it does becomes a
-    `ToolFinished` value — any exception, `BaseException` subclasses and `GeneratorExit`
-    included — except cancellation and the process going down, which propagate."""
-    try:
-        result = await tool.handler(arguments, ctx)
-    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as err:
-        return ToolFinished(dispatch, ToolOutcomeKind.RAISED, error=f"{type(err).__name__}: {err}")
-    if not isinstance(result, ToolResult):
-        return ToolFinished(
-            dispatch,
-            ToolOutcomeKind.RAISED,
-            error=f"the handler returned {type(result).__name__}, not ToolResult",
-        )
-    return ToolFinished(
-        dispatch,
-        ToolOutcomeKind.SUCCEEDED if result.success else ToolOutcomeKind.FAILED,
-        data=result.data,
-        message=result.message,
-        end_turn=result.end_turn,
-        delivered=result.delivered,
-        expression=result.expression,
-        context_restart=result.context_restart,
-        error=None if result.success else (result.message or "the tool reported a failure"),
-    )
 
 
 async def _close_stream(stream: AsyncIterator[Any]) -> None:

@@ -1,0 +1,514 @@
+"""Tools as hosts write them: checking a call's arguments against the tool's JSON schema,
+calling its handler (an ``async def`` on the event loop, a plain function in a worker
+thread), turning whatever the handler does into a `ToolFinished`, and the `tool` decorator
+that builds a `Tool` from a typed function.
+
+The pump hands each dispatch here with the tool's own copy of the arguments. Arguments that
+break the schema are a failed call naming the path and the rule (``arguments.city:
+required``) and the handler is not called. A handler that raises or returns something
+other than a `ToolResult` is a failed call for the model and a WARNING record with the
+traceback for the host, on the ``toolloop_fsm.tools`` logger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import json
+import logging
+import re
+import types
+import typing
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, overload
+
+import fastjsonschema
+from attrs import frozen
+
+from toolloop_fsm.events import ToolFinished, ToolOutcomeKind
+from toolloop_fsm.host import LoopClock, Redactor, Tool, ToolContext, ToolHandler, ToolResult
+
+__all__ = ["run_tool_handler", "runs_on_loop", "tool"]
+
+_log = logging.getLogger("toolloop_fsm.tools")
+
+#: Schemas whose compiled validators are kept (keyed by the schema's canonical JSON, so tools
+#: rebuilt with the same schema share one); a host with more distinct schemas recompiles.
+_VALIDATORS_KEPT = 512
+
+#: A worker thread holds a real loop timer in slices this long (see `_RealTimeHold`).
+_HOLD_SLICE = 0.01
+
+
+# --------------------------------------------------------------------------- dispatching
+async def run_tool_handler(
+    tool: Tool, dispatch: int, arguments: dict[str, Any], ctx: ToolContext, *, deadline: float
+) -> ToolFinished:
+    """Check ``arguments`` against the tool's schema, then run its handler on them; whatever
+    happens becomes a `ToolFinished` value — any exception, `BaseException` subclasses and
+    `GeneratorExit` included — except cancellation and the process going down, which
+    propagate. ``deadline`` is the tool's deadline in seconds: a handler running in a worker
+    thread holds a real loop timer for at most that long (see `_RealTimeHold`)."""
+    refusal = _check_arguments(tool, dispatch, arguments)
+    if refusal is not None:
+        return ToolFinished(dispatch, ToolOutcomeKind.FAILED, error=refusal)
+    handler = tool.handler
+    try:
+        if runs_on_loop(handler):
+            result = await typing.cast(Awaitable[Any], handler(arguments, ctx))
+        else:
+            result = await _in_worker_thread(handler, arguments, ctx, deadline)
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:
+        _log.warning(
+            "tool %s (dispatch %d) raised %s; the call failed and the model is told so",
+            tool.name, dispatch, type(err).__name__,
+            exc_info=err, extra={"tool": tool.name, "dispatch": dispatch},
+        )  # fmt: skip
+        return ToolFinished(dispatch, ToolOutcomeKind.RAISED, error=f"{type(err).__name__}: {err}")
+    if not isinstance(result, ToolResult):
+        _log.warning(
+            "tool %s (dispatch %d) returned %s, not ToolResult; the call failed and the model "
+            "is told so",
+            tool.name, dispatch, type(result).__name__,
+            extra={"tool": tool.name, "dispatch": dispatch},
+        )  # fmt: skip
+        return ToolFinished(
+            dispatch,
+            ToolOutcomeKind.RAISED,
+            error=f"the handler returned {type(result).__name__}, not ToolResult",
+        )
+    return ToolFinished(
+        dispatch,
+        ToolOutcomeKind.SUCCEEDED if result.success else ToolOutcomeKind.FAILED,
+        data=result.data,
+        message=result.message,
+        end_turn=result.end_turn,
+        delivered=result.delivered,
+        expression=result.expression,
+        context_restart=result.context_restart,
+        error=None if result.success else (result.message or "the tool reported a failure"),
+    )
+
+
+def runs_on_loop(handler: Callable[..., Any]) -> bool:
+    """Whether ``handler`` is awaited on the event loop: an ``async def`` function or method,
+    a `functools.partial` of one, or an object whose ``__call__`` is ``async def``. Anything
+    else is a plain callable and runs in a worker thread (if it returns an awaitable, as a
+    lambda wrapping a coroutine function does, that is then awaited on the loop)."""
+    if type(handler) is types.FunctionType and handler.__code__.co_flags & inspect.CO_COROUTINE:
+        return True  # the common case, answered without the general inspection
+    target: Any = handler
+    while isinstance(target, functools.partial):
+        target = target.func
+    if inspect.iscoroutinefunction(target):
+        return True
+    if inspect.isroutine(target) or inspect.isclass(target):
+        return False
+    return inspect.iscoroutinefunction(type(target).__call__)
+
+
+async def _in_worker_thread(
+    handler: ToolHandler, arguments: dict[str, Any], ctx: ToolContext, deadline: float
+) -> Any:
+    """Run a plain handler in the loop's default executor, with the caller's context
+    variables. A thread cannot be cancelled: when the tool is cancelled (its deadline, a
+    stop) this goes on waiting for the thread, so that the pump abandons it after its grace
+    and names it like any host code that ignores its cancellation; the cancellation is
+    raised once the thread returns."""
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, handler, arguments, ctx)
+    finished = loop.run_in_executor(None, call)
+    hold = None if isinstance(ctx.clock, LoopClock) else _RealTimeHold(loop, deadline)
+    cancelled: asyncio.CancelledError | None = None
+    try:
+        while not finished.done():
+            try:
+                await asyncio.wait((finished,))
+            except asyncio.CancelledError as err:
+                cancelled = err
+                if hold is not None:
+                    # past its deadline or stopped: the thread no longer holds time still
+                    hold.release()
+                    hold = None
+    finally:
+        if hold is not None:
+            hold.release()
+    if cancelled is not None:
+        if not finished.cancelled() and finished.exception() is None:
+            late = finished.result()
+            if inspect.iscoroutine(late):
+                late.close()  # never to be awaited: close it rather than leave it warning
+        raise cancelled
+    result = finished.result()
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class _RealTimeHold:
+    """Keeps a real loop timer pending while a worker thread runs, for at most ``seconds``.
+
+    A worker thread leaves the event loop idle. A clock that moves virtual time whenever the
+    loop is idle and no real timer is pending (the test kit's `VirtualClock`) would jump over
+    the thread's work and fire the tool's deadline early, so the thread holds a real timer
+    — for no longer than the tool's deadline, after which the clock may fire it. The timer
+    is renewed in short slices, so that such a clock sees the hold end within a slice of the
+    thread returning. The real clock (`LoopClock`) needs no hold and gets none."""
+
+    __slots__ = ("_handle", "_loop", "_until")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+        self._loop = loop
+        self._until = loop.time() + seconds
+        self._handle: asyncio.TimerHandle | None = None
+        self.renew()
+
+    def renew(self) -> None:
+        left = self._until - self._loop.time()
+        if left > 0:
+            self._handle = self._loop.call_later(min(left, _HOLD_SLICE), self.renew)
+        else:
+            self._handle = None
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+# --------------------------------------------------------------------------- arguments
+@frozen
+class _UnusableSchema:
+    """A tool schema the validator compiler refused, with its message."""
+
+    message: str
+
+
+def _check_arguments(tool: Tool, dispatch: int, arguments: dict[str, Any]) -> str | None:
+    """``None`` when the arguments fit the tool's schema, else what the model is told."""
+    validate = _validator(tool.schema_key)
+    if isinstance(validate, _UnusableSchema):
+        _log.error(
+            "tool %s (dispatch %d) has a parameters schema that does not compile (%s); the "
+            "call failed and the model is told so",
+            tool.name, dispatch, validate.message,
+            extra={"tool": tool.name, "dispatch": dispatch},
+        )  # fmt: skip
+        return f"the tool's parameters schema is invalid, so it was not called: {validate.message}"
+    try:
+        validate(arguments)
+    except fastjsonschema.JsonSchemaValueException as err:
+        refusal = "; ".join(_violations(err))
+        _log.debug(
+            "tool %s (dispatch %d): arguments refused (%s)", tool.name, dispatch, refusal,
+            extra={"tool": tool.name, "dispatch": dispatch},
+        )  # fmt: skip
+        return refusal
+    except Exception as err:  # a validator that breaks on a value is not the model's fault
+        _log.warning(
+            "tool %s (dispatch %d): checking the arguments raised %s; the call failed",
+            tool.name, dispatch, type(err).__name__,
+            exc_info=err, extra={"tool": tool.name, "dispatch": dispatch},
+        )  # fmt: skip
+        return f"the arguments could not be checked ({type(err).__name__}: {err})"
+    return None
+
+
+@functools.lru_cache(maxsize=_VALIDATORS_KEPT)
+def _validator(schema_key: str) -> Callable[[Any], Any] | _UnusableSchema:
+    """The compiled validator of a schema, by its canonical JSON; compiled on the first
+    dispatch that needs it (a few milliseconds), then kept."""
+    try:
+        return fastjsonschema.compile(
+            json.loads(schema_key),
+            handlers=_NO_REMOTE_SCHEMAS,
+            # validation only: the handler receives the arguments the model sent, no defaults
+            use_default=False,
+        )
+    except Exception as err:  # the compiler's own refusals, and a bad regex pattern's
+        return _UnusableSchema(f"{type(err).__name__}: {err}")
+
+
+class _RemoteSchemasRefused(Mapping[str, Callable[[str], Any]]):
+    """A ``$ref`` to another document is never fetched: a dispatch must not wait on the
+    network (or read a file) to check its arguments. Claims every URI scheme and refuses."""
+
+    def __getitem__(self, scheme: str) -> Callable[[str], Any]:
+        return _refuse_remote
+
+    def __contains__(self, scheme: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _refuse_remote(uri: str) -> Any:
+    raise fastjsonschema.JsonSchemaDefinitionException(
+        f"$ref {uri} names another document; a tool's schema must be self-contained"
+    )
+
+
+_NO_REMOTE_SCHEMAS = _RemoteSchemasRefused()
+
+
+def _violations(err: fastjsonschema.JsonSchemaValueException) -> list[str]:
+    """``arguments.<path>: <rule> (<what it requires>)`` for the violation found; for a
+    missing required property or one the schema does not allow, the path names it."""
+    name = str(err.name or "data")
+    path = "arguments" + name[len("data") :] if name.startswith("data") else f"arguments.{name}"
+    value = err.value
+    definition = err.definition if isinstance(err.definition, Mapping) else {}
+    if err.rule == "required" and isinstance(value, Mapping):
+        required = err.rule_definition if isinstance(err.rule_definition, list) else []
+        missing = [str(key) for key in required if key not in value]
+        if missing:
+            return [f"{path}.{key}: required" for key in missing]
+    if err.rule == "additionalProperties" and isinstance(value, Mapping):
+        known = definition.get("properties", {})
+        patterns = list(definition.get("patternProperties", {}))
+        extra = [
+            str(key)
+            for key in value
+            if key not in known and not any(re.search(p, str(key)) for p in patterns)
+        ]
+        if extra:
+            return [f"{path}.{key}: additionalProperties (not allowed)" for key in extra]
+    message = str(err.message)
+    # the message starts with the value's name ("data.days must be ..."): keep what follows
+    if message.startswith(name + " "):
+        message = message[len(name) + 1 :]
+    return [f"{path}: {err.rule} ({message})" if err.rule else f"{path}: {message}"]
+
+
+# --------------------------------------------------------------------------- @tool
+_Function = Callable[..., Any]
+#: Turns checked arguments into the annotated types, or says why it cannot
+_Conversion = Callable[[dict[str, Any]], "dict[str, Any] | str"]
+
+
+@overload
+def tool(function: _Function, /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    schema: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+    requires_follow_up: bool = True,
+    replay: str = "reuse",
+    redact: Redactor | None = None,
+) -> Callable[[_Function], Tool]: ...
+
+
+def tool(
+    function: _Function | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    schema: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+    requires_follow_up: bool = True,
+    replay: str = "reuse",
+    redact: Redactor | None = None,
+) -> Tool | Callable[[_Function], Tool]:
+    """Build a `Tool` from a function: ``@tool`` or ``@tool(name=..., ...)``.
+
+    The tool's name is the function's (or ``name``), its description the first paragraph of
+    the docstring (or ``description``), its parameters schema ``schema`` or else derived
+    from the signature and type hints by pydantic (the ``toolloop-fsm[pydantic]`` extra).
+    The handler calls the function with the arguments as keyword arguments — converted to
+    the annotated types by pydantic when it derived the schema, as the model sent them when
+    ``schema`` is given — plus the `ToolContext` for a parameter annotated ``ToolContext``.
+    An ``async def`` runs on the event loop, a plain ``def`` in a worker thread.
+    """
+    options = _ToolOptions(name, description, schema, timeout, requires_follow_up, replay, redact)
+    if function is None:
+        return functools.partial(_build_tool, options=options)
+    return _build_tool(function, options=options)
+
+
+@frozen
+class _ToolOptions:
+    name: str | None
+    description: str | None
+    schema: Mapping[str, Any] | None
+    timeout: float | None
+    requires_follow_up: bool
+    replay: str
+    redact: Redactor | None
+
+
+def _build_tool(function: _Function, *, options: _ToolOptions) -> Tool:
+    if not callable(function):
+        raise TypeError(f"@tool decorates a function, got {type(function).__name__}")
+    label = getattr(function, "__name__", None) or type(function).__name__
+    name = options.name if options.name is not None else label
+    description = options.description
+    if description is None:
+        description = _first_paragraph(inspect.getdoc(function))
+        if not description:
+            raise TypeError(
+                f"@tool: {label} has no docstring to describe it to the model; give it one "
+                "or pass description="
+            )
+    signature = inspect.signature(function)
+    for parameter in signature.parameters.values():
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.VAR_POSITIONAL):
+            raise TypeError(
+                f"@tool: {label} takes {parameter.name} positionally; a tool's arguments are "
+                "passed by name"
+            )
+    hints = _type_hints(function, label, explicit_schema=options.schema is not None)
+    context = [p.name for p in signature.parameters.values() if _is_context(hints.get(p.name))]
+    if len(context) > 1:
+        raise TypeError(f"@tool: {label} has more than one ToolContext parameter: {context}")
+    context_name = context[0] if context else None
+    if options.schema is not None:
+        parameters: Mapping[str, Any] = options.schema
+        convert: _Conversion | None = None
+    else:
+        parameters, convert = _derived_schema(function, label, signature, hints, context_name)
+    handler = _handler_for(function, context_name, convert)
+    return Tool(
+        name,
+        description,
+        parameters,
+        handler,
+        requires_follow_up=options.requires_follow_up,
+        timeout=options.timeout,
+        redact=options.redact,
+        replay=options.replay,
+    )
+
+
+def _first_paragraph(doc: str | None) -> str:
+    if not doc:
+        return ""
+    paragraph = doc.strip().split("\n\n", 1)[0]
+    return " ".join(line.strip() for line in paragraph.splitlines())
+
+
+def _type_hints(function: _Function, label: str, *, explicit_schema: bool) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(function, include_extras=True)
+    except Exception as err:
+        if not explicit_schema:
+            raise TypeError(
+                f"@tool cannot read the type hints of {label} ({type(err).__name__}: {err}); "
+                "make them resolvable or pass schema="
+            ) from err
+        # with an explicit schema the hints only find the ToolContext parameter
+        return dict(getattr(function, "__annotations__", {}))
+
+
+def _is_context(annotation: Any) -> bool:
+    if annotation is ToolContext:
+        return True
+    return isinstance(annotation, str) and annotation.rsplit(".", 1)[-1] == "ToolContext"
+
+
+def _derived_schema(
+    function: _Function,
+    label: str,
+    signature: inspect.Signature,
+    hints: Mapping[str, Any],
+    context_name: str | None,
+) -> tuple[dict[str, Any], _Conversion]:
+    """The JSON schema of the function's arguments (its ToolContext parameter left out), as
+    pydantic derives it, and the conversion of checked arguments into the annotated types."""
+    try:
+        import pydantic
+        from pydantic_core import ArgsKwargs
+    except ImportError as err:
+        raise ImportError(
+            f"@tool derives the parameters schema of {label} from its type hints with "
+            "pydantic, which is not installed: install toolloop-fsm[pydantic] or pass schema="
+        ) from err
+    parameters = [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in signature.parameters.values()
+        if p.name != context_name
+    ]
+
+    # pydantic reads a callable's signature and hints; this one stands for the function
+    # without its ToolContext parameter and returns the arguments it was called with
+    def arguments_of(**arguments: Any) -> dict[str, Any]:
+        return arguments
+
+    arguments_of.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    arguments_of.__annotations__ = {
+        p.name: p.annotation for p in parameters if p.annotation is not p.empty
+    }
+    arguments_of.__name__ = arguments_of.__qualname__ = label
+    arguments_of.__module__ = getattr(function, "__module__", __name__)
+    try:
+        adapter: pydantic.TypeAdapter[dict[str, Any]] = pydantic.TypeAdapter(arguments_of)
+        schema = adapter.json_schema()
+    except pydantic.PydanticUserError as err:
+        raise TypeError(
+            f"@tool cannot derive a parameters schema for {label}: {err}; pass schema="
+        ) from err
+
+    def convert(arguments: dict[str, Any]) -> dict[str, Any] | str:
+        try:
+            converted: dict[str, Any] = adapter.validate_python(ArgsKwargs((), arguments))
+        except pydantic.ValidationError as err:
+            # arguments the schema accepted but an annotated validator refuses: told in the
+            # schema refusals' form
+            return "; ".join(
+                f"{'.'.join(['arguments', *map(str, error['loc'])])}: {error['type']} "
+                f"({error['msg']})"
+                for error in err.errors(include_url=False)
+            )
+        return converted
+
+    return schema, convert
+
+
+def _handler_for(
+    function: _Function,
+    context_name: str | None,
+    convert: _Conversion | None,
+) -> ToolHandler:
+    """The `Tool` handler calling ``function``: ``async`` when the function is, so that it
+    runs on the loop, plain otherwise, so that it runs in a worker thread."""
+
+    def keywords(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any] | ToolResult:
+        if convert is not None:
+            converted = convert(arguments)
+            if isinstance(converted, str):  # refused: the model is told why, nothing runs
+                return ToolResult(success=False, message=converted)
+            arguments = converted
+        if context_name is not None:
+            arguments = {**arguments, context_name: ctx}
+        return arguments
+
+    if runs_on_loop(function):
+
+        async def call_on_loop(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+            ready = keywords(arguments, ctx)
+            if isinstance(ready, ToolResult):
+                return ready
+            return await function(**ready)
+
+        return functools.update_wrapper(call_on_loop, function)
+
+    def call_in_thread(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        ready = keywords(arguments, ctx)
+        if isinstance(ready, ToolResult):
+            return ready
+        return function(**ready)
+
+    return functools.update_wrapper(call_in_thread, function)
