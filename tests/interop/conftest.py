@@ -135,4 +135,3 @@ def litellm_proxy(
         yield LiteLLMProxy(f"http://127.0.0.1:{port}")
     finally:
         server.stop()
-

@@ -13,6 +13,7 @@ import pytest
 from tests.interop.servers import LLMockControl
 from tests.interop.turns import (
     GEMINI,
+    OPENAI_CHAT,
     LLMOCK_ADAPTERS,
     WEATHER,
     Adapter,
@@ -76,6 +77,20 @@ async def test_a_tool_round_trip_runs_the_tool_once_and_the_model_reads_its_resu
     # the follow-up request carries the call and the tool's answer
     assert WEATHER["marker"] not in body_text(served[0])
     assert WEATHER["marker"] in body_text(served[1])
+
+
+async def test_a_tool_call_without_text_goes_back_with_empty_content_as_strict_servers_need(
+    llmock: LLMockControl,
+) -> None:
+    await llmock.script(weather_call(), reply())
+    adapter = next(a for a in LLMOCK_ADAPTERS if a.name == OPENAI_CHAT)
+
+    result = await loop_turn(adapter.provider(llmock.url, KEYS[0]), WeatherTool().tools)
+
+    assert result.status is TurnStatus.COMPLETED
+    follow_up = (await llmock.requests())[1]["body"]["messages"]
+    [assistant] = [m for m in follow_up if m["role"] == "assistant"]
+    assert assistant["content"] == ""  # not null, which llama.cpp's server answers with a 500
 
 
 # --------------------------------------------------------------------------- HTTP errors
