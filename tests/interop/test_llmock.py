@@ -13,8 +13,8 @@ import pytest
 from tests.interop.servers import LLMockControl
 from tests.interop.turns import (
     GEMINI,
-    OPENAI_CHAT,
     LLMOCK_ADAPTERS,
+    OPENAI_CHAT,
     WEATHER,
     Adapter,
     WeatherTool,
@@ -23,6 +23,7 @@ from tests.interop.turns import (
     loop_turn,
 )
 from toolloop_fsm import Attempt, KeyHealth, LoopPolicy, TurnStatus, result_to_json
+from toolloop_fsm.providers import VerbatimToolCalls
 from toolloop_fsm.testing import RecordingChannel
 
 pytestmark = pytest.mark.interop
@@ -91,6 +92,23 @@ async def test_a_tool_call_without_text_goes_back_with_empty_content_as_strict_s
     follow_up = (await llmock.requests())[1]["body"]["messages"]
     [assistant] = [m for m in follow_up if m["role"] == "assistant"]
     assert assistant["content"] == ""  # not null, which llama.cpp's server answers with a 500
+
+
+async def test_a_verbatim_call_is_replayed_where_the_model_wrote_it(
+    llmock: LLMockControl,
+) -> None:
+    said = 'Let me check. get_weather({"city": "Paris"}) One moment, please.'
+    await llmock.script(reply(said), reply("Clear and 21 °C in Paris."))
+    adapter = next(a for a in LLMOCK_ADAPTERS if a.name == OPENAI_CHAT)
+    weather = WeatherTool()
+
+    result = await loop_turn(VerbatimToolCalls(adapter.provider(llmock.url, KEYS[0])),
+                             weather.tools)  # fmt: skip
+
+    assert result.final_text == "Clear and 21 °C in Paris."
+    assert weather.runs == [{"city": "Paris"}]
+    follow_up = (await llmock.requests())[1]["body"]["messages"]
+    assert {"role": "assistant", "content": said} in follow_up
 
 
 # --------------------------------------------------------------------------- HTTP errors
