@@ -111,6 +111,25 @@ async def test_a_verbatim_call_is_replayed_where_the_model_wrote_it(
     assert {"role": "assistant", "content": said} in follow_up
 
 
+async def test_a_server_that_reports_no_usage_leaves_marked_estimates_in_the_ledger(
+    llmock: LLMockControl,
+) -> None:
+    # like llama.cpp's server: no usage chunk (the request does not ask for one)
+    await llmock.script(weather_call(), reply())
+    adapter = next(a for a in LLMOCK_ADAPTERS if a.name == OPENAI_CHAT)
+    provider = adapter.provider(
+        llmock.url, KEYS[0], extra_body={"stream_options": {"include_usage": False}}
+    )
+
+    result = await loop_turn(provider, WeatherTool().tools)
+
+    assert (result.status, result.final_text) == (TurnStatus.COMPLETED, REPLY)
+    call_pass, text_pass = result.usage.entries
+    assert call_pass.estimated and text_pass.estimated
+    assert text_pass.output_tokens == -(-len(REPLY) // 4)
+    assert 0 < call_pass.input_tokens < text_pass.input_tokens
+
+
 # --------------------------------------------------------------------------- HTTP errors
 @adapters
 async def test_a_rate_limit_cools_the_key_for_its_retry_after_and_the_next_key_answers(
