@@ -67,8 +67,12 @@ def llmock_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLMockCo
         server.stop()
 
 
+# This overrides the `llmock` fixture of LLMock's own pytest plugin, which runs a server in
+# this process and points the vendors' SDKs at it through environment variables: here the
+# server is a process of its own, and each test points an adapter at it explicitly.
 @pytest.fixture
 def llmock(llmock_server: LLMockControl) -> LLMockControl:
+    """The session's LLMock, with no request recorded and no behaviour queued."""
     llmock_server.reset()
     return llmock_server
 
