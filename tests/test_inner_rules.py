@@ -29,8 +29,9 @@ from toolloop_fsm import (
 )
 from toolloop_fsm.effects import CancelStream, Deliver
 from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import TraceStep
-from toolloop_fsm.testing import Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
 
 EAGER = LoopPolicy(delivery_flush_chars=1)
 
@@ -128,6 +129,47 @@ async def test_usage_added_up_in_a_pass_is_estimated_if_any_report_was() -> None
     result = await run_turn(turn, [])
     [entry] = result.usage.entries
     assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (10, 3, True)
+
+
+async def test_a_pass_without_a_usage_report_is_recorded_as_a_marked_estimate() -> None:
+    # llama.cpp's server reports no usage: the ledger holds characters / 4, marked estimated
+    turn = scripted_turn([[ThoughtDelta("t" * 8), TextDelta("y" * 32)]])
+    result = await run_turn(turn, [])
+    [entry] = result.usage.entries
+    question = USER[0]["content"]  # what the model read: 28 characters, 7 tokens
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (
+        -(-len(question) // 4),
+        10,  # 40 characters of thoughts and text
+        True,
+    )
+    assert result.usage.has_estimates
+
+
+async def test_a_call_the_model_wrote_counts_in_the_estimate_and_so_does_its_result() -> None:
+    turn = scripted_turn([[FunctionCall("lookup", {"q": "x"})], [TextDelta("Done.")]])
+    tool = make_tool("lookup", turn.executions, turn.clock)
+    result = await run_turn(turn, [tool])
+    first, second = result.usage.entries
+    assert first.estimated and second.estimated
+    assert first.output_tokens == 4  # 'lookup:{"q":"x"}', 16 characters
+    assert second.output_tokens == 2  # "Done."
+    # the second request also carries the call and the tool's answer
+    assert second.input_tokens > first.input_tokens
+
+
+async def test_a_reported_usage_is_never_replaced_by_an_estimate() -> None:
+    turn = scripted_turn([[TextDelta("y" * 400), UsageReport(3, 2)]])
+    result = await run_turn(turn, [])
+    [entry] = result.usage.entries
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (3, 2, False)
+
+
+async def test_a_pass_that_failed_before_its_first_chunk_has_no_usage_entry() -> None:
+    refused = ProviderError("HTTP 429", kind="rate_limit", retryable=True)
+    turn = scripted_turn([[Fail(refused)]])
+    result = await run_turn(turn, [])
+    assert result.status is TurnStatus.ERROR
+    assert result.usage.entries == ()
 
 
 async def test_every_call_after_the_first_in_one_pass_is_recorded_as_ignored() -> None:

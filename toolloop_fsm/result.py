@@ -87,6 +87,16 @@ class StreamResult:
     error: str | None = None
 
 
+CHARS_PER_TOKEN = 4
+"""The usual rough figure for English text with BPE tokenizers: used only when a provider
+reports no usage, and the figure is then marked as an estimate."""
+
+
+def estimate_tokens(characters: int) -> int:
+    """Tokens estimated from characters: a quarter of them, rounded up."""
+    return -(-characters // CHARS_PER_TOKEN)
+
+
 @frozen
 class UsageEntry:
     """Usage of one provider pass (``estimated`` when the library computed it)."""

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from toolloop_fsm.effects import Effect
     from toolloop_fsm.host import ToolRegistry, TurnRequest
     from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-    from toolloop_fsm.provider import ToolSpec
+    from toolloop_fsm.provider import ProviderRequest, ToolSpec
 
 
 def canonical_call_key(name: str, arguments: Any) -> str:
@@ -170,6 +170,10 @@ class TurnState:
     flush_chars: int = 200
     pass_finish: FinishKind | None = None
     pass_usage: UsageEntry | None = None
+    # what the pass asked, and whether any chunk answered it: a pass the provider answered
+    # without a usage report is recorded with an estimate
+    pass_request: ProviderRequest | None = None
+    pass_answered: bool = False
     pending_call: FunctionCall | None = None
     ignored_calls: list[str] | None = None
     scene_metadata: list[str] | None = None

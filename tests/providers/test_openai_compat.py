@@ -788,7 +788,7 @@ async def test_request_body_and_headers(wire_server: WireServer) -> None:
             },
             {
                 "role": "assistant",
-                "content": None,
+                "content": "",
                 "tool_calls": [
                     {
                         "id": generated_id,
@@ -810,6 +810,24 @@ async def test_request_body_and_headers(wire_server: WireServer) -> None:
     }
     # Deterministic: the same history gives the same generated id.
     assert provider.build_body(request)["messages"][4]["tool_calls"][0]["id"] == generated_id
+
+
+def test_a_tool_call_made_without_text_is_sent_back_with_empty_content_not_null() -> None:
+    # llama.cpp's server answers HTTP 500 to an assistant message whose content is null, and
+    # every key of the model would be tried against the same refusal
+    request = ProviderRequest(
+        [{"role": "user", "content": "Weather?"}],
+        history=(
+            ToolHistoryEntry(
+                call=ToolCallRecord("get_weather", {"city": "Paris"}, call_id="call_1"),
+                response=ToolResponseRecord(True, data={"temp": 21}),
+            ),
+        ),
+    )
+    messages = make("http://127.0.0.1:1/v1").build_body(request)["messages"]
+    [assistant] = [m for m in messages if m["role"] == "assistant"]
+    assert assistant["content"] == ""
+    assert [call["function"]["name"] for call in assistant["tool_calls"]] == ["get_weather"]
 
 
 def test_api_key_never_in_repr() -> None:

@@ -392,7 +392,11 @@ async def test_call_ids_are_numbered_after_the_history_and_marked_verbatim() -> 
     events = await collect(script, request_for(history=history))
     calls = calls_of(events)
     assert [call.call_id for call in calls] == ["verbatim_3", "verbatim_4"]
-    assert all(call.provider_data == {"verbatim": True} for call in calls)
+    # each call records how much of the pass's text came before it: here " and " came between
+    assert [call.provider_data for call in calls] == [
+        {"verbatim": True, "text_before": 0},
+        {"verbatim": True, "text_before": 5},
+    ]
     assert all(call.parse_error is None for call in calls)
 
 
@@ -785,3 +789,39 @@ async def test_the_wrapped_provider_gets_no_native_tools_and_the_history_as_text
     }
     assert wire.context[2]["role"] == "user"
     assert '"sky": "clear"' in wire.context[2]["content"]
+
+
+async def test_text_written_after_a_verbatim_call_is_replayed_after_the_call() -> None:
+    # The model wrote prose, a call, then more prose. The next request must show it its own
+    # message in that order: shown the later prose first, a model copies the garbled form.
+    from toolloop_fsm import Tool, ToolResult, TurnRequest, run_tool_loop
+    from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, VirtualClock
+
+    clock = VirtualClock()
+    model = ScriptedProvider(
+        [
+            [
+                TextDelta("Let me check. "),
+                TextDelta('get_weather({"city": "Paris"})'),
+                TextDelta(" One moment, please."),
+            ],
+            [TextDelta("Clear and 21 °C.")],
+        ],
+        clock=clock,
+    )
+
+    async def get_weather(arguments: dict[str, Any], _ctx: Any) -> ToolResult:
+        return ToolResult(data={"sky": "clear"})
+
+    tool = Tool("get_weather", "w", dict(GET_WEATHER.parameters), get_weather)
+    result = await run_tool_loop(
+        VerbatimToolCalls(model), [tool], RecordingChannel(clock=clock),
+        TurnRequest([{"role": "user", "content": "Weather in Paris?"}]), clock=clock,
+    )  # fmt: skip
+
+    assert result.final_text == "Clear and 21 °C."
+    follow_up = model.requests[1].context
+    assert follow_up[1] == {
+        "role": "assistant",
+        "content": 'Let me check. get_weather({"city": "Paris"}) One moment, please.',
+    }

@@ -66,19 +66,12 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.provider import Provider, ProviderRequest
+from toolloop_fsm.result import estimate_tokens
 
 DEFAULT_MAX_FRAGMENTS = 8
 """How many fragments one pass may request when the caller does not say."""
 
 _CUT_FINISHES = frozenset({FinishKind.LENGTH, FinishKind.CONTINUATION_PENDING})
-# The usual rough figure for English text with BPE tokenizers; only used when the provider
-# reports no usage, and then marked as an estimate.
-_CHARS_PER_TOKEN = 4
-
-
-def estimate_tokens(characters: int) -> int:
-    """Output tokens estimated from streamed characters: a quarter of them, rounded up."""
-    return -(-characters // _CHARS_PER_TOKEN)
 
 
 class _Fragment:

@@ -96,7 +96,8 @@ def build_chat_messages(request: ProviderRequest) -> list[dict[str, Any]]:
         messages.append(
             {
                 "role": "assistant",
-                "content": entry.pre_tool_text or None,
+                # "" rather than null: llama.cpp's server rejects a null content (HTTP 500)
+                "content": entry.pre_tool_text or "",
                 "tool_calls": [
                     {
                         "id": call_id,

@@ -35,6 +35,7 @@ from toolloop_fsm.events import Chunk, FunctionCall, TextDelta
 from toolloop_fsm.provider import Provider, ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._history import tool_response_json
+from toolloop_fsm.result import ToolHistoryEntry
 from toolloop_fsm.scaffolding import (
     _NO_FORMS,
     SCAFFOLDING_KEY,
@@ -519,8 +520,8 @@ class _CausalOrder:
     def defer(self, chunk: Chunk) -> None:
         self._deferred.append((self._received, chunk))
 
-    def place(self, pieces: list[_Piece]) -> list[Chunk]:
-        out: list[Chunk] = []
+    def place(self, pieces: list[_Piece]) -> list[Chunk | _RecognisedCall]:
+        out: list[Chunk | _RecognisedCall] = []
         deferred = self._deferred
         for piece in pieces:
             start = self._released
@@ -540,7 +541,7 @@ class _CausalOrder:
                 end = start + piece.source_length
                 while deferred and deferred[0][0] < end:
                     out.append(deferred.popleft()[1])
-                out.append(piece.call)
+                out.append(piece)
             self._released = end
         return out
 
@@ -557,7 +558,8 @@ class VerbatimToolCalls:
     ``stream`` hands the wrapped provider the request in text form (`as_verbatim_request`:
     no native tools, the tool history as plain messages) and rewrites its text:
     calls of ``request.tools`` become `FunctionCall` events (ids ``verbatim_<n>``, numbered on
-    from the calls already in ``request.history``; ``provider_data={"verbatim": True}``);
+    from the calls already in ``request.history``; ``provider_data`` says ``"verbatim": True``
+    and, under ``"text_before"``, how many characters of text the pass released before it);
     all other chunks pass through in order. If the wrapped stream raises, text held as a
     possible call is dropped with it: it was never delivered, and a failed pass's half call
     must not run.
@@ -594,6 +596,9 @@ class VerbatimToolCalls:
             )
             order = _CausalOrder()
             passes_through = scanner.passes_through
+            # characters of text yielded so far: a recognised call records where in the
+            # pass's text it stood, so that the history replays the text around it in order
+            emitted = 0
             async for chunk in chunks:
                 if not isinstance(chunk, TextDelta):
                     if scanner.holding:
@@ -604,6 +609,7 @@ class VerbatimToolCalls:
                 if passes_through(chunk.text):
                     # Offsets in `order` only matter relative to each other while text is
                     # held, so text that flows straight through need not be counted.
+                    emitted += len(chunk.text)
                     yield chunk
                     continue
                 was_holding = scanner.holding
@@ -615,15 +621,18 @@ class VerbatimToolCalls:
                     and isinstance(pieces[0], str)
                 ):
                     # A candidate opened and failed inside the chunk: it still goes untouched.
+                    emitted += len(chunk.text)
                     yield chunk
                     continue
                 order.received(len(chunk.text))
                 for out in order.place(pieces):
+                    emitted, out = _positioned(out, emitted)
                     yield out
                 if not scanner.holding and order.pending:
                     for out in order.flush():
                         yield out
             for out in order.place(scanner.finish()):
+                emitted, out = _positioned(out, emitted)
                 yield out
             for out in order.flush():
                 yield out
@@ -633,20 +642,45 @@ class VerbatimToolCalls:
                 await close()
 
 
+TEXT_BEFORE_KEY = "text_before"
+"""``provider_data`` key of a recognised call: how many characters of the pass's text the
+model wrote before the call (the rest of the pass's text came after it)."""
+
+
+def _positioned(placed: Chunk | _RecognisedCall, emitted: int) -> tuple[int, Chunk]:
+    """Count released text; a recognised call becomes its `FunctionCall`, marked with the
+    number of characters of text released before it."""
+    if isinstance(placed, TextDelta):
+        return emitted + len(placed.text), placed
+    if isinstance(placed, _RecognisedCall):
+        data = {**(placed.call.provider_data or {}), TEXT_BEFORE_KEY: emitted}
+        return emitted, attrs.evolve(placed.call, provider_data=data)
+    return emitted, placed
+
+
+def _replayed_message(entry: ToolHistoryEntry) -> str:
+    """The assistant's message as the model wrote it: the pass's text with the call standing
+    where it was written (at the end when that is not recorded)."""
+    call = entry.call
+    arguments = json.dumps(dict(call.arguments), ensure_ascii=False, sort_keys=True)
+    text = entry.pre_tool_text or ""
+    before = (call.provider_data or {}).get(TEXT_BEFORE_KEY)
+    if not isinstance(before, int) or isinstance(before, bool) or not 0 <= before <= len(text):
+        before = len(text)
+    return f"{text[:before]}{call.name}({arguments}){text[before:]}"
+
+
 def as_verbatim_request(request: ProviderRequest) -> ProviderRequest:
     """The request as a model without native tool calling must receive it: no ``tools`` (a
     server may reject them for such a model) and each history entry as two plain messages —
-    the assistant's pre-tool text followed by the call as it writes calls, then the tool's
-    response as a user message."""
+    the assistant's message as it wrote it (the pass's text with the call, written as it
+    writes calls, where it stood), then the tool's response as a user message."""
     if not request.tools and not request.history:
         return request
     transcript: list[dict[str, Any]] = []
     for entry in request.history:
         call = entry.call
-        arguments = json.dumps(dict(call.arguments), ensure_ascii=False, sort_keys=True)
-        transcript.append(
-            {"role": "assistant", "content": f"{entry.pre_tool_text or ''}{call.name}({arguments})"}
-        )
+        transcript.append({"role": "assistant", "content": _replayed_message(entry)})
         result = tool_response_json(entry.response)
         transcript.append({"role": "user", "content": f"[result of {call.name}] {result}"})
     return attrs.evolve(request, context=(*request.context, *transcript), tools=(), history=())
@@ -654,6 +688,7 @@ def as_verbatim_request(request: ProviderRequest) -> ProviderRequest:
 
 __all__ = [
     "SCAFFOLDING_KEY",
+    "TEXT_BEFORE_KEY",
     "VERBATIM_BUFFER_CAP",
     "VERBATIM_SCAFFOLDING",
     "VerbatimToolCalls",

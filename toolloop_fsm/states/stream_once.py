@@ -5,7 +5,8 @@ here do what the ending needs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from toolloop_fsm.effects import CancelStream, QueueStopResponse, StartStream
@@ -22,7 +23,7 @@ from toolloop_fsm.events import (
 )
 from toolloop_fsm.guards.tool_gate import allowed_tool_names
 from toolloop_fsm.provider import ProviderRequest
-from toolloop_fsm.result import Notice, StreamResult, UsageEntry
+from toolloop_fsm.result import Notice, StreamResult, UsageEntry, estimate_tokens
 from toolloop_fsm.states.delivery import (
     arm_deadline,
     clear_deadline,
@@ -30,7 +31,7 @@ from toolloop_fsm.states.delivery import (
     flush_buffer,
     post_notice,
 )
-from toolloop_fsm.turn import TurnState
+from toolloop_fsm.turn import TurnState, canonical_call_key
 
 
 # --------------------------------------------------------------------------- pass start
@@ -48,6 +49,7 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
     turn.buffer_len = 0
     turn.pass_finish = None
     turn.pass_usage = None
+    turn.pass_answered = False
     turn.pending_call = None
     turn.ignored_calls = None
     turn.outcome = None
@@ -64,6 +66,7 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
         max_output=turn.request.max_output,
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
     )
+    turn.pass_request = request
     turn.effects.append(StartStream(turn.iterations, request))
     # one deadline per pass: the first-token budget until the first chunk, then the rolling
     # inactivity budget (the pump measures both from the same timer)
@@ -152,7 +155,9 @@ CHUNK_HANDLERS: dict[type, Callable[[TurnState, Any], None]] = {
 
 def take_first_chunk(turn: TurnState, event: Any) -> None:
     """The first chunk: from here the pass's stream deadline is the rolling inactivity
-    budget (the pump sees the chunk; the deadline need not be re-armed)."""
+    budget (the pump sees the chunk; the deadline need not be re-armed), and the pass was
+    answered (its usage is recorded, estimated if the provider reports none)."""
+    turn.pass_answered = True
     CHUNK_HANDLERS[type(event)](turn, event)
 
 
@@ -175,10 +180,13 @@ def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> st
             error=error,
         )
     )
-    if turn.pass_usage is not None:
+    usage = turn.pass_usage
+    if usage is None and turn.pass_answered:
+        usage = estimate_usage(turn, text)
+    if usage is not None:
         if turn.usage is None:
             turn.usage = []
-        turn.usage.append(turn.pass_usage)
+        turn.usage.append(usage)
         turn.pass_usage = None
     if turn.pass_thoughts:
         thoughts = "".join(turn.pass_thoughts)
@@ -187,6 +195,58 @@ def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> st
     if text.strip():
         turn.last_text = text
     return text
+
+
+def estimate_usage(turn: TurnState, text: str) -> UsageEntry:
+    """docs/behaviour.md §2.2 rule 3: the usage of a pass the provider answered without a
+    report — characters / 4, rounded up, marked ``estimated``. Output: the text, thoughts
+    and call the pass streamed; input: what the request gave the model to read."""
+    written = len(text) + sum(len(thought) for thought in turn.pass_thoughts or ())
+    call = turn.pending_call
+    if call is not None:
+        written += len(canonical_call_key(str(call.name), call.arguments))
+    request = turn.pass_request
+    read = request_characters(request) if request is not None else 0
+    return UsageEntry(turn.iterations, estimate_tokens(read), estimate_tokens(written), True)
+
+
+def request_characters(request: ProviderRequest) -> int:
+    """The characters a request gives the model to read: each message's text, the tool
+    history (pre-tool text, each call's name and arguments, each response as JSON), the
+    prefill, and the tools offered (name, description, parameter schema as JSON)."""
+    read = len(request.prefill or "")
+    for message in request.context:
+        read += _content_characters(message.get("content"))
+    for entry in request.history:
+        response = entry.response
+        read += len(entry.pre_tool_text or "")
+        read += len(canonical_call_key(entry.call.name, entry.call.arguments))
+        read += _json_characters([response.data, response.message, response.reason])
+    for tool in request.tools:
+        read += len(tool.name) + len(tool.description) + _json_characters(tool.parameters)
+    return read
+
+
+def _content_characters(content: Any) -> int:
+    """A message's text: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        total = 0
+        for part in content:
+            if isinstance(part, str):
+                total += len(part)
+            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                total += len(part["text"])
+        return total
+    return 0
+
+
+def _json_characters(value: Any) -> int:
+    try:
+        return len(json.dumps(value, ensure_ascii=False, default=str))
+    except (TypeError, ValueError):  # a circular structure
+        return len(repr(value))
 
 
 def close_pass_with_call(turn: TurnState) -> None:

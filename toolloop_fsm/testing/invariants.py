@@ -53,7 +53,7 @@ from typing import Any
 
 from attrs import define
 
-from toolloop_fsm.events import FunctionCall, TextDelta, UsageReport
+from toolloop_fsm.events import FunctionCall, TextDelta, ThoughtDelta, UsageReport
 from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderRequest
@@ -703,17 +703,21 @@ def _check_usage(
     if passes is None:
         return
     for k in range(result.iterations):
-        reported = [c for c in (passes[k] if k < len(passes) else ()) if
-                    isinstance(c, UsageReport)]
+        chunks = passes[k] if k < len(passes) else ()
+        reported = [c for c in chunks if isinstance(c, UsageReport)]
         reports = [r for r in reported if _whole(r.input_tokens) and _whole(r.output_tokens)]
         folds = _usage_folds(reports)
         entries = by_pass.get(k + 1, [])
         got = (entries[0].input_tokens, entries[0].output_tokens, entries[0].estimated) \
             if entries else None
+        if not reported:
+            _check_estimate(k + 1, chunks, got, result, exact=exact)
+            continue
         if len(reports) < len(reported):
             # a report that is no usage figure (NaN, infinite) may end the pass as a
-            # protocol failure: the ledger then holds a running total of the good ones
-            if got is not None and got not in folds:
+            # protocol failure: the ledger then holds a running total of the good ones, or
+            # an estimate when none was taken
+            if got is not None and got not in folds and not _marked_estimate(got, chunks):
                 _fail(8, f"pass {k + 1}: ledger entry {got} is no running total of the "
                          f"well-formed reports among {_usage_text(reported)}")
         elif exact:
@@ -722,12 +726,73 @@ def _check_usage(
                 _fail(8, f"pass {k + 1}: the provider reported {_usage_text(reports)} "
                          f"(total {want}) but the ledger holds {got} (status "
                          f"{result.status.value}, reason {result.reason})")
-        elif got is not None and got not in folds:
+        elif got is not None and got not in folds and not _marked_estimate(got, chunks):
+            # (the pass may have ended before its first report: then it is estimated)
             _fail(8, f"pass {k + 1}: ledger entry {got} is no running total of the scripted "
                      f"reports {_usage_text(reports)}")
     total_in = sum(e.input_tokens for e in result.usage.entries)
     if total_in != result.usage.input_tokens:
         _fail(8, "the ledger's input total is not the sum of its entries")
+
+
+# how a pass can end once its stream ended normally: every chunk it streamed was taken
+_STREAM_ENDINGS = frozenset({"completed", "function_call", "empty_response"})
+
+
+def _check_estimate(
+    iteration: int,
+    chunks: Sequence[object],
+    got: tuple[int, int, bool] | None,
+    result: GenerationTurnResult,
+    *,
+    exact: bool,
+) -> None:
+    """A pass the provider reported no usage for: when it was answered (any chunk), its
+    entry is a marked estimate whose output is at most a quarter (rounded up) of the
+    characters it streamed — text, thoughts and its first call (name and compact JSON
+    arguments) — and exactly that when every chunk streamed was taken; never answered, it
+    has no entry."""
+    written = _written_characters(chunks)
+    bound = -(-written // 4)
+    if got is not None:
+        if not got[2]:
+            _fail(8, f"pass {iteration}: the provider reported no usage, but the ledger holds "
+                     f"{got} without marking it estimated")
+        if got[1] > bound:
+            _fail(8, f"pass {iteration}: the estimated output {got[1]} exceeds a quarter of "
+                     f"the {written} characters the pass streamed")
+    if not exact:
+        return
+    ended = [r.outcome for r in result.stream_results if r.iteration == iteration]
+    if not (chunks and ended and ended[0] in _STREAM_ENDINGS):
+        return
+    if got is None:
+        _fail(8, f"pass {iteration}: the provider answered without a usage report, but the "
+                 "ledger holds no estimate for it")
+    elif got[1] != bound:
+        _fail(8, f"pass {iteration}: the estimated output is {got[1]} tokens, but the pass "
+                 f"streamed {written} characters ({bound} tokens at four a token)")
+
+
+def _marked_estimate(got: tuple[int, int, bool], chunks: Sequence[object]) -> bool:
+    return got[2] and got[1] <= -(-_written_characters(chunks) // 4)
+
+
+def _written_characters(chunks: Sequence[object]) -> int:
+    written = 0
+    call_seen = False
+    for chunk in chunks:
+        if isinstance(chunk, TextDelta | ThoughtDelta) and isinstance(chunk.text, str):
+            written += len(chunk.text)
+        elif isinstance(chunk, FunctionCall) and not call_seen:
+            call_seen = True
+            try:
+                arguments = json.dumps(chunk.arguments, sort_keys=True, separators=(",", ":"),
+                                       ensure_ascii=False)  # fmt: skip
+            except (TypeError, ValueError):
+                arguments = repr(chunk.arguments)
+            written += len(str(chunk.name)) + 1 + len(arguments)
+    return written
 
 
 def _whole(value: object) -> bool:

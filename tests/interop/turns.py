@@ -1,0 +1,132 @@
+"""What the interop tests share: the adapters each server speaks, a tool that records its
+runs, and turns run on the real clock with a bound on the whole test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from attrs import frozen
+
+from toolloop_fsm import (
+    Attempt,
+    GenerationTurnResult,
+    KeyHealth,
+    LoopClock,
+    LoopPolicy,
+    Tool,
+    ToolContext,
+    ToolResult,
+    TurnPolicy,
+    TurnRequest,
+    run_generation_turn,
+    run_tool_loop,
+)
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.providers import (
+    AnthropicProvider,
+    GeminiProvider,
+    OpenAICompatibleProvider,
+    OpenAIResponsesProvider,
+)
+from toolloop_fsm.testing import RecordingChannel
+
+QUESTION = TurnRequest([{"role": "user", "content": "What's the weather in Paris?"}])
+
+#: Generous budgets: a real server on a busy two-core machine, and no test waits on them
+#: unless it is about a stall.
+POLICY = LoopPolicy(first_token_timeout=30, inactivity_timeout=30)
+TURN_LIMIT = 60.0
+"""Real seconds any one turn may take before the test fails rather than hangs."""
+
+WEATHER = {"city": "Paris", "sky": "clear", "temp_c": 21, "marker": "tool-result-7f3a"}
+"""What the tool answers; ``marker`` lets a test find the result in a request body."""
+
+
+@frozen
+class Adapter:
+    """One of this project's adapters pointed at one server's endpoint for it."""
+
+    name: str
+    path: str
+    model: str
+    build: Callable[..., Provider]
+
+    def provider(self, root: str, key: str | None, **options: Any) -> Provider:
+        return self.build(f"{root}{self.path}", self.model, api_key=key, **options)
+
+    def factory(self, root: str, **options: Any) -> Callable[[str | None], Provider]:
+        return lambda key: self.provider(root, key, **options)
+
+
+class WeatherTool:
+    """``get_weather``: answers `WEATHER` and records the arguments of every run."""
+
+    def __init__(self) -> None:
+        self.runs: list[dict[str, Any]] = []
+
+    async def __call__(self, arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        self.runs.append(dict(arguments))
+        return ToolResult(data=WEATHER)
+
+    @property
+    def tools(self) -> list[Tool]:
+        parameters = {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        }
+        return [Tool("get_weather", "Current weather for a city", parameters, self)]
+
+
+async def loop_turn(
+    provider: Provider,
+    tools: Sequence[Tool] = (),
+    *,
+    policy: LoopPolicy = POLICY,
+    channel: RecordingChannel | None = None,
+) -> GenerationTurnResult:
+    """One `run_tool_loop` turn on the real clock."""
+    return await asyncio.wait_for(
+        run_tool_loop(provider, list(tools), channel or RecordingChannel(), QUESTION,
+                      policy=policy, clock=LoopClock()),
+        TURN_LIMIT,
+    )  # fmt: skip
+
+
+async def generation_turn(
+    attempts: Sequence[Attempt],
+    tools: Sequence[Tool] = (),
+    *,
+    policy: LoopPolicy = POLICY,
+    key_book: dict[tuple[str, int], KeyHealth] | None = None,
+    channel: RecordingChannel | None = None,
+) -> GenerationTurnResult:
+    """One `run_generation_turn` turn on the real clock."""
+    return await asyncio.wait_for(
+        run_generation_turn(list(attempts), list(tools), channel or RecordingChannel(),
+                            QUESTION, policy=TurnPolicy(loop=policy), clock=LoopClock(),
+                            key_book=key_book if key_book is not None else {}),
+        TURN_LIMIT,
+    )  # fmt: skip
+
+
+def body_text(request: dict[str, Any]) -> str:
+    """A served request's body as JSON text, to look for what the client sent."""
+    return json.dumps(request.get("body"), ensure_ascii=False)
+
+
+ANTHROPIC = "anthropic"
+GEMINI = "gemini"
+OPENAI_CHAT = "openai-chat"
+OPENAI_RESPONSES = "openai-responses"
+
+LLMOCK_ADAPTERS = (
+    Adapter(OPENAI_CHAT, "/v1", "gpt-4o", OpenAICompatibleProvider),
+    Adapter(OPENAI_RESPONSES, "/v1", "gpt-4o", OpenAIResponsesProvider),
+    Adapter(ANTHROPIC, "/anthropic/v1", "claude-sonnet-4-6", AnthropicProvider),
+    Adapter(GEMINI, "/gemini/v1beta", "gemini-2.0-flash", GeminiProvider),
+)
+"""Every adapter LLMock speaks, at the paths it serves them."""
