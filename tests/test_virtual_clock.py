@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 import pytest
@@ -88,3 +89,21 @@ async def test_a_clock_held_by_real_timers_says_which_and_why(
     held = [r.getMessage() for r in caplog.records if "VirtualClock" in r.getMessage()]
     assert held, "no warning that virtual time was held by real timers"
     assert "real timer" in held[0]
+
+
+async def test_a_real_timer_cancelled_early_releases_virtual_time_at_once() -> None:
+    clock = VirtualClock()
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+
+    async def http_call_under_a_long_timeout() -> None:
+        timeout = loop.call_later(30.0, lambda: None)  # the client's 30 s timeout
+        reply: asyncio.Future[None] = loop.create_future()
+        # the reply arrives as I/O 10 ms later (from outside the loop, not on a loop timer)
+        threading.Timer(0.01, loop.call_soon_threadsafe, (reply.set_result, None)).start()
+        await reply
+        timeout.cancel()
+
+    await asyncio.gather(http_call_under_a_long_timeout(), clock.sleep(60))
+    assert clock.now() == 60
+    assert time.monotonic() - started < 5.0  # not the 30 s the cancelled timer was due at

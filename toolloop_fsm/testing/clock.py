@@ -32,6 +32,9 @@ __all__ = ["VirtualClock", "VirtualTimer", "real_time_limit", "watchdog_timer"]
 
 _log = logging.getLogger("toolloop_fsm.testing")
 
+#: Longest real wait between two looks at the real timers holding virtual time still.
+_REAL_HOLD_SLICE = 0.01
+
 #: Real loop timers that guard a test rather than belong to the code under test.
 _WATCHDOGS: weakref.WeakSet[asyncio.TimerHandle] = weakref.WeakSet()
 
@@ -175,7 +178,8 @@ class VirtualClock:
                         "with real_time_limit() or watchdog_timer()",
                         wake_at - held_since, len(holding), _describe(holding),
                     )  # fmt: skip
-                await _sleep_until(loop, wake_at)
+                # in short slices: the timer may be cancelled early (the reply came in)
+                await _sleep_until(loop, min(wake_at, loop.time() + _REAL_HOLD_SLICE))
                 continue
             held_since = None
             while self._timers and self._timers[0].cancelled:
