@@ -9,8 +9,7 @@ factory, the other form ``--policy`` accepts.
 
 from __future__ import annotations
 
-from toolloop_fsm.guards.exit_policy import ExitView
-from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import ExitView, LoopPolicy
 
 
 def second_word_ends_sentence(view: ExitView) -> bool:

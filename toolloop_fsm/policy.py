@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attrs import Attribute, field, frozen
 from attrs import validators as check
-
-if TYPE_CHECKING:
-    from toolloop_fsm.guards.exit_policy import ExitView
 
 
 # --------------------------------------------------------------------------- shared validators
@@ -118,6 +115,19 @@ clock_time: Validator = check.and_(_real_number, _finite)
 flag: Validator = of_type(bool)
 #: Text a reader must be able to see (a name, a label).
 name_text: Validator = check.and_(of_type(str), non_blank)
+
+
+@frozen
+class ExitView:
+    """What a custom exit rule (`LoopPolicy.end_after_pre_tool_text`) may look at after a
+    successful tool round: the tool, the visible text streamed before it, whether it needs a
+    follow-up, the provider's style and the pass number."""
+
+    tool_name: str
+    pre_tool_text: str | None
+    requires_follow_up: bool
+    continuation_style: bool
+    iteration: int
 
 
 @frozen

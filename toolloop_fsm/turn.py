@@ -92,7 +92,6 @@ class ToolOutcome:
     restart_kinds: tuple[str, ...] = ()
     dispatched: bool = True
     reused: bool = False
-    review_rejection: bool = False
 
     @classmethod
     def from_event(cls, event: ToolFinished) -> ToolOutcome:

@@ -3,25 +3,13 @@ the empty-pass rules of §2.5)."""
 
 from __future__ import annotations
 
-from attrs import frozen
-
 from toolloop_fsm.events import FinishKind
+from toolloop_fsm.policy import ExitView
 from toolloop_fsm.turn import TurnState
 
 _CUT_FINISHES = frozenset(
     {FinishKind.LENGTH, FinishKind.SPEAKER_GUARD, FinishKind.CONTINUATION_PENDING}
 )
-
-
-@frozen
-class ExitView:
-    """What a custom exit rule may look at after a successful tool round."""
-
-    tool_name: str
-    pre_tool_text: str | None
-    requires_follow_up: bool
-    continuation_style: bool
-    iteration: int
 
 
 def tool_requested_context_restart(turn: TurnState) -> bool:

@@ -44,7 +44,3 @@ def outcome_is_error(turn: HasOutcome) -> bool:
 
 def outcome_is_empty_response(turn: HasOutcome) -> bool:
     return turn.status is TurnStatus.EMPTY_RESPONSE
-
-
-def outcome_is_skipped(turn: HasOutcome) -> bool:
-    return turn.status is TurnStatus.SKIPPED

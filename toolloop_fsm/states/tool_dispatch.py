@@ -153,7 +153,7 @@ def announce_tool_outcome(turn: TurnState, _event: Any = None) -> None:
         deliver_expression(turn, outcome.expression)
         # the expression is the tool's own reply: an empty follow-up may settle on it
         turn.tool_response_delivered = True
-    if not outcome.success and not outcome.review_rejection:
+    if not outcome.success:
         post_notice(turn, tool_failure_notice(turn, outcome))
 
 
@@ -222,7 +222,7 @@ def record_tool_outcome(turn: TurnState, _event: Any = None) -> None:
         turn.suppress_text = False
         if name == turn.policy.memory_tool_name:
             turn.disabled_tools = turn.disabled_tools | {name}
-    elif not outcome.review_rejection:
+    else:
         turn.consecutive_tool_errors += 1
         if turn.continuation_style and turn.pre_tool_text is not None:
             turn.continuation_failures += 1
