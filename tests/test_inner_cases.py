@@ -29,13 +29,10 @@ from toolloop_fsm import (
     LoopPolicy,
     Notice,
     ProviderError,
-    StreamEnded,
     TextDelta,
     ThoughtDelta,
     ToolContext,
-    ToolFinished,
     ToolLoopMachine,
-    ToolOutcomeKind,
     ToolResult,
     TurnRequest,
     TurnSignals,
@@ -45,6 +42,7 @@ from toolloop_fsm import (
     result_to_json,
     run_tool_loop,
 )
+from toolloop_fsm.sansio import StreamEnded, ToolFinished, ToolOutcomeKind
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider
 
 

@@ -432,3 +432,20 @@ def test_sans_io_modules_do_not_pull_in_io_transitively() -> None:
         if _violations(module, []) and not module.startswith("from ") and module != "toolloop_fsm"
     }
     assert not bad, "\n".join(bad.values())
+
+
+def test_the_package_root_holds_what_a_host_needs_and_sansio_the_rest() -> None:
+    import toolloop_fsm
+    import toolloop_fsm.sansio as sansio
+
+    assert len(toolloop_fsm.__all__) <= 45
+    assert {name for name in toolloop_fsm.__all__ if not hasattr(toolloop_fsm, name)} == set()
+    assert {name for name in sansio.__all__ if not hasattr(sansio, name)} == set()
+    # every event the machines take and every effect they return is in the sans-IO module
+    from toolloop_fsm import effects, events
+
+    for module in (events, effects):
+        public = {name for name, value in vars(module).items()
+                  if isinstance(value, type) and value.__module__ == module.__name__
+                  and not name.startswith("_")}  # fmt: skip
+        assert public <= set(sansio.__all__), public - set(sansio.__all__)

@@ -17,7 +17,6 @@ from toolloop_fsm import (
     DestinationUnreachable,
     FunctionCall,
     GenerationTurnResult,
-    KeyHealth,
     LoopPolicy,
     Provider,
     ProviderError,
@@ -33,6 +32,7 @@ from toolloop_fsm import (
     result_to_json,
     run_generation_turn,
 )
+from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.scaffolding import is_verbatim_scaffolding
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock

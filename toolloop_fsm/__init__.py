@@ -1,56 +1,22 @@
 """toolloop-fsm: one LLM generation turn — stream, dispatch tools, restart, fall back,
 assemble — as an explicit finite-state machine.
 
-Everything public is re-exported here; the test kit lives in `toolloop_fsm.testing`.
+The root holds what a host needs to run turns: the two run functions, the tool and host
+types, the policies, attempts, results, the provider contract, the chunk events a provider
+yields, the two machines and `InvalidEvent`. Hosts that drive the machines themselves find
+every event and effect in `toolloop_fsm.sansio`; the test kit lives in `toolloop_fsm.testing`.
 """
 
-from toolloop_fsm.attempts import (
-    AdmissionRequest,
-    Attempt,
-    AttemptPlan,
-    KeyBook,
-    KeyHealth,
-    SharedRoute,
-)
-from toolloop_fsm.effects import (
-    ArmDeadline,
-    AskAdmission,
-    CancelStream,
-    CancelTool,
-    ClearDeadline,
-    Deliver,
-    Effect,
-    Finish,
-    PostNotice,
-    QueueStopResponse,
-    RunTool,
-    StartAttempt,
-    StartStream,
-    SupersedeAttempt,
-    UpdateKeyHealth,
-)
+from toolloop_fsm.attempts import AdmissionRequest, Attempt, KeyBook, SharedRoute
 from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.events import (
-    AdmissionDecided,
-    AttemptFinished,
     ContextRestart,
-    DeadlineExpired,
-    DeadlineKind,
-    DeliveryFailed,
-    DeliveryRecorded,
     FinishKind,
     FinishReason,
-    FollowUpArrived,
     FunctionCall,
     SceneMetadata,
-    StopRequested,
-    StreamEnded,
-    StreamFailed,
     TextDelta,
     ThoughtDelta,
-    ToolFinished,
-    ToolOutcomeKind,
-    UnreachableReported,
     UsageReport,
 )
 from toolloop_fsm.generation import GenerationTurnMachine
@@ -67,22 +33,17 @@ from toolloop_fsm.host import (
     TurnSignals,
 )
 from toolloop_fsm.machine import ToolLoopMachine
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.policy import ExitView, LoopPolicy, TurnPolicy
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.pump import EventPump, GenerationPump, run_generation_turn, run_tool_loop
+from toolloop_fsm.pump import run_generation_turn, run_tool_loop
 from toolloop_fsm.result import (
-    AttemptFailure,
     AttemptRecord,
     Delivered,
     GenerationTurnResult,
     Notice,
-    StreamResult,
-    ToolCallRecord,
     ToolHistoryEntry,
-    ToolResponseRecord,
     TraceStep,
     TurnStatus,
-    UsageEntry,
     UsageLedger,
     result_from_json,
     result_to_json,
@@ -90,70 +51,37 @@ from toolloop_fsm.result import (
 from toolloop_fsm.tools import tool
 
 __all__ = [
-    "AdmissionDecided",
     "AdmissionRequest",
-    "ArmDeadline",
-    "AskAdmission",
     "Attempt",
-    "AttemptFailure",
-    "AttemptFinished",
-    "AttemptPlan",
     "AttemptRecord",
-    "CancelStream",
-    "CancelTool",
     "Channel",
-    "ClearDeadline",
     "Clock",
     "ContextRestart",
-    "DeadlineExpired",
-    "DeadlineKind",
-    "Deliver",
     "Delivered",
-    "DeliveryFailed",
-    "DeliveryRecorded",
     "DestinationUnreachable",
-    "Effect",
-    "EventPump",
-    "Finish",
+    "ExitView",
     "FinishKind",
     "FinishReason",
-    "FollowUpArrived",
     "FunctionCall",
-    "GenerationPump",
     "GenerationTurnMachine",
     "GenerationTurnResult",
     "InvalidEvent",
     "KeyBook",
-    "KeyHealth",
     "LoopClock",
     "LoopPolicy",
     "Notice",
-    "PostNotice",
     "Provider",
     "ProviderError",
     "ProviderRequest",
-    "QueueStopResponse",
-    "RunTool",
     "SceneMetadata",
     "SharedRoute",
-    "StartAttempt",
-    "StartStream",
-    "StopRequested",
-    "StreamEnded",
-    "StreamFailed",
-    "StreamResult",
-    "SupersedeAttempt",
     "TextDelta",
     "ThoughtDelta",
     "Tool",
-    "ToolCallRecord",
     "ToolContext",
-    "ToolFinished",
     "ToolHistoryEntry",
     "ToolLoopMachine",
-    "ToolOutcomeKind",
     "ToolRegistry",
-    "ToolResponseRecord",
     "ToolResult",
     "ToolSpec",
     "TraceStep",
@@ -161,9 +89,6 @@ __all__ = [
     "TurnRequest",
     "TurnSignals",
     "TurnStatus",
-    "UnreachableReported",
-    "UpdateKeyHealth",
-    "UsageEntry",
     "UsageLedger",
     "UsageReport",
     "result_from_json",

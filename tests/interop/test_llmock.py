@@ -22,7 +22,8 @@ from tests.interop.turns import (
     generation_turn,
     loop_turn,
 )
-from toolloop_fsm import Attempt, KeyHealth, LoopPolicy, TurnStatus, result_to_json
+from toolloop_fsm import Attempt, LoopPolicy, TurnStatus, result_to_json
+from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.providers import VerbatimToolCalls
 from toolloop_fsm.testing import RecordingChannel
 

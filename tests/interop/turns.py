@@ -13,7 +13,6 @@ from attrs import frozen
 from toolloop_fsm import (
     Attempt,
     GenerationTurnResult,
-    KeyHealth,
     LoopClock,
     LoopPolicy,
     Tool,
@@ -24,6 +23,7 @@ from toolloop_fsm import (
     run_generation_turn,
     run_tool_loop,
 )
+from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.provider import Provider
 from toolloop_fsm.providers import (
     AnthropicProvider,

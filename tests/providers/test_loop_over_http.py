@@ -20,7 +20,6 @@ import pytest
 from tests.providers.wire_server import Scripted, WireServer
 from toolloop_fsm import (
     Attempt,
-    KeyHealth,
     LoopClock,
     LoopPolicy,
     Tool,
@@ -33,6 +32,7 @@ from toolloop_fsm import (
     run_generation_turn,
     run_tool_loop,
 )
+from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.testing import RecordingChannel
 

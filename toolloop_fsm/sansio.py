@@ -1,0 +1,104 @@
+"""The sans-IO surface: everything a host needs to drive the machines itself.
+
+`ToolLoopMachine` (one attempt's tool loop) and `GenerationTurnMachine` (the attempts of a
+generation turn) take events and return effects; they do no I/O, read no clock and never
+await. A host that runs its own event loop (or none) feeds them the events below and carries
+out the effects; `toolloop_fsm.run_tool_loop` and `run_generation_turn` are the library's
+own asyncio pump doing exactly that. `ReferenceRunner` runs a declaration on `transitions`
+itself, for debugging a turn step by step against the compiled tables.
+"""
+
+from toolloop_fsm.attempts import AttemptPlan, KeyHealth
+from toolloop_fsm.effects import (
+    ArmDeadline,
+    AskAdmission,
+    CancelStream,
+    CancelTool,
+    ClearDeadline,
+    Deliver,
+    Effect,
+    Finish,
+    PostNotice,
+    QueueStopResponse,
+    RunTool,
+    StartAttempt,
+    StartStream,
+    SupersedeAttempt,
+    UpdateKeyHealth,
+)
+from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.events import (
+    AdmissionDecided,
+    AttemptFinished,
+    Chunk,
+    ContextRestart,
+    DeadlineExpired,
+    DeadlineKind,
+    DeliveryFailed,
+    DeliveryRecorded,
+    Event,
+    FinishKind,
+    FinishReason,
+    FollowUpArrived,
+    FunctionCall,
+    SceneMetadata,
+    StopRequested,
+    StreamEnded,
+    StreamFailed,
+    TextDelta,
+    ThoughtDelta,
+    ToolFinished,
+    ToolOutcomeKind,
+    UnreachableReported,
+    UsageReport,
+)
+from toolloop_fsm.generation import GenerationTurnMachine
+from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.reference import ReferenceRunner
+
+__all__ = [
+    "AdmissionDecided",
+    "ArmDeadline",
+    "AskAdmission",
+    "AttemptFinished",
+    "AttemptPlan",
+    "CancelStream",
+    "CancelTool",
+    "Chunk",
+    "ClearDeadline",
+    "ContextRestart",
+    "DeadlineExpired",
+    "DeadlineKind",
+    "Deliver",
+    "DeliveryFailed",
+    "DeliveryRecorded",
+    "Effect",
+    "Event",
+    "Finish",
+    "FinishKind",
+    "FinishReason",
+    "FollowUpArrived",
+    "FunctionCall",
+    "GenerationTurnMachine",
+    "InvalidEvent",
+    "KeyHealth",
+    "PostNotice",
+    "QueueStopResponse",
+    "ReferenceRunner",
+    "RunTool",
+    "SceneMetadata",
+    "StartAttempt",
+    "StartStream",
+    "StopRequested",
+    "StreamEnded",
+    "StreamFailed",
+    "SupersedeAttempt",
+    "TextDelta",
+    "ThoughtDelta",
+    "ToolFinished",
+    "ToolLoopMachine",
+    "ToolOutcomeKind",
+    "UnreachableReported",
+    "UpdateKeyHealth",
+    "UsageReport",
+]
