@@ -666,3 +666,29 @@ def test_a_diagram_contains_only_declaration_names(
         assert not re.search(r"\b(sk-|AIza|xai-|Bearer\b)", text)
         if path.stem in (name, f"{name}-exits") and path.suffix != ".svg":
             assert _words(text) <= allowed, _words(text) - allowed
+
+
+def test_regenerating_from_an_installed_package_never_writes_beside_site_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import toolloop_fsm.diagrams as diagrams_module
+
+    site = tmp_path / "site-packages"
+    monkeypatch.setattr(diagrams_module, "COMMITTED_DIR", site.parent / "diagrams")
+    monkeypatch.setattr(
+        diagrams_module, "source_checkout_diagrams",
+        lambda directory=site.parent / "diagrams": None,
+    )  # fmt: skip
+    assert diagrams_module.main(["--no-svg"]) == 2
+    assert "name the DIRECTORY" in capsys.readouterr().err
+    assert not (tmp_path / "diagrams").exists()
+    target = tmp_path / "mine"
+    assert diagrams_module.main(["--no-svg", str(target)]) == 0
+    assert (target / "inner.mmd").exists()
+
+
+def test_a_source_checkout_is_recognised_by_its_pyproject(tmp_path: Path) -> None:
+    from toolloop_fsm.diagrams import COMMITTED_DIR, source_checkout_diagrams
+
+    assert source_checkout_diagrams() == COMMITTED_DIR  # the tests run from the checkout
+    assert source_checkout_diagrams(tmp_path / "diagrams") is None

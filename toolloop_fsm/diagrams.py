@@ -694,13 +694,27 @@ def stale_diagrams(directory: Path | str = COMMITTED_DIR, *, svg: bool = True) -
     return stale
 
 
+def source_checkout_diagrams(directory: Path = COMMITTED_DIR) -> Path | None:
+    """``directory`` when the package runs from a source checkout (a ``pyproject.toml`` for
+    toolloop-fsm beside it), else ``None``."""
+    project = directory.parent / "pyproject.toml"
+    try:
+        is_ours = 'name = "toolloop-fsm"' in project.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return directory if is_ours else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m toolloop_fsm.diagrams [--check] [--no-svg] [DIRECTORY]``."""
     parser = argparse.ArgumentParser(
         prog="python -m toolloop_fsm.diagrams",
         description="Regenerate the committed state diagrams from the machine declarations.",
     )
-    parser.add_argument("directory", nargs="?", type=Path, default=COMMITTED_DIR)
+    parser.add_argument(
+        "directory", nargs="?", type=Path, default=None,
+        help="where to write (default: the diagrams/ folder of a source checkout)",
+    )  # fmt: skip
     parser.add_argument(
         "--check", action="store_true", help="only report stale diagrams (exit 1 if any)"
     )
@@ -711,6 +725,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the mermaid and dot text only (drawing SVG needs Graphviz's `dot`)",
     )
     args = parser.parse_args(argv)
+    if args.directory is None:
+        args.directory = source_checkout_diagrams()
+        if args.directory is None:
+            # an installed package: its parent is site-packages, never a place to write into
+            print(f"{parser.prog}: not run from a source checkout (no pyproject.toml beside "
+                  "the package); name the DIRECTORY to write into", file=sys.stderr)  # fmt: skip
+            return 2
     if args.check:
         stale = stale_diagrams(args.directory, svg=args.svg)
         for path in stale:
