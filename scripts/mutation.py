@@ -66,7 +66,7 @@ TARGETS: tuple[str, ...] = (
     "toolloop_fsm/states",
     "toolloop_fsm/machine.py",
     "toolloop_fsm/generation.py",
-    "toolloop_fsm/pump.py",
+    "toolloop_fsm/pump",
 )
 
 #: Structural tests: they check the machines' shape, not what a user sees.

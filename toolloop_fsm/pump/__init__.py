@@ -1,0 +1,23 @@
+"""The asyncio shell around the sans-IO machines.
+
+- `inner`: `EventPump` runs one `ToolLoopMachine` (the provider stream read by the turn's
+  own task, tool tasks, signals, the children it tracks) and `run_tool_loop`;
+- `deadlines`: the turn's timers and which deadline expired;
+- `deliveries`: deliveries, notices and the stop message, and every bounded host call;
+- `outer`: `GenerationPump` runs `GenerationTurnMachine` and `run_generation_turn`;
+- `redaction`: no key leaves a result.
+"""
+
+from toolloop_fsm.pump.deliveries import wait_bounded
+from toolloop_fsm.pump.inner import EventPump, run_tool_loop
+from toolloop_fsm.pump.outer import GenerationPump, run_generation_turn
+from toolloop_fsm.pump.redaction import RedactedError
+
+__all__ = [
+    "EventPump",
+    "GenerationPump",
+    "RedactedError",
+    "run_generation_turn",
+    "run_tool_loop",
+    "wait_bounded",
+]

@@ -1,0 +1,304 @@
+"""Deliveries and the other calls into host code: bounded, ordered, abandoned when they ignore
+their cancellation (`_HostCallGuard`, `wait_bounded`)."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+)
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from toolloop_fsm.effects import Deliver, PostNotice, QueueStopResponse
+from toolloop_fsm.events import (
+    DeliveryFailed,
+    DeliveryRecorded,
+)
+from toolloop_fsm.host import Channel, Clock
+
+if TYPE_CHECKING:
+    from toolloop_fsm.machine import ToolLoopMachine
+    from toolloop_fsm.policy import LoopPolicy
+    from toolloop_fsm.result import GenerationTurnResult
+
+
+class DeliveriesAndHostCalls:
+    """Calls into the host's channel: deliveries in order, notices and the stop message in
+    order, each bounded by ``host_call_timeout`` and abandoned after ``cancel_grace`` if it
+    ignores its cancellation; what they report is fed back to the machine."""
+
+    if TYPE_CHECKING:
+        # the state it works on belongs to the pump that mixes it in (`EventPump`)
+        channel: Channel
+        clock: Clock
+        machine: ToolLoopMachine
+        policy: LoopPolicy
+        _deliveries: list[Deliver]
+        _delivery_task: asyncio.Task[None] | None
+        _host_calls: list[PostNotice | QueueStopResponse]
+        _host_exception: BaseException | None
+        _host_task: asyncio.Task[None] | None
+        _last_activity: float
+        _outcomes: list[DeliveryRecorded | DeliveryFailed]
+        _pending_result: GenerationTurnResult | None
+
+        def _feed(self, event: Any) -> None: ...
+        def _fail(self, err: BaseException) -> None: ...
+        def _settle_result(self, result: GenerationTurnResult) -> None: ...
+        def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]: ...
+        def _abandon(self, task: asyncio.Task[Any], name: str) -> None: ...
+
+    else:
+        __slots__ = ()
+
+    def _send(self, effect: Deliver) -> Coroutine[Any, Any, None]:
+        if effect.expression is not None:
+            return self.channel.send_expression(effect.expression)
+        return self.channel.send_text(effect.text or "")
+
+    def _deliver(self, effect: Deliver) -> None:
+        """Start a delivery eagerly: a channel that does not need to wait (a buffer, a
+        queue) completes here, without a task; one that waits is finished by a task, and
+        later deliveries queue behind it, in order."""
+        task = self._delivery_task
+        if (task is not None and not task.done()) or self._deliveries:
+            self._deliveries.append(effect)
+            return
+        coroutine = self._send(effect)
+        try:
+            waiting_on = coroutine.send(None)
+        except StopIteration:
+            self._last_activity = self.clock.now()
+            self._outcomes.append(DeliveryRecorded(effect.seq))
+            return
+        except (KeyboardInterrupt, SystemExit) as err:
+            self._fail(err)
+            return
+        except BaseException as err:  # any failure of host code is the turn's `host_error`
+            self._host_exception = err
+            self._outcomes.append(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
+            return
+        self._delivery_task = self._spawn(
+            self._deliver_in_order(effect, _resume(coroutine, waiting_on)),
+            "channel.send_expression" if effect.expression is not None else "channel.send_text",
+        )
+
+    async def _deliver_in_order(
+        self, first: Deliver, started: Awaitable[None] | None = None
+    ) -> None:
+        """Deliver in order, each send bounded by the host-call budget: a send that does not
+        return ends the turn ``error`` (``host_timeout``), keeping every confirmed delivery;
+        one that also ignores its cancellation is abandoned after the grace."""
+        deliveries = self._deliveries
+        effect: Deliver | None = first
+        while effect is not None:
+            seq = effect.seq
+            name = "channel.send_expression" if effect.expression is not None else (
+                "channel.send_text"
+            )  # fmt: skip
+            task = asyncio.current_task()
+            if task is not None:
+                task.set_name(name)  # abandoned at the end, it is named by its call
+            guard = _HostCallGuard(
+                self, name, on_abandon=partial(self._delivery_abandoned, seq, name)
+            )
+            try:
+                await (started if started is not None else self._send(effect))
+            except asyncio.CancelledError:
+                if not guard.expired:
+                    raise  # the turn is over, or its caller was cancelled
+                guard.taken_back()
+                self._deliveries.clear()
+                self._feed(DeliveryFailed(seq, self._overdue_message(name), timed_out=True))
+                return
+            except (KeyboardInterrupt, SystemExit) as err:
+                self._fail(err)
+                return
+            except BaseException as err:
+                self._host_exception = err
+                self._feed(DeliveryFailed(seq, f"{type(err).__name__}: {err}"))
+                return
+            finally:
+                guard.disarm()
+            if guard.expired:
+                guard.taken_back()  # it returned after all, before the grace ran out
+            started = None
+            self._last_activity = self.clock.now()
+            self._feed(DeliveryRecorded(seq))
+            effect = deliveries.pop(0) if deliveries else None
+
+    def _delivery_abandoned(self, seq: int, name: str) -> None:
+        self._feed(DeliveryFailed(seq, self._overdue_message(name), timed_out=True))
+
+    def _overdue_message(self, name: str) -> str:
+        return f"{name} did not return within {self.policy.host_call_timeout:g} s"
+
+    def _ensure_host_worker(self) -> None:
+        if self._host_task is None or self._host_task.done():
+            self._host_task = self._spawn(self._call_host_in_order(), "channel notices")
+
+    async def _call_host_in_order(self) -> None:
+        """Post notices and the stop message in order, each bounded by the host-call budget.
+        A call that fails or does not return is a ``host_error``/``host_timeout`` while the
+        turn runs; after it, it is only named (a late notice cannot change how it ended)."""
+        channel = self.channel
+        calls = self._host_calls
+        me = asyncio.current_task()
+        try:
+            while calls and self._host_task is me:
+                effect = calls.pop(0)
+                if isinstance(effect, PostNotice):
+                    name = "channel.send_notice"
+                    call: Awaitable[None] = channel.send_notice(effect.notice)
+                else:
+                    name = "channel.queue_front"
+                    call = channel.queue_front(effect.stop_message)
+                if me is not None:
+                    me.set_name(name)  # a worker abandoned at the end is named by its call
+                guard = _HostCallGuard(
+                    self, name, on_abandon=partial(self._host_worker_abandoned, name)
+                )
+                failure: DeliveryFailed | None = None
+                try:
+                    await call
+                except asyncio.CancelledError:
+                    if not guard.expired:
+                        raise
+                    guard.taken_back()
+                    failure = DeliveryFailed(None, self._overdue_message(name), timed_out=True)
+                except (KeyboardInterrupt, SystemExit) as err:
+                    self._fail(err)
+                    return
+                except BaseException as err:
+                    self._host_exception = err
+                    failure = DeliveryFailed(None, f"{type(err).__name__}: {err}")
+                finally:
+                    guard.disarm()
+                if guard.expired and failure is None:
+                    guard.taken_back()
+                if failure is not None and not self.machine.is_finished:
+                    self._feed(failure)
+        finally:
+            if self._host_task is me:
+                self._host_calls_done()
+
+    def _host_worker_abandoned(self, name: str) -> None:
+        """The host call in progress ignored its cancellation: it failed like one that did
+        not return, and the worker carries on without it."""
+        self._host_task = None
+        if not self.machine.is_finished:
+            self._feed(DeliveryFailed(None, self._overdue_message(name), timed_out=True))
+        if self._host_calls:
+            self._ensure_host_worker()
+        else:
+            self._host_calls_done()
+
+    def _host_calls_done(self) -> None:
+        pending = self._pending_result
+        if pending is not None and not self._host_calls:
+            self._pending_result = None
+            self._settle_result(pending)
+
+
+
+class _HostCallGuard:
+    """Bounds one call into host code running in the current task: after the policy's
+    ``host_call_timeout`` the task is cancelled (`expired`); if the host code ignores that
+    for ``cancel_grace``, the task is abandoned — named, never awaited again — and
+    ``on_abandon`` runs in its place."""
+
+    __slots__ = ("_handle", "_name", "_on_abandon", "_pump", "_task", "expired")
+
+    def __init__(
+        self,
+        pump: DeliveriesAndHostCalls,
+        name: str,
+        *,
+        on_abandon: Callable[[], None] | None = None,
+    ) -> None:
+        self._pump = pump
+        self._name = name
+        self._on_abandon = on_abandon
+        self._task = asyncio.current_task()
+        self.expired = False
+        self._handle: Any = pump.clock.call_later(pump.policy.host_call_timeout, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        self._handle = self._pump.clock.call_later(self._pump.policy.cancel_grace, self._give_up)
+        if self._task is not None:
+            self._task.cancel()
+
+    def _give_up(self) -> None:
+        self._handle = None
+        task = self._task
+        if task is not None and not task.done():
+            self._pump._abandon(task, self._name)
+            if self._on_abandon is not None:
+                self._on_abandon()
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def taken_back(self) -> None:
+        """The cancellation this guard sent was absorbed: take it back from the task."""
+        if self._task is not None:
+            self._task.uncancel()
+
+
+async def wait_bounded(
+    clock: Clock, tasks: Iterable[asyncio.Task[Any]], seconds: float
+) -> list[asyncio.Task[Any]]:
+    """Wait for ``tasks`` at most ``seconds`` on ``clock``; returns those still pending."""
+    tasks = list(tasks)
+    pending = {task for task in tasks if not task.done()}
+    if not pending:
+        return []
+    expired: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    handle = clock.call_later(seconds, _resolve, expired)
+    try:
+        while pending and not expired.done():
+            waits: set[asyncio.Future[Any]] = {*pending, expired}
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            pending.difference_update(done)
+    finally:
+        handle.cancel()
+        if not expired.done():
+            expired.cancel()
+    return [task for task in tasks if not task.done()]
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+@types.coroutine
+def _resume(coroutine: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[Any, Any, None]:
+    """Go on awaiting a coroutine that was started by hand and suspended on ``waiting_on``:
+    what `yield from` does, for a coroutine whose first step already ran."""
+    value = waiting_on
+    while True:
+        try:
+            sent = yield value
+        except GeneratorExit:
+            coroutine.close()
+            raise
+        except BaseException as exc:  # cancellation and the like go to the coroutine
+            try:
+                value = coroutine.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                value = coroutine.send(sent)
+            except StopIteration:
+                return

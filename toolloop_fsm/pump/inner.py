@@ -1,0 +1,657 @@
+"""The event pump: the async shell around the sans-IO machines.
+
+`EventPump` carries out a machine's effects — reading the provider stream, tool tasks,
+deadline timers on the injected `Clock`, deliveries to the host's `Channel` — and turns
+what happens into events, fed to the machine one at a time. Structured concurrency: every
+task the pump starts is its child, and the run does not return before its children are
+done; cancelling the caller cancels the stream, the tools and the deliveries and
+propagates. (The children are tracked by hand rather than by an `asyncio.TaskGroup`: a turn
+parked on its provider has no child at all, and a group's bookkeeping was a fifth of the
+memory of a waiting turn.) A stop is the first-party `StopRequested` event, never a
+swallowed `CancelledError`.
+
+The per-chunk path has no hops: the turn's own task reads the stream and hands each chunk
+to the machine's chunk handlers directly, checking the host's signals between chunks. Every
+event source (the read, tool tasks, timers, the delivery worker) feeds the machine
+synchronously on the loop's one thread, so the machine never sees two events at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+)
+from typing import Any
+
+import attrs
+
+from toolloop_fsm.effects import (
+    ArmDeadline,
+    CancelStream,
+    CancelTool,
+    ClearDeadline,
+    Deliver,
+    Effect,
+    Finish,
+    PostNotice,
+    QueueStopResponse,
+    RunTool,
+    StartStream,
+)
+from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.events import (
+    CHUNK_TYPES,
+    DeliveryFailed,
+    DeliveryRecorded,
+    FollowUpArrived,
+    StopRequested,
+    StreamEnded,
+    StreamFailed,
+    ToolFinished,
+    ToolOutcomeKind,
+)
+from toolloop_fsm.host import (
+    LOOP_CLOCK,
+    Channel,
+    Clock,
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    TurnRequest,
+    TurnSignals,
+)
+from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
+from toolloop_fsm.pump.deadlines import StreamDeadlines
+from toolloop_fsm.pump.deliveries import DeliveriesAndHostCalls, wait_bounded
+from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.tools import run_tool_handler
+from toolloop_fsm.turn import LedgerEntry
+
+
+class _Unsignalled(TurnSignals):
+    """Stands in when a turn is run without signals: nothing can be requested of it."""
+
+    def request_stop(self, stop_message: str | None = None) -> None:
+        raise RuntimeError("this turn was started without TurnSignals; pass signals= to stop it")
+
+    def follow_up(self) -> None:
+        raise RuntimeError("this turn was started without TurnSignals; pass signals=")
+
+    def report_unreachable(self) -> None:
+        raise RuntimeError("this turn was started without TurnSignals; pass signals=")
+
+
+_NO_SIGNALS = _Unsignalled()
+
+
+
+class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
+    """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
+
+    __slots__ = (
+        "_abandoned",
+        "_children",
+        "_deliveries",
+        "_delivery_task",
+        "_depth",
+        "_failure",
+        "_finished",
+        "_follow_ups_seen",
+        "_host_calls",
+        "_host_exception",
+        "_host_task",
+        "_interrupted",
+        "_iteration",
+        "_last_activity",
+        "_last_chunk",
+        "_late_confirmed",
+        "_main",
+        "_outcomes",
+        "_pending_result",
+        "_pending_stream",
+        "_reading",
+        "_result",
+        "_signals_dirty",
+        "_stop_fed",
+        "_stream_armed_at",
+        "_stream_generation",
+        "_timers",
+        "_tool_dispatch",
+        "_tool_grace",
+        "_tool_name",
+        "_tool_task",
+        "_wake",
+        "channel",
+        "clock",
+        "consume_stop",
+        "machine",
+        "on_effect",
+        "policy",
+        "provider",
+        "registry",
+        "signals",
+    )
+
+    def __init__(
+        self,
+        machine: ToolLoopMachine,
+        provider: Provider,
+        channel: Channel,
+        *,
+        signals: TurnSignals | None = None,
+        clock: Clock | None = None,
+        on_effect: Callable[[Effect], None] | None = None,
+        consume_stop: bool = True,
+    ) -> None:
+        self.machine = machine
+        # the turn that honours a stop consumes it (the outer tier does so for its attempts)
+        self.consume_stop = consume_stop
+        self.provider = provider
+        self.channel = channel
+        self.registry = machine.tools
+        # without signals nothing can be requested: no listener, no checks
+        self.signals = signals if signals is not None else _NO_SIGNALS
+        self.clock: Clock = clock if clock is not None else LOOP_CLOCK
+        self.on_effect = on_effect
+        self._children: list[asyncio.Task[None]] | None = None  # made on the first spawn
+        # how the run ended (plain state: read by the turn's own task when it wakes)
+        self._finished = False
+        self._result: GenerationTurnResult | None = None
+        self._failure: BaseException | None = None
+        # the stream is read by the turn's own task (no task per pass): a pass waiting to
+        # be read, whether it is being read, and a wake-up for the task between passes
+        self._main: asyncio.Task[Any] | None = None
+        self._pending_stream: tuple[ProviderRequest, int] | None = None
+        self._reading = False
+        self._interrupted = False
+        self._wake: asyncio.Future[None] | None = None
+        self._stream_generation = 0
+        self._tool_task: asyncio.Task[None] | None = None
+        self._tool_dispatch = 0
+        self._iteration = 0
+        # [handle, effect] per armed deadline: rarely more than two, so a list of pairs
+        self._timers: list[list[Any]] = []
+        self._last_activity = 0.0
+        self._last_chunk: float | None = None
+        self._stream_armed_at = 0.0
+        self._signals_dirty = False
+        self._stop_fed = False
+        self._follow_ups_seen = 0
+        self._deliveries: list[Deliver] = []
+        self._delivery_task: asyncio.Task[None] | None = None
+        self._host_calls: list[PostNotice | QueueStopResponse] = []
+        self._outcomes: list[DeliveryRecorded | DeliveryFailed] = []
+        self._depth = 0
+        self._host_task: asyncio.Task[None] | None = None
+        self._host_exception: BaseException | None = None
+        self.policy = machine.policy
+        self._tool_name = ""
+        self._tool_grace: Any = None
+        # code that ignored its cancellation past the grace: named, never awaited again
+        self._abandoned: list[str] = []
+        # deliveries the channel confirmed after the machine had already finished
+        self._late_confirmed: list[int] = []
+        # the result waits for the host's notices and stop message still on their way
+        self._pending_result: GenerationTurnResult | None = None
+
+    # ------------------------------------------------------------------ running
+    async def run(
+        self,
+        request: TurnRequest,
+        *,
+        continuation_style: bool | None = None,
+        hold_timeout_notice: bool = False,
+        ledger: Mapping[str, LedgerEntry] | None = None,
+        expression_delivered: bool = False,
+    ) -> GenerationTurnResult:
+        """Run the turn to its terminal state and return its result."""
+        self._main = asyncio.current_task()
+        if continuation_style is None:
+            continuation_style = bool(getattr(self.provider, "continuation_style", False))
+        self._follow_ups_seen = self.signals.follow_ups
+        listening = self.signals is not _NO_SIGNALS
+        if listening:
+            self.signals.add_listener(self._signal_arrived)
+        failure: BaseException | None = None
+        cancelled = True
+        try:
+            self._execute(
+                self.machine.start(
+                    request,
+                    continuation_style=continuation_style,
+                    hold_timeout_notice=hold_timeout_notice,
+                    ledger=ledger,
+                    expression_delivered=expression_delivered,
+                )
+            )
+            self._signals_dirty = True
+            self._take_signals()
+            # The turn's own task: read each pass's stream as the machine starts it, and
+            # wait between passes. A deadline, a stop or a failure elsewhere interrupts a
+            # read by cancelling this task; that cancellation is taken back here
+            # (`uncancel`), while the caller's own cancellation propagates as usual. (Inline
+            # rather than a method: one frame less for every turn waiting on its provider.)
+            main = self._main
+            assert main is not None
+            while not self._finished:
+                try:
+                    pending = self._pending_stream
+                    if pending is not None:
+                        self._pending_stream = None
+                        await self._read_stream(*pending)
+                        if self._interrupted:  # a provider swallowed the interruption
+                            self._interrupted = False
+                            main.uncancel()
+                    else:
+                        self._wake = asyncio.get_running_loop().create_future()
+                        await self._wake
+                except asyncio.CancelledError:
+                    if not self._interrupted:
+                        raise
+                    self._interrupted = False
+                    if main.uncancel() > 0:
+                        raise
+                finally:
+                    self._wake = None
+            if self._failure is not None:
+                raise self._failure
+            assert self._result is not None
+            result = self._result
+            cancelled = False
+            if self._stop_fed and self.consume_stop:
+                self.signals.consume_stop()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            cancelled = False
+            failure = err
+        finally:
+            self._wind_down()
+            try:
+                await self._join_children(cancel=cancelled)
+            finally:
+                if listening:
+                    self.signals.remove_listener(self._signal_arrived)
+                self._cancel_timers()
+        if failure is not None:
+            raise failure
+        return self._with_late_facts(result)
+
+    def _with_late_facts(self, result: GenerationTurnResult) -> GenerationTurnResult:
+        """Add what happened after the machine finished but before the run returned: a
+        delivery the channel confirmed (it is in the result, whatever the interleaving) and
+        the calls abandoned for ignoring their cancellation."""
+        changes: dict[str, Any] = {}
+        if self._late_confirmed:
+            in_flight = self.machine.turn.in_flight
+            late = [in_flight[seq] for seq in self._late_confirmed if seq in in_flight]
+            if late:
+                delivered = sorted((*result.delivered, *late), key=lambda d: d.seq)
+                changes["delivered"] = tuple(delivered)
+        if self._abandoned:
+            changes["abandoned_calls"] = (*result.abandoned_calls, *self._abandoned)
+        return attrs.evolve(result, **changes) if changes else result
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Start a child task; ``name`` says what it runs (an abandoned child is named)."""
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        children = self._children
+        if children is None:
+            self._children = [task]
+        else:
+            children[:] = [child for child in children if not child.done()]
+            children.append(task)
+        return task
+
+    async def _join_children(self, *, cancel: bool) -> None:
+        """Wait for every child (the host's notices and stop message may still be on their
+        way); when the caller was cancelled, cancel them first. The wait is bounded: a child
+        still running after the host-call budget (or, once cancelled, after the grace) is
+        abandoned and named. A child's own failure — a bug, since children turn everything
+        into events — is raised."""
+        children = self._children
+        if not children:
+            return
+        pending = [child for child in children if not child.done()]
+        if cancel:
+            for child in pending:
+                child.cancel()
+        policy = self.policy
+        if pending:
+            # a cancelled child has the grace to stop; one still working (a notice on its
+            # way) has its own host-call budget first
+            budget = policy.cancel_grace
+            if any(child.cancelling() == 0 for child in pending):
+                budget += policy.host_call_timeout
+            for straggler in await wait_bounded(self.clock, pending, budget):
+                straggler.cancel()
+                self._abandon(straggler, straggler.get_name())
+        for child in children:
+            if child.done() and not child.cancelled() and child.exception() is not None:
+                raise child.exception()  # type: ignore[misc]
+
+    def _abandon(self, task: asyncio.Task[Any], name: str) -> None:
+        """Give up on a child that ignored its cancellation: it is named in the result and
+        never awaited again."""
+        children = self._children
+        if children is not None and task in children:
+            children.remove(task)
+            self._abandoned.append(name)
+
+    def _abandon_unless_done(self, task: asyncio.Task[Any], name: str) -> None:
+        if not task.done():
+            self._abandon(task, name)
+
+    def _wind_down(self) -> None:
+        """The turn is over (or the caller was cancelled): stop the stream and the tool,
+        abandon deliveries still in flight, disarm every deadline."""
+        self._stream_generation += 1
+        self._pending_stream = None
+        for task in (self._tool_task, self._delivery_task):
+            if task is not None and not task.done():
+                task.cancel()
+        self._deliveries.clear()
+        self._cancel_timers()
+        self._finished = True
+
+    # ------------------------------------------------------------------ feeding
+    def _feed(self, event: Any) -> None:
+        """Feed one event and carry out its effects; a failure ends the run with it."""
+        if self._finished or self.machine.is_finished:
+            if type(event) is DeliveryRecorded and event.seq is not None:
+                self._late_confirmed.append(event.seq)  # confirmed: it belongs in the result
+            return
+        if self._signals_dirty and type(event) is not DeliveryRecorded:
+            # a signal that arrived before this event is taken first, in the state it met
+            # (a delivery the channel already confirmed is recorded first: it happened)
+            self._take_signals()
+            if self._finished or self.machine.is_finished:
+                return
+        try:
+            effects = self.machine.feed(event)
+        except BaseException as err:  # the machine rejected the event: surface it to run()
+            self._fail(err)
+            return
+        self._execute(effects)
+
+    def _fail(self, err: BaseException) -> None:
+        if not self._finished:
+            self._finished = True
+            self._failure = err
+        self._interrupt_read()
+        self._wake_up()
+
+    def _execute(self, effects: Iterable[Effect]) -> None:
+        self._depth += 1
+        try:
+            self._carry_out(effects)
+        finally:
+            self._depth -= 1
+        if self._depth == 0 and self._outcomes:
+            # deliveries that completed at once are reported after the batch that issued
+            # them, so every effect of a step is carried out before the next event
+            outcomes = self._outcomes
+            while outcomes:
+                self._feed(outcomes.pop(0))
+
+    def _carry_out(self, effects: Iterable[Effect]) -> None:
+        for effect in effects:
+            if self.on_effect is not None:
+                self.on_effect(effect)
+            kind = type(effect)
+            if kind is Deliver:
+                self._deliver(effect)  # type: ignore[arg-type]
+            elif kind is ArmDeadline:
+                self._arm(effect)  # type: ignore[arg-type]
+            elif kind is ClearDeadline:
+                entry = self._timer(effect.token)  # type: ignore[union-attr]
+                if entry is not None:
+                    entry[0].cancel()
+                    self._timers.remove(entry)
+            elif kind is StartStream:
+                self._start_stream(effect)  # type: ignore[arg-type]
+            elif kind is CancelStream:
+                self._cancel_stream()
+            elif kind is RunTool:
+                self._run_tool(effect)  # type: ignore[arg-type]
+            elif kind is CancelTool:
+                self._cancel_tool()
+            elif kind is PostNotice or kind is QueueStopResponse:
+                self._host_calls.append(effect)  # type: ignore[arg-type]
+                self._ensure_host_worker()
+            elif kind is Finish:
+                self._finish(effect)  # type: ignore[arg-type]
+
+    def _finish(self, effect: Finish) -> None:
+        if self._finished:
+            return
+        self._stream_generation += 1
+        self._deliveries.clear()
+        host_task = self._host_task
+        if host_task is not None and not host_task.done():
+            # notices and the stop message are owed to the host: they finish first (each
+            # bounded by the host-call budget), then the result is settled
+            self._pending_result = effect.result
+            return
+        self._settle_result(effect.result)
+
+    def _settle_result(self, result: GenerationTurnResult) -> None:
+        if self._finished:
+            return
+        if self._host_exception is not None:
+            result = attrs.evolve(result, exception=self._host_exception)
+        self._finished = True
+        self._result = result
+        self._interrupt_read()
+        self._wake_up()
+
+    # ------------------------------------------------------------------ signals
+    def _signal_arrived(self) -> None:
+        self._signals_dirty = True
+        asyncio.get_running_loop().call_soon(self._take_signals)
+
+    def _take_signals(self) -> None:
+        if not self._signals_dirty:
+            return
+        self._signals_dirty = False
+        signals = self.signals
+        if signals.stop_requested and not self._stop_fed:
+            if self._finished or self.machine.is_finished:
+                return  # too late for this turn: the stop stays for the next one
+            self._stop_fed = True
+            self._feed(StopRequested(signals.stop_message))
+        if signals.follow_ups > self._follow_ups_seen:
+            self._follow_ups_seen = signals.follow_ups
+            self._feed(FollowUpArrived())
+
+    # ------------------------------------------------------------------ the provider stream
+    def _wake_up(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    def _interrupt_read(self) -> None:
+        """Stop a read in progress in the turn's task (from a timer, a tool, a signal)."""
+        main = self._main
+        if self._reading and not self._interrupted and main is not asyncio.current_task():
+            assert main is not None
+            self._interrupted = True
+            main.cancel()
+
+    def _start_stream(self, effect: StartStream) -> None:
+        self._stream_generation += 1
+        self._iteration = effect.iteration
+        self._last_activity = self.clock.now()
+        self._pending_stream = (effect.request, self._stream_generation)
+        self._wake_up()
+
+    def _cancel_stream(self) -> None:
+        self._stream_generation += 1
+        self._pending_stream = None
+        self._interrupt_read()
+
+    async def _read_stream(self, request: ProviderRequest, generation: int) -> None:
+        if generation != self._stream_generation:
+            return  # cancelled before it was read
+        stream = self.provider.stream(request)
+        self._reading = True
+        machine = self.machine
+        feed = machine.feed
+        turn = machine.turn
+        # the fast path, called from here without the hop through feed(): the handlers of
+        # the current state (kept current by the machine), and the effects they leave
+        handler_for = machine.chunk_handlers.get
+        execute = self._execute
+        now = self.clock.now
+        try:
+            async for chunk in stream:
+                self._last_chunk = now()
+                try:
+                    handler = handler_for(chunk.__class__)
+                    if handler is not None:
+                        handler(turn, chunk)
+                        effects = machine.take_effects() if turn.effects else None
+                    else:
+                        effects = feed(chunk)
+                except BaseException as err:
+                    if type(chunk) not in CHUNK_TYPES:  # a provider bug: a failed pass
+                        self._feed(
+                            StreamFailed(
+                                f"the provider yielded {type(chunk).__name__}, not a chunk event",
+                                kind="protocol",
+                                retryable=True,
+                            )
+                        )
+                    elif isinstance(err, InvalidEvent | ValueError | TypeError):
+                        # a chunk the machine refuses (a malformed field, non-finite usage)
+                        # is the provider's protocol failure, not a crash of the turn
+                        self._feed(
+                            StreamFailed(
+                                f"the provider sent a malformed {type(chunk).__name__}: {err}",
+                                kind="protocol",
+                                retryable=True,
+                            )
+                        )
+                    else:
+                        self._fail(err)
+                    return
+                if effects:
+                    execute(effects)
+                    if generation != self._stream_generation:
+                        return
+                if self._signals_dirty:
+                    self._take_signals()
+                    if generation != self._stream_generation:
+                        return
+        except ProviderError as err:
+            if generation == self._stream_generation:
+                self._feed(
+                    StreamFailed(
+                        err.message,
+                        kind=err.kind,
+                        retryable=err.retryable,
+                        status_code=err.status_code,
+                        retry_after=err.retry_after,
+                    )
+                )
+            return
+        except Exception as err:  # a provider bug is a failed pass, not a crashed turn
+            if generation == self._stream_generation:
+                self._feed(
+                    StreamFailed(
+                        f"the provider raised {type(err).__name__}: {err}",
+                        kind="provider_error",
+                        retryable=True,
+                    )
+                )
+            return
+        finally:
+            self._reading = False
+            await _close_stream(stream)
+        if generation == self._stream_generation:
+            self._feed(StreamEnded())
+
+    # ------------------------------------------------------------------ tools
+    def _run_tool(self, effect: RunTool) -> None:
+        self._tool_dispatch = effect.dispatch
+        self._tool_name = f"tool {effect.name} (dispatch {effect.dispatch})"
+        self._tool_task = self._spawn(self._call_tool(effect), self._tool_name)
+
+    def _cancel_tool(self) -> None:
+        self._tool_dispatch = -1
+        task = self._tool_task
+        if task is not None and not task.done():
+            task.cancel()
+            # a tool that ignores its cancellation is abandoned after the grace
+            self._tool_grace = self.clock.call_later(
+                self.policy.cancel_grace, self._abandon_unless_done, task, self._tool_name
+            )
+
+    async def _call_tool(self, effect: RunTool) -> None:
+        tool = self.registry.get(effect.name)
+        event: ToolFinished
+        if tool is None:  # the machine only dispatches registered tools; keep it a value
+            event = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
+        else:
+            try:
+                arguments = copy.deepcopy(dict(effect.arguments))
+            except Exception:  # arguments come from JSON; a host-built oddity is shallow-copied
+                arguments = dict(effect.arguments)
+            ctx = ToolContext(
+                effect.name,
+                effect.dispatch,
+                self._iteration,
+                self.clock,
+                self.machine.turn.disabled_enrichment_kinds,
+            )
+            deadline = tool.timeout if tool.timeout is not None else self.policy.tool_timeout
+            try:
+                event = await run_tool_handler(
+                    tool, effect.dispatch, arguments, ctx, deadline=deadline
+                )
+            except (KeyboardInterrupt, SystemExit) as err:
+                # the process is going down: end the run with it, children cancelled first
+                self._fail(err)
+                return
+        if effect.dispatch == self._tool_dispatch:
+            self._feed(event)
+
+
+async def _close_stream(stream: AsyncIterator[Any]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        # closing an async generator that is still running elsewhere raises RuntimeError
+        with contextlib.suppress(RuntimeError):
+            await aclose()
+
+
+
+async def run_tool_loop(
+    provider: Provider,
+    tools: ToolRegistry | Iterable[Tool],
+    channel: Channel,
+    request: TurnRequest,
+    *,
+    policy: LoopPolicy | None = None,
+    signals: TurnSignals | None = None,
+    clock: Clock | None = None,
+    continuation_style: bool | None = None,
+    on_step: Callable[[TraceStep], None] | None = None,
+) -> GenerationTurnResult:
+    """Run one tool-loop turn (one attempt) and return its result.
+
+    Cancelling the task that awaits this cancels the provider stream and any running tool
+    and propagates `CancelledError`; an outer `asyncio.timeout` raises `TimeoutError`.
+    """
+    machine = ToolLoopMachine(policy, tools=tools, on_step=on_step)
+    pump = EventPump(machine, provider, channel, signals=signals, clock=clock)
+    return await pump.run(request, continuation_style=continuation_style)

@@ -1,0 +1,350 @@
+"""The outer pump: runs `GenerationTurnMachine`, each attempt's `ToolLoopMachine` through an
+`EventPump`, admission and key health, and hands back a result with no key in it."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from typing import Any
+
+import attrs
+
+from toolloop_fsm.attempts import AdmissionRequest, Attempt, KeyBook, SharedRoute
+from toolloop_fsm.effects import (
+    AskAdmission,
+    Effect,
+    Finish,
+    PostNotice,
+    QueueStopResponse,
+    StartAttempt,
+    SupersedeAttempt,
+    UpdateKeyHealth,
+)
+from toolloop_fsm.events import (
+    AdmissionDecided,
+    AttemptFinished,
+    StopRequested,
+    UnreachableReported,
+)
+from toolloop_fsm.generation import GenerationTurnMachine
+from toolloop_fsm.host import (
+    LOOP_CLOCK,
+    Channel,
+    Clock,
+    Tool,
+    ToolRegistry,
+    TurnRequest,
+    TurnSignals,
+)
+from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.policy import TurnPolicy
+from toolloop_fsm.providers._secrecy import fragment_pattern, redact
+from toolloop_fsm.pump.deliveries import _resolve, wait_bounded
+from toolloop_fsm.pump.inner import EventPump
+from toolloop_fsm.pump.redaction import RedactedError, _scrub
+from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus, converter
+
+
+class GenerationPump:
+    """Runs a `GenerationTurnMachine`: each `StartAttempt` becomes an inner `EventPump` run on
+    the attempt's provider; admission, notices and key health go to the host."""
+
+    def __init__(
+        self,
+        machine: GenerationTurnMachine,
+        attempts: Sequence[Attempt],
+        tools: ToolRegistry,
+        channel: Channel,
+        *,
+        shared_route: SharedRoute | None = None,
+        signals: TurnSignals | None = None,
+        clock: Clock | None = None,
+        key_book: KeyBook | None = None,
+        on_attempt_step: Callable[[int, TraceStep], None] | None = None,
+    ) -> None:
+        self.machine = machine
+        self.attempts = list(attempts)
+        self.shared = list(shared_route.attempts) if shared_route is not None else []
+        self.shared_route = shared_route
+        self.tools = tools
+        self.channel = channel
+        self.signals = signals if signals is not None else TurnSignals()
+        self.clock: Clock = clock if clock is not None else LOOP_CLOCK
+        self.key_book: KeyBook = key_book if key_book is not None else {}
+        self.on_attempt_step = on_attempt_step
+        self._follow_ups_seen = 0
+        self._stop_honoured = False
+        self._abandoned: list[str] = []
+        self._keys = [key for attempt in (*self.attempts, *self.shared) for key in attempt.keys]
+        self._leak = fragment_pattern(self._keys)  # finds any piece of a key, in one pass
+
+    async def run(self, request: TurnRequest) -> GenerationTurnResult:
+        self._follow_ups_seen = self.signals.follow_ups
+        pending = collections.deque(
+            self.machine.start(request, health=self.key_book, now=self.clock.now())
+        )
+        while pending:
+            effect = pending.popleft()
+            if isinstance(effect, Finish):
+                if self._stop_honoured or effect.result.status is TurnStatus.STOPPED_BY_USER:
+                    self.signals.consume_stop()  # the turn that honours a stop consumes it
+                result = effect.result
+                abandoned = [
+                    *(name for attempt in self.machine.generation.results for name in
+                      attempt.abandoned_calls),
+                    *self._abandoned,
+                ]  # fmt: skip
+                if abandoned:
+                    result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
+                return self._redacted(result)
+            pending.extend(await self._carry_out(effect))
+        raise RuntimeError("the generation turn stopped without a result")
+
+    async def _carry_out(self, effect: Effect) -> list[Effect]:
+        if isinstance(effect, StartAttempt):
+            return await self._run_attempt(effect)
+        if isinstance(effect, AskAdmission):
+            return await self._ask_admission(effect)
+        if isinstance(effect, PostNotice):  # a notice the host cannot show ends nothing
+            await self._call_host(self.channel.send_notice(effect.notice), "channel.send_notice")
+            return []
+        if isinstance(effect, SupersedeAttempt):
+            mark = getattr(self.channel, "attempt_superseded", None)
+            if mark is not None:
+                await self._call_host(
+                    mark(effect.attempt, effect.label, effect.delivered_text),
+                    "channel.attempt_superseded",
+                )
+            return []
+        if isinstance(effect, UpdateKeyHealth):
+            self.key_book[(effect.label, effect.key_index)] = effect.health
+            return []
+        if isinstance(effect, QueueStopResponse):
+            await self._call_host(
+                self.channel.queue_front(effect.stop_message), "channel.queue_front"
+            )
+            return []
+        raise TypeError(f"the generation pump cannot carry out {type(effect).__name__}")
+
+    async def _call_host(self, call: Awaitable[Any], name: str) -> Any:
+        """Await host code that cannot end the turn (a notice, a hook), bounded by the
+        host-call budget; a failure is ignored, code that ignores its cancellation is
+        abandoned after the grace and named in the result. Returns what it returned, or
+        ``None``."""
+        task = asyncio.ensure_future(call)
+        policy = self.machine.policy.loop
+        try:
+            if await wait_bounded(self.clock, [task], policy.host_call_timeout):
+                task.cancel()
+                if await wait_bounded(self.clock, [task], policy.cancel_grace):
+                    self._abandoned.append(name)
+                    return None
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
+    def _attempt_for(self, model: int) -> Attempt:
+        chain = [*self.attempts, *self.shared]
+        return chain[model]
+
+    async def _run_attempt(self, effect: StartAttempt) -> list[Effect]:
+        if self.signals.unreachable:  # reported between attempts: do not start another
+            return self.machine.feed(UnreachableReported())
+        attempt = self._attempt_for(effect.model)
+        key = attempt.keys[effect.key_index] if effect.key_index is not None else None
+        report = self.on_attempt_step
+        on_step = None if report is None else (lambda step: report(effect.attempt, step))
+        inner = ToolLoopMachine(self.machine.policy.loop, tools=self.tools, on_step=on_step)
+        try:
+            provider = attempt.make_provider(key)
+        except Exception as err:  # the host's factory is host code: no fallback
+            result = GenerationTurnResult(
+                status=TurnStatus.ERROR,
+                reason="host_error",
+                error_message=f"the provider factory raised {type(err).__name__}: {err}",
+                exception=err,
+            )
+            return self.machine.feed(self._finished(effect, result, {}))
+        pump = EventPump(
+            inner, provider, self.channel, signals=self.signals, clock=self.clock,
+            consume_stop=False,
+        )  # fmt: skip
+        run = asyncio.ensure_future(
+            pump.run(
+                effect.request,
+                hold_timeout_notice=True,
+                ledger=effect.ledger,
+                expression_delivered=effect.expression_delivered,
+            )
+        )
+        unreachable = asyncio.get_running_loop().create_future()
+
+        def watch() -> None:
+            if self.signals.unreachable and not unreachable.done():
+                unreachable.set_result(None)
+
+        self.signals.add_listener(watch)
+        watch()
+        try:
+            await asyncio.wait({run, unreachable}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            run.cancel()
+            with contextlib.suppress(BaseException):
+                await run
+            raise
+        finally:
+            self.signals.remove_listener(watch)
+            unreachable.cancel()
+        if not run.done():
+            run.cancel()
+            with contextlib.suppress(BaseException):
+                await run
+            partial = None
+            if inner.state != "ready":
+                partial = self._redacted(
+                    inner.interrupted_result(TurnStatus.SKIPPED, "destination_unreachable")
+                )
+            return self.machine.feed(UnreachableReported(partial))
+        if pump._stop_fed:
+            self._stop_honoured = True
+        result = run.result()
+        ledger = inner.turn.ledger if inner.is_finished else {}
+        return self.machine.feed(self._finished(effect, result, ledger))
+
+    def _finished(
+        self, effect: StartAttempt, result: GenerationTurnResult, ledger: Mapping[str, Any]
+    ) -> AttemptFinished:
+        signals = self.signals
+        pending = signals.stop_requested or signals.follow_ups > self._follow_ups_seen
+        return AttemptFinished(
+            effect.attempt, self._redacted(result), dict(ledger), self.clock.now(), pending
+        )
+
+    async def _ask_admission(self, effect: AskAdmission) -> list[Effect]:
+        """Ask the host's admission policy, while still listening for a stop or an
+        unreachable destination (either ends the wait)."""
+        route = self.shared_route
+        if route is None:
+            return self.machine.feed(AdmissionDecided(False, self.clock.now()))
+        request = AdmissionRequest(tuple(effect.failures), self.clock.now())
+        admission = asyncio.ensure_future(_admit(route, request))
+        interrupted = asyncio.get_running_loop().create_future()
+
+        def watch() -> None:
+            signals = self.signals
+            if (signals.unreachable or signals.stop_requested) and not interrupted.done():
+                interrupted.set_result(None)
+
+        self.signals.add_listener(watch)
+        watch()
+        # an admission policy that does not answer within the host-call budget refuses
+        overdue = self.clock.call_later(
+            self.machine.policy.loop.host_call_timeout, _resolve, interrupted
+        )
+        try:
+            await asyncio.wait({admission, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            overdue.cancel()
+            self.signals.remove_listener(watch)
+            if not admission.done():
+                admission.cancel()
+                grace = self.machine.policy.loop.cancel_grace
+                if await wait_bounded(self.clock, [admission], grace):
+                    self._abandoned.append("shared_route.admit")
+            interrupted.cancel()
+        if self.signals.unreachable:
+            return self.machine.feed(UnreachableReported())
+        if self.signals.stop_requested:
+            return self.machine.feed(StopRequested(self.signals.stop_message))
+        admitted = admission.done() and not admission.cancelled() and admission.result()
+        return self.machine.feed(AdmissionDecided(bool(admitted), self.clock.now()))
+
+    def _redacted(self, result: GenerationTurnResult) -> GenerationTurnResult:
+        """Defence in depth: no key may leave the turn — not in a message a careless provider
+        or factory wrote, not in an exception, not even in part."""
+        keys = [key for key in self._keys if key]
+        leak = self._leak
+        if leak is None:
+            return result
+        data = converter.unstructure(result)
+        scrubbed = _scrub(data, keys, leak)
+        exception = result.exception
+        if exception is not None:
+            said = f"{exception!s}{exception!r}"
+            if redact(said, keys) != said:
+                exception = RedactedError(
+                    f"{type(exception).__name__}: {redact(str(exception), keys)}"
+                )
+        if scrubbed == data and exception is result.exception:
+            return result
+        clean = converter.structure(scrubbed, GenerationTurnResult)
+        return attrs.evolve(clean, exception=exception)
+
+
+
+async def _admit(route: SharedRoute, request: AdmissionRequest) -> bool:
+    try:
+        answer = route.admit(request)
+        return bool(await answer) if inspect.isawaitable(answer) else bool(answer)
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # a failing admission policy admits nobody
+        return False
+
+
+
+async def run_generation_turn(
+    attempts: Sequence[Attempt],
+    tools: ToolRegistry | Iterable[Tool],
+    channel: Channel,
+    request: TurnRequest,
+    *,
+    policy: TurnPolicy | None = None,
+    signals: TurnSignals | None = None,
+    clock: Clock | None = None,
+    shared_route: SharedRoute | None = None,
+    key_book: KeyBook | None = None,
+    on_step: Callable[[TraceStep], None] | None = None,
+    on_attempt_step: Callable[[int, TraceStep], None] | None = None,
+) -> GenerationTurnResult:
+    """Run a whole generation turn over a fallback chain of attempts (docs/behaviour.md §9).
+
+    Each attempt runs the tool loop; ``error`` rotates keys, ``timeout`` or no key left
+    advances to the next model; what a failed attempt delivered stays delivered and the next
+    attempt continues from it; a completed tool call is never run again. ``key_book`` keeps
+    key health (cooldowns, retirements) across turns when the host passes the same one.
+    """
+    registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+    plans = [attempt.plan(i, "user") for i, attempt in enumerate(attempts)]
+    shared = [
+        attempt.plan(len(plans) + i, "shared")
+        for i, attempt in enumerate(shared_route.attempts if shared_route is not None else ())
+    ]
+    machine = GenerationTurnMachine(
+        policy, plans=plans, shared=shared, tools=[tool.spec() for tool in registry],
+        on_step=on_step,
+    )  # fmt: skip
+    pump = GenerationPump(
+        machine,
+        attempts,
+        registry,
+        channel,
+        shared_route=shared_route,
+        signals=signals,
+        clock=clock,
+        key_book=key_book,
+        on_attempt_step=on_attempt_step,
+    )
+    return await pump.run(request)
