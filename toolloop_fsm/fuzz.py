@@ -255,7 +255,8 @@ def fuzz(
 
 
 def _inner(policy: LoopPolicy) -> tuple[Any, Callable[..., Any]]:
-    from toolloop_fsm.testing.strategies import run_script, turn_scripts
+    from toolloop_fsm.testing.harness import run_script
+    from toolloop_fsm.testing.strategies import turn_scripts
 
     async def run_example(script: Any, on_step: Callable[[TraceStep], None]) -> None:
         run = await run_script(script, policy, on_step=on_step)

@@ -63,22 +63,20 @@ from toolloop_fsm.testing.invariants import (
 )
 
 if TYPE_CHECKING:
+    from toolloop_fsm.testing.harness import ScriptRun, build_tools, run_script
     from toolloop_fsm.testing.strategies import (
         KNOWN_TOOLS,
         MEMORY_TOOL,
         PROVIDER_KEYS,
         UNKNOWN_TOOLS,
-        ScriptRun,
         TimedSignal,
         ToolAction,
         ToolBehaviour,
         TurnScript,
-        build_tools,
         chunks,
         function_calls,
         loop_policies,
         provider_passes,
-        run_script,
         script_items,
         text_deltas,
         timed_signals,
@@ -86,14 +84,15 @@ if TYPE_CHECKING:
         turn_scripts,
     )
 
+#: Names served by `toolloop_fsm.testing.harness` (it needs the strategies' script values).
+_HARNESS_NAMES = frozenset({"ScriptRun", "build_tools", "run_script"})
 #: Names served by `toolloop_fsm.testing.strategies`, imported on first use because that
 #: module needs Hypothesis, a test dependency the rest of the kit does not need.
 _STRATEGY_NAMES = frozenset(
     {
-        "KNOWN_TOOLS", "MEMORY_TOOL", "PROVIDER_KEYS", "UNKNOWN_TOOLS", "ScriptRun", "TimedSignal",
-        "ToolAction",
-        "ToolBehaviour", "TurnScript", "build_tools", "chunks", "function_calls",
-        "loop_policies", "provider_passes", "run_script", "script_items", "text_deltas",
+        "KNOWN_TOOLS", "MEMORY_TOOL", "PROVIDER_KEYS", "UNKNOWN_TOOLS", "TimedSignal",
+        "ToolAction", "ToolBehaviour", "TurnScript", "chunks", "function_calls",
+        "loop_policies", "provider_passes", "script_items", "text_deltas",
         "timed_signals", "tool_behaviours", "turn_scripts",
     }
 )  # fmt: skip
@@ -153,7 +152,6 @@ if TYPE_CHECKING:
         check_chain_invariants,
         generation_chains,
         run_chain,
-        tool_call_key,
         turn_policies,
     )
 
@@ -165,7 +163,7 @@ _CHAIN_NAMES = frozenset(
         "ChainToolExecution", "Ending", "ErrorKind", "FirstRequest", "KeyScript", "KeyState",
         "KeyUse", "ModelScript", "SharedRouteScript", "TimelineEntry", "ToolStep",
         "attempt_scripts", "chain_budget", "chain_signals", "check_chain_invariants",
-        "generation_chains", "run_chain", "tool_call_key", "turn_policies",
+        "generation_chains", "run_chain", "turn_policies",
     }
 )  # fmt: skip
 __all__ += [
@@ -194,7 +192,6 @@ __all__ += [
     "check_chain_invariants",
     "generation_chains",
     "run_chain",
-    "tool_call_key",
     "turn_policies",
 ]
 
@@ -234,6 +231,10 @@ def __getattr__(name: str) -> Any:
         from toolloop_fsm.testing import reference_model
 
         return getattr(reference_model, name)
+    if name in _HARNESS_NAMES:
+        from toolloop_fsm.testing import harness
+
+        return getattr(harness, name)
     if name in _STRATEGY_NAMES:
         from toolloop_fsm.testing import strategies
 

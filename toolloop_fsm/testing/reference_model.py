@@ -68,12 +68,12 @@ from toolloop_fsm.host import ToolRegistry, TurnSignals
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult, TurnStatus
 from toolloop_fsm.testing.clock import VirtualClock
+from toolloop_fsm.testing.harness import build_tools
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
 from toolloop_fsm.testing.strategies import (
     ToolAction,
     ToolBehaviour,
     TurnScript,
-    build_tools,
 )
 
 __all__ = [

@@ -37,20 +37,15 @@ turn, the tier that is given keys and must keep them secret.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import copy
-import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
 import attrs
-from attrs import define, field, frozen
+from attrs import frozen
 from hypothesis import strategies as st
 
-from toolloop_fsm.attempts import Attempt
 from toolloop_fsm.events import (
     Chunk,
     ContextRestart,
@@ -62,28 +57,16 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
-from toolloop_fsm.host import Tool, ToolContext, ToolRegistry, ToolResult, TurnRequest, TurnSignals
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-from toolloop_fsm.provider import ProviderError, ProviderRequest
-from toolloop_fsm.pump import run_generation_turn, run_tool_loop
-from toolloop_fsm.result import GenerationTurnResult, TraceStep
-from toolloop_fsm.testing.clock import VirtualClock
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.testing.hostile import (
     ChannelAct,
     EchoKey,
-    HostileChannel,
     HostileItem,
-    HostileProvider,
     KeyEcho,
-    RogueBaseException,
-    Stragglers,
     Trickle,
-    TurnDidNotReturn,
-    fire_from_thread,
-    mutate_in_place,
-    returns_within,
 )
-from toolloop_fsm.testing.invariants import InvariantViolation, ToolExecution, check_invariants
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
 
 __all__ = [
@@ -91,17 +74,14 @@ __all__ = [
     "MEMORY_TOOL",
     "PROVIDER_KEYS",
     "UNKNOWN_TOOLS",
-    "ScriptRun",
     "TimedSignal",
     "ToolAction",
     "ToolBehaviour",
     "TurnScript",
-    "build_tools",
     "chunks",
     "function_calls",
     "loop_policies",
     "provider_passes",
-    "run_script",
     "script_items",
     "text_deltas",
     "timed_signals",
@@ -647,394 +627,3 @@ def _kind_policies(max_iterations: int) -> st.SearchStrategy[LoopPolicy]:
         suppress_followup_after_pre_tool_text=st.sampled_from(_SUPPRESS_SETS),
         max_pass_duration=st.sampled_from((900.0, 900.0, 6.0, 2.5)),
     )
-
-
-# --------------------------------------------------------------------------- running a script
-@define
-class ScriptRun:
-    """One finished simulated turn and every witness the invariant checker uses."""
-
-    script: TurnScript
-    policy: LoopPolicy
-    request: TurnRequest
-    result: GenerationTurnResult
-    channel: HostileChannel
-    provider: HostileProvider
-    tools: ToolRegistry
-    #: per provider pass, the chunks the provider actually yielded (a call's arguments as
-    #: they were when it was yielded, before any tool could touch them)
-    streamed: tuple[tuple[Chunk, ...], ...]
-    #: every tool handler start, in order
-    executions: tuple[ToolExecution, ...]
-    #: virtual seconds from the start of the run to its result
-    elapsed: float
-    #: (virtual instant, kind) of each host signal that fired before the result
-    signals_fired: tuple[tuple[float, str], ...] = field(default=())
-    #: what each signal call raised (a signal fired from another thread must not raise)
-    signal_errors: tuple[BaseException, ...] = field(default=())
-    #: host code (tools, channel calls) still running when the turn returned, as the engine
-    #: names a call it abandons
-    running_at_return: tuple[str, ...] = field(default=())
-    #: the library's log records during the run (captured when the provider holds a key)
-    log_text: str = ""
-
-    def check(self) -> None:
-        """Run `check_invariants` with every witness; raises `InvariantViolation`."""
-        check_invariants(
-            self.result,
-            policy=self.policy,
-            channel=self.channel,
-            provider=self.provider,
-            executions=self.executions,
-            elapsed=self.elapsed,
-            streamed=self.streamed,
-            tools=self.tools,
-            request=self.request,
-            keys=(self.script.provider_key,) if self.script.provider_key else (),
-            log_text=self.log_text,
-            running_at_return=self.running_at_return,
-            signal_errors=self.signal_errors,
-        )
-
-
-class _TapProvider:
-    """Wraps the scripted provider and records every chunk it actually yields, per pass
-    (what the provider *reported*, independent of what the engine did with it). A call is
-    recorded with a deep copy of its arguments: a tool that mutates the arguments it was
-    handed must not rewrite the witness."""
-
-    def __init__(self, inner: HostileProvider) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.continuation_style = inner.continuation_style
-        self.streamed: list[list[Chunk]] = []
-
-    def stream(self, request: ProviderRequest) -> AsyncIterator[Chunk]:
-        chunks: list[Chunk] = []
-        self.streamed.append(chunks)
-        return self._tap(self.inner.stream(request), chunks)
-
-    async def _tap(self, source: AsyncIterator[Chunk], chunks: list[Chunk]) -> AsyncIterator[Chunk]:
-        try:
-            async for chunk in source:
-                chunks.append(_snapshot(chunk))
-                yield chunk
-        finally:
-            aclose = getattr(source, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(RuntimeError):
-                    await aclose()
-
-
-def _snapshot(chunk: Chunk) -> Chunk:
-    if isinstance(chunk, FunctionCall) and isinstance(chunk.arguments, dict | list):
-        return attrs.evolve(chunk, arguments=copy.deepcopy(chunk.arguments))
-    return chunk
-
-
-def _fresh(passes: Sequence[Sequence[HostileItem]]) -> list[tuple[HostileItem, ...]]:
-    """The script's passes with every call's arguments copied: the drawn script (and the
-    shared menus it came from) stay as drawn whatever a tool does to its arguments."""
-    return [tuple(_snapshot(i) if isinstance(i, FunctionCall) else i for i in p) for p in passes]
-
-
-def build_tools(
-    script: TurnScript,
-    *,
-    clock: VirtualClock,
-    signals: TurnSignals,
-    executions: list[ToolExecution],
-    stragglers: Stragglers | None = None,
-) -> ToolRegistry:
-    """The registry of `KNOWN_TOOLS`, each playing its plan from ``script`` and recording
-    every execution (with whether a stop had been requested at that instant). A tool that
-    ignores its cancellation waits on ``stragglers`` (a fresh set when not given)."""
-    held = stragglers if stragglers is not None else Stragglers()
-    tools = []
-    for shape in _SHAPES:
-        tools.append(
-            Tool(
-                shape.name,
-                f"scripted {shape.name}",
-                {"type": "object", "properties": {}},
-                _scripted_handler(shape.name, script.plan_for(shape.name), clock, signals,
-                                  executions, held),
-                requires_follow_up=shape.requires_follow_up,
-                timeout=shape.timeout,
-            )
-        )
-    return ToolRegistry(tools)
-
-
-def _scripted_handler(
-    name: str,
-    plan: tuple[ToolBehaviour, ...],
-    clock: VirtualClock,
-    signals: TurnSignals,
-    executions: list[ToolExecution],
-    stragglers: Stragglers,
-) -> Any:
-    calls = 0
-
-    async def handler(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        nonlocal calls
-        behaviour = plan[calls] if calls < len(plan) else DEFAULT_BEHAVIOUR
-        calls += 1
-        execution = ToolExecution(
-            name,
-            copy.deepcopy(arguments),
-            ctx.dispatch,
-            clock.now(),
-            signals.stop_requested,
-            iteration=ctx.iteration,
-        )
-        executions.append(execution)
-        try:
-            return await _act_out(behaviour, name, arguments, ctx, execution, stragglers)
-        finally:
-            execution.ended_at = clock.now()
-
-    return handler
-
-
-async def _act_out(
-    behaviour: ToolBehaviour,
-    name: str,
-    arguments: dict[str, Any],
-    ctx: ToolContext,
-    execution: ToolExecution,
-    stragglers: Stragglers,
-) -> ToolResult:
-    action = behaviour.action
-    if action is ToolAction.HANG:
-        await asyncio.Event().wait()
-    if action is ToolAction.IGNORE_CANCELLATION:
-
-        def noted() -> None:
-            execution.cancel_ignored = True
-
-        await stragglers.ignore_cancellation(execution.label, noted)
-    if behaviour.delay > 0:
-        await ctx.clock.sleep(behaviour.delay)
-    execution.finished_at = ctx.clock.now()
-    if action is ToolAction.RAISE:
-        execution.outcome = "raised"
-        raise RuntimeError(f"{name} blew up")
-    if action is ToolAction.RAISE_BASE_EXCEPTION:
-        execution.outcome = "raised"
-        raise RogueBaseException(f"{name} gave up in its own way")
-    if action is ToolAction.RAISE_GENERATOR_EXIT:
-        execution.outcome = "raised"
-        raise GeneratorExit(f"{name} closed itself")
-    if action is ToolAction.MUTATE_ARGUMENTS:
-        mutate_in_place(arguments)
-    success = action is not ToolAction.FAIL
-    execution.outcome = "succeeded" if success else "failed"
-    return ToolResult(
-        success=success,
-        data=behaviour.data,
-        message=behaviour.message,
-        end_turn=behaviour.end_turn,
-        delivered=behaviour.delivered,
-        expression=behaviour.expression,
-        context_restart=behaviour.context_restart if success else None,
-    )
-
-
-class _LogCapture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        # the message and any exception text: both are places a key could be written
-        self.lines.append(self.format(record))
-
-
-async def run_script(
-    script: TurnScript,
-    policy: LoopPolicy,
-    *,
-    real_timeout: float | None = 30.0,
-    on_step: Callable[[TraceStep], None] | None = None,
-) -> ScriptRun:
-    """Run ``script`` under ``policy`` through `run_tool_loop` on a fresh `VirtualClock`.
-
-    Builds the provider (tapped, to record what it streams; an endless trickle stops past
-    the policy's pass budget), a `HostileChannel` (with the script's delivery delay, failing
-    delivery and plans), the tool registry, the `TurnSignals` and one task per timed signal;
-    returns a `ScriptRun`. A script whose provider holds a key runs as a one-model
-    generation turn (`run_generation_turn`, one key, one try), with the library's log records
-    captured. ``real_timeout`` guards against a run that never returns (real seconds; a
-    virtual-time run takes milliseconds), also when host code ignores its cancellation;
-    ``on_step`` sees every step of the tool loop as it happens. Code that ignored its
-    cancellation is released once the turn has returned, and the signal tasks are finished,
-    so one event loop can run many scripts; the clock's idle-jumper task ends by itself
-    once its timers are gone.
-
-    A turn that raises an exception raises it here; one that raises a `BaseException` that
-    is not the caller's cancellation (a tool's own subclass, `GeneratorExit`) breaks
-    invariant 1, and one that has not returned after ``real_timeout`` breaks invariant 6
-    (`InvariantViolation` for both).
-    """
-    clock = VirtualClock()
-    signals = TurnSignals()
-    stragglers = Stragglers()
-    executions: list[ToolExecution] = []
-    provider = HostileProvider(
-        _fresh(script.passes),
-        clock=clock,
-        api_key=script.provider_key,
-        inactivity_timeout=policy.inactivity_timeout,
-        # well past the pass budget and whatever slack the time bound allows
-        trickle_past=2 * policy.max_pass_duration
-        + policy.effective_first_token_timeout
-        + max(policy.inactivity_timeout, policy.abandoned_stream_settle),
-        continuation_style=script.continuation_style,
-    )
-    tap = _TapProvider(provider)
-    channel = HostileChannel(
-        clock=clock,
-        host_call_timeout=policy.host_call_timeout,
-        stragglers=stragglers,
-        sends=script.sends,
-        notices=script.notices,
-        delivery_delay=script.delivery_delay,
-        fail_when=_nth_delivery_fails(script.failing_delivery),
-    )
-    tools = build_tools(script, clock=clock, signals=signals, executions=executions,
-                        stragglers=stragglers)  # fmt: skip
-    request = script.request()
-    fired: list[tuple[float, str]] = []
-    signal_errors: list[BaseException] = []
-
-    def fire(signal: TimedSignal) -> None:
-        if signal.kind == "stop":
-            signals.request_stop(signal.stop_message)
-        else:
-            signals.follow_up()
-
-    async def send(signal: TimedSignal) -> None:
-        await clock.sleep(signal.at)
-        fired.append((clock.now(), signal.kind))
-        if signal.from_thread:
-            raised = fire_from_thread(lambda: fire(signal))
-            if raised is not None:
-                signal_errors.append(raised)
-        else:
-            fire(signal)
-
-    capture: _LogCapture | None = None
-    library_logger = logging.getLogger("toolloop_fsm")
-    previous_level = library_logger.level
-    if script.provider_key is not None:
-        capture = _LogCapture()
-        library_logger.addHandler(capture)
-        library_logger.setLevel(logging.DEBUG)
-    loop = asyncio.get_running_loop()
-    # strong references: the loop itself only keeps tasks weakly
-    senders = [loop.create_task(send(signal)) for signal in script.signals]
-    started = clock.now()
-    try:
-        turn = _turn(script, tap, tools, channel, request, policy, signals, clock, on_step)
-        try:
-            if real_timeout is None:
-                result = await turn
-            else:
-                result = await returns_within(
-                    turn, real_timeout, stragglers=stragglers,
-                    running=lambda: _still_running(channel, executions),
-                )  # fmt: skip
-        except TurnDidNotReturn as err:
-            raise InvariantViolation(
-                6, f"the run did not finish within {real_timeout:g} real seconds "
-                   f"(virtual time {clock.now():g}); a wait without a deadline, or host code "
-                   f"ignoring its cancellation awaited forever (still running: "
-                   f"{err.running or 'no host code'})"
-            ) from None
-        except (Exception, KeyboardInterrupt, SystemExit):
-            raise  # an ordinary exception is reported as it is (Hypothesis shrinks on it)
-        except BaseException as err:
-            # a tool's own BaseException, a GeneratorExit or a stray cancellation escaping the
-            # turn would stop Hypothesis itself: it is a broken invariant like any other
-            task = asyncio.current_task()
-            if isinstance(err, asyncio.CancelledError) and task is not None and task.cancelling():
-                raise  # the caller's own cancellation
-            raise InvariantViolation(
-                1, f"the turn raised {type(err).__name__}: {err} instead of returning a result"
-            ) from err
-        elapsed = clock.now() - started
-        running = tuple(_still_running(channel, executions))
-    finally:
-        stragglers.release()
-        if capture is not None:
-            library_logger.removeHandler(capture)
-            library_logger.setLevel(previous_level)
-        # not asyncio.all_tasks(): it walks every task not yet garbage-collected
-        leftover = [task for task in senders if not task.done()]
-        for task in leftover:
-            task.cancel()
-        if leftover:
-            await asyncio.gather(*leftover, return_exceptions=True)
-    return ScriptRun(
-        script=script,
-        policy=policy,
-        request=request,
-        result=result,
-        channel=channel,
-        provider=provider,
-        tools=tools,
-        streamed=tuple(tuple(chunks) for chunks in tap.streamed),
-        executions=tuple(executions),
-        elapsed=elapsed,
-        signals_fired=tuple(fired),
-        signal_errors=tuple(signal_errors),
-        running_at_return=running,
-        log_text="\n".join(capture.lines) if capture is not None else "",
-    )
-
-
-def _turn(
-    script: TurnScript,
-    provider: _TapProvider,
-    tools: ToolRegistry,
-    channel: HostileChannel,
-    request: TurnRequest,
-    policy: LoopPolicy,
-    signals: TurnSignals,
-    clock: VirtualClock,
-    on_step: Callable[[TraceStep], None] | None,
-) -> Any:
-    """The turn's coroutine: the tool loop itself, or, for a provider holding a key, a
-    generation turn of one model with that one key (the tier that is given keys)."""
-    if script.provider_key is None:
-        return run_tool_loop(provider, tools, channel, request, policy=policy, signals=signals,
-                             clock=clock, continuation_style=script.continuation_style,
-                             on_step=on_step)  # fmt: skip
-    attempt = Attempt(lambda _key: provider, keys=(script.provider_key,), label="hostile")
-    report = None if on_step is None else (lambda _attempt, step: on_step(step))
-    return run_generation_turn(
-        [attempt], tools, channel, request,
-        policy=TurnPolicy(loop=policy, max_key_attempts_per_model=1),
-        signals=signals, clock=clock, on_attempt_step=report,
-    )  # fmt: skip
-
-
-def _still_running(channel: HostileChannel, executions: Sequence[ToolExecution]) -> list[str]:
-    """Host code not finished: channel calls and tool runs, named as the engine names them."""
-    names = [call.label for call in channel.running()]
-    names += [e.label for e in executions if e.ended_at is None]
-    return names
-
-
-def _nth_delivery_fails(index: int | None) -> Any:
-    if index is None:
-        return None
-    seen = 0
-
-    def fail_when(_text: str | None, _expression: str | None) -> bool:
-        nonlocal seen
-        seen += 1
-        return seen - 1 == index
-
-    return fail_when
