@@ -38,7 +38,7 @@ from toolloop_fsm import (
     run_generation_turn,
 )
 from toolloop_fsm.effects import CancelStream, CancelTool, RunTool
-from toolloop_fsm.events import FollowUpArrived, StopRequested, StreamEnded
+from toolloop_fsm.events import Chunk, FollowUpArrived, StopRequested, StreamEnded
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
 
 EAGER = LoopPolicy(delivery_flush_chars=1)
@@ -360,7 +360,9 @@ async def test_the_still_working_notice_is_posted_before_the_21st_pass() -> None
 
 
 async def test_both_error_counters_reset_on_a_context_restart() -> None:
-    flaky = [[TextDelta("Hm. "), FunctionCall("flaky", {"n": n})] for n in range(2)]
+    flaky: list[list[Chunk]] = [
+        [TextDelta("Hm. "), FunctionCall("flaky", {"n": n})] for n in range(2)
+    ]
     turn = scripted_turn(
         [*flaky, [FunctionCall("enrich", {})], *flaky, [TextDelta("done")]],
         continuation_style=True,

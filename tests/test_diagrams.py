@@ -573,6 +573,7 @@ def test_every_step_of_a_generation_turn_is_drawn(chain: ChainScript) -> None:
     """The outer trace and every attempt's trace of real runs light up only what is drawn:
     no step is refused, every state they visit is marked."""
     result = asyncio.run(run_chain(chain)).result
+    assert result is not None
     outer, inner = declaration("outer"), declaration("inner")
     attempts = [step for attempt in result.attempts for step in attempt.trace]
     for decl, steps in ((outer, result.trace), (inner, attempts)):

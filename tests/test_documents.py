@@ -23,6 +23,7 @@ import subprocess
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -251,7 +252,7 @@ def test_the_readme_points_at_every_document() -> None:
 def test_the_cli_help_and_the_rendered_diagrams_cite_nothing_outside_the_repository() -> None:
     parser = build_parser()
     texts = [parser.format_help()]
-    subparsers = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    subparsers: dict[str, Any] = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr, assignment]
     texts += [sub.format_help() for sub in subparsers.values()]
     texts += [
         render(declaration(machine), fmt).decode("utf-8")

@@ -42,7 +42,7 @@ from toolloop_fsm import (
     result_to_json,
     run_tool_loop,
 )
-from toolloop_fsm.sansio import StreamEnded, ToolFinished, ToolOutcomeKind
+from toolloop_fsm.sansio import Chunk, StreamEnded, ToolFinished, ToolOutcomeKind
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider
 
 
@@ -439,7 +439,9 @@ async def test_expression_ordering_and_at_most_one_expression_per_turn() -> None
 
 # --------------------------------------------------------------------------- continuation providers
 async def test_continuation_provider_failure_after_text_suppresses_text_then_gives_up() -> None:
-    passes = [[TextDelta(f"Part {i}. "), FunctionCall("lookup", {"i": i})] for i in range(5)]
+    passes: list[list[Chunk]] = [
+        [TextDelta(f"Part {i}. "), FunctionCall("lookup", {"i": i})] for i in range(5)
+    ]
     turn = scripted_turn(passes, continuation_style=True)
     tool = make_tool("lookup", turn.executions, turn.clock, fails("nope"))
     result = await run_turn(turn, [tool], policy=LoopPolicy(delivery_flush_chars=1))

@@ -13,6 +13,7 @@ import pytest
 
 from tests.inner_kit import USER, Executions, make_tool
 from toolloop_fsm import (
+    AdmissionRequest,
     Attempt,
     DestinationUnreachable,
     FunctionCall,
@@ -329,7 +330,7 @@ async def test_unreachable_destination_ends_skipped_with_no_more_attempts() -> N
     async def gone(_text: str) -> None:
         raise DestinationUnreachable("the thread was deleted")
 
-    channel.send_text = gone  # type: ignore[method-assign]
+    channel.send_text = gone  # type: ignore[method-assign, assignment]
     result, _ = await generate([Attempt(first), Attempt(second)], clock, channel=channel)
     assert result.status is TurnStatus.SKIPPED
     assert result.reason == "destination_unreachable"
@@ -478,13 +479,16 @@ async def test_settings_that_withhold_the_shared_route_are_honoured() -> None:
     asked: list[Any] = []
     own = ScriptedProvider([[Fail(server_error())]], clock=clock)
     shared = ScriptedProvider([[TextDelta("never")]], clock=clock)
+
+    def admit(request: AdmissionRequest) -> bool:
+        asked.append(request)
+        return True
+
     result, _ = await generate(
         [Attempt(own, label="own")],
         clock,
         turn_policy=TurnPolicy(allow_shared_route=False),
-        shared_route=SharedRoute(
-            [Attempt(shared, label="shared")], lambda r: asked.append(r) or True
-        ),
+        shared_route=SharedRoute([Attempt(shared, label="shared")], admit),
     )
     assert result.status is TurnStatus.ERROR
     assert asked == [] and shared.requests == []

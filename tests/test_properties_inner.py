@@ -119,7 +119,7 @@ HOSTILE_CI_EXAMPLES = 300
 def _hostile_examples() -> int:
     """300 under the ci profile; any other profile's own count (5,000 under explore)."""
     profile = os.environ.get("HYPOTHESIS_PROFILE") or "ci"
-    return HOSTILE_CI_EXAMPLES if profile == "ci" else settings.default.max_examples
+    return HOSTILE_CI_EXAMPLES if profile == "ci" else (settings.default or settings()).max_examples
 
 
 @settings(max_examples=_hostile_examples())
@@ -407,7 +407,7 @@ def _one_run(script: TurnScript, policy: LoopPolicy | None = None) -> ScriptRun:
 
 
 def _expect(number: int, run: ScriptRun, **changes: Any) -> None:
-    witnesses = {
+    witnesses: dict[str, Any] = {
         "policy": run.policy, "channel": run.channel, "provider": run.provider,
         "executions": run.executions, "elapsed": run.elapsed, "streamed": run.streamed,
         "tools": run.tools, "request": run.request,
@@ -490,5 +490,5 @@ def test_the_checker_catches_a_leaked_key_run_and_rewritten_arguments() -> None:
 def test_the_checker_catches_a_ledger_that_holds_no_number() -> None:
     run = _one_run(TurnScript(passes=((TextDelta("Hi"), UsageReport(5, 6)),)))
     (entry,) = run.result.usage.entries
-    broken = attrs.evolve(run.result.usage, entries=(attrs.evolve(entry, input_tokens=math.nan),))
+    broken = attrs.evolve(run.result.usage, entries=(attrs.evolve(entry, input_tokens=math.nan),))  # type: ignore[arg-type]
     _expect(8, run, result=attrs.evolve(run.result, usage=broken))

@@ -55,7 +55,7 @@ from toolloop_fsm.result import (
     TurnStatus,
     result_to_json,
 )
-from toolloop_fsm.testing import VirtualClock
+from toolloop_fsm.testing import VirtualClock, call_identity
 from toolloop_fsm.testing.chains import (
     CHAIN_INVARIANTS,
     AttemptScript,
@@ -280,7 +280,7 @@ def _doctored_runs(chain: ChainRun) -> dict[str, ChainRun]:
     keyed = attrs.evolve(script, models=(
         attrs.evolve(script.models[0], keys=(KeyScript(_KEY),)), *script.models[1:]))  # fmt: skip
     stop = TimelineEntry(0.0, "signal", "stop", "halt")
-    twice = ChainToolExecution("lookup", {}, ("lookup", "{}"), 0.0, 1)
+    twice = ChainToolExecution("lookup", {}, call_identity("lookup", {}), 0.0, 1)
     records = list(result.attempts)
     first = chain.first_requests
     channel = ChainChannel(clock=VirtualClock(), timeline=[])

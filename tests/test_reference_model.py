@@ -50,7 +50,7 @@ from toolloop_fsm.testing import (
 )
 
 #: 300 examples under the ci profile (3/5 of its count); the explore profile scales it up.
-EXAMPLES = max(1, settings.default.max_examples * 3 // 5)
+EXAMPLES = max(1, (settings.default or settings()).max_examples * 3 // 5)
 
 # =========================================================================== the property
 @settings(max_examples=EXAMPLES)

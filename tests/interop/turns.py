@@ -41,7 +41,12 @@ POLICY = LoopPolicy(first_token_timeout=30, inactivity_timeout=30)
 TURN_LIMIT = 60.0
 """Real seconds any one turn may take before the test fails rather than hangs."""
 
-WEATHER = {"city": "Paris", "sky": "clear", "temp_c": 21, "marker": "tool-result-7f3a"}
+WEATHER: dict[str, Any] = {
+    "city": "Paris",
+    "sky": "clear",
+    "temp_c": 21,
+    "marker": "tool-result-7f3a",
+}
 """What the tool answers; ``marker`` lets a test find the result in a request body."""
 
 

@@ -696,7 +696,7 @@ async def test_cancelling_the_consumer_disconnects_promptly(wire_server: WireSer
 
 async def test_closing_the_stream_early_disconnects_promptly(wire_server: WireServer) -> None:
     wire_server.serve(_stalling_stream())
-    async with aclosing(make(wire_server.url + "/v1").stream(REQUEST)) as stream:
+    async with aclosing(make(wire_server.url + "/v1").stream(REQUEST)) as stream:  # type: ignore[type-var]
         async for _chunk in stream:
             break
     await asyncio.wait_for(wire_server.client_gone.wait(), timeout=5)
