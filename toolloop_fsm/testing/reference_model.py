@@ -2,12 +2,12 @@
 
 `predict_endings(script, policy)` runs an independent, plain-Python discrete-event simulation
 of the behaviour rules of one tool-loop turn on a `TurnScript` (the provider's passes, what
-each tool does, host signals at virtual instants, the channel) and returns every
-`PredictedEnding` the rules allow: status, sub-reason, ``final_text``, ``undelivered_text``,
-passes, tool dispatches, the deliveries the channel confirmed, the notices, the tool rounds
-and whether a tool delivered a response. `ending_of(result)` reads the same fields off an
-engine result, and `difference(predicted, observed)` says where they part. This is the kit's
-invariant 10: the ending is the one the rules predict.
+each tool does, host signals at virtual instants, what each channel call does) and returns
+every `PredictedEnding` the rules allow: status, sub-reason, ``final_text``,
+``undelivered_text``, passes, tool dispatches, the deliveries the channel confirmed, the
+notices, the tool rounds and whether a tool delivered a response. `ending_of(result)` reads
+the same fields off an engine result, and `difference(predicted, observed)` says where they
+part. This is the kit's invariant 10: the ending is the one the rules predict.
 
 The model shares no decision with the engine: it imports only values (events, the policy,
 the result types) and the kit's script types, never the engine's guards, states, machines,
@@ -18,12 +18,13 @@ Theory of operation (what the stage functions below do not show):
 * Time. Work that takes no virtual time (reading chunks up to the next pause, deciding, a
   tool that returns at once, a delivery to a channel without delay) finishes before the next
   timer falls due. The timers are: the end of a provider pause, the pass's stream budget, a
-  tool's return and its deadline, the channel finishing a delivery, the settle window, and
-  each host signal. A delivery to a channel without delay is confirmed right after the step
-  that handed it over, before anything else happens.
+  tool's return and its deadline, the channel finishing a call, the settle window, and each
+  host signal. A delivery the channel finishes at once (confirmed without delay, or refused
+  by a raise) is settled right after the step that handed it over, before anything else.
 * Ties. When several timers fall due at the same virtual instant, the rules do not say which
   comes first; the model follows every order and predicts every ending they lead to (usually
-  one). Host signals at the same instant keep the script's order.
+  one). Host signals at the same instant keep the script's order; one fired from another
+  thread is taken like any other.
 * Replay identity. A call is identified by its tool name and canonical arguments, and
   counted by occurrence within a replay segment (the attempt; a context restart begins a new
   segment). The n-th identical call of a segment reuses the n-th outcome recorded for that
@@ -40,17 +41,50 @@ Theory of operation (what the stage functions below do not show):
 * Settling. After any ending but a stop or a failure of the host's channel, deliveries still
   in flight are awaited: for the settle window after a timeout, for one inactivity budget
   otherwise. A stop while waiting ends the turn at once (a stream timeout becomes
-  ``stopped_by_user``); a follow-up while waiting is ignored; a delivery failing while
-  waiting ends the turn ``error`` (``host_error``). A send still running after the policy's
-  ``host_call_timeout`` is given up on the same way (``host_timeout``).
+  ``stopped_by_user``); a follow-up while waiting is ignored; a channel call failing while
+  waiting ends the turn ``error``.
 
-Room to grow: a hostile channel (hanging or raising calls, ``host_timeout``) is one more
-timer beside the delivery timer.
+The hostile world (the kit's `ChannelAct` plans, hostile tools and providers):
+
+* Channel calls. Deliveries (texts and expressions) go to the channel one after another, and
+  so do notices and stop messages, on a line of their own beside them; the n-th call of each
+  line plays the script's n-th act (``sends``, ``notices``; past the plan it confirms). A
+  confirming delivery takes the channel's delay, a confirming notice no time; a slow call
+  within the host-call budget confirms after its share of it; a call that raises fails at
+  once (``host_error``, as does the script's failing delivery when it would have been
+  confirmed); one that hangs, runs over the budget or takes longer than it is given up on
+  when the budget runs out, and one that also ignores its cancellation only after the
+  cancellation grace on top (``host_timeout`` both). A failing call ends the turn ``error``
+  at once wherever it is (streaming, running a tool, waiting for deliveries), keeping every
+  confirmed delivery and awaiting none; once the turn has ended it changes nothing.
+* A notice call that fails at the very instant it is made races the turn's own work at that
+  instant: the rules do not say whether the failure is seen before that work or after it,
+  so the model follows both (work that takes no time is never cut in the middle).
+* The turn returns only when its notices and stop message have been dealt with (each
+  bounded as above). A delivery in flight that the channel confirms meanwhile is among the
+  result's deliveries; the ending, ``final_text`` and ``undelivered_text`` were settled when
+  the turn ended and stay as they were.
+* Tools. A tool raising its own `BaseException` subclass or `GeneratorExit` fails like one
+  raising an exception; one editing its arguments in place succeeds (the loop handed it its
+  own copy, so its call's identity is what the provider sent); one ignoring its cancellation
+  is, to the turn, a tool that never returns: timed out at its deadline and left behind (the
+  grace it gets to stop is not waited for).
+* Providers. An error quoting the provider's key fails the pass like any provider error;
+  usage whose counts are not whole numbers of at least zero (NaN, infinity) is the
+  provider's protocol failure, ending the pass ``error`` / ``provider_error``; a retry hint
+  that is not finite changes nothing in one attempt. A trickle streams one chunk of its text
+  every ``share`` of the inactivity budget, so only the pass's total budget
+  (``max_pass_duration``) or a signal ends it.
+* Generation turns. A script whose provider holds a key runs as a generation turn of one
+  model with that one key: the attempt's ending is the turn's (no key or model is left to
+  try), except that a stream timeout's notice is held by the outer tier and posted last,
+  only when the turn ends neither ``completed`` nor ``stopped_by_user``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -63,11 +97,13 @@ from toolloop_fsm.events import (
     FunctionCall,
     SceneMetadata,
     TextDelta,
+    UsageReport,
 )
 from toolloop_fsm.host import ToolRegistry, TurnSignals
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult, TurnStatus
 from toolloop_fsm.testing.clock import VirtualClock
+from toolloop_fsm.testing.hostile import SLOW_WITHIN_SHARE, ChannelAct, EchoKey, HostileItem, Trickle
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
 from toolloop_fsm.testing.strategies import (
     ToolAction,
@@ -98,6 +134,15 @@ _STREAM_TIMEOUTS = ("first_token_timeout", "inactivity_timeout")
 
 #: A failure of the host's channel ends the turn at once: nothing in flight is awaited.
 _HOST_FAILURES = frozenset({"host_error", "host_timeout"})
+#: How a channel call ends: confirmed, or failed as one of `_HOST_FAILURES`.
+_CONFIRMED = "confirmed"
+#: Tool actions that end in a failure shown to the model (after the behaviour's delay).
+_FAILING_ACTIONS = frozenset(
+    {ToolAction.FAIL, ToolAction.RAISE, ToolAction.RAISE_BASE_EXCEPTION,
+     ToolAction.RAISE_GENERATOR_EXIT}
+)  # fmt: skip
+#: Tool actions that never return by themselves: only the deadline or a stop ends the round.
+_NEVER_RETURNING = frozenset({ToolAction.HANG, ToolAction.IGNORE_CANCELLATION})
 
 
 # =========================================================================== what it predicts
@@ -274,12 +319,24 @@ class _Delivery:
 
 
 @define
+class _ChannelCall:
+    """A call into the host's channel in progress: when it ends and how (`_CONFIRMED` or one
+    of `_HOST_FAILURES`). ``instant``: it ends at the instant it was made; ``settled_order``:
+    for an instant notice failure, the order against the turn's own work was chosen."""
+
+    due: float
+    outcome: str
+    instant: bool
+    settled_order: bool = False
+
+
+@define
 class _Pass:
     """One provider pass: its script, what it streamed so far and when."""
 
     number: int
     started_at: float
-    items: tuple[ScriptItem, ...]
+    items: list[HostileItem]
     position: int = 0
     resumes_at: float | None = None  # the end of the pause the stream is in
     last_chunk_at: float | None = None  # None: no chunk yet (the first-token budget runs)
@@ -298,7 +355,7 @@ class _Pass:
 @define
 class _ToolRun:
     name: str
-    done_at: float | None  # None: the tool hangs
+    done_at: float | None  # None: the tool never returns by itself
     deadline_at: float
     behaviour: ToolBehaviour
 
@@ -309,7 +366,15 @@ def _identity(call: FunctionCall) -> str:
         canonical = json.dumps(call.arguments, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):
         canonical = repr(call.arguments)
-    return f"{call.name}\x00{canonical}"
+    return f"{call.name}\\x00{canonical}"
+
+
+def _whole_counts(usage: UsageReport) -> bool:
+    """Usage counts are whole numbers of at least zero (not NaN, not infinite)."""
+    return all(
+        isinstance(count, int) and not isinstance(count, bool) and count >= 0
+        for count in (usage.input_tokens, usage.output_tokens)
+    )
 
 
 # =========================================================================== the simulation
@@ -329,13 +394,22 @@ class _Simulation:
         self.choices = choices
         self.now = 0.0
         self.phase = "streaming"  # streaming, tool, settling, ended
-        # the world: tool plans played per tool, the channel, the host's signals
+        # a provider holding a key runs as a one-model generation turn
+        self.generation = script.provider_key is not None
+        # the world: tool plans played per tool, the host's signals
         self.executions: dict[str, int] = {}
-        self.queue: deque[_Delivery] = deque()
-        self.head_done_at: float | None = None
-        self.sends = 0
-        self.confirmed: list[_Delivery] = []
         self.signals = sorted(enumerate(script.signals), key=lambda s: (s[1].at, s[0]))
+        # the channel's two lines: deliveries (the head of `queue` is being sent) and
+        # notices / stop messages (`notice_queue` waits behind the call in progress)
+        self.queue: deque[_Delivery] = deque()
+        self.send_call: _ChannelCall | None = None
+        self.sends = 0  # delivery calls made
+        self.confirmations = 0  # deliveries that reached the point of being confirmed
+        self.notice_queue: deque[str] = deque()
+        self.notice_call: _ChannelCall | None = None
+        self.notice_calls = 0
+        self.confirmed: list[_Delivery] = []
+        self.late: list[_Delivery] = []  # confirmed after the turn ended, before it returned
         # the turn
         self.passes: list[_Pass] = []
         self.reading = False
@@ -356,6 +430,7 @@ class _Simulation:
         self.occurrences: dict[str, int] = {}
         self.history: list[tuple[str, bool]] = []
         self.notices: list[str] = []
+        self.held_timeout_notice = False
         self.scene: list[str] = []
         # the ending
         self.status: TurnStatus | None = None
@@ -371,16 +446,32 @@ class _Simulation:
     # ------------------------------------------------------------------ the event loop
     def run(self) -> PredictedEnding:
         self.start_pass()
-        while self.phase != "ended":
-            if self.queue and self.script.delivery_delay <= 0:
+        # the turn returns once it has ended and its notices are dealt with
+        while self.phase != "ended" or self.notice_call is not None:
+            send = self.send_call
+            if send is not None and send.instant:
                 self.delivery_done()  # an instant channel answers right after the step
-            elif self.reading:
-                self.read_item()
-            elif self.tool_starting:
-                self.start_tool()
-            else:
-                self.next_timer()
+                continue
+            if self.phase != "ended" and (self.reading or self.tool_starting):
+                if self.racing_notice_first():
+                    self.notice_done()
+                elif self.reading:
+                    self.read_item()
+                else:
+                    self.start_tool()
+                continue
+            self.next_timer()
         return self.ending()
+
+    def racing_notice_first(self) -> bool:
+        """A notice call failing at the instant it was made, while the turn still has work
+        to do at that instant: the failure comes first or after all of that work (one
+        choice, made once per call)."""
+        call = self.notice_call
+        if call is None or not call.instant or call.settled_order:
+            return False
+        call.settled_order = True
+        return self.choices.pick(2) == 1
 
     def next_timer(self) -> None:
         """Move the clock to the earliest timer and fire it (in every order, at a tie)."""
@@ -396,16 +487,18 @@ class _Simulation:
             due.append((self.tool.deadline_at, self.tool_deadline_expires))
         elif self.phase == "settling":
             due.append((self.settle_due, self.settle_window_ends))
-        if self.head_done_at is not None:
-            due.append((self.head_done_at, self.delivery_done))
-        if self.signals:
+        if self.send_call is not None:
+            due.append((self.send_call.due, self.delivery_done))
+        if self.notice_call is not None:
+            due.append((self.notice_call.due, self.notice_done))
+        if self.signals and self.phase != "ended":
             due.append((max(self.signals[0][1].at, self.now), self.signal_arrives))
         if not due:
             raise RuntimeError(f"the turn waits on nothing in phase {self.phase!r}")
         first = min(at for at, _ in due)
         ready = [fire for at, fire in due if at - first <= _SAME_INSTANT]
         fire = ready[self.choices.pick(len(ready))] if len(ready) > 1 else ready[0]
-        self.now = first
+        self.now = max(self.now, first)
         fire()
 
     # ------------------------------------------------------------------ stream once
@@ -413,14 +506,14 @@ class _Simulation:
         """Before every pass: the iteration ceiling; then the pass opens, posting the one-time
         *still working* notice as the pass after the soft-warning iteration begins."""
         if len(self.passes) >= self.policy.max_function_call_iterations:
-            self.notices.append("max_iterations")
+            self.post("max_iterations")
             self.decide(TurnStatus.TIMEOUT, "iteration_ceiling")
             return
         number = len(self.passes) + 1
         if number == self.policy.soft_warn_iteration + 1:
-            self.notices.append("still_working")
+            self.post("still_working")
         items = self.script.passes[number - 1] if number <= len(self.script.passes) else ()
-        self.passes.append(_Pass(number, self.now, tuple(items)))  # type: ignore[arg-type]
+        self.passes.append(_Pass(number, self.now, list(items)))
         self.phase = "streaming"
         self.reading = True
 
@@ -439,7 +532,8 @@ class _Simulation:
         return min(whole_pass, last + self.policy.inactivity_timeout)
 
     def read_item(self) -> None:
-        """Read the stream up to its next pause, failure or end (no time passes)."""
+        """Read the stream up to its next pause, failure or end (no time passes). A trickle
+        is a pause of its share of the inactivity budget, then its text, again and again."""
         current = self.current
         if current.position == len(current.items):
             self.reading = False
@@ -447,11 +541,21 @@ class _Simulation:
             return
         item = current.items[current.position]
         current.position += 1
-        if isinstance(item, Pause):
+        if isinstance(item, Trickle):
+            if item.count is None or item.count > 0:
+                rest = Trickle(item.share, item.text, None if item.count is None else item.count - 1)
+                interval = item.share * self.policy.inactivity_timeout
+                current.items[current.position : current.position] = [
+                    Pause(interval), TextDelta(item.text), rest,
+                ]  # fmt: skip
+        elif isinstance(item, Pause):
             self.reading = False
             current.resumes_at = self.now + item.seconds
-        elif isinstance(item, Fail):
+        elif isinstance(item, Fail | EchoKey):
             self.reading = False
+            self.end_stream(TurnStatus.ERROR, "provider_error")
+        elif isinstance(item, UsageReport) and not _whole_counts(item):
+            self.reading = False  # a chunk the rules refuse: the provider broke the protocol
             self.end_stream(TurnStatus.ERROR, "provider_error")
         else:
             self.take_chunk(item)
@@ -514,7 +618,10 @@ class _Simulation:
             reason = "first_token_timeout"
         else:
             reason = "inactivity_timeout"
-        self.notices.append("timeout")
+        if self.generation:
+            self.held_timeout_notice = True  # the outer tier posts it, last, if at all
+        else:
+            self.post("timeout")
         self.end_stream(TurnStatus.TIMEOUT, reason)
 
     def stream_ends(self) -> None:
@@ -602,7 +709,7 @@ class _Simulation:
         played = self.executions.get(tool.name, 0)
         self.executions[tool.name] = played + 1
         tool.behaviour = plan[played] if played < len(plan) else ToolBehaviour()
-        if tool.behaviour.action is not ToolAction.HANG:
+        if tool.behaviour.action not in _NEVER_RETURNING:
             tool.done_at = self.now + tool.behaviour.delay
             if tool.behaviour.delay <= 0:
                 self.tool_returns()
@@ -611,13 +718,13 @@ class _Simulation:
         tool = self.tool
         assert tool is not None
         behaviour = tool.behaviour
-        if behaviour.action is ToolAction.SUCCEED:
+        if behaviour.action not in _FAILING_ACTIONS:  # succeeds (having edited its own copy)
             outcome = _Outcome(
                 success=True, end_turn=behaviour.end_turn, delivered=behaviour.delivered,
                 expression=behaviour.expression,
                 restarts=behaviour.context_restart is not None, dispatched=True,
             )  # fmt: skip
-        else:  # a reported failure or a raise: a failure shown to the model
+        else:  # a reported failure or a raise of any kind: a failure shown to the model
             outcome = _Outcome(success=False, expression=behaviour.expression, dispatched=True)
         self.tool_outcome(outcome)
 
@@ -643,7 +750,7 @@ class _Simulation:
             self.tool_response_delivered = True
             self.hand_over(_Delivery(expression=outcome.expression))
         if not outcome.success:
-            self.notices.append("tool_failed")
+            self.post("tool_failed")
         self.last_tool = name
         # 1. restart: the enrichment joins the context and a new pass starts, with no history
         # entry; both error counters reset, suppression lifts, and calls replay afresh
@@ -671,7 +778,7 @@ class _Simulation:
                 self.suppressed = True
         shape = self.tools.get(name)
         if self.consecutive_errors >= self.policy.max_consecutive_tool_errors:
-            self.notices.append("tool_error_loop")
+            self.post("tool_error_loop")
             self.decide(TurnStatus.ERROR, "consecutive_tool_errors")
         elif outcome.success and outcome.end_turn:  # 5.
             self.complete_with_pre_tool_text("end_turn")
@@ -679,7 +786,7 @@ class _Simulation:
             self.script.continuation_style
             and self.continuation_failures >= self.policy.continuation_tool_failure_threshold
         ):  # 6.
-            self.notices.append("retry_exhausted")
+            self.post("retry_exhausted")
             self.complete_with_pre_tool_text("continuation_retries_exhausted")
         elif (
             outcome.success
@@ -709,12 +816,14 @@ class _Simulation:
 
     # ------------------------------------------------------------------ host signals
     def signal_arrives(self) -> None:
-        """A stop ends the turn at once wherever it is; a follow-up ends a pass being
-        streamed, waits for the next turn during a tool chain, and changes nothing once the
-        turn has ended."""
+        """A stop ends the turn at once wherever it is (its message, if any, goes to the
+        channel's notice line); a follow-up ends a pass being streamed, waits for the next
+        turn during a tool chain, and changes nothing once the turn has ended."""
         _, signal = self.signals.pop(0)
         if signal.kind == "stop":
             self.signals.clear()  # one stop ends the turn; nothing later can matter
+            if signal.stop_message is not None:
+                self.call_channel_line("stop message")  # queued at the front of the channel
             if self.phase == "streaming":
                 self.end_stream(TurnStatus.STOPPED_BY_USER, None)
             elif self.phase == "tool":
@@ -724,53 +833,129 @@ class _Simulation:
             elif self.phase == "settling":
                 if self.status is TurnStatus.TIMEOUT and self.reason in _STREAM_TIMEOUTS:
                     self.status, self.reason = TurnStatus.STOPPED_BY_USER, "stopped_while_settling"
-                self.phase = "ended"
+                self.end_turn()
         elif self.phase == "streaming":
             self.end_stream(TurnStatus.FOLLOW_UP_INTERRUPT, None)
 
     # ------------------------------------------------------------------ the channel
+    def _channel_call(self, act: ChannelAct, *, delivery: bool) -> _ChannelCall:
+        """How one channel call made now ends. A confirming delivery takes the channel's
+        delay, a confirming notice no time; a slow call within the host-call budget takes its
+        share of it; a raise fails at once; a hang, a call over the budget and a delivery
+        slower than the budget are given up on when it runs out; one that also ignores its
+        cancellation is given up on after the grace on top."""
+        budget = self.policy.host_call_timeout
+        now = self.now
+        if act is ChannelAct.CONFIRM:
+            delay = self.script.delivery_delay if delivery else 0.0
+            # a delivery taking exactly the budget returns as the budget runs out: a tie
+            overdue = delay > budget + _SAME_INSTANT or (
+                abs(delay - budget) <= _SAME_INSTANT and self.choices.pick(2) == 1
+            )
+            if overdue:
+                return _ChannelCall(now + budget, "host_timeout", instant=False)
+            return _ChannelCall(now + delay, _CONFIRMED, instant=delay <= 0)
+        if act is ChannelAct.RAISE:
+            return _ChannelCall(now, "host_error", instant=True)
+        if act is ChannelAct.SLOW_WITHIN:
+            return _ChannelCall(now + SLOW_WITHIN_SHARE * budget, _CONFIRMED, instant=False)
+        if act is ChannelAct.IGNORE_CANCELLATION:
+            grace = self.policy.cancel_grace
+            return _ChannelCall(now + budget + grace, "host_timeout", instant=False)
+        return _ChannelCall(now + budget, "host_timeout", instant=False)  # hang, slow over
+
+    @staticmethod
+    def _act(plan: Sequence[ChannelAct], index: int) -> ChannelAct:
+        return plan[index] if index < len(plan) else ChannelAct.CONFIRM
+
     def hand_over(self, delivery: _Delivery) -> None:
-        """Deliveries go to the channel one after another, each taking the channel's delay."""
+        """Deliveries go to the channel one after another."""
         self.queue.append(delivery)
-        if self.head_done_at is None and self.script.delivery_delay > 0:
-            self.head_done_at = self.now + self._send_time()
+        if self.send_call is None:
+            self.start_send()
+
+    def start_send(self) -> None:
+        act = self._act(self.script.sends, self.sends)
+        self.sends += 1
+        self.send_call = self._channel_call(act, delivery=True)
 
     def delivery_done(self) -> None:
-        """The channel finished the delivery at the head of the queue: it failed (a host
-        failure ends the turn ``error`` at once) or it is confirmed (which also re-arms a
-        streaming pass's inactivity budget)."""
+        """The channel finished the delivery at the head of the line: confirmed (which also
+        re-arms a streaming pass's inactivity budget) or failed (a host failure ends the turn
+        ``error`` at once). After the turn has ended a confirmation still counts as
+        delivered, and nothing more is sent."""
+        call = self.send_call
+        assert call is not None
+        self.send_call = None
         delivery = self.queue.popleft()
-        failing = self.sends == self.script.failing_delivery
-        self.sends += 1
-        self.head_done_at = None
-        # a send still running after the host-call budget is given up on: host_timeout
-        overdue = self.script.delivery_delay > self.policy.host_call_timeout
-        if failing or overdue:
-            reason = "host_timeout" if overdue else "host_error"
-            if self.phase == "streaming":
-                self.end_stream(TurnStatus.ERROR, reason)
-            else:
-                self.tool = None
-                self.tool_starting = False
-                self.decide(TurnStatus.ERROR, reason)
+        outcome = call.outcome
+        if outcome == _CONFIRMED:
+            failing = self.confirmations == self.script.failing_delivery
+            self.confirmations += 1
+            if failing:
+                outcome = "host_error"
+        if self.phase == "ended":
+            if outcome == _CONFIRMED:
+                self.late.append(delivery)
+            return
+        if outcome != _CONFIRMED:
+            self.host_fails(outcome)
             return
         self.confirmed.append(delivery)
         if delivery.text is not None:
             self.passes[delivery.pass_number - 1].confirmed.append(delivery.text)
         if self.phase == "streaming":
             self.current.last_confirmed_at = self.now
-        if self.queue and self.script.delivery_delay > 0:
-            self.head_done_at = self.now + self._send_time()
-        if self.phase == "settling" and not self.queue:
-            self.phase = "ended"
+        if self.queue:
+            self.start_send()
+        elif self.phase == "settling":
+            self.end_turn()
 
-    def _send_time(self) -> float:
-        """How long the channel's send at the head of the queue runs: its delay, cut at the
-        host-call budget."""
-        return min(self.script.delivery_delay, self.policy.host_call_timeout)
+    def post(self, key: str) -> None:
+        """Post a notice: it is the turn's, and a call on the channel's notice line."""
+        self.notices.append(key)
+        self.call_channel_line(key)
+
+    def call_channel_line(self, what: str) -> None:
+        """A notice or stop message joins the channel's notice line."""
+        self.notice_queue.append(what)
+        if self.notice_call is None:
+            self.start_notice()
+
+    def start_notice(self) -> None:
+        """The next call of the notice line starts; one that confirms at once is done at
+        once and the next one starts."""
+        while self.notice_queue and self.notice_call is None:
+            self.notice_queue.popleft()
+            act = self._act(self.script.notices, self.notice_calls)
+            self.notice_calls += 1
+            call = self._channel_call(act, delivery=False)
+            if not (call.instant and call.outcome == _CONFIRMED):
+                self.notice_call = call
+
+    def notice_done(self) -> None:
+        """A notice or stop message call ended: a failure ends a turn still running
+        ``error``; then the line goes on."""
+        call = self.notice_call
+        assert call is not None
+        self.notice_call = None
+        self.now = max(self.now, call.due)
+        if call.outcome != _CONFIRMED and self.phase != "ended":
+            self.host_fails(call.outcome)
+        self.start_notice()
+
+    def host_fails(self, reason: str) -> None:
+        """The host's channel failed (``host_error``) or did not return (``host_timeout``):
+        the pass or the tool is cut short and the turn ends ``error`` at once."""
+        if self.phase == "streaming":
+            self.end_stream(TurnStatus.ERROR, reason)
+        else:
+            self.tool = None
+            self.tool_starting = False
+            self.decide(TurnStatus.ERROR, reason)
 
     def settle_window_ends(self) -> None:
-        self.phase = "ended"
+        self.end_turn()
 
     # ------------------------------------------------------------------ the ending
     def decide(self, status: TurnStatus, reason: str | None = None) -> None:
@@ -780,7 +965,7 @@ class _Simulation:
         self.status, self.reason = status, reason
         self.reading = False
         if status is TurnStatus.STOPPED_BY_USER or reason in _HOST_FAILURES or not self.queue:
-            self.phase = "ended"
+            self.end_turn()
             return
         self.phase = "settling"
         window = (
@@ -789,6 +974,13 @@ class _Simulation:
             else self.policy.inactivity_timeout
         )
         self.settle_due = self.now + window
+
+    def end_turn(self) -> None:
+        """The turn has ended: deliveries not yet begun are never sent (the one in progress
+        may still be confirmed before the turn returns)."""
+        self.phase = "ended"
+        while len(self.queue) > (1 if self.send_call is not None else 0):
+            self.queue.pop()
 
     def ending(self) -> PredictedEnding:
         """A completed turn keeps its completing text; any other ending keeps only the text
@@ -810,6 +1002,12 @@ class _Simulation:
             dropped = streamed[len(confirmed) :] if streamed.startswith(confirmed) else streamed
         if self.scene:
             final_text = f"{final_text}\n\n[Scene Metadata]\n" + "\n".join(self.scene)
+        notices = list(self.notices)
+        if self.held_timeout_notice and status not in (
+            TurnStatus.COMPLETED,
+            TurnStatus.STOPPED_BY_USER,
+        ):
+            notices.append("timeout")  # the outer tier posts a held timeout notice last
         return PredictedEnding(
             status=status,
             reason=self.reason,
@@ -819,9 +1017,9 @@ class _Simulation:
             tool_dispatches=self.dispatches,
             delivered=tuple(
                 ("expression", d.expression) if d.expression is not None else ("text", d.text or "")
-                for d in self.confirmed
+                for d in (*self.confirmed, *self.late)
             ),
-            notices=tuple(self.notices),
+            notices=tuple(notices),
             history=tuple(self.history),
             tool_response_delivered=self.tool_response_delivered,
         )
