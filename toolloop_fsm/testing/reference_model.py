@@ -61,9 +61,9 @@ The hostile world (the kit's `ChannelAct` plans, hostile tools and providers):
   instant: the rules do not say whether the failure is seen before that work or after it,
   so the model follows both (work that takes no time is never cut in the middle).
 * The turn returns only when its notices and stop message have been dealt with (each
-  bounded as above). A delivery in flight that the channel confirms meanwhile is among the
-  result's deliveries; the ending, ``final_text`` and ``undelivered_text`` were settled when
-  the turn ended and stay as they were.
+  bounded as above). A delivery in flight that the channel confirms meanwhile was delivered
+  and read like any other (in the deliveries, ``final_text`` and ``undelivered_text``); the
+  ending stands.
 * Tools. A tool raising its own `BaseException` subclass or `GeneratorExit` fails like one
   raising an exception; one editing its arguments in place succeeds (the loop handed it its
   own copy, so its call's identity is what the provider sent); one ignoring its cancellation
@@ -409,7 +409,6 @@ class _Simulation:
         self.notice_call: _ChannelCall | None = None
         self.notice_calls = 0
         self.confirmed: list[_Delivery] = []
-        self.late: list[_Delivery] = []  # confirmed after the turn ended, before it returned
         # the turn
         self.passes: list[_Pass] = []
         self.reading = False
@@ -882,8 +881,9 @@ class _Simulation:
     def delivery_done(self) -> None:
         """The channel finished the delivery at the head of the line: confirmed (which also
         re-arms a streaming pass's inactivity budget) or failed (a host failure ends the turn
-        ``error`` at once). After the turn has ended a confirmation still counts as
-        delivered, and nothing more is sent."""
+        ``error`` at once). After the turn has ended, while it waits for its notices, a
+        confirmation still counts as delivered and read (the ending stands), and nothing more
+        is sent."""
         call = self.send_call
         assert call is not None
         self.send_call = None
@@ -894,16 +894,15 @@ class _Simulation:
             self.confirmations += 1
             if failing:
                 outcome = "host_error"
-        if self.phase == "ended":
-            if outcome == _CONFIRMED:
-                self.late.append(delivery)
-            return
         if outcome != _CONFIRMED:
-            self.host_fails(outcome)
+            if self.phase != "ended":
+                self.host_fails(outcome)
             return
         self.confirmed.append(delivery)
         if delivery.text is not None:
             self.passes[delivery.pass_number - 1].confirmed.append(delivery.text)
+        if self.phase == "ended":
+            return  # confirmed before the turn returned: read, but nothing more is sent
         if self.phase == "streaming":
             self.current.last_confirmed_at = self.now
         if self.queue:
@@ -1017,7 +1016,7 @@ class _Simulation:
             tool_dispatches=self.dispatches,
             delivered=tuple(
                 ("expression", d.expression) if d.expression is not None else ("text", d.text or "")
-                for d in (*self.confirmed, *self.late)
+                for d in self.confirmed
             ),
             notices=tuple(notices),
             history=tuple(self.history),
