@@ -140,9 +140,7 @@ async def test_a_send_that_never_returns_ends_the_turn_host_timeout_keeping_conf
     assert turn.clock.now() <= policy.host_call_timeout + EPSILON
 
 
-async def test_a_delivery_confirmed_while_a_hanging_notice_holds_the_turn_counts_as_read() -> (
-    None
-):
+async def test_a_delivery_confirmed_while_a_notice_holds_up_the_turn_counts_as_read() -> None:
     # The stall times the pass out at 2 s and the settle window (1 s) gives up on "Hello",
     # but the timeout notice hangs (until the 30-second host-call budget) and the channel
     # confirms "Hello" at 4 s, before the turn returns: the user read it.

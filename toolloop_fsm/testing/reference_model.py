@@ -7,7 +7,8 @@ every `PredictedEnding` the rules allow: status, sub-reason, ``final_text``,
 ``undelivered_text``, passes, tool dispatches, the deliveries the channel confirmed, the
 notices, the tool rounds and whether a tool delivered a response. `ending_of(result)` reads
 the same fields off an engine result, and `difference(predicted, observed)` says where they
-part. This is the kit's invariant 10: the ending is the one the rules predict.
+part; `check_ending(run)` does both for one run of `run_script`. This is the kit's
+invariant 10: the ending is the one the rules predict.
 
 The model shares no decision with the engine: it imports only values (events, the policy,
 the result types) and the kit's script types, never the engine's guards, states, machines,
@@ -84,7 +85,6 @@ The hostile world (the kit's `ChannelAct` plans, hostile tools and providers):
 from __future__ import annotations
 
 import json
-import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -103,9 +103,17 @@ from toolloop_fsm.host import ToolRegistry, TurnSignals
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult, TurnStatus
 from toolloop_fsm.testing.clock import VirtualClock
-from toolloop_fsm.testing.hostile import SLOW_WITHIN_SHARE, ChannelAct, EchoKey, HostileItem, Trickle
+from toolloop_fsm.testing.hostile import (
+    SLOW_WITHIN_SHARE,
+    ChannelAct,
+    EchoKey,
+    HostileItem,
+    Trickle,
+)
+from toolloop_fsm.testing.invariants import InvariantViolation
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
 from toolloop_fsm.testing.strategies import (
+    ScriptRun,
     ToolAction,
     ToolBehaviour,
     TurnScript,
@@ -115,6 +123,7 @@ from toolloop_fsm.testing.strategies import (
 __all__ = [
     "AmbiguousEnding",
     "PredictedEnding",
+    "check_ending",
     "describe_script",
     "difference",
     "ending_of",
@@ -252,6 +261,20 @@ def predict_endings(
             endings.append(ending)
         path = choices.next_path()
     return tuple(endings)
+
+
+def check_ending(run: ScriptRun) -> None:
+    """Invariant 10 on one run of `run_script`: raise `InvariantViolation` (number 10) when
+    the engine's ending is none of those the model predicts for the run's script and
+    policy, naming each field that differs and listing the script."""
+    predicted = predict_endings(run.script, run.policy, tools=run.tools)
+    mismatch = difference(predicted, ending_of(run.result))
+    if mismatch is not None:
+        raise InvariantViolation(
+            10,
+            f"the engine's ending is not the reference model's:\n{mismatch}\n"
+            f"script:\n{describe_script(run.script, run.policy)}",
+        )
 
 
 def predict_ending(
@@ -542,7 +565,9 @@ class _Simulation:
         current.position += 1
         if isinstance(item, Trickle):
             if item.count is None or item.count > 0:
-                rest = Trickle(item.share, item.text, None if item.count is None else item.count - 1)
+                rest = Trickle(
+                    item.share, item.text, None if item.count is None else item.count - 1
+                )
                 interval = item.share * self.policy.inactivity_timeout
                 current.items[current.position : current.position] = [
                     Pause(interval), TextDelta(item.text), rest,
@@ -1029,31 +1054,46 @@ def describe_script(script: TurnScript, policy: LoopPolicy) -> str:
     messages."""
     lines = [f"policy: {_policy_text(policy)}"]
     for number, items in enumerate(script.passes, 1):
-        lines.append(f"pass {number}: " + ", ".join(_item_text(item) for item in items))  # type: ignore[arg-type]
+        lines.append(f"pass {number}: " + ", ".join(_item_text(item) for item in items))
     for name, plan in script.tool_plan:
         lines.append(f"tool {name}: " + ", ".join(map(_behaviour_text, plan)))
     for signal in script.signals:
-        lines.append(f"signal {signal.kind} at {signal.at:g}")
+        message = f" ({signal.stop_message!r})" if signal.stop_message is not None else ""
+        thread = " from another thread" if signal.from_thread else ""
+        lines.append(f"signal {signal.kind}{message} at {signal.at:g}{thread}")
     lines.append(
-        f"channel: delay {script.delivery_delay:g}, failing delivery {script.failing_delivery}; "
+        f"channel: delay {script.delivery_delay:g}, failing delivery {script.failing_delivery}, "
+        f"sends {_acts_text(script.sends)}, notices {_acts_text(script.notices)}; "
         f"allowlist {sorted(script.tools_allowed) if script.tools_allowed is not None else None}; "
         f"continuation_style {script.continuation_style}"
     )
+    if script.provider_key is not None:
+        lines.append("provider holds a key: a one-model generation turn")
     return "\n".join(lines)
+
+
+def _acts_text(acts: Sequence[ChannelAct]) -> str:
+    return "[" + ", ".join(act.value for act in acts) + "]" if acts else "confirm"
 
 
 def _policy_text(policy: LoopPolicy) -> str:
     names = (
         "max_function_call_iterations", "soft_warn_iteration", "max_consecutive_tool_errors",
         "continuation_tool_failure_threshold", "inactivity_timeout", "first_token_timeout",
-        "abandoned_stream_settle", "tool_timeout", "delivery_flush_chars",
+        "abandoned_stream_settle", "tool_timeout", "delivery_flush_chars", "max_pass_duration",
+        "host_call_timeout", "cancel_grace",
     )  # fmt: skip
     fields = [f"{name}={getattr(policy, name)!r}" for name in names]
     fields.append(f"suppress={sorted(policy.suppress_followup_after_pre_tool_text)}")
     return ", ".join(fields)
 
 
-def _item_text(item: ScriptItem) -> str:
+def _item_text(item: HostileItem) -> str:
+    if isinstance(item, Trickle):
+        count = "forever" if item.count is None else f"{item.count}x"
+        return f"Trickle({item.text!r} every {item.share:g} of the inactivity budget, {count})"
+    if isinstance(item, EchoKey):
+        return f"EchoKey({item.style.value})"
     if isinstance(item, Pause):
         return f"Pause({item.seconds:g})"
     if isinstance(item, Fail):
