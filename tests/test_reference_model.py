@@ -439,7 +439,7 @@ def test_a_trickling_pass_is_predicted_to_time_out_at_the_pass_budget_keeping_ev
     assert engine_run(script, policy).elapsed == 60.0
 
 
-def test_a_notice_raising_as_the_next_pass_begins_allows_the_failure_before_or_after_it() -> None:
+def test_a_notice_raising_as_the_next_pass_begins_may_be_seen_between_any_two_steps() -> None:
     script = TurnScript(
         passes=((STICKER,), (TextDelta("Done."),)),
         tool_plan=(("send_sticker", (ToolBehaviour(ToolAction.FAIL),)),),
@@ -448,7 +448,8 @@ def test_a_notice_raising_as_the_next_pass_begins_allows_the_failure_before_or_a
     endings = predict_endings(script, EAGER)
     assert {(e.status, e.reason, e.final_text) for e in endings} == {
         (TurnStatus.ERROR, "host_error", ""),  # seen before the pass streamed
-        (TurnStatus.COMPLETED, None, "Done."),  # seen after the pass completed the turn
+        (TurnStatus.ERROR, "host_error", "Done."),  # after "Done." was read and delivered
+        (TurnStatus.COMPLETED, None, "Done."),  # after the pass completed the turn
     }
     engine_run(script, EAGER)
 

@@ -59,8 +59,9 @@ The hostile world (the kit's `ChannelAct` plans, hostile tools and providers):
   at once wherever it is (streaming, running a tool, waiting for deliveries), keeping every
   confirmed delivery and awaiting none; once the turn has ended it changes nothing.
 * A notice call that fails at the very instant it is made races the turn's own work at that
-  instant: the rules do not say whether the failure is seen before that work or after it,
-  so the model follows both (work that takes no time is never cut in the middle).
+  instant: the rules do not say where among that work the failure is seen, so the model
+  follows every point between two steps of it (a chunk read, a decision, a tool starting;
+  each step is done whole) and after all of it.
 * The turn returns only when its notices and stop message have been dealt with (each
   bounded as above). A delivery in flight that the channel confirms meanwhile was delivered
   and read like any other (in the deliveries, ``final_text`` and ``undelivered_text``); the
@@ -344,13 +345,11 @@ class _Delivery:
 @define
 class _ChannelCall:
     """A call into the host's channel in progress: when it ends and how (`_CONFIRMED` or one
-    of `_HOST_FAILURES`). ``instant``: it ends at the instant it was made; ``settled_order``:
-    for an instant notice failure, the order against the turn's own work was chosen."""
+    of `_HOST_FAILURES`); ``instant``: it ends at the instant it was made."""
 
     due: float
     outcome: str
     instant: bool
-    settled_order: bool = False
 
 
 @define
@@ -487,12 +486,11 @@ class _Simulation:
 
     def racing_notice_first(self) -> bool:
         """A notice call failing at the instant it was made, while the turn still has work
-        to do at that instant: the failure comes first or after all of that work (one
-        choice, made once per call)."""
+        to do at that instant: the failure may come before any step of that work (each
+        step — a chunk read, a decision, a tool starting — is done whole)."""
         call = self.notice_call
-        if call is None or not call.instant or call.settled_order:
+        if call is None or not call.instant:
             return False
-        call.settled_order = True
         return self.choices.pick(2) == 1
 
     def next_timer(self) -> None:
@@ -963,7 +961,6 @@ class _Simulation:
         call = self.notice_call
         assert call is not None
         self.notice_call = None
-        self.now = max(self.now, call.due)
         if call.outcome != _CONFIRMED and self.phase != "ended":
             self.host_fails(call.outcome)
         self.start_notice()
