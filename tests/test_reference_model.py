@@ -215,6 +215,24 @@ def test_a_restarted_pass_replays_the_nth_recorded_call_and_runs_the_next_occurr
     assert ending.iterations == 5
 
 
+def test_a_replayed_call_whose_recorded_run_failed_is_predicted_to_run_again() -> None:
+    # the 1st sticker fails, the 2nd succeeds and restarts; after the restart the 1st
+    # occurrence replays a recorded failure, so it runs again rather than reusing the 2nd
+    script = TurnScript(
+        passes=((STICKER,), (STICKER,), (STICKER,), (TextDelta("done"),)),
+        tool_plan=(
+            (
+                "send_sticker",
+                (ToolBehaviour(ToolAction.FAIL), ToolBehaviour(context_restart=ENRICH)),
+            ),
+        ),
+    )
+    ending = predict(script)
+    assert ending.tool_dispatches == 3
+    assert ending.history == (("send_sticker", False), ("send_sticker", True))
+    assert asyncio.run(run_script(script, EAGER)).result.tool_dispatches == 3
+
+
 def test_continuation_suppression_is_predicted_to_lift_after_a_successful_tool() -> None:
     script = TurnScript(
         passes=(

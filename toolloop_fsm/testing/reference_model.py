@@ -28,10 +28,12 @@ Theory of operation (what the stage functions below do not show):
   thread is taken like any other.
 * Replay identity. A call is identified by its tool name and canonical arguments, and
   counted by occurrence within a replay segment (the attempt; a context restart begins a new
-  segment). The n-th identical call of a segment reuses the n-th outcome recorded for that
-  identity earlier in the turn; past the recorded ones it runs, so a deliberate repeat
-  inside one segment runs again. Only successful runs are recorded. A tool whose ``replay``
-  is ``"rerun"`` always runs.
+  segment). Every run that completed (succeeded, failed or timed out) is recorded under its
+  identity and occurrence, so that occurrences line up; refusals and reuses are not runs.
+  The n-th identical call of a segment reuses the outcome recorded for the n-th occurrence
+  earlier in the turn when that run succeeded; otherwise it runs (a recorded failure runs
+  again, and a deliberate repeat inside one segment is a new occurrence). A tool whose
+  ``replay`` is ``"rerun"`` always runs.
 * Final text. A completed turn's ``final_text`` is the text of the pass that completed it (an
   empty pass that settles keeps the last pass text that was not blank; a turn ended after a
   tool round keeps that round's pre-tool text). Every other ending keeps only what the
@@ -53,9 +55,10 @@ The hostile world (the kit's `ChannelAct` plans, hostile tools and providers):
   confirming delivery takes the channel's delay, a confirming notice no time; a slow call
   within the host-call budget confirms after its share of it; a call that raises fails at
   once (``host_error``, as does the script's failing delivery when it would have been
-  confirmed); one that hangs, runs over the budget or takes longer than it is given up on
-  when the budget runs out, and one that also ignores its cancellation only after the
-  cancellation grace on top (``host_timeout`` both). A failing call ends the turn ``error``
+  confirmed). A call that hangs or runs past the budget (a slow call over it, a delivery
+  whose delay exceeds it; one taking exactly the budget is a tie) is given up on when the
+  budget runs out, and one that also ignores its cancellation only after the cancellation
+  grace on top (``host_timeout`` both). A failing call ends the turn ``error``
   at once wherever it is (streaming, running a tool, waiting for deliveries), keeping every
   confirmed delivery and awaiting none; once the turn has ended it changes nothing.
 * A notice call that fails at the very instant it is made races the turn's own work at that
@@ -447,8 +450,9 @@ class _Simulation:
         self.expression_delivered = False
         self.tool_response_delivered = False
         self.disabled: set[str] = set()
-        self.ledger: dict[str, list[_Outcome]] = {}
+        self.ledger: dict[tuple[str, int], _Outcome] = {}  # (identity, occurrence): last run
         self.occurrences: dict[str, int] = {}
+        self.occurrence: tuple[str, int] | None = None  # the current call's
         self.history: list[tuple[str, bool]] = []
         self.notices: list[str] = []
         self.held_timeout_notice = False
@@ -683,6 +687,7 @@ class _Simulation:
         not allowed, or disabled for the turn) are failures shown to the model; a replayed
         call reuses its recorded outcome; anything else is dispatched."""
         self.call = call
+        self.occurrence = None  # taken when the call reaches the ledger
         text = self.current.text
         self.pre_tool_text = text if text.strip() else None
         name = call.name
@@ -708,9 +713,9 @@ class _Simulation:
         identity = _identity(call)
         occurrence = self.occurrences.get(identity, 0)
         self.occurrences[identity] = occurrence + 1
-        recorded = self.ledger.get(identity, [])
-        if not self.tools[name].rerun and occurrence < len(recorded):
-            replayed = recorded[occurrence]
+        self.occurrence = (identity, occurrence)
+        replayed = self.ledger.get(self.occurrence)
+        if not self.tools[name].rerun and replayed is not None and replayed.success:
             self.tool_outcome(_Outcome(
                 success=True, end_turn=replayed.end_turn, delivered=replayed.delivered,
                 expression=replayed.expression, reused=True,
@@ -785,9 +790,9 @@ class _Simulation:
             return
         # 3. the history entry; a delivered response is noted
         self.history.append((name, outcome.success))
+        self.record(outcome)
         if outcome.success:
             self.tool_response_delivered |= outcome.delivered
-            self.record(outcome)
             # 4. a success resets both counters and lifts the suppression of text
             self.consecutive_errors = self.continuation_failures = 0
             self.suppressed = False
@@ -827,10 +832,9 @@ class _Simulation:
             self.start_pass()
 
     def record(self, outcome: _Outcome) -> None:
-        """A successful run is recorded for replay under the call's identity."""
-        call = self.call
-        if outcome.dispatched and call is not None:
-            self.ledger.setdefault(_identity(call), []).append(outcome)
+        """A run that completed is recorded under the call's identity and occurrence."""
+        if outcome.dispatched and self.occurrence is not None:
+            self.ledger[self.occurrence] = outcome
 
     def complete_with_pre_tool_text(self, reason: str) -> None:
         self.completed_text = self.pre_tool_text or ""
