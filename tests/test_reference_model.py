@@ -531,3 +531,19 @@ def test_a_delivery_confirmed_while_a_notice_holds_up_the_turn_is_predicted_read
     assert (ending.final_text, ending.undelivered_text) == ("Hello", "")
     assert ending.delivered == (("text", "Hello"),)
     engine_run(script, policy)
+
+
+def test_a_trickle_coinciding_with_every_confirmation_is_predicted_without_giving_up() -> None:
+    # a dot every 4.5 s, each taking 9 s to deliver: a chunk and a confirmation fall due at
+    # the same instant a hundred times, and the two orders of each lead to the same turn
+    script = TurnScript(passes=((Trickle(),),), delivery_delay=9.0)
+    policy = LoopPolicy(
+        delivery_flush_chars=1, inactivity_timeout=5.0, first_token_timeout=5.0,
+        max_pass_duration=900.0,
+    )  # fmt: skip
+    endings = predict_endings(script, policy)
+    assert {(e.status, e.reason) for e in endings} == {
+        (TurnStatus.TIMEOUT, "pass_duration_timeout")
+    }
+    assert {len(e.delivered) for e in endings} == {100}
+    engine_run(script, policy)

@@ -25,7 +25,9 @@ Theory of operation (what the stage functions below do not show):
 * Ties. When several timers fall due at the same virtual instant, the rules do not say which
   comes first; the model follows every order and predicts every ending they lead to (usually
   one). Host signals at the same instant keep the script's order; one fired from another
-  thread is taken like any other.
+  thread is taken like any other. Orders that lead back to a state of the turn already met
+  at a tie are not followed again (a trickle whose chunks keep coinciding with confirmations
+  would otherwise double the orders at every coincidence).
 * Replay identity. A call is identified by its tool name and canonical arguments, and
   counted by occurrence within a replay segment (the attempt; a context restart begins a new
   segment). Every run that completed (succeeded, failed or timed out) is recorded under its
@@ -251,6 +253,7 @@ def predict_endings(
         for tool in tools
     }
     endings: list[PredictedEnding] = []
+    explored: set[str] = set()
     path: list[int] | None = []
     runs = 0
     while path is not None:
@@ -259,10 +262,14 @@ def predict_endings(
             raise RuntimeError(
                 f"more than {MAX_ORDERINGS} orders of coinciding events; the model gives up"
             )
-        choices = _Choices(path)
-        ending = _Simulation(script, policy, shapes, choices).run()
-        if ending not in endings:
-            endings.append(ending)
+        choices = _Choices(path, explored)
+        try:
+            ending = _Simulation(script, policy, shapes, choices).run()
+        except _Explored:
+            pass  # every ending from here on was predicted by an earlier path
+        else:
+            if ending not in endings:
+                endings.append(ending)
         path = choices.next_path()
     return tuple(endings)
 
@@ -318,11 +325,27 @@ _REFUSED = _Outcome(success=False)
 
 
 class _Choices:
-    """One path through the tree of orders of coinciding timers (depth-first, in order)."""
+    """One path through the tree of orders of coinciding timers (depth-first, in order).
 
-    def __init__(self, path: Sequence[int]) -> None:
+    ``explored`` is shared by every path of one prediction: the states of the turn at the
+    fresh choices taken so far (those past the replayed prefix). The tree is walked depth
+    first, so when a later path meets such a state again, every order from there on was
+    already followed: that path stops (`Explored`) instead of following them again."""
+
+    def __init__(self, path: Sequence[int], explored: set[str]) -> None:
         self.path = list(path)
         self.taken: list[tuple[int, int]] = []
+        self.explored = explored
+
+    def meet(self, state: Callable[[], str]) -> None:
+        """About to choose (past the replayed prefix) in the turn's ``state``: raise
+        `_Explored` when it was met before."""
+        if len(self.taken) < len(self.path):
+            return  # replaying the prefix of this path
+        seen = state()
+        if seen in self.explored:
+            raise _Explored
+        self.explored.add(seen)
 
     def pick(self, options: int) -> int:
         depth = len(self.taken)
@@ -336,6 +359,10 @@ class _Choices:
             if choice + 1 < options:
                 return [c for c, _ in self.taken[:depth]] + [choice + 1]
         return None
+
+
+class _Explored(Exception):
+    """The orders from this state on were already followed by an earlier path."""
 
 
 @define
@@ -468,6 +495,21 @@ class _Simulation:
     def current(self) -> _Pass:
         return self.passes[-1]
 
+    def state(self) -> str:
+        """Everything that decides how the turn goes on from here, as one text (a pass by
+        what it has yet to stream, not by what it read)."""
+        fields = {
+            name: value
+            for name, value in vars(self).items()
+            if name not in ("script", "policy", "tools", "choices", "passes")
+        }
+        passes = [
+            (p.number, p.started_at, p.items[p.position :], p.resumes_at, p.last_chunk_at,
+             p.last_confirmed_at, p.texts, p.buffer, p.confirmed, p.call, p.finish)
+            for p in self.passes
+        ]  # fmt: skip
+        return repr((sorted(fields.items()), passes))
+
     # ------------------------------------------------------------------ the event loop
     def run(self) -> PredictedEnding:
         self.start_pass()
@@ -521,6 +563,8 @@ class _Simulation:
             raise RuntimeError(f"the turn waits on nothing in phase {self.phase!r}")
         first = min(at for at, _ in due)
         ready = [fire for at, fire in due if at - first <= _SAME_INSTANT]
+        if len(ready) > 1:
+            self.choices.meet(self.state)
         fire = ready[self.choices.pick(len(ready))] if len(ready) > 1 else ready[0]
         self.now = max(self.now, first)
         fire()
