@@ -147,6 +147,28 @@ async def test_a_send_that_never_returns_ends_the_turn_host_timeout_keeping_conf
     assert turn.clock.now() <= policy.host_call_timeout + EPSILON
 
 
+async def test_a_delivery_confirmed_while_a_notice_holds_up_the_turn_counts_as_read() -> None:
+    # The stall times the pass out at 2 s and the settle window (1 s) gives up on "Hello",
+    # but the timeout notice hangs (until the 30-second host-call budget) and the channel
+    # confirms "Hello" at 4 s, before the turn returns: the user read it.
+    policy = LoopPolicy(
+        inactivity_timeout=2, first_token_timeout=2, abandoned_stream_settle=1,
+        host_call_timeout=30, delivery_flush_chars=1,
+    )  # fmt: skip
+    turn, channel, stragglers = hostile_turn(
+        [[TextDelta("Hello"), Pause(100)]], policy, notices=(ChannelAct.HANG,),
+        delivery_delay=4.0,
+    )  # fmt: skip
+
+    result = await guarded(turn, [], stragglers, policy=policy)
+
+    assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
+    assert texts(result) == channel.texts == ["Hello"]
+    # what the result says was delivered is what it says the user read, and not unread
+    assert result.final_text == "Hello"
+    assert result.undelivered_text == ""
+
+
 async def test_a_channel_that_ignores_its_cancellation_is_abandoned_and_named() -> None:
     policy = LoopPolicy(
         inactivity_timeout=120, host_call_timeout=30, cancel_grace=2, delivery_flush_chars=1

@@ -1,11 +1,12 @@
-"""Property tests of the inner tool loop (docs/invariants.md §1–§9).
+"""Property tests of the inner tool loop (docs/invariants.md §1–§10).
 
 Three groups:
 
 * any scripted turn under any small policy, run through `run_tool_loop` on a virtual
   clock, reaches exactly one terminal state within its ceilings and keeps every invariant
   (`check_invariants` with every witness) — in the kind world, and in a hostile one whose
-  channel, tools, signals and provider misbehave in every way the kit knows;
+  channel, tools, signals and provider misbehave in every way the kit knows, where it also
+  ends as the reference model predicts (`check_ending`, invariant 10);
 * the sans-IO `ToolLoopMachine`, driven without the pump by random event sequences that are
   legal in its current state (a tiny simulator reads the effects: `StartStream` lets chunks
   come, `RunTool` lets its `ToolFinished` come, `ArmDeadline` lets that token expire,
@@ -73,6 +74,7 @@ from toolloop_fsm.testing import (
     TurnScript,
     VirtualClock,
     build_tools,
+    check_ending,
     check_invariants,
     chunks,
     loop_policies,
@@ -131,13 +133,15 @@ def test_any_turn_with_hostile_hosts_ends_and_keeps_every_invariant(
     their own BaseException or GeneratorExit, ignore cancellation or mutate their arguments;
     stops from another thread; providers that quote their key, report NaN usage or an
     infinite retry hint, or trickle forever: the turn still returns within its bounds, keeps
-    every confirmed delivery, names what it abandoned and leaks no key."""
+    every confirmed delivery, names what it abandoned, leaks no key, and ends as the
+    reference model predicts (all ten invariants)."""
     run = asyncio.run(run_script(script, policy, real_timeout=HOSTILE_REAL_TIMEOUT))
     result = run.result
     assert result.status in TurnStatus
     assert [s.next_state in FINAL_STATES for s in result.trace].count(True) == 1
     assert result.iterations <= policy.max_function_call_iterations
     run.check()
+    check_ending(run)  # invariant 10
 
 
 #: Real seconds a virtual-time turn may take before it counts as never returning (one takes

@@ -1,11 +1,12 @@
 """Invariant 10: every scripted turn ends as the kit's reference model predicts.
 
-The property test runs each drawn script through the engine (`run_script`) and through the
-independent model (`predict_endings`) and compares status, sub-reason, ``final_text``,
-``undelivered_text``, passes, dispatches, confirmed deliveries, notices, tool rounds and
-whether a tool delivered a response. The example tests pin what the model itself predicts
-for behaviours a user would notice, and a structural test keeps the model independent of
-the engine's decisions.
+The property tests run each drawn script — in the kind world, and in the hostile one whose
+channel, tools, signals and provider misbehave — through the engine (`run_script`) and
+through the independent model (`predict_endings`) and compare status, sub-reason,
+``final_text``, ``undelivered_text``, passes, dispatches, confirmed deliveries, notices, tool
+rounds and whether a tool delivered a response. The example tests pin what the model itself
+predicts for behaviours a user would notice (the hostile ones also run the engine), and a
+structural test keeps the model independent of the engine's decisions.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import inspect
+import math
 
 import attrs
 import pytest
@@ -26,19 +28,26 @@ from toolloop_fsm.events import (
     FunctionCall,
     SceneMetadata,
     TextDelta,
+    UsageReport,
 )
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.testing import (
+    PROVIDER_KEYS,
     AmbiguousEnding,
+    ChannelAct,
+    EchoKey,
     Fail,
     Pause,
     PredictedEnding,
+    ScriptRun,
     TimedSignal,
     ToolAction,
     ToolBehaviour,
+    Trickle,
     TurnScript,
+    check_ending,
     describe_script,
     difference,
     ending_of,
@@ -51,6 +60,9 @@ from toolloop_fsm.testing import (
 
 #: 300 examples under the ci profile (3/5 of its count); the explore profile scales it up.
 EXAMPLES = max(1, (settings.default or settings()).max_examples * 3 // 5)
+#: Real seconds a hostile virtual-time turn may take before it counts as never returning.
+HOSTILE_REAL_TIMEOUT = 3.0
+
 
 # =========================================================================== the property
 @settings(max_examples=EXAMPLES)
@@ -65,6 +77,19 @@ def test_every_scripted_turn_ends_as_the_reference_model_predicts(
         f"the engine's ending is not the reference model's:\n{mismatch}\n"
         f"script:\n{describe_script(script, policy)}"
     )
+
+
+@settings(max_examples=EXAMPLES)
+@given(script=turn_scripts(hostile=True), policy=loop_policies(hostile=True))
+def test_every_hostile_turn_ends_as_the_reference_model_predicts(
+    script: TurnScript, policy: LoopPolicy
+) -> None:
+    """Channel calls that raise, hang, run long or ignore their cancellation; tools that raise
+    their own BaseException or GeneratorExit, ignore cancellation or mutate their arguments;
+    stops from another thread; providers that quote their key, report NaN usage or trickle
+    forever: the ending is still the one the rules predict."""
+    run = asyncio.run(run_script(script, policy, real_timeout=HOSTILE_REAL_TIMEOUT))
+    check_ending(run)
 
 
 # =========================================================================== independence
@@ -188,6 +213,24 @@ def test_a_restarted_pass_replays_the_nth_recorded_call_and_runs_the_next_occurr
     assert ending.tool_dispatches == 3
     assert ending.history == (("get_weather", True),) * 3
     assert ending.iterations == 5
+
+
+def test_a_replayed_call_whose_recorded_run_failed_is_predicted_to_run_again() -> None:
+    # the 1st sticker fails, the 2nd succeeds and restarts; after the restart the 1st
+    # occurrence replays a recorded failure, so it runs again rather than reusing the 2nd
+    script = TurnScript(
+        passes=((STICKER,), (STICKER,), (STICKER,), (TextDelta("done"),)),
+        tool_plan=(
+            (
+                "send_sticker",
+                (ToolBehaviour(ToolAction.FAIL), ToolBehaviour(context_restart=ENRICH)),
+            ),
+        ),
+    )
+    ending = predict(script)
+    assert ending.tool_dispatches == 3
+    assert ending.history == (("send_sticker", False), ("send_sticker", True))
+    assert asyncio.run(run_script(script, EAGER)).result.tool_dispatches == 3
 
 
 def test_continuation_suppression_is_predicted_to_lift_after_a_successful_tool() -> None:
@@ -339,3 +382,168 @@ def test_a_difference_names_every_field_that_parts_from_the_prediction() -> None
         "engine <TurnStatus.EMPTY_RESPONSE: 'empty_response'>\n"
         "  final_text: predicted 'Hi', engine ''"
     )
+
+
+# =========================================================================== hostile endings
+def engine_run(script: TurnScript, policy: LoopPolicy) -> ScriptRun:
+    """The engine's run of a hostile example, checked against the model too."""
+    run = asyncio.run(run_script(script, policy, real_timeout=HOSTILE_REAL_TIMEOUT))
+    check_ending(run)
+    return run
+
+
+def test_a_hanging_notice_is_predicted_to_end_the_turn_host_timeout_at_the_host_call_budget() -> (
+    None
+):
+    script = TurnScript(
+        passes=((TextDelta("Checking. "), WEATHER), (TextDelta("Sorry, "), Pause(100.0))),
+        tool_plan=(("get_weather", (ToolBehaviour(ToolAction.FAIL),)),),
+        notices=(ChannelAct.HANG,),  # the tool_failed notice never returns
+    )
+    policy = LoopPolicy(delivery_flush_chars=1, host_call_timeout=5.0)
+    ending = predict(script, policy)
+    # the second pass was streaming when the notice's budget ran out, 5 s after it was posted
+    assert (ending.status, ending.reason) == (TurnStatus.ERROR, "host_timeout")
+    assert ending.delivered == (("text", "Checking. "), ("text", "Sorry, "))
+    assert ending.final_text == "Sorry, " and ending.notices == ("tool_failed",)
+    assert engine_run(script, policy).elapsed == 5.0
+
+
+def test_a_send_slower_than_the_host_call_budget_is_predicted_to_keep_only_the_confirmed_text() -> (
+    None
+):
+    script = TurnScript(
+        passes=((TextDelta("Hello"), TextDelta(" world")),),
+        sends=(ChannelAct.CONFIRM, ChannelAct.SLOW_OVER),
+    )
+    policy = LoopPolicy(delivery_flush_chars=1, host_call_timeout=5.0)
+    ending = predict(script, policy)
+    assert (ending.status, ending.reason) == (TurnStatus.ERROR, "host_timeout")
+    assert ending.delivered == (("text", "Hello"),)
+    assert (ending.final_text, ending.undelivered_text) == ("Hello", " world")
+    assert engine_run(script, policy).elapsed == 5.0
+
+
+def test_a_tool_ignoring_its_cancellation_is_predicted_to_time_out_without_awaiting_the_grace() -> (
+    None
+):
+    # the deadline (10 s) fails the tool and the next pass starts at once, not after the
+    # 2-second grace: a stop at 11 s lands in that pass, after its first words
+    script = TurnScript(
+        passes=((WEATHER,), (TextDelta("No weather"), Pause(5.0), TextDelta(" today."))),
+        tool_plan=(("get_weather", (ToolBehaviour(ToolAction.IGNORE_CANCELLATION),)),),
+        signals=(TimedSignal(11.0, "stop"),),
+    )
+    policy = LoopPolicy(delivery_flush_chars=1, tool_timeout=10.0, cancel_grace=2.0)
+    ending = predict(script, policy)
+    assert (ending.status, ending.reason) == (TurnStatus.STOPPED_BY_USER, None)
+    assert ending.history == (("get_weather", False),) and ending.notices == ("tool_failed",)
+    assert ending.final_text == "No weather"
+    assert engine_run(script, policy).result.abandoned_calls == ("tool get_weather (dispatch 1)",)
+
+
+def test_a_trickling_pass_is_predicted_to_time_out_at_the_pass_budget_keeping_every_chunk() -> None:
+    script = TurnScript(passes=((TextDelta("Thinking"), Trickle()),))
+    policy = LoopPolicy(
+        delivery_flush_chars=1, inactivity_timeout=10.0, first_token_timeout=10.0,
+        max_pass_duration=60.0,
+    )  # fmt: skip
+    ending = predict(script, policy)
+    # a dot every 9 s never lets the 10-second inactivity budget run out; 60 s ends the pass
+    assert (ending.status, ending.reason) == (TurnStatus.TIMEOUT, "pass_duration_timeout")
+    assert ending.final_text == "Thinking......"
+    assert ending.delivered == (("text", "Thinking"),) + (("text", "."),) * 6
+    assert ending.notices == ("timeout",)
+    assert engine_run(script, policy).elapsed == 60.0
+
+
+def test_a_notice_raising_as_the_next_pass_begins_may_be_seen_between_any_two_steps() -> None:
+    script = TurnScript(
+        passes=((STICKER,), (TextDelta("Done."),)),
+        tool_plan=(("send_sticker", (ToolBehaviour(ToolAction.FAIL),)),),
+        notices=(ChannelAct.RAISE,),  # the tool_failed notice raises at once
+    )
+    endings = predict_endings(script, EAGER)
+    assert {(e.status, e.reason, e.final_text) for e in endings} == {
+        (TurnStatus.ERROR, "host_error", ""),  # seen before the pass streamed
+        (TurnStatus.ERROR, "host_error", "Done."),  # after "Done." was read and delivered
+        (TurnStatus.COMPLETED, None, "Done."),  # after the pass completed the turn
+    }
+    engine_run(script, EAGER)
+
+
+@pytest.mark.parametrize(
+    ("provider_key", "status", "reason", "final_text"),
+    [
+        (None, TurnStatus.ERROR, "host_error", ""),
+        (PROVIDER_KEYS[0], TurnStatus.TIMEOUT, "inactivity_timeout", "Hi"),
+    ],
+    ids=["tool loop", "generation turn"],
+)
+def test_a_generation_turn_is_predicted_to_hold_its_timeout_notice_until_the_end(
+    provider_key: str | None, status: TurnStatus, reason: str, final_text: str
+) -> None:
+    # "Hi" takes 3 s to deliver and the stream stalls at 2 s. The tool loop posts the
+    # timeout notice at once, and its raise ends the turn while "Hi" is still in flight; a
+    # generation turn holds the notice until the attempt is over, so "Hi" is confirmed.
+    script = TurnScript(
+        passes=((TextDelta("Hi"), Pause(100.0)),), notices=(ChannelAct.RAISE,),
+        delivery_delay=3.0, provider_key=provider_key,
+    )  # fmt: skip
+    policy = LoopPolicy(delivery_flush_chars=1, inactivity_timeout=2.0, first_token_timeout=2.0)
+    ending = predict(script, policy)
+    assert (ending.status, ending.reason, ending.final_text) == (status, reason, final_text)
+    assert ending.notices == ("timeout",)
+    engine_run(script, policy)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [UsageReport(math.nan, 3), UsageReport(4, math.inf), EchoKey()],  # type: ignore[arg-type]
+    ids=["NaN usage", "infinite usage", "an error quoting the key"],
+)
+def test_a_provider_breaking_the_protocol_is_predicted_as_a_provider_error_keeping_the_read_text(
+    failure: UsageReport | EchoKey,
+) -> None:
+    script = TurnScript(
+        passes=((TextDelta("Hi"), failure, TextDelta(" there")),),
+        provider_key=PROVIDER_KEYS[0] if isinstance(failure, EchoKey) else None,
+    )
+    ending = predict(script)
+    assert (ending.status, ending.reason) == (TurnStatus.ERROR, "provider_error")
+    assert ending.final_text == "Hi" and ending.undelivered_text == ""
+    engine_run(script, EAGER)
+
+
+def test_a_delivery_confirmed_while_a_notice_holds_up_the_turn_is_predicted_read() -> None:
+    # the settle window (1 s) gives up on "Hello" at 3 s, but the timeout notice hangs and
+    # the channel confirms "Hello" at 4 s, before the turn returns
+    script = TurnScript(
+        passes=((TextDelta("Hello"), Pause(100.0)),), notices=(ChannelAct.HANG,),
+        delivery_delay=4.0,
+    )  # fmt: skip
+    policy = LoopPolicy(
+        delivery_flush_chars=1, inactivity_timeout=2.0, first_token_timeout=2.0,
+        abandoned_stream_settle=1.0,
+    )  # fmt: skip
+    ending = predict(script, policy)
+    assert (ending.status, ending.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
+    assert (ending.final_text, ending.undelivered_text) == ("Hello", "")
+    assert ending.delivered == (("text", "Hello"),)
+    engine_run(script, policy)
+
+
+def test_a_trickle_coinciding_with_every_confirmation_is_predicted_without_giving_up() -> None:
+    # a dot every 4.5 s, each taking 9 s to deliver: a chunk and a confirmation fall due at
+    # the same instant a hundred times, and the two orders of each lead to the same turn
+    script = TurnScript(passes=((Trickle(),),), delivery_delay=9.0)
+    policy = LoopPolicy(
+        delivery_flush_chars=1, inactivity_timeout=5.0, first_token_timeout=5.0,
+        max_pass_duration=900.0,
+    )  # fmt: skip
+    endings = predict_endings(script, policy)
+    assert {(e.status, e.reason) for e in endings} == {
+        (TurnStatus.TIMEOUT, "pass_duration_timeout")
+    }
+    assert {len(e.delivered) for e in endings} == {100}
+    engine_run(script, policy)

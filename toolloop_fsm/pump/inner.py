@@ -73,6 +73,7 @@ from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.pump.deadlines import StreamDeadlines
 from toolloop_fsm.pump.deliveries import DeliveriesAndHostCalls, wait_bounded
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.states.build_result import count_late_deliveries
 from toolloop_fsm.tools import run_tool_handler
 from toolloop_fsm.turn import LedgerEntry
 
@@ -288,15 +289,12 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
 
     def _with_late_facts(self, result: GenerationTurnResult) -> GenerationTurnResult:
         """Add what happened after the machine finished but before the run returned: a
-        delivery the channel confirmed (it is in the result, whatever the interleaving) and
-        the calls abandoned for ignoring their cancellation."""
-        changes: dict[str, Any] = {}
+        delivery the channel confirmed (it is in the result, whatever the interleaving, and
+        read by the user) and the calls abandoned for ignoring their cancellation."""
         if self._late_confirmed:
-            in_flight = self.machine.turn.in_flight
-            late = [in_flight[seq] for seq in self._late_confirmed if seq in in_flight]
-            if late:
-                delivered = sorted((*result.delivered, *late), key=lambda d: d.seq)
-                changes["delivered"] = tuple(delivered)
+            # delivered like any other: the final and undelivered text count it too
+            result = count_late_deliveries(self.machine.turn, result, self._late_confirmed)
+        changes: dict[str, Any] = {}
         if self._abandoned:
             changes["abandoned_calls"] = (*result.abandoned_calls, *self._abandoned)
         return attrs.evolve(result, **changes) if changes else result

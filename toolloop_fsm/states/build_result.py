@@ -4,7 +4,10 @@ a tool round, the bounded wait for deliveries in flight, and assembling
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+import attrs
 
 from toolloop_fsm.effects import CancelStream, CancelTool
 from toolloop_fsm.events import DeadlineKind, DeliveryFailed, DeliveryRecorded, StopRequested
@@ -115,9 +118,7 @@ def build_result(
         status = turn.status
         reason = turn.reason
     assert status is not None
-    final_text, undelivered_text = _final_and_undelivered_text(turn, status)
-    if turn.scene_metadata:
-        final_text = f"{final_text}\n\n[Scene Metadata]\n" + "\n".join(turn.scene_metadata)
+    final_text, undelivered_text = _result_texts(turn, status)
     details = "\n".join(
         f"{entry.call.name}: "
         + ("ok" if entry.response.success else f"failed ({entry.response.reason})")
@@ -148,6 +149,33 @@ def build_result(
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
         trace=tuple(turn.trace),
     )
+
+
+def count_late_deliveries(
+    turn: TurnState, result: GenerationTurnResult, seqs: Iterable[int]
+) -> GenerationTurnResult:
+    """``result`` with the deliveries ``seqs`` the channel confirmed after the turn had ended
+    but before it returned (docs/behaviour.md §6.1 rule 6): they were delivered like any
+    other, so they are recorded, and the result's deliveries, final text and undelivered text
+    count them. The ending itself stands."""
+    for seq in seqs:
+        if seq in turn.in_flight:
+            record_delivery(turn, DeliveryRecorded(seq))
+    final_text, undelivered_text = _result_texts(turn, result.status)
+    return attrs.evolve(
+        result,
+        delivered=tuple(sorted(turn.delivered or (), key=lambda d: d.seq)),
+        final_text=final_text,
+        undelivered_text=undelivered_text,
+    )
+
+
+def _result_texts(turn: TurnState, status: TurnStatus) -> tuple[str, str]:
+    """The final text (with the scene metadata block, if any) and the undelivered text."""
+    final_text, undelivered_text = _final_and_undelivered_text(turn, status)
+    if turn.scene_metadata:
+        final_text = f"{final_text}\n\n[Scene Metadata]\n" + "\n".join(turn.scene_metadata)
+    return final_text, undelivered_text
 
 
 def _final_and_undelivered_text(turn: TurnState, status: TurnStatus) -> tuple[str, str]:

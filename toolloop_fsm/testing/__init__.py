@@ -202,6 +202,7 @@ if TYPE_CHECKING:
     from toolloop_fsm.testing.reference_model import (
         AmbiguousEnding,
         PredictedEnding,
+        check_ending,
         describe_script,
         difference,
         ending_of,
@@ -211,13 +212,14 @@ if TYPE_CHECKING:
 
 _REFERENCE_NAMES = frozenset(
     {
-        "AmbiguousEnding", "PredictedEnding", "describe_script", "difference", "ending_of",
-        "predict_ending", "predict_endings",
+        "AmbiguousEnding", "PredictedEnding", "check_ending", "describe_script", "difference",
+        "ending_of", "predict_ending", "predict_endings",
     }
 )  # fmt: skip
 __all__ += [
     "AmbiguousEnding",
     "PredictedEnding",
+    "check_ending",
     "describe_script",
     "difference",
     "ending_of",

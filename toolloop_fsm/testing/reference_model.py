@@ -2,11 +2,12 @@
 
 `predict_endings(script, policy)` runs an independent, plain-Python discrete-event simulation
 of the behaviour rules of one tool-loop turn on a `TurnScript` (the provider's passes, what
-each tool does, host signals at virtual instants, the channel) and returns every
-`PredictedEnding` the rules allow: status, sub-reason, ``final_text``, ``undelivered_text``,
-passes, tool dispatches, the deliveries the channel confirmed, the notices, the tool rounds
-and whether a tool delivered a response. `ending_of(result)` reads the same fields off an
-engine result, and `difference(predicted, observed)` says where they part. This is the kit's
+each tool does, host signals at virtual instants, what each channel call does) and returns
+every `PredictedEnding` the rules allow: status, sub-reason, ``final_text``,
+``undelivered_text``, passes, tool dispatches, the deliveries the channel confirmed, the
+notices, the tool rounds and whether a tool delivered a response. `ending_of(result)` reads
+the same fields off an engine result, and `difference(predicted, observed)` says where they
+part; `check_ending(run)` does both for one run of `run_script`. This is the kit's
 invariant 10: the ending is the one the rules predict.
 
 The model shares no decision with the engine: it imports only values (events, the policy,
@@ -18,18 +19,23 @@ Theory of operation (what the stage functions below do not show):
 * Time. Work that takes no virtual time (reading chunks up to the next pause, deciding, a
   tool that returns at once, a delivery to a channel without delay) finishes before the next
   timer falls due. The timers are: the end of a provider pause, the pass's stream budget, a
-  tool's return and its deadline, the channel finishing a delivery, the settle window, and
-  each host signal. A delivery to a channel without delay is confirmed right after the step
-  that handed it over, before anything else happens.
+  tool's return and its deadline, the channel finishing a call, the settle window, and each
+  host signal. A delivery the channel finishes at once (confirmed without delay, or refused
+  by a raise) is settled right after the step that handed it over, before anything else.
 * Ties. When several timers fall due at the same virtual instant, the rules do not say which
   comes first; the model follows every order and predicts every ending they lead to (usually
-  one). Host signals at the same instant keep the script's order.
+  one). Host signals at the same instant keep the script's order; one fired from another
+  thread is taken like any other. Orders that lead back to a state of the turn already met
+  at a tie are not followed again (a trickle whose chunks keep coinciding with confirmations
+  would otherwise double the orders at every coincidence).
 * Replay identity. A call is identified by its tool name and canonical arguments, and
   counted by occurrence within a replay segment (the attempt; a context restart begins a new
-  segment). The n-th identical call of a segment reuses the n-th outcome recorded for that
-  identity earlier in the turn; past the recorded ones it runs, so a deliberate repeat
-  inside one segment runs again. Only successful runs are recorded. A tool whose ``replay``
-  is ``"rerun"`` always runs.
+  segment). Every run that completed (succeeded, failed or timed out) is recorded under its
+  identity and occurrence, so that occurrences line up; refusals and reuses are not runs.
+  The n-th identical call of a segment reuses the outcome recorded for the n-th occurrence
+  earlier in the turn when that run succeeded; otherwise it runs (a recorded failure runs
+  again, and a deliberate repeat inside one segment is a new occurrence). A tool whose
+  ``replay`` is ``"rerun"`` always runs.
 * Final text. A completed turn's ``final_text`` is the text of the pass that completed it (an
   empty pass that settles keeps the last pass text that was not blank; a turn ended after a
   tool round keeps that round's pre-tool text). Every other ending keeps only what the
@@ -40,12 +46,46 @@ Theory of operation (what the stage functions below do not show):
 * Settling. After any ending but a stop or a failure of the host's channel, deliveries still
   in flight are awaited: for the settle window after a timeout, for one inactivity budget
   otherwise. A stop while waiting ends the turn at once (a stream timeout becomes
-  ``stopped_by_user``); a follow-up while waiting is ignored; a delivery failing while
-  waiting ends the turn ``error`` (``host_error``). A send still running after the policy's
-  ``host_call_timeout`` is given up on the same way (``host_timeout``).
+  ``stopped_by_user``); a follow-up while waiting is ignored; a channel call failing while
+  waiting ends the turn ``error``.
 
-Room to grow: a hostile channel (hanging or raising calls, ``host_timeout``) is one more
-timer beside the delivery timer.
+The hostile world (the kit's `ChannelAct` plans, hostile tools and providers):
+
+* Channel calls. Deliveries (texts and expressions) go to the channel one after another, and
+  so do notices and stop messages, on a line of their own beside them; the n-th call of each
+  line plays the script's n-th act (``sends``, ``notices``; past the plan it confirms). A
+  confirming delivery takes the channel's delay, a confirming notice no time; a slow call
+  within the host-call budget confirms after its share of it; a call that raises fails at
+  once (``host_error``, as does the script's failing delivery when it would have been
+  confirmed). A call that hangs or runs past the budget (a slow call over it, a delivery
+  whose delay exceeds it; one taking exactly the budget is a tie) is given up on when the
+  budget runs out, and one that also ignores its cancellation only after the cancellation
+  grace on top (``host_timeout`` both). A failing call ends the turn ``error``
+  at once wherever it is (streaming, running a tool, waiting for deliveries), keeping every
+  confirmed delivery and awaiting none; once the turn has ended it changes nothing.
+* A notice call that fails at the very instant it is made races the turn's own work at that
+  instant: the rules do not say where among that work the failure is seen, so the model
+  follows every point between two steps of it (a chunk read, a decision, a tool starting;
+  each step is done whole) and after all of it.
+* The turn returns only when its notices and stop message have been dealt with (each
+  bounded as above). A delivery in flight that the channel confirms meanwhile was delivered
+  and read like any other (in the deliveries, ``final_text`` and ``undelivered_text``); the
+  ending stands.
+* Tools. A tool raising its own `BaseException` subclass or `GeneratorExit` fails like one
+  raising an exception; one editing its arguments in place succeeds (the loop handed it its
+  own copy, so its call's identity is what the provider sent); one ignoring its cancellation
+  is, to the turn, a tool that never returns: timed out at its deadline and left behind (the
+  grace it gets to stop is not waited for).
+* Providers. An error quoting the provider's key fails the pass like any provider error;
+  usage whose counts are not whole numbers of at least zero (NaN, infinity) is the
+  provider's protocol failure, ending the pass ``error`` / ``provider_error``; a retry hint
+  that is not finite changes nothing in one attempt. A trickle streams one chunk of its text
+  every ``share`` of the inactivity budget, so only the pass's total budget
+  (``max_pass_duration``) or a signal ends it.
+* Generation turns. A script whose provider holds a key runs as a generation turn of one
+  model with that one key: the attempt's ending is the turn's (no key or model is left to
+  try), except that a stream timeout's notice is held by the outer tier and posted last,
+  only when the turn ends neither ``completed`` nor ``stopped_by_user``.
 """
 
 from __future__ import annotations
@@ -63,12 +103,21 @@ from toolloop_fsm.events import (
     FunctionCall,
     SceneMetadata,
     TextDelta,
+    UsageReport,
 )
 from toolloop_fsm.host import ToolRegistry, TurnSignals
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult, TurnStatus
 from toolloop_fsm.testing.clock import VirtualClock
-from toolloop_fsm.testing.harness import build_tools
+from toolloop_fsm.testing.harness import ScriptRun, build_tools
+from toolloop_fsm.testing.hostile import (
+    SLOW_WITHIN_SHARE,
+    ChannelAct,
+    EchoKey,
+    HostileItem,
+    Trickle,
+)
+from toolloop_fsm.testing.invariants import InvariantViolation
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
 from toolloop_fsm.testing.strategies import (
     ToolAction,
@@ -79,6 +128,7 @@ from toolloop_fsm.testing.strategies import (
 __all__ = [
     "AmbiguousEnding",
     "PredictedEnding",
+    "check_ending",
     "describe_script",
     "difference",
     "ending_of",
@@ -98,6 +148,15 @@ _STREAM_TIMEOUTS = ("first_token_timeout", "inactivity_timeout")
 
 #: A failure of the host's channel ends the turn at once: nothing in flight is awaited.
 _HOST_FAILURES = frozenset({"host_error", "host_timeout"})
+#: How a channel call ends: confirmed, or failed as one of `_HOST_FAILURES`.
+_CONFIRMED = "confirmed"
+#: Tool actions that end in a failure shown to the model (after the behaviour's delay).
+_FAILING_ACTIONS = frozenset(
+    {ToolAction.FAIL, ToolAction.RAISE, ToolAction.RAISE_BASE_EXCEPTION,
+     ToolAction.RAISE_GENERATOR_EXIT}
+)  # fmt: skip
+#: Tool actions that never return by themselves: only the deadline or a stop ends the round.
+_NEVER_RETURNING = frozenset({ToolAction.HANG, ToolAction.IGNORE_CANCELLATION})
 
 
 # =========================================================================== what it predicts
@@ -193,6 +252,7 @@ def predict_endings(
         for tool in tools
     }
     endings: list[PredictedEnding] = []
+    explored: set[str] = set()
     path: list[int] | None = []
     runs = 0
     while path is not None:
@@ -201,12 +261,30 @@ def predict_endings(
             raise RuntimeError(
                 f"more than {MAX_ORDERINGS} orders of coinciding events; the model gives up"
             )
-        choices = _Choices(path)
-        ending = _Simulation(script, policy, shapes, choices).run()
-        if ending not in endings:
-            endings.append(ending)
+        choices = _Choices(path, explored)
+        try:
+            ending = _Simulation(script, policy, shapes, choices).run()
+        except _Explored:
+            pass  # every ending from here on was predicted by an earlier path
+        else:
+            if ending not in endings:
+                endings.append(ending)
         path = choices.next_path()
     return tuple(endings)
+
+
+def check_ending(run: ScriptRun) -> None:
+    """Invariant 10 on one run of `run_script`: raise `InvariantViolation` (number 10) when
+    the engine's ending is none of those the model predicts for the run's script and
+    policy, naming each field that differs and listing the script."""
+    predicted = predict_endings(run.script, run.policy, tools=run.tools)
+    mismatch = difference(predicted, ending_of(run.result))
+    if mismatch is not None:
+        raise InvariantViolation(
+            10,
+            f"the engine's ending is not the reference model's:\n{mismatch}\n"
+            f"script:\n{describe_script(run.script, run.policy)}",
+        )
 
 
 def predict_ending(
@@ -246,11 +324,27 @@ _REFUSED = _Outcome(success=False)
 
 
 class _Choices:
-    """One path through the tree of orders of coinciding timers (depth-first, in order)."""
+    """One path through the tree of orders of coinciding timers (depth-first, in order).
 
-    def __init__(self, path: Sequence[int]) -> None:
+    ``explored`` is shared by every path of one prediction: the states of the turn at the
+    fresh choices taken so far (those past the replayed prefix). The tree is walked depth
+    first, so when a later path meets such a state again, every order from there on was
+    already followed: that path stops (`Explored`) instead of following them again."""
+
+    def __init__(self, path: Sequence[int], explored: set[str]) -> None:
         self.path = list(path)
         self.taken: list[tuple[int, int]] = []
+        self.explored = explored
+
+    def meet(self, state: Callable[[], str]) -> None:
+        """About to choose (past the replayed prefix) in the turn's ``state``: raise
+        `_Explored` when it was met before."""
+        if len(self.taken) < len(self.path):
+            return  # replaying the prefix of this path
+        seen = state()
+        if seen in self.explored:
+            raise _Explored
+        self.explored.add(seen)
 
     def pick(self, options: int) -> int:
         depth = len(self.taken)
@@ -266,6 +360,10 @@ class _Choices:
         return None
 
 
+class _Explored(Exception):
+    """The orders from this state on were already followed by an earlier path."""
+
+
 @define
 class _Delivery:
     text: str | None = None
@@ -274,12 +372,22 @@ class _Delivery:
 
 
 @define
+class _ChannelCall:
+    """A call into the host's channel in progress: when it ends and how (`_CONFIRMED` or one
+    of `_HOST_FAILURES`); ``instant``: it ends at the instant it was made."""
+
+    due: float
+    outcome: str
+    instant: bool
+
+
+@define
 class _Pass:
     """One provider pass: its script, what it streamed so far and when."""
 
     number: int
     started_at: float
-    items: tuple[ScriptItem, ...]
+    items: list[HostileItem]
     position: int = 0
     resumes_at: float | None = None  # the end of the pause the stream is in
     last_chunk_at: float | None = None  # None: no chunk yet (the first-token budget runs)
@@ -298,7 +406,7 @@ class _Pass:
 @define
 class _ToolRun:
     name: str
-    done_at: float | None  # None: the tool hangs
+    done_at: float | None  # None: the tool never returns by itself
     deadline_at: float
     behaviour: ToolBehaviour
 
@@ -309,7 +417,15 @@ def _identity(call: FunctionCall) -> str:
         canonical = json.dumps(call.arguments, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):
         canonical = repr(call.arguments)
-    return f"{call.name}\x00{canonical}"
+    return f"{call.name}\\x00{canonical}"
+
+
+def _whole_counts(usage: UsageReport) -> bool:
+    """Usage counts are whole numbers of at least zero (not NaN, not infinite)."""
+    return all(
+        isinstance(count, int) and not isinstance(count, bool) and count >= 0
+        for count in (usage.input_tokens, usage.output_tokens)
+    )
 
 
 # =========================================================================== the simulation
@@ -329,13 +445,21 @@ class _Simulation:
         self.choices = choices
         self.now = 0.0
         self.phase = "streaming"  # streaming, tool, settling, ended
-        # the world: tool plans played per tool, the channel, the host's signals
+        # a provider holding a key runs as a one-model generation turn
+        self.generation = script.provider_key is not None
+        # the world: tool plans played per tool, the host's signals
         self.executions: dict[str, int] = {}
-        self.queue: deque[_Delivery] = deque()
-        self.head_done_at: float | None = None
-        self.sends = 0
-        self.confirmed: list[_Delivery] = []
         self.signals = sorted(enumerate(script.signals), key=lambda s: (s[1].at, s[0]))
+        # the channel's two lines: deliveries (the head of `queue` is being sent) and
+        # notices / stop messages (`notice_queue` waits behind the call in progress)
+        self.queue: deque[_Delivery] = deque()
+        self.send_call: _ChannelCall | None = None
+        self.sends = 0  # delivery calls made
+        self.confirmations = 0  # deliveries that reached the point of being confirmed
+        self.notice_queue: deque[str] = deque()
+        self.notice_call: _ChannelCall | None = None
+        self.notice_calls = 0
+        self.confirmed: list[_Delivery] = []
         # the turn
         self.passes: list[_Pass] = []
         self.reading = False
@@ -352,10 +476,12 @@ class _Simulation:
         self.expression_delivered = False
         self.tool_response_delivered = False
         self.disabled: set[str] = set()
-        self.ledger: dict[str, list[_Outcome]] = {}
+        self.ledger: dict[tuple[str, int], _Outcome] = {}  # (identity, occurrence): last run
         self.occurrences: dict[str, int] = {}
+        self.occurrence: tuple[str, int] | None = None  # the current call's
         self.history: list[tuple[str, bool]] = []
         self.notices: list[str] = []
+        self.held_timeout_notice = False
         self.scene: list[str] = []
         # the ending
         self.status: TurnStatus | None = None
@@ -368,19 +494,49 @@ class _Simulation:
     def current(self) -> _Pass:
         return self.passes[-1]
 
+    def state(self) -> str:
+        """Everything that decides how the turn goes on from here, as one text (a pass by
+        what it has yet to stream, not by what it read)."""
+        fields = {
+            name: value
+            for name, value in vars(self).items()
+            if name not in ("script", "policy", "tools", "choices", "passes")
+        }
+        passes = [
+            (p.number, p.started_at, p.items[p.position :], p.resumes_at, p.last_chunk_at,
+             p.last_confirmed_at, p.texts, p.buffer, p.confirmed, p.call, p.finish)
+            for p in self.passes
+        ]  # fmt: skip
+        return repr((sorted(fields.items()), passes))
+
     # ------------------------------------------------------------------ the event loop
     def run(self) -> PredictedEnding:
         self.start_pass()
-        while self.phase != "ended":
-            if self.queue and self.script.delivery_delay <= 0:
+        # the turn returns once it has ended and its notices are dealt with
+        while self.phase != "ended" or self.notice_call is not None:
+            send = self.send_call
+            if send is not None and send.instant:
                 self.delivery_done()  # an instant channel answers right after the step
-            elif self.reading:
-                self.read_item()
-            elif self.tool_starting:
-                self.start_tool()
-            else:
-                self.next_timer()
+                continue
+            if self.phase != "ended" and (self.reading or self.tool_starting):
+                if self.racing_notice_first():
+                    self.notice_done()
+                elif self.reading:
+                    self.read_item()
+                else:
+                    self.start_tool()
+                continue
+            self.next_timer()
         return self.ending()
+
+    def racing_notice_first(self) -> bool:
+        """A notice call failing at the instant it was made, while the turn still has work
+        to do at that instant: the failure may come before any step of that work (each
+        step — a chunk read, a decision, a tool starting — is done whole)."""
+        call = self.notice_call
+        if call is None or not call.instant:
+            return False
+        return self.choices.pick(2) == 1
 
     def next_timer(self) -> None:
         """Move the clock to the earliest timer and fire it (in every order, at a tie)."""
@@ -396,16 +552,20 @@ class _Simulation:
             due.append((self.tool.deadline_at, self.tool_deadline_expires))
         elif self.phase == "settling":
             due.append((self.settle_due, self.settle_window_ends))
-        if self.head_done_at is not None:
-            due.append((self.head_done_at, self.delivery_done))
-        if self.signals:
+        if self.send_call is not None:
+            due.append((self.send_call.due, self.delivery_done))
+        if self.notice_call is not None:
+            due.append((self.notice_call.due, self.notice_done))
+        if self.signals and self.phase != "ended":
             due.append((max(self.signals[0][1].at, self.now), self.signal_arrives))
         if not due:
             raise RuntimeError(f"the turn waits on nothing in phase {self.phase!r}")
         first = min(at for at, _ in due)
         ready = [fire for at, fire in due if at - first <= _SAME_INSTANT]
+        if len(ready) > 1:
+            self.choices.meet(self.state)
         fire = ready[self.choices.pick(len(ready))] if len(ready) > 1 else ready[0]
-        self.now = first
+        self.now = max(self.now, first)
         fire()
 
     # ------------------------------------------------------------------ stream once
@@ -413,14 +573,14 @@ class _Simulation:
         """Before every pass: the iteration ceiling; then the pass opens, posting the one-time
         *still working* notice as the pass after the soft-warning iteration begins."""
         if len(self.passes) >= self.policy.max_function_call_iterations:
-            self.notices.append("max_iterations")
+            self.post("max_iterations")
             self.decide(TurnStatus.TIMEOUT, "iteration_ceiling")
             return
         number = len(self.passes) + 1
         if number == self.policy.soft_warn_iteration + 1:
-            self.notices.append("still_working")
+            self.post("still_working")
         items = self.script.passes[number - 1] if number <= len(self.script.passes) else ()
-        self.passes.append(_Pass(number, self.now, tuple(items)))  # type: ignore[arg-type]
+        self.passes.append(_Pass(number, self.now, list(items)))
         self.phase = "streaming"
         self.reading = True
 
@@ -439,7 +599,8 @@ class _Simulation:
         return min(whole_pass, last + self.policy.inactivity_timeout)
 
     def read_item(self) -> None:
-        """Read the stream up to its next pause, failure or end (no time passes)."""
+        """Read the stream up to its next pause, failure or end (no time passes). A trickle
+        is a pause of its share of the inactivity budget, then its text, again and again."""
         current = self.current
         if current.position == len(current.items):
             self.reading = False
@@ -447,11 +608,23 @@ class _Simulation:
             return
         item = current.items[current.position]
         current.position += 1
-        if isinstance(item, Pause):
+        if isinstance(item, Trickle):
+            if item.count is None or item.count > 0:
+                rest = Trickle(
+                    item.share, item.text, None if item.count is None else item.count - 1
+                )
+                interval = item.share * self.policy.inactivity_timeout
+                current.items[current.position : current.position] = [
+                    Pause(interval), TextDelta(item.text), rest,
+                ]  # fmt: skip
+        elif isinstance(item, Pause):
             self.reading = False
             current.resumes_at = self.now + item.seconds
-        elif isinstance(item, Fail):
+        elif isinstance(item, Fail | EchoKey):
             self.reading = False
+            self.end_stream(TurnStatus.ERROR, "provider_error")
+        elif isinstance(item, UsageReport) and not _whole_counts(item):
+            self.reading = False  # a chunk the rules refuse: the provider broke the protocol
             self.end_stream(TurnStatus.ERROR, "provider_error")
         else:
             self.take_chunk(item)
@@ -514,7 +687,10 @@ class _Simulation:
             reason = "first_token_timeout"
         else:
             reason = "inactivity_timeout"
-        self.notices.append("timeout")
+        if self.generation:
+            self.held_timeout_notice = True  # the outer tier posts it, last, if at all
+        else:
+            self.post("timeout")
         self.end_stream(TurnStatus.TIMEOUT, reason)
 
     def stream_ends(self) -> None:
@@ -554,6 +730,7 @@ class _Simulation:
         not allowed, or disabled for the turn) are failures shown to the model; a replayed
         call reuses its recorded outcome; anything else is dispatched."""
         self.call = call
+        self.occurrence = None  # taken when the call reaches the ledger
         text = self.current.text
         self.pre_tool_text = text if text.strip() else None
         name = call.name
@@ -579,9 +756,9 @@ class _Simulation:
         identity = _identity(call)
         occurrence = self.occurrences.get(identity, 0)
         self.occurrences[identity] = occurrence + 1
-        recorded = self.ledger.get(identity, [])
-        if not self.tools[name].rerun and occurrence < len(recorded):
-            replayed = recorded[occurrence]
+        self.occurrence = (identity, occurrence)
+        replayed = self.ledger.get(self.occurrence)
+        if not self.tools[name].rerun and replayed is not None and replayed.success:
             self.tool_outcome(_Outcome(
                 success=True, end_turn=replayed.end_turn, delivered=replayed.delivered,
                 expression=replayed.expression, reused=True,
@@ -602,7 +779,7 @@ class _Simulation:
         played = self.executions.get(tool.name, 0)
         self.executions[tool.name] = played + 1
         tool.behaviour = plan[played] if played < len(plan) else ToolBehaviour()
-        if tool.behaviour.action is not ToolAction.HANG:
+        if tool.behaviour.action not in _NEVER_RETURNING:
             tool.done_at = self.now + tool.behaviour.delay
             if tool.behaviour.delay <= 0:
                 self.tool_returns()
@@ -611,13 +788,13 @@ class _Simulation:
         tool = self.tool
         assert tool is not None
         behaviour = tool.behaviour
-        if behaviour.action is ToolAction.SUCCEED:
+        if behaviour.action not in _FAILING_ACTIONS:  # succeeds (having edited its own copy)
             outcome = _Outcome(
                 success=True, end_turn=behaviour.end_turn, delivered=behaviour.delivered,
                 expression=behaviour.expression,
                 restarts=behaviour.context_restart is not None, dispatched=True,
             )  # fmt: skip
-        else:  # a reported failure or a raise: a failure shown to the model
+        else:  # a reported failure or a raise of any kind: a failure shown to the model
             outcome = _Outcome(success=False, expression=behaviour.expression, dispatched=True)
         self.tool_outcome(outcome)
 
@@ -643,7 +820,7 @@ class _Simulation:
             self.tool_response_delivered = True
             self.hand_over(_Delivery(expression=outcome.expression))
         if not outcome.success:
-            self.notices.append("tool_failed")
+            self.post("tool_failed")
         self.last_tool = name
         # 1. restart: the enrichment joins the context and a new pass starts, with no history
         # entry; both error counters reset, suppression lifts, and calls replay afresh
@@ -656,9 +833,9 @@ class _Simulation:
             return
         # 3. the history entry; a delivered response is noted
         self.history.append((name, outcome.success))
+        self.record(outcome)
         if outcome.success:
             self.tool_response_delivered |= outcome.delivered
-            self.record(outcome)
             # 4. a success resets both counters and lifts the suppression of text
             self.consecutive_errors = self.continuation_failures = 0
             self.suppressed = False
@@ -671,7 +848,7 @@ class _Simulation:
                 self.suppressed = True
         shape = self.tools.get(name)
         if self.consecutive_errors >= self.policy.max_consecutive_tool_errors:
-            self.notices.append("tool_error_loop")
+            self.post("tool_error_loop")
             self.decide(TurnStatus.ERROR, "consecutive_tool_errors")
         elif outcome.success and outcome.end_turn:  # 5.
             self.complete_with_pre_tool_text("end_turn")
@@ -679,7 +856,7 @@ class _Simulation:
             self.script.continuation_style
             and self.continuation_failures >= self.policy.continuation_tool_failure_threshold
         ):  # 6.
-            self.notices.append("retry_exhausted")
+            self.post("retry_exhausted")
             self.complete_with_pre_tool_text("continuation_retries_exhausted")
         elif (
             outcome.success
@@ -698,10 +875,9 @@ class _Simulation:
             self.start_pass()
 
     def record(self, outcome: _Outcome) -> None:
-        """A successful run is recorded for replay under the call's identity."""
-        call = self.call
-        if outcome.dispatched and call is not None:
-            self.ledger.setdefault(_identity(call), []).append(outcome)
+        """A run that completed is recorded under the call's identity and occurrence."""
+        if outcome.dispatched and self.occurrence is not None:
+            self.ledger[self.occurrence] = outcome
 
     def complete_with_pre_tool_text(self, reason: str) -> None:
         self.completed_text = self.pre_tool_text or ""
@@ -709,12 +885,14 @@ class _Simulation:
 
     # ------------------------------------------------------------------ host signals
     def signal_arrives(self) -> None:
-        """A stop ends the turn at once wherever it is; a follow-up ends a pass being
-        streamed, waits for the next turn during a tool chain, and changes nothing once the
-        turn has ended."""
+        """A stop ends the turn at once wherever it is (its message, if any, goes to the
+        channel's notice line); a follow-up ends a pass being streamed, waits for the next
+        turn during a tool chain, and changes nothing once the turn has ended."""
         _, signal = self.signals.pop(0)
         if signal.kind == "stop":
             self.signals.clear()  # one stop ends the turn; nothing later can matter
+            if signal.stop_message is not None:
+                self.call_channel_line("stop message")  # queued at the front of the channel
             if self.phase == "streaming":
                 self.end_stream(TurnStatus.STOPPED_BY_USER, None)
             elif self.phase == "tool":
@@ -724,53 +902,128 @@ class _Simulation:
             elif self.phase == "settling":
                 if self.status is TurnStatus.TIMEOUT and self.reason in _STREAM_TIMEOUTS:
                     self.status, self.reason = TurnStatus.STOPPED_BY_USER, "stopped_while_settling"
-                self.phase = "ended"
+                self.end_turn()
         elif self.phase == "streaming":
             self.end_stream(TurnStatus.FOLLOW_UP_INTERRUPT, None)
 
     # ------------------------------------------------------------------ the channel
+    def _channel_call(self, act: ChannelAct, *, delivery: bool) -> _ChannelCall:
+        """How one channel call made now ends. A confirming delivery takes the channel's
+        delay, a confirming notice no time; a slow call within the host-call budget takes its
+        share of it; a raise fails at once; a hang, a call over the budget and a delivery
+        slower than the budget are given up on when it runs out; one that also ignores its
+        cancellation is given up on after the grace on top."""
+        budget = self.policy.host_call_timeout
+        now = self.now
+        if act is ChannelAct.CONFIRM:
+            delay = self.script.delivery_delay if delivery else 0.0
+            # a delivery taking exactly the budget returns as the budget runs out: a tie
+            overdue = delay > budget + _SAME_INSTANT or (
+                abs(delay - budget) <= _SAME_INSTANT and self.choices.pick(2) == 1
+            )
+            if overdue:
+                return _ChannelCall(now + budget, "host_timeout", instant=False)
+            return _ChannelCall(now + delay, _CONFIRMED, instant=delay <= 0)
+        if act is ChannelAct.RAISE:
+            return _ChannelCall(now, "host_error", instant=True)
+        if act is ChannelAct.SLOW_WITHIN:
+            return _ChannelCall(now + SLOW_WITHIN_SHARE * budget, _CONFIRMED, instant=False)
+        if act is ChannelAct.IGNORE_CANCELLATION:
+            grace = self.policy.cancel_grace
+            return _ChannelCall(now + budget + grace, "host_timeout", instant=False)
+        return _ChannelCall(now + budget, "host_timeout", instant=False)  # hang, slow over
+
+    @staticmethod
+    def _act(plan: Sequence[ChannelAct], index: int) -> ChannelAct:
+        return plan[index] if index < len(plan) else ChannelAct.CONFIRM
+
     def hand_over(self, delivery: _Delivery) -> None:
-        """Deliveries go to the channel one after another, each taking the channel's delay."""
+        """Deliveries go to the channel one after another."""
         self.queue.append(delivery)
-        if self.head_done_at is None and self.script.delivery_delay > 0:
-            self.head_done_at = self.now + self._send_time()
+        if self.send_call is None:
+            self.start_send()
+
+    def start_send(self) -> None:
+        act = self._act(self.script.sends, self.sends)
+        self.sends += 1
+        self.send_call = self._channel_call(act, delivery=True)
 
     def delivery_done(self) -> None:
-        """The channel finished the delivery at the head of the queue: it failed (a host
-        failure ends the turn ``error`` at once) or it is confirmed (which also re-arms a
-        streaming pass's inactivity budget)."""
+        """The channel finished the delivery at the head of the line: confirmed (which also
+        re-arms a streaming pass's inactivity budget) or failed (a host failure ends the turn
+        ``error`` at once). After the turn has ended, while it waits for its notices, a
+        confirmation still counts as delivered and read (the ending stands), and nothing more
+        is sent."""
+        call = self.send_call
+        assert call is not None
+        self.send_call = None
         delivery = self.queue.popleft()
-        failing = self.sends == self.script.failing_delivery
-        self.sends += 1
-        self.head_done_at = None
-        # a send still running after the host-call budget is given up on: host_timeout
-        overdue = self.script.delivery_delay > self.policy.host_call_timeout
-        if failing or overdue:
-            reason = "host_timeout" if overdue else "host_error"
-            if self.phase == "streaming":
-                self.end_stream(TurnStatus.ERROR, reason)
-            else:
-                self.tool = None
-                self.tool_starting = False
-                self.decide(TurnStatus.ERROR, reason)
+        outcome = call.outcome
+        if outcome == _CONFIRMED:
+            failing = self.confirmations == self.script.failing_delivery
+            self.confirmations += 1
+            if failing:
+                outcome = "host_error"
+        if outcome != _CONFIRMED:
+            if self.phase != "ended":
+                self.host_fails(outcome)
             return
         self.confirmed.append(delivery)
         if delivery.text is not None:
             self.passes[delivery.pass_number - 1].confirmed.append(delivery.text)
+        if self.phase == "ended":
+            return  # confirmed before the turn returned: read, but nothing more is sent
         if self.phase == "streaming":
             self.current.last_confirmed_at = self.now
-        if self.queue and self.script.delivery_delay > 0:
-            self.head_done_at = self.now + self._send_time()
-        if self.phase == "settling" and not self.queue:
-            self.phase = "ended"
+        if self.queue:
+            self.start_send()
+        elif self.phase == "settling":
+            self.end_turn()
 
-    def _send_time(self) -> float:
-        """How long the channel's send at the head of the queue runs: its delay, cut at the
-        host-call budget."""
-        return min(self.script.delivery_delay, self.policy.host_call_timeout)
+    def post(self, key: str) -> None:
+        """Post a notice: it is the turn's, and a call on the channel's notice line."""
+        self.notices.append(key)
+        self.call_channel_line(key)
+
+    def call_channel_line(self, what: str) -> None:
+        """A notice or stop message joins the channel's notice line."""
+        self.notice_queue.append(what)
+        if self.notice_call is None:
+            self.start_notice()
+
+    def start_notice(self) -> None:
+        """The next call of the notice line starts; one that confirms at once is done at
+        once and the next one starts."""
+        while self.notice_queue and self.notice_call is None:
+            self.notice_queue.popleft()
+            act = self._act(self.script.notices, self.notice_calls)
+            self.notice_calls += 1
+            call = self._channel_call(act, delivery=False)
+            if not (call.instant and call.outcome == _CONFIRMED):
+                self.notice_call = call
+
+    def notice_done(self) -> None:
+        """A notice or stop message call ended: a failure ends a turn still running
+        ``error``; then the line goes on."""
+        call = self.notice_call
+        assert call is not None
+        self.notice_call = None
+        if call.outcome != _CONFIRMED and self.phase != "ended":
+            self.host_fails(call.outcome)
+        self.start_notice()
+
+    def host_fails(self, reason: str) -> None:
+        """The host's channel failed (``host_error``) or did not return (``host_timeout``):
+        the pass or the tool is cut short and the turn ends ``error`` at once."""
+        if self.phase == "streaming":
+            self.end_stream(TurnStatus.ERROR, reason)
+        else:
+            self.tool = None
+            self.tool_starting = False
+            self.decide(TurnStatus.ERROR, reason)
 
     def settle_window_ends(self) -> None:
-        self.phase = "ended"
+        self.end_turn()
 
     # ------------------------------------------------------------------ the ending
     def decide(self, status: TurnStatus, reason: str | None = None) -> None:
@@ -780,7 +1033,7 @@ class _Simulation:
         self.status, self.reason = status, reason
         self.reading = False
         if status is TurnStatus.STOPPED_BY_USER or reason in _HOST_FAILURES or not self.queue:
-            self.phase = "ended"
+            self.end_turn()
             return
         self.phase = "settling"
         window = (
@@ -789,6 +1042,13 @@ class _Simulation:
             else self.policy.inactivity_timeout
         )
         self.settle_due = self.now + window
+
+    def end_turn(self) -> None:
+        """The turn has ended: deliveries not yet begun are never sent (the one in progress
+        may still be confirmed before the turn returns)."""
+        self.phase = "ended"
+        while len(self.queue) > (1 if self.send_call is not None else 0):
+            self.queue.pop()
 
     def ending(self) -> PredictedEnding:
         """A completed turn keeps its completing text; any other ending keeps only the text
@@ -810,6 +1070,12 @@ class _Simulation:
             dropped = streamed[len(confirmed) :] if streamed.startswith(confirmed) else streamed
         if self.scene:
             final_text = f"{final_text}\n\n[Scene Metadata]\n" + "\n".join(self.scene)
+        notices = list(self.notices)
+        if self.held_timeout_notice and status not in (
+            TurnStatus.COMPLETED,
+            TurnStatus.STOPPED_BY_USER,
+        ):
+            notices.append("timeout")  # the outer tier posts a held timeout notice last
         return PredictedEnding(
             status=status,
             reason=self.reason,
@@ -821,7 +1087,7 @@ class _Simulation:
                 ("expression", d.expression) if d.expression is not None else ("text", d.text or "")
                 for d in self.confirmed
             ),
-            notices=tuple(self.notices),
+            notices=tuple(notices),
             history=tuple(self.history),
             tool_response_delivered=self.tool_response_delivered,
         )
@@ -832,31 +1098,46 @@ def describe_script(script: TurnScript, policy: LoopPolicy) -> str:
     messages."""
     lines = [f"policy: {_policy_text(policy)}"]
     for number, items in enumerate(script.passes, 1):
-        lines.append(f"pass {number}: " + ", ".join(_item_text(item) for item in items))  # type: ignore[arg-type]
+        lines.append(f"pass {number}: " + ", ".join(_item_text(item) for item in items))
     for name, plan in script.tool_plan:
         lines.append(f"tool {name}: " + ", ".join(map(_behaviour_text, plan)))
     for signal in script.signals:
-        lines.append(f"signal {signal.kind} at {signal.at:g}")
+        message = f" ({signal.stop_message!r})" if signal.stop_message is not None else ""
+        thread = " from another thread" if signal.from_thread else ""
+        lines.append(f"signal {signal.kind}{message} at {signal.at:g}{thread}")
     lines.append(
-        f"channel: delay {script.delivery_delay:g}, failing delivery {script.failing_delivery}; "
+        f"channel: delay {script.delivery_delay:g}, failing delivery {script.failing_delivery}, "
+        f"sends {_acts_text(script.sends)}, notices {_acts_text(script.notices)}; "
         f"allowlist {sorted(script.tools_allowed) if script.tools_allowed is not None else None}; "
         f"continuation_style {script.continuation_style}"
     )
+    if script.provider_key is not None:
+        lines.append("provider holds a key: a one-model generation turn")
     return "\n".join(lines)
+
+
+def _acts_text(acts: Sequence[ChannelAct]) -> str:
+    return "[" + ", ".join(act.value for act in acts) + "]" if acts else "confirm"
 
 
 def _policy_text(policy: LoopPolicy) -> str:
     names = (
         "max_function_call_iterations", "soft_warn_iteration", "max_consecutive_tool_errors",
         "continuation_tool_failure_threshold", "inactivity_timeout", "first_token_timeout",
-        "abandoned_stream_settle", "tool_timeout", "delivery_flush_chars",
+        "abandoned_stream_settle", "tool_timeout", "delivery_flush_chars", "max_pass_duration",
+        "host_call_timeout", "cancel_grace",
     )  # fmt: skip
     fields = [f"{name}={getattr(policy, name)!r}" for name in names]
     fields.append(f"suppress={sorted(policy.suppress_followup_after_pre_tool_text)}")
     return ", ".join(fields)
 
 
-def _item_text(item: ScriptItem) -> str:
+def _item_text(item: HostileItem) -> str:
+    if isinstance(item, Trickle):
+        count = "forever" if item.count is None else f"{item.count}x"
+        return f"Trickle({item.text!r} every {item.share:g} of the inactivity budget, {count})"
+    if isinstance(item, EchoKey):
+        return f"EchoKey({item.style.value})"
     if isinstance(item, Pause):
         return f"Pause({item.seconds:g})"
     if isinstance(item, Fail):
