@@ -139,9 +139,7 @@ class Runner(ABC, Generic[ModelT]):
             model.current_event = None  # a refused event leaves no trace on the model
             raise InvalidEvent(self.declaration.name, before, event)
         at = model.step_time
-        self.record(
-            model, TraceStep(before, trigger, model.state, guard=taken[0], at=at), taken[1]
-        )
+        self.record(model, TraceStep(before, trigger, model.state, guard=taken[0], at=at), taken[1])
         transient = self.declaration.transient_states
         while model.state in transient:
             source = model.state

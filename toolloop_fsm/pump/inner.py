@@ -70,10 +70,10 @@ from toolloop_fsm.host import (
     TurnSignals,
 )
 from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.pump.deadlines import StreamDeadlines
-from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.pump.deliveries import DeliveriesAndHostCalls, wait_bounded
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords

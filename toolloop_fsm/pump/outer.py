@@ -255,9 +255,7 @@ class GenerationPump:
                 )
             if observation is not None:
                 skipped = GenerationTurnResult(TurnStatus.SKIPPED, "destination_unreachable")
-                observation.attempt_ended(
-                    effect.attempt, effect.label, partial or skipped, None
-                )
+                observation.attempt_ended(effect.attempt, effect.label, partial or skipped, None)
             return self._feed(UnreachableReported(partial))
         if pump._stop_fed:
             self._stop_honoured = True

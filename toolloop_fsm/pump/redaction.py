@@ -20,7 +20,7 @@ class Secrets:
     `run_tool_loop` turn knows none (its adapters redact their own), so only ``key=`` query
     values and URL passwords are masked there."""
 
-    __slots__ = ("keys", "_leak")
+    __slots__ = ("_leak", "keys")
 
     def __init__(self, keys: Iterable[str] = ()) -> None:
         self.keys = tuple(key for key in keys if key)
