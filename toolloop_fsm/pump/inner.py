@@ -733,7 +733,6 @@ async def _close_stream(stream: AsyncIterator[Any]) -> None:
             await aclose()
 
 
-
 async def run_tool_loop(
     provider: Provider,
     tools: ToolRegistry | Iterable[Tool],

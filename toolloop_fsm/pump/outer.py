@@ -357,7 +357,6 @@ class GenerationPump:
         return attrs.evolve(clean, exception=exception)
 
 
-
 async def _admit(route: SharedRoute, request: AdmissionRequest, records: TurnRecords) -> bool:
     try:
         answer = route.admit(request)
@@ -382,7 +381,6 @@ def _next_step(effects: Iterable[Effect]) -> str:
         if isinstance(effect, Finish):
             return f"no fallback left: the turn ends {effect.result.status.value}"
     return "the chain goes on"
-
 
 
 async def run_generation_turn(
