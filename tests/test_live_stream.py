@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import re
+import subprocess
+import sys
 import warnings
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,6 +48,7 @@ from toolloop_fsm.stream import (
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
 
 REQUEST = TurnRequest([{"role": "user", "content": "what's the weather in Paris?"}])
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def weather_script() -> list[list[Any]]:
@@ -353,3 +358,19 @@ async def test_a_turn_that_raises_raises_from_the_iteration_after_its_events() -
                 seen.append(summary(event))
     assert seen[:3] == [("TurnStarted", "tool_loop"), ("PassStarted", 1), ("TextDelta", "Hello.")]
     assert ("TurnEnded", "completed") not in seen
+
+
+def test_the_readme_example_runs_and_prints_tokens_tools_and_the_ending() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Live events") :]
+    found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert found is not None
+    done = subprocess.run(
+        [sys.executable, "-c", found.group(1)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        "Let me look. \n[calling get_weather]\n[get_weather: succeeded]\n\n"
+        "Clear skies in Paris.\ncompleted\n"
+    )
