@@ -32,6 +32,7 @@ sampled), gets no observer at all and runs the unobserved path.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 try:
@@ -68,6 +69,7 @@ FAILED_STATUSES = frozenset({TurnStatus.ERROR, TurnStatus.TIMEOUT, TurnStatus.EM
 Attributes = dict[str, Any]
 
 
+@functools.cache
 def _version() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -84,7 +86,17 @@ class TracingObserver(TurnObserver):
     def __init__(
         self, *, tracer_provider: TracerProvider | None = None, agent_name: str | None = None
     ) -> None:
-        self._tracer = trace.get_tracer(SCOPE, _version(), tracer_provider)
+        self._setup(_tracer(tracer_provider), agent_name)
+
+    @classmethod
+    def with_tracer(cls, tracer: trace.Tracer, agent_name: str | None = None) -> TracingObserver:
+        """An observer on a tracer the caller already holds (one per process, not per turn)."""
+        observer = cls.__new__(cls)
+        observer._setup(tracer, agent_name)
+        return observer
+
+    def _setup(self, tracer: trace.Tracer, agent_name: str | None) -> None:
+        self._tracer = tracer
         self._agent_name = agent_name
         self._turn: Span | None = None
         self._attempt: Span | None = None
@@ -276,6 +288,12 @@ class TracingObserver(TurnObserver):
         self._tool = None
 
 
+def _tracer(tracer_provider: TracerProvider | None) -> trace.Tracer:
+    """The library's tracer from ``tracer_provider`` (the global one: a proxy that follows
+    the provider the host sets, whenever it sets it)."""
+    return trace.get_tracer(SCOPE, _version(), tracer_provider)
+
+
 def _current_task() -> asyncio.Task[Any] | None:
     try:
         return asyncio.current_task()
@@ -302,9 +320,10 @@ class _Instrumentation:
     def __init__(self, tracer_provider: TracerProvider | None, agent_name: str | None) -> None:
         self.tracer_provider = tracer_provider
         self.agent_name = agent_name
+        self.tracer = _tracer(tracer_provider)  # made once, not per turn
 
     def __call__(self) -> TracingObserver | None:
-        observer = TracingObserver(tracer_provider=self.tracer_provider, agent_name=self.agent_name)
+        observer = TracingObserver.with_tracer(self.tracer, self.agent_name)
         if observer.begin():
             return observer
         observer.abandon()
