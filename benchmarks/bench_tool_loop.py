@@ -9,7 +9,8 @@ deliver text to the same channel, run the same tool, and send the history back; 
 hand-written loop has no deadlines or signals (it is the floor, not a rival engine).
 Figures are CPU microseconds per turn (process time, best of several rounds) and memory per
 concurrent turn (tracemalloc, 1,000 turns alive at once under `asyncio.gather`). Both are
-measured in this run; only the ratios are meaningful on a shared machine.
+measured in this run; only the ratios are meaningful on a shared machine. Last, the cost of
+watching a turn live: `stream_tool_loop` with every event consumed, against `run_tool_loop`.
 
     python benchmarks/bench_tool_loop.py [--turns N] [--rounds R]
 """
@@ -41,6 +42,7 @@ from toolloop_fsm import (
 )
 from toolloop_fsm.host import LoopClock
 from toolloop_fsm.result import Notice
+from toolloop_fsm.stream import TurnEnded, stream_tool_loop
 
 Chunk = Any
 FLUSH_CHARS = LoopPolicy().delivery_flush_chars
@@ -264,6 +266,16 @@ async def engine_turn(provider: MemoryProvider, channel: CountingChannel) -> str
     return result.final_text
 
 
+async def streamed_turn(provider: MemoryProvider, channel: CountingChannel) -> str:
+    """The same turn watched live: every chunk and phase event consumed as it comes."""
+    text = ""
+    async with stream_tool_loop(provider, TOOLS, channel, REQUEST) as events:  # type: ignore[arg-type]
+        async for event in events:
+            if type(event) is TurnEnded:
+                text = event.result.final_text
+    return text
+
+
 Runner = Callable[[MemoryProvider, CountingChannel], Awaitable[str]]
 
 
@@ -320,6 +332,20 @@ async def main(turns: int, rounds: int) -> None:
         print(f"against the {title}:")
         for label, script in (("T1", t1_script()), ("T5", t5_script())):
             await compare(label, floor, script, turns, rounds)
+    print("Watching a turn live (stream_tool_loop, every event consumed) against run_tool_loop:")
+    for label, script in (("T1", t1_script()), ("T5", t5_script())):
+        await cpu_per_turn(streamed_turn, script, turns // 5)
+        plain: list[float] = []
+        live: list[float] = []
+        for _ in range(rounds):
+            plain.append(await cpu_per_turn(engine_turn, script, turns))
+            live.append(await cpu_per_turn(streamed_turn, script, turns))
+        ratios = sorted(s / p for s, p in zip(live, plain, strict=True))
+        print(
+            f"  {label}: run_tool_loop {statistics.median(plain):7.1f} µs"
+            f"   stream_tool_loop {statistics.median(live):7.1f} µs"
+            f"   ratio {statistics.median(ratios):4.2f}x (rounds {ratios[0]:.2f}–{ratios[-1]:.2f})"
+        )
     print("Memory per concurrent turn (1,000 T1 turns alive under asyncio.gather):")
     engine_mem = await memory_per_turn(engine_turn, t1_script(), 1000)
     for title, floor in floors:
@@ -336,7 +362,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument(
         "--run-only",
-        choices=("minimal", "same-work", "engine"),
+        choices=("minimal", "same-work", "engine", "stream"),
         help="just run --turns T1 turns of one contender (for instruction counts under "
         "valgrind --tool=callgrind: subtract a --turns 0 run)",
     )
@@ -346,6 +372,7 @@ if __name__ == "__main__":
             "minimal": handwritten_turn,
             "same-work": handwritten_same_work_turn,
             "engine": engine_turn,
+            "stream": streamed_turn,
         }[args.run_only]
 
         async def run_only() -> None:

@@ -8,6 +8,8 @@ script, to show both entry points behave the same.
 from __future__ import annotations
 
 import ast
+import asyncio
+import json
 import os
 import re
 import shlex
@@ -20,9 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from toolloop_fsm import generation, machine
+from toolloop_fsm import TextDelta, TurnRequest, generation, machine, run_tool_loop
 from toolloop_fsm.declaration import declared_transition_ids
-from toolloop_fsm.result import GenerationTurnResult, TurnStatus, result_from_json
+from toolloop_fsm.result import (
+    GenerationTurnResult,
+    TurnStatus,
+    result_from_json,
+    result_to_json,
+)
+from toolloop_fsm.testing import Pause, RecordingChannel, ScriptedProvider, VirtualClock
 
 REPO = Path(__file__).resolve().parent.parent
 DIAGRAMS = REPO / "diagrams"
@@ -179,12 +187,52 @@ def test_trace_prints_the_saved_turn_as_tables(
     assert out.startswith("status: completed")
     assert "attempt 1 — swift-1: error (superseded)" in out
     assert "attempt 2 — steady-2: completed" in out
-    header = re.compile(r"^#\s+state\s+event\s+next state$", re.MULTILINE)
+    header = re.compile(r"^#\s+state\s+event\s+next state\s+guard\s+time \(s\)$", re.MULTILINE)
     assert len(header.findall(out)) == 3  # the outer trace and one per attempt
     for outer_state in ("planning", "judging_attempt", "advancing_model", "finishing"):
         assert re.search(rf"^\d+\s+{outer_state}\s", out, re.MULTILINE), outer_state
     for inner_state in ("awaiting_first_token", "streaming", "executing_tool", "building_result"):
         assert re.search(rf"^\d+\s+{inner_state}\s", out, re.MULTILINE), inner_state
+
+
+def test_trace_shows_the_guard_and_the_time_of_each_step(tmp_path: Path) -> None:
+    async def turn() -> GenerationTurnResult:
+        clock = VirtualClock()
+        provider = ScriptedProvider([[Pause(2.5), TextDelta("Hello.")]], clock=clock)
+        return await run_tool_loop(
+            provider,
+            [],
+            RecordingChannel(clock=clock),
+            TurnRequest([{"role": "user", "content": "hi"}]),
+            clock=clock,
+        )
+
+    saved = tmp_path / "turn.json"
+    saved.write_text(result_to_json(asyncio.run(turn())), encoding="utf-8")
+    proc = run("trace", str(saved))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert re.search(r"^1\s+ready\s+start\s+starting_pass\s+0\.000$", out, re.MULTILINE)
+    # the first chunk came 2.5 s into the turn; the guard that fired is named
+    assert re.search(
+        r"^\d+\s+awaiting_first_token\s+text_delta\s+streaming\s+2\.500$", out, re.MULTILINE
+    )
+    assert re.search(
+        r"^\d+\s+ending_pass\s+advance\s+building_result\s+pass_has_text\s+2\.500$",
+        out,
+        re.MULTILINE,
+    )
+
+
+def test_trace_of_a_turn_saved_before_steps_had_times_leaves_the_time_blank(
+    tmp_path: Path,
+) -> None:
+    steps = [{"state": "ready", "event": "start", "next_state": "starting_pass"}]
+    saved = tmp_path / "old.json"
+    saved.write_text(json.dumps(steps), encoding="utf-8")
+    proc = run("trace", str(saved))
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^1\s+ready\s+start\s+starting_pass$", proc.stdout, re.MULTILINE)
 
 
 def test_demo_against_a_closed_port_says_it_cannot_reach_it() -> None:
@@ -336,7 +384,7 @@ def test_json_that_is_not_a_trace_is_a_clean_error(command: str, tmp_path: Path)
 @pytest.mark.parametrize("command", ["diagram", "trace"])
 @pytest.mark.parametrize(
     "content",
-    ['{"status": 5}\n', '{"status": "completed", "trace": [{"state": 1}]}\n', '{}\n'],
+    ['{"status": 5}\n', '{"status": "completed", "trace": [{"state": 1}]}\n', "{}\n"],
     ids=["status-only", "bad-step", "empty-object"],
 )
 def test_an_object_that_is_not_a_saved_result_is_a_clean_error(

@@ -7,6 +7,8 @@ yields, the two machines and `InvalidEvent`. Hosts that drive the machines thems
 every event and effect in `toolloop_fsm.sansio`; the test kit lives in `toolloop_fsm.testing`.
 """
 
+import logging as _logging
+
 from toolloop_fsm.attempts import AdmissionRequest, Attempt, KeyBook, SharedRoute
 from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.events import (
@@ -49,6 +51,10 @@ from toolloop_fsm.result import (
     result_to_json,
 )
 from toolloop_fsm.tools import tool
+
+# A library's records go where the host's logging configuration sends them; with none, they
+# are not printed (logging's last-resort handler would print every WARNING to stderr).
+_logging.getLogger("toolloop_fsm").addHandler(_logging.NullHandler())
 
 __all__ = [
     "AdmissionRequest",

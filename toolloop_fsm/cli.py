@@ -384,15 +384,18 @@ def _trace(args: argparse.Namespace) -> int:
         sys.stderr.write(f"toolloop-fsm trace: {err}\n")
         return 2
     if isinstance(saved, tuple):
-        print(trace_table(saved))
+        print(trace_table(saved, timed=True))
         return 0
     lines = [f"status: {saved.status.value}" + (f" ({saved.reason})" if saved.reason else "")]
-    lines.append(trace_table(saved.trace))
+    # every table's times count from the turn's first step
+    steps = (*saved.trace, *(step for attempt in saved.attempts for step in attempt.trace))
+    since = next((step.at for step in steps if step.at is not None), None)
+    lines.append(trace_table(saved.trace, timed=True, since=since))
     for attempt in saved.attempts:
         superseded = " (superseded)" if attempt.superseded else ""
         heading = f"attempt {attempt.index} — {attempt.label}"
         lines.append(f"\n{heading}: {attempt.status.value}{superseded}")
-        lines.append(trace_table(attempt.trace))
+        lines.append(trace_table(attempt.trace, timed=True, since=since))
     print("\n".join(lines))
     return 0
 

@@ -275,14 +275,25 @@ def _outer(policy: TurnPolicy) -> tuple[Any, Callable[..., Any]]:
     return generation_chains(), run_example
 
 
-def trace_table(steps: Sequence[TraceStep]) -> str:
-    """A trace as an aligned text table."""
-    rows = [("#", "state", "event", "next state")]
+def trace_table(
+    steps: Sequence[TraceStep], *, timed: bool = False, since: float | None = None
+) -> str:
+    """A trace as an aligned text table; ``timed`` adds the guard that fired and each step's
+    time in seconds since ``since`` (default: the first step with a time; blank for a step
+    without one)."""
+    rows = [["#", "state", "event", "next state"]]
     rows += [
-        (str(i), s.state, s.event if s.detail is None else f"{s.event} ({s.detail})", s.next_state)
+        [str(i), s.state, s.event if s.detail is None else f"{s.event} ({s.detail})", s.next_state]
         for i, s in enumerate(steps, 1)
     ]
-    widths = [max(len(row[c]) for row in rows) for c in range(4)]
+    if timed:
+        if since is None:
+            since = next((s.at for s in steps if s.at is not None), None)
+        rows[0] += ["guard", "time (s)"]
+        for row, s in zip(rows[1:], steps, strict=True):
+            when = f"{s.at - since:.3f}" if s.at is not None and since is not None else ""
+            row += [s.guard or "", when]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     lines = [
         "  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row)).rstrip() for row in rows
     ]

@@ -224,10 +224,11 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
         request: TurnRequest,
         *,
         health: Mapping[tuple[str, int], KeyHealth] | None = None,
-        now: float = 0.0,
+        now: float | None = None,
     ) -> list[Effect]:
         """Begin the turn over the chain; ``health`` is the key book as it stands at ``now``
-        (the clock's time)."""
+        (the clock's time, also stamped on the trace steps it takes; ``None``: time 0 for
+        the key book, unstamped steps)."""
         if self._model is not None:
             raise InvalidEvent(self.name, self.state, "start", "the machine was already started")
         self._model = GenerationState(
@@ -237,11 +238,14 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
             plans=list(self.plans),
             shared_plans=self.shared,
             health=dict(health or {}),
-            now=now,
+            now=0.0 if now is None else now,
         )
-        return self._fire("start", None)
+        return self._fire("start", None, now)
 
-    def feed(self, event: Any) -> list[Effect]:
+    def feed(self, event: Any, *, now: float | None = None) -> list[Effect]:
+        """Take one event; return the effects to carry out, in order. ``now`` is the clock's
+        time, stamped on the trace steps the event leads to (the times decisions read travel
+        in the events themselves)."""
         state = self._model
         if state is None:
             raise InvalidEvent(self.name, "ready", event, "call start() first")
@@ -256,7 +260,7 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
                 self.name, state.state, event,
                 f"attempt {event.attempt} is not the running one ({state.attempts})",
             )  # fmt: skip
-        return self._fire(trigger, event)
+        return self._fire(trigger, event, now)
 
     def _build_result(self, model: GenerationState) -> GenerationTurnResult:
         return build_generation_result(model)

@@ -376,11 +376,13 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         hold_timeout_notice: bool = False,
         ledger: Mapping[str, LedgerEntry] | None = None,
         expression_delivered: bool = False,
+        now: float | None = None,
     ) -> list[Effect]:
         """Begin the turn: returns the effects that open the first pass.
 
         ``ledger`` and ``expression_delivered`` carry a previous attempt's completed tool
-        calls and delivered expression into this one (the outer tier uses them).
+        calls and delivered expression into this one (the outer tier uses them). ``now`` is
+        the turn's clock time, stamped on the trace steps it takes (``None``: unstamped).
         """
         if self._model is not None:
             raise InvalidEvent(self.name, self.state, "start", "the machine was already started")
@@ -398,10 +400,12 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
             turn.ledger.update(ledger)
         turn.expression_delivered = expression_delivered
         self._model = turn
-        return self._fire("start", None)
+        return self._fire("start", None, now)
 
-    def feed(self, event: Any) -> list[Effect]:
-        """Take one event; return the effects to carry out, in order."""
+    def feed(self, event: Any, *, now: float | None = None) -> list[Effect]:
+        """Take one event; return the effects to carry out, in order. ``now`` is the turn's
+        clock time, stamped on the trace steps the event leads to (a chunk taken by the fast
+        path takes no step)."""
         handler = self._runner.fast.get(event.__class__)
         if handler is not None:
             turn = self._model
@@ -415,7 +419,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
                 turn.effects = []
                 return effects
             return []
-        return self._feed_trigger(event)
+        return self._feed_trigger(event, now)
 
     @property
     def chunk_handlers(self) -> Mapping[type, Callable[[TurnState, Any], None]]:
@@ -433,7 +437,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         return effects
 
     # ------------------------------------------------------------------ internals
-    def _feed_trigger(self, event: Any) -> list[Effect]:
+    def _feed_trigger(self, event: Any, now: float | None) -> list[Effect]:
         turn = self._model
         if turn is None:
             raise InvalidEvent(self.name, "ready", event, "call start() first")
@@ -448,13 +452,13 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
                     self.name, turn.state, event,
                     f"deadline token {event.token} is not armed (armed: {token})",
                 )  # fmt: skip
-            return self._fire(trigger, event)
+            return self._fire(trigger, event, now)
         try:
             trigger = trigger_for(event)
         except TypeError as err:
             raise InvalidEvent(self.name, turn.state, event, str(err)) from None
         self._check_current(turn, event)
-        return self._fire(trigger, event)
+        return self._fire(trigger, event, now)
 
     def _check_current(self, turn: TurnState, event: object) -> None:
         """Outcomes that belong to something already cancelled are a shell bug, not data."""

@@ -142,13 +142,15 @@ class Delivered:
 class TraceStep:
     """One step of the machine: ``state --event--> next_state``; ``guard`` names the guard of
     the declared transition taken (``None``: it has none), ``detail`` annotates a step an
-    action noted."""
+    action noted, ``at`` is the turn's clock time when the step was taken (``None``: the
+    driver gave no time, as in a trace saved before steps carried one)."""
 
     state: str
     event: str
     next_state: str
     detail: str | None = None
     guard: str | None = None
+    at: float | None = None
 
 
 @frozen

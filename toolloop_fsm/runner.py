@@ -51,6 +51,7 @@ class Stateful(Protocol):
     effects: list[Any]
     trace: list[TraceStep]
     current_event: Any
+    step_time: float | None
 
 
 ModelT = TypeVar("ModelT", bound=Stateful)
@@ -137,14 +138,17 @@ class Runner(ABC, Generic[ModelT]):
         if taken is None:
             model.current_event = None  # a refused event leaves no trace on the model
             raise InvalidEvent(self.declaration.name, before, event)
-        self.record(model, TraceStep(before, trigger, model.state, guard=taken[0]), taken[1])
+        at = model.step_time
+        self.record(model, TraceStep(before, trigger, model.state, guard=taken[0], at=at), taken[1])
         transient = self.declaration.transient_states
         while model.state in transient:
             source = model.state
             taken = self.take(model, "advance", None)
             if taken is None:
                 raise InvalidEvent(self.declaration.name, source, "advance", "no guard matched")
-            self.record(model, TraceStep(source, "advance", model.state, guard=taken[0]), taken[1])
+            self.record(
+                model, TraceStep(source, "advance", model.state, guard=taken[0], at=at), taken[1]
+            )
         model.current_event = None
         fast = self.fast
         fast.clear()
@@ -249,14 +253,20 @@ class DeclaredMachine(Generic[ModelT]):
     def _build_result(self, model: ModelT) -> GenerationTurnResult:
         raise NotImplementedError
 
-    def _fire(self, trigger: str, event: object) -> list[Any]:
-        """Take a trigger; collect its effects, and the `Finish` once a final state is
-        reached."""
+    def _fire(self, trigger: str, event: object, now: float | None = None) -> list[Any]:
+        """Take a trigger at ``now`` (the driver's clock time, stamped on its trace steps);
+        collect its effects, and the `Finish` once a final state is reached."""
         model = self._model
         assert model is not None
         if self._result is not None:
             raise InvalidEvent(self.name, model.state, event, "the turn has finished")
-        self._runner.fire(model, trigger, event)
+        previous = model.step_time
+        model.step_time = now
+        try:
+            self._runner.fire(model, trigger, event)
+        except InvalidEvent:
+            model.step_time = previous  # a refused event changes nothing
+            raise
         effects = model.effects
         model.effects = []
         if model.state in self._runner.declaration.final_states:

@@ -207,8 +207,10 @@ class TurnState:
     settle_started: bool = False
     follow_ups_cleared: int = 0
 
-    # bookkeeping of the step being processed
+    # bookkeeping of the step being processed; ``step_time`` is the time its driver gave
+    # (the turn's clock), stamped on its trace steps and read by nothing else
     current_event: Any = None
+    step_time: float | None = None
     effects: list[Effect] = field(factory=list)
     trace: list[TraceStep] = field(factory=list)
 
@@ -254,5 +256,8 @@ class GenerationState:
     stop_message: str | None = None
 
     current_event: Any = None
+    # the time its driver gave for the step being processed, stamped on its trace steps
+    # (``now`` above is the time decisions read)
+    step_time: float | None = None
     effects: list[Effect] = field(factory=list)
     trace: list[TraceStep] = field(factory=list)

@@ -48,6 +48,8 @@ from toolloop_fsm.effects import (
 from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.events import (
     CHUNK_TYPES,
+    DeadlineExpired,
+    DeadlineKind,
     DeliveryFailed,
     DeliveryRecorded,
     FollowUpArrived,
@@ -68,10 +70,13 @@ from toolloop_fsm.host import (
     TurnSignals,
 )
 from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.pump.deadlines import StreamDeadlines
 from toolloop_fsm.pump.deliveries import DeliveriesAndHostCalls, wait_bounded
+from toolloop_fsm.pump.observing import Observation, observe_turn
+from toolloop_fsm.pump.records import TurnRecords
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
 from toolloop_fsm.states.build_result import count_late_deliveries
 from toolloop_fsm.tools import run_tool_handler
@@ -92,7 +97,10 @@ class _Unsignalled(TurnSignals):
 
 
 _NO_SIGNALS = _Unsignalled()
-
+#: The records of a `run_tool_loop` turn: attempt 0, no keys known (shared: it never changes).
+_TOOL_LOOP_RECORDS = TurnRecords()
+#: Events whose arrival is a failure worth a WARNING record.
+_REPORTED = frozenset({StreamFailed, DeadlineExpired, DeliveryFailed})
 
 
 class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
@@ -116,10 +124,13 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_last_chunk",
         "_late_confirmed",
         "_main",
+        "_observation",
         "_outcomes",
         "_pending_result",
         "_pending_stream",
+        "_provider_failure",
         "_reading",
+        "_records",
         "_result",
         "_signals_dirty",
         "_stop_fed",
@@ -152,6 +163,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         clock: Clock | None = None,
         on_effect: Callable[[Effect], None] | None = None,
         consume_stop: bool = True,
+        observation: Observation | None = None,
+        records: TurnRecords | None = None,
     ) -> None:
         self.machine = machine
         # the turn that honours a stop consumes it (the outer tier does so for its attempts)
@@ -203,6 +216,12 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._late_confirmed: list[int] = []
         # the result waits for the host's notices and stop message still on their way
         self._pending_result: GenerationTurnResult | None = None
+        # who watches the turn (``None``: nothing; checked at lifecycle points, never per
+        # chunk), what its log records say, and the provider's last failure (the outer tier
+        # names its HTTP status when it falls back)
+        self._observation = observation
+        self._records = records if records is not None else _TOOL_LOOP_RECORDS
+        self._provider_failure: StreamFailed | None = None
 
     # ------------------------------------------------------------------ running
     async def run(
@@ -232,6 +251,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     hold_timeout_notice=hold_timeout_notice,
                     ledger=ledger,
                     expression_delivered=expression_delivered,
+                    now=self.clock.now(),
                 )
             )
             self._signals_dirty = True
@@ -344,6 +364,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         if children is not None and task in children:
             children.remove(task)
             self._abandoned.append(name)
+            self._records.abandoned(name, self.policy.cancel_grace)
 
     def _abandon_unless_done(self, task: asyncio.Task[Any], name: str) -> None:
         if not task.done():
@@ -360,6 +381,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._deliveries.clear()
         self._cancel_timers()
         self._finished = True
+        if self._observation is not None:
+            self._observation.turn_over()
 
     # ------------------------------------------------------------------ feeding
     def _feed(self, event: Any) -> None:
@@ -374,12 +397,51 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             self._take_signals()
             if self._finished or self.machine.is_finished:
                 return
+        kind = type(event)
+        if kind in _REPORTED:
+            self._report(event)
         try:
-            effects = self.machine.feed(event)
+            effects = self.machine.feed(event, now=self.clock.now())
         except BaseException as err:  # the machine rejected the event: surface it to run()
             self._fail(err)
             return
+        observation = self._observation
+        if observation is not None:
+            observation.cause = event  # why the effects below are carried out
+            if kind is StreamEnded or kind is StreamFailed:
+                # the pass is closed and recorded: observed before what follows it (a tool)
+                failure = event if kind is StreamFailed else None
+                observation.pass_ended(self.machine.turn, failure)
         self._execute(effects)
+
+    def _report(self, event: StreamFailed | DeadlineExpired | DeliveryFailed) -> None:
+        """A WARNING record of a failure, as it is fed to the machine."""
+        records = self._records
+        if isinstance(event, StreamFailed):
+            self._provider_failure = event
+            records.stream_failed(self._provider_name(), self._iteration, event)
+        elif isinstance(event, DeliveryFailed):
+            records.host_failed(event)
+        else:
+            policy = self.policy
+            seconds: float | None = {
+                DeadlineKind.FIRST_TOKEN: policy.effective_first_token_timeout,
+                DeadlineKind.INACTIVITY: policy.inactivity_timeout,
+                DeadlineKind.PASS_DURATION: policy.max_pass_duration,
+            }.get(event.kind)
+            if event.kind is DeadlineKind.TOOL:
+                call = self.machine.turn.pending_call
+                tool = self.registry.get(str(call.name)) if call is not None else None
+                has_own = tool is not None and tool.timeout is not None
+                seconds = tool.timeout if tool is not None and has_own else policy.tool_timeout
+            records.deadline_expired(
+                event.kind, seconds, provider=self._provider_name(), iteration=self._iteration,
+                tool=self._tool_name,
+            )  # fmt: skip
+
+    def _provider_name(self) -> str:
+        name = getattr(self.provider, "name", None)
+        return name if isinstance(name, str) and name else type(self.provider).__name__
 
     def _fail(self, err: BaseException) -> None:
         if not self._finished:
@@ -501,6 +563,12 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         if generation != self._stream_generation:
             return  # cancelled before it was read
         stream = self.provider.stream(request)
+        observation = self._observation
+        if observation is not None:
+            observation.pass_started(self._iteration)
+            if observation.wants_chunks:  # read through a tap only when chunks are watched
+                stream = _tapped(stream, observation)
+        exhausted = False
         self._reading = True
         machine = self.machine
         feed = machine.feed
@@ -519,7 +587,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                         handler(turn, chunk)
                         effects = machine.take_effects() if turn.effects else None
                     else:
-                        effects = feed(chunk)
+                        effects = feed(chunk, now=self._last_chunk)
                 except BaseException as err:
                     if type(chunk) not in CHUNK_TYPES:  # a provider bug: a failed pass
                         self._feed(
@@ -550,6 +618,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     self._take_signals()
                     if generation != self._stream_generation:
                         return
+            exhausted = True
         except ProviderError as err:
             if generation == self._stream_generation:
                 self._feed(
@@ -575,16 +644,29 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         finally:
             self._reading = False
             await _close_stream(stream)
+            if observation is not None and not exhausted:
+                # cut short: the loop recorded how (a deadline, a stop), or nothing (the
+                # caller cancelled the turn); a failure was observed as it was fed
+                observation.pass_ended(turn, None)
         if generation == self._stream_generation:
             self._feed(StreamEnded())
+        if observation is not None:  # once: unless the end was fed, it is observed here
+            observation.pass_ended(turn, None)
 
     # ------------------------------------------------------------------ tools
     def _run_tool(self, effect: RunTool) -> None:
         self._tool_dispatch = effect.dispatch
         self._tool_name = f"tool {effect.name} (dispatch {effect.dispatch})"
+        observation = self._observation
+        if observation is not None:
+            call = self.machine.turn.pending_call
+            call_id = call.call_id if call is not None else None
+            observation.tool_started(effect, call_id if isinstance(call_id, str) else None)
         self._tool_task = self._spawn(self._call_tool(effect), self._tool_name)
 
     def _cancel_tool(self) -> None:
+        if self._observation is not None:
+            self._observation.tool_cancelled(self._tool_dispatch)
         self._tool_dispatch = -1
         task = self._tool_task
         if task is not None and not task.done():
@@ -621,7 +703,24 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 self._fail(err)
                 return
         if effect.dispatch == self._tool_dispatch:
+            if self._observation is not None:
+                self._observation.tool_finished(event)
             self._feed(event)
+
+
+async def _tapped(stream: AsyncIterator[Any], observation: Observation) -> AsyncIterator[Any]:
+    """The provider's stream, each text, thought and call chunk shown to the observation
+    before the loop takes it. After each one the turn lets the loop run once, so that a
+    consumer waiting for it (a live event stream) has it before any delivery holding its
+    text is sent."""
+    try:
+        async for chunk in stream:
+            if observation.observes(chunk):
+                observation.chunk(chunk)
+                await asyncio.sleep(0)
+            yield chunk
+    finally:
+        await _close_stream(stream)
 
 
 async def _close_stream(stream: AsyncIterator[Any]) -> None:
@@ -630,7 +729,6 @@ async def _close_stream(stream: AsyncIterator[Any]) -> None:
         # closing an async generator that is still running elsewhere raises RuntimeError
         with contextlib.suppress(RuntimeError):
             await aclose()
-
 
 
 async def run_tool_loop(
@@ -644,12 +742,33 @@ async def run_tool_loop(
     clock: Clock | None = None,
     continuation_style: bool | None = None,
     on_step: Callable[[TraceStep], None] | None = None,
+    observer: TurnObserver | None = None,
 ) -> GenerationTurnResult:
     """Run one tool-loop turn (one attempt) and return its result.
 
     Cancelling the task that awaits this cancels the provider stream and any running tool
     and propagates `CancelledError`; an outer `asyncio.timeout` raises `TimeoutError`.
+    ``on_step`` sees every step of the machine as it is taken; ``observer`` (and every
+    observer registered with `toolloop_fsm.observation.add_turn_observer`) sees the turn's
+    phases (`toolloop_fsm.observation`).
     """
-    machine = ToolLoopMachine(policy, tools=tools, on_step=on_step)
-    pump = EventPump(machine, provider, channel, signals=signals, clock=clock)
-    return await pump.run(request, continuation_style=continuation_style)
+    records = _TOOL_LOOP_RECORDS
+    machine = ToolLoopMachine(
+        policy, tools=tools, on_step=records.logging_steps(ToolLoopMachine.name, on_step)
+    )
+    clock = clock if clock is not None else LOOP_CLOCK
+    observation = observe_turn(observer, clock, records)
+    pump = EventPump(
+        machine, provider, channel, signals=signals, clock=clock, observation=observation
+    )
+    if observation is None:
+        return await pump.run(request, continuation_style=continuation_style)
+    observation.for_provider(provider)
+    observation.turn_started("tool_loop")
+    try:
+        result = await pump.run(request, continuation_style=continuation_style)
+    except BaseException as err:
+        observation.turn_aborted(err)
+        raise
+    observation.turn_ended(result)
+    return result

@@ -33,6 +33,7 @@ from toolloop_fsm.events import (
     AdmissionDecided,
     AttemptFinished,
     StopRequested,
+    StreamFailed,
     UnreachableReported,
 )
 from toolloop_fsm.generation import GenerationTurnMachine
@@ -46,12 +47,21 @@ from toolloop_fsm.host import (
     TurnSignals,
 )
 from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.providers._secrecy import fragment_pattern, redact
 from toolloop_fsm.pump.deliveries import _resolve, wait_bounded
 from toolloop_fsm.pump.inner import EventPump
-from toolloop_fsm.pump.redaction import RedactedError, _scrub
-from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus, converter
+from toolloop_fsm.pump.observing import Observation, observe_turn
+from toolloop_fsm.pump.records import TurnRecords
+from toolloop_fsm.pump.redaction import RedactedError, Secrets, _scrub
+from toolloop_fsm.result import (
+    RETRYABLE_STATUSES,
+    GenerationTurnResult,
+    TraceStep,
+    TurnStatus,
+    converter,
+)
 
 
 class GenerationPump:
@@ -70,6 +80,8 @@ class GenerationPump:
         clock: Clock | None = None,
         key_book: KeyBook | None = None,
         on_attempt_step: Callable[[int, TraceStep], None] | None = None,
+        observation: Observation | None = None,
+        records: TurnRecords | None = None,
     ) -> None:
         self.machine = machine
         self.attempts = list(attempts)
@@ -86,6 +98,9 @@ class GenerationPump:
         self._abandoned: list[str] = []
         self._keys = [key for attempt in (*self.attempts, *self.shared) for key in attempt.keys]
         self._leak = fragment_pattern(self._keys)  # finds any piece of a key, in one pass
+        # log records and observed events are redacted with every key of the chain
+        self.records = records if records is not None else TurnRecords(0, Secrets(self._keys))
+        self.observation = observation
 
     async def run(self, request: TurnRequest) -> GenerationTurnResult:
         self._follow_ups_seen = self.signals.follow_ups
@@ -108,6 +123,10 @@ class GenerationPump:
                 return self._redacted(result)
             pending.extend(await self._carry_out(effect))
         raise RuntimeError("the generation turn stopped without a result")
+
+    def _feed(self, event: object) -> list[Effect]:
+        """Feed the machine one event, at the clock's time (stamped on its trace steps)."""
+        return self.machine.feed(event, now=self.clock.now())
 
     async def _carry_out(self, effect: Effect) -> list[Effect]:
         if isinstance(effect, StartAttempt):
@@ -147,11 +166,18 @@ class GenerationPump:
                 task.cancel()
                 if await wait_bounded(self.clock, [task], policy.cancel_grace):
                     self._abandoned.append(name)
+                    self.records.abandoned(name, policy.cancel_grace)
                     return None
         except asyncio.CancelledError:
             task.cancel()
             raise
-        if task.cancelled() or task.exception() is not None:
+        if task.cancelled():
+            overdue = f"did not return within {policy.host_call_timeout:g} s"
+            self.records.host_call_failed(name, overdue)
+            return None
+        failure = task.exception()
+        if failure is not None:
+            self.records.host_call_failed(name, f"{type(failure).__name__}: {failure}")
             return None
         return task.result()
 
@@ -161,12 +187,15 @@ class GenerationPump:
 
     async def _run_attempt(self, effect: StartAttempt) -> list[Effect]:
         if self.signals.unreachable:  # reported between attempts: do not start another
-            return self.machine.feed(UnreachableReported())
+            return self._feed(UnreachableReported())
         attempt = self._attempt_for(effect.model)
         key = attempt.keys[effect.key_index] if effect.key_index is not None else None
         report = self.on_attempt_step
         on_step = None if report is None else (lambda step: report(effect.attempt, step))
+        records = TurnRecords(effect.attempt, self.records.secrets)
+        on_step = records.logging_steps(ToolLoopMachine.name, on_step)
         inner = ToolLoopMachine(self.machine.policy.loop, tools=self.tools, on_step=on_step)
+        observation = self.observation
         try:
             provider = attempt.make_provider(key)
         except Exception as err:  # the host's factory is host code: no fallback
@@ -176,10 +205,18 @@ class GenerationPump:
                 error_message=f"the provider factory raised {type(err).__name__}: {err}",
                 exception=err,
             )
-            return self.machine.feed(self._finished(effect, result, {}))
+            if observation is not None:
+                observation.attempt_started(
+                    effect.attempt, effect.label, effect.key_index, effect.route, None
+                )
+            return self._attempt_ended(effect, result, {}, None)
+        if observation is not None:
+            observation.attempt_started(
+                effect.attempt, effect.label, effect.key_index, effect.route, provider
+            )
         pump = EventPump(
             inner, provider, self.channel, signals=self.signals, clock=self.clock,
-            consume_stop=False,
+            consume_stop=False, observation=observation, records=records,
         )  # fmt: skip
         run = asyncio.ensure_future(
             pump.run(
@@ -216,12 +253,38 @@ class GenerationPump:
                 partial = self._redacted(
                     inner.interrupted_result(TurnStatus.SKIPPED, "destination_unreachable")
                 )
-            return self.machine.feed(UnreachableReported(partial))
+            if observation is not None:
+                skipped = GenerationTurnResult(TurnStatus.SKIPPED, "destination_unreachable")
+                observation.attempt_ended(effect.attempt, effect.label, partial or skipped, None)
+            return self._feed(UnreachableReported(partial))
         if pump._stop_fed:
             self._stop_honoured = True
         result = run.result()
         ledger = inner.turn.ledger if inner.is_finished else {}
-        return self.machine.feed(self._finished(effect, result, ledger))
+        failure = pump._provider_failure if result.reason == "provider_error" else None
+        return self._attempt_ended(effect, result, ledger, failure)
+
+    def _attempt_ended(
+        self,
+        effect: StartAttempt,
+        result: GenerationTurnResult,
+        ledger: Mapping[str, Any],
+        failure: StreamFailed | None,
+    ) -> list[Effect]:
+        """Feed the machine how an attempt ended; observe it, and when it failed, say so in
+        a WARNING record with the provider's failure and what the chain does next."""
+        finished = self._finished(effect, result, ledger)
+        clean = finished.result
+        if self.observation is not None:
+            self.observation.attempt_ended(effect.attempt, effect.label, clean, failure)
+        effects = self._feed(finished)
+        if clean.status in RETRYABLE_STATUSES:
+            records = self.records
+            records.attempt_failed(
+                effect.attempt, effect.label, effect.key_index, clean, failure,
+                _next_step(effects),
+            )  # fmt: skip
+        return effects
 
     def _finished(
         self, effect: StartAttempt, result: GenerationTurnResult, ledger: Mapping[str, Any]
@@ -237,9 +300,9 @@ class GenerationPump:
         unreachable destination (either ends the wait)."""
         route = self.shared_route
         if route is None:
-            return self.machine.feed(AdmissionDecided(False, self.clock.now()))
+            return self._feed(AdmissionDecided(False, self.clock.now()))
         request = AdmissionRequest(tuple(effect.failures), self.clock.now())
-        admission = asyncio.ensure_future(_admit(route, request))
+        admission = asyncio.ensure_future(_admit(route, request, self.records))
         interrupted = asyncio.get_running_loop().create_future()
 
         def watch() -> None:
@@ -263,13 +326,14 @@ class GenerationPump:
                 grace = self.machine.policy.loop.cancel_grace
                 if await wait_bounded(self.clock, [admission], grace):
                     self._abandoned.append("shared_route.admit")
+                    self.records.abandoned("shared_route.admit", grace)
             interrupted.cancel()
         if self.signals.unreachable:
-            return self.machine.feed(UnreachableReported())
+            return self._feed(UnreachableReported())
         if self.signals.stop_requested:
-            return self.machine.feed(StopRequested(self.signals.stop_message))
+            return self._feed(StopRequested(self.signals.stop_message))
         admitted = admission.done() and not admission.cancelled() and admission.result()
-        return self.machine.feed(AdmissionDecided(bool(admitted), self.clock.now()))
+        return self._feed(AdmissionDecided(bool(admitted), self.clock.now()))
 
     def _redacted(self, result: GenerationTurnResult) -> GenerationTurnResult:
         """Defence in depth: no key may leave the turn — not in a message a careless provider
@@ -293,16 +357,30 @@ class GenerationPump:
         return attrs.evolve(clean, exception=exception)
 
 
-
-async def _admit(route: SharedRoute, request: AdmissionRequest) -> bool:
+async def _admit(route: SharedRoute, request: AdmissionRequest, records: TurnRecords) -> bool:
     try:
         answer = route.admit(request)
         return bool(await answer) if inspect.isawaitable(answer) else bool(answer)
     except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
         raise
-    except BaseException:  # a failing admission policy admits nobody
+    except BaseException as err:  # a failing admission policy admits nobody
+        records.host_call_failed(
+            "shared_route.admit", f"{type(err).__name__}: {err}; nobody is admitted"
+        )
         return False
 
+
+def _next_step(effects: Iterable[Effect]) -> str:
+    """What the chain does after a failed attempt, from the effects the machine returned."""
+    for effect in effects:
+        if isinstance(effect, StartAttempt):
+            key = f", key {effect.key_index}" if effect.key_index is not None else ""
+            return f"next: attempt {effect.attempt} ({effect.label}{key})"
+        if isinstance(effect, AskAdmission):
+            return "next: asking the host to admit the shared route"
+        if isinstance(effect, Finish):
+            return f"no fallback left: the turn ends {effect.result.status.value}"
+    return "the chain goes on"
 
 
 async def run_generation_turn(
@@ -318,6 +396,7 @@ async def run_generation_turn(
     key_book: KeyBook | None = None,
     on_step: Callable[[TraceStep], None] | None = None,
     on_attempt_step: Callable[[int, TraceStep], None] | None = None,
+    observer: TurnObserver | None = None,
 ) -> GenerationTurnResult:
     """Run a whole generation turn over a fallback chain of attempts (docs/behaviour.md §9).
 
@@ -325,8 +404,13 @@ async def run_generation_turn(
     advances to the next model; what a failed attempt delivered stays delivered and the next
     attempt continues from it; a completed tool call is never run again. ``key_book`` keeps
     key health (cooldowns, retirements) across turns when the host passes the same one.
+    ``on_step`` sees every step of the outer machine, ``on_attempt_step`` every step of each
+    attempt's tool loop; ``observer`` (and every observer registered with
+    `toolloop_fsm.observation.add_turn_observer`) sees the turn's phases.
     """
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+    chain = (*attempts, *(shared_route.attempts if shared_route is not None else ()))
+    records = TurnRecords(0, Secrets(key for attempt in chain for key in attempt.keys))
     plans = [attempt.plan(i, "user") for i, attempt in enumerate(attempts)]
     shared = [
         attempt.plan(len(plans) + i, "shared")
@@ -334,8 +418,10 @@ async def run_generation_turn(
     ]
     machine = GenerationTurnMachine(
         policy, plans=plans, shared=shared, tools=[tool.spec() for tool in registry],
-        on_step=on_step,
+        on_step=records.logging_steps(GenerationTurnMachine.name, on_step),
     )  # fmt: skip
+    clock = clock if clock is not None else LOOP_CLOCK
+    observation = observe_turn(observer, clock, records)
     pump = GenerationPump(
         machine,
         attempts,
@@ -346,5 +432,16 @@ async def run_generation_turn(
         clock=clock,
         key_book=key_book,
         on_attempt_step=on_attempt_step,
+        observation=observation,
+        records=records,
     )
-    return await pump.run(request)
+    if observation is None:
+        return await pump.run(request)
+    observation.turn_started("generation")
+    try:
+        result = await pump.run(request)
+    except BaseException as err:
+        observation.turn_aborted(err)
+        raise
+    observation.turn_ended(result)
+    return result

@@ -173,6 +173,7 @@ def supersede_attempt(state: GenerationState, _event: Any = None) -> None:
             "attempt_superseded",
             "judging_attempt",
             detail=f"attempt {state.attempts} ({plan.label}) superseded",
+            at=state.step_time,
         )
     )
 

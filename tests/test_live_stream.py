@@ -1,0 +1,376 @@
+"""The live event stream (`toolloop_fsm.stream`): what a UI iterating a turn sees, in what
+order, and that leaving early cancels the turn cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import re
+import subprocess
+import sys
+import warnings
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolloop_fsm import (
+    Attempt,
+    FunctionCall,
+    LoopPolicy,
+    ProviderError,
+    TextDelta,
+    ThoughtDelta,
+    Tool,
+    ToolContext,
+    ToolResult,
+    TraceStep,
+    TurnRequest,
+    TurnStatus,
+    UsageReport,
+    run_tool_loop,
+)
+from toolloop_fsm.observation import TurnObserver
+from toolloop_fsm.stream import (
+    AttemptEnded,
+    AttemptStarted,
+    LiveEvent,
+    PassEnded,
+    PassStarted,
+    ToolEnded,
+    ToolStarted,
+    TurnEnded,
+    TurnStarted,
+    stream_generation_turn,
+    stream_tool_loop,
+)
+from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+
+REQUEST = TurnRequest([{"role": "user", "content": "what's the weather in Paris?"}])
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def weather_script() -> list[list[Any]]:
+    return [
+        [
+            ThoughtDelta("They want the weather."),
+            TextDelta("Let me check. "),
+            FunctionCall("weather", {"city": "Paris"}, "call_1"),
+            UsageReport(10, 5),
+        ],
+        [TextDelta("Clear "), TextDelta("skies."), UsageReport(20, 3)],
+    ]
+
+
+def weather_tool() -> Tool:
+    async def weather(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        return ToolResult(data={"sky": "clear"})
+
+    return Tool("weather", "the weather", {"type": "object"}, weather)
+
+
+def summary(event: LiveEvent) -> tuple[Any, ...]:
+    """What a UI reads of each event."""
+    if isinstance(event, TextDelta | ThoughtDelta):
+        return (type(event).__name__, event.text)
+    if isinstance(event, FunctionCall):
+        return ("FunctionCall", event.name)
+    if isinstance(event, PassStarted):
+        return ("PassStarted", event.iteration)
+    if isinstance(event, PassEnded):
+        return ("PassEnded", event.iteration, event.outcome)
+    if isinstance(event, ToolStarted):
+        return ("ToolStarted", event.name, event.call_id)
+    if isinstance(event, ToolEnded):
+        return ("ToolEnded", event.name, event.outcome)
+    if isinstance(event, AttemptStarted):
+        return ("AttemptStarted", event.attempt, event.label)
+    if isinstance(event, AttemptEnded):
+        return ("AttemptEnded", event.attempt, event.status.value, event.http_status)
+    if isinstance(event, TurnStarted):
+        return ("TurnStarted", event.tier)
+    assert isinstance(event, TurnEnded)
+    return ("TurnEnded", event.result.status.value)
+
+
+@pytest.fixture
+async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
+    """What the event loop reports (a task destroyed while pending, an exception never
+    retrieved) and every warning, during the test: a clean turn leaves none."""
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield errors
+            for _ in range(3):  # let anything left behind run, then collect it
+                await asyncio.sleep(0)
+            gc.collect()
+            await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    errors.extend({"warning": str(w.message)} for w in caught)
+    assert errors == [], "the turn left something behind"
+
+
+# --------------------------------------------------------------------------- what it yields
+async def test_a_turn_streams_its_chunks_and_phases_in_order_then_its_result() -> None:
+    clock = VirtualClock()
+    provider = ScriptedProvider(weather_script(), clock=clock)
+    channel = RecordingChannel(clock=clock)
+    async with stream_tool_loop(
+        provider, [weather_tool()], channel, REQUEST, clock=clock
+    ) as events:
+        seen = [event async for event in events]
+    assert [summary(event) for event in seen] == [
+        ("TurnStarted", "tool_loop"),
+        ("PassStarted", 1),
+        ("ThoughtDelta", "They want the weather."),
+        ("TextDelta", "Let me check. "),
+        ("FunctionCall", "weather"),
+        ("PassEnded", 1, "function_call"),
+        ("ToolStarted", "weather", "call_1"),
+        ("ToolEnded", "weather", "succeeded"),
+        ("PassStarted", 2),
+        ("TextDelta", "Clear "),
+        ("TextDelta", "skies."),
+        ("PassEnded", 2, "completed"),
+        ("TurnEnded", "completed"),
+    ]
+    final = seen[-1]
+    assert isinstance(final, TurnEnded)
+    # the stream changes nothing about the turn: the same script run plainly gives the same
+    again = VirtualClock()
+    plain = await run_tool_loop(
+        ScriptedProvider(weather_script(), clock=again),
+        [weather_tool()],
+        RecordingChannel(clock=again),
+        REQUEST,
+        clock=again,
+    )
+    assert final.result == plain
+    assert channel.texts == ["Let me check. ", "Clear skies."]
+    tool_started = next(event for event in seen if isinstance(event, ToolStarted))
+    assert tool_started.arguments == {"city": "Paris"}
+
+
+async def test_every_text_delta_arrives_before_the_delivery_holding_it_is_sent() -> None:
+    clock = VirtualClock()
+    timeline: list[tuple[str, str]] = []
+
+    class TimelineChannel(RecordingChannel):
+        async def send_text(self, text: str) -> None:  # completes at once, like a buffer
+            timeline.append(("sent", text))
+            await super().send_text(text)
+
+    words = [f"word{i:03d} " for i in range(120)]  # 1,080 characters: five batches and a rest
+    provider = ScriptedProvider([[TextDelta(word) for word in words]], clock=clock)
+    async with stream_tool_loop(
+        provider, [], TimelineChannel(clock=clock), REQUEST, clock=clock
+    ) as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                timeline.append(("received", event.text))
+    batches = [text for kind, text in timeline if kind == "sent"]
+    assert len(batches) >= 5 and "".join(batches) == "".join(words)
+    received = ""
+    sent = ""
+    for kind, text in timeline:
+        if kind == "received":
+            received += text
+        else:
+            sent += text
+            assert received.startswith(sent), "a batch was sent before the UI had its text"
+
+
+async def test_a_generation_turn_frames_each_attempt_and_names_its_failure() -> None:
+    clock = VirtualClock()
+    failing = ScriptedProvider(
+        [
+            [
+                TextDelta("Par"),
+                Fail(
+                    ProviderError(
+                        "429 slow down", kind="rate_limit", retryable=True, status_code=429
+                    )
+                ),
+            ]
+        ],
+        clock=clock,
+    )
+    backup = ScriptedProvider([[TextDelta("Paris: clear.")]], clock=clock)
+    async with stream_generation_turn(
+        [Attempt(failing, label="main"), Attempt(backup, label="backup")],
+        [],
+        RecordingChannel(clock=clock),
+        REQUEST,
+        clock=clock,
+    ) as events:
+        seen = [summary(event) async for event in events]
+    assert seen == [
+        ("TurnStarted", "generation"),
+        ("AttemptStarted", 1, "main"),
+        ("PassStarted", 1),
+        ("TextDelta", "Par"),
+        ("PassEnded", 1, "error"),
+        ("AttemptEnded", 1, "error", 429),
+        ("AttemptStarted", 2, "backup"),
+        ("PassStarted", 1),
+        ("TextDelta", "Paris: clear."),
+        ("PassEnded", 1, "completed"),
+        ("AttemptEnded", 2, "completed", None),
+        ("TurnEnded", "completed"),
+    ]
+
+
+async def test_a_slow_consumer_never_holds_the_turn_back() -> None:
+    clock = VirtualClock()
+    chunks: list[Any] = []
+    for i in range(6):
+        chunks += [Pause(1), TextDelta(f"part {i} ")]
+    provider = ScriptedProvider([chunks], clock=clock)
+    policy = LoopPolicy(inactivity_timeout=5, first_token_timeout=5)
+    async with stream_tool_loop(
+        provider, [], RecordingChannel(clock=clock), REQUEST, policy=policy, clock=clock
+    ) as events:
+        async for event in events:
+            await clock.sleep(60)  # far past the inactivity budget, per event
+            last = event
+    assert isinstance(last, TurnEnded)
+    assert last.result.status is TurnStatus.COMPLETED
+    assert last.result.final_text == "".join(f"part {i} " for i in range(6))
+
+
+async def test_the_callers_own_observer_sees_the_turn_too() -> None:
+    clock = VirtualClock()
+    passes: list[int] = []
+
+    class Passes(TurnObserver):
+        def pass_ended(self, event: PassEnded) -> None:
+            passes.append(event.iteration)
+
+    provider = ScriptedProvider(weather_script(), clock=clock)
+    async with stream_tool_loop(
+        provider,
+        [weather_tool()],
+        RecordingChannel(clock=clock),
+        REQUEST,
+        clock=clock,
+        observer=Passes(),
+    ) as events:
+        async for _event in events:
+            pass
+    assert passes == [1, 2]
+    assert events.result.status is TurnStatus.COMPLETED
+
+
+# --------------------------------------------------------------------------- leaving early
+async def test_breaking_out_early_cancels_the_turn_cleanly(
+    loop_errors: list[dict[str, Any]],
+) -> None:
+    clock = VirtualClock()
+    provider = ScriptedProvider(
+        [[TextDelta("Hello"), Pause(1000), TextDelta(" never seen")]], clock=clock
+    )
+    channel = RecordingChannel(clock=clock)
+    stream = stream_tool_loop(provider, [], channel, REQUEST, clock=clock)
+    async with stream as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                break
+    assert stream._task is not None and stream._task.cancelled()
+    assert provider.streams_closed == 1
+    assert channel.texts == []  # the buffered text was never delivered
+    with pytest.raises(RuntimeError, match="has not returned"):
+        _ = stream.result
+    assert [e async for e in events] == []  # a closed stream yields nothing more
+    assert loop_errors == []
+
+
+async def test_the_consumers_cancellation_cancels_the_running_tool(
+    loop_errors: list[dict[str, Any]],
+) -> None:
+    clock = VirtualClock()
+    tool_cancelled = asyncio.Event()
+    tool_running = asyncio.Event()
+
+    async def slow(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        tool_running.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            tool_cancelled.set()
+        raise AssertionError("unreachable")
+
+    provider = ScriptedProvider([[FunctionCall("slow", {}, "c1")]], clock=clock)
+    tools = [Tool("slow", "slow", {"type": "object"}, slow)]
+    seen: list[Any] = []
+
+    async def consume() -> None:
+        async with stream_tool_loop(
+            provider, tools, RecordingChannel(clock=clock), REQUEST, clock=clock
+        ) as events:
+            async for event in events:
+                seen.append(summary(event))
+
+    consumer = asyncio.ensure_future(consume())
+    await tool_running.wait()
+    consumer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+    assert tool_cancelled.is_set()
+    assert seen[-1] == ("ToolStarted", "slow", "c1")
+    assert loop_errors == []
+
+
+async def test_aclose_cancels_a_stream_iterated_without_async_with(
+    loop_errors: list[dict[str, Any]],
+) -> None:
+    clock = VirtualClock()
+    provider = ScriptedProvider([[TextDelta("Hello"), Pause(1000)]], clock=clock)
+    stream = stream_tool_loop(provider, [], RecordingChannel(clock=clock), REQUEST, clock=clock)
+    first = await anext(stream)
+    assert isinstance(first, TurnStarted)
+    await stream.aclose()
+    assert stream._task is not None and stream._task.done()
+    assert provider.streams_closed in (0, 1)  # closed if it had started, never left open
+    assert loop_errors == []
+
+
+async def test_a_turn_that_raises_raises_from_the_iteration_after_its_events() -> None:
+    clock = VirtualClock()
+    provider = ScriptedProvider([[TextDelta("Hello.")]], clock=clock)
+
+    def broken_hook(step: TraceStep) -> None:
+        if step.event == "stream_ended":
+            raise RuntimeError("the host's step hook broke")
+
+    seen: list[Any] = []
+    with pytest.raises(RuntimeError, match="step hook broke"):
+        async with stream_tool_loop(
+            provider, [], RecordingChannel(clock=clock), REQUEST, clock=clock,
+            on_step=broken_hook,
+        ) as events:  # fmt: skip
+            async for event in events:
+                seen.append(summary(event))
+    assert seen[:3] == [("TurnStarted", "tool_loop"), ("PassStarted", 1), ("TextDelta", "Hello.")]
+    assert ("TurnEnded", "completed") not in seen
+
+
+def test_the_readme_example_runs_and_prints_tokens_tools_and_the_ending() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Live events") :]
+    found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert found is not None
+    done = subprocess.run(
+        [sys.executable, "-c", found.group(1)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        "Let me look. \n[calling get_weather]\n[get_weather: succeeded]\n\n"
+        "Clear skies in Paris.\ncompleted\n"
+    )

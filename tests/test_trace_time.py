@@ -1,0 +1,115 @@
+"""Trace steps carry the time they were taken on the turn's clock, and the guard that fired;
+the machines stay pure: the time is an input (``start``/``feed`` take ``now``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from toolloop_fsm import (
+    Attempt,
+    FunctionCall,
+    ProviderError,
+    TextDelta,
+    Tool,
+    ToolContext,
+    ToolLoopMachine,
+    ToolResult,
+    TurnRequest,
+    result_from_json,
+    result_to_json,
+    run_generation_turn,
+    run_tool_loop,
+)
+from toolloop_fsm.sansio import DeliveryRecorded, StreamEnded
+from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+
+REQUEST = TurnRequest([{"role": "user", "content": "what's the weather?"}])
+
+
+def step_times(trace: Any, event: str) -> list[float | None]:
+    return [step.at for step in trace if step.event == event]
+
+
+async def test_each_step_carries_the_virtual_time_it_was_taken_at() -> None:
+    clock = VirtualClock()
+
+    async def weather(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        await clock.sleep(4)
+        return ToolResult(data={"sky": "clear"})
+
+    provider = ScriptedProvider(
+        [[Pause(1.5), FunctionCall("weather", {}, "c1")], [Pause(2), TextDelta("Clear skies.")]],
+        clock=clock,
+    )
+    tool = Tool("weather", "the weather", {"type": "object"}, weather)
+    result = await run_tool_loop(
+        provider, [tool], RecordingChannel(clock=clock), REQUEST, clock=clock
+    )
+    trace = result.trace
+    assert trace[0].at == 0.0
+    times = [step.at for step in trace]
+    assert None not in times and times == sorted(times)  # type: ignore[type-var]
+    assert step_times(trace, "function_call") == [1.5]
+    assert step_times(trace, "tool_finished") == [5.5]
+    assert step_times(trace, "text_delta") == [7.5]
+    # a decision point is taken at the time of the event that led to it
+    assert [(s.guard, s.at) for s in trace if s.guard == "call_pending"] == [("call_pending", 1.5)]
+
+
+async def test_a_generation_turn_stamps_its_own_steps_and_each_attempts() -> None:
+    clock = VirtualClock()
+    failing = ScriptedProvider(
+        [[Pause(3), Fail(ProviderError("503", kind="server", retryable=True))]], clock=clock
+    )
+    backup = ScriptedProvider([[Pause(1), TextDelta("fine")]], clock=clock)
+    result = await run_generation_turn(
+        [Attempt(failing, label="main"), Attempt(backup, label="backup")],
+        [],
+        RecordingChannel(clock=clock),
+        REQUEST,
+        clock=clock,
+    )
+    assert step_times(result.trace, "start") == [0.0]
+    assert step_times(result.trace, "attempt_finished") == [3.0, 4.0]
+    # the note of the superseded attempt is stamped like the step it annotates
+    assert step_times(result.trace, "attempt_superseded") == [3.0]
+    first, second = result.attempts
+    assert step_times(first.trace, "stream_failed") == [3.0]
+    assert step_times(second.trace, "start") == [3.0]
+    assert step_times(second.trace, "text_delta") == [4.0]
+
+
+async def test_stamped_traces_round_trip_and_traces_saved_without_times_still_load() -> None:
+    clock = VirtualClock()
+    provider = ScriptedProvider([[Pause(2), TextDelta("Hello.")]], clock=clock)
+    result = await run_tool_loop(provider, [], RecordingChannel(clock=clock), REQUEST, clock=clock)
+    text = result_to_json(result)
+    assert result_from_json(text) == result
+    old = json.loads(text)
+    for step in old["trace"]:
+        del step["at"]
+        del step["guard"]
+    loaded = result_from_json(json.dumps(old))
+    assert [step.at for step in loaded.trace] == [None] * len(result.trace)
+    assert [(s.state, s.event, s.next_state) for s in loaded.trace] == [
+        (s.state, s.event, s.next_state) for s in result.trace
+    ]
+
+
+def test_the_machine_stamps_the_time_its_driver_gives_and_none_without_one() -> None:
+    machine = ToolLoopMachine()
+    machine.start(REQUEST, now=10.0)
+    machine.feed(TextDelta("Hello."), now=11.0)
+    machine.feed(StreamEnded(), now=12.5)
+    machine.feed(DeliveryRecorded(0))  # a driver that gives no time
+    assert [(s.event, s.at) for s in machine.trace] == [
+        ("start", 10.0),
+        ("advance", 10.0),
+        ("text_delta", 11.0),
+        ("stream_ended", 12.5),
+        ("advance", 12.5),
+        ("advance", 12.5),
+        ("delivery_recorded", None),
+        ("advance", None),
+    ]

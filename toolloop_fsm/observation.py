@@ -1,0 +1,266 @@
+"""Watching a turn as it runs: the phase events of a turn (turn, attempt, provider pass, tool
+call — each started and ended), `TurnObserver`, which receives them, and the registry of
+observers every turn gets (`add_turn_observer`).
+
+One observation point serves every consumer: the OpenTelemetry spans (`toolloop_fsm.otel`)
+and the live event stream (`toolloop_fsm.stream`) are both observers. The pumps call an
+observer at a turn's lifecycle points only when one is attached; a turn nothing observes runs
+exactly as it would without this module. Chunks reach an observer only when it asks for them
+(``wants_chunks``): the provider's stream is then read through a tap, and only then.
+
+Every text in these events that the library wrote from something that failed (an error
+message) has been redacted of the turn's API keys, as results are. Times (``at``) are the
+turn's clock (`toolloop_fsm.Clock`), the same as the trace's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from attrs import field, frozen
+
+from toolloop_fsm.events import FunctionCall, TextDelta, ThoughtDelta
+from toolloop_fsm.result import GenerationTurnResult, TurnStatus
+
+
+# --------------------------------------------------------------------------- the turn
+@frozen
+class TurnStarted:
+    """A turn began. ``tier`` is ``tool_loop`` (`run_tool_loop`: one provider, named by
+    ``provider`` and ``model``) or ``generation`` (`run_generation_turn`: each attempt names
+    its own)."""
+
+    tier: str
+    at: float
+    provider: str | None = None
+    model: str | None = None
+
+
+@frozen
+class TurnEnded:
+    """The turn returned ``result`` (redacted, as the run function returns it)."""
+
+    result: GenerationTurnResult
+    at: float
+
+
+@frozen
+class TurnAborted:
+    """The turn did not return a result: its caller cancelled it (``cancelled``) or it raised
+    (``error`` names the exception, redacted)."""
+
+    at: float
+    cancelled: bool
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------- attempts
+@frozen
+class AttemptStarted:
+    """Attempt ``attempt`` (1-based) of a generation turn began: model ``label`` of the chain
+    with key ``key_index`` (an index, never the key) on the ``route`` (``user``/``shared``).
+    ``provider`` and ``model`` name what its factory built (``None`` when the factory
+    raised)."""
+
+    attempt: int
+    label: str
+    key_index: int | None
+    route: str
+    at: float
+    provider: str | None = None
+    model: str | None = None
+
+
+@frozen
+class AttemptEnded:
+    """Attempt ``attempt`` ended with ``status`` and ``reason``. A provider failure names its
+    ``error_kind``, ``http_status`` and ``retry_after``; ``error`` is the attempt's error
+    message (redacted)."""
+
+    attempt: int
+    label: str
+    status: TurnStatus
+    at: float
+    reason: str | None = None
+    error_kind: str | None = None
+    http_status: int | None = None
+    retry_after: float | None = None
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------- provider passes
+@frozen
+class PassStarted:
+    """Provider pass ``iteration`` (1-based, within its attempt) began to stream.
+    ``attempt`` is 0 in a `run_tool_loop` turn."""
+
+    attempt: int
+    iteration: int
+    provider: str
+    model: str | None
+    at: float
+
+
+@frozen
+class PassEnded:
+    """Pass ``iteration`` ended. ``outcome`` is how the loop recorded it (``completed``,
+    ``function_call``, ``empty``, ``error``, ``timeout``, …; ``cancelled`` when the turn's
+    caller cancelled it); ``failed`` says it ended in a failure — the provider raised
+    (``error_kind``, ``http_status``, ``retry_after`` and ``error`` say how) or a stream
+    deadline expired. Usage is the pass's, ``usage_estimated`` when the provider reported
+    none."""
+
+    attempt: int
+    iteration: int
+    outcome: str
+    at: float
+    failed: bool = False
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    usage_estimated: bool = False
+    finish: str | None = None
+    error_kind: str | None = None
+    http_status: int | None = None
+    retry_after: float | None = None
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------- tool calls
+@frozen
+class ToolStarted:
+    """Dispatch ``dispatch`` of tool ``name`` began (``call_id``: the model's id for the call,
+    when it gave one)."""
+
+    attempt: int
+    dispatch: int
+    name: str
+    arguments: Mapping[str, Any] = field(repr=False)
+    call_id: str | None
+    at: float
+
+
+@frozen
+class ToolEnded:
+    """Dispatch ``dispatch`` of tool ``name`` ended: ``outcome`` is ``succeeded``, ``failed``
+    (the tool said so), ``raised``, ``timeout`` (its deadline expired) or ``cancelled`` (a
+    stop, a failure elsewhere, or the turn ending); ``error`` says why (redacted)."""
+
+    attempt: int
+    dispatch: int
+    name: str
+    outcome: str
+    at: float
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome != "succeeded"
+
+
+PhaseEvent = (
+    TurnStarted
+    | TurnEnded
+    | TurnAborted
+    | AttemptStarted
+    | AttemptEnded
+    | PassStarted
+    | PassEnded
+    | ToolStarted
+    | ToolEnded
+)
+#: The chunks an observer that ``wants_chunks`` is shown, as the provider streamed them.
+ObservedChunk = TextDelta | ThoughtDelta | FunctionCall
+OBSERVED_CHUNKS: tuple[type, ...] = (TextDelta, ThoughtDelta, FunctionCall)
+
+
+class TurnObserver:
+    """Receives one turn's phase events as they happen; override what you need (every method
+    does nothing here). An observer serves one turn at a time: the pumps call it on the
+    event loop's thread, in order, never two calls at once.
+
+    Calls must be quick and must not await: they run inside the turn. An observer that
+    raises is logged (WARNING, ``toolloop_fsm.turn``) and the turn goes on. With
+    ``wants_chunks``, `chunk` sees every text, thought and call chunk the provider streams,
+    before the loop takes it.
+    """
+
+    wants_chunks: bool = False
+
+    def turn_started(self, event: TurnStarted) -> None:
+        """The turn began."""
+
+    def turn_ended(self, event: TurnEnded) -> None:
+        """The turn returned its result."""
+
+    def turn_aborted(self, event: TurnAborted) -> None:
+        """The turn was cancelled or raised."""
+
+    def attempt_started(self, event: AttemptStarted) -> None:
+        """An attempt of a generation turn began."""
+
+    def attempt_ended(self, event: AttemptEnded) -> None:
+        """An attempt of a generation turn ended."""
+
+    def pass_started(self, event: PassStarted) -> None:
+        """A provider pass began to stream."""
+
+    def pass_ended(self, event: PassEnded) -> None:
+        """A provider pass ended."""
+
+    def tool_started(self, event: ToolStarted) -> None:
+        """A tool call began."""
+
+    def tool_ended(self, event: ToolEnded) -> None:
+        """A tool call ended."""
+
+    def chunk(self, event: ObservedChunk) -> None:
+        """A chunk arrived from the provider (only with ``wants_chunks``)."""
+
+
+#: Builds the observer of one turn, or ``None`` to leave that turn unobserved.
+ObserverFactory = Callable[[], TurnObserver | None]
+
+_factories: list[ObserverFactory] = []
+
+
+def add_turn_observer(factory: ObserverFactory) -> None:
+    """Give every turn started from now on the observer ``factory`` builds for it (called once
+    per turn, as it starts; returning ``None`` leaves the turn unobserved by it). Adding the
+    same factory twice adds it once."""
+    if not callable(factory):
+        raise TypeError(f"factory must be callable, got {type(factory).__name__}")
+    if factory not in _factories:
+        _factories.append(factory)
+
+
+def remove_turn_observer(factory: ObserverFactory) -> None:
+    """Stop giving new turns ``factory``'s observers (a factory not added is ignored)."""
+    if factory in _factories:
+        _factories.remove(factory)
+
+
+def turn_observer_factories() -> tuple[ObserverFactory, ...]:
+    """The factories every new turn is observed by, in the order they were added."""
+    return tuple(_factories)
+
+
+__all__ = [
+    "OBSERVED_CHUNKS",
+    "AttemptEnded",
+    "AttemptStarted",
+    "ObservedChunk",
+    "ObserverFactory",
+    "PassEnded",
+    "PassStarted",
+    "PhaseEvent",
+    "ToolEnded",
+    "ToolStarted",
+    "TurnAborted",
+    "TurnEnded",
+    "TurnObserver",
+    "TurnStarted",
+    "add_turn_observer",
+    "remove_turn_observer",
+    "turn_observer_factories",
+]

@@ -1,0 +1,321 @@
+"""The pumps' side of observation: `Observation`, one turn's observers as the pumps call them.
+
+A turn gets an `Observation` only when something observes it — an observer passed to the run
+function, or one a registered factory built for it (`observe_turn`); otherwise the pumps hold
+``None`` and check it at lifecycle points only, never per chunk. The observation builds the
+phase events from what the pump and the machine know, redacts their texts with the turn's
+`Secrets`, and isolates the turn from its observers: one that raises is logged and skipped.
+It also keeps the little a turn's observation needs between calls (the open pass and tool,
+and the event whose effects are being carried out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from toolloop_fsm.event_checks import event_shapes, malformation
+from toolloop_fsm.events import (
+    DeadlineExpired,
+    DeadlineKind,
+    StopRequested,
+    StreamFailed,
+    ToolOutcomeKind,
+)
+from toolloop_fsm.observation import (
+    OBSERVED_CHUNKS,
+    AttemptEnded,
+    AttemptStarted,
+    ObservedChunk,
+    PassEnded,
+    PassStarted,
+    ToolEnded,
+    ToolStarted,
+    TurnAborted,
+    TurnEnded,
+    TurnObserver,
+    TurnStarted,
+    turn_observer_factories,
+)
+from toolloop_fsm.pump.records import TurnRecords
+from toolloop_fsm.pump.redaction import Secrets
+from toolloop_fsm.result import GenerationTurnResult, TurnStatus
+
+if TYPE_CHECKING:
+    from toolloop_fsm.effects import RunTool
+    from toolloop_fsm.events import ToolFinished
+    from toolloop_fsm.host import Clock
+    from toolloop_fsm.turn import TurnState
+
+#: What a pass's end is recorded as when the loop recorded nothing (the caller cancelled).
+_CANCELLED = "cancelled"
+#: How a pass recorded by the loop ended in failure.
+_FAILED_PASS = frozenset({"error", "timeout"})
+#: The fields of the chunks observers are shown, checked before they are.
+_CHUNK_SHAPES = event_shapes(OBSERVED_CHUNKS)
+
+
+def provider_identity(provider: object) -> tuple[str, str | None]:
+    """``(provider name, model)`` of a provider, looking through wrappers (`VerbatimToolCalls`,
+    `ContinuationSession`: their ``provider``) for an adapter's ``model`` and
+    ``default_name``; a provider without them is named by its ``name``."""
+    name = _text_attribute(provider, "name") or type(provider).__name__
+    seen: object = provider
+    for _ in range(4):
+        model = _text_attribute(seen, "model")
+        if model is not None:
+            return _text_attribute(seen, "default_name") or name, model
+        inner = getattr(seen, "provider", None)
+        if inner is None or inner is seen:
+            break
+        seen = inner
+    return name, None
+
+
+def _text_attribute(owner: object, name: str) -> str | None:
+    try:
+        value = getattr(owner, name, None)
+    except Exception:  # a host's property that raises names nothing
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def observe_turn(
+    observer: TurnObserver | None, clock: Clock, records: TurnRecords
+) -> Observation | None:
+    """The observation of a turn starting now: ``observer`` and what every registered factory
+    builds for it; ``None`` when nothing observes it."""
+    factories = turn_observer_factories()
+    if observer is None and not factories:
+        return None
+    observers: list[TurnObserver] = []
+    for factory in factories:
+        try:
+            built = factory()
+        except Exception as err:
+            records.observer_failed(factory, "factory", err)
+            continue
+        if built is not None:
+            observers.append(built)
+    if observer is not None:
+        observers.append(observer)
+    if not observers:
+        return None
+    return Observation(observers, clock, records)
+
+
+class Observation:
+    """One turn's observers, called by the pumps."""
+
+    __slots__ = (
+        "_chunk_observers",
+        "_observers",
+        "attempt",
+        "cause",
+        "clock",
+        "model",
+        "pass_iteration",
+        "provider",
+        "records",
+        "tool",
+    )
+
+    def __init__(
+        self, observers: Sequence[TurnObserver], clock: Clock, records: TurnRecords
+    ) -> None:
+        self._observers = tuple(observers)
+        self._chunk_observers = tuple(o for o in observers if getattr(o, "wants_chunks", False))
+        self.clock = clock
+        self.records = records
+        # the attempt running (0: a `run_tool_loop` turn, or none yet)
+        self.attempt = 0
+        # the attempt's provider, named once per attempt
+        self.provider = ""
+        self.model: str | None = None
+        # the pass being read (0: none), the tool running, and the event whose effects the
+        # pump is carrying out (it says why a running tool was cancelled)
+        self.pass_iteration = 0
+        self.tool: ToolStarted | None = None
+        self.cause: object = None
+
+    @property
+    def secrets(self) -> Secrets:
+        return self.records.secrets
+
+    @property
+    def wants_chunks(self) -> bool:
+        return bool(self._chunk_observers)
+
+    def _clean(self, text: str | None) -> str | None:
+        return None if text is None else self.records.secrets.clean(text)
+
+    def _emit(self, method: str, event: Any) -> None:
+        for observer in self._observers:
+            try:
+                getattr(observer, method)(event)
+            except Exception as err:  # an observer never breaks the turn it watches
+                self.records.observer_failed(observer, method, err)
+
+    def chunk(self, chunk: ObservedChunk) -> None:
+        for observer in self._chunk_observers:
+            try:
+                observer.chunk(chunk)
+            except Exception as err:
+                self.records.observer_failed(observer, "chunk", err)
+
+    def observes(self, chunk: object) -> bool:
+        """Whether ``chunk`` is one the chunk observers are shown: a text, thought or call
+        chunk whose fields are what they must be (a malformed one fails the pass instead)."""
+        return type(chunk) in _CHUNK_SHAPES and malformation(_CHUNK_SHAPES, chunk) is None
+
+    # ------------------------------------------------------------------ the turn
+    def for_provider(self, provider: object) -> None:
+        self.provider, self.model = provider_identity(provider)
+
+    def turn_started(self, tier: str) -> None:
+        if tier == "tool_loop":
+            event = TurnStarted(tier, self.clock.now(), self.provider, self.model)
+        else:
+            event = TurnStarted(tier, self.clock.now())
+        self._emit("turn_started", event)
+
+    def turn_ended(self, result: GenerationTurnResult) -> None:
+        self._emit("turn_ended", TurnEnded(result, self.clock.now()))
+
+    def turn_aborted(self, err: BaseException) -> None:
+        cancelled = isinstance(err, asyncio.CancelledError)
+        error = None if cancelled else self._clean(f"{type(err).__name__}: {err}")
+        self._emit("turn_aborted", TurnAborted(self.clock.now(), cancelled, error))
+
+    # ------------------------------------------------------------------ attempts
+    def attempt_started(
+        self, attempt: int, label: str, key_index: int | None, route: str, provider: object
+    ) -> None:
+        self.attempt = attempt
+        if provider is None:
+            self.provider, self.model = "", None
+        else:
+            self.for_provider(provider)
+        event = AttemptStarted(
+            attempt, label, key_index, route, self.clock.now(),
+            self.provider or None, self.model,
+        )  # fmt: skip
+        self._emit("attempt_started", event)
+
+    def attempt_ended(
+        self,
+        attempt: int,
+        label: str,
+        result: GenerationTurnResult,
+        failure: StreamFailed | None,
+    ) -> None:
+        failed = result.status in (TurnStatus.ERROR, TurnStatus.TIMEOUT)
+        self._emit(
+            "attempt_ended",
+            AttemptEnded(
+                attempt,
+                label,
+                result.status,
+                self.clock.now(),
+                reason=result.reason,
+                error_kind=result.provider_error_kind,
+                http_status=failure.status_code if failure is not None and failed else None,
+                retry_after=result.retry_after,
+                error=self._clean(result.error_message),
+            ),
+        )
+
+    # ------------------------------------------------------------------ passes
+    def pass_started(self, iteration: int) -> None:
+        self.pass_iteration = iteration
+        event = PassStarted(self.attempt, iteration, self.provider, self.model, self.clock.now())
+        self._emit("pass_started", event)
+
+    def pass_ended(self, turn: TurnState | None, failure: StreamFailed | None) -> None:
+        """The pass being read ended (once: later calls do nothing). What the loop recorded
+        of it (``turn``'s stream result and usage) says how; ``failure`` is the provider's
+        failure that ended it."""
+        iteration = self.pass_iteration
+        if not iteration:
+            return
+        self.pass_iteration = 0
+        outcome, error, finish = _CANCELLED, None, None
+        usage = None
+        if turn is not None:
+            for recorded in reversed(turn.stream_results or ()):
+                if recorded.iteration == iteration:
+                    outcome, error = recorded.outcome, recorded.error
+                    finish = recorded.finish.value if recorded.finish is not None else None
+                    break
+            for entry in reversed(turn.usage or ()):
+                if entry.iteration == iteration:
+                    usage = entry
+                    break
+            if usage is None and turn.pass_usage is not None and turn.iterations == iteration:
+                usage = turn.pass_usage
+        event = PassEnded(
+            self.attempt,
+            iteration,
+            outcome,
+            self.clock.now(),
+            failed=outcome in _FAILED_PASS,
+            input_tokens=usage.input_tokens if usage is not None else None,
+            output_tokens=usage.output_tokens if usage is not None else None,
+            usage_estimated=usage.estimated if usage is not None else False,
+            finish=finish,
+            error_kind=failure.kind if failure is not None else None,
+            http_status=failure.status_code if failure is not None else None,
+            retry_after=failure.retry_after if failure is not None else None,
+            error=self._clean(failure.message if failure is not None else error),
+        )
+        self._emit("pass_ended", event)
+
+    # ------------------------------------------------------------------ tools
+    def tool_started(self, effect: RunTool, call_id: str | None) -> None:
+        try:
+            arguments = copy.deepcopy(dict(effect.arguments))
+        except Exception:  # arguments come from JSON; a host-built oddity is shallow-copied
+            arguments = dict(effect.arguments)
+        event = ToolStarted(
+            self.attempt, effect.dispatch, effect.name, arguments, call_id,
+            self.clock.now(),
+        )  # fmt: skip
+        self.tool = event
+        self._emit("tool_started", event)
+
+    def tool_finished(self, finished: ToolFinished) -> None:
+        """The running tool returned (or raised): its outcome, as the loop takes it."""
+        error = finished.error
+        if error is None and finished.kind is ToolOutcomeKind.FAILED:
+            error = finished.message
+        self._end_tool(finished.dispatch, finished.kind.value, error)
+
+    def tool_cancelled(self, dispatch: int) -> None:
+        """The machine cancelled the running tool: its deadline expired, a stop, or a failure
+        elsewhere (the event whose effects are being carried out says which)."""
+        cause = self.cause
+        if isinstance(cause, DeadlineExpired) and cause.kind is DeadlineKind.TOOL:
+            self._end_tool(dispatch, "timeout", "the tool's deadline expired")
+        elif isinstance(cause, StopRequested):
+            self._end_tool(dispatch, "cancelled", "the user stopped the turn")
+        else:
+            what = type(cause).__name__ if cause is not None else "the turn ending"
+            self._end_tool(dispatch, "cancelled", f"cancelled on {what}")
+
+    def turn_over(self) -> None:
+        """The turn is over (or its caller cancelled it): a tool still open is cancelled."""
+        tool = self.tool
+        if tool is not None:
+            self._end_tool(tool.dispatch, "cancelled", "the turn ended while it ran")
+
+    def _end_tool(self, dispatch: int, outcome: str, error: str | None) -> None:
+        tool = self.tool
+        if tool is None or tool.dispatch != dispatch:
+            return
+        self.tool = None
+        event = ToolEnded(
+            tool.attempt, dispatch, tool.name, outcome, self.clock.now(), self._clean(error)
+        )
+        self._emit("tool_ended", event)

@@ -1,0 +1,331 @@
+"""The live event stream of a turn, for UIs: every chunk as it arrives and every phase as it
+happens, independent of how text is batched for the channel.
+
+Text reaches the host's `Channel` in batches (``delivery_flush_chars``, chat messages); a UI
+that shows tokens as they come iterates the turn instead::
+
+    async with stream_tool_loop(provider, tools, channel, request) as events:
+        async for event in events:
+            match event:
+                case TextDelta(text=text):
+                    ui.append(text)
+                case ToolStarted(name=name):
+                    ui.spinner(name)
+                case TurnEnded(result=result):
+                    ui.done(result.status)
+
+`stream_tool_loop` and `stream_generation_turn` take exactly the parameters of
+`run_tool_loop` and `run_generation_turn`; the channel still gets its deliveries. They yield,
+in order: `TurnStarted`; the chunks the provider streams (`TextDelta`, `ThoughtDelta`,
+`FunctionCall`, before the loop takes them: a consumer that keeps up has each one before
+any delivery holding its text is sent); `PassStarted`/`PassEnded`, `ToolStarted`/`ToolEnded`
+and, in a generation turn, `AttemptStarted`/`AttemptEnded` around them; and last `TurnEnded`
+with the `GenerationTurnResult`. The chunks are what the provider sent — an attempt that
+failed and was superseded streamed text the next attempt replaces (`AttemptEnded` says so);
+the result says what was delivered.
+
+The turn runs in its own task, started when the stream is entered (or first iterated), and
+never waits for the consumer: a slow consumer finds events queued, the turn's deadlines are
+unaffected. Leaving the ``async with`` early — ``break``, an exception, the consumer's own
+cancellation — or calling `TurnStream.aclose` cancels the turn (its provider stream, tool and
+deliveries, as cancelling `run_tool_loop` does) and waits for it to wind down. A turn that
+raises raises from the iteration, after the events before it.
+
+A turn nothing streams runs exactly as before: the stream is an observer
+(`toolloop_fsm.observation`), attached only to the turns started through these functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Self
+
+from toolloop_fsm.attempts import Attempt, KeyBook, SharedRoute
+from toolloop_fsm.events import FunctionCall, TextDelta, ThoughtDelta
+from toolloop_fsm.host import Channel, Clock, Tool, ToolRegistry, TurnRequest, TurnSignals
+from toolloop_fsm.observation import (
+    AttemptEnded,
+    AttemptStarted,
+    ObservedChunk,
+    PassEnded,
+    PassStarted,
+    ToolEnded,
+    ToolStarted,
+    TurnAborted,
+    TurnEnded,
+    TurnObserver,
+    TurnStarted,
+)
+from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.pump import run_generation_turn, run_tool_loop
+from toolloop_fsm.result import GenerationTurnResult, TraceStep
+
+#: What a live stream yields.
+LiveEvent = (
+    TextDelta
+    | ThoughtDelta
+    | FunctionCall
+    | TurnStarted
+    | AttemptStarted
+    | AttemptEnded
+    | PassStarted
+    | PassEnded
+    | ToolStarted
+    | ToolEnded
+    | TurnEnded
+)
+
+_RunTurn = Callable[[TurnObserver], Awaitable[GenerationTurnResult]]
+
+
+class TurnStream:
+    """One turn's live events: an async iterator, and an async context manager that owns the
+    turn (leaving it cancels a turn still running). Made by `stream_tool_loop` and
+    `stream_generation_turn`; iterate it once."""
+
+    __slots__ = (
+        "_closed",
+        "_events",
+        "_observer",
+        "_raised",
+        "_result",
+        "_run",
+        "_task",
+        "_waiter",
+    )
+
+    def __init__(self, run: _RunTurn, observer: TurnObserver | None = None) -> None:
+        self._run = run
+        self._observer = _LiveObserver(self, observer)
+        self._events: collections.deque[LiveEvent] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._result: GenerationTurnResult | None = None
+        self._closed = False
+        self._raised = False
+
+    # ------------------------------------------------------------------ the turn's side
+    def _push(self, event: LiveEvent) -> None:
+        self._events.append(event)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _drive(self) -> None:
+        try:
+            self._result = await self._run(self._observer)
+        finally:
+            self._wake()
+
+    def _start(self) -> asyncio.Task[None]:
+        task = self._task
+        if task is None:
+            task = self._task = asyncio.get_running_loop().create_task(
+                self._drive(), name="toolloop_fsm live turn"
+            )
+        return task
+
+    # ------------------------------------------------------------------ the consumer's side
+    async def __aenter__(self) -> Self:
+        self._start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> LiveEvent:
+        if self._closed:
+            raise StopAsyncIteration
+        task = self._start()
+        events = self._events
+        while not events:
+            if task.done():
+                self._closed = True
+                if not task.cancelled() and task.exception() is not None and not self._raised:
+                    self._raised = True
+                    raise task.exception()  # type: ignore[misc]
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return events.popleft()
+
+    async def aclose(self) -> None:
+        """Stop consuming: a turn still running is cancelled and waited for (the wait is the
+        turn's own wind-down, bounded by its policy's grace)."""
+        self._closed = True
+        task = self._task
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # seen: a turn that raised after the consumer left is not news
+
+    @property
+    def result(self) -> GenerationTurnResult:
+        """The turn's result, once it returned (the `TurnEnded` event carries it too)."""
+        if self._result is None:
+            raise RuntimeError("the turn has not returned a result")
+        return self._result
+
+    def __del__(self) -> None:
+        # a stream dropped while its turn runs (iterated without ``async with``, then left)
+        task = self._task
+        if task is not None and not task.done():
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                task.cancel()
+
+
+class _LiveObserver(TurnObserver):
+    """Puts every phase event and observed chunk on a `TurnStream`; forwards to the caller's
+    own observer too, when one was given."""
+
+    wants_chunks = True
+
+    def __init__(self, stream: TurnStream, also: TurnObserver | None) -> None:
+        self._stream = stream
+        self._also = also
+        self._also_chunks = also is not None and getattr(also, "wants_chunks", False)
+
+    def turn_started(self, event: TurnStarted) -> None:
+        self._stream._push(event)
+        if self._also is not None:
+            self._also.turn_started(event)
+
+    def turn_ended(self, event: TurnEnded) -> None:
+        self._stream._push(event)
+        if self._also is not None:
+            self._also.turn_ended(event)
+
+    def turn_aborted(self, event: TurnAborted) -> None:
+        # the stream raises the turn's exception, or was closed: nothing to yield
+        if self._also is not None:
+            self._also.turn_aborted(event)
+
+    def attempt_started(self, event: AttemptStarted) -> None:
+        self._stream._push(event)
+        if self._also is not None:
+            self._also.attempt_started(event)
+
+    def attempt_ended(self, event: AttemptEnded) -> None:
+        self._stream._push(event)
+        if self._also is not None:
+            self._also.attempt_ended(event)
+
+    def pass_started(self, event: PassStarted) -> None:
+        self._stream._push(event)
+        if self._also is not None:
+            self._also.pass_started(event)
+
+    def pass_ended(self, event: PassEnded) -> None:
+        self._stream._push(event)
+        if self._also is not None:
+            self._also.pass_ended(event)
+
+    def tool_started(self, event: ToolStarted) -> None:
+        self._stream._push(event)
+        if self._also is not None:
+            self._also.tool_started(event)
+
+    def tool_ended(self, event: ToolEnded) -> None:
+        self._stream._push(event)
+        if self._also is not None:
+            self._also.tool_ended(event)
+
+    def chunk(self, event: ObservedChunk) -> None:
+        self._stream._push(event)
+        if self._also_chunks:
+            assert self._also is not None
+            self._also.chunk(event)
+
+
+def stream_tool_loop(
+    provider: Provider,
+    tools: ToolRegistry | Iterable[Tool],
+    channel: Channel,
+    request: TurnRequest,
+    *,
+    policy: LoopPolicy | None = None,
+    signals: TurnSignals | None = None,
+    clock: Clock | None = None,
+    continuation_style: bool | None = None,
+    on_step: Callable[[TraceStep], None] | None = None,
+    observer: TurnObserver | None = None,
+) -> TurnStream:
+    """`run_tool_loop`, as a stream of live events ending with `TurnEnded` (see the module
+    docstring)."""
+
+    def run(live: TurnObserver) -> Awaitable[GenerationTurnResult]:
+        return run_tool_loop(
+            provider, tools, channel, request, policy=policy, signals=signals, clock=clock,
+            continuation_style=continuation_style, on_step=on_step, observer=live,
+        )  # fmt: skip
+
+    return TurnStream(run, observer)
+
+
+def stream_generation_turn(
+    attempts: Sequence[Attempt],
+    tools: ToolRegistry | Iterable[Tool],
+    channel: Channel,
+    request: TurnRequest,
+    *,
+    policy: TurnPolicy | None = None,
+    signals: TurnSignals | None = None,
+    clock: Clock | None = None,
+    shared_route: SharedRoute | None = None,
+    key_book: KeyBook | None = None,
+    on_step: Callable[[TraceStep], None] | None = None,
+    on_attempt_step: Callable[[int, TraceStep], None] | None = None,
+    observer: TurnObserver | None = None,
+) -> TurnStream:
+    """`run_generation_turn`, as a stream of live events ending with `TurnEnded` (see the
+    module docstring); attempts are framed by `AttemptStarted` and `AttemptEnded`."""
+
+    def run(live: TurnObserver) -> Awaitable[GenerationTurnResult]:
+        return run_generation_turn(
+            attempts, tools, channel, request, policy=policy, signals=signals, clock=clock,
+            shared_route=shared_route, key_book=key_book, on_step=on_step,
+            on_attempt_step=on_attempt_step, observer=live,
+        )  # fmt: skip
+
+    return TurnStream(run, observer)
+
+
+__all__ = [
+    "AttemptEnded",
+    "AttemptStarted",
+    "FunctionCall",
+    "LiveEvent",
+    "PassEnded",
+    "PassStarted",
+    "TextDelta",
+    "ThoughtDelta",
+    "ToolEnded",
+    "ToolStarted",
+    "TurnEnded",
+    "TurnStarted",
+    "TurnStream",
+    "stream_generation_turn",
+    "stream_tool_loop",
+]
