@@ -269,7 +269,7 @@ async def engine_turn(provider: MemoryProvider, channel: CountingChannel) -> str
 async def streamed_turn(provider: MemoryProvider, channel: CountingChannel) -> str:
     """The same turn watched live: every chunk and phase event consumed as it comes."""
     text = ""
-    async with stream_tool_loop(provider, TOOLS, channel, REQUEST) as events:  # type: ignore[arg-type]
+    async with stream_tool_loop(provider, TOOLS, channel, REQUEST) as events:
         async for event in events:
             if type(event) is TurnEnded:
                 text = event.result.final_text

@@ -79,7 +79,7 @@ def parent_of(span: ReadableSpan) -> int | None:
 
 def span_id(span: ReadableSpan) -> int:
     assert span.context is not None
-    return span.context.span_id
+    return int(span.context.span_id)
 
 
 def weather_tool(clock: VirtualClock, behaviour: str = "ok") -> Tool:
