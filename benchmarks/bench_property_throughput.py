@@ -79,8 +79,9 @@ def asyncio_run_each(workload: Workload) -> None:
         asyncio.run(run_script(script, policy))
 
 
-def best_rates(bodies: dict[str, Callable[[Workload], None]], workload: Workload,
-               repeat: int) -> dict[str, float]:
+def best_rates(
+    bodies: dict[str, Callable[[Workload], None]], workload: Workload, repeat: int
+) -> dict[str, float]:
     """Turns per second of each body: the best of ``repeat`` rounds, the bodies interleaved
     within each round so that a burst of load from other processes hits them alike."""
     best = dict.fromkeys(bodies, float("inf"))
@@ -122,8 +123,10 @@ def main() -> None:
     )
     for label, rate in rates.items():
         verdict = "meets" if rate >= TARGET else "below"
-        print(f"{label:>18}: {rate:8.0f} simulated turns/s ({1e3 / rate:.3f} ms a turn) — "
-              f"{verdict} the {TARGET:.0f}/s target")
+        print(
+            f"{label:>18}: {rate:8.0f} simulated turns/s ({1e3 / rate:.3f} ms a turn) — "
+            f"{verdict} the {TARGET:.0f}/s target"
+        )
 
 
 if __name__ == "__main__":

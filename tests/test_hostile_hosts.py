@@ -189,9 +189,7 @@ async def test_a_channel_that_ignores_its_cancellation_is_abandoned_and_named() 
 
 
 # --------------------------------------------------------------------------- tools
-async def test_a_tool_that_ignores_cancellation_after_its_deadline_is_abandoned_and_named() -> (
-    None
-):
+async def test_a_tool_that_ignores_cancellation_after_its_deadline_is_abandoned_and_named() -> None:
     policy = LoopPolicy(tool_timeout=10, cancel_grace=2, delivery_flush_chars=1)
     turn, channel, stragglers = hostile_turn(
         [[WEATHER], [TextDelta("Sorry, no weather today.")]], policy
@@ -283,9 +281,7 @@ def test_keyboard_interrupt_from_a_tool_reaches_the_caller_after_the_turns_child
     assert outcomes == ["cancelled"]  # the in-flight delivery was cancelled first
 
 
-async def test_a_tool_that_mutates_its_arguments_leaves_the_history_as_the_model_sent_it() -> (
-    None
-):
+async def test_a_tool_that_mutates_its_arguments_leaves_the_history_as_the_model_sent_it() -> None:
     sent = {"cities": ["Oslo", "Lima"], "units": {"temp": "C"}, "days": 2}
     policy = LoopPolicy(delivery_flush_chars=1)
     turn, _channel, stragglers = hostile_turn(
@@ -425,9 +421,7 @@ def failing_then_answering(clock: VirtualClock) -> list[Attempt]:
     ]
 
 
-async def test_a_superseded_mark_that_never_returns_does_not_keep_the_turn_from_returning() -> (
-    None
-):
+async def test_a_superseded_mark_that_never_returns_does_not_keep_the_turn_from_returning() -> None:
     clock, channel, stragglers, policy = outer_world(hooks=(ChannelAct.HANG,))
 
     result = await generate(failing_then_answering(clock), channel, clock, stragglers,
@@ -465,9 +459,7 @@ async def test_an_admission_policy_that_never_answers_does_not_keep_the_turn_fro
     assert clock.now() <= policy.loop.host_call_timeout + EPSILON
 
 
-async def test_a_notice_that_never_returns_does_not_keep_a_generation_turn_from_returning() -> (
-    None
-):
+async def test_a_notice_that_never_returns_does_not_keep_a_generation_turn_from_returning() -> None:
     clock, channel, stragglers, policy = outer_world(notices=(ChannelAct.HANG,))
 
     result = await generate(failing_then_answering(clock), channel, clock, stragglers,
@@ -475,7 +467,5 @@ async def test_a_notice_that_never_returns_does_not_keep_a_generation_turn_from_
 
     assert result.status is TurnStatus.COMPLETED
     assert channel.text == "The answer is 42."
-    assert [call.method for call in channel.calls if call.act is ChannelAct.HANG] == [
-        "send_notice"
-    ]
+    assert [call.method for call in channel.calls if call.act is ChannelAct.HANG] == ["send_notice"]
     assert clock.now() <= policy.loop.host_call_timeout + EPSILON

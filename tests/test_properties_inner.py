@@ -160,8 +160,14 @@ _TOOL_RESULTS: tuple[dict[str, Any], ...] = (
     {"context_restart": ContextRestart({"role": "system", "content": "more"}, ("memory",))},
     {"expression": "👍", "end_turn": True},
 )
-_OUTCOMES = st.sampled_from((ToolOutcomeKind.SUCCEEDED, ToolOutcomeKind.SUCCEEDED,
-                             ToolOutcomeKind.FAILED, ToolOutcomeKind.RAISED))
+_OUTCOMES = st.sampled_from(
+    (
+        ToolOutcomeKind.SUCCEEDED,
+        ToolOutcomeKind.SUCCEEDED,
+        ToolOutcomeKind.FAILED,
+        ToolOutcomeKind.RAISED,
+    )
+)
 _RESULT_FIELDS = st.sampled_from(_TOOL_RESULTS)
 _STOP_MESSAGES = st.sampled_from((None, "stop it"))
 _ALLOWLISTS = st.sampled_from((None, None, frozenset({"get_weather", "send_sticker"}), frozenset()))
@@ -251,8 +257,9 @@ class Simulator:
         if kind == "tool_finished":
             assert self.running is not None
             fields = data.draw(_RESULT_FIELDS, label="tool result")
-            return ToolFinished(self.running, data.draw(_OUTCOMES, label="outcome"),
-                                error="it broke", **fields)
+            return ToolFinished(
+                self.running, data.draw(_OUTCOMES, label="outcome"), error="it broke", **fields
+            )
         if kind == "deadline":
             deadline = data.draw(st.sampled_from(sorted(self.armed)), label="deadline")
             return DeadlineExpired(deadline, self.armed[deadline])
@@ -282,13 +289,22 @@ class Simulator:
         if state in ("awaiting_first_token", "streaming"):
             events.append(ToolFinished(self.last_dispatch, ToolOutcomeKind.SUCCEEDED))
         if state in ("executing_tool", "settling"):
-            events += [TextDelta("late"), FunctionCall("get_weather", {}), StreamEnded(),
-                       StreamFailed("late failure"), UsageReport(1, 1)]
+            events += [
+                TextDelta("late"),
+                FunctionCall("get_weather", {}),
+                StreamEnded(),
+                StreamFailed("late failure"),
+                UsageReport(1, 1),
+            ]
         if state == "settling":
             events.append(ToolFinished(self.last_dispatch, ToolOutcomeKind.SUCCEEDED))
         if state in FINAL_STATES:
-            events += [StopRequested(), FollowUpArrived(), TextDelta("after the end"),
-                       StreamEnded()]
+            events += [
+                StopRequested(),
+                FollowUpArrived(),
+                TextDelta("after the end"),
+                StreamEnded(),
+            ]
         return events
 
 
@@ -412,9 +428,14 @@ def _one_run(script: TurnScript, policy: LoopPolicy | None = None) -> ScriptRun:
 
 def _expect(number: int, run: ScriptRun, **changes: Any) -> None:
     witnesses: dict[str, Any] = {
-        "policy": run.policy, "channel": run.channel, "provider": run.provider,
-        "executions": run.executions, "elapsed": run.elapsed, "streamed": run.streamed,
-        "tools": run.tools, "request": run.request,
+        "policy": run.policy,
+        "channel": run.channel,
+        "provider": run.provider,
+        "executions": run.executions,
+        "elapsed": run.elapsed,
+        "streamed": run.streamed,
+        "tools": run.tools,
+        "request": run.request,
     }
     result = changes.pop("result", run.result)
     witnesses.update(changes)
@@ -457,8 +478,12 @@ def test_the_checker_catches_a_rerun_call_a_run_after_stop_and_a_slow_run() -> N
 
 
 def test_the_checker_catches_invalid_history_and_a_wrong_ledger() -> None:
-    script = TurnScript(passes=((TextDelta("Let me look. "), WEATHER, UsageReport(5, 6)),
-                                (TextDelta("3 °C"), UsageReport(7, 8))))
+    script = TurnScript(
+        passes=(
+            (TextDelta("Let me look. "), WEATHER, UsageReport(5, 6)),
+            (TextDelta("3 °C"), UsageReport(7, 8)),
+        )
+    )
     run = _one_run(script)
     entry = run.result.history[0]
     assert entry.pre_tool_text == "Let me look. "
@@ -466,8 +491,6 @@ def test_the_checker_catches_invalid_history_and_a_wrong_ledger() -> None:
     _expect(7, run, result=attrs.evolve(run.result, history=(blank,)), provider=None)
     usage = attrs.evolve(run.result.usage, entries=run.result.usage.entries[:1])
     _expect(8, run, result=attrs.evolve(run.result, usage=usage))
-
-
 
 
 def test_the_checker_catches_an_unnamed_straggler_and_a_signal_that_raised() -> None:

@@ -93,7 +93,6 @@ class StreamDeadlines:
         self._timers.remove(entry)
         self._feed(DeadlineExpired(kind, effect.token))
 
-
     def _cancel_timers(self) -> None:
         for handle, _ in self._timers:
             handle.cancel()

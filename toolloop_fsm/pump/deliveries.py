@@ -206,7 +206,6 @@ class DeliveriesAndHostCalls:
             self._settle_result(pending)
 
 
-
 class _HostCallGuard:
     """Bounds one call into host code running in the current task: after the policy's
     ``host_call_timeout`` the task is cancelled (`expired`); if the host code ignores that

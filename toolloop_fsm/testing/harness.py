@@ -160,8 +160,9 @@ def build_tools(
                 shape.name,
                 f"scripted {shape.name}",
                 {"type": "object", "properties": {}},
-                _scripted_handler(shape.name, script.plan_for(shape.name), clock, signals,
-                                  executions, held),
+                _scripted_handler(
+                    shape.name, script.plan_for(shape.name), clock, signals, executions, held
+                ),
                 requires_follow_up=shape.requires_follow_up,
                 timeout=shape.timeout,
             )
@@ -350,10 +351,11 @@ async def run_script(
                 )  # fmt: skip
         except TurnDidNotReturn as err:
             raise InvariantViolation(
-                6, f"the run did not finish within {real_timeout:g} real seconds "
-                   f"(virtual time {clock.now():g}); a wait without a deadline, or host code "
-                   f"ignoring its cancellation awaited forever (still running: "
-                   f"{err.running or 'no host code'})"
+                6,
+                f"the run did not finish within {real_timeout:g} real seconds "
+                f"(virtual time {clock.now():g}); a wait without a deadline, or host code "
+                f"ignoring its cancellation awaited forever (still running: "
+                f"{err.running or 'no host code'})",
             ) from None
         except (Exception, KeyboardInterrupt, SystemExit):
             raise  # an ordinary exception is reported as it is (Hypothesis shrinks on it)

@@ -169,9 +169,7 @@ def check_invariants(
 
     A `HostileChannel` also gives every host call with its timing (invariants 1 and 6).
     """
-    registry = (
-        tools if isinstance(tools, ToolRegistry) or tools is None else ToolRegistry(tools)
-    )
+    registry = tools if isinstance(tools, ToolRegistry) or tools is None else ToolRegistry(tools)
     _check_terminal(result)
     _check_returned(result, channel, executions, running_at_return, signal_errors)
     _check_ceilings(result, policy, provider, executions)
@@ -193,8 +191,11 @@ def _check_terminal(result: GenerationTurnResult) -> None:
     if not isinstance(status, TurnStatus):
         _fail(1, f"status {status!r} is not a TurnStatus")
     if status.value not in _INNER_FINAL:
-        _fail(1, f"the inner tier ended with status {status.value!r}, which only the outer "
-                 "tier may produce")
+        _fail(
+            1,
+            f"the inner tier ended with status {status.value!r}, which only the outer "
+            "tier may produce",
+        )
     trace = result.trace
     if not trace:
         _fail(1, "the result carries an empty trace")
@@ -205,13 +206,16 @@ def _check_terminal(result: GenerationTurnResult) -> None:
             _fail(1, f"the trace jumps at step {index}: {trace[index - 1]} then {trace[index]}")
     terminal = [i for i, step in enumerate(trace) if step.next_state in _ALL_FINAL]
     if terminal != [len(trace) - 1]:
-        steps = "; ".join(f"#{i} {trace[i].state} --{trace[i].event}--> "
-                          f"{trace[i].next_state}" for i in terminal)
-        _fail(1, f"expected exactly one terminal step, the last of {len(trace)}; got "
-                 f"{len(terminal)}: {steps or 'none'}")
+        steps = "; ".join(
+            f"#{i} {trace[i].state} --{trace[i].event}--> {trace[i].next_state}" for i in terminal
+        )
+        _fail(
+            1,
+            f"expected exactly one terminal step, the last of {len(trace)}; got "
+            f"{len(terminal)}: {steps or 'none'}",
+        )
     if trace[-1].next_state != status.value:
-        _fail(1, f"the trace ends in {trace[-1].next_state!r} but the status is "
-                 f"{status.value!r}")
+        _fail(1, f"the trace ends in {trace[-1].next_state!r} but the status is {status.value!r}")
 
 
 def _check_returned(
@@ -223,11 +227,17 @@ def _check_returned(
 ) -> None:
     """Whatever the host did, the turn returned a usable result and named what it left."""
     for err in signal_errors:
-        _fail(1, f"a host signal raised {type(err).__name__}: {err} (the turn's signals must "
-                 "be safe to call from any thread)")
+        _fail(
+            1,
+            f"a host signal raised {type(err).__name__}: {err} (the turn's signals must "
+            "be safe to call from any thread)",
+        )
     if result.retry_after is not None and not math.isfinite(result.retry_after):
-        _fail(1, f"the result's retry_after is {result.retry_after!r}: a retry hint must be a "
-                 "finite number of seconds or none")
+        _fail(
+            1,
+            f"the result's retry_after is {result.retry_after!r}: a retry hint must be a "
+            "finite number of seconds or none",
+        )
     # an engine without the field names nothing: every straggler is then reported missing
     abandoned: tuple[str, ...] = tuple(getattr(result, "abandoned_calls", ()))
     ignored = [e.label for e in executions or () if e.cancel_ignored]
@@ -235,14 +245,20 @@ def _check_returned(
         ignored += [call.label for call in channel.calls if call.cancel_ignored]
     for label in ignored:
         if label not in abandoned:
-            _fail(1, f"{label} ignored its cancellation, yet the result's abandoned_calls "
-                     f"{list(abandoned)} do not name it (status {result.status.value}, reason "
-                     f"{result.reason})")
+            _fail(
+                1,
+                f"{label} ignored its cancellation, yet the result's abandoned_calls "
+                f"{list(abandoned)} do not name it (status {result.status.value}, reason "
+                f"{result.reason})",
+            )
     named = list(abandoned)
     for label in running_at_return or ():
         if label not in named:
-            _fail(1, f"{label} was still running when the turn returned, yet the result's "
-                     f"abandoned_calls {list(abandoned)} do not name it")
+            _fail(
+                1,
+                f"{label} was still running when the turn returned, yet the result's "
+                f"abandoned_calls {list(abandoned)} do not name it",
+            )
         named.remove(label)
 
 
@@ -265,12 +281,16 @@ def _check_ceilings(
         # The last pass may be cancelled (stop, host error) before its reader ever asked the
         # provider; no earlier one can be, and the provider never sees an uncounted pass.
         if requests > result.iterations or requests < result.iterations - 1:
-            _fail(2, f"the provider was asked {requests} times but the result counts "
-                     f"{result.iterations} passes")
+            _fail(
+                2,
+                f"the provider was asked {requests} times but the result counts "
+                f"{result.iterations} passes",
+            )
     if executions is not None:
         if len(executions) > result.tool_dispatches:
-            _fail(2, f"{len(executions)} tool executions but only {result.tool_dispatches} "
-                     "dispatches")
+            _fail(
+                2, f"{len(executions)} tool executions but only {result.tool_dispatches} dispatches"
+            )
         dispatches = [e.dispatch for e in executions]
         if len(set(dispatches)) != len(dispatches):
             _fail(2, f"one dispatch ran a tool more than once: dispatch numbers {dispatches}")
@@ -303,13 +323,19 @@ def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
         entry = next(entries, None)
         recorded += 1
         if entry is None:
-            _fail(7, f"the trace records {recorded} tool outcomes but the history holds only "
-                     f"{len(result.history)} entries")
+            _fail(
+                7,
+                f"the trace records {recorded} tool outcomes but the history holds only "
+                f"{len(result.history)} entries",
+            )
             return
         run = 0 if entry.response.success else run + 1
         if run > ceiling:
-            _fail(3, f"{run} tool failures in a row, above max_consecutive_tool_errors="
-                     f"{ceiling}, and the turn went on")
+            _fail(
+                3,
+                f"{run} tool failures in a row, above max_consecutive_tool_errors="
+                f"{ceiling}, and the turn went on",
+            )
         if run == ceiling:
             after = trace[index + 1] if index + 1 < len(trace) else None
             stopped_while_settling = any(
@@ -325,17 +351,22 @@ def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
                 result.status is TurnStatus.STOPPED_BY_USER and stopped_while_settling
             )
             if not (ended and status_ok):
-                _fail(3, f"{run} tool failures in a row (the ceiling) at history entry "
-                         f"{recorded}, but the turn went on to "
-                         f"{after.next_state if after else 'nothing'} and ended "
-                         f"{result.status.value} ({result.reason}) with "
-                         f"{len(result.history)} entries")
+                _fail(
+                    3,
+                    f"{run} tool failures in a row (the ceiling) at history entry "
+                    f"{recorded}, but the turn went on to "
+                    f"{after.next_state if after else 'nothing'} and ended "
+                    f"{result.status.value} ({result.reason}) with "
+                    f"{len(result.history)} entries",
+                )
     if recorded != len(result.history):
-        _fail(7, f"the history holds {len(result.history)} entries but the trace records "
-                 f"{recorded} tool outcomes")
+        _fail(
+            7,
+            f"the history holds {len(result.history)} entries but the trace records "
+            f"{recorded} tool outcomes",
+        )
     if result.reason == "consecutive_tool_errors" and run != ceiling:
-        _fail(3, f"the turn ended for consecutive tool errors after a run of {run}, not "
-                 f"{ceiling}")
+        _fail(3, f"the turn ended for consecutive tool errors after a run of {run}, not {ceiling}")
 
 
 # --------------------------------------------------------------------------- 4
@@ -357,14 +388,16 @@ def _check_tool_runs(
     """
     for execution in executions:
         if execution.stop_requested:
-            _fail(4, f"tool {execution.name!r} (dispatch {execution.dispatch}) started at "
-                     f"t={execution.started_at:g} after a stop was requested")
+            _fail(
+                4,
+                f"tool {execution.name!r} (dispatch {execution.dispatch}) started at "
+                f"t={execution.started_at:g} after a stop was requested",
+            )
         if registry is not None and registry.get(execution.name) is None:
             _fail(4, f"unregistered tool {execution.name!r} ran")
         allowed = request.tools_allowed if request is not None else None
         if allowed is not None and execution.name not in allowed:
-            _fail(4, f"tool {execution.name!r} ran although the turn allows only "
-                     f"{sorted(allowed)}")
+            _fail(4, f"tool {execution.name!r} ran although the turn allows only {sorted(allowed)}")
     if any(execution.iteration is None for execution in executions):
         return  # without the pass of each run, occurrences cannot be told apart
     scope_of = _scope_of_each_pass(result)
@@ -373,8 +406,11 @@ def _check_tool_runs(
         assert execution.iteration is not None
         twice = ran.get(execution.iteration)
         if twice is not None:
-            _fail(4, f"pass {execution.iteration} ran {execution.name!r} twice (dispatches "
-                     f"{twice.dispatch} and {execution.dispatch}): one call, one run")
+            _fail(
+                4,
+                f"pass {execution.iteration} ran {execution.name!r} twice (dispatches "
+                f"{twice.dispatch} and {execution.dispatch}): one call, one run",
+            )
         ran[execution.iteration] = execution
     reused = {
         entry.iteration
@@ -400,13 +436,19 @@ def _check_tool_runs(
         rerun = tool is not None and tool.replay == "rerun"
         if found is None:
             if not earlier:
-                _fail(4, f"call {name}({_short(arguments)}) of pass {iteration} reused "
-                         f"occurrence {occurrence}, which never succeeded")
+                _fail(
+                    4,
+                    f"call {name}({_short(arguments)}) of pass {iteration} reused "
+                    f"occurrence {occurrence}, which never succeeded",
+                )
             continue
         if earlier and not rerun:
-            _fail(4, f"call {name}({_short(arguments)}) ran again in pass {iteration} "
-                     f"(dispatch {found.dispatch}) although its occurrence "
-                     f"{occurrence} already succeeded and had to be reused")
+            _fail(
+                4,
+                f"call {name}({_short(arguments)}) ran again in pass {iteration} "
+                f"(dispatch {found.dispatch}) although its occurrence "
+                f"{occurrence} already succeeded and had to be reused",
+            )
         succeeded = found.outcome == "succeeded"
         if occurrence <= len(outcomes):
             outcomes[occurrence - 1] = succeeded
@@ -447,8 +489,9 @@ def _check_deliveries(result: GenerationTurnResult, channel: RecordingChannel | 
         _fail(5, f"the result's deliveries are not in a strict order: seqs {seqs}")
     expressions = [d.expression for d in result.delivered if d.expression is not None]
     if len(expressions) > 1:
-        _fail(5, f"{len(expressions)} expressions delivered in one turn (at most one): "
-                 f"{expressions}")
+        _fail(
+            5, f"{len(expressions)} expressions delivered in one turn (at most one): {expressions}"
+        )
     if channel is None:
         return
     seen = [(d.text, d.expression) for d in channel.delivered]
@@ -457,14 +500,23 @@ def _check_deliveries(result: GenerationTurnResult, channel: RecordingChannel | 
         return
     for index, (got, kept) in enumerate(zip(seen, claimed, strict=False)):
         if got != kept:
-            _fail(5, f"delivery #{index}: the channel recorded {got!r} but the result has "
-                     f"{kept!r} (status {result.status.value})")
+            _fail(
+                5,
+                f"delivery #{index}: the channel recorded {got!r} but the result has "
+                f"{kept!r} (status {result.status.value})",
+            )
     if len(seen) > len(claimed):
-        _fail(5, f"the channel recorded {len(seen)} deliveries but the result keeps only "
-                 f"{len(claimed)}; lost: {seen[len(claimed):]!r} (status "
-                 f"{result.status.value}, reason {result.reason})")
-    _fail(5, f"the result claims {len(claimed)} deliveries the channel never recorded "
-             f"({len(seen)} recorded); extra: {claimed[len(seen):]!r}")
+        _fail(
+            5,
+            f"the channel recorded {len(seen)} deliveries but the result keeps only "
+            f"{len(claimed)}; lost: {seen[len(claimed) :]!r} (status "
+            f"{result.status.value}, reason {result.reason})",
+        )
+    _fail(
+        5,
+        f"the result claims {len(claimed)} deliveries the channel never recorded "
+        f"({len(seen)} recorded); extra: {claimed[len(seen) :]!r}",
+    )
 
 
 # --------------------------------------------------------------------------- 6
@@ -535,12 +587,15 @@ def _check_time(
     settle = max(inactivity, policy.abandoned_stream_settle)
     bound = passes_bound + tools_bound + host_bound + settle
     if elapsed > bound + _EPSILON:
-        _fail(6, f"the run took {elapsed:g} virtual s, above the bound {bound:g} s "
-                 f"(passes {passes_bound:g} + tools {tools_bound:g} + host calls "
-                 f"{host_bound:g} + settle {settle:g}; F={first:g}, I={inactivity:g}, "
-                 f"M={budget:g}, H={host:g}, G={grace:g}, {result.iterations} passes, "
-                 f"{result.tool_dispatches} dispatches, {deliveries} deliveries; status "
-                 f"{result.status.value}, reason {result.reason})")
+        _fail(
+            6,
+            f"the run took {elapsed:g} virtual s, above the bound {bound:g} s "
+            f"(passes {passes_bound:g} + tools {tools_bound:g} + host calls "
+            f"{host_bound:g} + settle {settle:g}; F={first:g}, I={inactivity:g}, "
+            f"M={budget:g}, H={host:g}, G={grace:g}, {result.iterations} passes, "
+            f"{result.tool_dispatches} dispatches, {deliveries} deliveries; status "
+            f"{result.status.value}, reason {result.reason})",
+        )
 
 
 def _pause_total(script: Sequence[object]) -> float:
@@ -579,22 +634,32 @@ def _check_request(
     history = tuple(sent.history)
     where = f"request {index + 1}"
     if history != tuple(result.history[: len(history)]):
-        _fail(7, f"{where}'s history is not a prefix of the turn's history (an entry was "
-                 "rewritten, dropped or reordered)")
+        _fail(
+            7,
+            f"{where}'s history is not a prefix of the turn's history (an entry was "
+            "rewritten, dropped or reordered)",
+        )
     for entry in history:
         if entry.iteration > index:
-            _fail(7, f"{where} carries an entry from pass {entry.iteration}, which had not "
-                     "happened yet")
+            _fail(
+                7,
+                f"{where} carries an entry from pass {entry.iteration}, which had not happened yet",
+            )
     _check_entries(history, where, result, streamed)
     if index == 0 and request is not None and sent.prefill != request.prefill:
-        _fail(7, f"the first request's prefill is {sent.prefill!r}, not the turn's "
-                 f"{request.prefill!r}")
+        _fail(
+            7,
+            f"the first request's prefill is {sent.prefill!r}, not the turn's {request.prefill!r}",
+        )
     prefill = sent.prefill or ""
     for entry in history:
         text = entry.pre_tool_text
         if text and prefill and text in prefill:
-            _fail(7, f"{where} repeats the pre-tool text {text!r} of pass {entry.iteration} in "
-                     f"its prefill {prefill!r}")
+            _fail(
+                7,
+                f"{where} repeats the pre-tool text {text!r} of pass {entry.iteration} in "
+                f"its prefill {prefill!r}",
+            )
 
 
 def _check_entries(
@@ -617,12 +682,18 @@ def _check_entries(
         if not response.success and (
             response.status != "tool_execution_failed" or not (response.reason or "").strip()
         ):
-            _fail(7, f"{label}: a failed response needs status 'tool_execution_failed' and a "
-                     f"reason, got {response.status!r} / {response.reason!r}")
+            _fail(
+                7,
+                f"{label}: a failed response needs status 'tool_execution_failed' and a "
+                f"reason, got {response.status!r} / {response.reason!r}",
+            )
         if call.call_id is not None:
             if call.call_id in ids:
-                _fail(7, f"{label}: call id {call.call_id!r} already answered at entry "
-                         f"{ids[call.call_id]}")
+                _fail(
+                    7,
+                    f"{label}: call id {call.call_id!r} already answered at entry "
+                    f"{ids[call.call_id]}",
+                )
             ids[call.call_id] = position
         if entry.iteration in passes:
             _fail(7, f"{label}: two calls answered for the same pass")
@@ -634,8 +705,7 @@ def _check_entries(
         if expected is not None:
             wanted = expected if expected.strip() else None
             if text != wanted:
-                _fail(7, f"{label}: pre-tool text {text!r}, but the pass streamed "
-                         f"{expected!r}")
+                _fail(7, f"{label}: pre-tool text {text!r}, but the pass streamed {expected!r}")
 
 
 def _pass_text(
@@ -672,9 +742,12 @@ def _check_arguments_as_sent(
         if sent is None or sent[0] != entry.call.name or not isinstance(sent[1], Mapping):
             continue
         if entry.call.arguments != sent[1]:
-            _fail(7, f"the history holds {entry.call.name}({_short(entry.call.arguments)}) for "
-                     f"pass {entry.iteration}, but {sent[2]} {_short(sent[1])}: a tool's "
-                     "change to its arguments reached the history")
+            _fail(
+                7,
+                f"the history holds {entry.call.name}({_short(entry.call.arguments)}) for "
+                f"pass {entry.iteration}, but {sent[2]} {_short(sent[1])}: a tool's "
+                "change to its arguments reached the history",
+            )
 
 
 # --------------------------------------------------------------------------- 8
@@ -689,8 +762,11 @@ def _check_usage(
     for entry in result.usage.entries:
         for label, value in (("input", entry.input_tokens), ("output", entry.output_tokens)):
             if not _whole(value):
-                _fail(8, f"pass {entry.iteration}'s ledger entry holds {value!r} {label} tokens: "
-                         "a usage figure is a whole number of at least 0")
+                _fail(
+                    8,
+                    f"pass {entry.iteration}'s ledger entry holds {value!r} {label} tokens: "
+                    "a usage figure is a whole number of at least 0",
+                )
     for iteration, entries in by_pass.items():
         if len(entries) > 1:
             _fail(8, f"pass {iteration} has {len(entries)} ledger entries")
@@ -708,8 +784,11 @@ def _check_usage(
         reports = [r for r in reported if _whole(r.input_tokens) and _whole(r.output_tokens)]
         folds = _usage_folds(reports)
         entries = by_pass.get(k + 1, [])
-        got = (entries[0].input_tokens, entries[0].output_tokens, entries[0].estimated) \
-            if entries else None
+        got = (
+            (entries[0].input_tokens, entries[0].output_tokens, entries[0].estimated)
+            if entries
+            else None
+        )
         if not reported:
             _check_estimate(k + 1, chunks, got, result, exact=exact)
             continue
@@ -718,18 +797,27 @@ def _check_usage(
             # protocol failure: the ledger then holds a running total of the good ones, or
             # an estimate when none was taken
             if got is not None and got not in folds and not _marked_estimate(got, chunks):
-                _fail(8, f"pass {k + 1}: ledger entry {got} is no running total of the "
-                         f"well-formed reports among {_usage_text(reported)}")
+                _fail(
+                    8,
+                    f"pass {k + 1}: ledger entry {got} is no running total of the "
+                    f"well-formed reports among {_usage_text(reported)}",
+                )
         elif exact:
             want = folds[-1] if folds else None
             if got != want:
-                _fail(8, f"pass {k + 1}: the provider reported {_usage_text(reports)} "
-                         f"(total {want}) but the ledger holds {got} (status "
-                         f"{result.status.value}, reason {result.reason})")
+                _fail(
+                    8,
+                    f"pass {k + 1}: the provider reported {_usage_text(reports)} "
+                    f"(total {want}) but the ledger holds {got} (status "
+                    f"{result.status.value}, reason {result.reason})",
+                )
         elif got is not None and got not in folds and not _marked_estimate(got, chunks):
             # (the pass may have ended before its first report: then it is estimated)
-            _fail(8, f"pass {k + 1}: ledger entry {got} is no running total of the scripted "
-                     f"reports {_usage_text(reports)}")
+            _fail(
+                8,
+                f"pass {k + 1}: ledger entry {got} is no running total of the scripted "
+                f"reports {_usage_text(reports)}",
+            )
     total_in = sum(e.input_tokens for e in result.usage.entries)
     if total_in != result.usage.input_tokens:
         _fail(8, "the ledger's input total is not the sum of its entries")
@@ -756,22 +844,34 @@ def _check_estimate(
     bound = -(-written // 4)
     if got is not None:
         if not got[2]:
-            _fail(8, f"pass {iteration}: the provider reported no usage, but the ledger holds "
-                     f"{got} without marking it estimated")
+            _fail(
+                8,
+                f"pass {iteration}: the provider reported no usage, but the ledger holds "
+                f"{got} without marking it estimated",
+            )
         if got[1] > bound:
-            _fail(8, f"pass {iteration}: the estimated output {got[1]} exceeds a quarter of "
-                     f"the {written} characters the pass streamed")
+            _fail(
+                8,
+                f"pass {iteration}: the estimated output {got[1]} exceeds a quarter of "
+                f"the {written} characters the pass streamed",
+            )
     if not exact:
         return
     ended = [r.outcome for r in result.stream_results if r.iteration == iteration]
     if not (chunks and ended and ended[0] in _STREAM_ENDINGS):
         return
     if got is None:
-        _fail(8, f"pass {iteration}: the provider answered without a usage report, but the "
-                 "ledger holds no estimate for it")
+        _fail(
+            8,
+            f"pass {iteration}: the provider answered without a usage report, but the "
+            "ledger holds no estimate for it",
+        )
     elif got[1] != bound:
-        _fail(8, f"pass {iteration}: the estimated output is {got[1]} tokens, but the pass "
-                 f"streamed {written} characters ({bound} tokens at four a token)")
+        _fail(
+            8,
+            f"pass {iteration}: the estimated output is {got[1]} tokens, but the pass "
+            f"streamed {written} characters ({bound} tokens at four a token)",
+        )
 
 
 def _marked_estimate(got: tuple[int, int, bool], chunks: Sequence[object]) -> bool:
@@ -852,5 +952,8 @@ def _check_secrecy(
     found = leaked_runs(keys, places)
     if found:
         # the message never quotes the key: it would leak from the test report itself
-        _fail(9, f"an API key, or an 8-character run of one, appears in {', '.join(found)} "
-                 f"(status {result.status.value}, reason {result.reason})")
+        _fail(
+            9,
+            f"an API key, or an 8-character run of one, appears in {', '.join(found)} "
+            f"(status {result.status.value}, reason {result.reason})",
+        )

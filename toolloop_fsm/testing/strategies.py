@@ -216,8 +216,21 @@ class TurnScript:
 # first entry, and an entry repeated k times is drawn k times as often. One draw per value
 # keeps generation cheap (Hypothesis spends ~60 µs a draw): a whole turn is ~30–80 draws.
 _TEXTS: tuple[str, ...] = (
-    "Hi", "Hello ", "It is 3 °C.", "ü", " ", "\n", "  \t", "", "日本語", "🙂 ok", "e\u0301",
-    "\u200b", "مرحبا", "a\r\nb", "\u00a0",
+    "Hi",
+    "Hello ",
+    "It is 3 °C.",
+    "ü",
+    " ",
+    "\n",
+    "  \t",
+    "",
+    "日本語",
+    "🙂 ok",
+    "e\u0301",
+    "\u200b",
+    "مرحبا",
+    "a\r\nb",
+    "\u00a0",
 )
 _PAUSES: tuple[float, ...] = (0.5, 1.0, 0.25, 2.0, 5.0, 12.0, 40.0, 400.0)
 _TOOL_DELAYS: tuple[float, ...] = (0.0, 0.0, 0.0, 0.5, 2.0, 6.0, 40.0)
@@ -263,11 +276,11 @@ _USAGE = (
 )
 _ERRORS = (
     ProviderError("scripted server failure", kind="server", retryable=True, status_code=500),
-    ProviderError("scripted rate limit", kind="rate_limit", retryable=True, status_code=429,
-                  retry_after=7.0),
+    ProviderError(
+        "scripted rate limit", kind="rate_limit", retryable=True, status_code=429, retry_after=7.0
+    ),
     ProviderError("scripted connection reset", kind="connection", retryable=True),
-    ProviderError("scripted bad request", kind="bad_request", retryable=False,
-                  status_code=400),
+    ProviderError("scripted bad request", kind="bad_request", retryable=False, status_code=400),
 )
 _OTHERS: tuple[ScriptItem, ...] = (
     ThoughtDelta("hmm"),
@@ -283,12 +296,19 @@ def _item_menu() -> tuple[ScriptItem, ...]:
     13% thoughts / finish reasons / scene metadata and 5% provider failures."""
     texts = [TextDelta(t) for t in _TEXTS]
     return (
-        *texts, *texts, *texts[:8],
+        *texts,
+        *texts,
+        *texts[:8],
         *_CALLS,
-        *(Pause(s) for s in _PAUSES), *(Pause(s) for s in _PAUSES[:4]),
+        *(Pause(s) for s in _PAUSES),
+        *(Pause(s) for s in _PAUSES[:4]),
         *_USAGE,
-        *_OTHERS, *_OTHERS[-1:], *_OTHERS[-1:], *_OTHERS[:3],
-        *(Fail(e) for e in _ERRORS[:3]), *(Fail(e) for e in _ERRORS[:3]),
+        *_OTHERS,
+        *_OTHERS[-1:],
+        *_OTHERS[-1:],
+        *_OTHERS[:3],
+        *(Fail(e) for e in _ERRORS[:3]),
+        *(Fail(e) for e in _ERRORS[:3]),
     )
 
 
@@ -327,15 +347,19 @@ def _ending_menu() -> tuple[tuple[ScriptItem, ...], ...]:
     valid: list[tuple[ScriptItem, ...]] = [
         (FunctionCall(name, args),) for args in _ARGUMENTS[:3] for name in KNOWN_TOOLS
     ]
-    valid += [(FunctionCall("get_weather", {"city": "Oslo"}), UsageReport(9, 3)),
-              (FunctionCall("send_sticker", {}), FinishReason(FinishKind.TOOL_CALLS))]
+    valid += [
+        (FunctionCall("get_weather", {"city": "Oslo"}), UsageReport(9, 3)),
+        (FunctionCall("send_sticker", {}), FinishReason(FinishKind.TOOL_CALLS)),
+    ]
     # every refused or malformed call once; malformed ones end the turn, so not more
     refused: list[tuple[ScriptItem, ...]] = [
         (call,) for call in _CALLS[2 * len(_ARGUMENTS) * len(KNOWN_TOOLS) :]
     ]
     return (
         (),
-        *valid, *valid, *valid,
+        *valid,
+        *valid,
+        *valid,
         *refused,
         (TextDelta("Done."), FinishReason(FinishKind.STOP)),
         (TextDelta("Let me check."), FunctionCall(MEMORY_TOOL, {"city": "Oslo"})),
@@ -352,10 +376,16 @@ def _body_menu() -> tuple[ScriptItem, ...]:
     one dispatched, later ones are ignored) and, rarely, a provider failure."""
     texts = [TextDelta(t) for t in _TEXTS]
     return (
-        *texts, *texts, *texts[:8],
-        *(Pause(s) for s in _PAUSES), *(Pause(s) for s in _PAUSES[:4]),
+        *texts,
+        *texts,
+        *texts[:8],
+        *(Pause(s) for s in _PAUSES),
+        *(Pause(s) for s in _PAUSES[:4]),
         *_USAGE,
-        *_OTHERS, *_OTHERS[-1:], *_OTHERS[-1:], *_OTHERS[:3],
+        *_OTHERS,
+        *_OTHERS[-1:],
+        *_OTHERS[-1:],
+        *_OTHERS[:3],
         *_CALLS[: 2 * len(_ARGUMENTS) * len(KNOWN_TOOLS) : 3],
         *_CALLS[2 * len(_ARGUMENTS) * len(KNOWN_TOOLS) :: 5],
         Fail(_ERRORS[1]),
@@ -388,9 +418,7 @@ _HOSTILE_ENDINGS: tuple[tuple[HostileItem, ...], ...] = (
     *((item,) for item in _HOSTILE_ONLY),
     (TextDelta("Let me see. "), Trickle()),
 )
-_HOSTILE_BODIES = {
-    n: st.lists(st.sampled_from(_HOSTILE_BODY_ITEMS), max_size=n) for n in range(8)
-}
+_HOSTILE_BODIES = {n: st.lists(st.sampled_from(_HOSTILE_BODY_ITEMS), max_size=n) for n in range(8)}
 
 
 def provider_passes(
@@ -431,8 +459,14 @@ def _result_menu() -> tuple[dict[str, Any], ...]:
 
 
 _RESULTS = _result_menu()
-_ACTIONS = (ToolAction.SUCCEED, ToolAction.SUCCEED, ToolAction.SUCCEED, ToolAction.FAIL,
-            ToolAction.RAISE, ToolAction.HANG)
+_ACTIONS = (
+    ToolAction.SUCCEED,
+    ToolAction.SUCCEED,
+    ToolAction.SUCCEED,
+    ToolAction.FAIL,
+    ToolAction.RAISE,
+    ToolAction.HANG,
+)
 
 
 _HOSTILE_ACTIONS = (
@@ -572,8 +606,9 @@ def _with_call_ids(
         new: list[HostileItem] = []
         for item in items:
             if isinstance(item, FunctionCall):
-                item = FunctionCall(item.name, item.arguments, f"call_{n}", item.truncated,
-                                    item.parse_error)
+                item = FunctionCall(
+                    item.name, item.arguments, f"call_{n}", item.truncated, item.parse_error
+                )
                 n += 1
             new.append(item)
         out.append(tuple(new))
