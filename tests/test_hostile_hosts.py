@@ -32,11 +32,13 @@ from toolloop_fsm import (
     TurnSignals,
     TurnStatus,
     run_generation_turn,
+    run_tool_loop,
 )
 from toolloop_fsm.attempts import AdmissionRequest
 from toolloop_fsm.testing import (
     Fail,
     Pause,
+    RecordingChannel,
     ScriptedProvider,
     ScriptItem,
     VirtualClock,
@@ -469,3 +471,39 @@ async def test_a_notice_that_never_returns_does_not_keep_a_generation_turn_from_
     assert channel.text == "The answer is 42."
     assert [call.method for call in channel.calls if call.act is ChannelAct.HANG] == ["send_notice"]
     assert clock.now() <= policy.loop.host_call_timeout + EPSILON
+
+
+class _RefusingProvider:
+    """A provider whose ``stream()`` raises before it returns an iterator (a client that
+    validates the request eagerly, or a bug): the pass fails; the turn does not crash."""
+
+    name = "refusing"
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.calls = 0
+
+    def stream(self, request: Any) -> Any:
+        self.calls += 1
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (ProviderError("no such model", kind="not_found", retryable=False, status_code=404),
+         "not_found"),
+        (RuntimeError("the client was closed"), "provider_error"),
+    ],
+    ids=["provider-error", "plain-exception"],
+)  # fmt: skip
+async def test_a_provider_whose_stream_raises_at_once_fails_the_pass_not_the_turn(
+    error: Exception, kind: str
+) -> None:
+    provider = _RefusingProvider(error)
+    channel = RecordingChannel(clock=VirtualClock())
+    result = await run_tool_loop(provider, [], channel, TurnRequest(USER))
+    assert result.status is TurnStatus.ERROR
+    assert result.reason == "provider_error"
+    assert result.provider_error_kind == kind
+    assert provider.calls == 1

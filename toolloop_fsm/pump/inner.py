@@ -562,10 +562,15 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
     async def _read_stream(self, request: ProviderRequest, generation: int) -> None:
         if generation != self._stream_generation:
             return  # cancelled before it was read
-        stream = self.provider.stream(request)
         observation = self._observation
         if observation is not None:
             observation.pass_started(self._iteration)
+        try:
+            stream = self.provider.stream(request)
+        except Exception as err:  # raised before any chunk: a failed pass all the same
+            self._feed(_stream_failure(err))
+            return
+        if observation is not None:
             if observation.wants_chunks:  # read through a tap only when chunks are watched
                 stream = _tapped(stream, observation)
         exhausted = False
@@ -619,27 +624,9 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     if generation != self._stream_generation:
                         return
             exhausted = True
-        except ProviderError as err:
-            if generation == self._stream_generation:
-                self._feed(
-                    StreamFailed(
-                        err.message,
-                        kind=err.kind,
-                        retryable=err.retryable,
-                        status_code=err.status_code,
-                        retry_after=err.retry_after,
-                    )
-                )
-            return
         except Exception as err:  # a provider bug is a failed pass, not a crashed turn
             if generation == self._stream_generation:
-                self._feed(
-                    StreamFailed(
-                        f"the provider raised {type(err).__name__}: {err}",
-                        kind="provider_error",
-                        retryable=True,
-                    )
-                )
+                self._feed(_stream_failure(err))
             return
         finally:
             self._reading = False
@@ -721,6 +708,22 @@ async def _tapped(stream: AsyncIterator[Any], observation: Observation) -> Async
             yield chunk
     finally:
         await _close_stream(stream)
+
+
+def _stream_failure(err: Exception) -> StreamFailed:
+    """What a provider's exception means to the machine: a `ProviderError` as it classified
+    itself, anything else a retryable ``provider_error``."""
+    if isinstance(err, ProviderError):
+        return StreamFailed(
+            err.message,
+            kind=err.kind,
+            retryable=err.retryable,
+            status_code=err.status_code,
+            retry_after=err.retry_after,
+        )
+    return StreamFailed(
+        f"the provider raised {type(err).__name__}: {err}", kind="provider_error", retryable=True
+    )
 
 
 async def _close_stream(stream: AsyncIterator[Any]) -> None:
