@@ -570,9 +570,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         except Exception as err:  # raised before any chunk: a failed pass all the same
             self._feed(_stream_failure(err))
             return
-        if observation is not None:
-            if observation.wants_chunks:  # read through a tap only when chunks are watched
-                stream = _tapped(stream, observation)
+        if observation is not None and observation.wants_chunks:
+            stream = _tapped(stream, observation)  # a tap only when chunks are watched
         exhausted = False
         self._reading = True
         machine = self.machine
