@@ -22,7 +22,7 @@ import re
 import types
 import typing
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import fastjsonschema
 from attrs import frozen
@@ -454,7 +454,9 @@ def _derived_schema(
     arguments_of.__name__ = arguments_of.__qualname__ = label
     arguments_of.__module__ = getattr(function, "__module__", __name__)
     try:
-        adapter: pydantic.TypeAdapter[dict[str, Any]] = pydantic.TypeAdapter(arguments_of)
+        # a callable is a valid TypeAdapter subject; typing it as a type form is pydantic's
+        # own annotation, which differs between its versions
+        adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(cast(Any, arguments_of))
         schema = adapter.json_schema()
     except pydantic.PydanticUserError as err:
         raise TypeError(
