@@ -68,6 +68,14 @@ def test_the_walk_covers_every_numeric_field_of_both_policies() -> None:
         "host_call_timeout",
         "cancel_grace",
         "max_pass_duration",
+        "held_prose_max_bytes",
+        "held_prose_max_segments",
+        "send_message_limit",
+        "max_reviews",
+        "max_revisions",
+        "max_tool_reviews",
+        "max_tool_corrections",
+        "review_timeout",
     ]
     assert _numeric_fields(TurnPolicy) == [
         "max_key_attempts_per_model",

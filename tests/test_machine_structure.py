@@ -128,12 +128,20 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
     "inner": {
         **{
             (source, "stream_ended"): [
+                # drafting: a pass cut at the held-prose ceiling is over, whatever it asked
+                "draft_cut_at_length_limit",
                 "call_is_malformed",
                 "call_arguments_truncated",
                 "call_arguments_unparseable",
                 "call_outside_allowlist",
                 "call_already_recorded",
+                # the tool checkpoint (§8.4), after the ledger: a reused call is not reviewed
+                "call_rejected_before",
+                "correction_cannot_be_approved",
+                "call_needs_checkpoint",
                 "call_pending",
+                # drafting: without a call, held prose completes the response
+                "completes_held_draft",
                 "pass_has_text",
                 "is_settled_after_tool",
                 None,
@@ -142,12 +150,33 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
         },
         ("recording_tool_outcome", "advance"): [
             "consecutive_error_ceiling_reached",
+            # drafting: a round that would end the turn completes the held response first
+            "tool_round_completes_held_draft",
             "tool_asked_to_end_turn",
             "continuation_retries_exhausted",
             "should_end_after_pre_tool_text",
             None,
         ],
         ("checking_tool_outcome", "advance"): ["tool_requested_context_restart", None],
+        ("completing_response", "advance"): [
+            "no_pending_prose",
+            "reviewer_unavailable",
+            "reviews_exhausted",
+            None,
+        ],
+        ("reviewing_draft", "review_returned"): [
+            "draft_cut_at_length_limit",
+            "verdict_passes",
+            "verdict_unavailable",
+            "revision_left",
+            None,
+        ],
+        ("reviewing_call", "review_returned"): [
+            "verdict_passes",
+            "verdict_revises",
+            "reviewing_correction",
+            None,
+        ],
     },
     "outer": {
         ("judging_attempt", "advance"): [

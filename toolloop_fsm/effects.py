@@ -16,6 +16,7 @@ from toolloop_fsm.events import DeadlineKind
 if TYPE_CHECKING:
     from toolloop_fsm.provider import ProviderRequest
     from toolloop_fsm.result import GenerationTurnResult, Notice
+    from toolloop_fsm.review import ReviewPacket
 
 
 @frozen
@@ -120,6 +121,8 @@ class StartAttempt:
     request: Any
     ledger: Mapping[str, Any]
     expression_delivered: bool = False
+    #: the review state earlier attempts left (drafting, the tool checkpoint), or ``None``
+    draft: Any = None
 
 
 @frozen
@@ -148,9 +151,37 @@ class UpdateKeyHealth:
     health: Any
 
 
+@frozen
+class CutStream:
+    """The pass reached the held-prose ceiling: stop reading its stream and close it (the
+    provider's request is aborted, so it stops generating text nobody can be shown), then
+    report the pass ended (`StreamEnded`). The text kept so far is the pass's text."""
+
+
+@frozen
+class RequestReview:
+    """Ask the reviewer about ``packet`` (a drafted reply or a proposed tool call) and report
+    its verdict as `ReviewReturned` with the same ``review`` number. The machine bounds the
+    wait with a ``REVIEW`` deadline."""
+
+    review: int
+    packet: ReviewPacket
+
+
+@frozen
+class CancelReview:
+    """Stop waiting for review ``review``: cancel the reviewer's call (its verdict, should it
+    come, is never taken)."""
+
+    review: int
+
+
 Effect = (
     StartStream
     | CancelStream
+    | CutStream
+    | RequestReview
+    | CancelReview
     | RunTool
     | CancelTool
     | Deliver

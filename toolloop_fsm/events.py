@@ -161,6 +161,8 @@ class DeadlineKind(StrEnum):
     PASS_DURATION = "pass_duration"
     TOOL = "tool"
     SETTLE = "settle"
+    #: a review of a drafted reply or of a proposed tool call (`LoopPolicy.review_timeout`)
+    REVIEW = "review"
 
 
 @frozen
@@ -201,6 +203,16 @@ class DeliveryFailed:
     timed_out: bool = False
 
 
+@frozen
+class ReviewReturned:
+    """The reviewer answered review ``review`` (the `RequestReview` effect's number) with
+    ``verdict`` (a `toolloop_fsm.review` verdict: `Pass`, `Revise` or `Unavailable`; a
+    reviewer that raised is reported as `Unavailable`)."""
+
+    review: int
+    verdict: Any
+
+
 # --------------------------------------------------------------------------- outer tier
 @frozen
 class AttemptFinished:
@@ -216,6 +228,8 @@ class AttemptFinished:
     ledger: Mapping[str, Any] = field(factory=dict)
     at: float = 0.0
     signals_pending: bool = False
+    #: the attempt's review state (drafting, the tool checkpoint), carried into the next
+    draft: Any = field(default=None, kw_only=True)
 
 
 @frozen
@@ -251,6 +265,7 @@ Event = (
     | FollowUpArrived
     | DeliveryRecorded
     | DeliveryFailed
+    | ReviewReturned
     | AttemptFinished
     | AdmissionDecided
     | UnreachableReported

@@ -75,7 +75,7 @@ from toolloop_fsm.states.attempts import (
     supersede_attempt,
     take_attempt_result,
 )
-from toolloop_fsm.turn import GenerationState, LedgerEntry
+from toolloop_fsm.turn import DraftState, GenerationState, LedgerEntry
 
 FINAL_STATES: tuple[str, ...] = (
     "completed",
@@ -181,6 +181,7 @@ _SHAPES = event_shapes(
     read_as={
         (AttemptFinished, "result"): GenerationTurnResult,
         (AttemptFinished, "ledger"): Mapping[str, LedgerEntry],
+        (AttemptFinished, "draft"): DraftState | None,
         (UnreachableReported, "partial"): GenerationTurnResult | None,
     },
 )

@@ -38,6 +38,7 @@ from toolloop_fsm.events import (
     FinishReason,
     FollowUpArrived,
     FunctionCall,
+    ReviewReturned,
     SceneMetadata,
     StopRequested,
     StreamEnded,
@@ -56,6 +57,22 @@ from toolloop_fsm.guards.deliveries import (
     all_deliveries_recorded,
     delivery_timed_out,
     must_settle_deliveries,
+)
+from toolloop_fsm.guards.drafting import (
+    call_needs_checkpoint,
+    call_rejected_before,
+    completes_held_draft,
+    correction_cannot_be_approved,
+    draft_cut_at_length_limit,
+    no_pending_prose,
+    reviewer_unavailable,
+    reviewing_correction,
+    reviews_exhausted,
+    revision_left,
+    tool_round_completes_held_draft,
+    verdict_passes,
+    verdict_revises,
+    verdict_unavailable,
 )
 from toolloop_fsm.guards.exit_policy import (
     is_settled_after_tool,
@@ -102,6 +119,26 @@ from toolloop_fsm.states.build_result import (
 )
 from toolloop_fsm.states.context_restart import apply_context_restart
 from toolloop_fsm.states.delivery import record_delivery
+from toolloop_fsm.states.drafting import (
+    begin_revision,
+    close_cut_pass,
+    close_pass_for_review,
+    deliver_held_draft,
+    fail_delivery_during_review,
+    hold_remaining_text,
+    interrupt_review,
+    note_tool_round_trigger,
+    refuse_correction,
+    refuse_unapproved_correction,
+    reject_call,
+    repeat_rejection,
+    request_call_review,
+    request_draft_review,
+    run_approved_call,
+    run_unreviewed_call,
+    stop_during_review,
+    take_review_timeout,
+)
 from toolloop_fsm.states.stream_once import (
     CHUNK_HANDLERS,
     begin_pass,
@@ -128,7 +165,7 @@ from toolloop_fsm.states.tool_dispatch import (
     take_tool_outcome,
     time_out_tool,
 )
-from toolloop_fsm.turn import LedgerEntry, TurnState
+from toolloop_fsm.turn import DraftState, LedgerEntry, TurnState
 
 # --------------------------------------------------------------------------- states
 FINAL_STATES: tuple[str, ...] = (
@@ -139,9 +176,6 @@ FINAL_STATES: tuple[str, ...] = (
     "error",
     "empty_response",
 )
-# Drafting (prose held back for review before delivery) adds a `reviewing` state between
-# `recording_tool_outcome`/`streaming` and `building_result`; it is declared by the drafting
-# issue, not here.
 STATES: tuple[State, ...] = (
     State("ready"),
     State("starting_pass", transient=True),
@@ -152,6 +186,12 @@ STATES: tuple[State, ...] = (
     State("checking_tool_outcome", (announce_tool_outcome,), transient=True),
     State("restarting_context", (apply_context_restart,), transient=True),
     State("recording_tool_outcome", (record_tool_outcome,), transient=True),
+    # drafting (`LoopPolicy.drafting`): held prose is reviewed, revised once, then delivered
+    State("completing_response", transient=True),
+    State("reviewing_draft"),
+    State("revising", transient=True),
+    # the tool checkpoint (`LoopPolicy.review_tool_calls`): a new call waits for the reviewer
+    State("reviewing_call"),
     # the shared settle step: every ending waits here (bounded) for deliveries in flight
     State("settling", settle=True),
     State("building_result", transient=True, settle=True),
@@ -159,6 +199,7 @@ STATES: tuple[State, ...] = (
 )
 
 STREAM_STATES = ("awaiting_first_token", "streaming")
+REVIEW_STATES = ("reviewing_draft", "reviewing_call")
 CHUNK_TRIGGERS: dict[type, str] = {
     TextDelta: "text_delta",
     ThoughtDelta: "thought_delta",
@@ -184,7 +225,10 @@ TRANSITIONS: list[_t] = [
     # ---- the pass ends; which way is decided at `ending_pass`: the gate (docs/behaviour.md
     # §2.4 rules 1–5), the ledger, then dispatch; without a call, the text and empty-response
     # rules
-    _t("stream_ended", STREAM_STATES, "ending_pass"),
+    _t("stream_ended", STREAM_STATES, "ending_pass", do=hold_remaining_text),
+    # drafting: a pass cut at the held-prose ceiling completes the response as cut
+    _t("advance", "ending_pass", "completing_response", when=draft_cut_at_length_limit,
+       do=close_cut_pass),
     _t("advance", "ending_pass", "building_result", when=call_is_malformed,
        do=end_malformed_call, ends=("error", "malformed_call")),
     _t("advance", "ending_pass", "checking_tool_outcome",
@@ -195,7 +239,18 @@ TRANSITIONS: list[_t] = [
        when=call_outside_allowlist, do=refuse_outside_allowlist),
     _t("advance", "ending_pass", "checking_tool_outcome",
        when=call_already_recorded, do=reuse_recorded_outcome),
+    # the tool checkpoint (docs/behaviour.md §8.4): a rejected call stays rejected, a
+    # correction needs an approval, a new call is reviewed while reviews are left
+    _t("advance", "ending_pass", "checking_tool_outcome",
+       when=call_rejected_before, do=repeat_rejection),
+    _t("advance", "ending_pass", "checking_tool_outcome",
+       when=correction_cannot_be_approved, do=refuse_correction),
+    _t("advance", "ending_pass", "reviewing_call",
+       when=call_needs_checkpoint, do=request_call_review),
     _t("advance", "ending_pass", "executing_tool", when=call_pending, do=dispatch_tool),
+    # drafting: a pass without a call completes the held response
+    _t("advance", "ending_pass", "completing_response",
+       when=completes_held_draft, do=close_pass_for_review),
     _t("advance", "ending_pass", "building_result", when=pass_has_text,
        do=complete_with_text, ends=("completed", None)),
     _t("advance", "ending_pass", "building_result", when=is_settled_after_tool,
@@ -242,6 +297,9 @@ TRANSITIONS: list[_t] = [
     _t("advance", "recording_tool_outcome", "building_result",
        when=consecutive_error_ceiling_reached, do=end_tool_error_loop,
        ends=("error", "consecutive_tool_errors")),
+    # drafting: a round that would end the turn completes the held response instead
+    _t("advance", "recording_tool_outcome", "completing_response",
+       when=tool_round_completes_held_draft, do=note_tool_round_trigger),
     _t("advance", "recording_tool_outcome", "building_result",
        when=tool_asked_to_end_turn, do=complete_end_turn, ends=("completed", "end_turn")),
     _t("advance", "recording_tool_outcome", "building_result",
@@ -251,6 +309,52 @@ TRANSITIONS: list[_t] = [
        when=should_end_after_pre_tool_text, do=complete_after_pre_tool_text,
        ends=("completed", "pre_tool_text_suffices")),
     _t("advance", "recording_tool_outcome", "starting_pass"),
+    # ---- completing a drafted response (docs/behaviour.md §8.2): no prose, no review; a
+    # reviewer already unavailable or the reviews spent, delivered as it is; else reviewed
+    _t("advance", "completing_response", "building_result", when=no_pending_prose,
+       do=deliver_held_draft, ends=("completed", "no_pending_prose")),
+    _t("advance", "completing_response", "building_result", when=reviewer_unavailable,
+       do=deliver_held_draft, ends=("completed", "draft_unreviewed")),
+    _t("advance", "completing_response", "building_result", when=reviews_exhausted,
+       do=deliver_held_draft, ends=("completed", "reviews_exhausted")),
+    _t("advance", "completing_response", "reviewing_draft", do=request_draft_review),
+    # a cut candidate is delivered as cut, whatever the verdict (no room is left to revise)
+    _t("review_returned", "reviewing_draft", "building_result", when=draft_cut_at_length_limit,
+       do=deliver_held_draft, ends=("completed", "cut_at_length_limit")),
+    _t("review_returned", "reviewing_draft", "building_result", when=verdict_passes,
+       do=deliver_held_draft, ends=("completed", "draft_passed")),
+    _t("review_returned", "reviewing_draft", "building_result", when=verdict_unavailable,
+       do=deliver_held_draft, ends=("completed", "draft_unreviewed")),
+    _t("review_returned", "reviewing_draft", "revising", when=revision_left,
+       do=begin_revision),
+    _t("review_returned", "reviewing_draft", "building_result",
+       do=deliver_held_draft, ends=("completed", "revisions_exhausted")),
+    _t("review_deadline", "reviewing_draft", "building_result",
+       do=take_review_timeout, ends=("completed", "review_timeout")),
+    _t("advance", "revising", "starting_pass"),
+    # ---- the tool checkpoint's verdict (docs/behaviour.md §8.4)
+    _t("review_returned", "reviewing_call", "executing_tool", when=verdict_passes,
+       do=run_approved_call),
+    _t("review_returned", "reviewing_call", "checking_tool_outcome", when=verdict_revises,
+       do=reject_call),
+    _t("review_returned", "reviewing_call", "checking_tool_outcome", when=reviewing_correction,
+       do=refuse_unapproved_correction),
+    _t("review_returned", "reviewing_call", "executing_tool", do=run_unreviewed_call),
+    _t("review_deadline", "reviewing_call", "checking_tool_outcome", when=reviewing_correction,
+       do=refuse_unapproved_correction),
+    _t("review_deadline", "reviewing_call", "executing_tool", do=run_unreviewed_call),
+    # ---- while a reviewer is asked: a stop ends the turn and nothing held is sent; a
+    # follow-up interrupts a drafted reply and waits during a tool chain
+    _t("stop_requested", REVIEW_STATES, "building_result", do=stop_during_review,
+       ends=("stopped_by_user", "stopped_during_review")),
+    _t("follow_up_arrived", "reviewing_draft", "building_result", do=interrupt_review,
+       ends=("follow_up_interrupt", None)),
+    _t("follow_up_arrived", "reviewing_call", None, do=clear_stale_follow_up),
+    _t("delivery_recorded", REVIEW_STATES, None, do=record_delivery),
+    _t("delivery_failed", REVIEW_STATES, "building_result", when=delivery_timed_out,
+       do=fail_delivery_during_review, ends=("error", "host_timeout")),
+    _t("delivery_failed", REVIEW_STATES, "building_result",
+       do=fail_delivery_during_review, ends=("error", "host_error")),
     # ---- the settle step: wait (bounded) for deliveries in flight (docs/behaviour.md §6.1),
     # then the terminal state the decided ending names
     _t("advance", "building_result", "settling", when=must_settle_deliveries, do=begin_settling),
@@ -295,6 +399,7 @@ _SIGNAL_TRIGGERS: dict[type, str] = {
     FollowUpArrived: "follow_up_arrived",
     DeliveryRecorded: "delivery_recorded",
     DeliveryFailed: "delivery_failed",
+    ReviewReturned: "review_returned",
 }
 #: the budgets the pass's one stream deadline expires as
 _STREAM_BUDGETS = frozenset(
@@ -376,6 +481,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         hold_timeout_notice: bool = False,
         ledger: Mapping[str, LedgerEntry] | None = None,
         expression_delivered: bool = False,
+        draft: DraftState | None = None,
         now: float | None = None,
     ) -> list[Effect]:
         """Begin the turn: returns the effects that open the first pass.
@@ -383,6 +489,8 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         ``ledger`` and ``expression_delivered`` carry a previous attempt's completed tool
         calls and delivered expression into this one (the outer tier uses them). ``now`` is
         the turn's clock time, stamped on the trace steps it takes (``None``: unstamped).
+        ``draft`` carries a previous attempt's review state (budgets, rejections) when
+        drafting or the tool checkpoint is on.
         """
         if self._model is not None:
             raise InvalidEvent(self.name, self.state, "start", "the machine was already started")
@@ -398,6 +506,8 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         turn.prefill = request.prefill
         if ledger:
             turn.ledger.update(ledger)
+        if self.policy.drafting or self.policy.review_tool_calls:
+            turn.draft = draft if draft is not None else DraftState()
         turn.expression_delivered = expression_delivered
         self._model = turn
         return self._fire("start", None, now)
@@ -467,6 +577,12 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
                 self.name, turn.state, event,
                 f"dispatch {event.dispatch} is not the running one ({turn.dispatches})",
             )  # fmt: skip
+        elif isinstance(event, ReviewReturned) and (
+            turn.draft is None or event.review != turn.draft.review_seq
+        ):
+            current = turn.draft.review_seq if turn.draft is not None else None
+            detail = f"review {event.review} is not the one asked for ({current})"
+            raise InvalidEvent(self.name, turn.state, event, detail)
         elif (
             isinstance(event, DeliveryRecorded | DeliveryFailed)
             and event.seq is not None

@@ -139,6 +139,10 @@ class LoopPolicy:
     buffered before it is handed to the channel (text is also flushed before a tool runs,
     at the end of a pass, and on a stop).
 
+    ``drafting`` holds prose for review and ``review_tool_calls`` puts new tool calls before
+    the reviewer (both need a `Reviewer`); the review budgets are per turn, shared by every
+    attempt of a generation turn.
+
     ``end_after_pre_tool_text`` replaces the built-in `should_end_after_pre_tool_text` rule
     when set: a pure function of an `ExitView` returning whether the turn ends ``completed``.
     """
@@ -172,6 +176,22 @@ class LoopPolicy:
     end_after_pre_tool_text: Callable[[ExitView], bool] | None = field(
         default=None, eq=False, repr=False, validator=check.optional(check.is_callable())
     )
+    #: hold the turn's prose until a reviewer passed it (one revision allowed); off: every
+    #: text is delivered as it streams and no reviewer is asked
+    drafting: bool = field(default=False, validator=flag)
+    #: show each new tool call to the reviewer before it runs (the tool checkpoint)
+    review_tool_calls: bool = field(default=False, validator=flag)
+    #: the held-prose ceiling of one turn, shared by all its passes (UTF-8 bytes, segments)
+    held_prose_max_bytes: int = field(default=65_536, validator=positive_count)
+    held_prose_max_segments: int = field(default=4_096, validator=positive_count)
+    #: the host's own limit on the prose one turn may send (UTF-8 bytes); a drafted reply
+    #: cut by it is delivered without the ``flush_limit`` notice
+    send_message_limit: int | None = field(default=None, validator=check.optional(positive_count))
+    max_reviews: int = field(default=2, validator=positive_count)
+    max_revisions: int = field(default=1, validator=count)
+    max_tool_reviews: int = field(default=8, validator=count)
+    max_tool_corrections: int = field(default=2, validator=count)
+    review_timeout: float = field(default=120.0, validator=positive_seconds)
 
     @property
     def effective_first_token_timeout(self) -> float:

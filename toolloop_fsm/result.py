@@ -16,6 +16,7 @@ import cattrs
 from attrs import field, frozen
 
 from toolloop_fsm.events import FinishKind
+from toolloop_fsm.review import ReviewRecord
 
 
 class TurnStatus(StrEnum):
@@ -50,6 +51,10 @@ class ToolCallRecord:
     arguments: Mapping[str, Any]
     call_id: str | None = None
     provider_data: Mapping[str, Any] | None = None
+
+
+#: The status of a tool call the tool checkpoint's reviewer rejected before it ran.
+REVIEW_REJECTED_STATUS = "review_rejected"
 
 
 @frozen
@@ -210,6 +215,8 @@ class GenerationTurnResult:
     credential_source: str = "user"
     disabled_enrichment_kinds: frozenset[str] = frozenset()
     abandoned_calls: tuple[str, ...] = ()
+    #: the reviews drafting and the tool checkpoint asked for, in order
+    reviews: tuple[ReviewRecord, ...] = ()
     trace: tuple[TraceStep, ...] = ()
     exception: BaseException | None = field(default=None, eq=False, repr=False)
 

@@ -92,6 +92,9 @@ class ToolOutcome:
     restart_kinds: tuple[str, ...] = ()
     dispatched: bool = True
     reused: bool = False
+    #: the tool checkpoint's reviewer rejected the call: it did not run, and it counts as
+    #: no failure (no failure notice, no error counted)
+    rejected: bool = False
 
     @classmethod
     def from_event(cls, event: ToolFinished) -> ToolOutcome:
@@ -124,6 +127,66 @@ class LedgerEntry:
 
     call_key: str
     outcome: ToolOutcome
+
+
+@define(slots=True)
+class HeldSegment:
+    """One piece of held presentation: text (``expression`` is ``None``) or an expression."""
+
+    text: str | None = None
+    expression: str | None = None
+
+
+@define(slots=True)
+class DraftState:
+    """Drafting and the tool checkpoint of one turn: the held presentation, the held-prose
+    ceiling's consumption, the review budgets and the checkpoint's rejections. One object is
+    carried from attempt to attempt of a generation turn (review state is per turn)."""
+
+    segments: list[HeldSegment] = field(factory=list)
+    # the ceiling counts everything held in the turn, across passes and revisions
+    held_bytes: int = 0
+    held_segments: int = 0
+    cut: bool = False
+    cut_by_send_limit: bool = False
+    trigger: str | None = None
+    reviews: int = 0
+    revisions: int = 0
+    reviewer_unavailable: bool = False
+    last_findings: tuple[Any, ...] = ()
+    # the review being waited for (its number), and what it is about
+    review_seq: int = 0
+    tool_reviews: int = 0
+    corrections: int = 0
+    checkpoint_unavailable: bool = False
+    reviewing_correction: bool = False
+    reviewing_identity: str | None = None
+    # identity (SHA-256 of name and canonical arguments) -> the rejection shown
+    rejected_calls: dict[str, Any] = field(factory=dict)
+    rejected_names: set[str] = field(factory=set)
+    records: list[Any] = field(factory=list)
+
+    def held_text(self) -> str:
+        return "".join(segment.text for segment in self.segments if segment.text is not None)
+
+    def carried(self) -> DraftState:
+        """The review state a next attempt continues with: budgets, rejections and records;
+        nothing held (what was never delivered is written again by the next model)."""
+        return DraftState(
+            held_bytes=self.held_bytes,
+            held_segments=self.held_segments,
+            reviews=self.reviews,
+            revisions=self.revisions,
+            reviewer_unavailable=self.reviewer_unavailable,
+            last_findings=self.last_findings,
+            review_seq=self.review_seq,
+            tool_reviews=self.tool_reviews,
+            corrections=self.corrections,
+            checkpoint_unavailable=self.checkpoint_unavailable,
+            rejected_calls=dict(self.rejected_calls),
+            rejected_names=set(self.rejected_names),
+            records=list(self.records),
+        )
 
 
 @define(slots=True)
@@ -206,6 +269,8 @@ class TurnState:
     provider_retry_after: float | None = None
     settle_started: bool = False
     follow_ups_cleared: int = 0
+    # drafting and the tool checkpoint (``None`` when both are off: today's loop exactly)
+    draft: DraftState | None = None
 
     # bookkeeping of the step being processed; ``step_time`` is the time its driver gave
     # (the turn's clock), stamped on its trace steps and read by nothing else
@@ -244,6 +309,7 @@ class GenerationState:
     ledger: dict[str, LedgerEntry] = field(factory=dict)
     expression_delivered: bool = False
     held_notice: Notice | None = None
+    draft: DraftState | None = None
 
     # what the attempts produced
     last: GenerationTurnResult | None = None

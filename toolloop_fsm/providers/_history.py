@@ -4,7 +4,9 @@ A success is shown as ``{"success": true, "data": …, "message": …}``: the to
 its data. A failure as ``{"success": false, "status": "tool_execution_failed", "reason": …,
 "tool_name": …}``; a failure recorded without a status (a host can write history by hand) is
 still shown with that status, the one a failed call has. Whatever the record leaves unset is
-left out, and nothing else on it is shown: a success's tool name, a failure's data or message.
+left out, and nothing else on it is shown: a success's tool name, a failure's data or message —
+except that a call the tool checkpoint rejected (status ``review_rejected``) also shows the
+reviewer's ``findings`` and ``"action_executed": false``.
 
 ``success`` is part of it because most wire formats carry no error flag of their own beside a
 tool's result (only Anthropic's ``is_error`` does), so the payload is where a model reads
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from toolloop_fsm.result import ToolResponseRecord
+from toolloop_fsm.result import REVIEW_REJECTED_STATUS, ToolResponseRecord
 
 FAILED_STATUS = "tool_execution_failed"
 """The status a failed call's response is shown with."""
@@ -37,6 +39,10 @@ def tool_response_payload(response: ToolResponseRecord) -> dict[str, Any]:
             "reason": response.reason,
             "tool_name": response.tool_name,
         }
+        if response.status == REVIEW_REJECTED_STATUS and isinstance(response.data, dict):
+            # a call the tool checkpoint rejected: the reviewer's findings, and that it never ran
+            shown["findings"] = response.data.get("findings")
+            shown["action_executed"] = False
     return {key: value for key, value in shown.items() if value is not None}
 
 

@@ -19,6 +19,7 @@ from toolloop_fsm.effects import Deliver, PostNotice, QueueStopResponse
 from toolloop_fsm.events import (
     DeliveryFailed,
     DeliveryRecorded,
+    StreamEnded,
 )
 from toolloop_fsm.host import Channel, Clock
 
@@ -45,7 +46,7 @@ class DeliveriesAndHostCalls:
         _host_exception: BaseException | None
         _host_task: asyncio.Task[None] | None
         _last_activity: float
-        _outcomes: list[DeliveryRecorded | DeliveryFailed]
+        _outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded]
         _pending_result: GenerationTurnResult | None
 
         def _feed(self, event: Any) -> None: ...

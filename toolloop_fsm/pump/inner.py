@@ -34,14 +34,17 @@ import attrs
 
 from toolloop_fsm.effects import (
     ArmDeadline,
+    CancelReview,
     CancelStream,
     CancelTool,
     ClearDeadline,
+    CutStream,
     Deliver,
     Effect,
     Finish,
     PostNotice,
     QueueStopResponse,
+    RequestReview,
     RunTool,
     StartStream,
 )
@@ -53,6 +56,7 @@ from toolloop_fsm.events import (
     DeliveryFailed,
     DeliveryRecorded,
     FollowUpArrived,
+    ReviewReturned,
     StopRequested,
     StreamEnded,
     StreamFailed,
@@ -77,10 +81,12 @@ from toolloop_fsm.pump.deadlines import StreamDeadlines
 from toolloop_fsm.pump.deliveries import DeliveriesAndHostCalls, wait_bounded
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords
+from toolloop_fsm.pump.redaction import Secrets
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.review import VERDICT_TYPES, Reviewer, ReviewPacket, Unavailable
 from toolloop_fsm.states.build_result import count_late_deliveries
 from toolloop_fsm.tools import run_tool_handler
-from toolloop_fsm.turn import LedgerEntry
+from toolloop_fsm.turn import DraftState, LedgerEntry
 
 
 class _Unsignalled(TurnSignals):
@@ -132,6 +138,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_reading",
         "_records",
         "_result",
+        "_review_seq",
+        "_review_task",
         "_signals_dirty",
         "_stop_fed",
         "_stream_armed_at",
@@ -150,6 +158,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "policy",
         "provider",
         "registry",
+        "reviewer",
         "signals",
     )
 
@@ -165,8 +174,19 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         consume_stop: bool = True,
         observation: Observation | None = None,
         records: TurnRecords | None = None,
+        reviewer: Reviewer | None = None,
     ) -> None:
         self.machine = machine
+        policy = machine.policy
+        if reviewer is None and (policy.drafting or policy.review_tool_calls):
+            switched = "drafting" if policy.drafting else "review_tool_calls"
+            raise ValueError(
+                f"LoopPolicy.{switched} is on, so the turn needs a reviewer: pass reviewer= "
+                "(a toolloop_fsm.Reviewer, such as ModelReviewer)"
+            )
+        self.reviewer = reviewer
+        self._review_task: asyncio.Task[None] | None = None
+        self._review_seq = 0
         # the turn that honours a stop consumes it (the outer tier does so for its attempts)
         self.consume_stop = consume_stop
         self.provider = provider
@@ -203,7 +223,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._deliveries: list[Deliver] = []
         self._delivery_task: asyncio.Task[None] | None = None
         self._host_calls: list[PostNotice | QueueStopResponse] = []
-        self._outcomes: list[DeliveryRecorded | DeliveryFailed] = []
+        self._outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded] = []
         self._depth = 0
         self._host_task: asyncio.Task[None] | None = None
         self._host_exception: BaseException | None = None
@@ -232,6 +252,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         hold_timeout_notice: bool = False,
         ledger: Mapping[str, LedgerEntry] | None = None,
         expression_delivered: bool = False,
+        draft: DraftState | None = None,
     ) -> GenerationTurnResult:
         """Run the turn to its terminal state and return its result."""
         self._main = asyncio.current_task()
@@ -251,6 +272,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     hold_timeout_notice=hold_timeout_notice,
                     ledger=ledger,
                     expression_delivered=expression_delivered,
+                    draft=draft,
                     now=self.clock.now(),
                 )
             )
@@ -375,7 +397,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         abandon deliveries still in flight, disarm every deadline."""
         self._stream_generation += 1
         self._pending_stream = None
-        for task in (self._tool_task, self._delivery_task):
+        for task in (self._tool_task, self._delivery_task, self._review_task):
             if task is not None and not task.done():
                 task.cancel()
         self._deliveries.clear()
@@ -481,6 +503,15 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 self._start_stream(effect)  # type: ignore[arg-type]
             elif kind is CancelStream:
                 self._cancel_stream()
+            elif kind is CutStream:
+                # the pass reached the held-prose ceiling: the read stops here (its stream is
+                # closed as the read unwinds, aborting the request), and the pass ends
+                self._cancel_stream()
+                self._outcomes.append(StreamEnded())
+            elif kind is RequestReview:
+                self._ask_reviewer(effect)  # type: ignore[arg-type]
+            elif kind is CancelReview:
+                self._cancel_review()
             elif kind is RunTool:
                 self._run_tool(effect)  # type: ignore[arg-type]
             elif kind is CancelTool:
@@ -639,6 +670,57 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         if observation is not None:  # once: unless the end was fed, it is observed here
             observation.pass_ended(turn, None)
 
+    # ------------------------------------------------------------------ the reviewer
+    def _ask_reviewer(self, effect: RequestReview) -> None:
+        self._review_seq = effect.review
+        name = f"reviewer (review {effect.review})"
+        self._review_task = self._spawn(self._review(effect), name)
+
+    def _cancel_review(self) -> None:
+        self._review_seq = -1
+        task = self._review_task
+        if task is not None and not task.done():
+            task.cancel()
+            # a reviewer that ignores its cancellation is abandoned after the grace
+            self.clock.call_later(
+                self.policy.cancel_grace, self._abandon_unless_done, task, task.get_name()
+            )
+
+    async def _review(self, effect: RequestReview) -> None:
+        """Ask the reviewer; whatever goes wrong is `Unavailable` (the machine's deadline
+        bounds the wait). A packet holding one of the turn's keys is never shown to it."""
+        packet = effect.packet
+        verdict: Any
+        if self._holds_secret(packet):
+            verdict = Unavailable("secret")
+        else:
+            reviewer = self.reviewer
+            assert reviewer is not None
+            try:
+                verdict = await reviewer.review(packet)
+            except (KeyboardInterrupt, SystemExit) as err:
+                self._fail(err)
+                return
+            except Exception as err:
+                self._records.reviewer_failed(effect.review, err)
+                verdict = Unavailable(f"raised {type(err).__name__}")
+            if not isinstance(verdict, VERDICT_TYPES):
+                verdict = Unavailable(f"not a verdict: {type(verdict).__name__}")
+        if effect.review == self._review_seq:
+            self._feed(ReviewReturned(effect.review, verdict))
+
+    def _holds_secret(self, packet: ReviewPacket) -> bool:
+        secrets = self._records.secrets
+        own = getattr(self.provider, "api_key", None)
+        if isinstance(own, str) and own and own not in secrets.keys:
+            secrets = Secrets((*secrets.keys, own))
+        if not secrets.keys:
+            return False
+        texts = [packet.candidate, repr(packet.tools), repr(packet.history)]
+        if packet.proposed_call is not None:
+            texts.append(repr(packet.proposed_call.arguments))
+        return any(secrets.holds_any(text) for text in texts)
+
     # ------------------------------------------------------------------ tools
     def _run_tool(self, effect: RunTool) -> None:
         self._tool_dispatch = effect.dispatch
@@ -745,6 +827,7 @@ async def run_tool_loop(
     continuation_style: bool | None = None,
     on_step: Callable[[TraceStep], None] | None = None,
     observer: TurnObserver | None = None,
+    reviewer: Reviewer | None = None,
 ) -> GenerationTurnResult:
     """Run one tool-loop turn (one attempt) and return its result.
 
@@ -752,7 +835,8 @@ async def run_tool_loop(
     and propagates `CancelledError`; an outer `asyncio.timeout` raises `TimeoutError`.
     ``on_step`` sees every step of the machine as it is taken; ``observer`` (and every
     observer registered with `toolloop_fsm.observation.add_turn_observer`) sees the turn's
-    phases (`toolloop_fsm.observation`).
+    phases (`toolloop_fsm.observation`). ``reviewer`` is asked by drafting and the tool
+    checkpoint (`LoopPolicy.drafting`, `LoopPolicy.review_tool_calls`), which need one.
     """
     records = _TOOL_LOOP_RECORDS
     machine = ToolLoopMachine(
@@ -761,7 +845,13 @@ async def run_tool_loop(
     clock = clock if clock is not None else LOOP_CLOCK
     observation = observe_turn(observer, clock, records)
     pump = EventPump(
-        machine, provider, channel, signals=signals, clock=clock, observation=observation
+        machine,
+        provider,
+        channel,
+        signals=signals,
+        clock=clock,
+        observation=observation,
+        reviewer=reviewer,
     )
     if observation is None:
         return await pump.run(request, continuation_style=continuation_style)

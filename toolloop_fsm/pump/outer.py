@@ -62,6 +62,8 @@ from toolloop_fsm.result import (
     TurnStatus,
     converter,
 )
+from toolloop_fsm.review import Reviewer
+from toolloop_fsm.turn import DraftState
 
 
 class GenerationPump:
@@ -82,8 +84,17 @@ class GenerationPump:
         on_attempt_step: Callable[[int, TraceStep], None] | None = None,
         observation: Observation | None = None,
         records: TurnRecords | None = None,
+        reviewer: Reviewer | None = None,
     ) -> None:
         self.machine = machine
+        self.reviewer = reviewer
+        loop_policy = machine.policy.loop
+        if reviewer is None and (loop_policy.drafting or loop_policy.review_tool_calls):
+            switched = "drafting" if loop_policy.drafting else "review_tool_calls"
+            raise ValueError(
+                f"LoopPolicy.{switched} is on, so the turn needs a reviewer: pass reviewer= "
+                "(a toolloop_fsm.Reviewer, such as ModelReviewer)"
+            )
         self.attempts = list(attempts)
         self.shared = list(shared_route.attempts) if shared_route is not None else []
         self.shared_route = shared_route
@@ -217,6 +228,7 @@ class GenerationPump:
         pump = EventPump(
             inner, provider, self.channel, signals=self.signals, clock=self.clock,
             consume_stop=False, observation=observation, records=records,
+            reviewer=self.reviewer,
         )  # fmt: skip
         run = asyncio.ensure_future(
             pump.run(
@@ -224,6 +236,7 @@ class GenerationPump:
                 hold_timeout_notice=True,
                 ledger=effect.ledger,
                 expression_delivered=effect.expression_delivered,
+                draft=effect.draft,
             )
         )
         unreachable = asyncio.get_running_loop().create_future()
@@ -261,8 +274,9 @@ class GenerationPump:
             self._stop_honoured = True
         result = run.result()
         ledger = inner.turn.ledger if inner.is_finished else {}
+        draft = inner.turn.draft if inner.is_finished else None
         failure = pump._provider_failure if result.reason == "provider_error" else None
-        return self._attempt_ended(effect, result, ledger, failure)
+        return self._attempt_ended(effect, result, ledger, failure, draft)
 
     def _attempt_ended(
         self,
@@ -270,10 +284,11 @@ class GenerationPump:
         result: GenerationTurnResult,
         ledger: Mapping[str, Any],
         failure: StreamFailed | None,
+        draft: DraftState | None = None,
     ) -> list[Effect]:
         """Feed the machine how an attempt ended; observe it, and when it failed, say so in
         a WARNING record with the provider's failure and what the chain does next."""
-        finished = self._finished(effect, result, ledger)
+        finished = self._finished(effect, result, ledger, draft)
         clean = finished.result
         if self.observation is not None:
             self.observation.attempt_ended(effect.attempt, effect.label, clean, failure)
@@ -287,12 +302,21 @@ class GenerationPump:
         return effects
 
     def _finished(
-        self, effect: StartAttempt, result: GenerationTurnResult, ledger: Mapping[str, Any]
+        self,
+        effect: StartAttempt,
+        result: GenerationTurnResult,
+        ledger: Mapping[str, Any],
+        draft: DraftState | None = None,
     ) -> AttemptFinished:
         signals = self.signals
         pending = signals.stop_requested or signals.follow_ups > self._follow_ups_seen
         return AttemptFinished(
-            effect.attempt, self._redacted(result), dict(ledger), self.clock.now(), pending
+            effect.attempt,
+            self._redacted(result),
+            dict(ledger),
+            self.clock.now(),
+            pending,
+            draft=draft.carried() if draft is not None else None,
         )
 
     async def _ask_admission(self, effect: AskAdmission) -> list[Effect]:
@@ -397,6 +421,7 @@ async def run_generation_turn(
     on_step: Callable[[TraceStep], None] | None = None,
     on_attempt_step: Callable[[int, TraceStep], None] | None = None,
     observer: TurnObserver | None = None,
+    reviewer: Reviewer | None = None,
 ) -> GenerationTurnResult:
     """Run a whole generation turn over a fallback chain of attempts (docs/behaviour.md §9).
 
@@ -406,7 +431,10 @@ async def run_generation_turn(
     key health (cooldowns, retirements) across turns when the host passes the same one.
     ``on_step`` sees every step of the outer machine, ``on_attempt_step`` every step of each
     attempt's tool loop; ``observer`` (and every observer registered with
-    `toolloop_fsm.observation.add_turn_observer`) sees the turn's phases.
+    `toolloop_fsm.observation.add_turn_observer`) sees the turn's phases. ``reviewer`` is
+    asked by drafting and the tool checkpoint (`LoopPolicy.drafting`,
+    `LoopPolicy.review_tool_calls`); their budgets and rejections are the turn's, shared by
+    every attempt.
     """
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     chain = (*attempts, *(shared_route.attempts if shared_route is not None else ()))
@@ -434,6 +462,7 @@ async def run_generation_turn(
         on_attempt_step=on_attempt_step,
         observation=observation,
         records=records,
+        reviewer=reviewer,
     )
     if observation is None:
         return await pump.run(request)

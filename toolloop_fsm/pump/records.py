@@ -140,6 +140,14 @@ class TurnRecords:
             timed_out=event.timed_out,
         )
 
+    def reviewer_failed(self, review: int, error: BaseException) -> None:
+        """The reviewer raised: the review counts as unavailable."""
+        self._warn(
+            f"the reviewer raised on review {review}{self._where()}: "
+            f"{type(error).__name__}: {error}",
+            failure="reviewer",
+        )
+
     def abandoned(self, name: str, grace: float) -> None:
         """Code that ignored its cancellation for the grace was given up on."""
         self._warn(

@@ -68,6 +68,7 @@ def _begin(state: GenerationState, model: int, key: int | None) -> None:
             request=attempt_request(state, plan),
             ledger=dict(state.ledger),
             expression_delivered=state.expression_delivered,
+            draft=state.draft.carried() if state.draft is not None else None,
         )
     )
 
@@ -93,6 +94,8 @@ def take_attempt_result(state: GenerationState, event: AttemptFinished) -> None:
     _record_attempt(state, result)
     plan = state.plans[state.model]
     state.ledger.update(event.ledger)
+    if event.draft is not None:
+        state.draft = event.draft
     if any(d.expression is not None for d in result.delivered):
         state.expression_delivered = True
     if result.held_notice is not None:

@@ -147,6 +147,7 @@ def build_result(
         retryable=turn.provider_error_retryable,
         retry_after=turn.provider_retry_after,
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
+        reviews=tuple(turn.draft.records) if turn.draft is not None else (),
         trace=tuple(turn.trace),
     )
 
@@ -186,6 +187,9 @@ def _final_and_undelivered_text(turn: TurnState, status: TurnStatus) -> tuple[st
     that had any. What the last pass streamed beyond what
     was confirmed is the undelivered text.
     """
+    draft = turn.draft
+    if draft is not None and turn.policy.drafting:
+        return _drafted_texts(turn, status)
     by_pass: dict[int, list[str]] = {}
     for item in sorted(turn.delivered or (), key=lambda d: d.seq):
         if item.text is not None:
@@ -204,3 +208,24 @@ def _final_and_undelivered_text(turn: TurnState, status: TurnStatus) -> tuple[st
             final = text
             break
     return final, undelivered
+
+
+def _drafted_texts(turn: TurnState, status: TurnStatus) -> tuple[str, str]:
+    """With drafting, text reaches the user only as a delivered draft. The final text of a
+    completed turn is the draft; on every other exit it is what the channel confirmed. The
+    undelivered text is what was held or buffered and never confirmed: a draft discarded
+    by a stop, a delivery still in flight."""
+    draft = turn.draft
+    assert draft is not None
+    confirmed = "".join(
+        item.text
+        for item in sorted(turn.delivered or (), key=lambda d: d.seq)
+        if item.text is not None
+    )
+    unsent = [draft.held_text()]
+    unsent.extend(item.text for _, item in sorted(turn.in_flight.items()) if item.text)
+    unsent.append("".join(turn.pass_text[turn.buffer_start :]))
+    undelivered = "".join(unsent)
+    if status is TurnStatus.COMPLETED:
+        return turn.last_text, undelivered
+    return confirmed, undelivered

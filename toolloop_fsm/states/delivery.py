@@ -1,11 +1,13 @@
-"""Deliveries, notices and deadlines: the effects every stage emits the same way."""
+"""Deliveries, notices and deadlines: the effects every stage emits the same way; and, when
+drafting, holding text and expressions instead of delivering them (within the held-prose
+ceiling)."""
 
 from __future__ import annotations
 
-from toolloop_fsm.effects import ArmDeadline, ClearDeadline, Deliver, PostNotice
+from toolloop_fsm.effects import ArmDeadline, ClearDeadline, CutStream, Deliver, PostNotice
 from toolloop_fsm.events import DeadlineKind, DeliveryRecorded
 from toolloop_fsm.result import Delivered, Notice
-from toolloop_fsm.turn import TurnState
+from toolloop_fsm.turn import DraftState, HeldSegment, TurnState
 
 
 def deliver_text(turn: TurnState, text: str) -> None:
@@ -25,8 +27,10 @@ def deliver_expression(turn: TurnState, expression: str) -> None:
     turn.effects.append(Deliver(seq, expression=expression))
 
 
-def flush_buffer(turn: TurnState) -> None:
-    """Hand the buffered visible text to the channel (unless text is suppressed)."""
+def flush_buffer(turn: TurnState, *, mid_stream: bool = False) -> None:
+    """Hand the buffered visible text to the channel (unless text is suppressed), or hold
+    it when drafting. ``mid_stream``: the pass is still streaming (a chunk filled the
+    buffer), so a pass that reaches the held-prose ceiling is cut."""
     parts = turn.pass_text
     start = turn.buffer_start
     if start >= len(parts):
@@ -34,8 +38,59 @@ def flush_buffer(turn: TurnState) -> None:
     text = "".join(parts[start:])
     turn.buffer_start = len(parts)
     turn.buffer_len = 0
-    if not turn.suppress_text:
+    if turn.suppress_text:
+        return
+    if turn.draft is not None and turn.policy.drafting:
+        hold_text(turn, text, mid_stream=mid_stream)
+    else:
         deliver_text(turn, text)
+
+
+def hold_text(turn: TurnState, text: str, *, mid_stream: bool = False) -> None:
+    """Hold ``text`` instead of delivering it, within the room the ceiling leaves. Text
+    that does not fit is cut on a character boundary; a pass still streaming is told to stop
+    (`CutStream`), and nothing more is held in the turn."""
+    draft = turn.draft
+    assert draft is not None
+    if draft.cut or not text:
+        return
+    policy = turn.policy
+    limit = policy.held_prose_max_bytes
+    by_send_limit = False
+    if policy.send_message_limit is not None and policy.send_message_limit < limit:
+        limit, by_send_limit = policy.send_message_limit, True
+    room = limit - draft.held_bytes
+    encoded = text.encode("utf-8")
+    if len(encoded) <= room and draft.held_segments < policy.held_prose_max_segments:
+        _hold(draft, HeldSegment(text=text), len(encoded))
+        return
+    if draft.held_segments >= policy.held_prose_max_segments:
+        by_send_limit = False  # the segment ceiling is the library's own
+    elif room > 0:
+        kept = encoded[:room].decode("utf-8", errors="ignore")  # never half a character
+        if kept:
+            _hold(draft, HeldSegment(text=kept), len(kept.encode("utf-8")))
+    draft.cut = True
+    draft.cut_by_send_limit = by_send_limit
+    if mid_stream:
+        turn.effects.append(CutStream())
+
+
+def hold_expression(turn: TurnState, expression: str) -> None:
+    """Hold a tool's expression in its place in the presentation. It counts as the turn's
+    one expression already (a second is never held or delivered)."""
+    draft = turn.draft
+    assert draft is not None
+    turn.expression_delivered = True
+    if draft.cut or draft.held_segments >= turn.policy.held_prose_max_segments:
+        return
+    _hold(draft, HeldSegment(expression=expression), 0)
+
+
+def _hold(draft: DraftState, segment: HeldSegment, size: int) -> None:
+    draft.segments.append(segment)
+    draft.held_bytes += size
+    draft.held_segments += 1
 
 
 def discard_buffer(turn: TurnState) -> None:

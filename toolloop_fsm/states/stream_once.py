@@ -88,7 +88,7 @@ def take_text(turn: TurnState, event: TextDelta) -> None:
     buffered = turn.buffer_len + len(text)
     turn.buffer_len = buffered
     if buffered >= turn.flush_chars:
-        flush_buffer(turn)
+        flush_buffer(turn, mid_stream=True)
 
 
 def take_thought(turn: TurnState, event: ThoughtDelta) -> None:

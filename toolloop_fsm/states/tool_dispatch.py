@@ -12,6 +12,7 @@ from toolloop_fsm.effects import CancelTool, RunTool
 from toolloop_fsm.events import DeadlineKind, FollowUpArrived, StopRequested, ToolFinished
 from toolloop_fsm.guards.tool_gate import allowed_tool_names
 from toolloop_fsm.result import (
+    REVIEW_REJECTED_STATUS,
     Notice,
     ToolCallRecord,
     ToolHistoryEntry,
@@ -21,6 +22,7 @@ from toolloop_fsm.states.delivery import (
     arm_deadline,
     clear_deadline,
     deliver_expression,
+    hold_expression,
     post_notice,
 )
 from toolloop_fsm.states.stream_once import close_pass_with_call, queue_stop_message
@@ -97,6 +99,11 @@ def reuse_recorded_outcome(turn: TurnState, _event: Any = None) -> None:
 
 def dispatch_tool(turn: TurnState, _event: Any = None) -> None:
     close_pass_with_call(turn)
+    start_dispatch(turn)
+
+
+def start_dispatch(turn: TurnState) -> None:
+    """Run the pending call under its deadline (the pass is already closed)."""
     call = turn.pending_call
     assert call is not None
     tool = turn.registry.get(call.name)
@@ -150,10 +157,13 @@ def announce_tool_outcome(turn: TurnState, _event: Any = None) -> None:
         and not turn.expression_delivered
         and not outcome.reused
     ):
-        deliver_expression(turn, outcome.expression)
-        # the expression is the tool's own reply: an empty follow-up may settle on it
-        turn.tool_response_delivered = True
-    if not outcome.success:
+        if turn.draft is not None and turn.policy.drafting:
+            hold_expression(turn, outcome.expression)  # shown with the reviewed reply
+        else:
+            deliver_expression(turn, outcome.expression)
+            # the expression is the tool's own reply: an empty follow-up may settle on it
+            turn.tool_response_delivered = True
+    if not outcome.success and not outcome.rejected:
         post_notice(turn, tool_failure_notice(turn, outcome))
 
 
@@ -194,7 +204,7 @@ def record_tool_outcome(turn: TurnState, _event: Any = None) -> None:
             success=False,
             data=outcome.data,
             message=outcome.message,
-            status="tool_execution_failed",
+            status=REVIEW_REJECTED_STATUS if outcome.rejected else "tool_execution_failed",
             reason=outcome.reason,
             tool_name=name,
         )
@@ -222,7 +232,7 @@ def record_tool_outcome(turn: TurnState, _event: Any = None) -> None:
         turn.suppress_text = False
         if name == turn.policy.memory_tool_name:
             turn.disabled_tools = turn.disabled_tools | {name}
-    else:
+    elif not outcome.rejected:  # a rejection by the tool checkpoint is no failure
         turn.consecutive_tool_errors += 1
         if turn.continuation_style and turn.pre_tool_text is not None:
             turn.continuation_failures += 1
