@@ -11,7 +11,7 @@ tool checkpoint, the proposed call, marked ``not_executed``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -81,12 +81,16 @@ def _findings(instance: Any, attribute: Any, value: tuple[Finding, ...]) -> None
             raise TypeError(f"Revise findings must be Finding values, got {finding!r}")
 
 
+def _as_findings(value: Iterable[Finding]) -> tuple[Finding, ...]:
+    return tuple(value)
+
+
 @frozen
 class Revise:
     """Send it back: 1–4 findings say what to change. For a drafted reply, the first
     `Revise` asks the model for a replacement; for a tool call, it rejects the call."""
 
-    findings: tuple[Finding, ...] = field(converter=tuple, validator=_findings)
+    findings: tuple[Finding, ...] = field(converter=_as_findings, validator=_findings)
     usage: ReviewUsage | None = field(default=None, kw_only=True)
 
 
