@@ -495,7 +495,7 @@ def render_dot(
     exits = view == "exits"
     graph = {"rankdir": "TB" if exits else "LR", "label": f"{decl.title}: {view} view"}
     if exits:
-        graph.update(compound="true", nodesep="0.15", ranksep="0.4")
+        graph.update(compound="true", nodesep="0.05", ranksep="0.4")
     out = [
         f"// {_provenance(decl, view)}",
         f"digraph {_q(decl.name)} {{",
