@@ -135,7 +135,7 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
                 "call_arguments_unparseable",
                 "call_outside_allowlist",
                 "call_already_recorded",
-                # the tool checkpoint (§8.4), after the ledger: a reused call is not reviewed
+                # the tool checkpoint (§14.6), after the ledger: a reused call is not reviewed
                 "call_rejected_before",
                 "correction_cannot_be_approved",
                 "call_needs_checkpoint",

@@ -239,7 +239,7 @@ TRANSITIONS: list[_t] = [
        when=call_outside_allowlist, do=refuse_outside_allowlist),
     _t("advance", "ending_pass", "checking_tool_outcome",
        when=call_already_recorded, do=reuse_recorded_outcome),
-    # the tool checkpoint (docs/behaviour.md §8.4): a rejected call stays rejected, a
+    # the tool checkpoint (docs/behaviour.md §14.6): a rejected call stays rejected, a
     # correction needs an approval, a new call is reviewed while reviews are left
     _t("advance", "ending_pass", "checking_tool_outcome",
        when=call_rejected_before, do=repeat_rejection),
@@ -309,7 +309,7 @@ TRANSITIONS: list[_t] = [
        when=should_end_after_pre_tool_text, do=complete_after_pre_tool_text,
        ends=("completed", "pre_tool_text_suffices")),
     _t("advance", "recording_tool_outcome", "starting_pass"),
-    # ---- completing a drafted response (docs/behaviour.md §8.2): no prose, no review; a
+    # ---- completing a drafted response (docs/behaviour.md §14.3): no prose, no review; a
     # reviewer already unavailable or the reviews spent, delivered as it is; else reviewed
     _t("advance", "completing_response", "building_result", when=no_pending_prose,
        do=deliver_held_draft, ends=("completed", "no_pending_prose")),
@@ -332,7 +332,7 @@ TRANSITIONS: list[_t] = [
     _t("review_deadline", "reviewing_draft", "building_result",
        do=take_review_timeout, ends=("completed", "review_timeout")),
     _t("advance", "revising", "starting_pass"),
-    # ---- the tool checkpoint's verdict (docs/behaviour.md §8.4)
+    # ---- the tool checkpoint's verdict (docs/behaviour.md §14.6)
     _t("review_returned", "reviewing_call", "executing_tool", when=verdict_passes,
        do=run_approved_call),
     _t("review_returned", "reviewing_call", "checking_tool_outcome", when=verdict_revises,

@@ -1,4 +1,4 @@
-"""Drafting and tool-checkpoint decisions (docs/behaviour.md §8): when held prose is completed,
+"""Drafting and tool-checkpoint decisions (docs/behaviour.md §14): when held prose is completed,
 whether a reviewer may still be asked, what a verdict says, and which tool calls the
 checkpoint reviews, rejects again or cannot approve."""
 

@@ -1,4 +1,4 @@
-"""Drafting and the tool checkpoint (docs/behaviour.md §8): holding prose under the held-prose
+"""Drafting and the tool checkpoint (docs/behaviour.md §14): holding prose under the held-prose
 ceiling, completing a response (review, one revision, delivering the held presentation),
 and reviewing a proposed tool call before it runs. Which way each verdict leads, and the
 ending it decides, is declared in `toolloop_fsm.machine`."""
