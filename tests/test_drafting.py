@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.inner_kit import USER, Turn, make_tool, scripted_turn, succeeds
+from tests.inner_kit import USER, Executions, Turn, make_tool, scripted_turn, succeeds
 from tests.providers.wire_server import Scripted, WireServer
 from toolloop_fsm import (
     Attempt,
@@ -419,6 +419,41 @@ async def test_review_budgets_are_shared_by_the_attempts_of_a_generation_turn() 
     assert (result.status, result.reason) == (TurnStatus.COMPLETED, "revisions_exhausted")
     assert channel.texts == ["Second model's reply."]
     assert [r.verdict for r in result.reviews] == ["revise", "revise"]
+
+
+async def test_a_fallback_keeps_the_function_history_and_the_narration_held_before_it() -> None:
+    clock = VirtualClock()
+    executions = Executions()
+    tool = make_tool("get_weather", executions, clock)
+    first = ScriptedProvider(
+        [
+            [TextDelta("Let me look. "), FunctionCall("get_weather", {"city": "Paris"})],
+            [
+                TextDelta("It is wa"),
+                Fail(ProviderError("overloaded", kind="server", retryable=True)),
+            ],
+        ],
+        clock=clock,
+    )
+    second = ScriptedProvider([[TextDelta("It is 21 °C.")]], clock=clock)
+    channel = RecordingChannel(clock=clock)
+    reviewer = ScriptedReviewer([Pass()])
+    result = await run_generation_turn(
+        [Attempt(first, label="first"), Attempt(second, label="second")],
+        [tool],
+        channel,
+        TurnRequest(USER),
+        policy=TurnPolicy(loop=DRAFTING),
+        clock=clock,
+        reviewer=reviewer,
+    )
+    # the second model saw the first's tool round; the failed pass's own text was dropped
+    (entry,) = second.requests[0].history
+    assert entry.call.name == "get_weather" and entry.response.success
+    assert reviewer.packets[0].candidate == "Let me look. It is 21 °C."
+    assert channel.texts == ["Let me look. ", "It is 21 °C."]
+    assert executions.names() == ["get_weather"]
+    assert result.reason == "draft_passed"
 
 
 # --------------------------------------------------------------------------- the checkpoint

@@ -508,6 +508,10 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
             turn.ledger.update(ledger)
         if self.policy.drafting or self.policy.review_tool_calls:
             turn.draft = draft if draft is not None else DraftState()
+            if turn.draft.history and self.policy.drafting:
+                # an earlier attempt's function history: the model sees its tool rounds
+                turn.history = list(turn.draft.history)
+                turn.draft.history = []
         turn.expression_delivered = expression_delivered
         self._model = turn
         return self._fire("start", None, now)

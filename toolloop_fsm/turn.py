@@ -9,7 +9,7 @@ turn-scoped tool ledger, and collects the effects of the step being processed.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from attrs import define, field, frozen
@@ -144,6 +144,11 @@ class DraftState:
     carried from attempt to attempt of a generation turn (review state is per turn)."""
 
     segments: list[HeldSegment] = field(factory=list)
+    # the segments held before the last recorded tool round: narration that belongs to the
+    # function history, carried to a next attempt with it
+    committed_segments: int = 0
+    # the function history a next attempt starts from (set only on a carried state)
+    history: list[Any] = field(factory=list)
     # the ceiling counts everything held in the turn, across passes and revisions
     held_bytes: int = 0
     held_segments: int = 0
@@ -169,10 +174,14 @@ class DraftState:
     def held_text(self) -> str:
         return "".join(segment.text for segment in self.segments if segment.text is not None)
 
-    def carried(self) -> DraftState:
-        """The review state a next attempt continues with: budgets, rejections and records;
-        nothing held (what was never delivered is written again by the next model)."""
+    def carried(self, history: Iterable[Any] = ()) -> DraftState:
+        """The state a next attempt continues with: the function history (``history``, the
+        attempt's tool rounds) with the narration held before them, the budgets, rejections
+        and records. The failed pass's own held text is dropped: the next model writes it."""
         return DraftState(
+            segments=list(self.segments[: self.committed_segments]),
+            committed_segments=self.committed_segments,
+            history=list(history),
             held_bytes=self.held_bytes,
             held_segments=self.held_segments,
             reviews=self.reviews,

@@ -275,6 +275,8 @@ class GenerationPump:
         result = run.result()
         ledger = inner.turn.ledger if inner.is_finished else {}
         draft = inner.turn.draft if inner.is_finished else None
+        if draft is not None:
+            draft.history = list(inner.turn.history or ())
         failure = pump._provider_failure if result.reason == "provider_error" else None
         return self._attempt_ended(effect, result, ledger, failure, draft)
 
@@ -316,7 +318,7 @@ class GenerationPump:
             dict(ledger),
             self.clock.now(),
             pending,
-            draft=draft.carried() if draft is not None else None,
+            draft=draft.carried(draft.history) if draft is not None else None,
         )
 
     async def _ask_admission(self, effect: AskAdmission) -> list[Effect]:

@@ -68,7 +68,7 @@ def _begin(state: GenerationState, model: int, key: int | None) -> None:
             request=attempt_request(state, plan),
             ledger=dict(state.ledger),
             expression_delivered=state.expression_delivered,
-            draft=state.draft.carried() if state.draft is not None else None,
+            draft=state.draft.carried(state.draft.history) if state.draft is not None else None,
         )
     )
 

@@ -102,6 +102,7 @@ def deliver_held_draft(turn: TurnState, _event: Any = None) -> None:
     draft = _draft(turn)
     _take_verdict(turn, draft)
     segments, draft.segments = draft.segments, []
+    draft.committed_segments = 0
     text: list[str] = []
     for segment in segments:
         if segment.text is not None:
@@ -131,6 +132,7 @@ def begin_revision(turn: TurnState, _event: Any = None) -> None:
     draft.revisions += 1
     draft.last_findings = findings
     draft.segments = []
+    draft.committed_segments = 0
     draft.cut = False
     draft.trigger = None
     if turn.history:

@@ -220,6 +220,9 @@ def record_tool_outcome(turn: TurnState, _event: Any = None) -> None:
     )
     turn.prefill = None
     turn.last_tool = name
+    if turn.draft is not None:
+        # the narration held so far belongs to the function history from here on
+        turn.draft.committed_segments = len(turn.draft.segments)
     if outcome.success and outcome.delivered:
         turn.tool_response_delivered = True
     if outcome.dispatched and turn.current_call_key is not None:
