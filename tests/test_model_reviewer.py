@@ -399,6 +399,22 @@ async def test_a_cancelled_review_is_not_swallowed() -> None:
         await task
 
 
+async def test_a_packet_of_the_wrong_kinds_of_values_is_unavailable_not_an_exception() -> None:
+    reviewer, provider = reviewer_for(answered('{"verdict": "pass"}'))
+    broken = ReviewPacket(
+        kind="response",  # type: ignore[arg-type]
+        candidate=CANDIDATE,
+        status=CandidateStatus.PENDING,
+        trigger="complete_response",
+        history=(),
+        tools=(),
+        revision=FRESH,
+    )
+
+    assert await reviewer.review(broken) == Unavailable("bad_packet")
+    assert provider.requests == []
+
+
 # --------------------------------------------------------------------------- secrets
 SECRET = "hunter2-correct-horse-battery"
 

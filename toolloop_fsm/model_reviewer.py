@@ -14,22 +14,29 @@ Owns the one request a review makes and every way it can go wrong:
   text around it makes it malformed. It is checked against `VERDICT_SCHEMA`, compiled once.
 * **The byte budget.** The user message is at most ``max_input_bytes`` of UTF-8. Over it, the
   oldest history items are dropped first (``history_omitted`` counts them), then the tools'
-  ``data`` and ``message`` are cut, longest first, to one common length (each cut one ends
-  with ``…[cut]``). The candidate and the proposed call are never cut: a packet that does not
-  fit without cutting them is not sent.
+  ``data`` and ``message`` longer than one common length are cut to it, the longest length
+  that fits (each cut one ends with ``…[cut]``). The candidate and the proposed call are
+  never cut: a packet that does not fit without cutting them is not sent.
 * **Secrecy.** A packet that holds any of the reviewer's ``secrets`` or its provider's keys
   (in any text: the candidate, the proposed call, the tools, the history, the revision) is
   not sent at all. A secret of 8 or more characters counts when any 8 of its characters
   appear in a row, as in the adapters' redaction; a shorter one only whole.
 
 Every failure is an `Unavailable` verdict with a short reason, never an exception:
-``"secret"`` and ``"too_large"`` (nothing was sent), ``"timeout"`` (the request and the
-reading together outlast ``review_timeout`` on the reviewer's clock), ``"provider_error:
-<kind>"`` (a `ProviderError`'s kind, or the type name of anything else the provider raised),
-``"refusal"`` (the provider finished with ``content_filter`` or ``refusal``, or the model
-answered ``{"verdict": "refuse"}``, which the instruction offers for a packet it will not
-judge), ``"malformed"`` (the answer is not one JSON object, or is longer than
-`MAX_ANSWER_CHARS`) and ``"schema: <where>: <what>"`` (a JSON object of the wrong shape).
+
+* nothing was sent: ``"bad_packet"`` (a packet whose values are not of the kinds
+  `ReviewPacket` names), ``"secret"``, ``"too_large"``;
+* ``"timeout"``: the request and the reading together outlast ``review_timeout`` on the
+  reviewer's clock (the provider's stream is closed);
+* ``"provider_error: <kind>"``: a `ProviderError`'s kind, or the type name of anything else
+  the provider raised (the message only goes to a WARNING record on the
+  ``toolloop_fsm.review`` logger, redacted of every secret);
+* ``"refusal"``: the provider finished with ``content_filter`` or ``refusal``, or the model
+  answered ``{"verdict": "refuse"}``, which the instruction offers for a packet it will not
+  judge;
+* ``"malformed"``: the answer is not one JSON object, or runs past `MAX_ANSWER_CHARS`;
+* ``"schema: <where>: <what>"``: a JSON object of the wrong shape.
+
 Every verdict given after a request was made carries the review's `ReviewUsage`: the
 provider's reports, or else characters / 4 of the request and the answer, ``estimated``.
 """
@@ -254,13 +261,15 @@ def packet_document(packet: ReviewPacket) -> dict[str, Any]:
         },
     }
     call = packet.proposed_call
-    if packet.kind is ReviewKind.TOOL_CALL or call is not None:
-        document["proposed_call"] = None if call is None else {
+    if call is not None:
+        document["proposed_call"] = {
             "name": call.name,
             "arguments": _plain(call.arguments),
             "status": call.status,
             "correction": call.correction,
-        }  # fmt: skip
+        }
+    elif packet.kind is ReviewKind.TOOL_CALL:
+        document["proposed_call"] = None
     return document
 
 
@@ -316,8 +325,8 @@ def fit_to_budget(document: Mapping[str, Any], budget: int) -> str | None:
         if _size(text) <= budget:
             return text
     tools = list(document["tools"])
-    lengths = [len(_as_text(t[key])) for t in tools for key in ("data", "message")
-               if t[key] is not None]  # fmt: skip
+    values = [tool[key] for tool in tools for key in ("data", "message")]
+    lengths = [len(_as_text(value)) for value in values if value is not None]
     if not lengths:
         return None
 
@@ -550,7 +559,11 @@ class ModelReviewer:
 
     async def review(self, packet: ReviewPacket) -> Verdict:
         """Ask the model about ``packet``; never raises (but lets a cancellation through)."""
-        document = packet_document(packet)
+        try:
+            document = packet_document(packet)
+        except Exception as error:  # a packet built by hand with values of the wrong kinds
+            _log.warning("the model reviewer could not read its packet (%s)", type(error).__name__)
+            return Unavailable("bad_packet")
         if self._holds_secret(document, _encode(document)):
             return Unavailable("secret")
         message = fit_to_budget(document, self.max_input_bytes)
