@@ -3,7 +3,8 @@ assemble — as an explicit finite-state machine.
 
 The root holds what a host needs to run turns: the two run functions, the tool and host
 types, the policies, attempts, results, the provider contract, the chunk events a provider
-yields, the two machines and `InvalidEvent`. Hosts that drive the machines themselves find
+yields, the reviewer protocol with its packet and verdicts and the ready `ModelReviewer`, the
+two machines and `InvalidEvent`. Hosts that drive the machines themselves find
 every event and effect in `toolloop_fsm.sansio`; the test kit lives in `toolloop_fsm.testing`.
 """
 
@@ -35,6 +36,7 @@ from toolloop_fsm.host import (
     TurnSignals,
 )
 from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.model_reviewer import ModelReviewer
 from toolloop_fsm.policy import ExitView, LoopPolicy, TurnPolicy
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.pump import run_generation_turn, run_tool_loop
@@ -50,6 +52,7 @@ from toolloop_fsm.result import (
     result_from_json,
     result_to_json,
 )
+from toolloop_fsm.review import Finding, Pass, Reviewer, ReviewPacket, Revise, Unavailable
 from toolloop_fsm.tools import tool
 
 # A library's records go where the host's logging configuration sends them; with none, they
@@ -66,6 +69,7 @@ __all__ = [
     "Delivered",
     "DestinationUnreachable",
     "ExitView",
+    "Finding",
     "FinishKind",
     "FinishReason",
     "FunctionCall",
@@ -75,10 +79,15 @@ __all__ = [
     "KeyBook",
     "LoopClock",
     "LoopPolicy",
+    "ModelReviewer",
     "Notice",
+    "Pass",
     "Provider",
     "ProviderError",
     "ProviderRequest",
+    "ReviewPacket",
+    "Reviewer",
+    "Revise",
     "SceneMetadata",
     "SharedRoute",
     "TextDelta",
@@ -95,6 +104,7 @@ __all__ = [
     "TurnRequest",
     "TurnSignals",
     "TurnStatus",
+    "Unavailable",
     "UsageLedger",
     "UsageReport",
     "result_from_json",

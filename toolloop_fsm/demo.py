@@ -5,7 +5,8 @@ The scripted model answers ``POST /v1/chat/completions`` with Server-Sent Events
 OpenAI does. Model ``swift-1`` is rate-limited (HTTP 429 with ``Retry-After``); model
 ``steady-2`` streams text, asks for ``get_weather`` (a tool that needs a follow-up), receives
 its result, answers, and calls ``update_short_term_memory`` after that text (which ends the
-turn). The turn falls back from the first model to the second.
+turn). The turn falls back from the first model to the second. Asked by a `ModelReviewer`,
+the scripted model plays the reviewer (`review_verdict`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from attrs import define, field
 
 from toolloop_fsm.attempts import Attempt
 from toolloop_fsm.host import Tool, ToolContext, ToolResult, TurnRequest, TurnSignals
+from toolloop_fsm.model_reviewer import REVIEW_MARKER
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.pump import run_generation_turn
@@ -54,8 +56,65 @@ def _words(text: str) -> list[str]:
     return pieces
 
 
+#: The finding the scripted reviewer sends a first drafted reply back with.
+DEMO_FINDING = {
+    "category": "voice",
+    "problem": "The reply reads like a forecast bulletin, not like someone talking to a friend.",
+    "direction": "Say it warmly and in your own words; keep the temperature and the sky.",
+}
+
+
+def _is_review(messages: list[dict[str, Any]]) -> bool:
+    """Whether the request is a `ModelReviewer`'s: its system instruction starts with the
+    review marker."""
+    return any(
+        m.get("role") == "system"
+        and isinstance(m.get("content"), str)
+        and m["content"].startswith(REVIEW_MARKER)
+        for m in messages
+    )
+
+
+def review_verdict(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The scripted reviewer's verdict: a drafted reply that was never revised is sent back
+    once with a ``voice`` finding; a revised reply and every tool call pass. A packet it
+    cannot read (the user message is not the packet's JSON) it refuses to judge."""
+    users = [m.get("content") for m in messages if m.get("role") == "user"]
+    try:
+        packet = json.loads(users[-1]) if users and isinstance(users[-1], str) else None
+    except ValueError:
+        packet = None
+    if not isinstance(packet, dict):
+        return {"verdict": "refuse"}
+    revision = packet.get("revision")
+    revisions_done = revision.get("revisions_done") if isinstance(revision, dict) else None
+    if packet.get("kind") == "response" and revisions_done == 0:
+        return {"verdict": "revise", "findings": [DEMO_FINDING]}
+    return {"verdict": "pass"}
+
+
+def _review_reply(messages: list[dict[str, Any]]) -> list[bytes]:
+    answer = json.dumps(review_verdict(messages))
+    frames = [_chunk({"role": "assistant", "content": ""})]
+    # the verdict arrives in pieces, as on the wire
+    frames += [_chunk({"content": answer[i : i + 16]}) for i in range(0, len(answer), 16)]
+    frames.append(_chunk({}, "stop"))
+    prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4
+    usage = {"prompt_tokens": prompt, "completion_tokens": len(answer) // 4 + 1,
+             "total_tokens": 0}  # fmt: skip
+    frames.append(
+        b"data: " + json.dumps({"id": "chatcmpl-demo", "choices": [], "usage": usage}).encode()
+        + b"\n\n"
+    )  # fmt: skip
+    frames.append(b"data: [DONE]\n\n")
+    return frames
+
+
 def scripted_reply(messages: list[dict[str, Any]]) -> list[bytes]:
-    """What the scripted model streams for a conversation so far."""
+    """What the scripted model streams for a conversation so far; a `ModelReviewer`'s
+    request gets the scripted reviewer's verdict (`review_verdict`)."""
+    if _is_review(messages):
+        return _review_reply(messages)
     answered = [m for m in messages if m.get("role") == "tool"]
     if not answered:
         text = "Let me check the forecast for Paris. "

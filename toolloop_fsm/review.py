@@ -73,6 +73,12 @@ class Pass:
     usage: ReviewUsage | None = field(default=None, kw_only=True)
 
 
+def _as_findings(value: Iterable[Finding]) -> tuple[Finding, ...]:
+    # a typed converter: with a bare ``tuple`` the attrs plugin gives mypy a constructor
+    # signature (``Iterable[_T_co]``) that no argument satisfies
+    return tuple(value)
+
+
 def _findings(instance: Any, attribute: Any, value: tuple[Finding, ...]) -> None:
     if not MIN_FINDINGS <= len(value) <= MAX_FINDINGS:
         raise ValueError(f"Revise carries {MIN_FINDINGS}–{MAX_FINDINGS} findings, got {len(value)}")
