@@ -87,10 +87,6 @@ def _findings(instance: Any, attribute: Any, value: tuple[Finding, ...]) -> None
             raise TypeError(f"Revise findings must be Finding values, got {finding!r}")
 
 
-def _as_findings(value: Iterable[Finding]) -> tuple[Finding, ...]:
-    return tuple(value)
-
-
 @frozen
 class Revise:
     """Send it back: 1–4 findings say what to change. For a drafted reply, the first
