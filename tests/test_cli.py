@@ -146,6 +146,35 @@ def test_demo_runs_a_turn_with_a_fallback_and_both_tools(
     assert re.search(r"^  status +completed\b", out, re.MULTILINE)
 
 
+def test_demo_with_drafting_shows_nothing_until_a_revised_reply_passes_its_review() -> None:
+    proc = run("demo", "--drafting")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    # the first draft is sent back, a replacement is written, and only that one is delivered
+    revise = out.index("reviewer: revise — voice:")
+    assert out.index("→ reviewing_draft --review_returned--> revising") > revise
+    passed = out.index("reviewer: pass")
+    first_delivery = out.index("✉ delivered")
+    assert revise < passed < first_delivery
+    assert "forecast for Paris" not in out[first_delivery:]  # no word of the first draft shown
+    delivered = re.findall(r"^  ✉ delivered (.*)$", out, re.MULTILINE)
+    reply = re.search(r"^  reply +(.*)$", out, re.MULTILINE)
+    assert reply is not None
+    assert "".join(map(ast.literal_eval, delivered)) == ast.literal_eval(reply.group(1))
+    assert re.search(r"^  status +completed \(draft_passed\)$", out, re.MULTILINE)
+    # the tools ran once each, the revision reused them
+    assert re.findall(r"^  tool +(\w+)\(.*\) → ok$", out, re.MULTILINE) == [
+        "get_weather",
+        "update_short_term_memory",
+    ]
+
+
+def test_demo_drafting_needs_a_server_not_the_scripted_provider() -> None:
+    proc = run("demo", "--drafting", "--scripted")
+    assert proc.returncode == 2
+    assert "--drafting needs a server" in proc.stderr
+
+
 def test_console_script_demo_behaves_like_python_m(
     demo: subprocess.CompletedProcess[str],
     saved_demo: tuple[subprocess.CompletedProcess[str], Path],
@@ -295,6 +324,26 @@ def test_the_readme_example_completes_against_toolloop_fsm_serve(
     assert "°C" in proc.stdout  # the model's answer, delivered through the example's channel
     assert " completed " in proc.stdout, proc.stdout
     assert "asked about the weather in Paris" in proc.stdout  # the silent tool's note
+
+
+def test_the_readme_drafting_example_revises_once_against_toolloop_fsm_serve(
+    served: str, tmp_path: Path
+) -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Drafting and the tool checkpoint") :]
+    start = section.index("```python\n") + len("```python\n")
+    example = section[start : section.index("\n```", start)]
+    assert "http://127.0.0.1:8765/v1" in example
+    script = tmp_path / "drafting.py"
+    script.write_text(example.replace("http://127.0.0.1:8765/v1", served), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "Good news" in out and "Let me check" not in out  # only the replacement was shown
+    assert " completed draft_passed" in out, out
+    assert re.findall(r"^  (pass|revise) ", out, re.MULTILINE) == ["revise", "pass"]
 
 
 def test_the_readme_example_prints_why_a_turn_failed(tmp_path: Path) -> None:

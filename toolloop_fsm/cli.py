@@ -143,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", help="model name at --base-url")
     demo.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the key")
     demo.add_argument("--scripted", action="store_true", help="no HTTP: a scripted provider")
+    demo.add_argument(
+        "--drafting",
+        action="store_true",
+        help="hold the reply for a ModelReviewer asking the same server (the embedded one sends "
+        "the first draft back once: a revision happens)",
+    )
     demo.add_argument("--save-trace", metavar="FILE", help="write the result (and trace) as JSON")
 
     serve = commands.add_parser(
@@ -200,6 +206,11 @@ def _demo(args: argparse.Namespace) -> int:
     except ValueError as err:
         sys.stderr.write(f"toolloop-fsm demo: {err}\n")
         return 2
+    if args.scripted and args.drafting:
+        sys.stderr.write(
+            "toolloop-fsm demo: --drafting needs a server to review with, not --scripted\n"
+        )
+        return 2
     if args.scripted:
         result = asyncio.run(scripted_demo(sys.stdout))
         _save(result, save_to)
@@ -214,7 +225,13 @@ def _demo(args: argparse.Namespace) -> int:
             sys.stderr.write(f"toolloop-fsm demo: ${args.api_key_env} is not set\n")
             return 2
     result = asyncio.run(
-        run_demo(sys.stdout, base_url=args.base_url, model=args.model, api_key=api_key)
+        run_demo(
+            sys.stdout,
+            base_url=args.base_url,
+            model=args.model,
+            api_key=api_key,
+            drafting=args.drafting,
+        )
     )
     _save(result, save_to)
     if args.base_url is not None:

@@ -23,11 +23,12 @@ from attrs import define, field
 
 from toolloop_fsm.attempts import Attempt
 from toolloop_fsm.host import Tool, ToolContext, ToolResult, TurnRequest, TurnSignals
-from toolloop_fsm.model_reviewer import REVIEW_MARKER
+from toolloop_fsm.model_reviewer import REVIEW_MARKER, ModelReviewer
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.pump import run_generation_turn
 from toolloop_fsm.result import Delivered, GenerationTurnResult, Notice, TraceStep
+from toolloop_fsm.review import Reviewer, ReviewPacket, Revise, Unavailable, Verdict
 
 RATE_LIMITED_MODEL = "swift-1"
 ANSWERING_MODEL = "steady-2"
@@ -116,6 +117,8 @@ def scripted_reply(messages: list[dict[str, Any]]) -> list[bytes]:
     if _is_review(messages):
         return _review_reply(messages)
     answered = [m for m in messages if m.get("role") == "tool"]
+    if _asks_for_a_revision(messages):
+        return _revised_reply(answered)
     if not answered:
         text = "Let me check the forecast for Paris. "
         call = {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}
@@ -148,6 +151,38 @@ def scripted_reply(messages: list[dict[str, Any]]) -> list[bytes]:
         )
     frames.append(_chunk({}, "tool_calls"))
     usage = {"prompt_tokens": 60 + 40 * len(answered), "completion_tokens": 30, "total_tokens": 0}
+    frames.append(
+        b"data: " + json.dumps({"id": "chatcmpl-demo", "choices": [], "usage": usage}).encode()
+        + b"\n\n"
+    )  # fmt: skip
+    frames.append(b"data: [DONE]\n\n")
+    return frames
+
+
+def _asks_for_a_revision(messages: list[dict[str, Any]]) -> bool:
+    """Whether the last user message is drafting's revision instruction."""
+    users = [m.get("content") for m in messages if m.get("role") == "user"]
+    last = users[-1] if users else None
+    return isinstance(last, str) and "needs a revision" in last
+
+
+def _revised_reply(answered: list[dict[str, Any]]) -> list[bytes]:
+    """The scripted model's replacement after a review sent its draft back: the same facts,
+    said warmly, and no tool called again."""
+    data: dict[str, Any] = {}
+    for message in answered:
+        with contextlib.suppress(ValueError, AttributeError):
+            shown = json.loads(message.get("content") or "{}").get("data") or {}
+            if isinstance(shown, dict) and "temp_c" in shown:
+                data = shown
+    text = (
+        f"Good news — Paris is {data.get('sky', 'lovely')} today, a mild "
+        f"{data.get('temp_c', '?')} °C. Perfect weather for a long walk along the Seine!"
+    )
+    frames = [_chunk({"role": "assistant", "content": ""})]
+    frames += [_chunk({"content": piece}) for piece in _words(text)]
+    frames.append(_chunk({}, "stop"))
+    usage = {"prompt_tokens": 180, "completion_tokens": 25, "total_tokens": 0}
     frames.append(
         b"data: " + json.dumps({"id": "chatcmpl-demo", "choices": [], "usage": usage}).encode()
         + b"\n\n"
@@ -339,30 +374,66 @@ def summary(result: GenerationTurnResult, out: TextIO) -> None:
 
 
 # --------------------------------------------------------------------------- running
+class PrintingReviewer:
+    """The demo's reviewer: a `ModelReviewer` whose verdicts are printed as they come."""
+
+    def __init__(self, reviewer: Reviewer, trace: LiveTrace) -> None:
+        self.reviewer = reviewer
+        self.trace = trace
+
+    async def review(self, packet: ReviewPacket) -> Verdict:
+        what = "the tool call" if packet.proposed_call is not None else "the drafted reply"
+        self.trace.line(f"  reviewer: asked about {what} ({len(packet.candidate)} characters held)")
+        verdict = await self.reviewer.review(packet)
+        if isinstance(verdict, Revise):
+            for finding in verdict.findings:
+                self.trace.line(
+                    f"  reviewer: revise — {finding.category.value}: {finding.problem} "
+                    f"→ {finding.direction}"
+                )
+        elif isinstance(verdict, Unavailable):
+            self.trace.line(f"  reviewer: unavailable ({verdict.reason})")
+        else:
+            self.trace.line("  reviewer: pass")
+        return verdict
+
+
 async def run_demo(
     out: TextIO = sys.stdout,
     *,
     base_url: str | None = None,
     model: str | None = None,
     api_key: str | None = None,
+    drafting: bool = False,
 ) -> GenerationTurnResult:
-    """The full demo turn: against the embedded server, or against ``base_url``/``model``."""
+    """The full demo turn: against the embedded server, or against ``base_url``/``model``.
+    ``drafting`` holds the reply for a `ModelReviewer` asking the same server (the embedded
+    one sends the first draft back once, so a revision happens)."""
     trace = LiveTrace(out)
     memory: list[str] = []
     request = TurnRequest([{"role": "user", "content": QUESTION}])
-    turn_policy = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=24, first_token_timeout=60))
+    loop = LoopPolicy(delivery_flush_chars=24, first_token_timeout=60, drafting=drafting)
+    turn_policy = TurnPolicy(loop=loop)
     channel = PrintingChannel(trace)
+    reviewer: list[Reviewer | None] = [None]
 
     async def turn(attempts: list[Attempt]) -> GenerationTurnResult:
         return await run_generation_turn(
             attempts, demo_tools(memory), channel, request, policy=turn_policy,
             signals=TurnSignals(), on_step=trace.step, on_attempt_step=trace.attempt_step,
+            reviewer=reviewer[0],
         )  # fmt: skip
+
+    def reviewer_at(url: str, name: str, key: str | None) -> PrintingReviewer:
+        asked = OpenAICompatibleProvider(url, name, api_key=key)
+        return PrintingReviewer(ModelReviewer(asked), trace)
 
     if base_url is not None:
         assert model is not None
         trace.line(f"toolloop-fsm demo against {base_url} (model {model})\n")
         provider = OpenAICompatibleProvider(base_url, model, api_key=api_key)
+        if drafting:
+            reviewer[0] = reviewer_at(base_url, model, api_key)
         result = await turn([Attempt(provider, label=model)])
     else:
         async with DemoServer() as server:
@@ -371,6 +442,12 @@ async def run_demo(
                 f"  chain: {RATE_LIMITED_MODEL} (its key is rate-limited) → {ANSWERING_MODEL}\n"
                 f"  user:  {QUESTION}\n"
             )
+            if drafting:
+                trace.line(
+                    "  drafting: nothing is shown until the reviewer (the same server) passes "
+                    "the reply\n"
+                )
+                reviewer[0] = reviewer_at(server.base_url, ANSWERING_MODEL, "demo-review-key")
 
             def model_at(name: str) -> Callable[[str | None], OpenAICompatibleProvider]:
                 return lambda key: OpenAICompatibleProvider(server.base_url, name, api_key=key)
