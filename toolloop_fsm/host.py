@@ -40,7 +40,8 @@ _optional_text = of_type(str, type(None))
 class TurnRequest:
     """What the host asks for: the conversation ``context`` (provider-neutral message dicts),
     the tools this turn may use (``None`` = every registered tool), and an assistant
-    ``prefill`` to continue from."""
+    ``prefill`` to continue from. ``turn_id`` names the turn for idempotency keys (a host
+    that may resume a turn after a crash gives it one it keeps)."""
 
     context: Sequence[Mapping[str, Any]] = field(
         converter=as_tuple, validator=collection_of(Mapping)
@@ -51,6 +52,9 @@ class TurnRequest:
     prefill: str | None = field(default=None, validator=_optional_text)
     thought_log_owner: str = field(default="default", validator=of_type(str))
     max_output: int | None = field(default=None, validator=check.optional(positive_count))
+    #: the turn's stable identity: with the sequence of each delivery, the idempotency key a
+    #: channel may drop a repeated delivery by (``None``: a fresh id per turn)
+    turn_id: str | None = field(default=None, validator=check.optional(name_text))
 
 
 @frozen

@@ -215,6 +215,10 @@ class GenerationTurnResult:
     credential_source: str = "user"
     disabled_enrichment_kinds: frozenset[str] = frozenset()
     abandoned_calls: tuple[str, ...] = ()
+    #: the turn's identity (`TurnRequest.turn_id`, or the one given to it): with a delivery's
+    #: sequence, its idempotency key. Two results of the same run compare equal whatever
+    #: their ids (a fresh id per run is not part of what happened)
+    turn_id: str | None = field(default=None, eq=False)
     #: the reviews drafting and the tool checkpoint asked for, in order
     reviews: tuple[ReviewRecord, ...] = ()
     trace: tuple[TraceStep, ...] = ()

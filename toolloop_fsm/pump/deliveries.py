@@ -4,7 +4,10 @@ their cancellation (`_HostCallGuard`, `wait_bounded`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import types
+import weakref
 from collections.abc import (
     Awaitable,
     Callable,
@@ -47,6 +50,7 @@ class DeliveriesAndHostCalls:
         _host_task: asyncio.Task[None] | None
         _last_activity: float
         _outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded]
+        _delivery_keys: str | None
         _pending_result: GenerationTurnResult | None
 
         def _feed(self, event: Any) -> None: ...
@@ -59,9 +63,17 @@ class DeliveriesAndHostCalls:
         __slots__ = ()
 
     def _send(self, effect: Deliver) -> Coroutine[Any, Any, None]:
+        prefix = self._delivery_keys
+        if prefix is None:  # the channel takes no idempotency key
+            if effect.expression is not None:
+                return self.channel.send_expression(effect.expression)
+            return self.channel.send_text(effect.text or "")
+        key = f"{prefix}:{effect.seq}"
         if effect.expression is not None:
-            return self.channel.send_expression(effect.expression)
-        return self.channel.send_text(effect.text or "")
+            return self.channel.send_expression(  # type: ignore[call-arg]
+                effect.expression, idempotency_key=key
+            )
+        return self.channel.send_text(effect.text or "", idempotency_key=key)  # type: ignore[call-arg]
 
     def _deliver(self, effect: Deliver) -> None:
         """Start a delivery eagerly: a channel that does not need to wait (a buffer, a
@@ -302,3 +314,43 @@ def _resume(coroutine: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[
                 value = coroutine.send(sent)
             except StopIteration:
                 return
+
+
+# weakly keyed: a method patched onto one channel instance is not kept alive by this
+_KEYED_METHODS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def takes_idempotency_keys(channel: object) -> bool:
+    """Whether ``channel``'s ``send_text`` and ``send_expression`` take an ``idempotency_key``
+    keyword (read once per method): such a channel is given a stable key with every
+    delivery, so that it can drop a delivery it already made (a turn resumed after a crash
+    repeats the deliveries of the pass it restarts)."""
+    return all(
+        _has_keyword(getattr(channel, name, None), "idempotency_key")
+        for name in ("send_text", "send_expression")
+    )
+
+
+def _has_keyword(method: object, name: str) -> bool:
+    if not callable(method):
+        return False
+    function = getattr(method, "__func__", method)  # the same for every instance of a class
+    try:
+        known = _KEYED_METHODS.get(function)
+    except TypeError:  # a callable object that is not hashable
+        known = None
+    if known is None:
+        known = _signature_has_keyword(method, name)
+        with contextlib.suppress(TypeError):  # not hashable, or not weakly referable
+            _KEYED_METHODS[function] = known
+    return known
+
+
+def _signature_has_keyword(method: Any, name: str) -> bool:
+    try:
+        parameters = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import uuid
 from collections.abc import (
     AsyncIterator,
     Callable,
@@ -78,7 +79,11 @@ from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.pump.deadlines import StreamDeadlines
-from toolloop_fsm.pump.deliveries import DeliveriesAndHostCalls, wait_bounded
+from toolloop_fsm.pump.deliveries import (
+    DeliveriesAndHostCalls,
+    takes_idempotency_keys,
+    wait_bounded,
+)
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords
 from toolloop_fsm.pump.redaction import Secrets
@@ -116,6 +121,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_abandoned",
         "_children",
         "_deliveries",
+        "_delivery_keys",
         "_delivery_task",
         "_depth",
         "_failure",
@@ -175,6 +181,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         observation: Observation | None = None,
         records: TurnRecords | None = None,
         reviewer: Reviewer | None = None,
+        delivery_keys: str | None = None,
     ) -> None:
         self.machine = machine
         policy = machine.policy
@@ -185,6 +192,9 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 "(a toolloop_fsm.Reviewer, such as ModelReviewer)"
             )
         self.reviewer = reviewer
+        # the prefix of every delivery's idempotency key (``turn_id:attempt``), when the
+        # channel takes one
+        self._delivery_keys = delivery_keys if takes_idempotency_keys(channel) else None
         self._review_task: asyncio.Task[None] | None = None
         self._review_seq = 0
         # the turn that honours a stop consumes it (the outer tier does so for its attempts)
@@ -839,6 +849,8 @@ async def run_tool_loop(
     checkpoint (`LoopPolicy.drafting`, `LoopPolicy.review_tool_calls`), which need one.
     """
     records = _TOOL_LOOP_RECORDS
+    if request.turn_id is None:
+        request = attrs.evolve(request, turn_id=uuid.uuid4().hex)
     machine = ToolLoopMachine(
         policy, tools=tools, on_step=records.logging_steps(ToolLoopMachine.name, on_step)
     )
@@ -852,6 +864,7 @@ async def run_tool_loop(
         clock=clock,
         observation=observation,
         reviewer=reviewer,
+        delivery_keys=f"{request.turn_id}:1",
     )
     if observation is None:
         return await pump.run(request, continuation_style=continuation_style)

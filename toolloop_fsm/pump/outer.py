@@ -7,6 +7,7 @@ import asyncio
 import collections
 import contextlib
 import inspect
+import uuid
 from collections.abc import (
     Awaitable,
     Callable,
@@ -229,6 +230,7 @@ class GenerationPump:
             inner, provider, self.channel, signals=self.signals, clock=self.clock,
             consume_stop=False, observation=observation, records=records,
             reviewer=self.reviewer,
+            delivery_keys=f"{effect.request.turn_id}:{effect.attempt}",
         )  # fmt: skip
         run = asyncio.ensure_future(
             pump.run(
@@ -439,6 +441,8 @@ async def run_generation_turn(
     every attempt.
     """
     registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+    if request.turn_id is None:
+        request = attrs.evolve(request, turn_id=uuid.uuid4().hex)
     chain = (*attempts, *(shared_route.attempts if shared_route is not None else ()))
     records = TurnRecords(0, Secrets(key for attempt in chain for key in attempt.keys))
     plans = [attempt.plan(i, "user") for i, attempt in enumerate(attempts)]

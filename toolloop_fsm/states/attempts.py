@@ -281,6 +281,7 @@ def build_generation_result(state: GenerationState) -> GenerationTurnResult:
             attempt_failures=tuple(state.failures),
             credential_source=state.credential_source,
             stop_message=state.stop_message,
+            turn_id=state.request.turn_id,
             trace=tuple(state.trace),
         )
     final_text = last.final_text

@@ -148,6 +148,7 @@ def build_result(
         retry_after=turn.provider_retry_after,
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
         reviews=tuple(turn.draft.records) if turn.draft is not None else (),
+        turn_id=turn.request.turn_id,
         trace=tuple(turn.trace),
     )
 

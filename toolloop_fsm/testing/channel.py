@@ -14,6 +14,10 @@ class RecordingChannel:
     ``delivery_delay`` makes each text/expression delivery take that long on ``clock``
     (deliveries in flight); ``fail_when`` raises from a delivery to test host failures.
     A delivery is recorded only once it completed, as a real channel would confirm it.
+
+    It takes idempotency keys, as Discord's message ``nonce`` with ``enforce_nonce`` does: a
+    delivery whose key it already accepted is dropped (counted in ``duplicates_dropped``)
+    and confirmed, so a turn resumed after a crash does not show a text twice.
     """
 
     def __init__(
@@ -31,6 +35,8 @@ class RecordingChannel:
         self.delivered: list[Delivered] = []
         self.notices: list[Notice] = []
         self.queued_front: list[str] = []
+        self.keys: set[str] = set()
+        self.duplicates_dropped = 0
 
     @property
     def texts(self) -> list[str]:
@@ -53,17 +59,31 @@ class RecordingChannel:
         if self.delivery_delay > 0 and self.clock is not None:
             await self.clock.sleep(self.delivery_delay)
 
-    async def send_text(self, text: str) -> None:
+    async def send_text(self, text: str, *, idempotency_key: str | None = None) -> None:
         await self._wait()
         if self.fail_when is not None and self.fail_when(text, None):
             raise ConnectionError("the channel refused the message")
+        if self._seen(idempotency_key):
+            return
         self._record(Delivered(len(self.delivered), text=text))
 
-    async def send_expression(self, expression: str) -> None:
+    async def send_expression(self, expression: str, *, idempotency_key: str | None = None) -> None:
         await self._wait()
         if self.fail_when is not None and self.fail_when(None, expression):
             raise ConnectionError("the channel refused the expression")
+        if self._seen(idempotency_key):
+            return
         self._record(Delivered(len(self.delivered), expression=expression))
+
+    def _seen(self, key: str | None) -> bool:
+        """Whether ``key`` was accepted already (the delivery is then dropped)."""
+        if key is None:
+            return False
+        if key in self.keys:
+            self.duplicates_dropped += 1
+            return True
+        self.keys.add(key)
+        return False
 
     def _record(self, delivered: Delivered) -> None:
         self.delivered.append(delivered)

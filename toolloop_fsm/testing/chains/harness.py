@@ -131,13 +131,13 @@ class ChainChannel(RecordingChannel):
                 raise DestinationUnreachable("the conversation was deleted")
             raise ConnectionError("the channel refused the message")
 
-    async def send_text(self, text: str) -> None:
+    async def send_text(self, text: str, *, idempotency_key: str | None = None) -> None:
         self._maybe_break()
-        await super().send_text(text)
+        await super().send_text(text, idempotency_key=idempotency_key)
 
-    async def send_expression(self, expression: str) -> None:
+    async def send_expression(self, expression: str, *, idempotency_key: str | None = None) -> None:
         self._maybe_break()
-        await super().send_expression(expression)
+        await super().send_expression(expression, idempotency_key=idempotency_key)
 
     async def send_notice(self, notice: Notice) -> None:
         self.timeline.append(TimelineEntry(self._clock.now(), "notice", notice.key))
