@@ -114,6 +114,11 @@ class Tool:
     ``parameters`` is the arguments' JSON schema: a call's arguments are checked against it
     before the handler runs (it is compiled on the tool's first dispatch and kept). The
     handler may be ``async def`` or a plain function, which runs in a worker thread.
+
+    ``idempotent`` says that running the tool twice with the same arguments does no more
+    than running it once. A durable turn (`toolloop_fsm.temporal`) retries only such a tool
+    when the worker running it is lost; any other tool is reported to the model as failed
+    with an unknown outcome instead of being run again.
     """
 
     name: str = field(validator=name_text)
@@ -126,6 +131,7 @@ class Tool:
         default=None, eq=False, validator=check.optional(check.is_callable())
     )
     replay: str = field(default="reuse")
+    idempotent: bool = field(default=False, validator=flag)
     #: ``parameters`` as canonical JSON: the key its compiled validator is kept under
     schema_key: str = field(init=False, eq=False, repr=False)
 

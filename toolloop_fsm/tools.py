@@ -308,6 +308,7 @@ def tool(
     requires_follow_up: bool = True,
     replay: str = "reuse",
     redact: Redactor | None = None,
+    idempotent: bool = False,
 ) -> Callable[[_Function], Tool]: ...
 
 
@@ -322,6 +323,7 @@ def tool(
     requires_follow_up: bool = True,
     replay: str = "reuse",
     redact: Redactor | None = None,
+    idempotent: bool = False,
 ) -> Tool | Callable[[_Function], Tool]:
     """Build a `Tool` from a function: ``@tool`` or ``@tool(name=..., ...)``.
 
@@ -332,8 +334,11 @@ def tool(
     the annotated types by pydantic when it derived the schema, as the model sent them when
     ``schema`` is given — plus the `ToolContext` for a parameter annotated ``ToolContext``.
     An ``async def`` runs on the event loop, a plain ``def`` in a worker thread.
+    ``idempotent=True`` lets a durable turn run the tool again when its worker is lost.
     """
-    options = _ToolOptions(name, description, schema, timeout, requires_follow_up, replay, redact)
+    options = _ToolOptions(
+        name, description, schema, timeout, requires_follow_up, replay, redact, idempotent
+    )
     if function is None:
         return functools.partial(_build_tool, options=options)
     return _build_tool(function, options=options)
@@ -348,6 +353,7 @@ class _ToolOptions:
     requires_follow_up: bool
     replay: str
     redact: Redactor | None
+    idempotent: bool = False
 
 
 def _build_tool(function: _Function, *, options: _ToolOptions) -> Tool:
@@ -390,6 +396,7 @@ def _build_tool(function: _Function, *, options: _ToolOptions) -> Tool:
         timeout=options.timeout,
         redact=options.redact,
         replay=options.replay,
+        idempotent=options.idempotent,
     )
 
 

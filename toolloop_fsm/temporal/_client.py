@@ -1,0 +1,121 @@
+"""Starting a durable turn from a Temporal client, and the handle that stops it, tells it of
+a follow-up and waits for its result."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import attrs
+from temporalio.client import Client, WorkflowHandle
+
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.policy import TurnPolicy
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.temporal._values import (
+    FOLLOW_UP_SIGNAL,
+    STOP_SIGNAL,
+    WORKFLOW_NAME,
+    TurnInput,
+    with_turn_converter,
+)
+
+#: How soon a lost worker is noticed by default (its passes and tools heartbeat three times
+#: as often).
+DEFAULT_HEARTBEAT_TIMEOUT = 10.0
+
+
+@attrs.frozen
+class TurnHandle:
+    """A running durable turn: `stop`, `follow_up`, `result`. ``workflow_id`` names it (a
+    host may get a handle again with ``client.get_workflow_handle(workflow_id)``)."""
+
+    handle: WorkflowHandle[Any, GenerationTurnResult]
+
+    @property
+    def workflow_id(self) -> str:
+        return self.handle.id
+
+    async def stop(self, stop_message: str | None = None) -> None:
+        """The host's /kill: stop the turn, queueing ``stop_message`` first. A stop sent
+        while no worker is alive is honoured when one returns."""
+        await self.handle.signal(STOP_SIGNAL, stop_message)
+
+    async def follow_up(self) -> None:
+        """A new user message arrived for this conversation while the turn ran."""
+        await self.handle.signal(FOLLOW_UP_SIGNAL)
+
+    async def result(self) -> GenerationTurnResult:
+        """Wait for the turn's result."""
+        return await self.handle.result()
+
+
+async def start_generation_turn(
+    client: Client,
+    *,
+    task_queue: str,
+    attempts: Sequence[str],
+    channel: str,
+    request: TurnRequest,
+    tools: Iterable[str] | None = None,
+    policy: TurnPolicy | None = None,
+    workflow_id: str | None = None,
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+    execution_timeout: timedelta | None = None,
+) -> TurnHandle:
+    """Start a durable generation turn on ``task_queue`` and return its handle.
+
+    ``attempts`` names the fallback chain's providers, ``channel`` the channel and ``tools``
+    the tools (``None``: every tool the worker has), all by their names in the registries of
+    `TurnWorker`: providers, tools and channels live on the workers, never in the workflow's
+    history (nor do API keys). The turn's id (``request.turn_id``, else ``workflow_id``,
+    else a fresh one) is also its workflow id and the prefix of its idempotency keys.
+    ``heartbeat_timeout`` is how soon a lost worker is noticed: its pass is then tried again
+    on another worker, continuing from what it delivered.
+
+    Drafting and the tool checkpoint need a reviewer, which a durable turn does not take:
+    a policy with `LoopPolicy.drafting` or `LoopPolicy.review_tool_calls` on is refused
+    (`ValueError` naming the switch).
+    """
+    policy = policy if policy is not None else TurnPolicy()
+    if not isinstance(policy, TurnPolicy):
+        raise TypeError(f"policy must be a TurnPolicy, got {type(policy).__name__}")
+    for switch in ("drafting", "review_tool_calls"):
+        if getattr(policy.loop, switch):
+            raise ValueError(
+                f"LoopPolicy.{switch} is on, but a durable turn takes no reviewer: run "
+                "drafting and the tool checkpoint in process (run_generation_turn)"
+            )
+    attempts = tuple(attempts)
+    if not attempts or not all(isinstance(name, str) and name for name in attempts):
+        raise ValueError(f"attempts must name one provider or more, got {attempts!r}")
+    if isinstance(tools, str):
+        raise TypeError("tools is a collection of tool names, not one name")
+    if not (isinstance(heartbeat_timeout, int | float) and math.isfinite(heartbeat_timeout)
+            and heartbeat_timeout > 0):  # fmt: skip
+        raise ValueError(f"heartbeat_timeout must be a positive number of seconds, got "
+                         f"{heartbeat_timeout!r}")  # fmt: skip
+    turn_id = request.turn_id or workflow_id
+    if turn_id is None:
+        import uuid
+
+        turn_id = uuid.uuid4().hex
+    if request.turn_id != turn_id:
+        request = attrs.evolve(request, turn_id=turn_id)
+    turn = TurnInput(
+        request, attempts, channel, None if tools is None else tuple(tools), policy,
+        float(heartbeat_timeout),
+    )  # fmt: skip
+    handle: WorkflowHandle[Any, GenerationTurnResult] = await with_turn_converter(
+        client
+    ).start_workflow(
+        WORKFLOW_NAME,
+        turn,
+        id=workflow_id or turn_id,
+        task_queue=task_queue,
+        result_type=GenerationTurnResult,
+        execution_timeout=execution_timeout,
+    )
+    return TurnHandle(handle)

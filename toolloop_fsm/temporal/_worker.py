@@ -1,0 +1,471 @@
+"""The worker side of a durable turn: the host's registries (providers, tools, channels by
+name) and the activities that use them — describing a turn's chain and tools, streaming one
+provider pass (delivering its text as it streams, with idempotency keys, heartbeating what it
+delivered), running one tool call, and one call into the channel — and `TurnWorker`, the
+Temporal worker that runs them beside the turn's workflow."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from typing import Any
+
+import attrs
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from toolloop_fsm.attempts import Attempt
+from toolloop_fsm.events import (
+    CHUNK_TYPES,
+    Chunk,
+    DeadlineKind,
+    StreamFailed,
+    TextDelta,
+    ToolFinished,
+    ToolOutcomeKind,
+)
+from toolloop_fsm.host import LOOP_CLOCK, Channel, Tool, ToolContext, ToolRegistry
+from toolloop_fsm.provider import Provider, ProviderError
+from toolloop_fsm.providers._secrecy import redact
+from toolloop_fsm.pump.deliveries import takes_idempotency_keys
+from toolloop_fsm.temporal._values import (
+    CALL_CHANNEL,
+    DESCRIBE_TURN,
+    RUN_TOOL,
+    STREAM_PASS,
+    Catalogue,
+    CatalogueRequest,
+    ChannelAnswer,
+    ChannelCall,
+    PassDelivery,
+    PassInput,
+    PassOutcome,
+    PassProgress,
+    ToolDescription,
+    ToolInput,
+    converter,
+    pack_chunks,
+    with_turn_converter,
+)
+from toolloop_fsm.temporal._workflow import GenerationTurnWorkflow
+from toolloop_fsm.tools import run_tool_handler
+
+#: Providers made for an attempt are kept for its later passes (a scripted or stateful
+#: provider answers an attempt's passes in turn), the most recent this many attempts.
+_PROVIDERS_KEPT = 1024
+
+#: Modules the workflow sandbox takes from outside: the machines and what they import are
+#: deterministic, import nothing asynchronous, and are loaded once per worker.
+PASSED_THROUGH = (
+    "toolloop_fsm",
+    "transitions",
+    "attrs",
+    "attr",
+    "cattrs",
+    "fastjsonschema",
+    "httpx",
+    "httpx_sse",
+    "httpcore",
+    "anyio",
+    "sniffio",
+    "certifi",
+    "pydantic",
+    "pydantic_core",
+)
+
+
+class TurnActivities:
+    """The activities of durable turns, over the host's registries."""
+
+    def __init__(
+        self,
+        providers: Mapping[str, Attempt | Any],
+        tools: ToolRegistry | Iterable[Tool],
+        channels: Mapping[str, Channel],
+    ) -> None:
+        self.attempts: dict[str, Attempt] = {
+            name: value if isinstance(value, Attempt) else Attempt(provider=value)
+            for name, value in providers.items()
+        }
+        self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        self.channels = dict(channels)
+        for name, channel in self.channels.items():
+            missing = [m for m in ("send_text", "send_expression", "send_notice", "queue_front")
+                       if not callable(getattr(channel, m, None))]  # fmt: skip
+            if missing:
+                raise TypeError(f"channel {name!r} is not a Channel: it lacks {missing}")
+        self._providers: collections.OrderedDict[tuple[str, str, int | None], Provider] = (
+            collections.OrderedDict()
+        )
+
+    # ------------------------------------------------------------------ describing a turn
+    @activity.defn(name=DESCRIBE_TURN)
+    async def describe_turn(self, ask: CatalogueRequest) -> Catalogue:
+        """The chain's plans and the tools' descriptions, or what the registries lack."""
+        unknown = [name for name in ask.attempts if name not in self.attempts]
+        if unknown or not ask.attempts:
+            known = ", ".join(sorted(self.attempts)) or "none"
+            what = f"unknown providers {unknown}" if unknown else "an empty chain of providers"
+            return Catalogue(problem=f"the turn names {what} (this worker has: {known})")
+        if ask.channel not in self.channels:
+            known = ", ".join(sorted(self.channels)) or "none"
+            return Catalogue(
+                problem=f"the turn names unknown channel {ask.channel!r} (this worker has: {known})"
+            )
+        names = self.tools.names if ask.tools is None else ask.tools
+        missing = [name for name in names if self.tools.get(name) is None]
+        if missing:
+            known = ", ".join(self.tools.names) or "none"
+            return Catalogue(
+                problem=f"the turn names unknown tools {missing} (this worker has: {known})"
+            )
+        plans = []
+        for index, name in enumerate(ask.attempts):
+            attempt = self.attempts[name]
+            if attempt.label is None:
+                attempt = attrs.evolve(attempt, label=name)
+            plans.append(attempt.plan(index, "user"))
+        tools = []
+        for name in names:
+            tool = self.tools.get(name)
+            assert tool is not None
+            tools.append(
+                ToolDescription(
+                    tool.name, tool.description, dict(tool.parameters),
+                    tool.requires_follow_up, tool.timeout, tool.replay, tool.idempotent,
+                )  # fmt: skip
+            )
+        continuation = tuple(
+            bool(getattr(self.attempts[name].provider, "continuation_style", False))
+            for name in ask.attempts
+        )
+        return Catalogue(tuple(plans), tuple(tools), continuation=continuation)
+
+    # ------------------------------------------------------------------ a provider pass
+    def _provider(self, spec: PassInput) -> Provider:
+        """The attempt's provider: made by the host's factory with the attempt's key on its
+        first pass here, kept for its later passes."""
+        index = (spec.keys_prefix or "", spec.provider, spec.key_index)
+        made = self._providers.get(index)
+        if made is not None:
+            self._providers.move_to_end(index)
+            return made
+        attempt = self.attempts[spec.provider]
+        key = attempt.keys[spec.key_index] if spec.key_index is not None else None
+        made = attempt.make_provider(key)
+        self._providers[index] = made
+        while len(self._providers) > _PROVIDERS_KEPT:
+            self._providers.popitem(last=False)
+        return made
+
+    @activity.defn(name=STREAM_PASS)
+    async def stream_pass(self, spec: PassInput) -> PassOutcome:
+        """Stream one pass, delivering its text as the machine will (a delivery each time
+        ``flush_chars`` are buffered, the rest when the stream ends), each delivery keyed
+        ``prefix:seq``. A retried pass starts from what the lost try delivered: that text is
+        replayed as the pass's first chunks and becomes the provider's prefill."""
+        details = activity.info().heartbeat_details
+        progress = converter.structure(details[0], PassProgress) if details else None
+        run = _Pass(spec, self.attempts[spec.provider].keys, self.channels[spec.channel])
+        if progress is not None:
+            run.started_at = progress.started_at
+            run.replay(progress.delivered)
+        ticker = asyncio.create_task(run.heartbeat_every(spec.heartbeat_every))
+        try:
+            try:
+                provider = self._provider(spec)
+            except Exception as err:  # the host's factory: no fallback, like in-process
+                message = f"the provider factory raised {type(err).__name__}: {err}"
+                return PassOutcome((), (), "host_error", message=redact(message, run.keys))
+            return await run.stream(provider)
+        except asyncio.CancelledError:
+            if activity.is_worker_shutdown():
+                raise  # the pass is tried again on another worker
+            # a stop or a follow-up: what streamed so far is the pass's, for the machine
+            return run.outcome("cancelled")
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(BaseException):
+                await ticker
+
+    # ------------------------------------------------------------------ a tool call
+    @activity.defn(name=RUN_TOOL)
+    async def run_tool(self, spec: ToolInput) -> ToolFinished:
+        """Run one tool call (heartbeating while it runs, so that a lost worker is noticed)."""
+        tool = self.tools.get(spec.name)
+        if tool is None:
+            return ToolFinished(spec.dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
+        ctx = ToolContext(
+            spec.name, spec.dispatch, spec.iteration, LOOP_CLOCK,
+            frozenset(spec.disabled_enrichment_kinds),
+        )  # fmt: skip
+        ticker = asyncio.create_task(_heartbeat_every(spec.heartbeat_every))
+        try:
+            return await run_tool_handler(
+                tool, spec.dispatch, dict(spec.arguments), ctx, deadline=spec.deadline
+            )
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(BaseException):
+                await ticker
+
+    # ------------------------------------------------------------------ the channel
+    @activity.defn(name=CALL_CHANNEL)
+    async def call_channel(self, call: ChannelCall) -> ChannelAnswer:
+        """One call into the host's channel, bounded by ``timeout``; what went wrong is said
+        in the answer (host code failing is the turn's business, not a retry's)."""
+        channel = self.channels[call.channel]
+        awaitable: Awaitable[Any] | None
+        if call.method == "send_text":
+            awaitable = _send(channel, call.text or "", None, call.key)
+        elif call.method == "send_expression":
+            awaitable = _send(channel, None, call.expression or "", call.key)
+        elif call.method == "send_notice":
+            assert call.notice is not None
+            awaitable = channel.send_notice(call.notice)
+        elif call.method == "queue_front":
+            awaitable = channel.queue_front(call.text or "")
+        elif call.method == "attempt_superseded":
+            mark = getattr(channel, "attempt_superseded", None)
+            awaitable = None if mark is None else mark(call.attempt, call.label, call.text or "")
+        else:
+            return ChannelAnswer(error=f"no channel method {call.method!r}")
+        if awaitable is None:
+            return ChannelAnswer()
+        try:
+            await asyncio.wait_for(awaitable, call.timeout)
+        except TimeoutError:
+            return ChannelAnswer(
+                error=f"channel.{call.method} did not return within {call.timeout:g} s",
+                timed_out=True,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            return ChannelAnswer(error=f"{type(err).__name__}: {err}")
+        return ChannelAnswer()
+
+
+def _send(channel: Channel, text: str | None, expression: str | None, key: str | None) -> Any:
+    if key is None or not takes_idempotency_keys(channel):
+        if expression is not None:
+            return channel.send_expression(expression)
+        return channel.send_text(text or "")
+    if expression is not None:
+        return channel.send_expression(expression, idempotency_key=key)  # type: ignore[call-arg]
+    return channel.send_text(text or "", idempotency_key=key)  # type: ignore[call-arg]
+
+
+async def _heartbeat_every(seconds: float, details: Any = None) -> None:
+    while True:
+        if details is None:
+            activity.heartbeat()
+        else:
+            activity.heartbeat(details())
+        await asyncio.sleep(seconds)
+
+
+class _Pass:
+    """One try of a provider pass: the stream read under its deadlines, the text delivered
+    by the machine's flush rule, the chunks kept (text merged between deliveries)."""
+
+    def __init__(self, spec: PassInput, keys: tuple[str, ...], channel: Channel) -> None:
+        self.spec = spec
+        self.keys = keys
+        self.channel = channel
+        self.started_at = time.time()
+        self.chunks: list[Chunk] = []
+        self.delivered: list[PassDelivery] = []
+        self.seq = spec.first_seq
+        self.run: list[str] = []  # text not yet closed into a chunk
+        self.buffered = 0  # text not yet delivered, as the machine counts it
+        self.unsent: list[str] = []
+        self.prefix = ""  # what a lost try delivered
+
+    def replay(self, delivered: tuple[PassDelivery, ...]) -> None:
+        for delivery in delivered:
+            if delivery.error is not None:
+                break
+            self.chunks.append(TextDelta(delivery.text))
+            self.delivered.append(delivery)
+            self.prefix += delivery.text
+            self.seq = delivery.seq + 1
+
+    def progress(self) -> Any:
+        return converter.unstructure(PassProgress(self.started_at, tuple(self.delivered)))
+
+    async def heartbeat_every(self, seconds: float) -> None:
+        await _heartbeat_every(seconds, self.progress)
+
+    def outcome(
+        self, ending: str, failure: StreamFailed | None = None, deadline: str | None = None
+    ) -> PassOutcome:
+        self._close_run()
+        return PassOutcome(
+            pack_chunks(self.chunks), tuple(self.delivered), ending, failure, deadline
+        )
+
+    def _close_run(self) -> None:
+        if self.run:
+            self.chunks.append(TextDelta("".join(self.run)))
+            self.run = []
+
+    async def stream(self, provider: Provider) -> PassOutcome:
+        spec = self.spec
+        request = spec.request
+        if self.prefix:
+            request = attrs.evolve(request, prefill=(request.prefill or "") + self.prefix)
+        loop = asyncio.get_running_loop()
+        # the pass's budgets count from its first try (a retry continues the same pass)
+        begun = loop.time() - max(0.0, time.time() - self.started_at)
+        total_due = begun + spec.max_pass_duration if spec.max_pass_duration else None
+        try:
+            stream = provider.stream(request)
+        except Exception as err:
+            return self.outcome("failed", self._failure(err))
+        iterator: AsyncIterator[Any] = aiter(stream)
+        answered = bool(self.chunks)
+        last = loop.time()
+        try:
+            while True:
+                now = loop.time()
+                if answered:
+                    due, kind = last + spec.inactivity_timeout, DeadlineKind.INACTIVITY
+                else:
+                    due, kind = begun + spec.first_token_timeout, DeadlineKind.FIRST_TOKEN
+                if total_due is not None and total_due <= due:
+                    due, kind = total_due, DeadlineKind.PASS_DURATION
+                try:
+                    chunk = await asyncio.wait_for(anext(iterator), max(0.0, due - now))
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    return self.outcome("deadline", deadline=kind.value)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:
+                    return self.outcome("failed", self._failure(err))
+                answered = True
+                last = loop.time()
+                if type(chunk) not in CHUNK_TYPES:
+                    failure = StreamFailed(
+                        f"the provider yielded {type(chunk).__name__}, not a chunk event",
+                        kind="protocol",
+                    )
+                    return self.outcome("failed", failure)
+                if not await self._take(chunk):
+                    return self.outcome("delivery_failed")
+            # the stream ran out: what is buffered is delivered, as the machine does
+            if not await self._flush():
+                return self.outcome("delivery_failed")
+            return self.outcome("ended")
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    async def _take(self, chunk: Chunk) -> bool:
+        if not isinstance(chunk, TextDelta):
+            self._close_run()
+            self.chunks.append(chunk)
+            return True
+        self.run.append(chunk.text)
+        self.unsent.append(chunk.text)
+        self.buffered += len(chunk.text)
+        if self.buffered >= self.spec.flush_chars:
+            return await self._flush()
+        return True
+
+    async def _flush(self) -> bool:
+        """Deliver the buffered text (unless the machine suppresses text); False when the
+        channel refused it (the machine will end the turn on it)."""
+        self._close_run()
+        if self.buffered == 0:
+            return True
+        undelivered = "".join(self.unsent)
+        self.unsent = []
+        self.buffered = 0
+        if self.spec.suppress_text:
+            return True
+        seq = self.seq
+        self.seq += 1
+        spec = self.spec
+        key = f"{spec.keys_prefix}:{seq}" if spec.keys_prefix is not None else None
+        try:
+            await asyncio.wait_for(_send(self.channel, undelivered, None, key), spec.host_call_timeout)
+        except TimeoutError:
+            message = f"channel.send_text did not return within {spec.host_call_timeout:g} s"
+            self.delivered.append(PassDelivery(seq, undelivered, message, timed_out=True))
+            return False
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            self.delivered.append(PassDelivery(seq, undelivered, f"{type(err).__name__}: {err}"))
+            return False
+        self.delivered.append(PassDelivery(seq, undelivered))
+        activity.heartbeat(self.progress())
+        return True
+
+    def _failure(self, err: Exception) -> StreamFailed:
+        if isinstance(err, ProviderError):
+            return StreamFailed(
+                redact(err.message, self.keys), kind=err.kind, retryable=err.retryable,
+                status_code=err.status_code, retry_after=err.retry_after,
+            )  # fmt: skip
+        message = f"the provider raised {type(err).__name__}: {err}"
+        return StreamFailed(redact(message, self.keys), kind="provider_error", retryable=True)
+
+
+class TurnWorker:
+    """A Temporal worker for durable generation turns on ``task_queue``: it runs the turn's
+    workflow and its activities over the host's registries — ``providers`` by name (an
+    `Attempt`, which keeps its keys on the worker, or a provider or a factory called with
+    each key), ``tools`` and ``channels`` by name. Run it with ``await worker.run()`` or as
+    an ``async with`` block; ``worker_options`` go to `temporalio.worker.Worker`."""
+
+    def __init__(
+        self,
+        client: Client,
+        task_queue: str,
+        *,
+        providers: Mapping[str, Attempt | Any],
+        tools: ToolRegistry | Iterable[Tool] = (),
+        channels: Mapping[str, Channel],
+        **worker_options: Any,
+    ) -> None:
+        self.activities = TurnActivities(providers, tools, channels)
+        runner = SandboxedWorkflowRunner(
+            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSED_THROUGH)
+        )
+        self.worker = Worker(
+            with_turn_converter(client),
+            task_queue=task_queue,
+            workflows=[GenerationTurnWorkflow],
+            activities=[
+                self.activities.describe_turn,
+                self.activities.stream_pass,
+                self.activities.run_tool,
+                self.activities.call_channel,
+            ],
+            workflow_runner=runner,
+            **worker_options,
+        )
+
+    async def run(self) -> None:
+        await self.worker.run()
+
+    async def shutdown(self) -> None:
+        await self.worker.shutdown()
+
+    async def __aenter__(self) -> TurnWorker:
+        await self.worker.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.worker.__aexit__(*exc)  # type: ignore[arg-type]

@@ -1,0 +1,572 @@
+"""The durable turn's workflow: another shell around the sans-IO machines.
+
+`GenerationTurnWorkflow` runs `GenerationTurnMachine` and each attempt's `ToolLoopMachine`
+as workflow code, as the asyncio pumps do in one process: it feeds them events and carries
+out their effects — here as Temporal primitives. A provider pass is an activity (it streams
+and delivers on a worker; its chunks come back for the machine), a tool call is an activity,
+a call into the channel is an activity; the tool's deadline, the settle step's and the
+pass's overall budget are workflow timers and activity timeouts; a stop and a follow-up are
+signals. The machines are deterministic and import nothing asynchronous, so replaying the
+workflow's history replays the turn exactly: a worker that dies loses nothing the history
+holds, and a completed tool is never run again.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeout
+from temporalio.workflow import ActivityCancellationType, ActivityHandle
+
+with workflow.unsafe.imports_passed_through():
+    import attrs
+
+    from toolloop_fsm.effects import (
+        ArmDeadline,
+        AskAdmission,
+        CancelStream,
+        CancelTool,
+        ClearDeadline,
+        Deliver,
+        Effect,
+        Finish,
+        PostNotice,
+        QueueStopResponse,
+        RunTool,
+        StartAttempt,
+        StartStream,
+        SupersedeAttempt,
+        UpdateKeyHealth,
+    )
+    from toolloop_fsm.events import (
+        AdmissionDecided,
+        AttemptFinished,
+        DeadlineExpired,
+        DeadlineKind,
+        DeliveryFailed,
+        DeliveryRecorded,
+        FollowUpArrived,
+        StopRequested,
+        StreamEnded,
+        StreamFailed,
+        ToolFinished,
+        ToolOutcomeKind,
+    )
+    from toolloop_fsm.generation import GenerationTurnMachine
+    from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
+    from toolloop_fsm.machine import ToolLoopMachine
+    from toolloop_fsm.result import GenerationTurnResult, TurnStatus
+    from toolloop_fsm.temporal._values import (
+        CALL_CHANNEL,
+        DESCRIBE_TURN,
+        FOLLOW_UP_SIGNAL,
+        RUN_TOOL,
+        STOP_SIGNAL,
+        STREAM_PASS,
+        WORKFLOW_NAME,
+        Catalogue,
+        CatalogueRequest,
+        ChannelAnswer,
+        ChannelCall,
+        PassDelivery,
+        PassInput,
+        PassOutcome,
+        ToolDescription,
+        ToolInput,
+        TurnInput,
+        unpack_chunks,
+    )
+
+#: A lost pass is tried again this many times in all (each try continues from what the
+#: tries before it delivered).
+PASS_TRIES = 50
+#: How long one call into the channel may wait for a worker to take it, at most.
+_CHANNEL_CALL_TRIES = 5
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
+
+
+def _runs_on_the_worker(_arguments: Any, _ctx: Any) -> Any:
+    raise RuntimeError("a durable turn's tools run on its workers, never in the workflow")
+
+
+def _stand_in(description: ToolDescription) -> Tool:
+    """The tool as the machine knows it: everything but its handler, which runs on a worker."""
+    return Tool(
+        description.name,
+        description.description,
+        description.parameters,
+        _runs_on_the_worker,
+        requires_follow_up=description.requires_follow_up,
+        timeout=description.timeout,
+        replay=description.replay,
+        idempotent=description.idempotent,
+    )
+
+
+@workflow.defn(name=WORKFLOW_NAME)
+class GenerationTurnWorkflow:
+    """One generation turn, durable: started by `start_generation_turn`, run by `TurnWorker`."""
+
+    def __init__(self) -> None:
+        self.stop_requested = False
+        self.stop_message: str | None = None
+        self.follow_ups = 0
+
+    @workflow.signal(name=STOP_SIGNAL)
+    def stop(self, stop_message: str | None = None) -> None:
+        """The host's /kill: the turn stops (with ``stop_message`` queued first, if any)."""
+        self.stop_requested = True
+        if stop_message is not None:
+            self.stop_message = stop_message
+
+    @workflow.signal(name=FOLLOW_UP_SIGNAL)
+    def follow_up(self) -> None:
+        """A new user message arrived for this conversation."""
+        self.follow_ups += 1
+
+    @workflow.run
+    async def run(self, turn: TurnInput) -> GenerationTurnResult:
+        policy = turn.policy.loop
+        catalogue = await workflow.execute_activity(
+            DESCRIBE_TURN,
+            CatalogueRequest(turn.attempts, turn.tools, turn.channel),
+            result_type=Catalogue,
+            start_to_close_timeout=_seconds(policy.host_call_timeout),
+            retry_policy=RetryPolicy(maximum_attempts=_CHANNEL_CALL_TRIES),
+        )
+        if catalogue.problem is not None:
+            return GenerationTurnResult(
+                TurnStatus.ERROR, "host_error", error_message=catalogue.problem,
+                turn_id=turn.request.turn_id,
+            )  # fmt: skip
+        return await _TurnShell(self, turn, catalogue).run()
+
+
+class _TurnShell:
+    """The outer tier: runs `GenerationTurnMachine` over the chain, each attempt by an
+    `_AttemptShell`."""
+
+    def __init__(self, flow: GenerationTurnWorkflow, turn: TurnInput, catalogue: Catalogue):
+        self.flow = flow
+        self.turn = turn
+        self.catalogue = catalogue
+        self.registry = ToolRegistry([_stand_in(tool) for tool in catalogue.tools])
+        self.machine = GenerationTurnMachine(
+            turn.policy, plans=catalogue.plans, tools=[tool.spec() for tool in self.registry]
+        )
+        self.key_book: dict[tuple[str, int], Any] = {}
+        self.stop_honoured = False
+
+    async def run(self) -> GenerationTurnResult:
+        flow = self.flow
+        follow_ups_seen = flow.follow_ups
+        pending: collections.deque[Effect] = collections.deque(
+            self.machine.start(self.turn.request, health=self.key_book, now=workflow.time())
+        )
+        while pending:
+            effect = pending.popleft()
+            if isinstance(effect, Finish):
+                result = effect.result
+                abandoned = [
+                    name for attempt in self.machine.generation.results
+                    for name in attempt.abandoned_calls
+                ]  # fmt: skip
+                if abandoned:
+                    result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
+                return result
+            if isinstance(effect, StartAttempt):
+                shell = _AttemptShell(self, effect)
+                result = await shell.run()
+                if shell.stop_fed:
+                    self.stop_honoured = True
+                inner = shell.machine
+                ledger = dict(inner.turn.ledger) if inner.is_finished else {}
+                signals_pending = flow.stop_requested or flow.follow_ups > follow_ups_seen
+                finished = AttemptFinished(
+                    effect.attempt, result, ledger, workflow.time(), signals_pending
+                )
+                pending.extend(self.machine.feed(finished, now=workflow.time()))
+            elif isinstance(effect, AskAdmission):
+                # a durable turn has no shared route: nobody is admitted
+                decided = AdmissionDecided(False, workflow.time())
+                pending.extend(self.machine.feed(decided, now=workflow.time()))
+            elif isinstance(effect, PostNotice):  # a notice the host cannot show ends nothing
+                await self.call_channel(ChannelCall(self.turn.channel, "send_notice",
+                                                    notice=effect.notice))  # fmt: skip
+            elif isinstance(effect, QueueStopResponse):
+                await self.call_channel(
+                    ChannelCall(self.turn.channel, "queue_front", text=effect.stop_message)
+                )
+            elif isinstance(effect, SupersedeAttempt):
+                await self.call_channel(
+                    ChannelCall(self.turn.channel, "attempt_superseded",
+                                text=effect.delivered_text, attempt=effect.attempt,
+                                label=effect.label)
+                )  # fmt: skip
+            elif isinstance(effect, UpdateKeyHealth):
+                self.key_book[(effect.label, effect.key_index)] = effect.health
+            else:
+                raise TypeError(f"the durable turn cannot carry out {type(effect).__name__}")
+        raise RuntimeError("the generation turn stopped without a result")
+
+    async def call_channel(self, call: ChannelCall) -> ChannelAnswer:
+        timeout = self.turn.policy.loop.host_call_timeout
+        call = attrs.evolve(call, timeout=timeout)
+        try:
+            return await workflow.execute_activity(
+                CALL_CHANNEL, call, result_type=ChannelAnswer,
+                start_to_close_timeout=_seconds(timeout + self.turn.heartbeat_timeout),
+                retry_policy=RetryPolicy(maximum_attempts=_CHANNEL_CALL_TRIES),
+            )  # fmt: skip
+        except ActivityError as err:
+            return ChannelAnswer(error=f"channel.{call.method} was lost: {_cause(err)}",
+                                 timed_out=_timed_out(err))  # fmt: skip
+
+
+class _AttemptShell:
+    """One attempt: runs a `ToolLoopMachine`, its passes and tools as activities."""
+
+    def __init__(self, outer: _TurnShell, effect: StartAttempt) -> None:
+        self.outer = outer
+        self.flow = outer.flow
+        self.turn = outer.turn
+        self.effect = effect
+        self.policy = outer.turn.policy.loop
+        self.machine = ToolLoopMachine(self.policy, tools=outer.registry)
+        self.provider = outer.turn.attempts[effect.model]
+        continuation = outer.catalogue.continuation
+        self.continuation = continuation[effect.model] if effect.model < len(continuation) else False
+        self.keys_prefix = f"{effect.request.turn_id}:{effect.attempt}"
+        self.result: GenerationTurnResult | None = None
+        self.outcomes: collections.deque[Any] = collections.deque()
+        self.events: collections.deque[Any] = collections.deque()
+        self.armed: dict[int, tuple[ArmDeadline, float]] = {}
+        self.stream_token: int | None = None
+        self.running: ActivityHandle[Any] | None = None
+        self.running_kind = ""
+        self.tool_dispatch = -1
+        self.tool_idempotent = False
+        self.records: dict[int, PassDelivery] = {}
+        self.stop_fed = False
+        self.follow_ups_seen = 0
+
+    # ------------------------------------------------------------------ running
+    async def run(self) -> GenerationTurnResult:
+        self.follow_ups_seen = self.flow.follow_ups
+        request: TurnRequest = self.effect.request
+        effects = self.machine.start(
+            request,
+            continuation_style=self.continuation,
+            hold_timeout_notice=True,
+            ledger=self.effect.ledger,
+            expression_delivered=self.effect.expression_delivered,
+            now=workflow.time(),
+        )
+        await self.carry_out(effects)
+        while self.result is None:
+            if self.outcomes:
+                await self.feed(self.outcomes.popleft())
+            elif self.signals_pending():
+                # a signal that arrived before the next event is taken first, in the state
+                # it met (a delivery the channel already confirmed is recorded first)
+                self.take_signals()
+            elif self.events:
+                await self.feed(self.events.popleft())
+            else:
+                await self.wait()
+        self.cancel_running()
+        return self.result
+
+    async def feed(self, event: Any) -> None:
+        if self.result is not None or self.machine.is_finished:
+            return
+        await self.carry_out(self.machine.feed(event, now=workflow.time()))
+
+    def signals_pending(self) -> bool:
+        flow = self.flow
+        return (flow.stop_requested and not self.stop_fed) or flow.follow_ups > self.follow_ups_seen
+
+    def take_signals(self, *, after_queued: bool = False) -> None:
+        """Queue the signals not yet fed: first, or ``after_queued`` events (the chunks of
+        a pass the signal ended)."""
+        flow = self.flow
+        signals: list[Any] = []
+        if flow.stop_requested and not self.stop_fed:
+            self.stop_fed = True
+            signals.append(StopRequested(flow.stop_message))
+        if flow.follow_ups > self.follow_ups_seen:
+            self.follow_ups_seen = flow.follow_ups
+            signals.append(FollowUpArrived())
+        if after_queued:
+            self.events.extend(signals)
+        else:
+            self.events.extendleft(reversed(signals))
+
+    async def wait(self) -> None:
+        """Wait for the running pass or tool, a signal, or the next deadline; turn what
+        happened into events."""
+        running = self.running
+        due = self.next_deadline()
+        timeout = None if due is None else max(0.0, due[1] - workflow.time())
+
+        def ready() -> bool:
+            return (running is not None and running.done()) or self.signals_pending()
+
+        if running is None and due is None and not self.signals_pending():
+            raise RuntimeError(
+                f"the attempt waits for nothing in state {self.machine.state!r}"
+            )
+        with contextlib.suppress(TimeoutError):  # the deadline is due
+            await workflow.wait_condition(ready, timeout=timeout)
+        if running is not None and running.done():
+            self.running = None
+            await self.finished(running)
+        elif self.signals_pending():
+            if running is not None and self.running_kind == "pass":
+                # the pass ends here: what it streamed so far is fed before the signal
+                await self.harvest_cancelled_pass(running)
+                self.take_signals(after_queued=True)
+            else:
+                self.take_signals()
+        elif due is not None and workflow.time() >= due[1] - 1e-6:
+            effect = due[0]
+            self.armed.pop(effect.token, None)
+            self.events.append(DeadlineExpired(effect.kind, effect.token))
+
+    def next_deadline(self) -> tuple[ArmDeadline, float] | None:
+        """The earliest deadline the workflow times itself (a pass's stream deadline is
+        timed by the pass)."""
+        best: tuple[ArmDeadline, float] | None = None
+        for effect, armed_at in self.armed.values():
+            if effect.kind is DeadlineKind.STREAM:
+                continue
+            due = armed_at + effect.seconds
+            if best is None or due < best[1]:
+                best = (effect, due)
+        return best
+
+    def cancel_running(self) -> None:
+        running = self.running
+        if running is not None and not running.done():
+            running.cancel()
+        self.running = None
+
+    # ------------------------------------------------------------------ effects
+    async def carry_out(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Deliver):
+                await self.deliver(effect)
+            elif isinstance(effect, ArmDeadline):
+                self.armed[effect.token] = (effect, workflow.time())
+                if effect.kind is DeadlineKind.STREAM:
+                    self.stream_token = effect.token
+            elif isinstance(effect, ClearDeadline):
+                self.armed.pop(effect.token, None)
+            elif isinstance(effect, StartStream):
+                self.start_pass(effect)
+            elif isinstance(effect, CancelStream | CancelTool):
+                self.cancel_running()
+            elif isinstance(effect, RunTool):
+                self.start_tool(effect)
+            elif isinstance(effect, PostNotice):
+                await self.host_call(ChannelCall(self.turn.channel, "send_notice",
+                                                 notice=effect.notice))  # fmt: skip
+            elif isinstance(effect, QueueStopResponse):
+                await self.host_call(
+                    ChannelCall(self.turn.channel, "queue_front", text=effect.stop_message)
+                )
+            elif isinstance(effect, Finish):
+                self.result = effect.result
+            else:
+                raise TypeError(f"the durable turn cannot carry out {type(effect).__name__}")
+
+    async def deliver(self, effect: Deliver) -> None:
+        """A delivery the pass already made is recorded as made; any other (a tool's
+        expression, text a lost pass did not report) is made now, under the same key."""
+        record = self.records.pop(effect.seq, None)
+        if record is not None and effect.expression is None and record.text == effect.text:
+            if record.error is None:
+                self.outcomes.append(DeliveryRecorded(effect.seq))
+            else:
+                self.outcomes.append(DeliveryFailed(effect.seq, record.error, record.timed_out))
+            return
+        method = "send_expression" if effect.expression is not None else "send_text"
+        answer = await self.outer.call_channel(
+            ChannelCall(self.turn.channel, method, text=effect.text,
+                        expression=effect.expression, key=f"{self.keys_prefix}:{effect.seq}")
+        )  # fmt: skip
+        if answer.error is None:
+            self.outcomes.append(DeliveryRecorded(effect.seq))
+        else:
+            self.outcomes.append(DeliveryFailed(effect.seq, answer.error, answer.timed_out))
+
+    async def host_call(self, call: ChannelCall) -> None:
+        answer = await self.outer.call_channel(call)
+        if answer.error is not None and not self.machine.is_finished:
+            self.outcomes.append(DeliveryFailed(None, answer.error, answer.timed_out))
+
+    def start_pass(self, effect: StartStream) -> None:
+        policy = self.policy
+        beat = self.turn.heartbeat_timeout
+        turn = self.machine.turn
+        spec = PassInput(
+            provider=self.provider,
+            key_index=self.effect.key_index,
+            channel=self.turn.channel,
+            keys_prefix=self.keys_prefix,
+            request=effect.request,
+            first_seq=turn.next_seq,
+            flush_chars=policy.delivery_flush_chars,
+            suppress_text=turn.suppress_text,
+            first_token_timeout=policy.effective_first_token_timeout,
+            inactivity_timeout=policy.inactivity_timeout,
+            max_pass_duration=policy.max_pass_duration,
+            host_call_timeout=policy.host_call_timeout,
+            heartbeat_every=beat / 3,
+        )
+        total = policy.max_pass_duration
+        self.running = workflow.start_activity(
+            STREAM_PASS, spec, result_type=PassOutcome,
+            # the pass times its own budgets; this bounds a pass whose workers keep dying
+            schedule_to_close_timeout=None if total is None else _seconds(total + 2 * beat),
+            heartbeat_timeout=_seconds(beat),
+            retry_policy=RetryPolicy(
+                initial_interval=_seconds(min(0.5, beat)), maximum_interval=_seconds(beat),
+                maximum_attempts=PASS_TRIES,
+            ),
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        )  # fmt: skip
+        self.running_kind = "pass"
+
+    def start_tool(self, effect: RunTool) -> None:
+        policy = self.policy
+        beat = self.turn.heartbeat_timeout
+        tool = self.outer.registry.get(effect.name)
+        timeout = tool.timeout if tool is not None and tool.timeout is not None else (
+            policy.tool_timeout
+        )  # fmt: skip
+        idempotent = tool is not None and tool.idempotent
+        spec = ToolInput(
+            effect.name, effect.dispatch, self.machine.turn.iterations, dict(effect.arguments),
+            frozenset(self.machine.turn.disabled_enrichment_kinds), timeout, beat / 3,
+        )  # fmt: skip
+        # the tool's deadline is the machine's, on a workflow timer; the activity's own
+        # timeout only catches a try that outlives it and its grace
+        backstop = _seconds(timeout + policy.cancel_grace + beat)
+        self.running = workflow.start_activity(
+            RUN_TOOL, spec, result_type=ToolFinished,
+            start_to_close_timeout=backstop,
+            schedule_to_close_timeout=backstop if idempotent else None,
+            heartbeat_timeout=_seconds(beat),
+            # a tool runs again after a lost worker only when running it twice is harmless
+            retry_policy=RetryPolicy(maximum_attempts=0 if idempotent else 1,
+                                     initial_interval=_seconds(min(0.5, beat))),
+            cancellation_type=ActivityCancellationType.TRY_CANCEL,
+        )  # fmt: skip
+        self.running_kind = "tool"
+        self.tool_dispatch = effect.dispatch
+        self.tool_idempotent = idempotent
+
+    # ------------------------------------------------------------------ outcomes
+    async def finished(self, handle: ActivityHandle[Any]) -> None:
+        if self.running_kind == "pass":
+            try:
+                outcome: PassOutcome = handle.result()
+            except ActivityError as err:
+                if _timed_out(err):  # every try of the pass together outlived its budget
+                    self.stream_expired(DeadlineKind.PASS_DURATION)
+                else:
+                    message = f"the pass was lost on every try: {_cause(err)}"
+                    self.events.append(StreamFailed(message, kind="provider_error"))
+                return
+            await self.take_pass(outcome, ending=True)
+            return
+        try:
+            event: ToolFinished = handle.result()
+        except ActivityError as err:
+            name = self.machine.turn.pending_call
+            tool = str(name.name) if name is not None else "the tool"
+            if self.tool_idempotent:
+                error = f"{tool} was lost on every try: {_cause(err)}"
+            else:
+                error = (
+                    f"the outcome of {tool} is unknown: the worker running it was lost "
+                    f"({_cause(err)}), and it is not marked idempotent, so it was not run "
+                    "again"
+                )
+            event = ToolFinished(self.tool_dispatch, ToolOutcomeKind.RAISED, error=error)
+        if event.dispatch == self.tool_dispatch:
+            self.events.append(event)
+
+    def stream_expired(self, kind: DeadlineKind) -> None:
+        token = self.stream_token
+        if token is not None and token in self.armed:
+            self.armed.pop(token, None)
+            self.events.append(DeadlineExpired(kind, token))
+
+    async def take_pass(self, outcome: PassOutcome, *, ending: bool) -> None:
+        """Queue a pass's chunks (its deliveries known by their numbers), then how it ended."""
+        if outcome.ending == "host_error":
+            # the host's provider factory raised: the attempt ends here, no fallback
+            self.result = GenerationTurnResult(
+                TurnStatus.ERROR, "host_error", error_message=outcome.message
+            )
+            return
+        for record in outcome.delivered:
+            self.records[record.seq] = record
+        self.events.extend(unpack_chunks(outcome.chunks))
+        if not ending:
+            return
+        if outcome.ending == "ended":
+            self.events.append(StreamEnded())
+        elif outcome.ending == "failed" and outcome.failure is not None:
+            self.events.append(outcome.failure)
+        elif outcome.ending == "deadline" and outcome.deadline is not None:
+            self.stream_expired(DeadlineKind(outcome.deadline))
+        elif outcome.ending == "cancelled":  # its worker shut down under it, unasked
+            self.events.append(StreamFailed("the pass was cancelled on its worker"))
+
+    async def harvest_cancelled_pass(self, handle: ActivityHandle[Any]) -> None:
+        """Cancel the running pass and take what it streamed (a worker that does not answer
+        within a heartbeat and the grace leaves it untaken)."""
+        handle.cancel()
+        self.running = None
+        grace = self.turn.heartbeat_timeout + self.policy.cancel_grace
+        try:
+            await workflow.wait_condition(handle.done, timeout=grace)
+        except TimeoutError:
+            return
+        if handle.cancelled():
+            return
+        try:
+            outcome: PassOutcome = handle.result()
+        except (ActivityError, BaseException):
+            return
+        await self.take_pass(outcome, ending=False)
+
+
+def _timed_out(err: ActivityError) -> bool:
+    cause = err.cause
+    return isinstance(cause, ActivityTimeout) and cause.type in (
+        TimeoutType.START_TO_CLOSE, TimeoutType.SCHEDULE_TO_CLOSE
+    )
+
+
+def _cause(err: ActivityError) -> str:
+    cause = err.cause
+    if isinstance(cause, ActivityTimeout):
+        kind = cause.type.name.lower().replace("_", "-") if cause.type is not None else "a"
+        return f"{kind} timeout"
+    return str(cause) if cause is not None else str(err)
+
+
+__all__ = ["GenerationTurnWorkflow"]
