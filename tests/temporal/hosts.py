@@ -1,0 +1,187 @@
+"""The host side of the Temporal suite: a provider, tools and a channel that keep their state
+in files, so that a worker process killed mid-turn and the one that replaces it share it (as
+a real host's external services would), and the worker process the crash tests kill.
+
+* `StagedProvider` plays a script chosen by how many tool rounds the request carries (no
+  per-process counter: a fresh process continues the same turn), continues after a prefill
+  (a retried pass skips the text it already delivered), writes every request it gets, and
+  stops at a `Gate` until the test creates the gate's file (writing that it waits there).
+* `FileChannel` writes every delivery with its idempotency key and drops a key it already
+  accepted, across processes (Discord's ``nonce`` with ``enforce_nonce`` does this).
+* ``record`` writes each execution; ``charge`` writes that it started, then waits at a gate.
+
+Run as ``python -m tests.temporal.hosts ADDRESS TASK_QUEUE DIRECTORY [FLUSH]`` it is a worker
+process with these registries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from attrs import frozen
+
+from toolloop_fsm import Attempt, Tool, ToolContext, ToolResult
+from toolloop_fsm.events import Chunk, FunctionCall, TextDelta, UsageReport
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.result import Notice
+
+#: How often a waiting gate looks for its file (in the worker process, never in a test).
+GATE_POLL = 0.02
+
+
+@frozen
+class Gate:
+    """Stop the stream here until ``directory / name`` exists; write ``name.waiting`` first."""
+
+    name: str
+
+
+PassScript = Sequence[Chunk | Gate]
+
+#: The crash test's turn: a tool round, then a pass that stops at a gate after two
+#: deliveries (with a flush size of 8).
+CRASH_SCRIPT: tuple[PassScript, ...] = (
+    (TextDelta("Noting it. "), FunctionCall("record", {"note": "n1"}, "c1"), UsageReport(10, 6)),
+    (TextDelta("The note "), TextDelta("is saved"), Gate("go"), TextDelta(" and "),
+     TextDelta("filed."), UsageReport(30, 8)),
+)  # fmt: skip
+#: A turn whose tool waits at a gate (the worker is killed while it runs).
+CHARGE_SCRIPT: tuple[PassScript, ...] = (
+    (TextDelta("Charging. "), FunctionCall("charge", {"cents": 500}, "c1")),
+    (TextDelta("The charge did not go through."),),
+)
+#: A turn whose first pass stops at a gate (stopped while no worker is alive).
+STOP_SCRIPT: tuple[PassScript, ...] = ((TextDelta("Thinking about it "), Gate("never")),)
+SCRIPTS = {"crash": CRASH_SCRIPT, "charge": CHARGE_SCRIPT, "stop": STOP_SCRIPT}
+
+
+async def wait_for_file(path: Path) -> None:
+    while not path.exists():
+        await asyncio.sleep(GATE_POLL)
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as file:
+        file.write(json.dumps(record) + "\n")
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+class StagedProvider:
+    name = "staged"
+    tool_calling = "native"
+    continuation_style = False
+
+    def __init__(self, directory: Path, script: Sequence[PassScript]) -> None:
+        self.directory = directory
+        self.script = script
+
+    def stream(self, request: ProviderRequest) -> AsyncIterator[Any]:
+        index = len(request.history)
+        _append(self.directory / "requests.jsonl",
+                {"pass": index, "prefill": request.prefill})  # fmt: skip
+        items = self.script[index] if index < len(self.script) else ()
+        return self._play(items, request.prefill or "")
+
+    async def _play(self, items: PassScript, prefill: str) -> AsyncIterator[Any]:
+        skip = len(prefill)  # a retried pass continues after the text it delivered
+        for item in items:
+            if isinstance(item, Gate):
+                (self.directory / f"{item.name}.waiting").touch()
+                await wait_for_file(self.directory / item.name)
+                continue
+            if isinstance(item, TextDelta) and skip:
+                cut = min(skip, len(item.text))
+                skip -= cut
+                if cut == len(item.text):
+                    continue
+                item = TextDelta(item.text[cut:])
+            yield item
+
+
+class FileChannel:
+    """Deliveries, notices and stop messages written to files in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.log = directory / "deliveries.jsonl"
+
+    def _accepted(self) -> set[str]:
+        return {r["key"] for r in read_records(self.log) if r["accepted"] and r["key"]}
+
+    async def send_text(self, text: str, *, idempotency_key: str | None = None) -> None:
+        self._write(idempotency_key, text=text)
+
+    async def send_expression(self, expression: str, *, idempotency_key: str | None = None) -> None:
+        self._write(idempotency_key, expression=expression)
+
+    def _write(self, key: str | None, **delivery: str) -> None:
+        accepted = key is None or key not in self._accepted()
+        _append(self.log, {"key": key, "accepted": accepted, **delivery})
+
+    async def send_notice(self, notice: Notice) -> None:
+        _append(self.directory / "notices.jsonl", {"key": notice.key})
+
+    async def queue_front(self, stop_message: str) -> None:
+        _append(self.directory / "queued.jsonl", {"stop_message": stop_message})
+
+
+def user_text(directory: Path) -> str:
+    """What the user read: every accepted text delivery, in order."""
+    log = directory / "deliveries.jsonl"
+    return "".join(r.get("text", "") for r in read_records(log) if r["accepted"])
+
+
+def host_tools(directory: Path) -> list[Tool]:
+    executions = directory / "executions.jsonl"
+
+    async def record(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        _append(executions, {"tool": "record", "note": arguments.get("note")})
+        return ToolResult(data={"saved": arguments.get("note")})
+
+    async def charge(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        _append(executions, {"tool": "charge", "cents": arguments.get("cents")})
+        await wait_for_file(directory / "release")
+        return ToolResult(data={"charged": arguments.get("cents")})
+
+    notes = {"type": "object", "properties": {"note": {"type": "string"}}}
+    cents = {"type": "object", "properties": {"cents": {"type": "integer"}}}
+    return [
+        Tool("record", "Records a note.", notes, record),
+        Tool("charge", "Charges the user's card.", cents, charge),
+    ]
+
+
+def host_providers(directory: Path) -> dict[str, Attempt]:
+    return {
+        name: Attempt(lambda key, script=script: StagedProvider(directory, script), label=name)
+        for name, script in SCRIPTS.items()
+    }
+
+
+async def _serve(address: str, task_queue: str, directory: Path) -> None:
+    from temporalio.client import Client
+
+    from toolloop_fsm.temporal import DATA_CONVERTER, TurnWorker
+
+    client = await Client.connect(address, data_converter=DATA_CONVERTER)
+    worker = TurnWorker(
+        client, task_queue, providers=host_providers(directory),
+        tools=host_tools(directory), channels={"files": FileChannel(directory)},
+    )  # fmt: skip
+    async with worker:
+        (directory / f"worker-{task_queue}.ready").touch()
+        await asyncio.Event().wait()  # until the test kills the process
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve(sys.argv[1], sys.argv[2], Path(sys.argv[3])))

@@ -1,0 +1,224 @@
+"""Durable turns on a real Temporal dev server, with a worker in the test's process: the
+result is the in-process turn's on the same script (tools, fallback), a stop and a follow-up
+arrive as signals, and what a durable turn cannot do is refused by name."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from toolloop_fsm import (
+    Attempt,
+    LoopPolicy,
+    Tool,
+    ToolContext,
+    ToolResult,
+    TurnPolicy,
+    TurnRequest,
+    TurnStatus,
+    run_generation_turn,
+)
+from toolloop_fsm.events import FunctionCall, TextDelta, UsageReport
+from toolloop_fsm.provider import ProviderError, ProviderRequest
+from toolloop_fsm.result import GenerationTurnResult, converter
+from toolloop_fsm.testing import Fail, RecordingChannel, ScriptedProvider, real_time_limit
+
+temporalio = pytest.importorskip("temporalio")
+
+from temporalio.client import Client  # noqa: E402
+
+from toolloop_fsm.temporal import TurnWorker, start_generation_turn  # noqa: E402
+
+LIMIT = 60.0
+POLICY = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8))
+REQUEST = TurnRequest([{"role": "user", "content": "What is 2 + 3?"}])
+TOOL_SCRIPT = [
+    [TextDelta("Let me add "), TextDelta("that up. "), FunctionCall("add", {"a": 2, "b": 3}, "c1"),
+     UsageReport(12, 7)],
+    [TextDelta("The sum "), TextDelta("is 5."), UsageReport(30, 4)],
+]  # fmt: skip
+FAILING = [[TextDelta("Hel"), Fail(ProviderError("upstream 503", kind="server", retryable=True,
+                                                  status_code=503))]]  # fmt: skip
+
+
+async def _add(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    return ToolResult(data=arguments["a"] + arguments["b"])
+
+
+ADD = Tool(
+    "add", "Adds two integers.",
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+    _add,
+)  # fmt: skip
+
+
+def comparable(result: GenerationTurnResult) -> Any:
+    """The result as data, as results compare: without the clock readings its trace steps
+    carry (a workflow's clock is not the process's) and the turn's id."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "at"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    data = strip(converter.unstructure(result))
+    del data["turn_id"]
+    return data
+
+
+def scripted(script: list[list[Any]]) -> Attempt:
+    return Attempt(lambda key: ScriptedProvider(script))
+
+
+async def durable_turn(
+    client: Client,
+    task_queue: str,
+    providers: dict[str, Attempt],
+    chain: list[str],
+    channel: RecordingChannel,
+    *,
+    request: TurnRequest = REQUEST,
+    policy: TurnPolicy = POLICY,
+) -> GenerationTurnResult:
+    async with TurnWorker(client, task_queue, providers=providers, tools=[ADD],
+                          channels={"chat": channel}):  # fmt: skip
+        handle = await start_generation_turn(
+            client, task_queue=task_queue, attempts=chain, channel="chat", request=request,
+            policy=policy, heartbeat_timeout=2.0,
+        )  # fmt: skip
+        async with real_time_limit(LIMIT):
+            return await handle.result()
+
+
+async def test_a_turn_with_tools_ends_as_the_in_process_turn_does(
+    client: Client, task_queue: str
+) -> None:
+    channel = RecordingChannel()
+    durable = await durable_turn(
+        client, task_queue, {"main": scripted(TOOL_SCRIPT)}, ["main"], channel
+    )
+    local_channel = RecordingChannel()
+    local = await run_generation_turn(
+        [Attempt(lambda key: ScriptedProvider(TOOL_SCRIPT), label="main")], [ADD],
+        local_channel, REQUEST, policy=POLICY,
+    )  # fmt: skip
+    assert durable.status is TurnStatus.COMPLETED
+    assert durable.final_text == "The sum is 5."
+    assert comparable(durable) == comparable(local)
+    assert channel.texts == local_channel.texts  # delivered in the same pieces
+    assert channel.duplicates_dropped == 0
+
+
+async def test_a_failing_model_falls_back_to_the_next_as_in_process(
+    client: Client, task_queue: str
+) -> None:
+    channel = RecordingChannel()
+    durable = await durable_turn(
+        client, task_queue, {"flaky": scripted(FAILING), "main": scripted(TOOL_SCRIPT)},
+        ["flaky", "main"], channel,
+    )  # fmt: skip
+    local = await run_generation_turn(
+        [Attempt(lambda key: ScriptedProvider(FAILING), label="flaky"),
+         Attempt(lambda key: ScriptedProvider(TOOL_SCRIPT), label="main")],
+        [ADD], RecordingChannel(), REQUEST, policy=POLICY,
+    )  # fmt: skip
+    assert durable.status is TurnStatus.COMPLETED
+    assert [a.label for a in durable.attempts] == ["flaky", "main"]
+    assert comparable(durable) == comparable(local)
+    assert channel.text == local.delivered_text
+
+
+class WaitingProvider:
+    """Streams a first piece of text, then waits until the turn cancels the pass."""
+
+    name = "waiting"
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+
+    def stream(self, request: ProviderRequest) -> AsyncIterator[Any]:
+        return self._play()
+
+    async def _play(self) -> AsyncIterator[Any]:
+        yield TextDelta("Counting the stars: ")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.cancelled.set()
+        yield TextDelta("never")
+
+
+async def _first_delivery(channel: RecordingChannel) -> None:
+    delivered = asyncio.Event()
+    channel.on_delivery = lambda _d: delivered.set()
+    if not channel.delivered:
+        await delivered.wait()
+
+
+async def test_a_stop_signal_stops_the_streaming_pass_and_queues_the_stop_message(
+    client: Client, task_queue: str
+) -> None:
+    channel = RecordingChannel()
+    provider = WaitingProvider()
+    async with TurnWorker(client, task_queue, providers={"main": provider},
+                          channels={"chat": channel}):  # fmt: skip
+        handle = await start_generation_turn(
+            client, task_queue=task_queue, attempts=["main"], channel="chat", request=REQUEST,
+            policy=POLICY, heartbeat_timeout=1.0,
+        )  # fmt: skip
+        async with real_time_limit(LIMIT):
+            await _first_delivery(channel)
+            await handle.stop("Stopped, as you asked.")
+            result = await handle.result()
+            await provider.cancelled.wait()  # the pass's stream was closed on the worker
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert channel.queued_front == ["Stopped, as you asked."]
+    assert channel.text == "Counting the stars: "
+    assert result.delivered_text == "Counting the stars: "  # what the pass delivered is kept
+
+
+async def test_a_follow_up_signal_interrupts_the_streaming_pass(
+    client: Client, task_queue: str
+) -> None:
+    channel = RecordingChannel()
+    async with TurnWorker(client, task_queue, providers={"main": WaitingProvider()},
+                          channels={"chat": channel}):  # fmt: skip
+        handle = await start_generation_turn(
+            client, task_queue=task_queue, attempts=["main"], channel="chat", request=REQUEST,
+            policy=POLICY, heartbeat_timeout=1.0,
+        )  # fmt: skip
+        async with real_time_limit(LIMIT):
+            await _first_delivery(channel)
+            await handle.follow_up()
+            result = await handle.result()
+    assert result.status is TurnStatus.FOLLOW_UP_INTERRUPT
+    assert result.delivered_text == "Counting the stars: "
+
+
+async def test_a_chain_naming_a_provider_the_worker_lacks_ends_with_host_error_naming_it(
+    client: Client, task_queue: str
+) -> None:
+    result = await durable_turn(
+        client, task_queue, {"main": scripted(TOOL_SCRIPT)}, ["mian"], RecordingChannel()
+    )
+    assert result.status is TurnStatus.ERROR
+    assert result.reason == "host_error"
+    assert "unknown providers ['mian']" in (result.error_message or "")
+    assert "main" in (result.error_message or "")
+
+
+@pytest.mark.parametrize("switch", ["drafting", "review_tool_calls"])
+async def test_drafting_and_the_tool_checkpoint_are_refused_by_name(
+    client: Client, task_queue: str, switch: str
+) -> None:
+    policy = TurnPolicy(loop=LoopPolicy(**{switch: True}))
+    with pytest.raises(ValueError, match=f"LoopPolicy.{switch}"):
+        await start_generation_turn(
+            client, task_queue=task_queue, attempts=["main"], channel="chat",
+            request=REQUEST, policy=policy,
+        )  # fmt: skip
