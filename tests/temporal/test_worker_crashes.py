@@ -1,0 +1,150 @@
+"""Turns that survive their worker: a worker process is killed with SIGKILL (by its pid) at
+the worst moments, another starts, and the turn goes on from the workflow's history — a
+completed tool never runs again, a streaming pass continues from what it delivered, a tool
+whose outcome died with its worker is reported as unknown rather than run twice, and a stop
+sent while no worker is alive is honoured when one returns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.temporal.conftest import WorkerProcesses
+from tests.temporal.hosts import read_records, user_text
+from toolloop_fsm import LoopPolicy, TurnPolicy, TurnRequest, TurnStatus
+from toolloop_fsm.result import GenerationTurnResult, converter
+from toolloop_fsm.testing import real_time_limit
+
+pytest.importorskip("temporalio")
+
+from temporalio.client import Client  # noqa: E402
+
+from toolloop_fsm.temporal import TurnHandle, start_generation_turn  # noqa: E402
+
+LIMIT = 90.0
+#: How soon a lost worker is noticed in these tests.
+HEARTBEAT = 1.0
+#: How often a test looks again at a file a worker process writes.
+LOOK_AGAIN = 0.02
+POLICY = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8))
+REQUEST = TurnRequest([{"role": "user", "content": "Save a note for me."}])
+
+
+async def appears(path: Path) -> None:
+    """Wait (within the test's real-time limit) until another process writes ``path``."""
+    while not path.exists():
+        await asyncio.sleep(LOOK_AGAIN)
+
+
+async def start(client: Client, workers: WorkerProcesses, chain: str, turn_id: str) -> TurnHandle:
+    return await start_generation_turn(
+        client, task_queue=workers.task_queue, attempts=[chain], channel="files",
+        request=TurnRequest(REQUEST.context, turn_id=turn_id), tools=["record", "charge"],
+        policy=POLICY, heartbeat_timeout=HEARTBEAT,
+    )  # fmt: skip
+
+
+def comparable(result: GenerationTurnResult) -> Any:
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in ("at", "turn_id")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(converter.unstructure(result))
+
+
+async def heartbeat_holds(handle: TurnHandle, text: str) -> None:
+    """Wait until the server holds a heartbeat of the running pass that names ``text`` (what
+    a retried pass continues from)."""
+    while True:
+        described = await handle.handle.describe()
+        for pending in described.raw_description.pending_activities:
+            details = b"".join(p.data for p in pending.heartbeat_details.payloads)
+            if text.encode() in details:
+                return
+        await asyncio.sleep(LOOK_AGAIN)
+
+
+async def test_a_worker_killed_while_the_next_pass_streams_loses_nothing(
+    client: Client, workers: WorkerProcesses, tmp_path: Path
+) -> None:
+    # the uncrashed run, on the same script, as the reference
+    reference_dir = tmp_path / "reference"
+    reference_dir.mkdir()
+    (reference_dir / "go").touch()
+    calm = WorkerProcesses(workers.address, workers.task_queue + "-calm", reference_dir)
+    calm.start()
+    try:
+        async with real_time_limit(LIMIT):
+            reference = await (await start(client, calm, "crash", "calm-turn")).result()
+    finally:
+        calm.stop_all()
+
+    first = workers.start()
+    handle = await start(client, workers, "crash", "crash-turn")
+    async with real_time_limit(LIMIT):
+        await appears(tmp_path / "go.waiting")  # the tool ran; the next pass is streaming
+        await heartbeat_holds(handle, "is saved")  # its two deliveries are on record
+        workers.kill(first)
+        (tmp_path / "go").touch()
+        workers.start()
+        result = await handle.result()
+
+    assert result.status is TurnStatus.COMPLETED
+    executions = read_records(tmp_path / "executions.jsonl")
+    assert executions == [{"tool": "record", "note": "n1"}]  # the tool ran exactly once
+    log = read_records(tmp_path / "deliveries.jsonl")
+    sent_keys = [record["key"] for record in log]
+    # nothing was sent twice: the retried pass continued after what it had delivered
+    assert len(sent_keys) == len(set(sent_keys))
+    assert user_text(tmp_path) == user_text(reference_dir) == result.delivered_text
+    assert user_text(tmp_path) == "Noting it. The note is saved and filed."
+    retried = [r for r in read_records(tmp_path / "requests.jsonl") if r["pass"] == 1]
+    assert [r["prefill"] for r in retried] == [None, "The note is saved"]
+    assert comparable(result) == comparable(reference)
+
+
+async def test_a_worker_killed_mid_tool_reports_the_tool_unknown_and_never_runs_it_twice(
+    client: Client, workers: WorkerProcesses, tmp_path: Path
+) -> None:
+    first = workers.start()
+    handle = await start(client, workers, "charge", "charge-turn")
+    async with real_time_limit(LIMIT):
+        await appears(tmp_path / "executions.jsonl")  # the charge started
+        workers.kill(first)
+        (tmp_path / "release").touch()  # a second run would finish at once
+        workers.start()
+        result = await handle.result()
+
+    assert read_records(tmp_path / "executions.jsonl") == [{"tool": "charge", "cents": 500}]
+    assert result.status is TurnStatus.COMPLETED
+    [round_] = result.history
+    response = converter.unstructure(round_.response)
+    assert "unknown" in json.dumps(response)
+    assert "not run again" in json.dumps(response)
+    assert result.final_text == "The charge did not go through."
+
+
+async def test_a_stop_sent_while_no_worker_is_alive_is_honoured_when_one_returns(
+    client: Client, workers: WorkerProcesses, tmp_path: Path
+) -> None:
+    first = workers.start()
+    handle = await start(client, workers, "stop", "stop-turn")
+    async with real_time_limit(LIMIT):
+        await appears(tmp_path / "never.waiting")
+        workers.kill(first)
+        await handle.stop("Stopped while you were away.")
+        workers.start()
+        result = await handle.result()
+
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert read_records(tmp_path / "queued.jsonl") == [
+        {"stop_message": "Stopped while you were away."}
+    ]
+    assert user_text(tmp_path) == "Thinking about it "
