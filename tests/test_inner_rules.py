@@ -319,9 +319,9 @@ class _CancellableChannel(RecordingChannel):
         super().__init__(**options)
         self.cancelled: list[str] = []
 
-    async def send_text(self, text: str) -> None:
+    async def send_text(self, text: str, *, idempotency_key: str | None = None) -> None:
         try:
-            await super().send_text(text)
+            await super().send_text(text, idempotency_key=idempotency_key)
         except asyncio.CancelledError:
             self.cancelled.append(text)
             raise

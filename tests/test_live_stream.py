@@ -162,9 +162,11 @@ async def test_every_text_delta_arrives_before_the_delivery_holding_it_is_sent()
     timeline: list[tuple[str, str]] = []
 
     class TimelineChannel(RecordingChannel):
-        async def send_text(self, text: str) -> None:  # completes at once, like a buffer
+        async def send_text(  # completes at once, like a buffer
+            self, text: str, *, idempotency_key: str | None = None
+        ) -> None:
             timeline.append(("sent", text))
-            await super().send_text(text)
+            await super().send_text(text, idempotency_key=idempotency_key)
 
     words = [f"word{i:03d} " for i in range(120)]  # 1,080 characters: five batches and a rest
     provider = ScriptedProvider([[TextDelta(word) for word in words]], clock=clock)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import subprocess
+import sys
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -482,3 +484,33 @@ def test_the_package_root_holds_what_a_host_needs_and_sansio_the_rest() -> None:
                   if isinstance(value, type) and value.__module__ == module.__name__
                   and not name.startswith("_")}  # fmt: skip
         assert public <= set(sansio.__all__), public - set(sansio.__all__)
+
+
+#: The optional extras' third-party packages, and the one module of the package that may use
+#: each (a host without the extra imports everything else).
+EXTRA_PACKAGES = {"temporalio": "toolloop_fsm.temporal", "opentelemetry": "toolloop_fsm.otel"}
+
+
+def test_only_an_extras_own_module_imports_its_package() -> None:
+    """``toolloop-fsm`` installs without its extras: only `toolloop_fsm.temporal` imports
+    temporalio, only `toolloop_fsm.otel` imports OpenTelemetry."""
+    bad = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        module = _module_name(path)
+        for imported, _names in _imports(path):
+            owner = EXTRA_PACKAGES.get(imported.split(".")[0])
+            if owner is not None and module != owner and not module.startswith(owner + "."):
+                bad.append(f"{module} imports {imported}")
+    assert not bad, bad
+
+
+def test_importing_the_package_loads_no_extra() -> None:
+    code = "import sys, toolloop_fsm, toolloop_fsm.sansio, toolloop_fsm.testing; " + (
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('temporalio', "
+        "'opentelemetry')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        cwd=PACKAGE_DIR.parent,
+    ).stdout.strip()  # fmt: skip
+    assert loaded == "[]"

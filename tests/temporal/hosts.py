@@ -20,9 +20,11 @@ import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import attrs
 from attrs import frozen
 
 from toolloop_fsm import Attempt, Tool, ToolContext, ToolResult
@@ -162,10 +164,10 @@ def host_tools(directory: Path) -> list[Tool]:
 
 
 def host_providers(directory: Path) -> dict[str, Attempt]:
-    return {
-        name: Attempt(lambda key, script=script: StagedProvider(directory, script), label=name)
-        for name, script in SCRIPTS.items()
-    }
+    def staged(script: Sequence[PassScript]) -> Attempt:
+        return Attempt(lambda key: StagedProvider(directory, script))
+
+    return {name: attrs.evolve(staged(script), label=name) for name, script in SCRIPTS.items()}
 
 
 async def _serve(address: str, task_queue: str, directory: Path) -> None:
@@ -177,6 +179,8 @@ async def _serve(address: str, task_queue: str, directory: Path) -> None:
     worker = TurnWorker(
         client, task_queue, providers=host_providers(directory),
         tools=host_tools(directory), channels={"files": FileChannel(directory)},
+        # a workflow task left on a killed worker's sticky queue moves on after this
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
     )  # fmt: skip
     async with worker:
         (directory / f"worker-{task_queue}.ready").touch()

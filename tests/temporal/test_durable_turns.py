@@ -24,7 +24,13 @@ from toolloop_fsm import (
 from toolloop_fsm.events import FunctionCall, TextDelta, UsageReport
 from toolloop_fsm.provider import ProviderError, ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult, converter
-from toolloop_fsm.testing import Fail, RecordingChannel, ScriptedProvider, real_time_limit
+from toolloop_fsm.testing import (
+    Fail,
+    RecordingChannel,
+    ScriptedProvider,
+    ScriptItem,
+    real_time_limit,
+)
 
 temporalio = pytest.importorskip("temporalio")
 
@@ -35,13 +41,13 @@ from toolloop_fsm.temporal import TurnWorker, start_generation_turn  # noqa: E40
 LIMIT = 60.0
 POLICY = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8))
 REQUEST = TurnRequest([{"role": "user", "content": "What is 2 + 3?"}])
-TOOL_SCRIPT = [
+TOOL_SCRIPT: list[list[ScriptItem]] = [
     [TextDelta("Let me add "), TextDelta("that up. "), FunctionCall("add", {"a": 2, "b": 3}, "c1"),
      UsageReport(12, 7)],
     [TextDelta("The sum "), TextDelta("is 5."), UsageReport(30, 4)],
 ]  # fmt: skip
-FAILING = [[TextDelta("Hel"), Fail(ProviderError("upstream 503", kind="server", retryable=True,
-                                                  status_code=503))]]  # fmt: skip
+UPSTREAM_503 = ProviderError("upstream 503", kind="server", retryable=True, status_code=503)
+FAILING: list[list[ScriptItem]] = [[TextDelta("Hel"), Fail(UPSTREAM_503)]]
 
 
 async def _add(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
@@ -71,7 +77,7 @@ def comparable(result: GenerationTurnResult) -> Any:
     return data
 
 
-def scripted(script: list[list[Any]]) -> Attempt:
+def scripted(script: list[list[ScriptItem]]) -> Attempt:
     return Attempt(lambda key: ScriptedProvider(script))
 
 
@@ -216,7 +222,8 @@ async def test_a_chain_naming_a_provider_the_worker_lacks_ends_with_host_error_n
 async def test_drafting_and_the_tool_checkpoint_are_refused_by_name(
     client: Client, task_queue: str, switch: str
 ) -> None:
-    policy = TurnPolicy(loop=LoopPolicy(**{switch: True}))
+    loop = LoopPolicy(drafting=True) if switch == "drafting" else LoopPolicy(review_tool_calls=True)
+    policy = TurnPolicy(loop=loop)
     with pytest.raises(ValueError, match=f"LoopPolicy.{switch}"):
         await start_generation_turn(
             client, task_queue=task_queue, attempts=["main"], channel="chat",

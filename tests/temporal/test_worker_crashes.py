@@ -21,9 +21,9 @@ from toolloop_fsm.testing import real_time_limit
 
 pytest.importorskip("temporalio")
 
-from temporalio.client import Client  # noqa: E402
+from temporalio.client import Client
 
-from toolloop_fsm.temporal import TurnHandle, start_generation_turn  # noqa: E402
+from toolloop_fsm.temporal import TurnHandle, start_generation_turn
 
 LIMIT = 90.0
 #: How soon a lost worker is noticed in these tests.

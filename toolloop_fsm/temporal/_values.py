@@ -19,6 +19,7 @@ from temporalio.converter import (
     EncodingPayloadConverter,
 )
 
+from toolloop_fsm import provider as _provider
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.events import (
     Chunk,
@@ -33,7 +34,6 @@ from toolloop_fsm.events import (
 )
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import TurnPolicy
-from toolloop_fsm import provider as _provider
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import Notice, ToolHistoryEntry
 from toolloop_fsm.result import converter as result_converter

@@ -136,9 +136,14 @@ class TurnActivities:
             assert tool is not None
             tools.append(
                 ToolDescription(
-                    tool.name, tool.description, dict(tool.parameters),
-                    tool.requires_follow_up, tool.timeout, tool.replay, tool.idempotent,
-                )  # fmt: skip
+                    tool.name,
+                    tool.description,
+                    dict(tool.parameters),
+                    tool.requires_follow_up,
+                    tool.timeout,
+                    tool.replay,
+                    tool.idempotent,
+                )
             )
         continuation = tuple(
             bool(getattr(self.attempts[name].provider, "continuation_style", False))
@@ -398,7 +403,9 @@ class _Pass:
         spec = self.spec
         key = f"{spec.keys_prefix}:{seq}" if spec.keys_prefix is not None else None
         try:
-            await asyncio.wait_for(_send(self.channel, undelivered, None, key), spec.host_call_timeout)
+            await asyncio.wait_for(
+                _send(self.channel, undelivered, None, key), spec.host_call_timeout
+            )
         except TimeoutError:
             message = f"channel.send_text did not return within {spec.host_call_timeout:g} s"
             self.delivered.append(PassDelivery(seq, undelivered, message, timed_out=True))

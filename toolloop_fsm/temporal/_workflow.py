@@ -222,11 +222,12 @@ class _TurnShell:
         timeout = self.turn.policy.loop.host_call_timeout
         call = attrs.evolve(call, timeout=timeout)
         try:
-            return await workflow.execute_activity(
+            answer: ChannelAnswer = await workflow.execute_activity(
                 CALL_CHANNEL, call, result_type=ChannelAnswer,
                 start_to_close_timeout=_seconds(timeout + self.turn.heartbeat_timeout),
                 retry_policy=RetryPolicy(maximum_attempts=_CHANNEL_CALL_TRIES),
             )  # fmt: skip
+            return answer
         except ActivityError as err:
             return ChannelAnswer(error=f"channel.{call.method} was lost: {_cause(err)}",
                                  timed_out=_timed_out(err))  # fmt: skip
@@ -244,7 +245,9 @@ class _AttemptShell:
         self.machine = ToolLoopMachine(self.policy, tools=outer.registry)
         self.provider = outer.turn.attempts[effect.model]
         continuation = outer.catalogue.continuation
-        self.continuation = continuation[effect.model] if effect.model < len(continuation) else False
+        self.continuation = (
+            continuation[effect.model] if effect.model < len(continuation) else False
+        )
         self.keys_prefix = f"{effect.request.turn_id}:{effect.attempt}"
         self.result: GenerationTurnResult | None = None
         self.outcomes: collections.deque[Any] = collections.deque()
@@ -322,9 +325,7 @@ class _AttemptShell:
             return (running is not None and running.done()) or self.signals_pending()
 
         if running is None and due is None and not self.signals_pending():
-            raise RuntimeError(
-                f"the attempt waits for nothing in state {self.machine.state!r}"
-            )
+            raise RuntimeError(f"the attempt waits for nothing in state {self.machine.state!r}")
         with contextlib.suppress(TimeoutError):  # the deadline is due
             await workflow.wait_condition(ready, timeout=timeout)
         if running is not None and running.done():
@@ -557,7 +558,8 @@ class _AttemptShell:
 def _timed_out(err: ActivityError) -> bool:
     cause = err.cause
     return isinstance(cause, ActivityTimeout) and cause.type in (
-        TimeoutType.START_TO_CLOSE, TimeoutType.SCHEDULE_TO_CLOSE
+        TimeoutType.START_TO_CLOSE,
+        TimeoutType.SCHEDULE_TO_CLOSE,
     )
 
 
