@@ -136,7 +136,9 @@ class GenerationTurnWorkflow:
     @workflow.run
     async def run(self, turn: TurnInput) -> GenerationTurnResult:
         policy = turn.policy.loop
-        catalogue = await workflow.execute_activity(
+        # a local activity: it reads the worker's registries only, and its answer is
+        # recorded in the history like any other
+        catalogue = await workflow.execute_local_activity(
             DESCRIBE_TURN,
             CatalogueRequest(turn.attempts, turn.tools, turn.channel),
             result_type=Catalogue,
