@@ -230,3 +230,23 @@ def test_a_function_whose_type_hints_cannot_be_read_is_refused_naming_it() -> No
 
     with pytest.raises(TypeError, match="cannot read the type hints of get_weather"):
         tool(get_weather)
+
+
+def test_a_tool_is_not_idempotent_unless_marked_so() -> None:
+    """A durable turn runs a tool again after a lost worker only when it is marked idempotent,
+    so the mark is opt-in and must be a real bool."""
+
+    @tool(idempotent=True)
+    async def lookup(city: str) -> ToolResult:
+        """Looks a city up."""
+        return ToolResult(data=city)
+
+    @tool
+    async def charge(cents: int) -> ToolResult:
+        """Charges the card."""
+        return ToolResult(data=cents)
+
+    assert lookup.idempotent is True
+    assert charge.idempotent is False
+    with pytest.raises(TypeError, match="idempotent"):
+        Tool("t", "d", {}, charge.handler, idempotent="yes")  # type: ignore[arg-type]

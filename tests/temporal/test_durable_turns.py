@@ -229,3 +229,29 @@ async def test_drafting_and_the_tool_checkpoint_are_refused_by_name(
             client, task_queue=task_queue, attempts=["main"], channel="chat",
             request=REQUEST, policy=policy,
         )  # fmt: skip
+
+
+async def test_a_tool_outcome_that_is_not_json_is_a_failed_call_naming_why(
+    client: Client, task_queue: str
+) -> None:
+    async def clock(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return ToolResult(data={"now": object()})
+
+    script: list[list[ScriptItem]] = [
+        [FunctionCall("clock", {}, "c1")],
+        [TextDelta("I could not read the clock.")],
+    ]
+    clock_tool = Tool("clock", "Tells the time.", {"type": "object"}, clock)
+    channel = RecordingChannel()
+    async with TurnWorker(client, task_queue, providers={"main": scripted(script)},
+                          tools=[clock_tool], channels={"chat": channel}):  # fmt: skip
+        handle = await start_generation_turn(
+            client, task_queue=task_queue, attempts=["main"], channel="chat", request=REQUEST,
+            policy=POLICY, heartbeat_timeout=2.0,
+        )  # fmt: skip
+        async with real_time_limit(LIMIT):
+            result = await handle.result()
+    assert result.status is TurnStatus.COMPLETED
+    [round_] = result.history
+    assert "cannot be recorded as JSON" in str(converter.unstructure(round_.response))
+    assert result.final_text == "I could not read the clock."

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from typing import Any
@@ -211,13 +212,22 @@ class TurnActivities:
         )  # fmt: skip
         ticker = asyncio.create_task(_heartbeat_every(spec.heartbeat_every))
         try:
-            return await run_tool_handler(
+            event = await run_tool_handler(
                 tool, spec.dispatch, dict(spec.arguments), ctx, deadline=spec.deadline
             )
         finally:
             ticker.cancel()
             with contextlib.suppress(BaseException):
                 await ticker
+        try:  # the outcome goes into the workflow's history as JSON
+            json.dumps(converter.unstructure(event), allow_nan=False)
+        except (TypeError, ValueError) as err:
+            return ToolFinished(
+                spec.dispatch,
+                ToolOutcomeKind.RAISED,
+                error=f"the tool's outcome cannot be recorded as JSON ({err})",
+            )
+        return event
 
     # ------------------------------------------------------------------ the channel
     @activity.defn(name=CALL_CHANNEL)

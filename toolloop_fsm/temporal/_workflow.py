@@ -500,6 +500,8 @@ class _AttemptShell:
             tool = str(name.name) if name is not None else "the tool"
             if self.tool_idempotent:
                 error = f"{tool} was lost on every try: {_cause(err)}"
+            elif not _worker_lost(err):
+                error = f"{tool} failed on its worker: {_cause(err)}"
             else:
                 error = (
                     f"the outcome of {tool} is unknown: the worker running it was lost "
@@ -563,6 +565,11 @@ def _timed_out(err: ActivityError) -> bool:
         TimeoutType.START_TO_CLOSE,
         TimeoutType.SCHEDULE_TO_CLOSE,
     )
+
+
+def _worker_lost(err: ActivityError) -> bool:
+    """Whether the activity's worker stopped answering (its heartbeat or its time ran out)."""
+    return isinstance(err.cause, ActivityTimeout)
 
 
 def _cause(err: ActivityError) -> str:
