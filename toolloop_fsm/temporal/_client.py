@@ -77,7 +77,8 @@ async def start_generation_turn(
 
     Drafting and the tool checkpoint need a reviewer, which a durable turn does not take:
     a policy with `LoopPolicy.drafting` or `LoopPolicy.review_tool_calls` on is refused
-    (`ValueError` naming the switch).
+    (`ValueError` naming the switch), as is a custom `LoopPolicy.end_after_pre_tool_text`
+    (a function cannot travel to the workers).
     """
     policy = policy if policy is not None else TurnPolicy()
     if not isinstance(policy, TurnPolicy):
@@ -88,6 +89,11 @@ async def start_generation_turn(
                 f"LoopPolicy.{switch} is on, but a durable turn takes no reviewer: run "
                 "drafting and the tool checkpoint in process (run_generation_turn)"
             )
+    if policy.loop.end_after_pre_tool_text is not None:
+        raise ValueError(
+            "LoopPolicy.end_after_pre_tool_text is a function, which a durable turn cannot "
+            "carry to its workers: leave it None (the built-in rule) for a durable turn"
+        )
     attempts = tuple(attempts)
     if not attempts or not all(isinstance(name, str) and name for name in attempts):
         raise ValueError(f"attempts must name one provider or more, got {attempts!r}")

@@ -33,7 +33,7 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.host import TurnRequest
-from toolloop_fsm.policy import TurnPolicy
+from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import Notice, ToolHistoryEntry
 from toolloop_fsm.result import converter as result_converter
@@ -250,6 +250,34 @@ attrs.resolve_types(ProviderRequest, {"ToolHistoryEntry": ToolHistoryEntry, **va
 #: The result's converter (attrs values, enums, frozensets; a result's exception is never
 #: stored): chunk tuples hold JSON values of any shape and come back as they went.
 converter: cattrs.Converter = result_converter.copy()
+
+
+def _is_policy(kind: Any) -> bool:
+    return kind is LoopPolicy or kind is TurnPolicy
+
+
+def _unstructure_policy(policy: LoopPolicy | TurnPolicy) -> dict[str, Any]:
+    return {
+        f.name: converter.unstructure(getattr(policy, f.name)) for f in attrs.fields(type(policy))
+    }
+
+
+def _structure_loop(data: Mapping[str, Any], _type: Any) -> LoopPolicy:
+    return LoopPolicy(**data)
+
+
+def _structure_turn(data: Mapping[str, Any], _type: Any) -> TurnPolicy:
+    fields = dict(data)
+    fields["loop"] = _structure_loop(fields["loop"], LoopPolicy)
+    return TurnPolicy(**fields)
+
+
+# The policies go field by field, through their own validators: a generated hook would
+# resolve their annotations in place, changing the classes a host sees
+# (registered by predicate: registering an attrs class by itself resolves it too)
+converter.register_unstructure_hook_func(_is_policy, _unstructure_policy)
+converter.register_structure_hook_func(lambda kind: kind is LoopPolicy, _structure_loop)
+converter.register_structure_hook_func(lambda kind: kind is TurnPolicy, _structure_turn)
 
 
 class CattrsJSONPayloadConverter(EncodingPayloadConverter):
