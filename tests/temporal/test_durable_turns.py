@@ -259,7 +259,7 @@ async def test_a_tool_outcome_that_is_not_json_is_a_failed_call_naming_why(
 
 async def test_a_custom_exit_rule_is_refused_by_name(client: Client, task_queue: str) -> None:
     policy = TurnPolicy(loop=LoopPolicy(end_after_pre_tool_text=lambda view: True))
-    with pytest.raises(ValueError, match="LoopPolicy.end_after_pre_tool_text"):
+    with pytest.raises(ValueError, match=r"LoopPolicy\.end_after_pre_tool_text"):
         await start_generation_turn(
             client, task_queue=task_queue, attempts=["main"], channel="chat",
             request=REQUEST, policy=policy,
