@@ -8,7 +8,8 @@ a real host's external services would), and the worker process the crash tests k
   stops at a `Gate` until the test creates the gate's file (writing that it waits there).
 * `FileChannel` writes every delivery with its idempotency key and drops a key it already
   accepted, across processes (Discord's ``nonce`` with ``enforce_nonce`` does this).
-* ``record`` writes each execution; ``charge`` writes that it started, then waits at a gate.
+* ``record`` writes each execution; ``charge`` and ``lookup`` (idempotent) write that they
+  started, then wait at a gate.
 
 Run as ``python -m tests.temporal.hosts ADDRESS TASK_QUEUE DIRECTORY [FLUSH]`` it is a worker
 process with these registries.
@@ -57,9 +58,19 @@ CHARGE_SCRIPT: tuple[PassScript, ...] = (
     (TextDelta("Charging. "), FunctionCall("charge", {"cents": 500}, "c1")),
     (TextDelta("The charge did not go through."),),
 )
+#: A turn whose idempotent tool waits at a gate.
+LOOKUP_SCRIPT: tuple[PassScript, ...] = (
+    (FunctionCall("lookup", {"city": "Oslo"}, "c1"),),
+    (TextDelta("Oslo is at 59.9° N."),),
+)
 #: A turn whose first pass stops at a gate (stopped while no worker is alive).
 STOP_SCRIPT: tuple[PassScript, ...] = ((TextDelta("Thinking about it "), Gate("never")),)
-SCRIPTS = {"crash": CRASH_SCRIPT, "charge": CHARGE_SCRIPT, "stop": STOP_SCRIPT}
+SCRIPTS = {
+    "crash": CRASH_SCRIPT,
+    "charge": CHARGE_SCRIPT,
+    "lookup": LOOKUP_SCRIPT,
+    "stop": STOP_SCRIPT,
+}
 
 
 async def wait_for_file(path: Path) -> None:
@@ -155,11 +166,17 @@ def host_tools(directory: Path) -> list[Tool]:
         await wait_for_file(directory / "release")
         return ToolResult(data={"charged": arguments.get("cents")})
 
+    async def lookup(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        _append(executions, {"tool": "lookup", "city": arguments.get("city")})
+        await wait_for_file(directory / "release")
+        return ToolResult(data={"latitude": 59.9})
+
     notes = {"type": "object", "properties": {"note": {"type": "string"}}}
     cents = {"type": "object", "properties": {"cents": {"type": "integer"}}}
     return [
         Tool("record", "Records a note.", notes, record),
         Tool("charge", "Charges the user's card.", cents, charge),
+        Tool("lookup", "Looks a city up.", {"type": "object"}, lookup, idempotent=True),
     ]
 
 

@@ -43,7 +43,7 @@ async def appears(path: Path) -> None:
 async def start(client: Client, workers: WorkerProcesses, chain: str, turn_id: str) -> TurnHandle:
     return await start_generation_turn(
         client, task_queue=workers.task_queue, attempts=[chain], channel="files",
-        request=TurnRequest(REQUEST.context, turn_id=turn_id), tools=["record", "charge"],
+        request=TurnRequest(REQUEST.context, turn_id=turn_id), tools=["record", "charge", "lookup"],
         policy=POLICY, heartbeat_timeout=HEARTBEAT,
     )  # fmt: skip
 
@@ -129,6 +129,25 @@ async def test_a_worker_killed_mid_tool_reports_the_tool_unknown_and_never_runs_
     assert "unknown" in json.dumps(response)
     assert "not run again" in json.dumps(response)
     assert result.final_text == "The charge did not go through."
+
+
+async def test_a_worker_killed_mid_tool_runs_an_idempotent_tool_again_on_the_next_worker(
+    client: Client, workers: WorkerProcesses, tmp_path: Path
+) -> None:
+    first = workers.start()
+    handle = await start(client, workers, "lookup", "lookup-turn")
+    async with real_time_limit(LIMIT):
+        await appears(tmp_path / "executions.jsonl")
+        workers.kill(first)
+        (tmp_path / "release").touch()
+        workers.start()
+        result = await handle.result()
+
+    assert read_records(tmp_path / "executions.jsonl") == [{"tool": "lookup", "city": "Oslo"}] * 2
+    assert result.status is TurnStatus.COMPLETED
+    [round_] = result.history
+    assert round_.response.success
+    assert result.final_text == "Oslo is at 59.9° N."
 
 
 async def test_a_stop_sent_while_no_worker_is_alive_is_honoured_when_one_returns(
