@@ -24,6 +24,7 @@ import os
 
 from hypothesis import given, settings
 
+from toolloop_fsm.events import TextDelta
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.testing import (
@@ -85,3 +86,16 @@ def test_a_drafted_and_checkpointed_turn_keeps_every_invariant(
     script: TurnScript, policy: LoopPolicy
 ) -> None:
     run_drafted(script, policy)
+
+
+# =========================================================================== found by the properties
+def test_a_held_draft_whose_first_delivery_fails_sends_none_of_the_rest() -> None:
+    """The channel refuses the first piece of a delivered draft: the turn ends ``error``
+    (``host_error``) and the pieces after it are never sent — the user does not read the
+    middle of a reply whose beginning was lost."""
+    script = TurnScript(passes=((TextDelta("Hi"), TextDelta(" there")),), failing_delivery=0)
+    policy = LoopPolicy(drafting=True, delivery_flush_chars=1)
+    run = run_drafted(script, policy)
+    assert (run.result.status, run.result.reason) == (TurnStatus.ERROR, "host_error")
+    assert run.channel.delivered == []
+    assert run.result.delivered == ()

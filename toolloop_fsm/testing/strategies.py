@@ -775,13 +775,14 @@ def _reviewed_policies(
 
 
 def _with_review_fields(policy: LoopPolicy, fields: dict[str, Any]) -> LoopPolicy:
-    held_bytes, held_segments, send_limit = fields.pop("held_prose_limits")
+    changes = dict(fields)  # the drawn value stays as drawn (Hypothesis reports it)
+    held_bytes, held_segments, send_limit = changes.pop("held_prose_limits")
     return attrs.evolve(
         policy,
         held_prose_max_bytes=held_bytes,
         held_prose_max_segments=held_segments,
         send_message_limit=send_limit,
-        **fields,
+        **changes,
     )
 
 
