@@ -155,12 +155,20 @@ class WitnessedReviewer:
     candidate and proposed call, the instant, and how many deliveries ``channel`` had
     confirmed (and, for a `HostileChannel`, begun) by then; then answers as ``inner`` does.
     The invariant checker reads these to tell that nothing held reached the user before
-    the reviewer was asked."""
+    the reviewer was asked. ``attempt`` says which attempt of a generation turn asks."""
 
-    def __init__(self, inner: Reviewer, channel: RecordingChannel, clock: VirtualClock) -> None:
+    def __init__(
+        self,
+        inner: Reviewer,
+        channel: RecordingChannel,
+        clock: VirtualClock,
+        *,
+        attempt: Callable[[], int] | None = None,
+    ) -> None:
         self.inner = inner
         self.channel = channel
         self.clock = clock
+        self.attempt = attempt
         self.asked: list[ReviewAsked] = []
 
     async def review(self, packet: ReviewPacket) -> Verdict:
@@ -179,6 +187,7 @@ class WitnessedReviewer:
             correction=proposed is not None and proposed.correction,
             reviews_done=packet.revision.reviews_done,
             revisions_done=packet.revision.revisions_done,
+            attempt=self.attempt() if self.attempt is not None else 0,
         )
         self.asked.append(asked)
         try:

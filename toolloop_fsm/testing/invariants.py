@@ -146,7 +146,8 @@ class ReviewAsked:
     ``delivered_before``: how many deliveries the channel had confirmed at that instant;
     ``sends_before``: how many it had begun (``None`` when the channel does not say).
     ``candidate``: the text the reviewer was shown; ``reviews_done`` / ``revisions_done``:
-    what the packet said the budget stood at. ``ended_at`` is when the review ended by any
+    what the packet said the budget stood at; ``attempt`` the attempt of a generation
+    turn that asked. ``ended_at`` is when the review ended by any
     means (``None`` while it runs), ``answered`` whether it returned or raised rather than
     being cancelled.
     """
@@ -162,6 +163,8 @@ class ReviewAsked:
     revisions_done: int = 0
     ended_at: float | None = None
     answered: bool = False
+    #: the attempt of a generation turn that asked (0 for a tool loop)
+    attempt: int = 0
 
 
 def call_identity(name: str, arguments: Any) -> str:

@@ -572,7 +572,11 @@ class _Simulation:
                 continue
             review = self.review
             if review is not None and review.instant and self.phase == "review":
-                self.review_answers()  # so does a reviewer that answers at once
+                # so does a reviewer that answers at once (a step of the turn's work)
+                if self.racing_notice_first():
+                    self.notice_done()
+                else:
+                    self.review_answers()
                 continue
             if self.phase != "ended" and (self.reading or self.tool_starting):
                 if self.racing_notice_first():
@@ -588,7 +592,8 @@ class _Simulation:
     def racing_notice_first(self) -> bool:
         """A notice call failing at the instant it was made, while the turn still has work
         to do at that instant: the failure may come before any step of that work (each
-        step — a chunk read, a decision, a tool starting — is done whole)."""
+        step — a chunk read, a decision, a tool starting, a reviewer's verdict — is done
+        whole)."""
         call = self.notice_call
         if call is None or not call.instant:
             return False
@@ -1136,13 +1141,9 @@ class _Simulation:
         if identity in self.rejected:
             self.tool_outcome(_REJECTED)
             return True
-        available = (
-            not self.reviewer_gone and self.tool_reviews < self.policy.max_tool_reviews
-        )
+        available = not self.reviewer_gone and self.tool_reviews < self.policy.max_tool_reviews
         correction = str(call.name) in self.rejected_names
-        if correction and (
-            self.corrections >= self.policy.max_tool_corrections or not available
-        ):
+        if correction and (self.corrections >= self.policy.max_tool_corrections or not available):
             self.reject(call)
             return True
         if not available:
@@ -1267,6 +1268,8 @@ class _Simulation:
         if outcome != _CONFIRMED:
             if self.phase != "ended":
                 self.host_fails(outcome)
+            else:
+                self.unsent.insert(0, delivery)  # never confirmed: it stays undelivered
             return
         self.confirmed.append(delivery)
         if delivery.text is not None:
