@@ -1463,7 +1463,7 @@ def _acts_text(acts: Sequence[ChannelAct]) -> str:
 
 
 def _policy_text(policy: LoopPolicy) -> str:
-    names = (
+    names: tuple[str, ...] = (
         "max_function_call_iterations", "soft_warn_iteration", "max_consecutive_tool_errors",
         "continuation_tool_failure_threshold", "inactivity_timeout", "first_token_timeout",
         "abandoned_stream_settle", "tool_timeout", "delivery_flush_chars", "max_pass_duration",
