@@ -35,6 +35,7 @@ import pytest
 from hypothesis import given, settings
 
 from toolloop_fsm.events import FunctionCall, TextDelta
+from toolloop_fsm.fuzz import fuzz
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.review import Finding, FindingCategory, Pass, ReviewKind, Revise
@@ -44,8 +45,10 @@ from toolloop_fsm.testing import (
     ChainRun,
     ChainScript,
     Ending,
+    Hang,
     InvariantViolation,
     ModelScript,
+    Pause,
     ScriptRun,
     TimedSignal,
     ToolStep,
@@ -58,7 +61,6 @@ from toolloop_fsm.testing import (
     run_script,
     turn_scripts,
 )
-from toolloop_fsm.testing.reviewer import Hang
 
 #: Examples per test under the ci profile: a drafted turn costs a little more to run than a
 #: plain one (its reviews), and five properties share the ci budget.
@@ -164,7 +166,7 @@ def test_a_rejection_and_the_review_budget_carry_to_the_next_attempt() -> None:
             ModelScript("m1", keyless=AttemptScript(text="Done.", tool_steps=(lookup,))),
         ),
         policy=TurnPolicy(loop=attrs.evolve(_FAST_LOOP, drafting=True, review_tool_calls=True)),
-        reviews=(Revise([NOT_NEEDED]), Pass()),
+        reviews=(Revise((NOT_NEEDED,)), Pass()),
     )
     chain = asyncio.run(run_chain(script))
     check_chain_invariants(chain)
@@ -191,6 +193,29 @@ def test_a_held_draft_whose_first_delivery_fails_sends_none_of_the_rest() -> Non
     assert run.result.delivered == ()
 
 
+def test_a_cancelled_review_leaves_no_timer_behind_so_the_next_turn_on_the_loop_runs() -> None:
+    """Found by fuzzing drafted turns on one event loop. A stop cancels a review; the turn
+    returns; the next turn run on the same event loop (the kit runs many scripts on one)
+    must not hang behind a timer the first left on its clock."""
+
+    async def two_turns() -> tuple[ScriptRun, ScriptRun]:
+        stopped = TurnScript(
+            passes=((TextDelta("Almost."),),),
+            reviews=(Hang(),),
+            signals=(TimedSignal(1.0, "stop"),),
+        )
+        first = await run_script(stopped, DRAFTING)
+        second = await run_script(
+            TurnScript(passes=((Pause(5.0), TextDelta("Hi.")),)), DRAFTING, real_timeout=3.0
+        )
+        return first, second
+
+    first, second = asyncio.run(two_turns())
+    assert first.result.reason == "stopped_during_review"
+    assert (second.result.status, second.result.reason) == (TurnStatus.COMPLETED, "draft_passed")
+    assert second.elapsed == 5.0
+
+
 # =========================================================================== the checker
 def _expect(number: int, run: ScriptRun, **changes: Any) -> None:
     witnesses: dict[str, Any] = {
@@ -215,7 +240,7 @@ def test_the_checker_catches_held_text_shown_early_a_broken_budget_and_a_swapped
     script = TurnScript(
         passes=((TextDelta("Let me look. "), WEATHER), (TextDelta("It is 3 °C."),), (WEATHER,),
                 (TextDelta("Oslo: 3 °C, cold."),)),
-        reviews=(Revise([FLAT]), Pass()),
+        reviews=(Revise((FLAT,)), Pass()),
     )  # fmt: skip
     run = run_drafted(script, DRAFTING)
     assert (run.result.status, run.result.reason) == (TurnStatus.COMPLETED, "draft_passed")
@@ -287,3 +312,13 @@ def test_the_chain_checker_catches_a_budget_per_attempt_and_a_failed_attempts_dr
     with pytest.raises(ChainInvariantViolation) as raised:
         check_chain_invariants(attrs.evolve(chain, result=leaked))
     assert raised.value.invariant == "held_until_reviewed"
+
+
+# =========================================================================== the fuzzer
+def test_fuzzing_with_drafting_reviews_replies_and_calls_and_finds_nothing_broken() -> None:
+    report = fuzz(LoopPolicy(), drafting=True, examples=60, seed=3)
+    assert report.failure is None, report.failure
+    assert {
+        "completing_response --advance--> reviewing_draft",
+        "ending_pass --advance[call_needs_checkpoint]--> reviewing_call",
+    } <= report.fired

@@ -179,7 +179,7 @@ _ALLOWLISTS = st.sampled_from((None, None, frozenset({"get_weather", "send_stick
 _VERDICTS = st.sampled_from(
     (
         Pass(),
-        Revise([Finding(FindingCategory.VOICE, "The reply sounds flat.", "Answer warmly.")]),
+        Revise((Finding(FindingCategory.VOICE, "The reply sounds flat.", "Answer warmly."),)),
         Unavailable("refusal"),
     )
 )

@@ -16,6 +16,7 @@ import ast
 import asyncio
 import inspect
 import math
+from typing import Any
 
 import attrs
 import pytest
@@ -618,7 +619,7 @@ def test_a_revised_reply_is_predicted_to_replace_the_draft_and_reuse_the_call() 
             (WEATHER,),
             (TextDelta("Oslo: 3 °C, cold."),),
         ),
-        reviews=(Revise([FLAT]), Pass()),
+        reviews=(Revise((FLAT,)), Pass()),
     )
     ending = predicted_and_run(script, DRAFTING)
     assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "draft_passed")
@@ -632,11 +633,11 @@ def test_a_revised_reply_is_predicted_to_replace_the_draft_and_reuse_the_call() 
     [({"max_revisions": 1}, "revisions_exhausted"), ({"max_reviews": 1}, "reviews_exhausted")],
 )
 def test_a_second_draft_is_predicted_delivered_once_the_budget_is_spent(
-    changes: dict[str, int], reason: str
+    changes: dict[str, Any], reason: str
 ) -> None:
     script = TurnScript(
         passes=((TextDelta("First."),), (TextDelta("Second."),)),
-        reviews=(Revise([FLAT]), Revise([FLAT])),
+        reviews=(Revise((FLAT,)), Revise((FLAT,))),
     )
     ending = predicted_and_run(script, attrs.evolve(DRAFTING, **changes))
     assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, reason)
@@ -648,12 +649,12 @@ def test_a_second_draft_is_predicted_delivered_once_the_budget_is_spent(
     [({"held_prose_max_bytes": 8}, ("flush_limit",)), ({"send_message_limit": 8}, ())],
 )
 def test_a_reply_cut_at_the_ceiling_is_predicted_to_stop_the_pass_and_be_delivered_as_cut(
-    limits: dict[str, int], notices: tuple[str, ...]
+    limits: dict[str, Any], notices: tuple[str, ...]
 ) -> None:
     """Whatever the verdict; the notice only when the library's own ceiling cut it."""
     script = TurnScript(
         passes=((TextDelta("Hello"), TextDelta(" world"), TextDelta(" never read"), WEATHER),),
-        reviews=(Revise([FLAT]),),
+        reviews=(Revise((FLAT,)),),
     )
     ending = predicted_and_run(script, attrs.evolve(DRAFTING, **limits))
     assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "cut_at_length_limit")
@@ -698,7 +699,7 @@ def test_a_follow_up_is_predicted_to_interrupt_a_reply_under_review_but_not_a_ca
 def test_a_rejected_call_is_predicted_rejected_again_unreviewed_until_a_correction_passes() -> None:
     script = TurnScript(
         passes=((WEATHER,), (WEATHER,), (LIMA,), (TextDelta("Lima: 20 °C."),)),
-        reviews=(Revise([NOT_NEEDED]), Pass()),
+        reviews=(Revise((NOT_NEEDED,)), Pass()),
     )
     ending = predicted_and_run(script, CHECKPOINT)
     assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, None)
@@ -710,7 +711,7 @@ def test_a_rejected_call_is_predicted_rejected_again_unreviewed_until_a_correcti
 def test_a_correction_without_a_verdict_is_predicted_rejected_and_later_calls_unreviewed() -> None:
     script = TurnScript(
         passes=((WEATHER,), (LIMA,), (FunctionCall("search", {"q": "Lima"}),), (TextDelta("ok"),)),
-        reviews=(Revise([NOT_NEEDED]), Unavailable("refusal"), Revise([NOT_NEEDED])),
+        reviews=(Revise((NOT_NEEDED,)), Unavailable("refusal"), Revise((NOT_NEEDED,))),
     )
     ending = predicted_and_run(script, CHECKPOINT)
     assert ending.history == (("get_weather", False), ("get_weather", False), ("search", True))

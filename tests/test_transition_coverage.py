@@ -117,7 +117,7 @@ _CHECKPOINT = LoopPolicy(review_tool_calls=True)
 _DRAFTING = LoopPolicy(drafting=True)
 _WEATHER = FunctionCall("get_weather", {"city": "Oslo"})
 _LIMA = FunctionCall("get_weather", {"city": "Lima"})
-_FLAT = Revise([Finding(FindingCategory.VOICE, "The reply sounds flat.", "Answer warmly.")])
+_FLAT = Revise((Finding(FindingCategory.VOICE, "The reply sounds flat.", "Answer warmly."),))
 
 
 def _asked(effects: list[Effect]) -> RequestReview:

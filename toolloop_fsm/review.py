@@ -11,7 +11,7 @@ tool checkpoint, the proposed call, marked ``not_executed``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -73,6 +73,11 @@ class Pass:
     usage: ReviewUsage | None = field(default=None, kw_only=True)
 
 
+def _as_findings(value: Iterable[Finding]) -> tuple[Finding, ...]:
+    # a typed converter: with a bare ``tuple`` the checker cannot tell what Revise takes
+    return tuple(value)
+
+
 def _findings(instance: Any, attribute: Any, value: tuple[Finding, ...]) -> None:
     if not MIN_FINDINGS <= len(value) <= MAX_FINDINGS:
         raise ValueError(f"Revise carries {MIN_FINDINGS}–{MAX_FINDINGS} findings, got {len(value)}")
@@ -86,7 +91,7 @@ class Revise:
     """Send it back: 1–4 findings say what to change. For a drafted reply, the first
     `Revise` asks the model for a replacement; for a tool call, it rejects the call."""
 
-    findings: tuple[Finding, ...] = field(converter=tuple, validator=_findings)
+    findings: tuple[Finding, ...] = field(converter=_as_findings, validator=_findings)
     usage: ReviewUsage | None = field(default=None, kw_only=True)
 
 
