@@ -107,7 +107,7 @@ REVIEWED_POLICIES = st.one_of(
 
 @settings(max_examples=EXAMPLES)
 @given(script=turn_scripts(drafting=True), policy=REVIEWED_POLICIES)
-def test_every_drafted_or_checkpointed_turn_ends_as_the_reference_model_predicts(
+def test_every_turn_with_drafting_or_the_checkpoint_ends_as_the_reference_model_predicts(
     script: TurnScript, policy: LoopPolicy
 ) -> None:
     """Held prose cut at the ceiling, replies passed, revised once, delivered unreviewed or
@@ -119,7 +119,7 @@ def test_every_drafted_or_checkpointed_turn_ends_as_the_reference_model_predicts
 
 @settings(max_examples=EXAMPLES)
 @given(script=turn_scripts(drafting=True, hostile=True), policy=REVIEWED_POLICIES)
-def test_every_drafted_or_checkpointed_hostile_turn_ends_as_the_reference_model_predicts(
+def test_every_hostile_turn_with_drafting_or_the_checkpoint_ends_as_predicted(
     script: TurnScript, policy: LoopPolicy
 ) -> None:
     run = asyncio.run(run_script(script, policy, real_timeout=HOSTILE_REAL_TIMEOUT))

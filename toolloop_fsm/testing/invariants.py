@@ -2,7 +2,7 @@
 per run.
 
 `check_invariants(result, policy=…, …)` checks invariants 1–9
-(docs/invariants.md §1–§9) against one finished run and
+(docs/invariants.md §1–§9), and 11 for a drafted turn, against one finished run and
 raises `InvariantViolation` (an `AssertionError`, so pytest and Hypothesis treat it as a
 failed assertion) whose message starts ``invariant N:`` and says what was seen. Everything
 but ``result`` and ``policy`` is optional: each extra witness (the channel, the provider, the
@@ -202,7 +202,7 @@ def check_invariants(
     reviews_asked: Sequence[ReviewAsked] | None = None,
 ) -> None:
     """Check one finished run of the tool loop (or a one-model generation turn) against
-    invariants 1–9 (docs/invariants.md).
+    invariants 1–9 (docs/invariants.md), and 11 when the policy turns drafting on.
 
     ``channel``: the `RecordingChannel` the run delivered to (invariant 5).
     ``provider``: the `ScriptedProvider` it streamed from — its ``requests`` (invariants 2

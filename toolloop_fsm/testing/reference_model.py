@@ -86,6 +86,43 @@ The hostile world (the kit's `ChannelAct` plans, hostile tools and providers):
   model with that one key: the attempt's ending is the turn's (no key or model is left to
   try), except that a stream timeout's notice is held by the outer tier and posted last,
   only when the turn ends neither ``completed`` nor ``stopped_by_user``.
+
+Drafting and the tool checkpoint (a policy with ``drafting`` or ``review_tool_calls`` on; the
+script's ``reviews`` say what the reviewer answers, in order, a pass once they run out):
+
+* Holding. With drafting, every flush of text is held instead of delivered, and a tool's
+  expression is held in its place (it is the turn's one expression all the same). The turn
+  holds at most the smaller of ``held_prose_max_bytes`` and ``send_message_limit`` UTF-8
+  bytes and ``held_prose_max_segments`` pieces, counted across passes and revisions; a
+  flush that does not fit keeps its longest prefix of whole characters that does, and cuts
+  the reply: nothing more is held, a pass still streaming ends at once as if its stream had
+  ended, and the cut reply is completed (its call, if any, ignored).
+* Completing a reply happens when a pass ends without a call while something is held, or
+  when a tool round would end the turn (the tool asked to, a continuation provider's
+  retries are spent, a silent tool followed visible text) while something is held. Nothing
+  but expressions held: delivered unreviewed. Otherwise, the reviewer already gave no
+  verdict once, or ``max_reviews`` were asked: delivered as it is. Otherwise it is reviewed.
+* A reply's verdict: a cut reply is delivered as cut whatever it says (with the
+  ``flush_limit`` notice, unless the host's send limit cut it); a pass delivers; a revision
+  while ``max_revisions`` allow drops the held reply and starts a pass in a new replay
+  segment (a successful call repeated is reused, never run again); a revision past the
+  budget delivers; anything else, and the review timeout, delivers the reply unreviewed and
+  the reviewer is not asked again in the turn. A stop under review ends the turn and sends
+  nothing held; a follow-up ends it too; the host's channel failing ends it ``error``.
+* The checkpoint, after the gate and the ledger (a replayed call is never reviewed): the
+  identical call rejected before is rejected again without a review; a call of a rejected
+  tool is a correction, rejected unreviewed when ``max_tool_corrections`` are spent or the
+  reviewer cannot be asked; a new call is reviewed while ``max_tool_reviews`` allow and
+  the reviewer answers. A pass runs it (an approved correction lifts its tool's
+  rejection); a revision rejects it; no verdict or the timeout runs it — a correction stays
+  rejected — and the reviewer is not asked again. A rejection is a failed round with no
+  failure notice that counts as no error; a follow-up while a call is reviewed waits.
+* Time. A reviewer answering at once answers right after the step that asked it (a notice
+  failing at that instant may come first); a slow one answers after its delay; one that
+  hangs is ended by the review timeout; one that raises gave no verdict.
+* Texts. With drafting, a completed turn's final text is the delivered reply (or the text
+  that completed it without one); any other ending keeps what the channel confirmed. The
+  undelivered text is what is still held, then what was handed over and never confirmed.
 """
 
 from __future__ import annotations
