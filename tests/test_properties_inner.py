@@ -35,12 +35,15 @@ from hypothesis import strategies as st
 
 from toolloop_fsm.effects import (
     ArmDeadline,
+    CancelReview,
     CancelStream,
     CancelTool,
     ClearDeadline,
+    CutStream,
     Deliver,
     Effect,
     Finish,
+    RequestReview,
     RunTool,
     StartStream,
 )
@@ -53,6 +56,7 @@ from toolloop_fsm.events import (
     DeliveryRecorded,
     FollowUpArrived,
     FunctionCall,
+    ReviewReturned,
     StopRequested,
     StreamEnded,
     StreamFailed,
@@ -65,6 +69,7 @@ from toolloop_fsm.host import ToolRegistry, TurnRequest, TurnSignals
 from toolloop_fsm.machine import CHUNK_TRIGGERS, ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import TraceStep, TurnStatus
+from toolloop_fsm.review import Finding, FindingCategory, Pass, Revise, Unavailable
 from toolloop_fsm.testing import (
     PROVIDER_KEYS,
     InvariantViolation,
@@ -171,6 +176,13 @@ _OUTCOMES = st.sampled_from(
 _RESULT_FIELDS = st.sampled_from(_TOOL_RESULTS)
 _STOP_MESSAGES = st.sampled_from((None, "stop it"))
 _ALLOWLISTS = st.sampled_from((None, None, frozenset({"get_weather", "send_sticker"}), frozenset()))
+_VERDICTS = st.sampled_from(
+    (
+        Pass(),
+        Revise((Finding(FindingCategory.VOICE, "The reply sounds flat.", "Answer warmly."),)),
+        Unavailable("refusal"),
+    )
+)
 MAX_STEPS = 120
 
 
@@ -185,6 +197,10 @@ class Simulator:
     in_flight: list[int] = attrs.field(factory=list)
     recorded: list[int] = attrs.field(factory=list)
     finished: bool = False
+    #: the review being asked (drafting, the tool checkpoint), by its number
+    reviewing: int | None = None
+    #: the pass reached the held-prose ceiling: its stream ends before anything else happens
+    cut: bool = False
 
     def take(self, effects: Sequence[Effect]) -> None:
         for effect in effects:
@@ -192,6 +208,12 @@ class Simulator:
                 self.stream_open = True
             elif isinstance(effect, CancelStream):
                 self.stream_open = False
+            elif isinstance(effect, CutStream):
+                self.cut = True
+            elif isinstance(effect, RequestReview):
+                self.reviewing = effect.review
+            elif isinstance(effect, CancelReview):
+                self.reviewing = None
             elif isinstance(effect, ArmDeadline):
                 self.armed[effect.kind] = effect.token
             elif isinstance(effect, ClearDeadline):
@@ -209,8 +231,13 @@ class Simulator:
     def fed(self, event: object) -> None:
         if isinstance(event, StreamEnded | StreamFailed):
             self.stream_open = False
+            self.cut = False
+        elif isinstance(event, ReviewReturned):
+            self.reviewing = None
         elif isinstance(event, DeadlineExpired):
             self.armed.pop(event.kind, None)
+            if event.kind is DeadlineKind.REVIEW:
+                self.reviewing = None
         elif isinstance(event, ToolFinished):
             self.running = None
         elif isinstance(event, DeliveryRecorded | DeliveryFailed) and event.seq is not None:
@@ -221,7 +248,11 @@ class Simulator:
         """The kinds of event the world may send now, weighted toward progress (chunks, the
         end of the stream, the tool's result) so that turns get past their first pass: the
         ways a turn is cut short (a failure, an expired deadline, a signal) share a small
-        weight each. Hypothesis shrinks toward the front of the list."""
+        weight each. Hypothesis shrinks toward the front of the list. A pass cut at the
+        held-prose ceiling ends before anything else can happen (the shell stops reading and
+        reports the end at once)."""
+        if self.cut:
+            return ["stream_ended"]
         kinds: list[str] = []
         if self.stream_open:
             kinds += ["chunk"] * 8 + ["stream_ended"] * 4
@@ -229,6 +260,8 @@ class Simulator:
             kinds += ["tool_finished"] * 8
         if self.in_flight:
             kinds += ["delivery_recorded"] * 3
+        if self.reviewing is not None:
+            kinds += ["review_returned"] * 8
         kinds += ["signal", "failure"]
         return kinds
 
@@ -265,6 +298,9 @@ class Simulator:
             return DeadlineExpired(deadline, self.armed[deadline])
         if kind == "delivery_recorded":
             return DeliveryRecorded(data.draw(st.sampled_from(self.in_flight), label="seq"))
+        if kind == "review_returned":
+            assert self.reviewing is not None
+            return ReviewReturned(self.reviewing, data.draw(_VERDICTS, label="verdict"))
         if kind == "delivery_failed":
             seq = data.draw(st.sampled_from(self.in_flight), label="seq")
             return DeliveryFailed(seq, "ConnectionError: channel refused")
@@ -298,6 +334,9 @@ class Simulator:
             ]
         if state == "settling":
             events.append(ToolFinished(self.last_dispatch, ToolOutcomeKind.SUCCEEDED))
+        if state in ("reviewing_draft", "reviewing_call"):
+            # a verdict for a review that is not the one asked, and chunks after the pass
+            events += [ReviewReturned(10_000, Pass()), TextDelta("late"), StreamEnded()]
         if state in FINAL_STATES:
             events += [
                 StopRequested(),

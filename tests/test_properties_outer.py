@@ -58,6 +58,7 @@ from toolloop_fsm.result import (
 from toolloop_fsm.testing import VirtualClock, call_identity
 from toolloop_fsm.testing.chains import (
     CHAIN_INVARIANTS,
+    REVIEW_CHAIN_INVARIANTS,
     AttemptScript,
     ChainChannel,
     ChainInvariantViolation,
@@ -329,7 +330,9 @@ def test_the_chain_checker_is_not_vacuous() -> None:
     assert result.delivered_text == "Part Done."
     assert [n.key for n in chain.channel.notices] == ["fallback_used"]
     doctored = _doctored_runs(chain)
-    assert sorted(doctored) == sorted(CHAIN_INVARIANTS)
+    # drafting's own (a chain without a reviewer cannot break them) are tested with drafting
+    # (tests/test_properties_drafting.py)
+    assert sorted(doctored) == sorted(set(CHAIN_INVARIANTS) - set(REVIEW_CHAIN_INVARIANTS))
     for name, bad in doctored.items():
         with pytest.raises(ChainInvariantViolation) as caught:
             check_chain_invariants(bad)

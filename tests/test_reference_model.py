@@ -1,7 +1,8 @@
 """Invariant 10: every scripted turn ends as the kit's reference model predicts.
 
 The property tests run each drawn script — in the kind world, and in the hostile one whose
-channel, tools, signals and provider misbehave — through the engine (`run_script`) and
+channel, tools, signals and provider misbehave; with drafting and the tool checkpoint off,
+and on with a scripted reviewer — through the engine (`run_script`) and
 through the independent model (`predict_endings`) and compare status, sub-reason,
 ``final_text``, ``undelivered_text``, passes, dispatches, confirmed deliveries, notices, tool
 rounds and whether a tool delivered a response. The example tests pin what the model itself
@@ -15,10 +16,12 @@ import ast
 import asyncio
 import inspect
 import math
+from typing import Any
 
 import attrs
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import toolloop_fsm.testing.reference_model as reference_model
 from toolloop_fsm.events import (
@@ -33,15 +36,18 @@ from toolloop_fsm.events import (
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.review import Finding, FindingCategory, Pass, Revise, Unavailable
 from toolloop_fsm.testing import (
     PROVIDER_KEYS,
     AmbiguousEnding,
     ChannelAct,
     EchoKey,
     Fail,
+    Hang,
     Pause,
     PredictedEnding,
     ScriptRun,
+    Slow,
     TimedSignal,
     ToolAction,
     ToolBehaviour,
@@ -88,6 +94,34 @@ def test_every_hostile_turn_ends_as_the_reference_model_predicts(
     their own BaseException or GeneratorExit, ignore cancellation or mutate their arguments;
     stops from another thread; providers that quote their key, report NaN usage or trickle
     forever: the ending is still the one the rules predict."""
+    run = asyncio.run(run_script(script, policy, real_timeout=HOSTILE_REAL_TIMEOUT))
+    check_ending(run)
+
+
+#: A policy with drafting, the tool checkpoint or both on (never neither).
+REVIEWED_POLICIES = st.one_of(
+    loop_policies(drafting=True, review_tool_calls=None),
+    loop_policies(drafting=False, review_tool_calls=True),
+)
+
+
+@settings(max_examples=EXAMPLES)
+@given(script=turn_scripts(drafting=True), policy=REVIEWED_POLICIES)
+def test_every_turn_with_drafting_or_the_checkpoint_ends_as_the_reference_model_predicts(
+    script: TurnScript, policy: LoopPolicy
+) -> None:
+    """Held prose cut at the ceiling, replies passed, revised once, delivered unreviewed or
+    after a review timeout, stopped or interrupted under review; calls approved, rejected,
+    rejected again, corrected: the ending is still the one the rules predict."""
+    run = asyncio.run(run_script(script, policy))
+    check_ending(run)
+
+
+@settings(max_examples=EXAMPLES)
+@given(script=turn_scripts(drafting=True, hostile=True), policy=REVIEWED_POLICIES)
+def test_every_hostile_turn_with_drafting_or_the_checkpoint_ends_as_predicted(
+    script: TurnScript, policy: LoopPolicy
+) -> None:
     run = asyncio.run(run_script(script, policy, real_timeout=HOSTILE_REAL_TIMEOUT))
     check_ending(run)
 
@@ -547,3 +581,138 @@ def test_a_trickle_coinciding_with_every_confirmation_is_predicted_without_givin
     }
     assert {len(e.delivered) for e in endings} == {100}
     engine_run(script, policy)
+
+
+# =========================================================================== drafting
+FLAT = Finding(FindingCategory.VOICE, "The reply sounds flat.", "Answer warmly.")
+NOT_NEEDED = Finding(FindingCategory.TOOL_USE, "This call is not needed.", "Answer now.")
+DRAFTING = LoopPolicy(drafting=True, delivery_flush_chars=1)
+CHECKPOINT = LoopPolicy(review_tool_calls=True, delivery_flush_chars=1)
+LIMA = FunctionCall("get_weather", {"city": "Lima"})
+
+
+def predicted_and_run(script: TurnScript, policy: LoopPolicy) -> PredictedEnding:
+    """The one ending the model predicts, after checking that the engine ends so too."""
+    ending = predict_ending(script, policy)
+    run = asyncio.run(run_script(script, policy))
+    assert ending_of(run.result) == ending, difference((ending,), ending_of(run.result))
+    return ending
+
+
+def test_a_drafted_reply_is_predicted_to_reach_the_user_whole_once_passed() -> None:
+    script = TurnScript(
+        passes=((TextDelta("Let me check. "), WEATHER), (TextDelta("It is 3 °C."),)),
+        reviews=(Pass(),),
+    )
+    ending = predicted_and_run(script, DRAFTING)
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "draft_passed")
+    assert ending.delivered == (("text", "Let me check. "), ("text", "It is 3 °C."))
+    assert ending.final_text == "Let me check. It is 3 °C."
+    assert (ending.iterations, ending.tool_dispatches) == (2, 1)
+
+
+def test_a_revised_reply_is_predicted_to_replace_the_draft_and_reuse_the_call() -> None:
+    script = TurnScript(
+        passes=(
+            (TextDelta("Let me check. "), WEATHER),
+            (TextDelta("It is 3."),),
+            (WEATHER,),
+            (TextDelta("Oslo: 3 °C, cold."),),
+        ),
+        reviews=(Revise((FLAT,)), Pass()),
+    )
+    ending = predicted_and_run(script, DRAFTING)
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "draft_passed")
+    assert ending.delivered == (("text", "Oslo: 3 °C, cold."),)
+    assert ending.tool_dispatches == 1  # the repeated call was reused, not run again
+    assert ending.history == (("get_weather", True), ("get_weather", True))
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [({"max_revisions": 1}, "revisions_exhausted"), ({"max_reviews": 1}, "reviews_exhausted")],
+)
+def test_a_second_draft_is_predicted_delivered_once_the_budget_is_spent(
+    changes: dict[str, Any], reason: str
+) -> None:
+    script = TurnScript(
+        passes=((TextDelta("First."),), (TextDelta("Second."),)),
+        reviews=(Revise((FLAT,)), Revise((FLAT,))),
+    )
+    ending = predicted_and_run(script, attrs.evolve(DRAFTING, **changes))
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, reason)
+    assert ending.delivered == (("text", "Second."),)
+
+
+@pytest.mark.parametrize(
+    ("limits", "notices"),
+    [({"held_prose_max_bytes": 8}, ("flush_limit",)), ({"send_message_limit": 8}, ())],
+)
+def test_a_reply_cut_at_the_ceiling_is_predicted_to_stop_the_pass_and_be_delivered_as_cut(
+    limits: dict[str, Any], notices: tuple[str, ...]
+) -> None:
+    """Whatever the verdict; the notice only when the library's own ceiling cut it."""
+    script = TurnScript(
+        passes=((TextDelta("Hello"), TextDelta(" world"), TextDelta(" never read"), WEATHER),),
+        reviews=(Revise((FLAT,)),),
+    )
+    ending = predicted_and_run(script, attrs.evolve(DRAFTING, **limits))
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "cut_at_length_limit")
+    assert ending.delivered == (("text", "Hello"), ("text", " wo"))
+    assert ending.notices == notices
+    assert (ending.iterations, ending.tool_dispatches) == (1, 0)
+
+
+def test_a_reviewer_that_hangs_is_predicted_to_time_out_and_deliver_the_draft() -> None:
+    script = TurnScript(passes=((TextDelta("Here."),),), reviews=(Hang(),))
+    ending = predicted_and_run(script, attrs.evolve(DRAFTING, review_timeout=5.0))
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "review_timeout")
+    assert ending.delivered == (("text", "Here."),)
+
+
+def test_a_stop_during_a_review_is_predicted_to_send_nothing_held() -> None:
+    script = TurnScript(
+        passes=((TextDelta("Almost."),),),
+        reviews=(Hang(),),
+        signals=(TimedSignal(1.0, "stop", "ok, stopping"),),
+    )
+    ending = predicted_and_run(script, DRAFTING)
+    assert (ending.status, ending.reason) == (TurnStatus.STOPPED_BY_USER, "stopped_during_review")
+    assert ending.delivered == () and ending.final_text == ""
+    assert ending.undelivered_text == "Almost."
+
+
+def test_a_follow_up_is_predicted_to_interrupt_a_reply_under_review_but_not_a_call() -> None:
+    follow_up = (TimedSignal(1.0, "follow_up"),)
+    reply = TurnScript(passes=((TextDelta("Almost."),),), reviews=(Hang(),), signals=follow_up)
+    ending = predicted_and_run(reply, DRAFTING)
+    assert (ending.status, ending.reason) == (TurnStatus.FOLLOW_UP_INTERRUPT, None)
+    assert ending.delivered == ()
+    call = TurnScript(
+        passes=((WEATHER,), (TextDelta("3 °C."),)), reviews=(Slow(3.0, Pass()),), signals=follow_up
+    )
+    ending = predicted_and_run(call, CHECKPOINT)
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, None)
+    assert ending.tool_dispatches == 1
+
+
+def test_a_rejected_call_is_predicted_rejected_again_unreviewed_until_a_correction_passes() -> None:
+    script = TurnScript(
+        passes=((WEATHER,), (WEATHER,), (LIMA,), (TextDelta("Lima: 20 °C."),)),
+        reviews=(Revise((NOT_NEEDED,)), Pass()),
+    )
+    ending = predicted_and_run(script, CHECKPOINT)
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, None)
+    assert ending.history == (("get_weather", False), ("get_weather", False), ("get_weather", True))
+    assert ending.tool_dispatches == 1
+    assert ending.notices == ()  # a rejection is no failure: no failure notice
+
+
+def test_a_correction_without_a_verdict_is_predicted_rejected_and_later_calls_unreviewed() -> None:
+    script = TurnScript(
+        passes=((WEATHER,), (LIMA,), (FunctionCall("search", {"q": "Lima"}),), (TextDelta("ok"),)),
+        reviews=(Revise((NOT_NEEDED,)), Unavailable("refusal"), Revise((NOT_NEEDED,))),
+    )
+    ending = predicted_and_run(script, CHECKPOINT)
+    assert ending.history == (("get_weather", False), ("get_weather", False), ("search", True))
+    assert ending.tool_dispatches == 1  # the reviewer was not asked about search

@@ -1,10 +1,11 @@
 """Transition coverage: the property-test workload fires every declared transition.
 
 The same bodies the property tests run — whole turns through `run_tool_loop` drawn from
-`turn_scripts()` × `loop_policies()`, and the sans-IO `ToolLoopMachine` driven by the
-effects simulator — are run over a fixed, deterministic sample (derandomized under every
-Hypothesis profile) with the machine's coverage switch on. Every id of
-`declared_transition_ids(TRANSITIONS)` must fire at least once; a failure lists the ones
+`turn_scripts()` × `loop_policies()` (and, for drafting and the tool checkpoint, from
+`turn_scripts(drafting=True)` × policies with either or both on), and the sans-IO
+`ToolLoopMachine` driven by the effects simulator — are run over a fixed, deterministic
+sample (derandomized under every Hypothesis profile) with the machine's coverage switch on.
+Every id of `declared_transition_ids(TRANSITIONS)` must fire at least once; a failure lists the ones
 that did not. A transition that no random turn reaches is either a gap in the strategies
 (fix them), dead code in the declaration (report it), or a rare path driven explicitly here
 (`_rare_paths`), never something to leave uncovered.
@@ -15,24 +16,32 @@ known invariant bug cannot hide a coverage regression and vice versa.
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.test_properties_inner import TOOLS, drive_machine, run_turn
 from toolloop_fsm.declaration import declared_transition_ids
-from toolloop_fsm.effects import ArmDeadline
+from toolloop_fsm.effects import ArmDeadline, Effect, RequestReview
 from toolloop_fsm.events import (
     DeadlineExpired,
     DeadlineKind,
     DeliveryFailed,
+    DeliveryRecorded,
+    FollowUpArrived,
     FunctionCall,
+    ReviewReturned,
     StopRequested,
     StreamEnded,
     TextDelta,
+    ToolFinished,
+    ToolOutcomeKind,
 )
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import TRANSITIONS, ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.review import Finding, FindingCategory, Revise, Unavailable
 from toolloop_fsm.runner import Coverage
 from toolloop_fsm.testing import TurnScript, loop_policies, turn_scripts
 
@@ -41,6 +50,18 @@ from toolloop_fsm.testing import TurnScript, loop_policies, turn_scripts
 PUMP_EXAMPLES = 1000
 #: The sans-IO driver reaches orders of events the pump reaches rarely.
 MACHINE_EXAMPLES = 500
+#: Drafted and checkpointed turns, through the pump and driven sans-IO (about 10 s together
+#: on one core). Between them they fire all but a dozen transitions of drafting and the
+#: checkpoint; those (a call rejected twice, corrections, budgets spent, signals and failing
+#: notices under review) are driven in `_rare_review_paths`.
+DRAFTING_PUMP_EXAMPLES = 400
+DRAFTING_MACHINE_EXAMPLES = 250
+_REVIEW = DeadlineKind.REVIEW
+#: Drafting, the tool checkpoint or both (never neither).
+REVIEWED_POLICIES = st.one_of(
+    loop_policies(drafting=True, review_tool_calls=None),
+    loop_policies(drafting=False, review_tool_calls=True),
+)
 
 
 # derandomize under every profile: coverage is a property of this fixed sample, not of luck
@@ -53,6 +74,18 @@ def _pump_workload(script: TurnScript, policy: LoopPolicy) -> None:
 @settings(max_examples=MACHINE_EXAMPLES, derandomize=True, database=None)
 @given(policy=loop_policies(), data=st.data())
 def _machine_workload(policy: LoopPolicy, data: st.DataObject) -> None:
+    drive_machine(policy, data, probe=False)
+
+
+@settings(max_examples=DRAFTING_PUMP_EXAMPLES, derandomize=True, database=None)
+@given(script=turn_scripts(drafting=True), policy=REVIEWED_POLICIES)
+def _drafting_pump_workload(script: TurnScript, policy: LoopPolicy) -> None:
+    run_turn(script, policy)
+
+
+@settings(max_examples=DRAFTING_MACHINE_EXAMPLES, derandomize=True, database=None)
+@given(policy=REVIEWED_POLICIES, data=st.data())
+def _drafting_machine_workload(policy: LoopPolicy, data: st.DataObject) -> None:
     drive_machine(policy, data, probe=False)
 
 
@@ -77,6 +110,91 @@ def _rare_paths() -> None:
     assert machine.state == "settling"
     machine.feed(StopRequested())
     assert machine.result.reason == "stopped_while_settling"
+    _rare_review_paths(request)
+
+
+_CHECKPOINT = LoopPolicy(review_tool_calls=True)
+_DRAFTING = LoopPolicy(drafting=True)
+_WEATHER = FunctionCall("get_weather", {"city": "Oslo"})
+_LIMA = FunctionCall("get_weather", {"city": "Lima"})
+_FLAT = Revise((Finding(FindingCategory.VOICE, "The reply sounds flat.", "Answer warmly."),))
+
+
+def _asked(effects: list[Effect]) -> RequestReview:
+    (asked,) = [e for e in effects if isinstance(e, RequestReview)]
+    return asked
+
+
+def _review_token(effects: list[Effect]) -> int:
+    return next(e.token for e in effects if isinstance(e, ArmDeadline) and e.kind is _REVIEW)
+
+
+def _pass(machine: ToolLoopMachine, *chunks: object) -> list[Effect]:
+    """Stream one pass of ``chunks`` and end it; the effects of its end."""
+    for chunk in chunks:
+        machine.feed(chunk)
+    return machine.feed(StreamEnded())
+
+
+def _rare_review_paths(request: TurnRequest) -> None:
+    """Drafting and the tool checkpoint, driven sans-IO where a random turn rarely goes: a
+    call rejected again and corrections refused, approved or left without a verdict; a
+    reviewer given up on before a reply is completed, or a review budget spent; a
+    follow-up and the host's channel failing while a reviewer is asked."""
+    # a rejected call, the identical call again, a correction without a verdict, then one
+    # that cannot be approved any more
+    machine = ToolLoopMachine(_CHECKPOINT, tools=TOOLS)
+    machine.start(request)
+    asked = _asked(_pass(machine, _WEATHER))
+    machine.feed(ReviewReturned(asked.review, _FLAT))
+    assert machine.state == "awaiting_first_token"
+    _pass(machine, _WEATHER)  # rejected before: no review
+    asked = _asked(_pass(machine, _LIMA))
+    assert asked.packet.proposed_call is not None and asked.packet.proposed_call.correction
+    machine.feed(ReviewReturned(asked.review, Unavailable("refusal")))
+    _pass(machine, FunctionCall("get_weather", {}))  # a correction no reviewer can approve
+    assert [e.response.status for e in machine.turn.history or ()] == ["review_rejected"] * 4
+    # a correction whose review times out; a follow-up and failing notices while a call or
+    # a reply is reviewed
+    for failure in (None, False, True):
+        machine = ToolLoopMachine(attrs.evolve(_CHECKPOINT, drafting=True), tools=TOOLS)
+        machine.start(request)
+        machine.feed(ReviewReturned(_asked(_pass(machine, _WEATHER)).review, _FLAT))
+        effects = _pass(machine, _LIMA)
+        machine.feed(FollowUpArrived())
+        if failure is None:
+            machine.feed(DeadlineExpired(_REVIEW, _review_token(effects)))
+        else:
+            machine.feed(DeliveryFailed(None, "TimeoutError: send_notice", timed_out=failure))
+            assert machine.result.reason == ("host_timeout" if failure else "host_error")
+            machine = ToolLoopMachine(_DRAFTING, tools=TOOLS)
+            machine.start(request)
+            _pass(machine, TextDelta("Hi"))
+            assert machine.state == "reviewing_draft"
+            machine.feed(DeliveryFailed(None, "ConnectionError: send_notice", timed_out=failure))
+            assert machine.result.reason == ("host_timeout" if failure else "host_error")
+    # a reply completed after the reviewer gave no verdict on a call
+    machine = ToolLoopMachine(attrs.evolve(_CHECKPOINT, drafting=True), tools=TOOLS)
+    machine.start(request)
+    machine.feed(ReviewReturned(_asked(_pass(machine, _WEATHER)).review, Unavailable("x")))
+    machine.feed(ToolFinished(machine.turn.dispatches, ToolOutcomeKind.SUCCEEDED))
+    _pass(machine, TextDelta("It is 3 °C."))
+    assert machine.turn.reason == "draft_unreviewed"
+    # the one review of a reply spent on a draft the reviewer sent back
+    machine = ToolLoopMachine(attrs.evolve(_DRAFTING, max_reviews=1), tools=TOOLS)
+    machine.start(request)
+    machine.feed(ReviewReturned(_asked(_pass(machine, TextDelta("Hi"))).review, _FLAT))
+    _pass(machine, TextDelta("Hello."))
+    assert machine.turn.reason == "reviews_exhausted"
+    # A reply under review never has a delivery in flight (drafting sends nothing before
+    # its review), so no run confirms one there; the declaration takes it all the same, so
+    # it is driven with a delivery planted in flight.
+    machine = ToolLoopMachine(_DRAFTING, tools=TOOLS)
+    machine.start(request)
+    _pass(machine, TextDelta("Hi"))
+    machine.turn.in_flight[99] = Delivered(99, text="planted")
+    machine.feed(DeliveryRecorded(99))
+    assert machine.state == "reviewing_draft"
 
 
 def test_the_property_workload_fires_every_declared_transition() -> None:
@@ -86,6 +204,8 @@ def test_the_property_workload_fires_every_declared_transition() -> None:
     try:
         _pump_workload()
         _machine_workload()
+        _drafting_pump_workload()
+        _drafting_machine_workload()
         _rare_paths()
     finally:
         Coverage.fired = previous

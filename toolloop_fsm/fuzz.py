@@ -5,6 +5,10 @@ random fallback chain (outer tier) run under the policy being fuzzed, then check
 the invariants of docs/invariants.md. An invariant that breaks — or policy code that raises — is
 shrunk by Hypothesis to the shortest failing example, reported with its trace and the seed
 that reproduces it. Needs Hypothesis (``pip install "toolloop-fsm[test]"``).
+
+A policy with drafting or the tool checkpoint on is fuzzed with a scripted reviewer whose
+answers are drawn too (passes, revisions, no verdict, hangs, raises, slow answers);
+``drafting=True`` fuzzes any policy that way, with drafting and the checkpoint switched on.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any
 
+import attrs
 from attrs import define, field, frozen
 
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
@@ -168,9 +173,13 @@ def fuzz(
     seed: int = 0,
     progress: Callable[[int, float], None] | None = None,
     time_limit: float = EXAMPLE_TIME_LIMIT,
+    drafting: bool = False,
 ) -> FuzzReport:
     """Run ``examples`` random turns under ``policy`` and check the invariants. An example
-    running longer than ``time_limit`` real seconds fails, naming where it hung."""
+    running longer than ``time_limit`` real seconds fails, naming where it hung.
+    ``drafting`` switches drafting and the tool checkpoint on in ``policy`` (its review
+    budgets kept) and draws the reviewer's answers; a policy that has either on already is
+    fuzzed with drawn answers either way."""
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise FuzzSetupError(f"--examples takes a whole number of at least 1, got {examples!r}")
     if not time_limit > 0 or time_limit == float("inf"):
@@ -185,12 +194,17 @@ def fuzz(
 
         assert isinstance(policy, LoopPolicy)
         declared = machine.DECLARATION.transition_ids
+        if drafting:
+            policy = attrs.evolve(policy, drafting=True, review_tool_calls=True)
         strategy, run_example = _inner(policy)
     elif tier == "outer":
         from toolloop_fsm import generation
 
         assert isinstance(policy, TurnPolicy)
         declared = generation.DECLARATION.transition_ids
+        if drafting:
+            reviewed = attrs.evolve(policy.loop, drafting=True, review_tool_calls=True)
+            policy = attrs.evolve(policy, loop=reviewed)
         strategy, run_example = _outer(policy)
     else:
         raise FuzzSetupError(f"--tier is inner or outer, got {tier!r}")
@@ -262,7 +276,8 @@ def _inner(policy: LoopPolicy) -> tuple[Any, Callable[..., Any]]:
         run = await run_script(script, policy, on_step=on_step)
         run.check()
 
-    return turn_scripts(), run_example
+    reviewed = policy.drafting or policy.review_tool_calls
+    return turn_scripts(drafting=reviewed), run_example
 
 
 def _outer(policy: TurnPolicy) -> tuple[Any, Callable[..., Any]]:
@@ -272,7 +287,8 @@ def _outer(policy: TurnPolicy) -> tuple[Any, Callable[..., Any]]:
         run = await run_chain(chain, policy=policy, on_step=on_step)
         check_chain_invariants(run)
 
-    return generation_chains(), run_example
+    reviewed = policy.loop.drafting or policy.loop.review_tool_calls
+    return generation_chains(drafting=reviewed), run_example
 
 
 def trace_table(

@@ -31,6 +31,7 @@ class StreamDeadlines:
         _last_chunk: float | None
         _stream_armed_at: float
         _tool_grace: Any
+        _review_grace: Any
 
         def _feed(self, event: Any) -> None: ...
 
@@ -97,6 +98,7 @@ class StreamDeadlines:
         for handle, _ in self._timers:
             handle.cancel()
         self._timers.clear()
-        if self._tool_grace is not None:
-            self._tool_grace.cancel()
-            self._tool_grace = None
+        for grace in (self._tool_grace, self._review_grace):
+            if grace is not None:
+                grace.cancel()
+        self._tool_grace = self._review_grace = None

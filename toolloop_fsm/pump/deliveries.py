@@ -80,7 +80,7 @@ class DeliveriesAndHostCalls:
         queue) completes here, without a task; one that waits is finished by a task, and
         later deliveries queue behind it, in order."""
         task = self._delivery_task
-        if (task is not None and not task.done()) or self._deliveries:
+        if (task is not None and not task.done()) or self._deliveries or self._send_failed():
             self._deliveries.append(effect)
             return
         coroutine = self._send(effect)
@@ -101,6 +101,11 @@ class DeliveriesAndHostCalls:
             self._deliver_in_order(effect, _resume(coroutine, waiting_on)),
             "channel.send_expression" if effect.expression is not None else "channel.send_text",
         )
+
+    def _send_failed(self) -> bool:
+        """A send of this batch already failed (the turn is about to end ``error``): the
+        deliveries after it wait in line, and are never sent."""
+        return any(type(outcome) is DeliveryFailed for outcome in self._outcomes)
 
     async def _deliver_in_order(
         self, first: Deliver, started: Awaitable[None] | None = None

@@ -144,6 +144,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_reading",
         "_records",
         "_result",
+        "_review_grace",
         "_review_seq",
         "_review_task",
         "_signals_dirty",
@@ -197,6 +198,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._delivery_keys = delivery_keys if takes_idempotency_keys(channel) else None
         self._review_task: asyncio.Task[None] | None = None
         self._review_seq = 0
+        self._review_grace: Any = None
         # the turn that honours a stop consumes it (the outer tier does so for its attempts)
         self.consume_stop = consume_stop
         self.provider = provider
@@ -691,8 +693,9 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         task = self._review_task
         if task is not None and not task.done():
             task.cancel()
-            # a reviewer that ignores its cancellation is abandoned after the grace
-            self.clock.call_later(
+            # a reviewer that ignores its cancellation is abandoned after the grace (the
+            # timer goes with the turn's other timers when it returns)
+            self._review_grace = self.clock.call_later(
                 self.policy.cancel_grace, self._abandon_unless_done, task, task.get_name()
             )
 

@@ -1,5 +1,5 @@
 """The public test kit: scripted providers, a recording channel, a virtual clock, hostile
-host behaviours, Hypothesis strategies and the invariant checker."""
+host behaviours, a scripted reviewer, Hypothesis strategies and the invariant checker."""
 
 from __future__ import annotations
 
@@ -25,22 +25,28 @@ from toolloop_fsm.testing.hostile import (
     mutate_in_place,
     returns_within,
 )
+from toolloop_fsm.testing.reviewer import Hang, Raise, ReviewerAct, ScriptedReviewer, Slow
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider, ScriptItem
 
 __all__ = [
     "ChannelAct",
     "EchoKey",
     "Fail",
+    "Hang",
     "HostCall",
     "HostileChannel",
     "HostileItem",
     "HostileProvider",
     "KeyEcho",
     "Pause",
+    "Raise",
     "RecordingChannel",
+    "ReviewerAct",
     "RogueBaseException",
     "ScriptItem",
     "ScriptedProvider",
+    "ScriptedReviewer",
+    "Slow",
     "Stragglers",
     "Trickle",
     "TurnDidNotReturn",
@@ -57,13 +63,14 @@ __all__ = [
 # ---- the invariant checker and the Hypothesis strategies
 from toolloop_fsm.testing.invariants import (
     InvariantViolation,
+    ReviewAsked,
     ToolExecution,
     call_identity,
     check_invariants,
 )
 
 if TYPE_CHECKING:
-    from toolloop_fsm.testing.harness import ScriptRun, build_tools, run_script
+    from toolloop_fsm.testing.harness import ScriptRun, WitnessedReviewer, build_tools, run_script
     from toolloop_fsm.testing.strategies import (
         KNOWN_TOOLS,
         MEMORY_TOOL,
@@ -77,6 +84,8 @@ if TYPE_CHECKING:
         function_calls,
         loop_policies,
         provider_passes,
+        reviewer_acts,
+        reviewer_scripts,
         script_items,
         text_deltas,
         timed_signals,
@@ -85,15 +94,15 @@ if TYPE_CHECKING:
     )
 
 #: Names served by `toolloop_fsm.testing.harness` (it needs the strategies' script values).
-_HARNESS_NAMES = frozenset({"ScriptRun", "build_tools", "run_script"})
+_HARNESS_NAMES = frozenset({"ScriptRun", "WitnessedReviewer", "build_tools", "run_script"})
 #: Names served by `toolloop_fsm.testing.strategies`, imported on first use because that
 #: module needs Hypothesis, a test dependency the rest of the kit does not need.
 _STRATEGY_NAMES = frozenset(
     {
         "KNOWN_TOOLS", "MEMORY_TOOL", "PROVIDER_KEYS", "UNKNOWN_TOOLS", "TimedSignal",
         "ToolAction", "ToolBehaviour", "TurnScript", "chunks", "function_calls",
-        "loop_policies", "provider_passes", "script_items", "text_deltas",
-        "timed_signals", "tool_behaviours", "turn_scripts",
+        "loop_policies", "provider_passes", "reviewer_acts", "reviewer_scripts",
+        "script_items", "text_deltas", "timed_signals", "tool_behaviours", "turn_scripts",
     }
 )  # fmt: skip
 
@@ -103,12 +112,14 @@ __all__ += [
     "PROVIDER_KEYS",
     "UNKNOWN_TOOLS",
     "InvariantViolation",
+    "ReviewAsked",
     "ScriptRun",
     "TimedSignal",
     "ToolAction",
     "ToolBehaviour",
     "ToolExecution",
     "TurnScript",
+    "WitnessedReviewer",
     "build_tools",
     "call_identity",
     "check_invariants",
@@ -116,6 +127,8 @@ __all__ += [
     "function_calls",
     "loop_policies",
     "provider_passes",
+    "reviewer_acts",
+    "reviewer_scripts",
     "run_script",
     "script_items",
     "text_deltas",
@@ -128,6 +141,7 @@ __all__ += [
 if TYPE_CHECKING:
     from toolloop_fsm.testing.chains import (
         CHAIN_INVARIANTS,
+        REVIEW_CHAIN_INVARIANTS,
         SHARED_TOOLS,
         AttemptScript,
         ChainChannel,
@@ -158,7 +172,8 @@ if TYPE_CHECKING:
 #: Names served by `toolloop_fsm.testing.chains` (needs Hypothesis too: imported on first use).
 _CHAIN_NAMES = frozenset(
     {
-        "CHAIN_INVARIANTS", "SHARED_TOOLS", "AttemptScript", "ChainChannel",
+        "CHAIN_INVARIANTS", "REVIEW_CHAIN_INVARIANTS", "SHARED_TOOLS", "AttemptScript",
+        "ChainChannel",
         "ChainInvariantViolation", "ChainRun", "ChainScript", "ChainSignal",
         "ChainToolExecution", "Ending", "ErrorKind", "FirstRequest", "KeyScript", "KeyState",
         "KeyUse", "ModelScript", "SharedRouteScript", "TimelineEntry", "ToolStep",
@@ -168,6 +183,7 @@ _CHAIN_NAMES = frozenset(
 )  # fmt: skip
 __all__ += [
     "CHAIN_INVARIANTS",
+    "REVIEW_CHAIN_INVARIANTS",
     "SHARED_TOOLS",
     "AttemptScript",
     "ChainChannel",

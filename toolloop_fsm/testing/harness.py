@@ -3,6 +3,11 @@ engine (the tool loop, or a one-model generation turn for a script holding a pro
 a `VirtualClock`, with the kit's hostile channel, provider and tools, and returns a
 `ScriptRun` holding the result and every witness the invariant checker reads
 (`ScriptRun.check()`). `build_tools` builds the scripted tools a script's plan drives.
+
+A policy with drafting or the tool checkpoint on gets a `ScriptedReviewer` playing the
+script's ``reviews``, watched by `WitnessedReviewer`: each time it is asked, what it was
+asked and how many deliveries the channel had confirmed (and begun) by then
+(`ReviewAsked`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.pump import run_generation_turn, run_tool_loop
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.review import Reviewer, ReviewPacket, Verdict
+from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock
 from toolloop_fsm.testing.hostile import (
     HostileChannel,
@@ -39,7 +46,13 @@ from toolloop_fsm.testing.hostile import (
     mutate_in_place,
     returns_within,
 )
-from toolloop_fsm.testing.invariants import InvariantViolation, ToolExecution, check_invariants
+from toolloop_fsm.testing.invariants import (
+    InvariantViolation,
+    ReviewAsked,
+    ToolExecution,
+    check_invariants,
+)
+from toolloop_fsm.testing.reviewer import ScriptedReviewer
 from toolloop_fsm.testing.strategies import (
     _SHAPES,
     DEFAULT_BEHAVIOUR,
@@ -49,7 +62,7 @@ from toolloop_fsm.testing.strategies import (
     TurnScript,
 )
 
-__all__ = ["ScriptRun", "build_tools", "run_script"]
+__all__ = ["ScriptRun", "WitnessedReviewer", "build_tools", "run_script"]
 
 
 # --------------------------------------------------------------------------- running a script
@@ -80,6 +93,8 @@ class ScriptRun:
     running_at_return: tuple[str, ...] = field(default=())
     #: the library's log records during the run (captured when the provider holds a key)
     log_text: str = ""
+    #: every time the reviewer was asked (drafting, the tool checkpoint), in order
+    reviews_asked: tuple[ReviewAsked, ...] = field(default=())
 
     def check(self) -> None:
         """Run `check_invariants` with every witness; raises `InvariantViolation`."""
@@ -97,7 +112,13 @@ class ScriptRun:
             log_text=self.log_text,
             running_at_return=self.running_at_return,
             signal_errors=self.signal_errors,
+            reviews_asked=self.reviews_asked if self.reviewed else None,
         )
+
+    @property
+    def reviewed(self) -> bool:
+        """The policy turned drafting or the tool checkpoint on: a reviewer was given."""
+        return self.policy.drafting or self.policy.review_tool_calls
 
 
 class _TapProvider:
@@ -127,6 +148,57 @@ class _TapProvider:
             if aclose is not None:
                 with contextlib.suppress(RuntimeError):
                     await aclose()
+
+
+class WitnessedReviewer:
+    """A `Reviewer` that records, each time it is asked, a `ReviewAsked`: the packet's kind,
+    candidate and proposed call, the instant, and how many deliveries ``channel`` had
+    confirmed (and, for a `HostileChannel`, begun) by then; then answers as ``inner`` does.
+    The invariant checker reads these to tell that nothing held reached the user before
+    the reviewer was asked. ``attempt`` says which attempt of a generation turn asks."""
+
+    def __init__(
+        self,
+        inner: Reviewer,
+        channel: RecordingChannel,
+        clock: VirtualClock,
+        *,
+        attempt: Callable[[], int] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.channel = channel
+        self.clock = clock
+        self.attempt = attempt
+        self.asked: list[ReviewAsked] = []
+
+    async def review(self, packet: ReviewPacket) -> Verdict:
+        channel = self.channel
+        begun = None
+        if isinstance(channel, HostileChannel):
+            begun = sum(1 for call in channel.calls if call.method in _SEND_METHODS)
+        proposed = packet.proposed_call
+        asked = ReviewAsked(
+            kind=packet.kind,
+            at=self.clock.now(),
+            delivered_before=len(channel.delivered),
+            sends_before=begun,
+            candidate=packet.candidate,
+            call=proposed.name if proposed is not None else None,
+            correction=proposed is not None and proposed.correction,
+            reviews_done=packet.revision.reviews_done,
+            revisions_done=packet.revision.revisions_done,
+            attempt=self.attempt() if self.attempt is not None else 0,
+        )
+        self.asked.append(asked)
+        try:
+            verdict = await self.inner.review(packet)
+        finally:
+            asked.ended_at = self.clock.now()
+        asked.answered = True
+        return verdict
+
+
+_SEND_METHODS = frozenset({"send_text", "send_expression"})
 
 
 def _snapshot(chunk: Chunk) -> Chunk:
@@ -309,6 +381,10 @@ async def run_script(
     tools = build_tools(script, clock=clock, signals=signals, executions=executions,
                         stragglers=stragglers)  # fmt: skip
     request = script.request()
+    reviewer: WitnessedReviewer | None = None
+    if policy.drafting or policy.review_tool_calls:
+        scripted = ScriptedReviewer(script.reviews, clock=clock)
+        reviewer = WitnessedReviewer(scripted, channel, clock)
     fired: list[tuple[float, str]] = []
     signal_errors: list[BaseException] = []
 
@@ -340,7 +416,9 @@ async def run_script(
     senders = [loop.create_task(send(signal)) for signal in script.signals]
     started = clock.now()
     try:
-        turn = _turn(script, tap, tools, channel, request, policy, signals, clock, on_step)
+        turn = _turn(
+            script, tap, tools, channel, request, policy, signals, clock, on_step, reviewer
+        )
         try:
             if real_timeout is None:
                 result = await turn
@@ -396,6 +474,7 @@ async def run_script(
         signal_errors=tuple(signal_errors),
         running_at_return=running,
         log_text="\n".join(capture.lines) if capture is not None else "",
+        reviews_asked=tuple(reviewer.asked) if reviewer is not None else (),
     )
 
 
@@ -409,19 +488,20 @@ def _turn(
     signals: TurnSignals,
     clock: VirtualClock,
     on_step: Callable[[TraceStep], None] | None,
+    reviewer: Reviewer | None,
 ) -> Any:
     """The turn's coroutine: the tool loop itself, or, for a provider holding a key, a
     generation turn of one model with that one key (the tier that is given keys)."""
     if script.provider_key is None:
         return run_tool_loop(provider, tools, channel, request, policy=policy, signals=signals,
                              clock=clock, continuation_style=script.continuation_style,
-                             on_step=on_step)  # fmt: skip
+                             on_step=on_step, reviewer=reviewer)  # fmt: skip
     attempt = Attempt(lambda _key: provider, keys=(script.provider_key,), label="hostile")
     report = None if on_step is None else (lambda _attempt, step: on_step(step))
     return run_generation_turn(
         [attempt], tools, channel, request,
         policy=TurnPolicy(loop=policy, max_key_attempts_per_model=1),
-        signals=signals, clock=clock, on_attempt_step=report,
+        signals=signals, clock=clock, on_attempt_step=report, reviewer=reviewer,
     )  # fmt: skip
 
 

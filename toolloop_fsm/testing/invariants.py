@@ -2,7 +2,7 @@
 per run.
 
 `check_invariants(result, policy=…, …)` checks invariants 1–9
-(docs/invariants.md §1–§9) against one finished run and
+(docs/invariants.md §1–§9), and 11 for a drafted turn, against one finished run and
 raises `InvariantViolation` (an `AssertionError`, so pytest and Hypothesis treat it as a
 failed assertion) whose message starts ``invariant N:`` and says what was seen. Everything
 but ``result`` and ``policy`` is optional: each extra witness (the channel, the provider, the
@@ -14,6 +14,19 @@ The checker does not trust the engine's own bookkeeping where a witness exists: 
 are keyed here with an independent canonical form, usage is re-added from the chunks the
 provider streamed, delivered text is compared with what the channel confirmed, and the
 arguments on the history with what the model sent.
+
+With drafting or the tool checkpoint on (`LoopPolicy.drafting`,
+`LoopPolicy.review_tool_calls`), invariant 2 also covers the review budgets (reviews,
+revisions, tool reviews, corrections) and the held-prose ceiling; invariant 4 treats the
+passes after a revision as a new replay scope (a revision never runs a successful call
+again); invariant 6 counts each review's wait, bounded by the review timeout; invariant 7
+accepts a call the checkpoint rejected (status ``review_rejected``: it never ran, and it is
+no failure for invariant 3) and the pre-tool text a revision took out of the history; and
+invariant 11 is drafting's promise, held until reviewed: with drafting on, nothing reaches
+the channel before the reviewer was asked for the last time, nothing at all unless the held
+draft was delivered (never after a stop, a follow-up or a failure), and what is delivered
+after a review is the candidate the reviewer saw. ``reviews_asked`` (each time the kit's
+reviewer was asked, `ReviewAsked`) switches on the checks that need it.
 
 Invariant 1 covers whatever the host does: the result is one terminal state; host code that
 ignored its cancellation, or was still running when the turn returned, is named in the
@@ -51,6 +64,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
 from attrs import define
 
 from toolloop_fsm.events import FunctionCall, TextDelta, ThoughtDelta, UsageReport
@@ -58,17 +72,25 @@ from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import (
+    REVIEW_REJECTED_STATUS,
     GenerationTurnResult,
     ToolHistoryEntry,
     TraceStep,
     TurnStatus,
     result_to_json,
 )
+from toolloop_fsm.review import ReviewKind
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.hostile import HostileChannel, HostileProvider, leaked_runs
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider
 
-__all__ = ["InvariantViolation", "ToolExecution", "call_identity", "check_invariants"]
+__all__ = [
+    "InvariantViolation",
+    "ReviewAsked",
+    "ToolExecution",
+    "call_identity",
+    "check_invariants",
+]
 
 #: The inner tier's terminal states (the outer tier adds ``skipped``).
 _INNER_FINAL = frozenset(s.value for s in TurnStatus if s is not TurnStatus.SKIPPED)
@@ -115,6 +137,36 @@ class ToolExecution:
         return f"tool {self.name} (dispatch {self.dispatch})"
 
 
+@define
+class ReviewAsked:
+    """One time the reviewer was asked (recorded by the kit's reviewer as it was asked).
+
+    ``kind``: a drafted reply (``response``) or a proposed call (``tool_call``, ``call``
+    naming its tool, ``correction`` when the packet said it corrects a rejected call).
+    ``delivered_before``: how many deliveries the channel had confirmed at that instant;
+    ``sends_before``: how many it had begun (``None`` when the channel does not say).
+    ``candidate``: the text the reviewer was shown; ``reviews_done`` / ``revisions_done``:
+    what the packet said the budget stood at; ``attempt`` the attempt of a generation
+    turn that asked. ``ended_at`` is when the review ended by any
+    means (``None`` while it runs), ``answered`` whether it returned or raised rather than
+    being cancelled.
+    """
+
+    kind: ReviewKind
+    at: float
+    delivered_before: int
+    sends_before: int | None = None
+    candidate: str = ""
+    call: str | None = None
+    correction: bool = False
+    reviews_done: int = 0
+    revisions_done: int = 0
+    ended_at: float | None = None
+    answered: bool = False
+    #: the attempt of a generation turn that asked (0 for a tool loop)
+    attempt: int = 0
+
+
 def call_identity(name: str, arguments: Any) -> str:
     """A call's identity for invariant 4: its name and canonical JSON arguments.
 
@@ -147,9 +199,10 @@ def check_invariants(
     log_text: str = "",
     running_at_return: Sequence[str] | None = None,
     signal_errors: Sequence[BaseException] = (),
+    reviews_asked: Sequence[ReviewAsked] | None = None,
 ) -> None:
     """Check one finished run of the tool loop (or a one-model generation turn) against
-    invariants 1–9 (docs/invariants.md).
+    invariants 1–9 (docs/invariants.md), and 11 when the policy turns drafting on.
 
     ``channel``: the `RecordingChannel` the run delivered to (invariant 5).
     ``provider``: the `ScriptedProvider` it streamed from — its ``requests`` (invariants 2
@@ -166,6 +219,8 @@ def check_invariants(
     ``running_at_return``: host code still running when the turn returned, as the engine
     names it; each must be named in the result's ``abandoned_calls`` (invariant 1).
     ``signal_errors``: what calls to the turn's signals raised (none may: invariant 1).
+    ``reviews_asked``: each time the reviewer was asked, in order (invariants 2, 6 and 11,
+    for a policy with drafting or the tool checkpoint on).
 
     A `HostileChannel` also gives every host call with its timing (invariants 1 and 6).
     """
@@ -173,16 +228,22 @@ def check_invariants(
     _check_terminal(result)
     _check_returned(result, channel, executions, running_at_return, signal_errors)
     _check_ceilings(result, policy, provider, executions)
+    reviewed = policy.drafting or policy.review_tool_calls
+    if reviewed:
+        _check_review_budgets(result, policy, provider, request, reviews_asked)
     _check_error_runs(result, policy)
     if executions is not None:
         _check_tool_runs(executions, registry, request, result)
     _check_deliveries(result, channel)
     if elapsed is not None:
-        _check_time(result, policy, elapsed, provider, streamed, executions, registry, channel)
-    _check_history(result, provider, streamed, request, executions)
+        _check_time(result, policy, elapsed, provider, streamed, executions, registry, channel,
+                    reviews_asked)  # fmt: skip
+    _check_history(result, provider, streamed, request, executions, policy)
     _check_usage(result, provider, streamed)
     if keys:
         _check_secrecy(result, channel, keys, log_text)
+    if policy.drafting:
+        _check_held_until_reviewed(result, policy, channel, reviews_asked)
 
 
 # --------------------------------------------------------------------------- 1
@@ -296,12 +357,79 @@ def _check_ceilings(
             _fail(2, f"one dispatch ran a tool more than once: dispatch numbers {dispatches}")
 
 
+def _check_review_budgets(
+    result: GenerationTurnResult,
+    policy: LoopPolicy,
+    provider: ScriptedProvider | None,
+    request: TurnRequest | None,
+    reviews_asked: Sequence[ReviewAsked] | None,
+) -> None:
+    """The review budgets of drafting and the tool checkpoint: at most ``max_reviews``
+    reviews of a reply, ``max_revisions`` revisions, ``max_tool_reviews`` reviews of a call
+    and ``max_tool_corrections`` corrections shown to the reviewer, whether counted from
+    the result's review records, the trace, what the reviewer was asked or what the
+    provider was sent (each revision adds one user instruction holding the draft)."""
+    records = result.reviews
+    replies = [r for r in records if r.kind is ReviewKind.RESPONSE]
+    calls = [r for r in records if r.kind is ReviewKind.TOOL_CALL]
+    asked = list(reviews_asked or ())
+    asked_replies = [a for a in asked if a.kind is ReviewKind.RESPONSE]
+    asked_calls = [a for a in asked if a.kind is ReviewKind.TOOL_CALL]
+    revisions = sum(1 for step in _loop_trace(result) if step.next_state == "revising")
+    counts = (
+        ("reviews of a reply recorded", len(replies), policy.max_reviews, "max_reviews"),
+        ("reviews of a reply asked", len(asked_replies), policy.max_reviews, "max_reviews"),
+        ("revisions", revisions, policy.max_revisions, "max_revisions"),
+        ("reviews of a call recorded", len(calls), policy.max_tool_reviews, "max_tool_reviews"),
+        ("reviews of a call asked", len(asked_calls), policy.max_tool_reviews,
+         "max_tool_reviews"),
+        ("corrections shown to the reviewer", sum(1 for a in asked_calls if a.correction),
+         policy.max_tool_corrections, "max_tool_corrections"),
+    )  # fmt: skip
+    for what, count, ceiling, name in counts:
+        if count > ceiling:
+            _fail(2, f"{count} {what}, above {name}={ceiling} (status "
+                     f"{result.status.value}, reason {result.reason})")  # fmt: skip
+    revised = sum(1 for r in replies if r.verdict == "revise")
+    if revisions > revised:
+        _fail(2, f"{revisions} revisions but only {revised} reviews asked for one")
+    for index, reply in enumerate(asked_replies):
+        if reply.reviews_done != index:
+            _fail(
+                2,
+                f"the reviewer was told {reply.reviews_done} reviews of the reply were done "
+                f"when it was asked for review {index + 1}",
+            )
+    if provider is None or not provider.requests or request is None:
+        return
+    given = sum(1 for m in request.context if m.get("role") == "user")
+    added = [m for m in provider.requests[-1].context if m.get("role") == "user"][given:]
+    if len(added) > revisions:
+        _fail(
+            2,
+            f"the provider was sent {len(added)} user messages the turn added, but it made "
+            f"{revisions} revisions (one instruction each)",
+        )
+    candidates = [a.candidate for a in asked_replies]
+    for message in added:
+        content = message.get("content")
+        if reviews_asked is not None and not any(
+            isinstance(content, str) and c in content for c in candidates
+        ):
+            _fail(
+                2,
+                "a revision's instruction to the model does not hold any draft the reviewer "
+                "was shown",
+            )
+
+
 # --------------------------------------------------------------------------- 3
 def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
     """Replay the recorded tool outcomes in order: restarts (successes without a history
     entry) reset the run, every step into ``recording_tool_outcome`` records one entry.
 
-    Reaching the ceiling must end the loop at once (the very next step leaves for
+    A call the tool checkpoint rejected (status ``review_rejected``) neither counts nor
+    resets the run. Reaching the ceiling must end the loop at once (the very next step leaves for
     ``building_result``, nothing more is recorded) with status ``error``. One relabelling is
     accepted, and only when the trace shows it: a stop that arrives while the ended turn
     waits for deliveries in flight (``settling --stop_requested-->``) makes it
@@ -329,6 +457,8 @@ def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
                 f"{len(result.history)} entries",
             )
             return
+        if entry.response.status == REVIEW_REJECTED_STATUS:
+            continue  # the checkpoint's rejection: the call never ran, and it is no failure
         run = 0 if entry.response.success else run + 1
         if run > ceiling:
             _fail(
@@ -379,7 +509,8 @@ def _check_tool_runs(
     """No tool after a stop; only registered, allowed tools; and no call run twice because
     the engine replayed it.
 
-    Replay is by occurrence: the passes after a context restart form a new scope, and the
+    Replay is by occurrence: the passes after a context restart, or after a revision of a
+    drafted reply, form a new scope, and the
     n-th identical call of a scope matches the n-th identical call recorded before it. A
     call that runs at occurrence n although the n-th recorded one succeeded was replayed
     into a second run (unless its tool is marked ``replay="rerun"``); a call reused at
@@ -412,6 +543,14 @@ def _check_tool_runs(
                 f"{twice.dispatch} and {execution.dispatch}): one call, one run",
             )
         ran[execution.iteration] = execution
+    for entry in result.history:
+        found = ran.get(entry.iteration)
+        if entry.response.status == REVIEW_REJECTED_STATUS and found is not None:
+            _fail(
+                4,
+                f"the checkpoint rejected {entry.call.name!r} in pass {entry.iteration}, yet "
+                f"it ran (dispatch {found.dispatch}): a rejected call never runs",
+            )
     reused = {
         entry.iteration
         for entry in result.history
@@ -465,11 +604,13 @@ def _loop_trace(result: GenerationTurnResult) -> tuple[TraceStep, ...]:
 
 
 def _scope_of_each_pass(result: GenerationTurnResult) -> dict[int, int]:
-    """Each provider pass's replay scope: a context restart opens a new one."""
+    """Each provider pass's replay scope: a context restart opens a new one, and so does
+    the revision of a drafted reply (the model writes the reply again, and a successful
+    call it repeats is reused, never run again)."""
     scope_of: dict[int, int] = {}
     iteration = scope = 0
     for step in _loop_trace(result):
-        if step.next_state == "restarting_context":
+        if step.next_state in ("restarting_context", "revising"):
             scope += 1
         elif step.state == "starting_pass" and step.next_state == "awaiting_first_token":
             iteration += 1
@@ -529,6 +670,7 @@ def _check_time(
     executions: Sequence[ToolExecution] | None,
     registry: ToolRegistry | None,
     channel: RecordingChannel | None,
+    reviews_asked: Sequence[ReviewAsked] | None = None,
 ) -> None:
     if provider is None and streamed is None:
         return  # without the chunk counts there is no finite bound to check against
@@ -584,18 +726,37 @@ def _check_time(
                 host_bound += min(host, call.finished_at - call.started_at)
             else:
                 host_bound += host
+    reviews_bound = _review_waits(result, policy, reviews_asked)
     settle = max(inactivity, policy.abandoned_stream_settle)
-    bound = passes_bound + tools_bound + host_bound + settle
+    bound = passes_bound + tools_bound + host_bound + reviews_bound + settle
     if elapsed > bound + _EPSILON:
         _fail(
             6,
             f"the run took {elapsed:g} virtual s, above the bound {bound:g} s "
             f"(passes {passes_bound:g} + tools {tools_bound:g} + host calls "
-            f"{host_bound:g} + settle {settle:g}; F={first:g}, I={inactivity:g}, "
+            f"{host_bound:g} + reviews {reviews_bound:g} + settle {settle:g}; "
+            f"F={first:g}, I={inactivity:g}, "
             f"M={budget:g}, H={host:g}, G={grace:g}, {result.iterations} passes, "
             f"{result.tool_dispatches} dispatches, {deliveries} deliveries; status "
             f"{result.status.value}, reason {result.reason})",
         )
+
+
+def _review_waits(
+    result: GenerationTurnResult, policy: LoopPolicy, reviews_asked: Sequence[ReviewAsked] | None
+) -> float:
+    """How long the turn may have waited for its reviewer: each review asked, until it
+    ended, bounded by the review timeout. Without the witness, the timeout for every review
+    the result records and for one more that a stop or a failure may have cancelled."""
+    if not (policy.drafting or policy.review_tool_calls):
+        return 0.0
+    timeout = policy.review_timeout
+    if reviews_asked is None:
+        return (len(result.reviews) + 1) * timeout
+    return sum(
+        timeout if asked.ended_at is None else min(timeout, asked.ended_at - asked.at)
+        for asked in reviews_asked
+    )
 
 
 def _pause_total(script: Sequence[object]) -> float:
@@ -615,13 +776,42 @@ def _check_history(
     streamed: Sequence[Sequence[object]] | None,
     request: TurnRequest | None,
     executions: Sequence[ToolExecution] | None = None,
+    policy: LoopPolicy | None = None,
 ) -> None:
-    _check_entries(result.history, "the result's history", result, streamed)
+    checkpoint = policy is not None and policy.review_tool_calls
+    revised = _revised_passes(result) if policy is not None and policy.drafting else ()
+    erased = max(revised, default=0)
+    _check_entries(result.history, "the result's history", result, streamed, checkpoint, erased)
     _check_arguments_as_sent(result, streamed, executions)
     if provider is None:
         return
     for index, sent in enumerate(provider.requests):
-        _check_request(index, sent, result, streamed, request)
+        # the request for pass index + 1 follows the revisions made after passes up to index
+        before = max((r for r in revised if r <= index), default=0)
+        _check_request(index, sent, result, streamed, request, checkpoint, before, erased)
+
+
+def _revised_passes(result: GenerationTurnResult) -> tuple[int, ...]:
+    """The pass after whose review each revision was made: a revision takes the pre-tool
+    text of every pass up to it out of the history (the model's own words before its draft
+    was sent back)."""
+    iteration = 0
+    revised: list[int] = []
+    for step in _loop_trace(result):
+        if step.state == "starting_pass" and step.next_state == "awaiting_first_token":
+            iteration += 1
+        elif step.next_state == "revising":
+            revised.append(iteration)
+    return tuple(revised)
+
+
+def _without_erased_text(
+    history: Sequence[ToolHistoryEntry], erased: int
+) -> tuple[ToolHistoryEntry, ...]:
+    return tuple(
+        attrs.evolve(entry, pre_tool_text=None) if entry.iteration <= erased else entry
+        for entry in history
+    )
 
 
 def _check_request(
@@ -630,10 +820,20 @@ def _check_request(
     result: GenerationTurnResult,
     streamed: Sequence[Sequence[object]] | None,
     request: TurnRequest | None,
+    checkpoint: bool = False,
+    erased_before: int = 0,
+    erased: int = 0,
 ) -> None:
+    """``erased_before``: the passes whose pre-tool text a revision had taken out when this
+    request was sent; ``erased``: those it took out by the end of the turn."""
     history = tuple(sent.history)
     where = f"request {index + 1}"
-    if history != tuple(result.history[: len(history)]):
+    prefix = tuple(result.history[: len(history)])
+    if erased:  # a revision took the model's own words out: compare without them
+        same = _without_erased_text(history, erased) == _without_erased_text(prefix, erased)
+    else:
+        same = history == prefix
+    if not same:
         _fail(
             7,
             f"{where}'s history is not a prefix of the turn's history (an entry was "
@@ -645,7 +845,7 @@ def _check_request(
                 7,
                 f"{where} carries an entry from pass {entry.iteration}, which had not happened yet",
             )
-    _check_entries(history, where, result, streamed)
+    _check_entries(history, where, result, streamed, checkpoint, erased_before)
     if index == 0 and request is not None and sent.prefill != request.prefill:
         _fail(
             7,
@@ -667,7 +867,15 @@ def _check_entries(
     where: str,
     result: GenerationTurnResult,
     streamed: Sequence[Sequence[object]] | None,
+    checkpoint: bool = False,
+    erased: int = 0,
 ) -> None:
+    """Each entry is well formed. ``checkpoint``: the tool checkpoint was on, so a failed
+    call may be one its reviewer rejected (``review_rejected``). ``erased``: the passes up
+    to this one had their pre-tool text taken out by a revision (it may be none)."""
+    failed_statuses = ("tool_execution_failed", REVIEW_REJECTED_STATUS) if checkpoint else (
+        "tool_execution_failed",
+    )  # fmt: skip
     ids: dict[str, int] = {}
     passes: set[int] = set()
     for position, entry in enumerate(history):
@@ -680,12 +888,13 @@ def _check_entries(
         if response.tool_name is not None and response.tool_name != call.name:
             _fail(7, f"{label}: the response names {response.tool_name!r}")
         if not response.success and (
-            response.status != "tool_execution_failed" or not (response.reason or "").strip()
+            response.status not in failed_statuses or not (response.reason or "").strip()
         ):
             _fail(
                 7,
-                f"{label}: a failed response needs status 'tool_execution_failed' and a "
-                f"reason, got {response.status!r} / {response.reason!r}",
+                f"{label}: a failed response needs status "
+                f"{' or '.join(map(repr, failed_statuses))} and a reason, got "
+                f"{response.status!r} / {response.reason!r}",
             )
         if call.call_id is not None:
             if call.call_id in ids:
@@ -702,6 +911,8 @@ def _check_entries(
         if text is not None and not text.strip():
             _fail(7, f"{label}: whitespace-only pre-tool text {text!r} (should be none)")
         expected = _pass_text(entry.iteration, result, streamed)
+        if entry.iteration <= erased and text is None:
+            continue  # a revision took the model's words out of the history
         if expected is not None:
             wanted = expected if expected.strip() else None
             if text != wanted:
@@ -758,7 +969,13 @@ def _check_usage(
 ) -> None:
     by_pass: dict[int, list[Any]] = {}
     for entry in result.usage.entries:
-        by_pass.setdefault(entry.iteration, []).append(entry)
+        # a reviewer's verdict carries its own usage, entered beside the pass it followed
+        if entry.source == "author":
+            by_pass.setdefault(entry.iteration, []).append(entry)
+    reviews = len(result.reviews)
+    asked = sum(1 for e in result.usage.entries if e.source != "author")
+    if asked > reviews:
+        _fail(8, f"{asked} reviewer usage entries for {reviews} reviews")
     for entry in result.usage.entries:
         for label, value in (("input", entry.input_tokens), ("output", entry.output_tokens)):
             if not _whole(value):
@@ -923,6 +1140,91 @@ def _usage_text(reports: Sequence[UsageReport]) -> str:
     return ", ".join(
         f"{r.input_tokens}/{r.output_tokens}{'' if r.cumulative else '+'}" for r in reports
     )
+
+
+# --------------------------------------------------------------------------- 11
+#: The steps that deliver the held draft: completing a reply without a review, or a review
+#: that ended (a verdict, or the review timeout).
+_DELIVERING = frozenset(
+    {("completing_response", "advance"), ("reviewing_draft", "review_returned"),
+     ("reviewing_draft", "review_deadline")}
+)  # fmt: skip
+_SCENE_BLOCK = "\n\n[Scene Metadata]\n"
+
+
+def _check_held_until_reviewed(
+    result: GenerationTurnResult,
+    policy: LoopPolicy,
+    channel: RecordingChannel | None,
+    reviews_asked: Sequence[ReviewAsked] | None,
+) -> None:
+    """Drafting: the turn's prose and expressions are held and reach the channel only as
+    the held draft, delivered once the reviewer passed it, could give no verdict, or the
+    budget was spent — never before the reviewer was asked for the last time, never after a
+    stop or a follow-up; what is delivered after a review is what the reviewer saw; and it
+    fits the held-prose ceiling."""
+    delivered = [(d.text, d.expression) for d in result.delivered]
+    if channel is not None:
+        delivered = delivered or [(d.text, d.expression) for d in channel.delivered]
+    ending = f"status {result.status.value}, reason {result.reason}"
+    steps = [
+        step
+        for step in _loop_trace(result)
+        if (step.state, step.event) in _DELIVERING and step.next_state == "building_result"
+    ]
+    if delivered and not steps:
+        _fail(
+            11,
+            f"{len(delivered)} deliveries reached the channel, but the turn never delivered "
+            f"its held draft ({ending}): drafting holds everything until it is reviewed",
+        )
+    if delivered and result.status in (TurnStatus.STOPPED_BY_USER, TurnStatus.FOLLOW_UP_INTERRUPT):
+        _fail(11, f"{len(delivered)} held deliveries reached the channel although the turn "
+                  f"ended {result.status.value}")  # fmt: skip
+    for asked in reviews_asked or ():
+        if asked.delivered_before or asked.sends_before:
+            _fail(
+                11,
+                f"the reviewer was asked about a {asked.kind.value} at t={asked.at:g} after "
+                f"the channel had confirmed {asked.delivered_before} and begun "
+                f"{asked.sends_before} deliveries: something held was shown before its review",
+            )
+    texts = "".join(text for text, _ in delivered if text is not None)
+    replies = [a for a in reviews_asked or () if a.kind is ReviewKind.RESPONSE]
+    after_review = bool(steps) and steps[-1].state == "reviewing_draft"
+    if after_review and replies and not replies[-1].candidate.startswith(texts):
+        _fail(
+            11,
+            f"the reviewer last saw {replies[-1].candidate!r}, but {texts!r} was delivered "
+            f"({ending})",
+        )
+    limit = policy.held_prose_max_bytes
+    if policy.send_message_limit is not None:
+        limit = min(limit, policy.send_message_limit)
+    held = sum(len(a.candidate.encode("utf-8")) for a in replies)
+    if not after_review:
+        held += len(texts.encode("utf-8"))
+    if held > limit:
+        _fail(
+            2,
+            f"{held} bytes of prose were held in the turn (the drafts the reviewer saw and "
+            f"the one delivered), above the held-prose ceiling of {limit} bytes ({ending})",
+        )
+    if len(delivered) > policy.held_prose_max_segments:
+        _fail(
+            2,
+            f"{len(delivered)} held segments delivered, above held_prose_max_segments="
+            f"{policy.held_prose_max_segments}",
+        )
+    if steps and result.status is TurnStatus.COMPLETED and channel is not None:
+        final = result.final_text.partition(_SCENE_BLOCK)[0]
+        shown = channel.delivered_text + (result.undelivered_text or "")
+        if final != shown:
+            _fail(
+                11,
+                f"a completed drafted turn's final text is {final!r}, but the draft it "
+                f"delivered is {shown!r} (confirmed, then still in flight)",
+            )
 
 
 # --------------------------------------------------------------------------- 9

@@ -86,6 +86,43 @@ The hostile world (the kit's `ChannelAct` plans, hostile tools and providers):
   model with that one key: the attempt's ending is the turn's (no key or model is left to
   try), except that a stream timeout's notice is held by the outer tier and posted last,
   only when the turn ends neither ``completed`` nor ``stopped_by_user``.
+
+Drafting and the tool checkpoint (a policy with ``drafting`` or ``review_tool_calls`` on; the
+script's ``reviews`` say what the reviewer answers, in order, a pass once they run out):
+
+* Holding. With drafting, every flush of text is held instead of delivered, and a tool's
+  expression is held in its place (it is the turn's one expression all the same). The turn
+  holds at most the smaller of ``held_prose_max_bytes`` and ``send_message_limit`` UTF-8
+  bytes and ``held_prose_max_segments`` pieces, counted across passes and revisions; a
+  flush that does not fit keeps its longest prefix of whole characters that does, and cuts
+  the reply: nothing more is held, a pass still streaming ends at once as if its stream had
+  ended, and the cut reply is completed (its call, if any, ignored).
+* Completing a reply happens when a pass ends without a call while something is held, or
+  when a tool round would end the turn (the tool asked to, a continuation provider's
+  retries are spent, a silent tool followed visible text) while something is held. Nothing
+  but expressions held: delivered unreviewed. Otherwise, the reviewer already gave no
+  verdict once, or ``max_reviews`` were asked: delivered as it is. Otherwise it is reviewed.
+* A reply's verdict: a cut reply is delivered as cut whatever it says (with the
+  ``flush_limit`` notice, unless the host's send limit cut it); a pass delivers; a revision
+  while ``max_revisions`` allow drops the held reply and starts a pass in a new replay
+  segment (a successful call repeated is reused, never run again); a revision past the
+  budget delivers; anything else, and the review timeout, delivers the reply unreviewed and
+  the reviewer is not asked again in the turn. A stop under review ends the turn and sends
+  nothing held; a follow-up ends it too; the host's channel failing ends it ``error``.
+* The checkpoint, after the gate and the ledger (a replayed call is never reviewed): the
+  identical call rejected before is rejected again without a review; a call of a rejected
+  tool is a correction, rejected unreviewed when ``max_tool_corrections`` are spent or the
+  reviewer cannot be asked; a new call is reviewed while ``max_tool_reviews`` allow and
+  the reviewer answers. A pass runs it (an approved correction lifts its tool's
+  rejection); a revision rejects it; no verdict or the timeout runs it — a correction stays
+  rejected — and the reviewer is not asked again. A rejection is a failed round with no
+  failure notice that counts as no error; a follow-up while a call is reviewed waits.
+* Time. A reviewer answering at once answers right after the step that asked it (a notice
+  failing at that instant may come first); a slow one answers after its delay; one that
+  hangs is ended by the review timeout; one that raises gave no verdict.
+* Texts. With drafting, a completed turn's final text is the delivered reply (or the text
+  that completed it without one); any other ending keeps what the channel confirmed. The
+  undelivered text is what is still held, then what was handed over and never confirmed.
 """
 
 from __future__ import annotations
@@ -108,6 +145,7 @@ from toolloop_fsm.events import (
 from toolloop_fsm.host import ToolRegistry, TurnSignals
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult, TurnStatus
+from toolloop_fsm.review import Pass, Revise
 from toolloop_fsm.testing.clock import VirtualClock
 from toolloop_fsm.testing.harness import ScriptRun, build_tools
 from toolloop_fsm.testing.hostile import (
@@ -118,6 +156,7 @@ from toolloop_fsm.testing.hostile import (
     Trickle,
 )
 from toolloop_fsm.testing.invariants import InvariantViolation
+from toolloop_fsm.testing.reviewer import Hang, Raise, ReviewerAct, Slow
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
 from toolloop_fsm.testing.strategies import (
     ToolAction,
@@ -317,10 +356,12 @@ class _Outcome:
     restarts: bool = False
     dispatched: bool = False
     reused: bool = False
+    rejected: bool = False  # the tool checkpoint's reviewer rejected the call: it never ran
 
 
 _TIMED_OUT = _Outcome(success=False, dispatched=True)
 _REFUSED = _Outcome(success=False)
+_REJECTED = _Outcome(success=False, rejected=True)
 
 
 class _Choices:
@@ -411,6 +452,21 @@ class _ToolRun:
     behaviour: ToolBehaviour
 
 
+@define
+class _Review:
+    """The review being waited for: of the reply (``call`` is ``None``) or of a call
+    (``correction`` when it corrects a rejected call). ``answer_at`` is when the reviewer
+    answers (``None``: never), ``instant`` when it answers in the step that asked it;
+    ``deadline_at`` is when the review timeout runs out."""
+
+    verdict: object
+    answer_at: float | None
+    instant: bool
+    deadline_at: float
+    call: FunctionCall | None = None
+    correction: bool = False
+
+
 def _identity(call: FunctionCall) -> str:
     """A call's identity: its name and its arguments in canonical JSON."""
     try:
@@ -418,6 +474,19 @@ def _identity(call: FunctionCall) -> str:
     except (TypeError, ValueError):
         canonical = repr(call.arguments)
     return f"{call.name}\\x00{canonical}"
+
+
+def _utf8_prefix(text: str, size: int) -> str:
+    """The longest prefix of ``text`` of at most ``size`` UTF-8 bytes (whole characters)."""
+    kept: list[str] = []
+    used = 0
+    for character in text:
+        width = len(character.encode("utf-8"))
+        if used + width > size:
+            break
+        kept.append(character)
+        used += width
+    return "".join(kept)
 
 
 def _whole_counts(usage: UsageReport) -> bool:
@@ -489,6 +558,26 @@ class _Simulation:
         self.completed_text = ""
         self.dropped = ""
         self.settle_due = 0.0
+        self.unsent: list[_Delivery] = []  # handed over, never begun: the turn had ended
+        # drafting and the tool checkpoint: the held presentation, the held-prose ceiling's
+        # consumption, the review budgets, the checkpoint's rejections
+        self.drafting = policy.drafting
+        self.checkpoint = policy.review_tool_calls
+        self.held: list[tuple[str, str]] = []  # ("text" | "expression", value), in order
+        self.held_bytes = 0
+        self.held_segments = 0
+        self.cut = False
+        self.cut_by_send_limit = False
+        self.reviews = 0
+        self.revisions = 0
+        self.revised_at = 0  # the passes before the last revision
+        self.reviewer_gone = False  # no verdict once: never asked again in the turn
+        self.tool_reviews = 0
+        self.corrections = 0
+        self.rejected: set[str] = set()  # identities of rejected calls
+        self.rejected_names: set[str] = set()
+        self.acts_played = 0
+        self.review: _Review | None = None
 
     @property
     def current(self) -> _Pass:
@@ -518,6 +607,14 @@ class _Simulation:
             if send is not None and send.instant:
                 self.delivery_done()  # an instant channel answers right after the step
                 continue
+            review = self.review
+            if review is not None and review.instant and self.phase == "review":
+                # so does a reviewer that answers at once (a step of the turn's work)
+                if self.racing_notice_first():
+                    self.notice_done()
+                else:
+                    self.review_answers()
+                continue
             if self.phase != "ended" and (self.reading or self.tool_starting):
                 if self.racing_notice_first():
                     self.notice_done()
@@ -532,7 +629,8 @@ class _Simulation:
     def racing_notice_first(self) -> bool:
         """A notice call failing at the instant it was made, while the turn still has work
         to do at that instant: the failure may come before any step of that work (each
-        step — a chunk read, a decision, a tool starting — is done whole)."""
+        step — a chunk read, a decision, a tool starting, a reviewer's verdict — is done
+        whole)."""
         call = self.notice_call
         if call is None or not call.instant:
             return False
@@ -552,6 +650,12 @@ class _Simulation:
             due.append((self.tool.deadline_at, self.tool_deadline_expires))
         elif self.phase == "settling":
             due.append((self.settle_due, self.settle_window_ends))
+        elif self.phase == "review":
+            review = self.review
+            assert review is not None
+            if review.answer_at is not None:
+                due.append((review.answer_at, self.review_answers))
+            due.append((review.deadline_at, self.review_deadline_expires))
         if self.send_call is not None:
             due.append((self.send_call.due, self.delivery_done))
         if self.notice_call is not None:
@@ -644,7 +748,7 @@ class _Simulation:
             current.texts.append(chunk.text)
             current.buffer.append(chunk.text)
             if sum(map(len, current.buffer)) >= self.policy.delivery_flush_chars:
-                self.flush()
+                self.flush(mid_stream=True)
         elif isinstance(chunk, FunctionCall):
             if current.call is None:
                 current.call = chunk
@@ -653,15 +757,19 @@ class _Simulation:
         elif isinstance(chunk, SceneMetadata):
             self.scene.append(chunk.text)
 
-    def flush(self) -> None:
+    def flush(self, *, mid_stream: bool = False) -> None:
         """Hand the buffered text to the channel as one delivery — unless text is suppressed
-        (a continuation-style provider after a failed tool), when it is dropped."""
+        (a continuation-style provider after a failed tool), when it is dropped. Drafting
+        holds it instead (``mid_stream``: the pass is still streaming)."""
         current = self.current
         if not current.buffer:
             return
         text = "".join(current.buffer)
         current.buffer.clear()
         if self.suppressed:
+            return
+        if self.drafting:
+            self.hold_text(text, mid_stream=mid_stream)
             return
         if text.strip():
             self.visible_text_handed = True
@@ -700,13 +808,17 @@ class _Simulation:
         current = self.current
         self.flush()
         call = current.call
-        if call is not None:
+        if self.drafting and self.cut:
+            self.complete_reply()  # cut at the ceiling: the reply is over, its call ignored
+        elif call is not None:
             self.gate(call)
+        elif self.drafting and self.held:
+            self.complete_reply()
         elif current.text.strip():
             self.completed_text = current.text
             self.decide(TurnStatus.COMPLETED)
         elif self.settles(current):
-            texts = [p.text for p in self.passes if p.text.strip()]
+            texts = [p.text for p in self.passes[self.revised_at :] if p.text.strip()]
             self.completed_text = texts[-1] if texts else ""
             self.decide(TurnStatus.COMPLETED, "settled_after_tool")
         else:
@@ -714,21 +826,24 @@ class _Simulation:
 
     def settles(self, current: _Pass) -> bool:
         """An empty pass that was not cut is a finished reply when a tool already delivered
-        a response (itself, or by a delivered expression), or when visible text was
-        delivered and the last tool needs no follow-up."""
+        a response (itself, or by a delivered expression), or when visible text or the
+        turn's expression was delivered (drafting: held) and the last tool needs no
+        follow-up."""
         if current.finish in _CUT_FINISHES or self.last_tool is None:
             return False
         if self.tool_response_delivered:
             return True
         shape = self.tools.get(self.last_tool)
-        return self.visible_text_handed and shape is not None and not shape.requires_follow_up
+        shown = self.visible_text_handed or self.expression_delivered
+        return shown and shape is not None and not shape.requires_follow_up
 
     # ------------------------------------------------------------------ execute the tool call
     def gate(self, call: FunctionCall) -> None:
         """The call's gate, in order: a malformed call ends the turn with nothing run;
         truncated or unparseable arguments and a tool outside the allowlist (unknown,
         not allowed, or disabled for the turn) are failures shown to the model; a replayed
-        call reuses its recorded outcome; anything else is dispatched."""
+        call reuses its recorded outcome (never reviewed); the tool checkpoint may reject
+        the call or ask its reviewer; anything else is dispatched."""
         self.call = call
         self.occurrence = None  # taken when the call reaches the ledger
         text = self.current.text
@@ -754,16 +869,29 @@ class _Simulation:
             self.tool_outcome(_REFUSED)
             return
         identity = _identity(call)
-        occurrence = self.occurrences.get(identity, 0)
-        self.occurrences[identity] = occurrence + 1
-        self.occurrence = (identity, occurrence)
-        replayed = self.ledger.get(self.occurrence)
+        occurrence = (identity, self.occurrences.get(identity, 0))
+        replayed = self.ledger.get(occurrence)
         if not self.tools[name].rerun and replayed is not None and replayed.success:
+            self.take_occurrence(identity)
             self.tool_outcome(_Outcome(
                 success=True, end_turn=replayed.end_turn, delivered=replayed.delivered,
                 expression=replayed.expression, reused=True,
             ))  # fmt: skip
             return
+        if self.checkpoint and self.checkpoint_decides(call, identity):
+            return
+        self.dispatch(call)
+
+    def take_occurrence(self, identity: str) -> None:
+        """The call takes its occurrence in the replay segment (a reuse or a run; a call the
+        checkpoint rejects takes none)."""
+        occurrence = self.occurrences.get(identity, 0)
+        self.occurrences[identity] = occurrence + 1
+        self.occurrence = (identity, occurrence)
+
+    def dispatch(self, call: FunctionCall) -> None:
+        name = str(call.name)
+        self.take_occurrence(_identity(call))
         self.dispatches += 1
         self.tool = _ToolRun(name, None, self.now + self.tools[name].deadline, ToolBehaviour())
         self.phase = "tool"
@@ -817,9 +945,12 @@ class _Simulation:
             and not self.expression_delivered
         ):
             self.expression_delivered = True
-            self.tool_response_delivered = True
-            self.hand_over(_Delivery(expression=outcome.expression))
-        if not outcome.success:
+            if self.drafting:
+                self.hold_expression(outcome.expression)  # shown with the reviewed reply
+            else:
+                self.tool_response_delivered = True
+                self.hand_over(_Delivery(expression=outcome.expression))
+        if not outcome.success and not outcome.rejected:
             self.post("tool_failed")
         self.last_tool = name
         # 1. restart: the enrichment joins the context and a new pass starts, with no history
@@ -836,9 +967,15 @@ class _Simulation:
         self.record(outcome)
         if outcome.success:
             self.tool_response_delivered |= outcome.delivered
-            # 4. a success resets both counters and lifts the suppression of text
+            # 4. a success resets both counters and lifts the suppression of text; a
+            # successful memory update disables further ones for the turn (a revised reply
+            # may go on after one)
             self.consecutive_errors = self.continuation_failures = 0
             self.suppressed = False
+            if name == self.policy.memory_tool_name:
+                self.disabled.add(name)
+        elif outcome.rejected:
+            pass  # the checkpoint's rejection is no failure: no counter moves
         else:
             self.consecutive_errors += 1
             # 6. on a provider whose text cannot be retracted, a failure after visible text
@@ -847,18 +984,12 @@ class _Simulation:
                 self.continuation_failures += 1
                 self.suppressed = True
         shape = self.tools.get(name)
-        if self.consecutive_errors >= self.policy.max_consecutive_tool_errors:
-            self.post("tool_error_loop")
-            self.decide(TurnStatus.ERROR, "consecutive_tool_errors")
-        elif outcome.success and outcome.end_turn:  # 5.
-            self.complete_with_pre_tool_text("end_turn")
-        elif (
+        ends_turn = outcome.success and outcome.end_turn  # 5.
+        retries_spent = (
             self.script.continuation_style
             and self.continuation_failures >= self.policy.continuation_tool_failure_threshold
-        ):  # 6.
-            self.post("retry_exhausted")
-            self.complete_with_pre_tool_text("continuation_retries_exhausted")
-        elif (
+        )  # 6.
+        text_suffices = (
             outcome.success
             and self.pre_tool_text is not None
             and shape is not None
@@ -867,11 +998,23 @@ class _Simulation:
                 name in self.policy.suppress_followup_after_pre_tool_text
                 or self.script.continuation_style
             )
-        ):  # 7. a silent tool after visible text: the text was the reply
+        )  # 7. a silent tool after visible text: the text was the reply
+        if self.consecutive_errors >= self.policy.max_consecutive_tool_errors:
+            self.post("tool_error_loop")
+            self.decide(TurnStatus.ERROR, "consecutive_tool_errors")
+        elif self.drafting and self.held and (ends_turn or retries_spent or text_suffices):
+            # the round would end the turn while a reply is held: the reply is completed
+            if not ends_turn and retries_spent:
+                self.post("retry_exhausted")
+            self.complete_reply()
+        elif ends_turn:
+            self.complete_with_pre_tool_text("end_turn")
+        elif retries_spent:
+            self.post("retry_exhausted")
+            self.complete_with_pre_tool_text("continuation_retries_exhausted")
+        elif text_suffices:
             self.complete_with_pre_tool_text("pre_tool_text_suffices")
-        else:  # 8. the next pass; a successful memory update disables further ones
-            if outcome.success and name == self.policy.memory_tool_name:
-                self.disabled.add(name)
+        else:  # 8. the next pass
             self.start_pass()
 
     def record(self, outcome: _Outcome) -> None:
@@ -883,11 +1026,200 @@ class _Simulation:
         self.completed_text = self.pre_tool_text or ""
         self.decide(TurnStatus.COMPLETED, reason)
 
+    # ------------------------------------------------------------------ drafting
+    def hold_text(self, text: str, *, mid_stream: bool) -> None:
+        """Hold a flush of text within the held-prose ceiling: the turn's bytes (the smaller
+        of the ceiling and the host's send limit) and segments, across passes and
+        revisions. A flush that does not fit keeps what fits of it (whole characters) and
+        cuts the reply; nothing more is held, and a pass still streaming ends there."""
+        if self.cut or not text:
+            return
+        policy = self.policy
+        limit, by_send_limit = policy.held_prose_max_bytes, False
+        if policy.send_message_limit is not None and policy.send_message_limit < limit:
+            limit, by_send_limit = policy.send_message_limit, True
+        room = limit - self.held_bytes
+        size = len(text.encode("utf-8"))
+        if size <= room and self.held_segments < policy.held_prose_max_segments:
+            self.keep("text", text, size)
+            return
+        if self.held_segments >= policy.held_prose_max_segments:
+            by_send_limit = False  # the segment ceiling is the library's own
+        elif room > 0:
+            kept = _utf8_prefix(text, room)
+            if kept:
+                self.keep("text", kept, len(kept.encode("utf-8")))
+        self.cut, self.cut_by_send_limit = True, by_send_limit
+        if mid_stream and self.reading:
+            self.reading = False  # the rest of the pass is never read
+            self.stream_ends()
+
+    def hold_expression(self, expression: str) -> None:
+        """A tool's expression is held in its place (while a segment is left and the reply
+        was not cut); it is the turn's one expression either way."""
+        if self.cut or self.held_segments >= self.policy.held_prose_max_segments:
+            return
+        self.keep("expression", expression, 0)
+
+    def keep(self, kind: str, value: str, size: int) -> None:
+        self.held.append((kind, value))
+        self.held_bytes += size
+        self.held_segments += 1
+
+    def held_text(self) -> str:
+        return "".join(value for kind, value in self.held if kind == "text")
+
+    def complete_reply(self) -> None:
+        """Complete the held reply: nothing but expressions held, delivered unreviewed; a
+        reviewer that gave no verdict before, or no review left, delivered as it is;
+        otherwise the reviewer is asked."""
+        if not self.held_text().strip():
+            self.deliver_held("no_pending_prose")
+        elif self.reviewer_gone:
+            self.deliver_held("draft_unreviewed")
+        elif self.reviews >= self.policy.max_reviews:
+            self.deliver_held("reviews_exhausted")
+        else:
+            self.reviews += 1
+            self.ask_reviewer(None)
+
+    def deliver_held(self, reason: str) -> None:
+        """Hand the held presentation to the channel in order; it is the turn's final text.
+        A reply cut at the ceiling is followed by the ``flush_limit`` notice, unless the
+        host's own send limit cut it."""
+        texts: list[str] = []
+        for kind, value in self.held:
+            if kind == "text":
+                texts.append(value)
+                if value.strip():
+                    self.visible_text_handed = True
+                self.hand_over(_Delivery(text=value, pass_number=len(self.passes)))
+            else:
+                self.tool_response_delivered = True
+                self.hand_over(_Delivery(expression=value))
+        self.held = []
+        self.completed_text = "".join(texts)
+        if self.cut and not self.cut_by_send_limit:
+            self.post("flush_limit")
+        self.decide(TurnStatus.COMPLETED, reason)
+
+    def ask_reviewer(self, call: FunctionCall | None, *, correction: bool = False) -> None:
+        """The reviewer plays its next act (a pass once they run out): a verdict or a raise
+        answers at once, a slow verdict after its delay, a hang never; the review timeout
+        bounds the wait."""
+        acts: Sequence[ReviewerAct] = self.script.reviews
+        act = acts[self.acts_played] if self.acts_played < len(acts) else Pass()
+        self.acts_played += 1
+        deadline = self.now + self.policy.review_timeout
+        review = _Review(act, self.now, True, deadline, call, correction)
+        if isinstance(act, Hang):
+            review.verdict, review.answer_at, review.instant = None, None, False
+        elif isinstance(act, Raise):
+            review.verdict = None  # a reviewer that raised gave no verdict
+        elif isinstance(act, Slow):
+            review.verdict = act.verdict
+            review.answer_at, review.instant = self.now + act.seconds, act.seconds <= 0
+        self.review = review
+        self.phase = "review"
+
+    def review_answers(self) -> None:
+        review = self.review
+        assert review is not None
+        self.review = None
+        verdict = review.verdict
+        if review.call is not None:
+            self.call_verdict(review, verdict)
+            return
+        if self.cut:
+            self.deliver_held("cut_at_length_limit")  # no room to revise: as cut
+        elif isinstance(verdict, Pass):
+            self.deliver_held("draft_passed")
+        elif isinstance(verdict, Revise) and self.revisions < self.policy.max_revisions:
+            self.revise()
+        elif isinstance(verdict, Revise):
+            self.deliver_held("revisions_exhausted")
+        else:
+            self.reviewer_gone = True
+            self.deliver_held("draft_unreviewed")
+
+    def review_deadline_expires(self) -> None:
+        """The reviewer did not answer in time: it is not asked again in the turn; a held
+        reply is delivered as it is, a call runs unreviewed (a correction stays rejected)."""
+        review = self.review
+        assert review is not None
+        self.review = None
+        self.reviewer_gone = True
+        if review.call is None:
+            self.deliver_held("review_timeout")
+        elif review.correction:
+            self.reject(review.call)
+        else:
+            self.dispatch(review.call)
+
+    def revise(self) -> None:
+        """The first revisions the budget allows: the held reply and the model's own words
+        are dropped (every tool outcome stays), one instruction asks for a replacement, and
+        the passes that follow replay like a new segment (a successful call repeated is
+        reused, never run again)."""
+        self.revisions += 1
+        self.held = []
+        self.cut = False
+        self.pre_tool_text = None
+        self.revised_at = len(self.passes)
+        self.occurrences = {}
+        self.start_pass()
+
+    # ------------------------------------------------------------------ the tool checkpoint
+    def checkpoint_decides(self, call: FunctionCall, identity: str) -> bool:
+        """The tool checkpoint on a new call: the identical call rejected before is
+        rejected again; a call of a rejected tool is a correction, rejected when no
+        correction is left or the reviewer cannot be asked; a call is reviewed while
+        reviews are left and the reviewer answers. ``False``: it runs unreviewed."""
+        if identity in self.rejected:
+            self.tool_outcome(_REJECTED)
+            return True
+        available = not self.reviewer_gone and self.tool_reviews < self.policy.max_tool_reviews
+        correction = str(call.name) in self.rejected_names
+        if correction and (self.corrections >= self.policy.max_tool_corrections or not available):
+            self.reject(call)
+            return True
+        if not available:
+            return False
+        self.tool_reviews += 1
+        if correction:
+            self.corrections += 1
+        self.ask_reviewer(call, correction=correction)
+        return True
+
+    def call_verdict(self, review: _Review, verdict: object) -> None:
+        call = review.call
+        assert call is not None
+        if isinstance(verdict, Pass):
+            if review.correction:
+                self.rejected_names.discard(str(call.name))  # an approved correction
+            self.dispatch(call)
+        elif isinstance(verdict, Revise):
+            self.reject(call)
+        else:
+            self.reviewer_gone = True
+            if review.correction:
+                self.reject(call)  # only an approval lets a correction run
+            else:
+                self.dispatch(call)
+
+    def reject(self, call: FunctionCall) -> None:
+        """The call did not run; the model is shown it was rejected (no failure)."""
+        self.rejected.add(_identity(call))
+        self.rejected_names.add(str(call.name))
+        self.tool_outcome(_REJECTED)
+
     # ------------------------------------------------------------------ host signals
     def signal_arrives(self) -> None:
         """A stop ends the turn at once wherever it is (its message, if any, goes to the
-        channel's notice line); a follow-up ends a pass being streamed, waits for the next
-        turn during a tool chain, and changes nothing once the turn has ended."""
+        channel's notice line; a held reply is never sent); a follow-up ends a pass being
+        streamed or a drafted reply under review, waits for the next turn during a tool
+        chain (a call under review included), and changes nothing once the turn has
+        ended."""
         _, signal = self.signals.pop(0)
         if signal.kind == "stop":
             self.signals.clear()  # one stop ends the turn; nothing later can matter
@@ -899,12 +1231,18 @@ class _Simulation:
                 self.tool = None
                 self.tool_starting = False
                 self.decide(TurnStatus.STOPPED_BY_USER, "stopped_during_tool")
+            elif self.phase == "review":
+                self.review = None  # nothing held is ever sent
+                self.decide(TurnStatus.STOPPED_BY_USER, "stopped_during_review")
             elif self.phase == "settling":
                 if self.status is TurnStatus.TIMEOUT and self.reason in _STREAM_TIMEOUTS:
                     self.status, self.reason = TurnStatus.STOPPED_BY_USER, "stopped_while_settling"
                 self.end_turn()
         elif self.phase == "streaming":
             self.end_stream(TurnStatus.FOLLOW_UP_INTERRUPT, None)
+        elif self.phase == "review" and self.review is not None and self.review.call is None:
+            self.review = None  # a drafted reply yields to the new message, unsent
+            self.decide(TurnStatus.FOLLOW_UP_INTERRUPT, None)
 
     # ------------------------------------------------------------------ the channel
     def _channel_call(self, act: ChannelAct, *, delivery: bool) -> _ChannelCall:
@@ -967,6 +1305,8 @@ class _Simulation:
         if outcome != _CONFIRMED:
             if self.phase != "ended":
                 self.host_fails(outcome)
+            else:
+                self.unsent.insert(0, delivery)  # never confirmed: it stays undelivered
             return
         self.confirmed.append(delivery)
         if delivery.text is not None:
@@ -1020,6 +1360,7 @@ class _Simulation:
         else:
             self.tool = None
             self.tool_starting = False
+            self.review = None
             self.decide(TurnStatus.ERROR, reason)
 
     def settle_window_ends(self) -> None:
@@ -1048,26 +1389,49 @@ class _Simulation:
         may still be confirmed before the turn returns)."""
         self.phase = "ended"
         while len(self.queue) > (1 if self.send_call is not None else 0):
-            self.queue.pop()
+            self.unsent.insert(0, self.queue.pop())
 
-    def ending(self) -> PredictedEnding:
+    def streamed_texts(self, status: TurnStatus) -> tuple[str, str]:
         """A completed turn keeps its completing text; any other ending keeps only the text
-        the channel confirmed (the last pass whose confirmed text is not blank)."""
-        status = self.status
-        assert status is not None
+        the channel confirmed (the last pass whose confirmed text is not blank). What the
+        last pass streamed beyond what the channel confirmed never reached the user:
+        dropped from the buffer, suppressed, or still in flight when the turn ended."""
         if status is TurnStatus.COMPLETED:
             final_text = self.completed_text
         else:
             seen = ["".join(p.confirmed) for p in self.passes]
             shown = [text for text in seen if text.strip()]
             final_text = shown[-1] if shown else ""
-        # what the last pass streamed beyond what the channel confirmed never reached the
-        # user: dropped from the buffer, suppressed, or still in flight when the turn ended
         dropped = ""
         if self.passes:
             last = self.passes[-1]
             streamed, confirmed = "".join(last.texts), "".join(last.confirmed)
             dropped = streamed[len(confirmed) :] if streamed.startswith(confirmed) else streamed
+        return final_text, dropped
+
+    def drafted_texts(self, status: TurnStatus) -> tuple[str, str]:
+        """Drafting: text reaches the user only as the delivered draft. A completed turn
+        keeps its completing text (the delivered draft); any other ending what the channel
+        confirmed. Undelivered: what is still held (a draft a stop or a failure left
+        unsent), then what was handed over and never confirmed."""
+        if status is TurnStatus.COMPLETED:
+            final_text = self.completed_text
+        else:
+            final_text = "".join(d.text for d in self.confirmed if d.text is not None)
+        unsent = [*self.queue, *self.unsent]
+        dropped = self.held_text() + "".join(d.text for d in unsent if d.text is not None)
+        if self.reason in _HOST_FAILURES:
+            dropped += self.dropped  # the buffer of a pass the host's failure cut short
+        return final_text, dropped
+
+    def ending(self) -> PredictedEnding:
+        """How the turn ended, with the texts `streamed_texts` or `drafted_texts` say."""
+        status = self.status
+        assert status is not None
+        if self.drafting:
+            final_text, dropped = self.drafted_texts(status)
+        else:
+            final_text, dropped = self.streamed_texts(status)
         if self.scene:
             final_text = f"{final_text}\n\n[Scene Metadata]\n" + "\n".join(self.scene)
         notices = list(self.notices)
@@ -1113,7 +1477,22 @@ def describe_script(script: TurnScript, policy: LoopPolicy) -> str:
     )
     if script.provider_key is not None:
         lines.append("provider holds a key: a one-model generation turn")
+    if policy.drafting or policy.review_tool_calls:
+        acts = ", ".join(map(_act_text, script.reviews)) or "passes everything"
+        lines.append(f"reviewer: {acts}")
     return "\n".join(lines)
+
+
+def _act_text(act: ReviewerAct) -> str:
+    if isinstance(act, Slow):
+        return f"{_act_text(act.verdict)} after {act.seconds:g}s"
+    if isinstance(act, Raise):
+        return f"raises {type(act.error).__name__}"
+    if isinstance(act, Revise):
+        return f"Revise({len(act.findings)} findings)"
+    if isinstance(act, Hang):
+        return "hangs"
+    return type(act).__name__ + (f"({act.reason!r})" if hasattr(act, "reason") else "")
 
 
 def _acts_text(acts: Sequence[ChannelAct]) -> str:
@@ -1121,12 +1500,18 @@ def _acts_text(acts: Sequence[ChannelAct]) -> str:
 
 
 def _policy_text(policy: LoopPolicy) -> str:
-    names = (
+    names: tuple[str, ...] = (
         "max_function_call_iterations", "soft_warn_iteration", "max_consecutive_tool_errors",
         "continuation_tool_failure_threshold", "inactivity_timeout", "first_token_timeout",
         "abandoned_stream_settle", "tool_timeout", "delivery_flush_chars", "max_pass_duration",
         "host_call_timeout", "cancel_grace",
     )  # fmt: skip
+    if policy.drafting or policy.review_tool_calls:
+        names += (
+            "drafting", "review_tool_calls", "held_prose_max_bytes", "held_prose_max_segments",
+            "send_message_limit", "max_reviews", "max_revisions", "max_tool_reviews",
+            "max_tool_corrections", "review_timeout",
+        )  # fmt: skip
     fields = [f"{name}={getattr(policy, name)!r}" for name in names]
     fields.append(f"suppress={sorted(policy.suppress_followup_after_pre_tool_text)}")
     return ", ".join(fields)

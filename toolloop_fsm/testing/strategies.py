@@ -33,6 +33,13 @@ stops and follow-ups fired from another thread; providers that quote their API k
 error, report non-finite usage or ``retry_after``, or trickle forever; and short host-call,
 grace and pass budgets. A script whose provider quotes a key runs as a one-model generation
 turn, the tier that is given keys and must keep them secret.
+
+``loop_policies(drafting=…, review_tool_calls=…)`` switches on drafting and the tool checkpoint
+(``None``: drawn), with the held-prose ceiling sometimes small enough to cut a reply, the
+host's send limit sometimes below it, and small review budgets and timeouts;
+``turn_scripts(drafting=True)`` adds the reviewer's script (`TurnScript.reviews`: passes,
+revisions with 1–4 findings, no verdict, a hang, a raise, answers slower or quicker than the
+review timeout). Without them both draw exactly what they always drew.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from toolloop_fsm.events import (
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.review import Finding, FindingCategory, Pass, ReviewUsage, Revise, Unavailable
 from toolloop_fsm.testing.hostile import (
     ChannelAct,
     EchoKey,
@@ -67,6 +75,7 @@ from toolloop_fsm.testing.hostile import (
     KeyEcho,
     Trickle,
 )
+from toolloop_fsm.testing.reviewer import Hang, Raise, ReviewerAct, Slow
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
 
 __all__ = [
@@ -82,6 +91,8 @@ __all__ = [
     "function_calls",
     "loop_policies",
     "provider_passes",
+    "reviewer_acts",
+    "reviewer_scripts",
     "script_items",
     "text_deltas",
     "timed_signals",
@@ -183,6 +194,9 @@ class TurnScript:
     message) do (`ChannelAct`; past the plan, and by default, they confirm).
     ``provider_key``: the API key the provider holds and an `EchoKey` quotes; a script with
     one runs as a one-model generation turn.
+    ``reviews``: what the reviewer answers to its 1st, 2nd, … review (drafting's reviews of
+    a reply and the tool checkpoint's reviews of a call share the one sequence; past it, and
+    by default, it passes). Read only when the policy turns drafting or the checkpoint on.
     """
 
     passes: tuple[tuple[HostileItem, ...], ...] = ()
@@ -196,6 +210,7 @@ class TurnScript:
     sends: tuple[ChannelAct, ...] = ()
     notices: tuple[ChannelAct, ...] = ()
     provider_key: str | None = None
+    reviews: tuple[ReviewerAct, ...] = ()
 
     def plan_for(self, name: str) -> tuple[ToolBehaviour, ...]:
         for tool, behaviours in self.tool_plan:
@@ -419,21 +434,36 @@ _HOSTILE_ENDINGS: tuple[tuple[HostileItem, ...], ...] = (
     (TextDelta("Let me see. "), Trickle()),
 )
 _HOSTILE_BODIES = {n: st.lists(st.sampled_from(_HOSTILE_BODY_ITEMS), max_size=n) for n in range(8)}
+#: A drafted reply is reviewed when a pass ends without a call: for drafting, a third of
+#: the passes close with text (some of it long enough to meet a small held-prose ceiling).
+_REPLIES: tuple[tuple[ScriptItem, ...], ...] = (
+    (TextDelta("Done."),),
+    (TextDelta("It is 3 °C in Oslo."), FinishReason(FinishKind.STOP)),
+    (TextDelta("Here you go: "), TextDelta("日本語 🙂")),
+    (TextDelta("Sunny, "), TextDelta("then rain.")),
+)
+_DRAFTING_ENDINGS = (*_ENDINGS, *(_REPLIES * 8))
+_HOSTILE_DRAFTING_ENDINGS = (*_HOSTILE_ENDINGS, *(_REPLIES * 8))
 
 
 def provider_passes(
-    *, max_items: int = 5, hostile: bool = False
+    *, max_items: int = 5, hostile: bool = False, drafting: bool = False
 ) -> st.SearchStrategy[tuple[HostileItem, ...]]:
     """One provider pass: up to ``max_items`` random items, then an ending drawn from a
     menu weighted toward a tool call. Shrinks toward the empty pass. With ``hostile``, the
-    menus also hold the items of a hostile provider (after the kind ones)."""
+    menus also hold the items of a hostile provider (after the kind ones). With
+    ``drafting``, a third of the endings are a closing reply instead (drafting reviews a
+    reply when a pass ends without a call)."""
     bodies: Mapping[int, st.SearchStrategy[list[HostileItem]]]
     bodies = _HOSTILE_BODIES if hostile else _BODIES  # type: ignore[assignment]
     items = _HOSTILE_BODY_ITEMS if hostile else _BODY_ITEMS
     body = bodies.get(max_items)
     if body is None:
         body = st.lists(st.sampled_from(items), max_size=max_items)
-    endings = _HOSTILE_ENDINGS if hostile else _ENDINGS
+    if drafting:
+        endings = _HOSTILE_DRAFTING_ENDINGS if hostile else _DRAFTING_ENDINGS
+    else:
+        endings = _HOSTILE_ENDINGS if hostile else _ENDINGS
     return st.builds(lambda items, end: (*items, *end), body, st.sampled_from(endings))
 
 
@@ -542,12 +572,77 @@ PROVIDER_KEYS: tuple[str, ...] = ("hk-7Qm2xZ9pLk4vR8tW3nB6", "hk-Jd5sYc1uHf8gTe2
 _KEYS = st.sampled_from(PROVIDER_KEYS)
 
 
+# --------------------------------------------------------------------------- the reviewer
+_FINDINGS: tuple[Finding, ...] = (
+    Finding(FindingCategory.VOICE, "The reply sounds flat.", "Answer warmly."),
+    Finding(FindingCategory.REPETITION, "It says the same thing twice.", "Say it once."),
+    Finding(FindingCategory.TOOL_USE, "This call is not needed.", "Answer from the results."),
+    Finding(FindingCategory.CONTINUITY, "It contradicts the forecast.", "Keep to the data."),
+    Finding(FindingCategory.CHARACTER, "Out of character ü.", "Stay in the role."),
+)
+_FINDING_LISTS = st.lists(st.sampled_from(_FINDINGS), min_size=1, max_size=4).map(tuple)
+#: How long a slow reviewer takes: within every drawn review timeout (1 s), past the
+#: shortest only (3 s), past all of them (300 s). No value equals a drawn timeout, so a slow
+#: answer and the review deadline never coincide.
+_REVIEW_DELAYS: tuple[float, ...] = (1.0, 3.0, 300.0)
+_REVIEW_TIMEOUTS: tuple[float, ...] = (120.0, 5.0, 2.0)
+_USAGE_OF_A_REVIEW = ReviewUsage(40, 6)
+#: The kinds of act, passes and revisions most often (simplest first).
+_ACT_KINDS = ("pass", "revise", "pass", "revise", "unavailable", "raise", "hang", "slow", "slow")
+_ACT_KIND = st.sampled_from(_ACT_KINDS)
+_PASSES = st.sampled_from((Pass(), Pass(usage=_USAGE_OF_A_REVIEW)))
+_UNAVAILABLE = st.sampled_from((Unavailable("refusal"), Unavailable("malformed")))
+_RAISES = st.sampled_from((Raise(RuntimeError("the reviewer is down")), Raise(TimeoutError())))
+_DELAY = st.sampled_from(_REVIEW_DELAYS)
+_REVISIONS: st.SearchStrategy[Pass | Revise | Unavailable] = st.builds(Revise, _FINDING_LISTS)
+
+
+def _verdicts(kind: str) -> st.SearchStrategy[Pass | Revise | Unavailable]:
+    if kind == "pass":
+        return _PASSES
+    if kind == "revise":
+        return _REVISIONS
+    return _UNAVAILABLE
+
+
+_SLOW_VERDICT_KIND = st.sampled_from(("pass", "revise", "unavailable"))
+
+
+def reviewer_acts() -> st.SearchStrategy[ReviewerAct]:
+    """One answer of the reviewer: `Pass` (with or without usage), `Revise` with 1–4
+    findings, `Unavailable`, a raise, a `Hang` (only the review timeout ends it), or a
+    `Slow` verdict within or past the review timeouts `loop_policies` draws."""
+
+    @st.composite
+    def acts(draw: st.DrawFn) -> ReviewerAct:
+        kind = draw(_ACT_KIND)
+        if kind == "hang":
+            return Hang()
+        if kind == "raise":
+            return draw(_RAISES)
+        if kind == "slow":
+            return Slow(draw(_DELAY), draw(_verdicts(draw(_SLOW_VERDICT_KIND))))
+        return draw(_verdicts(kind))
+
+    return acts()
+
+
+_REVIEWER_SCRIPTS = st.lists(reviewer_acts(), max_size=5).map(tuple)
+
+
+def reviewer_scripts() -> st.SearchStrategy[tuple[ReviewerAct, ...]]:
+    """What the reviewer answers to its first reviews, in order (up to five acts; it passes
+    once they run out). Shrinks toward a reviewer that passes everything."""
+    return _REVIEWER_SCRIPTS
+
+
 def turn_scripts(
     *,
     max_passes: int = 6,
     max_items: int = 5,
     max_signals: int = 2,
     hostile: bool = False,
+    drafting: bool = False,
 ) -> st.SearchStrategy[TurnScript]:
     """A whole simulated turn (see `TurnScript`): 1 to ``max_passes`` provider passes of
     up to ``max_items`` random items and an ending each, a plan of up to 3 behaviours per
@@ -557,9 +652,15 @@ def turn_scripts(
     ``hostile`` adds the hostile world (see the module docstring): hostile provider items,
     tool behaviours and thread-fired signals in the menus, the channel's plans for its
     deliveries and notices, and the provider's key when a pass quotes it. The kind
-    behaviours stay on every menu, first, so a failure shrinks toward a kind turn."""
+    behaviours stay on every menu, first, so a failure shrinks toward a kind turn.
+
+    ``drafting`` also draws the reviewer's script (`reviewer_scripts`), for a policy with
+    drafting or the tool checkpoint on (`loop_policies(drafting=…)`), and ends a third of
+    the passes with a closing reply (so that drafted replies are completed and reviewed)."""
     passes = st.lists(
-        provider_passes(max_items=max_items, hostile=hostile), min_size=1, max_size=max_passes
+        provider_passes(max_items=max_items, hostile=hostile, drafting=drafting),
+        min_size=1,
+        max_size=max_passes,
     )
     counts = _SIGNAL_COUNTS.get(max_signals)
     if counts is None:
@@ -583,6 +684,8 @@ def turn_scripts(
             prefill=draw(_PREFILLS),
             continuation_style=draw(_BOOLEANS),
         )
+        if drafting:
+            script = attrs.evolve(script, reviews=draw(_REVIEWER_SCRIPTS))
         if not hostile:
             return script
         quotes_key = any(isinstance(i, EchoKey) for items in drawn for i in items)
@@ -623,17 +726,80 @@ _SUPPRESS_SETS: tuple[frozenset[str], ...] = (
 
 
 def loop_policies(
-    *, max_iterations: int = 8, hostile: bool = False
+    *,
+    max_iterations: int = 8,
+    hostile: bool = False,
+    drafting: bool | None = False,
+    review_tool_calls: bool | None = False,
 ) -> st.SearchStrategy[LoopPolicy]:
     """`LoopPolicy` values with small ceilings and short budgets, so limits are reached:
     1–``max_iterations`` passes, soft warning at 1–5, 1–4 consecutive tool errors, 1–3
     continuation failures, budgets of seconds (a pass's total budget included, so that a
     steadily streaming pass can run out of it), and flushes every 1–50 characters. With
     ``hostile``, the host-call budget, the cancellation grace and the pass budget are drawn
-    short too (defaults first)."""
-    kind = _kind_policies(max_iterations)
-    if not hostile:
-        return kind
+    short too (defaults first).
+
+    ``drafting`` and ``review_tool_calls`` switch drafting and the tool checkpoint on
+    (``None``: each drawn). With either on, the review fields are drawn small too (defaults
+    first): a held-prose ceiling of a few bytes or segments (so replies are cut), the host's
+    send limit sometimes below it, 1–3 reviews, 0–2 revisions, 0–8 tool reviews, 0–2
+    corrections and review timeouts of 2, 5 or 120 seconds."""
+    policies = _kind_policies(max_iterations)
+    if hostile:
+        policies = _hostile_policies(policies)
+    if drafting is False and review_tool_calls is False:
+        return policies
+    return _reviewed_policies(policies, drafting, review_tool_calls)
+
+
+def _switch(value: bool | None) -> st.SearchStrategy[bool]:
+    return _BOOLEANS if value is None else st.just(value)
+
+
+def _reviewed_policies(
+    policies: st.SearchStrategy[LoopPolicy], drafting: bool | None, checkpoint: bool | None
+) -> st.SearchStrategy[LoopPolicy]:
+    fields = st.fixed_dictionaries(
+        {
+            "drafting": _switch(drafting),
+            "review_tool_calls": _switch(checkpoint),
+            "held_prose_limits": _HELD_PROSE_LIMITS,
+            "max_reviews": st.sampled_from((2, 2, 1, 3)),
+            "max_revisions": st.sampled_from((1, 1, 0, 2)),
+            "max_tool_reviews": st.sampled_from((8, 8, 2, 1, 0)),
+            "max_tool_corrections": st.sampled_from((2, 2, 1, 0)),
+            "review_timeout": st.sampled_from(_REVIEW_TIMEOUTS),
+        }
+    )
+    return st.builds(_with_review_fields, policies, fields)
+
+
+def _with_review_fields(policy: LoopPolicy, fields: dict[str, Any]) -> LoopPolicy:
+    changes = dict(fields)  # the drawn value stays as drawn (Hypothesis reports it)
+    held_bytes, held_segments, send_limit = changes.pop("held_prose_limits")
+    return attrs.evolve(
+        policy,
+        held_prose_max_bytes=held_bytes,
+        held_prose_max_segments=held_segments,
+        send_message_limit=send_limit,
+        **changes,
+    )
+
+
+#: (held_prose_max_bytes, held_prose_max_segments, send_message_limit): the defaults in two
+#: policies of three; otherwise a ceiling of bytes or segments, or a host's send limit
+#: below the ceiling, small enough to cut a reply (each limit on its own, so a cut shrinks
+#: to the one that made it).
+_HELD_PROSE_LIMITS = st.sampled_from(
+    ((65_536, 4_096, None),) * 16
+    + (
+        (24, 4_096, None), (8, 4_096, None), (1, 4_096, None), (65_536, 3, None),
+        (65_536, 1, None), (65_536, 4_096, 16), (65_536, 4_096, 6), (40, 4_096, 12),
+    )
+)  # fmt: skip
+
+
+def _hostile_policies(kind: st.SearchStrategy[LoopPolicy]) -> st.SearchStrategy[LoopPolicy]:
     return st.builds(
         lambda policy, host, grace, pass_budget: attrs.evolve(
             policy, host_call_timeout=host, cancel_grace=grace, max_pass_duration=pass_budget

@@ -35,6 +35,7 @@ from toolloop_fsm.testing.chains.harness import (
 )
 from toolloop_fsm.testing.chains.invariants import (
     CHAIN_INVARIANTS,
+    REVIEW_CHAIN_INVARIANTS,
     ChainInvariantViolation,
     check_chain_invariants,
 )
@@ -61,6 +62,7 @@ from toolloop_fsm.testing.chains.strategies import (
 
 __all__ = [
     "CHAIN_INVARIANTS",
+    "REVIEW_CHAIN_INVARIANTS",
     "SHARED_TOOLS",
     "AttemptScript",
     "ChainChannel",

@@ -39,7 +39,9 @@ from toolloop_fsm.testing.chains.script import (
 )
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock, real_time_limit
-from toolloop_fsm.testing.invariants import call_identity
+from toolloop_fsm.testing.harness import WitnessedReviewer
+from toolloop_fsm.testing.invariants import ReviewAsked, call_identity
+from toolloop_fsm.testing.reviewer import ScriptedReviewer
 from toolloop_fsm.testing.scripted import ScriptedProvider, ScriptItem
 
 
@@ -211,6 +213,9 @@ class ChainRun:
     outer_steps: tuple[TraceStep, ...]
     log_text: str
     elapsed: float
+    #: every time the reviewer was asked, in order, by whichever attempt (drafting, the
+    #: tool checkpoint)
+    reviews_asked: tuple[ReviewAsked, ...] = ()
 
     def check(self, *, skip: Collection[str] = ()) -> None:
         """Run `check_chain_invariants`; raises `ChainInvariantViolation`."""
@@ -261,7 +266,9 @@ async def run_chain(
     factory raises where the script says so), a scripted provider for each keyless model,
     the shared tools (recording every execution with its canonical key), a `ChainChannel`,
     `TurnSignals` fired by timers on the clock, the shared route and the key book; captures
-    the library's log records. ``real_timeout`` (real seconds) turns a deadlocked run into
+    the library's log records. A policy with drafting or the tool checkpoint on gets one
+    `ScriptedReviewer` for the whole turn, playing the script's ``reviews`` and watched
+    (`ChainRun.reviews_asked`). ``real_timeout`` (real seconds) turns a deadlocked run into
     an error instead of a hung test.
     """
     clock = VirtualClock()
@@ -341,6 +348,10 @@ async def run_chain(
     key_book_before = dict(key_book)
     outer_steps: list[TraceStep] = []
     turn_policy = policy if policy is not None else script.policy
+    reviewer: WitnessedReviewer | None = None
+    if turn_policy.loop.drafting or turn_policy.loop.review_tool_calls:
+        scripted = ScriptedReviewer(script.reviews, clock=clock)
+        reviewer = WitnessedReviewer(scripted, channel, clock, attempt=lambda: current_attempt[0])
 
     def step_taken(step: TraceStep) -> None:
         outer_steps.append(step)
@@ -384,6 +395,7 @@ async def run_chain(
             key_book=key_book,
             on_step=step_taken,
             on_attempt_step=on_attempt_step,
+            reviewer=reviewer,
         )
         try:
             async with real_time_limit(real_timeout):
@@ -416,6 +428,7 @@ async def run_chain(
         outer_steps=tuple(outer_steps),
         log_text="\n".join(capture.lines),
         elapsed=clock.now() - started,
+        reviews_asked=tuple(reviewer.asked) if reviewer is not None else (),
     )
 
 

@@ -14,6 +14,7 @@ from toolloop_fsm.result import (
     TurnStatus,
     result_to_json,
 )
+from toolloop_fsm.review import ReviewKind
 from toolloop_fsm.testing.chains.harness import ChainRun
 from toolloop_fsm.testing.chains.script import (
     chain_budget,
@@ -34,7 +35,12 @@ CHAIN_INVARIANTS: tuple[str, ...] = (
     "continuation",
     "unreachable_skips",
     "stop_message_queued",
+    "review_budgets",
+    "held_until_reviewed",
 )
+#: The chain invariants of drafting and the tool checkpoint (no-ops for a policy with
+#: neither on).
+REVIEW_CHAIN_INVARIANTS: tuple[str, ...] = ("review_budgets", "held_until_reviewed")
 
 
 class ChainInvariantViolation(AssertionError):
@@ -84,6 +90,15 @@ def check_chain_invariants(run: ChainRun, *, skip: Collection[str] = ()) -> None
       and no attempt asks its provider after the report.
     * ``stop_message_queued``: a turn stopped by a stop that carried a message queues that
       message at the front of the channel, once, and keeps it in ``stop_message``.
+    * ``review_budgets`` (drafting, the tool checkpoint): the review budgets are the turn's,
+      shared by its attempts — at most ``max_reviews`` reviews of a reply, ``max_revisions``
+      revisions, ``max_tool_reviews`` reviews of a call and ``max_tool_corrections``
+      corrections in the whole turn, and each packet tells the reviewer how many reviews
+      of a reply the turn (not the attempt) has had.
+    * ``held_until_reviewed`` (drafting): nothing an attempt held is delivered unless that
+      attempt delivered its held draft: an attempt that failed delivered nothing, the
+      reviewer is never asked after anything reached the channel, and a stopped or
+      interrupted turn delivered nothing.
     """
     unknown = set(skip) - set(CHAIN_INVARIANTS)
     if unknown:
@@ -391,6 +406,93 @@ def _check_stop_message(run: ChainRun, result: GenerationTurnResult) -> None:
         )
 
 
+def _check_review_budgets(run: ChainRun, result: GenerationTurnResult) -> None:
+    loop = run.policy.loop
+    if not (loop.drafting or loop.review_tool_calls):
+        return
+    asked = run.reviews_asked
+    replies = [a for a in asked if a.kind is ReviewKind.RESPONSE]
+    calls = [a for a in asked if a.kind is ReviewKind.TOOL_CALL]
+    traces = [attempt.trace for attempt in result.attempts]
+    revisions = sum(1 for trace in traces for step in trace if step.next_state == "revising")
+    counts = (
+        ("reviews of a reply", len(replies), loop.max_reviews, "max_reviews"),
+        ("revisions", revisions, loop.max_revisions, "max_revisions"),
+        ("reviews of a call", len(calls), loop.max_tool_reviews, "max_tool_reviews"),
+        ("corrections", sum(1 for a in calls if a.correction), loop.max_tool_corrections,
+         "max_tool_corrections"),
+    )  # fmt: skip
+    spread = sorted({a.attempt for a in asked})
+    for what, count, ceiling, name in counts:
+        if count > ceiling:
+            _fail(
+                "review_budgets",
+                f"{count} {what} in one turn (attempts {spread}), above {name}={ceiling}: "
+                "the budget is the turn's, not each attempt's",
+            )
+    for index, reply in enumerate(replies):
+        if reply.reviews_done != index:
+            _fail(
+                "review_budgets",
+                f"the reviewer was told {reply.reviews_done} reviews of the reply were done "
+                f"when attempt {reply.attempt} asked for the turn's review {index + 1}",
+            )
+    if len(result.reviews) > len(asked):
+        _fail(
+            "review_budgets",
+            f"the result records {len(result.reviews)} reviews, but the reviewer was asked "
+            f"{len(asked)} times",
+        )
+
+
+#: The steps of an attempt that deliver its held draft.
+_DELIVERING = frozenset(
+    {("completing_response", "advance"), ("reviewing_draft", "review_returned"),
+     ("reviewing_draft", "review_deadline")}
+)  # fmt: skip
+
+
+def _check_held_until_reviewed(run: ChainRun, result: GenerationTurnResult) -> None:
+    if not run.policy.loop.drafting:
+        return
+    for asked in run.reviews_asked:
+        if asked.delivered_before:
+            _fail(
+                "held_until_reviewed",
+                f"attempt {asked.attempt} asked the reviewer at t={asked.at:g} after "
+                f"{asked.delivered_before} deliveries had reached the channel",
+            )
+    delivering = [
+        record.index
+        for record in result.attempts
+        if any(
+            (step.state, step.event) in _DELIVERING and step.next_state == "building_result"
+            for step in record.trace
+        )
+    ]
+    for record in result.attempts:
+        if record.delivered_text and record.index not in delivering:
+            _fail(
+                "held_until_reviewed",
+                f"attempt {record.index} ({record.label}) ended {record.status.value} "
+                f"({record.reason}) without delivering its held draft, yet "
+                f"{record.delivered_text!r} reached the channel",
+            )
+    shown = run.channel.delivered
+    if shown and not delivering:
+        _fail(
+            "held_until_reviewed",
+            f"{len(shown)} deliveries reached the channel, but no attempt delivered a held "
+            f"draft (status {result.status.value}, reason {result.reason})",
+        )
+    if shown and result.status in (TurnStatus.STOPPED_BY_USER, TurnStatus.FOLLOW_UP_INTERRUPT):
+        _fail(
+            "held_until_reviewed",
+            f"{len(shown)} held deliveries reached the channel although the turn ended "
+            f"{result.status.value}",
+        )
+
+
 _CHECKS: tuple[tuple[str, Callable[[ChainRun, GenerationTurnResult], None]], ...] = (
     ("terminal", _check_terminal),
     ("attempt_budget", _check_attempt_budget),
@@ -402,4 +504,6 @@ _CHECKS: tuple[tuple[str, Callable[[ChainRun, GenerationTurnResult], None]], ...
     ("continuation", _check_continuation),
     ("unreachable_skips", _check_unreachable),
     ("stop_message_queued", _check_stop_message),
+    ("review_budgets", _check_review_budgets),
+    ("held_until_reviewed", _check_held_until_reviewed),
 )

@@ -16,6 +16,7 @@ from toolloop_fsm.host import (
 )
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.testing.reviewer import ReviewerAct
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
 
 # --------------------------------------------------------------------------- the tool universe
@@ -247,6 +248,8 @@ class ChainScript:
     ``supersede_delay``: virtual seconds the host's UI takes to mark a superseded attempt
     (the channel's ``attempt_superseded`` hook): time in which a signal may arrive between
     two attempts. ``echo_keys``: providers and factories quote their key in their errors.
+    ``reviews``: what the reviewer answers to the turn's 1st, 2nd, … review, whichever
+    attempt asks (read only when the policy turns drafting or the tool checkpoint on).
     """
 
     models: tuple[ModelScript, ...]
@@ -256,6 +259,7 @@ class ChainScript:
     broken_delivery: tuple[int, str] | None = None
     supersede_delay: float = 0.0
     echo_keys: bool = False
+    reviews: tuple[ReviewerAct, ...] = ()
 
     def __repr__(self) -> str:
         return _short_repr(self)

@@ -23,6 +23,7 @@ from toolloop_fsm.testing.chains.script import (
     SharedRouteScript,
     ToolStep,
 )
+from toolloop_fsm.testing.strategies import _reviewed_policies, reviewer_scripts
 
 # --------------------------------------------------------------------------- strategies
 # Menus are ordered simplest first: Hypothesis shrinks `sampled_from` toward the first entry.
@@ -115,11 +116,13 @@ def chain_signals() -> st.SearchStrategy[ChainSignal]:
     )
 
 
-def turn_policies() -> st.SearchStrategy[TurnPolicy]:
+def turn_policies(*, drafting: bool = False) -> st.SearchStrategy[TurnPolicy]:
     """`TurnPolicy` values with short budgets (stalls of the scripts always exceed them,
     their pauses never do), 1–3 key attempts per model, the shared route allowed or not,
-    and deliveries flushed every 1–16 characters (so partial text is really delivered)."""
-    loops = st.builds(
+    and deliveries flushed every 1–16 characters (so partial text is really delivered).
+    ``drafting``: drafting, the tool checkpoint or both are on, with small review budgets
+    and held-prose ceilings (as `toolloop_fsm.testing.loop_policies` draws them)."""
+    loops: st.SearchStrategy[LoopPolicy] = st.builds(
         LoopPolicy,
         max_function_call_iterations=st.sampled_from((6, 3, 2)),
         inactivity_timeout=st.sampled_from((2.0, 3.0)),
@@ -128,6 +131,10 @@ def turn_policies() -> st.SearchStrategy[TurnPolicy]:
         tool_timeout=st.just(_TOOL_TIMEOUT),
         delivery_flush_chars=st.sampled_from((1, 4, 16)),
     )
+    if drafting:
+        loops = st.one_of(
+            _reviewed_policies(loops, True, None), _reviewed_policies(loops, False, True)
+        )
     return st.builds(
         TurnPolicy,
         loop=loops,
@@ -183,6 +190,7 @@ def generation_chains(
     max_signals: int = 2,
     shared_route: bool = True,
     echo_keys: bool | None = None,
+    drafting: bool = False,
 ) -> st.SearchStrategy[ChainScript]:
     """A whole simulated generation turn (see `ChainScript`): 1–``max_models`` models with
     0–``max_keys`` keys each, a scripted attempt per keyless model and per key, an optional
@@ -190,12 +198,15 @@ def generation_chains(
     ``max_signals`` host signals, a small `TurnPolicy`, cooling / retired keys in the key
     book, factories that raise, a channel whose delivery fails (one chain in ten), and
     the host's supersede-marking delay. ``echo_keys`` fixes whether providers and factories
-    quote their key in their errors (``None``: drawn)."""
+    quote their key in their errors (``None``: drawn). ``drafting``: the policy turns
+    drafting, the tool checkpoint or both on, and the reviewer's script is drawn
+    (`toolloop_fsm.testing.reviewer_scripts`): one review state for the whole turn."""
     attempts = attempt_scripts()
     model_counts = st.integers(1, max_models)
     key_counts = st.integers(0, max_keys)
     signals = st.lists(chain_signals(), max_size=max_signals).map(tuple)
-    policies = turn_policies()
+    policies = turn_policies(drafting=drafting)
+    reviews = reviewer_scripts()
     echo = _BOOLEANS if echo_keys is None else st.just(echo_keys)
 
     @st.composite
@@ -220,6 +231,7 @@ def generation_chains(
             broken_delivery=broken,
             supersede_delay=draw(_SUPERSEDE_DELAYS),
             echo_keys=draw(echo),
+            reviews=draw(reviews) if drafting else (),
         )
 
     return chains()
