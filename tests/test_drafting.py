@@ -638,3 +638,31 @@ async def test_drafting_and_the_checkpoint_together_hold_the_narration_across_th
     assert reviewer.delivered_when_asked == [0, 0]
     assert "".join(_texts(turn)) == "I'll delete it. It is gone."
     assert result.reason == "draft_passed"
+
+
+async def test_an_expression_dropped_by_a_revision_does_not_count_as_shown() -> None:
+    # found by the drafting property tests: the revision dropped the held sticker, yet the
+    # empty pass after the replacement "settled" on it and the turn ended completed with
+    # nothing delivered at all
+    turn = scripted_turn([[FunctionCall("send_sticker", {})], [TextDelta("Nice weather.")], []])
+    tool = make_tool(
+        "send_sticker",
+        turn.executions,
+        turn.clock,
+        succeeds(expression="sticker:sun"),
+        requires_follow_up=False,
+    )
+    result, _ = await _run(turn, [tool], [Revise([VOICE])])
+    assert turn.channel.delivered == []
+    assert result.status is TurnStatus.EMPTY_RESPONSE
+    assert result.reason is None
+
+
+async def test_a_stop_while_drafting_reports_the_discarded_buffer_as_undelivered() -> None:
+    turn = scripted_turn([[TextDelta("Held part. "), Pause(10), TextDelta("never")]])
+    policy = LoopPolicy(drafting=True, delivery_flush_chars=1_000)
+    result, _ = await _run(
+        turn, [], [Pass()], policy=policy, at=[(5.0, lambda s: s.request_stop())]
+    )
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert result.undelivered_text == "Held part. "

@@ -508,6 +508,8 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
             turn.ledger.update(ledger)
         if self.policy.drafting or self.policy.review_tool_calls:
             turn.draft = draft if draft is not None else DraftState()
+            if turn.draft.expression_held:
+                turn.expression_delivered = True  # a carried draft holds the one expression
             if turn.draft.history and self.policy.drafting:
                 # an earlier attempt's function history: the model sees its tool rounds
                 turn.history = list(turn.draft.history)

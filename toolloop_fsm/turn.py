@@ -154,6 +154,10 @@ class DraftState:
     held_segments: int = 0
     cut: bool = False
     cut_by_send_limit: bool = False
+    # an expression is held (it counts as the turn's one expression until a revision drops it)
+    expression_held: bool = False
+    # text a stop, a follow-up, a deadline or a failure discarded before it was held
+    discarded: str = ""
     trigger: str | None = None
     reviews: int = 0
     revisions: int = 0
@@ -178,8 +182,10 @@ class DraftState:
         """The state a next attempt continues with: the function history (``history``, the
         attempt's tool rounds) with the narration held before them, the budgets, rejections
         and records. The failed pass's own held text is dropped: the next model writes it."""
+        segments = list(self.segments[: self.committed_segments])
         return DraftState(
-            segments=list(self.segments[: self.committed_segments]),
+            segments=segments,
+            expression_held=any(segment.expression is not None for segment in segments),
             committed_segments=self.committed_segments,
             history=list(history),
             held_bytes=self.held_bytes,

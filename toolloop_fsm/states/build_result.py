@@ -223,7 +223,7 @@ def _drafted_texts(turn: TurnState, status: TurnStatus) -> tuple[str, str]:
         for item in sorted(turn.delivered or (), key=lambda d: d.seq)
         if item.text is not None
     )
-    unsent = [draft.held_text()]
+    unsent = [draft.held_text(), draft.discarded]
     unsent.extend(item.text for _, item in sorted(turn.in_flight.items()) if item.text)
     unsent.append("".join(turn.pass_text[turn.buffer_start :]))
     undelivered = "".join(unsent)

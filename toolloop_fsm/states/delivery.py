@@ -82,6 +82,7 @@ def hold_expression(turn: TurnState, expression: str) -> None:
     draft = turn.draft
     assert draft is not None
     turn.expression_delivered = True
+    draft.expression_held = True
     if draft.cut or draft.held_segments >= turn.policy.held_prose_max_segments:
         return
     _hold(draft, HeldSegment(expression=expression), 0)
@@ -94,6 +95,9 @@ def _hold(draft: DraftState, segment: HeldSegment, size: int) -> None:
 
 
 def discard_buffer(turn: TurnState) -> None:
+    draft = turn.draft
+    if draft is not None and turn.policy.drafting:
+        draft.discarded += "".join(turn.pass_text[turn.buffer_start :])
     turn.buffer_start = len(turn.pass_text)
     turn.buffer_len = 0
 

@@ -103,6 +103,7 @@ def deliver_held_draft(turn: TurnState, _event: Any = None) -> None:
     _take_verdict(turn, draft)
     segments, draft.segments = draft.segments, []
     draft.committed_segments = 0
+    draft.expression_held = False
     text: list[str] = []
     for segment in segments:
         if segment.text is not None:
@@ -135,6 +136,11 @@ def begin_revision(turn: TurnState, _event: Any = None) -> None:
     draft.committed_segments = 0
     draft.cut = False
     draft.trigger = None
+    if draft.expression_held:
+        # the dropped draft's expression was never shown: the replacement may show one, and
+        # an empty pass cannot settle on it
+        draft.expression_held = False
+        turn.expression_delivered = False
     if turn.history:
         turn.history = [attrs.evolve(entry, pre_tool_text=None) for entry in turn.history]
     turn.prefill = None

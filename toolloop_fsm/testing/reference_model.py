@@ -122,7 +122,8 @@ script's ``reviews`` say what the reviewer answers, in order, a pass once they r
   hangs is ended by the review timeout; one that raises gave no verdict.
 * Texts. With drafting, a completed turn's final text is the delivered reply (or the text
   that completed it without one); any other ending keeps what the channel confirmed. The
-  undelivered text is what is still held, then what was handed over and never confirmed.
+  undelivered text is what is still held, then what was handed over and never confirmed,
+  then the buffer of a pass cut short.
 """
 
 from __future__ import annotations
@@ -1420,8 +1421,7 @@ class _Simulation:
             final_text = "".join(d.text for d in self.confirmed if d.text is not None)
         unsent = [*self.queue, *self.unsent]
         dropped = self.held_text() + "".join(d.text for d in unsent if d.text is not None)
-        if self.reason in _HOST_FAILURES:
-            dropped += self.dropped  # the buffer of a pass the host's failure cut short
+        dropped += self.dropped  # the buffer of a pass cut short, never held
         return final_text, dropped
 
     def ending(self) -> PredictedEnding:
