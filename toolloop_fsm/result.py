@@ -234,8 +234,10 @@ def _is_frozenset_type(kind: Any) -> bool:
     return kind is frozenset or typing.get_origin(kind) is frozenset
 
 
-def _make_converter() -> cattrs.Converter:
-    converter = cattrs.Converter()
+def make_converter(*, forbid_extra_keys: bool = False) -> cattrs.Converter:
+    """The converter of results and the values they are made of (``forbid_extra_keys``: a
+    field the classes do not declare is refused, for formats read strictly)."""
+    converter = cattrs.Converter(forbid_extra_keys=forbid_extra_keys)
     # sets travel as sorted lists (JSON has no set), and come back as sets
     converter.register_unstructure_hook_func(_is_frozenset_type, sorted)
     # A host exception object is not data: it is attached for the caller, never stored.
@@ -255,7 +257,7 @@ def _make_converter() -> cattrs.Converter:
     return converter
 
 
-converter = _make_converter()
+converter = make_converter()
 
 
 def result_to_json(result: GenerationTurnResult) -> str:
