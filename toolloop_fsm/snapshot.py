@@ -475,35 +475,8 @@ def check_tools(named: Iterable[str], registered: Iterable[Any]) -> None:
 
 
 # --------------------------------------------------------------------------- JSON
-def _strict(kind: type, name: str) -> Any:
-    def structure(value: Any, _type: Any) -> Any:
-        if isinstance(value, bool) and kind is not bool:
-            raise TypeError(f"expected {name}, got a boolean")
-        if not isinstance(value, kind):
-            raise TypeError(f"expected {name}, got {type(value).__name__}")
-        return value
-
-    return structure
-
-
-def _strict_float(value: Any, _type: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"expected a number, got {type(value).__name__}")
-    return float(value)
-
-
-def _make_snapshot_converter() -> cattrs.Converter:
-    # the results' converter (sets as sorted lists, no exception objects), strict: a field
-    # of the wrong type is refused instead of coerced, an unknown field is refused
-    converter = make_converter(forbid_extra_keys=True)
-    converter.register_structure_hook(bool, _strict(bool, "a boolean"))
-    converter.register_structure_hook(int, _strict(int, "an integer"))
-    converter.register_structure_hook(str, _strict(str, "a string"))
-    converter.register_structure_hook(float, _strict_float)
-    return converter
-
-
-_converter = _make_snapshot_converter()
+# strict: a field of the wrong type is refused instead of coerced, an unknown field is refused
+_converter = make_converter(strict=True)
 
 
 def snapshot_to_json(snapshot: TurnSnapshot) -> str:
