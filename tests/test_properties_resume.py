@@ -71,7 +71,9 @@ from toolloop_fsm.testing.chains import (
 KIND_ITEMS = (Fail, Pause, *CHUNK_TYPES)
 #: Each example runs a turn up to three times; kept small enough for the ci profile's
 #: bound of ~20 s per test on two shared cores.
-RESUME_EXAMPLES = 350
+RESUME_EXAMPLES = 300
+#: A generation turn costs more to run (several attempts, each its own tool loop).
+CHAIN_RESUME_EXAMPLES = 250
 
 
 class Crash(Exception):
@@ -315,7 +317,7 @@ async def _run_chain(
     return await run_generation_turn(attempts, tools, world.channel, request, **options)
 
 
-@settings(max_examples=RESUME_EXAMPLES)
+@settings(max_examples=CHAIN_RESUME_EXAMPLES)
 @given(script=generation_chains(), cut=st.integers(0, 1_000))
 def test_a_generation_turn_cut_at_any_stable_point_and_resumed_ends_as_the_uninterrupted_one(
     script: ChainScript, cut: int
