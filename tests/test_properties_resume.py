@@ -51,7 +51,6 @@ from toolloop_fsm.testing import (
     Pause,
     RecordingChannel,
     ScriptedProvider,
-    ScriptItem,
     Stragglers,
     ToolExecution,
     TurnScript,
@@ -84,7 +83,8 @@ class _Provider(ScriptedProvider):
     """A scripted provider serving the drawn passes from ``first`` on (the passes a crashed
     run already asked for are not served again)."""
 
-    def __init__(self, passes: Sequence[Sequence[ScriptItem]], first: int, **kwargs: Any) -> None:
+    def __init__(self, passes: Sequence[Sequence[Any]], first: int, **kwargs: Any) -> None:
+        # a kind script's passes: the items a scripted provider plays (`_kind_world`)
         super().__init__(list(passes)[first:], **kwargs)
         self.first = first
 

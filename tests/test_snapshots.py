@@ -32,7 +32,14 @@ from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.sansio import Deliver, OfferSnapshot, ToolLoopMachine
 from toolloop_fsm.snapshot import SnapshotError
-from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing import (
+    Fail,
+    Pause,
+    RecordingChannel,
+    ScriptedProvider,
+    ScriptItem,
+    VirtualClock,
+)
 
 USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
 SMALL_FLUSH = LoopPolicy(delivery_flush_chars=5)
@@ -52,7 +59,7 @@ class CountingTool:
         return Tool("get_weather", "The weather in a city", {"type": "object"}, handler)
 
 
-def weather_passes() -> list[list[Any]]:
+def weather_passes() -> list[list[ScriptItem]]:
     return [
         [TextDelta("Let me look. "), FunctionCall("get_weather", {"city": "Oslo"})],
         [TextDelta("It is sunny in Oslo today.")],
@@ -95,6 +102,28 @@ def test_a_machine_not_asked_for_snapshots_offers_none() -> None:
     assert any(isinstance(effect, OfferSnapshot) for effect in asked.start(TurnRequest(USER)))
 
 
+def test_a_live_event_stream_takes_snapshots_too() -> None:
+    from toolloop_fsm.stream import TurnEnded, stream_tool_loop
+
+    weather = CountingTool()
+    saved: list[TurnSnapshot] = []
+
+    async def watch() -> GenerationTurnResult | None:
+        ended = None
+        async with stream_tool_loop(
+            ScriptedProvider(weather_passes()), [weather.tool()], RecordingChannel(),
+            TurnRequest(USER), on_snapshot=saved.append,
+        ) as events:  # fmt: skip
+            async for event in events:
+                if isinstance(event, TurnEnded):
+                    ended = event.result
+        return ended
+
+    result = asyncio.run(watch())
+    assert result is not None and result.status.value == "completed"
+    assert [s.loop.iterations for s in saved if s.loop is not None] == [0, 1]
+
+
 # --------------------------------------------------------------------------- resume
 def test_a_turn_resumed_after_its_tool_ran_does_not_run_the_tool_again() -> None:
     weather = CountingTool()
@@ -123,7 +152,7 @@ def test_a_turn_resumed_after_its_tool_ran_does_not_run_the_tool_again() -> None
 def test_a_crash_mid_pass_resumed_with_a_keyed_channel_shows_no_text_twice() -> None:
     """The worker dies while pass 2 streams, after part of it was delivered; the resumed
     pass sends that part again under the same keys and the channel drops it."""
-    passes = [
+    passes: list[list[ScriptItem]] = [
         [FunctionCall("get_weather", {"city": "Oslo"})],
         [TextDelta("It is sunny "), Pause(5.0), TextDelta("in Oslo today.")],
     ]
@@ -222,11 +251,11 @@ def test_a_generation_turn_resumed_in_its_fallback_attempt_keeps_the_chain_and_t
     """Model A runs the tool, then fails; model B continues. The turn is cut before B's
     second pass; resumed, B finishes, the tool has run once and A's failure stands."""
     weather = CountingTool()
-    failing = [
+    failing: list[list[ScriptItem]] = [
         [FunctionCall("get_weather", {"city": "Oslo"})],
         [Fail(ProviderError("overloaded", kind="server", retryable=True))],
     ]
-    answering = [
+    answering: list[list[ScriptItem]] = [
         [FunctionCall("get_weather", {"city": "Oslo"})],
         [TextDelta("Sunny in Oslo.")],
     ]
