@@ -246,6 +246,48 @@ def test_a_tool_loop_snapshot_is_refused_by_resume_generation_turn_and_back() ->
         asyncio.run(resume_generation_turn(snapshot, [], [weather.tool()], RecordingChannel()))
 
 
+def test_a_drafted_turn_resumed_after_its_revision_keeps_the_review_state() -> None:
+    """Cut right after the reviewer asked for a revision: the resumed turn writes the
+    replacement, has it reviewed once more (the budget spent stands) and shows only it."""
+    from toolloop_fsm.review import Finding, Pass, Revise
+    from toolloop_fsm.testing.reviewer import ScriptedReviewer
+
+    drafting = LoopPolicy(drafting=True)
+    voice = Finding("voice", "the reply is flat", "answer warmly, in one sentence")
+    passes: list[list[ScriptItem]] = [
+        [TextDelta("Checking. "), FunctionCall("get_weather", {"city": "Oslo"})],
+        [TextDelta("Sunny.")],
+        [TextDelta("It is a lovely sunny day in Oslo!")],
+    ]
+    weather = CountingTool()
+    saved: list[str] = []
+    first = asyncio.run(
+        run_tool_loop(
+            ScriptedProvider(passes), [weather.tool()], RecordingChannel(), TurnRequest(USER),
+            policy=drafting, reviewer=ScriptedReviewer([Revise([voice]), Pass()]),
+            on_snapshot=lambda s: saved.append(snapshot_to_json(s)),
+        )
+    )  # fmt: skip
+    assert (first.status.value, first.reason) == ("completed", "draft_passed")
+    cut = snapshot_from_json(saved[-1])  # before the revision's pass
+    assert cut.loop is not None and cut.loop.draft is not None
+    assert (cut.loop.draft.reviews, cut.loop.draft.revisions) == (1, 1)
+    assert [r.verdict for r in cut.loop.draft.records] == ["revise"]
+    channel = RecordingChannel()
+    reviewer = ScriptedReviewer([Pass()])
+    resumed = asyncio.run(
+        resume_tool_loop(cut, ScriptedProvider(passes[2:]), [weather.tool()], channel,
+                         policy=drafting, reviewer=reviewer)
+    )  # fmt: skip
+    assert (resumed.status, resumed.reason) == (first.status, first.reason)
+    assert channel.texts == ["It is a lovely sunny day in Oslo!"]
+    assert resumed.delivered_text == first.delivered_text
+    assert [r.verdict for r in resumed.reviews] == ["revise", "pass"]
+    assert reviewer.packets[0].revision is not None
+    assert reviewer.packets[0].revision.revisions_done == 1
+    assert len(weather.runs) == 1
+
+
 # --------------------------------------------------------------------------- generation turns
 def test_a_generation_turn_resumed_in_its_fallback_attempt_keeps_the_chain_and_the_tool() -> None:
     """Model A runs the tool, then fails; model B continues. The turn is cut before B's
