@@ -469,11 +469,15 @@ def test_the_package_root_holds_what_a_host_needs_and_sansio_the_rest() -> None:
     import toolloop_fsm
     import toolloop_fsm.sansio as sansio
 
-    assert len(toolloop_fsm.__all__) <= 52
+    assert len(toolloop_fsm.__all__) <= 57
     # reviewing: the protocol, what it is shown, what it answers, and the ready reviewer
     reviewing = {"Reviewer", "ReviewPacket", "Pass", "Revise", "Unavailable", "Finding",
                  "ModelReviewer"}  # fmt: skip
     assert reviewing <= set(toolloop_fsm.__all__), reviewing - set(toolloop_fsm.__all__)
+    # durable turns: the snapshot, its JSON form, and the two ways to resume a turn
+    durable = {"TurnSnapshot", "snapshot_to_json", "snapshot_from_json", "resume_tool_loop",
+               "resume_generation_turn"}  # fmt: skip
+    assert durable <= set(toolloop_fsm.__all__), durable - set(toolloop_fsm.__all__)
     assert {name for name in toolloop_fsm.__all__ if not hasattr(toolloop_fsm, name)} == set()
     assert {name for name in sansio.__all__ if not hasattr(sansio, name)} == set()
     # every event the machines take and every effect they return is in the sans-IO module

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.test_properties_inner import TOOLS, drive_machine, run_turn
 from toolloop_fsm.declaration import declared_transition_ids
-from toolloop_fsm.effects import ArmDeadline, Effect, RequestReview
+from toolloop_fsm.effects import ArmDeadline, Effect, OfferSnapshot, RequestReview
 from toolloop_fsm.events import (
     DeadlineExpired,
     DeadlineKind,
@@ -197,6 +197,16 @@ def _rare_review_paths(request: TurnRequest) -> None:
     assert machine.state == "reviewing_draft"
 
 
+def _resume_paths() -> None:
+    """Durable turns: a fresh machine resumes a snapshot's turn (``ready --resume-->``)."""
+    request = TurnRequest([{"role": "user", "content": "hi"}])
+    machine = ToolLoopMachine(snapshots=True)
+    offered = [e for e in machine.start(request) if isinstance(e, OfferSnapshot)]
+    resumed = ToolLoopMachine()
+    resumed.resume(offered[0].snapshot)
+    assert resumed.state == "awaiting_first_token"
+
+
 def test_the_property_workload_fires_every_declared_transition() -> None:
     fired: set[str] = set()
     previous = Coverage.fired
@@ -207,6 +217,7 @@ def test_the_property_workload_fires_every_declared_transition() -> None:
         _drafting_pump_workload()
         _drafting_machine_workload()
         _rare_paths()
+        _resume_paths()
     finally:
         Coverage.fired = previous
     declared = declared_transition_ids(TRANSITIONS)

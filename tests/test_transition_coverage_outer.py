@@ -28,9 +28,12 @@ from hypothesis import strategies as st
 
 from tests.test_properties_outer import drive_generation_machine
 from toolloop_fsm import generation
+from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.declaration import declared_transition_ids
+from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.runner import Coverage
+from toolloop_fsm.snapshot import capture_chain
 from toolloop_fsm.testing.chains import (
     AttemptScript,
     ChainScript,
@@ -157,6 +160,17 @@ def _machine_workload(data: st.DataObject) -> None:
     drive_generation_machine(data)
 
 
+def _resume_workload() -> None:
+    """Durable turns: a fresh machine resumes a snapshot's turn (``ready --resume-->``)."""
+    plans = [AttemptPlan("only")]
+    request = TurnRequest([{"role": "user", "content": "hi"}])
+    machine = generation.GenerationTurnMachine(plans=plans)
+    machine.start(request)
+    resumed = generation.GenerationTurnMachine(plans=plans)
+    effects = resumed.resume(capture_chain(machine.generation))
+    assert [type(e).__name__ for e in effects] == ["StartAttempt"]
+
+
 def _fired_by(*workloads: Callable[[], object]) -> set[str]:
     """Run the workloads with the coverage switch on (machines read it when built)."""
     fired: set[str] = set()
@@ -170,7 +184,7 @@ def _fired_by(*workloads: Callable[[], object]) -> set[str]:
 
 
 def test_the_outer_property_workload_fires_every_declared_transition() -> None:
-    fired = _fired_by(_chain_workload, _machine_workload)
+    fired = _fired_by(_chain_workload, _machine_workload, _resume_workload)
     declared = declared_transition_ids(generation.TRANSITIONS)
     missing = [ident for ident in declared if ident not in fired]
     assert not missing, (

@@ -1,7 +1,8 @@
 """toolloop-fsm: one LLM generation turn — stream, dispatch tools, restart, fall back,
 assemble — as an explicit finite-state machine.
 
-The root holds what a host needs to run turns: the two run functions, the tool and host
+The root holds what a host needs to run turns: the two run functions (and the two that
+resume a turn from a `TurnSnapshot`, with the snapshot's JSON form), the tool and host
 types, the policies, attempts, results, the provider contract, the chunk events a provider
 yields, the reviewer protocol with its packet and verdicts and the ready `ModelReviewer`, the
 two machines and `InvalidEvent`. Hosts that drive the machines themselves find
@@ -39,7 +40,12 @@ from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.model_reviewer import ModelReviewer
 from toolloop_fsm.policy import ExitView, LoopPolicy, TurnPolicy
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.pump import run_generation_turn, run_tool_loop
+from toolloop_fsm.pump import (
+    resume_generation_turn,
+    resume_tool_loop,
+    run_generation_turn,
+    run_tool_loop,
+)
 from toolloop_fsm.result import (
     AttemptRecord,
     Delivered,
@@ -53,6 +59,7 @@ from toolloop_fsm.result import (
     result_to_json,
 )
 from toolloop_fsm.review import Finding, Pass, Reviewer, ReviewPacket, Revise, Unavailable
+from toolloop_fsm.snapshot import TurnSnapshot, snapshot_from_json, snapshot_to_json
 from toolloop_fsm.tools import tool
 
 # A library's records go where the host's logging configuration sends them; with none, they
@@ -103,13 +110,18 @@ __all__ = [
     "TurnPolicy",
     "TurnRequest",
     "TurnSignals",
+    "TurnSnapshot",
     "TurnStatus",
     "Unavailable",
     "UsageLedger",
     "UsageReport",
     "result_from_json",
     "result_to_json",
+    "resume_generation_turn",
+    "resume_tool_loop",
     "run_generation_turn",
     "run_tool_loop",
+    "snapshot_from_json",
+    "snapshot_to_json",
     "tool",
 ]

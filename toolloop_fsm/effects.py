@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from toolloop_fsm.provider import ProviderRequest
     from toolloop_fsm.result import GenerationTurnResult, Notice
     from toolloop_fsm.review import ReviewPacket
+    from toolloop_fsm.snapshot import LoopSnapshot
 
 
 @frozen
@@ -176,6 +177,14 @@ class CancelReview:
     review: int
 
 
+@frozen
+class OfferSnapshot:
+    """The turn is at a stable point (entering ``starting_pass``): hand ``snapshot`` to the
+    host's ``on_snapshot``. Emitted only by a machine asked for snapshots."""
+
+    snapshot: LoopSnapshot
+
+
 Effect = (
     StartStream
     | CancelStream
@@ -194,4 +203,5 @@ Effect = (
     | AskAdmission
     | SupersedeAttempt
     | UpdateKeyHealth
+    | OfferSnapshot
 )

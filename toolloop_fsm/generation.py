@@ -60,6 +60,7 @@ from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.result import RETRYABLE_STATUSES, GenerationTurnResult, TraceStep, TurnStatus
 from toolloop_fsm.runner import DeclaredMachine
+from toolloop_fsm.snapshot import ChainSnapshot, restore_chain
 from toolloop_fsm.states.attempts import (
     admit_shared_route,
     ask_admission,
@@ -70,6 +71,7 @@ from toolloop_fsm.states.attempts import (
     exhaust_chain,
     post_closing_notices,
     refuse_shared_route,
+    resume_attempt,
     skip_unreachable,
     stop_while_admitting,
     supersede_attempt,
@@ -116,6 +118,8 @@ TRANSITIONS: list[_t] = [
     _t("advance", "planning", "finishing", when=no_attempt_available,
        ends=("error", "no_usable_credentials")),
     _t("advance", "planning", "attempting", do=begin_first_attempt),
+    # durable turns: a fresh machine continues a snapshot's turn in the attempt it was taken in
+    _t("resume", "ready", "attempting", do=resume_attempt),
     # ---- an attempt ran the inner tool loop (or the host reported the destination gone)
     _t("attempt_finished", "attempting", "judging_attempt", do=take_attempt_result),
     _t("destination_unreachable", ["attempting", "admitting_shared_route"], "finishing",
@@ -242,6 +246,24 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
             now=0.0 if now is None else now,
         )
         return self._fire("start", None, now)
+
+    def resume(self, snapshot: ChainSnapshot, *, now: float | None = None) -> list[Effect]:
+        """Continue the turn ``snapshot`` was taken of: returns the `StartAttempt` of the
+        attempt it was taken in. The chain (this machine's plans, the shared route's once
+        admitted) must carry the snapshot's labels, else
+        `toolloop_fsm.snapshot.SnapshotError`; cooldowns keep the time they had left,
+        measured from ``now``."""
+        if self._model is not None:
+            raise InvalidEvent(self.name, self.state, "resume", "the machine was already started")
+        self._model = restore_chain(
+            snapshot,
+            self.policy,
+            plans=self.plans,
+            shared=self.shared,
+            tool_specs=self.tool_specs,
+            now=0.0 if now is None else now,
+        )
+        return self._fire("resume", None, now)
 
     def feed(self, event: Any, *, now: float | None = None) -> list[Effect]:
         """Take one event; return the effects to carry out, in order. ``now`` is the clock's

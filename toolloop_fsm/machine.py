@@ -101,6 +101,7 @@ from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus
 from toolloop_fsm.runner import DeclaredMachine
+from toolloop_fsm.snapshot import LoopSnapshot, restore_loop
 from toolloop_fsm.states.build_result import (
     abandon_in_flight,
     begin_settling,
@@ -139,6 +140,7 @@ from toolloop_fsm.states.drafting import (
     stop_during_review,
     take_review_timeout,
 )
+from toolloop_fsm.states.stable_points import offer_snapshot, resend_in_flight
 from toolloop_fsm.states.stream_once import (
     CHUNK_HANDLERS,
     begin_pass,
@@ -178,7 +180,8 @@ FINAL_STATES: tuple[str, ...] = (
 )
 STATES: tuple[State, ...] = (
     State("ready"),
-    State("starting_pass", transient=True),
+    # the stable point: before each pass, a machine asked for snapshots offers one
+    State("starting_pass", (offer_snapshot,), transient=True),
     State("awaiting_first_token"),
     State("streaming"),
     State("ending_pass", transient=True),
@@ -212,6 +215,9 @@ CHUNK_TRIGGERS: dict[type, str] = {
 # fmt: off
 TRANSITIONS: list[_t] = [
     _t("start", "ready", "starting_pass"),
+    # durable turns: a fresh machine continues a snapshot's turn before its next pass, sending
+    # again what was in flight (under the same sequence numbers)
+    _t("resume", "ready", "starting_pass", do=resend_in_flight),
     # ---- stream once: the ceiling is checked before every pass (docs/behaviour.md §2.1)
     _t("advance", "starting_pass", "building_result", when=iteration_ceiling_reached,
        do=end_iteration_ceiling, ends=("timeout", "iteration_ceiling")),
@@ -443,7 +449,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
     for debugging a turn; the compiled runner must agree with it).
     """
 
-    __slots__ = ("policy", "tools")
+    __slots__ = ("policy", "snapshots", "tools")
     name = "ToolLoopMachine"
 
     def __init__(
@@ -453,9 +459,12 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         tools: ToolRegistry | Iterable[Tool] = (),
         reference: bool = False,
         on_step: Callable[[TraceStep], None] | None = None,
+        snapshots: bool = False,
     ) -> None:
         self.policy = policy if policy is not None else DEFAULT_POLICY
         self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        #: offer an `OfferSnapshot` effect at each stable point (entering ``starting_pass``)
+        self.snapshots = snapshots
         super().__init__(DECLARATION, reference=reference, on_step=on_step)
 
     # ------------------------------------------------------------------ public surface
@@ -515,8 +524,21 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
                 turn.history = list(turn.draft.history)
                 turn.draft.history = []
         turn.expression_delivered = expression_delivered
+        turn.snapshots = self.snapshots
         self._model = turn
         return self._fire("start", None, now)
+
+    def resume(self, snapshot: LoopSnapshot, *, now: float | None = None) -> list[Effect]:
+        """Continue the turn ``snapshot`` was taken of, before its next pass: returns the
+        effects that send again the deliveries it had in flight and open that pass. The
+        policy and tools are this machine's; a snapshot naming a tool they lack raises
+        `toolloop_fsm.snapshot.SnapshotError`."""
+        if self._model is not None:
+            raise InvalidEvent(self.name, self.state, "resume", "the machine was already started")
+        turn = restore_loop(snapshot, self.policy, self.tools)
+        turn.snapshots = self.snapshots
+        self._model = turn
+        return self._fire("resume", None, now)
 
     def feed(self, event: Any, *, now: float | None = None) -> list[Effect]:
         """Take one event; return the effects to carry out, in order. ``now`` is the turn's

@@ -234,8 +234,35 @@ def _is_frozenset_type(kind: Any) -> bool:
     return kind is frozenset or typing.get_origin(kind) is frozenset
 
 
-def _make_converter() -> cattrs.Converter:
-    converter = cattrs.Converter()
+def _strict(kind: type, name: str) -> Any:
+    def structure(value: Any, target: Any) -> Any:
+        if isinstance(value, bool) and kind is not bool:
+            raise TypeError(f"expected {name}, got a boolean")
+        if not isinstance(value, kind):
+            raise TypeError(f"expected {name}, got {type(value).__name__}")
+        # a subclass (a StrEnum) is dispatched here too: built from the checked value
+        return value if target is kind else target(value)
+
+    return structure
+
+
+def _strict_float(value: Any, _type: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def make_converter(*, strict: bool = False) -> cattrs.Converter:
+    """The converter of results and the values they are made of. ``strict`` (for formats
+    read back strictly): a field the classes do not declare is refused, and so is a value of
+    the wrong type, where the default converter coerces (``"3"`` to ``3``, ``5`` to ``"5"``)."""
+    converter = cattrs.Converter(forbid_extra_keys=strict)
+    if strict:
+        # registered first: the hooks generated below use them for every field
+        converter.register_structure_hook(bool, _strict(bool, "a boolean"))
+        converter.register_structure_hook(int, _strict(int, "an integer"))
+        converter.register_structure_hook(str, _strict(str, "a string"))
+        converter.register_structure_hook(float, _strict_float)
     # sets travel as sorted lists (JSON has no set), and come back as sets
     converter.register_unstructure_hook_func(_is_frozenset_type, sorted)
     # A host exception object is not data: it is attached for the caller, never stored.
@@ -255,7 +282,7 @@ def _make_converter() -> cattrs.Converter:
     return converter
 
 
-converter = _make_converter()
+converter = make_converter()
 
 
 def result_to_json(result: GenerationTurnResult) -> str:

@@ -5,7 +5,9 @@ generation turn) take events and return effects; they do no I/O, read no clock a
 await. A host that runs its own event loop (or none) feeds them the events below and carries
 out the effects; `toolloop_fsm.run_tool_loop` and `run_generation_turn` are the library's
 own asyncio pump doing exactly that. `ReferenceRunner` runs a declaration on `transitions`
-itself, for debugging a turn step by step against the compiled tables.
+itself, for debugging a turn step by step against the compiled tables. A machine built with
+``snapshots=True`` offers an `OfferSnapshot` at each stable point, and ``resume`` continues a
+turn from one (`toolloop_fsm.snapshot`).
 """
 
 from toolloop_fsm.attempts import AttemptPlan, KeyHealth
@@ -20,6 +22,7 @@ from toolloop_fsm.effects import (
     Deliver,
     Effect,
     Finish,
+    OfferSnapshot,
     PostNotice,
     QueueStopResponse,
     RequestReview,
@@ -88,6 +91,7 @@ __all__ = [
     "GenerationTurnMachine",
     "InvalidEvent",
     "KeyHealth",
+    "OfferSnapshot",
     "PostNotice",
     "QueueStopResponse",
     "ReferenceRunner",

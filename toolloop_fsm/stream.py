@@ -64,6 +64,7 @@ from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.provider import Provider
 from toolloop_fsm.pump import run_generation_turn, run_tool_loop
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.snapshot import TurnSnapshot
 
 #: What a live stream yields.
 LiveEvent = (
@@ -271,6 +272,7 @@ def stream_tool_loop(
     continuation_style: bool | None = None,
     on_step: Callable[[TraceStep], None] | None = None,
     observer: TurnObserver | None = None,
+    on_snapshot: Callable[[TurnSnapshot], None] | None = None,
 ) -> TurnStream:
     """`run_tool_loop`, as a stream of live events ending with `TurnEnded` (see the module
     docstring)."""
@@ -279,6 +281,7 @@ def stream_tool_loop(
         return run_tool_loop(
             provider, tools, channel, request, policy=policy, signals=signals, clock=clock,
             continuation_style=continuation_style, on_step=on_step, observer=live,
+            on_snapshot=on_snapshot,
         )  # fmt: skip
 
     return TurnStream(run, observer)
@@ -298,6 +301,7 @@ def stream_generation_turn(
     on_step: Callable[[TraceStep], None] | None = None,
     on_attempt_step: Callable[[int, TraceStep], None] | None = None,
     observer: TurnObserver | None = None,
+    on_snapshot: Callable[[TurnSnapshot], None] | None = None,
 ) -> TurnStream:
     """`run_generation_turn`, as a stream of live events ending with `TurnEnded` (see the
     module docstring); attempts are framed by `AttemptStarted` and `AttemptEnded`."""
@@ -306,7 +310,7 @@ def stream_generation_turn(
         return run_generation_turn(
             attempts, tools, channel, request, policy=policy, signals=signals, clock=clock,
             shared_route=shared_route, key_book=key_book, on_step=on_step,
-            on_attempt_step=on_attempt_step, observer=live,
+            on_attempt_step=on_attempt_step, observer=live, on_snapshot=on_snapshot,
         )  # fmt: skip
 
     return TurnStream(run, observer)

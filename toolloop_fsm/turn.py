@@ -286,6 +286,8 @@ class TurnState:
     follow_ups_cleared: int = 0
     # drafting and the tool checkpoint (``None`` when both are off: today's loop exactly)
     draft: DraftState | None = None
+    # offer a snapshot at each stable point (the host passed ``on_snapshot``)
+    snapshots: bool = False
 
     # bookkeeping of the step being processed; ``step_time`` is the time its driver gave
     # (the turn's clock), stamped on its trace steps and read by nothing else

@@ -9,14 +9,16 @@
 """
 
 from toolloop_fsm.pump.deliveries import wait_bounded
-from toolloop_fsm.pump.inner import EventPump, run_tool_loop
-from toolloop_fsm.pump.outer import GenerationPump, run_generation_turn
+from toolloop_fsm.pump.inner import EventPump, resume_tool_loop, run_tool_loop
+from toolloop_fsm.pump.outer import GenerationPump, resume_generation_turn, run_generation_turn
 from toolloop_fsm.pump.redaction import RedactedError
 
 __all__ = [
     "EventPump",
     "GenerationPump",
     "RedactedError",
+    "resume_generation_turn",
+    "resume_tool_loop",
     "run_generation_turn",
     "run_tool_loop",
     "wait_bounded",

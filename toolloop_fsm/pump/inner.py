@@ -43,6 +43,7 @@ from toolloop_fsm.effects import (
     Deliver,
     Effect,
     Finish,
+    OfferSnapshot,
     PostNotice,
     QueueStopResponse,
     RequestReview,
@@ -89,6 +90,7 @@ from toolloop_fsm.pump.records import TurnRecords
 from toolloop_fsm.pump.redaction import Secrets
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
 from toolloop_fsm.review import VERDICT_TYPES, Reviewer, ReviewPacket, Unavailable
+from toolloop_fsm.snapshot import LoopSnapshot, SnapshotError, TurnSnapshot
 from toolloop_fsm.states.build_result import count_late_deliveries
 from toolloop_fsm.tools import run_tool_handler
 from toolloop_fsm.turn import DraftState, LedgerEntry
@@ -162,6 +164,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "consume_stop",
         "machine",
         "on_effect",
+        "on_snapshot",
         "policy",
         "provider",
         "registry",
@@ -183,8 +186,12 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         records: TurnRecords | None = None,
         reviewer: Reviewer | None = None,
         delivery_keys: str | None = None,
+        on_snapshot: Callable[[LoopSnapshot], None] | None = None,
     ) -> None:
         self.machine = machine
+        # handed each snapshot the machine offers (it offers them when built with
+        # ``snapshots=True``)
+        self.on_snapshot = on_snapshot
         policy = machine.policy
         if reviewer is None and (policy.drafting or policy.review_tool_calls):
             switched = "drafting" if policy.drafting else "review_tool_calls"
@@ -265,8 +272,11 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         ledger: Mapping[str, LedgerEntry] | None = None,
         expression_delivered: bool = False,
         draft: DraftState | None = None,
+        resume_from: LoopSnapshot | None = None,
     ) -> GenerationTurnResult:
-        """Run the turn to its terminal state and return its result."""
+        """Run the turn to its terminal state and return its result; with ``resume_from``,
+        continue the turn that snapshot was taken of (``request`` and the carried state
+        are then the snapshot's)."""
         self._main = asyncio.current_task()
         if continuation_style is None:
             continuation_style = bool(getattr(self.provider, "continuation_style", False))
@@ -277,8 +287,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         failure: BaseException | None = None
         cancelled = True
         try:
-            self._execute(
-                self.machine.start(
+            if resume_from is not None:
+                opening = self.machine.resume(resume_from, now=self.clock.now())
+            else:
+                opening = self.machine.start(
                     request,
                     continuation_style=continuation_style,
                     hold_timeout_notice=hold_timeout_notice,
@@ -287,7 +299,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     draft=draft,
                     now=self.clock.now(),
                 )
-            )
+            self._execute(opening)
             self._signals_dirty = True
             self._take_signals()
             # The turn's own task: read each pass's stream as the machine starts it, and
@@ -533,6 +545,23 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 self._ensure_host_worker()
             elif kind is Finish:
                 self._finish(effect)  # type: ignore[arg-type]
+            elif kind is OfferSnapshot and not self._offer_snapshot(effect):  # type: ignore[arg-type]
+                return  # the host's hook failed: the turn ends with its exception
+
+    def _offer_snapshot(self, effect: OfferSnapshot) -> bool:
+        """Hand the host a snapshot, synchronously, before the pass it precedes starts. Like
+        ``on_step``, the hook is the host's own code: an exception from it ends the run (it
+        is raised from the run, after the turn's children are cancelled), and the last
+        snapshot it took is where the turn can be resumed from."""
+        hook = self.on_snapshot
+        if hook is None or self._finished:
+            return True
+        try:
+            hook(effect.snapshot)
+        except BaseException as err:
+            self._fail(err)
+            return False
+        return True
 
     def _finish(self, effect: Finish) -> None:
         if self._finished:
@@ -841,6 +870,7 @@ async def run_tool_loop(
     on_step: Callable[[TraceStep], None] | None = None,
     observer: TurnObserver | None = None,
     reviewer: Reviewer | None = None,
+    on_snapshot: Callable[[TurnSnapshot], None] | None = None,
 ) -> GenerationTurnResult:
     """Run one tool-loop turn (one attempt) and return its result.
 
@@ -850,12 +880,81 @@ async def run_tool_loop(
     observer registered with `toolloop_fsm.observation.add_turn_observer`) sees the turn's
     phases (`toolloop_fsm.observation`). ``reviewer`` is asked by drafting and the tool
     checkpoint (`LoopPolicy.drafting`, `LoopPolicy.review_tool_calls`), which need one.
+    ``on_snapshot`` is called synchronously with a `TurnSnapshot` at each stable point
+    (before each pass); `resume_tool_loop` continues the turn from one. An exception from
+    it ends the run and is raised from it, as one from ``on_step`` is.
     """
-    records = _TOOL_LOOP_RECORDS
     if request.turn_id is None:
         request = attrs.evolve(request, turn_id=uuid.uuid4().hex)
+    return await _run_loop(
+        provider, tools, channel, request, None,
+        policy=policy, signals=signals, clock=clock, continuation_style=continuation_style,
+        on_step=on_step, observer=observer, reviewer=reviewer, on_snapshot=on_snapshot,
+    )  # fmt: skip
+
+
+async def resume_tool_loop(
+    snapshot: TurnSnapshot,
+    provider: Provider,
+    tools: ToolRegistry | Iterable[Tool],
+    channel: Channel,
+    *,
+    policy: LoopPolicy | None = None,
+    signals: TurnSignals | None = None,
+    clock: Clock | None = None,
+    on_step: Callable[[TraceStep], None] | None = None,
+    observer: TurnObserver | None = None,
+    reviewer: Reviewer | None = None,
+    on_snapshot: Callable[[TurnSnapshot], None] | None = None,
+) -> GenerationTurnResult:
+    """Continue the tool-loop turn ``snapshot`` was taken of, in a fresh machine, and return
+    its result (the whole turn's: what was delivered and recorded before the snapshot
+    included).
+
+    The host passes again what a snapshot cannot hold: the provider, the tools (every tool
+    the snapshot names must be registered), the channel, the policy and the reviewer. Tools
+    the turn completed are never run again (their outcomes are in the history and the
+    ledger); delivered text is never sent again; the pass that was running when the turn
+    was cut runs again from its start, its deliveries under the same sequence numbers — and
+    so the same idempotency keys — as the first time, as are the deliveries the snapshot
+    had in flight. A channel that takes idempotency keys drops what it already showed.
+    Raises `toolloop_fsm.snapshot.SnapshotError` for a generation turn's snapshot or tools
+    that do not match.
+    """
+    loop = snapshot.loop
+    if snapshot.chain is not None or loop is None:
+        raise SnapshotError(
+            "chain: this is a generation turn's snapshot: resume it with resume_generation_turn"
+        )
+    return await _run_loop(
+        provider, tools, channel, loop.request, loop,
+        policy=policy, signals=signals, clock=clock, continuation_style=None,
+        on_step=on_step, observer=observer, reviewer=reviewer, on_snapshot=on_snapshot,
+    )  # fmt: skip
+
+
+async def _run_loop(
+    provider: Provider,
+    tools: ToolRegistry | Iterable[Tool],
+    channel: Channel,
+    request: TurnRequest,
+    resume_from: LoopSnapshot | None,
+    *,
+    policy: LoopPolicy | None,
+    signals: TurnSignals | None,
+    clock: Clock | None,
+    continuation_style: bool | None,
+    on_step: Callable[[TraceStep], None] | None,
+    observer: TurnObserver | None,
+    reviewer: Reviewer | None,
+    on_snapshot: Callable[[TurnSnapshot], None] | None,
+) -> GenerationTurnResult:
+    records = _TOOL_LOOP_RECORDS
     machine = ToolLoopMachine(
-        policy, tools=tools, on_step=records.logging_steps(ToolLoopMachine.name, on_step)
+        policy,
+        tools=tools,
+        on_step=records.logging_steps(ToolLoopMachine.name, on_step),
+        snapshots=on_snapshot is not None,
     )
     clock = clock if clock is not None else LOOP_CLOCK
     observation = observe_turn(observer, clock, records)
@@ -868,13 +967,15 @@ async def run_tool_loop(
         observation=observation,
         reviewer=reviewer,
         delivery_keys=f"{request.turn_id}:1",
+        on_snapshot=None if on_snapshot is None else (lambda loop: on_snapshot(TurnSnapshot(loop))),
     )
+    run = pump.run(request, continuation_style=continuation_style, resume_from=resume_from)
     if observation is None:
-        return await pump.run(request, continuation_style=continuation_style)
+        return await run
     observation.for_provider(provider)
     observation.turn_started("tool_loop")
     try:
-        result = await pump.run(request, continuation_style=continuation_style)
+        result = await run
     except BaseException as err:
         observation.turn_aborted(err)
         raise

@@ -64,6 +64,13 @@ from toolloop_fsm.result import (
     converter,
 )
 from toolloop_fsm.review import Reviewer
+from toolloop_fsm.snapshot import (
+    ChainSnapshot,
+    LoopSnapshot,
+    SnapshotError,
+    TurnSnapshot,
+    capture_chain,
+)
 from toolloop_fsm.turn import DraftState
 
 
@@ -86,9 +93,13 @@ class GenerationPump:
         observation: Observation | None = None,
         records: TurnRecords | None = None,
         reviewer: Reviewer | None = None,
+        on_snapshot: Callable[[TurnSnapshot], None] | None = None,
     ) -> None:
         self.machine = machine
         self.reviewer = reviewer
+        self.on_snapshot = on_snapshot
+        # a resumed turn's running attempt continues from its tool loop's snapshot
+        self._resume_loop: tuple[int, LoopSnapshot] | None = None
         loop_policy = machine.policy.loop
         if reviewer is None and (loop_policy.drafting or loop_policy.review_tool_calls):
             switched = "drafting" if loop_policy.drafting else "review_tool_calls"
@@ -114,11 +125,24 @@ class GenerationPump:
         self.records = records if records is not None else TurnRecords(0, Secrets(self._keys))
         self.observation = observation
 
-    async def run(self, request: TurnRequest) -> GenerationTurnResult:
+    async def run(
+        self, request: TurnRequest, *, resume_from: TurnSnapshot | None = None
+    ) -> GenerationTurnResult:
+        """Run the turn to its end; with ``resume_from`` (a generation turn's snapshot),
+        continue the turn it was taken of (``request`` is then the snapshot's)."""
         self._follow_ups_seen = self.signals.follow_ups
-        pending = collections.deque(
-            self.machine.start(request, health=self.key_book, now=self.clock.now())
-        )
+        if resume_from is not None:
+            chain = resume_from.chain
+            assert chain is not None
+            if resume_from.loop is not None:
+                self._resume_loop = (chain.attempts, resume_from.loop)
+            opening = self.machine.resume(chain, now=self.clock.now())
+            # the key book learns the health the snapshot carried
+            for (label, key), health in self.machine.generation.health.items():
+                self.key_book[(label, key)] = health
+        else:
+            opening = self.machine.start(request, health=self.key_book, now=self.clock.now())
+        pending = collections.deque(opening)
         while pending:
             effect = pending.popleft()
             if isinstance(effect, Finish):
@@ -200,13 +224,20 @@ class GenerationPump:
     async def _run_attempt(self, effect: StartAttempt) -> list[Effect]:
         if self.signals.unreachable:  # reported between attempts: do not start another
             return self._feed(UnreachableReported())
+        resume_loop = None
+        if self._resume_loop is not None and self._resume_loop[0] == effect.attempt:
+            resume_loop = self._resume_loop[1]
+        self._resume_loop = None
+        offer = self._snapshot_offer(resume_loop)
         attempt = self._attempt_for(effect.model)
         key = attempt.keys[effect.key_index] if effect.key_index is not None else None
         report = self.on_attempt_step
         on_step = None if report is None else (lambda step: report(effect.attempt, step))
         records = TurnRecords(effect.attempt, self.records.secrets)
         on_step = records.logging_steps(ToolLoopMachine.name, on_step)
-        inner = ToolLoopMachine(self.machine.policy.loop, tools=self.tools, on_step=on_step)
+        inner = ToolLoopMachine(
+            self.machine.policy.loop, tools=self.tools, on_step=on_step, snapshots=offer is not None
+        )
         observation = self.observation
         try:
             provider = attempt.make_provider(key)
@@ -231,6 +262,7 @@ class GenerationPump:
             consume_stop=False, observation=observation, records=records,
             reviewer=self.reviewer,
             delivery_keys=f"{effect.request.turn_id}:{effect.attempt}",
+            on_snapshot=offer,
         )  # fmt: skip
         run = asyncio.ensure_future(
             pump.run(
@@ -239,6 +271,7 @@ class GenerationPump:
                 ledger=effect.ledger,
                 expression_delivered=effect.expression_delivered,
                 draft=effect.draft,
+                resume_from=resume_loop,
             )
         )
         unreachable = asyncio.get_running_loop().create_future()
@@ -281,6 +314,23 @@ class GenerationPump:
             draft.history = list(inner.turn.history or ())
         failure = pump._provider_failure if result.reason == "provider_error" else None
         return self._attempt_ended(effect, result, ledger, failure, draft)
+
+    def _snapshot_offer(
+        self, resume_loop: LoopSnapshot | None
+    ) -> Callable[[LoopSnapshot], None] | None:
+        """The stable point between attempts: the host is handed the chain as this attempt
+        starts (with the tool loop it resumes from, if any), then the chain with each stable
+        point of the attempt's tool loop. ``None`` when the host takes no snapshots."""
+        hook = self.on_snapshot
+        if hook is None:
+            return None
+        chain: ChainSnapshot = capture_chain(self.machine.generation)
+        hook(TurnSnapshot(resume_loop, chain))
+
+        def offer(loop: LoopSnapshot) -> None:
+            hook(TurnSnapshot(loop, chain))
+
+        return offer
 
     def _attempt_ended(
         self,
@@ -426,6 +476,7 @@ async def run_generation_turn(
     on_attempt_step: Callable[[int, TraceStep], None] | None = None,
     observer: TurnObserver | None = None,
     reviewer: Reviewer | None = None,
+    on_snapshot: Callable[[TurnSnapshot], None] | None = None,
 ) -> GenerationTurnResult:
     """Run a whole generation turn over a fallback chain of attempts (docs/behaviour.md §9).
 
@@ -438,11 +489,82 @@ async def run_generation_turn(
     `toolloop_fsm.observation.add_turn_observer`) sees the turn's phases. ``reviewer`` is
     asked by drafting and the tool checkpoint (`LoopPolicy.drafting`,
     `LoopPolicy.review_tool_calls`); their budgets and rejections are the turn's, shared by
-    every attempt.
+    every attempt. ``on_snapshot`` is called synchronously with a `TurnSnapshot` as each
+    attempt starts and at each stable point of its tool loop; `resume_generation_turn`
+    continues the turn from one. An exception from it ends the run and is raised from it,
+    as one from ``on_step`` is.
     """
-    registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     if request.turn_id is None:
         request = attrs.evolve(request, turn_id=uuid.uuid4().hex)
+    return await _run_chain(
+        attempts, tools, channel, request, None,
+        policy=policy, signals=signals, clock=clock, shared_route=shared_route,
+        key_book=key_book, on_step=on_step, on_attempt_step=on_attempt_step,
+        observer=observer, reviewer=reviewer, on_snapshot=on_snapshot,
+    )  # fmt: skip
+
+
+async def resume_generation_turn(
+    snapshot: TurnSnapshot,
+    attempts: Sequence[Attempt],
+    tools: ToolRegistry | Iterable[Tool],
+    channel: Channel,
+    *,
+    policy: TurnPolicy | None = None,
+    signals: TurnSignals | None = None,
+    clock: Clock | None = None,
+    shared_route: SharedRoute | None = None,
+    key_book: KeyBook | None = None,
+    on_step: Callable[[TraceStep], None] | None = None,
+    on_attempt_step: Callable[[int, TraceStep], None] | None = None,
+    observer: TurnObserver | None = None,
+    reviewer: Reviewer | None = None,
+    on_snapshot: Callable[[TurnSnapshot], None] | None = None,
+) -> GenerationTurnResult:
+    """Continue the generation turn ``snapshot`` was taken of, in fresh machines, and return
+    the whole turn's result.
+
+    The host passes again the same chain (``attempts`` and ``shared_route``: their labels
+    must match the snapshot's), tools, channel, policy and reviewer. The attempt that was
+    running continues from its tool loop's last stable point (or starts again, when the
+    snapshot was taken as it started), with the same attempt number, so its deliveries carry
+    the same idempotency keys; earlier attempts' results, failures, carried text, ledger and
+    key health stand, and the chain goes on from there. Cooldowns keep the time they had
+    left. Raises `toolloop_fsm.snapshot.SnapshotError` for a tool loop's snapshot or a chain
+    or tools that do not match.
+    """
+    chain = snapshot.chain
+    if chain is None:
+        raise SnapshotError(
+            "chain: this is a tool loop's snapshot: resume it with resume_tool_loop"
+        )
+    return await _run_chain(
+        attempts, tools, channel, chain.request, snapshot,
+        policy=policy, signals=signals, clock=clock, shared_route=shared_route,
+        key_book=key_book, on_step=on_step, on_attempt_step=on_attempt_step,
+        observer=observer, reviewer=reviewer, on_snapshot=on_snapshot,
+    )  # fmt: skip
+
+
+async def _run_chain(
+    attempts: Sequence[Attempt],
+    tools: ToolRegistry | Iterable[Tool],
+    channel: Channel,
+    request: TurnRequest,
+    resume_from: TurnSnapshot | None,
+    *,
+    policy: TurnPolicy | None,
+    signals: TurnSignals | None,
+    clock: Clock | None,
+    shared_route: SharedRoute | None,
+    key_book: KeyBook | None,
+    on_step: Callable[[TraceStep], None] | None,
+    on_attempt_step: Callable[[int, TraceStep], None] | None,
+    observer: TurnObserver | None,
+    reviewer: Reviewer | None,
+    on_snapshot: Callable[[TurnSnapshot], None] | None,
+) -> GenerationTurnResult:
+    registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
     chain = (*attempts, *(shared_route.attempts if shared_route is not None else ()))
     records = TurnRecords(0, Secrets(key for attempt in chain for key in attempt.keys))
     plans = [attempt.plan(i, "user") for i, attempt in enumerate(attempts)]
@@ -469,12 +591,14 @@ async def run_generation_turn(
         observation=observation,
         records=records,
         reviewer=reviewer,
+        on_snapshot=on_snapshot,
     )
+    run = pump.run(request, resume_from=resume_from)
     if observation is None:
-        return await pump.run(request)
+        return await run
     observation.turn_started("generation")
     try:
-        result = await pump.run(request)
+        result = await run
     except BaseException as err:
         observation.turn_aborted(err)
         raise

@@ -57,6 +57,18 @@ def _begin(state: GenerationState, model: int, key: int | None) -> None:
     state.key = key
     state.keys_tried.setdefault(model, []).append(key)
     state.attempts += 1
+    _start_attempt(state)
+
+
+def resume_attempt(state: GenerationState, _event: Any = None) -> None:
+    """A resumed turn runs again the attempt its snapshot was taken in (the pump continues
+    that attempt's tool loop from its own snapshot, when it has one)."""
+    _start_attempt(state)
+
+
+def _start_attempt(state: GenerationState) -> None:
+    model = state.model
+    key = state.key
     plan = state.plans[model]
     state.effects.append(
         StartAttempt(

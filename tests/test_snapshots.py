@@ -1,0 +1,429 @@
+"""Durable turns, one case each: a snapshot at every stable point, its strict JSON form, and a
+turn resumed from it in a fresh machine — completed tools never run again, delivered text is
+never sent again, the pass that was running restarts under the same delivery keys."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from toolloop_fsm import (
+    Attempt,
+    FunctionCall,
+    LoopPolicy,
+    TextDelta,
+    Tool,
+    ToolContext,
+    ToolResult,
+    TurnPolicy,
+    TurnRequest,
+    TurnSnapshot,
+    resume_generation_turn,
+    resume_tool_loop,
+    run_generation_turn,
+    run_tool_loop,
+    snapshot_from_json,
+    snapshot_to_json,
+)
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.sansio import Deliver, OfferSnapshot, ToolLoopMachine
+from toolloop_fsm.snapshot import SnapshotError
+from toolloop_fsm.testing import (
+    Fail,
+    Pause,
+    RecordingChannel,
+    ScriptedProvider,
+    ScriptItem,
+    VirtualClock,
+)
+
+USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
+SMALL_FLUSH = LoopPolicy(delivery_flush_chars=5)
+
+
+class CountingTool:
+    """A weather tool that counts its runs (its side effect, as the world sees it)."""
+
+    def __init__(self) -> None:
+        self.runs: list[dict[str, Any]] = []
+
+    def tool(self) -> Tool:
+        async def handler(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+            self.runs.append(arguments)
+            return ToolResult(data={"forecast": "sunny"})
+
+        return Tool("get_weather", "The weather in a city", {"type": "object"}, handler)
+
+
+def weather_passes() -> list[list[ScriptItem]]:
+    return [
+        [TextDelta("Let me look. "), FunctionCall("get_weather", {"city": "Oslo"})],
+        [TextDelta("It is sunny in Oslo today.")],
+    ]
+
+
+async def _run_with_snapshots(
+    passes: list[list[Any]], weather: CountingTool, channel: RecordingChannel
+) -> tuple[GenerationTurnResult, list[str]]:
+    saved: list[str] = []
+    result = await run_tool_loop(
+        ScriptedProvider(passes), [weather.tool()], channel,
+        TurnRequest(USER, turn_id="turn-1"), policy=SMALL_FLUSH,
+        on_snapshot=lambda snapshot: saved.append(snapshot_to_json(snapshot)),
+    )  # fmt: skip
+    return result, saved
+
+
+# --------------------------------------------------------------------------- stable points
+def test_a_snapshot_is_offered_before_every_pass_and_reads_back_equal() -> None:
+    weather = CountingTool()
+    result, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
+    assert result.iterations == 2
+    snapshots = [snapshot_from_json(text) for text in saved]
+    assert [s.loop.iterations for s in snapshots if s.loop is not None] == [0, 1]
+    assert all(s.tier == "tool_loop" and s.turn_id == "turn-1" for s in snapshots)
+    # after the tool round: the history holds the call, the ledger its outcome
+    after_tool = snapshots[1].loop
+    assert after_tool is not None
+    assert [entry.call.name for entry in after_tool.history or ()] == ["get_weather"]
+    assert len(after_tool.ledger) == 1
+    assert snapshot_to_json(snapshot_from_json(saved[1])) == saved[1]
+
+
+def test_a_machine_not_asked_for_snapshots_offers_none() -> None:
+    machine = ToolLoopMachine()
+    effects = machine.start(TurnRequest(USER))
+    assert not any(isinstance(effect, OfferSnapshot) for effect in effects)
+    asked = ToolLoopMachine(snapshots=True)
+    assert any(isinstance(effect, OfferSnapshot) for effect in asked.start(TurnRequest(USER)))
+
+
+def test_a_live_event_stream_takes_snapshots_too() -> None:
+    from toolloop_fsm.stream import TurnEnded, stream_tool_loop
+
+    weather = CountingTool()
+    saved: list[TurnSnapshot] = []
+
+    async def watch() -> GenerationTurnResult | None:
+        ended = None
+        async with stream_tool_loop(
+            ScriptedProvider(weather_passes()), [weather.tool()], RecordingChannel(),
+            TurnRequest(USER), on_snapshot=saved.append,
+        ) as events:  # fmt: skip
+            async for event in events:
+                if isinstance(event, TurnEnded):
+                    ended = event.result
+        return ended
+
+    result = asyncio.run(watch())
+    assert result is not None and result.status.value == "completed"
+    assert [s.loop.iterations for s in saved if s.loop is not None] == [0, 1]
+
+
+# --------------------------------------------------------------------------- resume
+def test_a_turn_resumed_after_its_tool_ran_does_not_run_the_tool_again() -> None:
+    weather = CountingTool()
+    first, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
+    assert len(weather.runs) == 1
+    snapshot = snapshot_from_json(saved[1])  # taken after the tool round, before pass 2
+    channel = RecordingChannel()
+    resumed = asyncio.run(
+        resume_tool_loop(
+            snapshot, ScriptedProvider(weather_passes()[1:]), [weather.tool()], channel,
+            policy=SMALL_FLUSH,
+        )
+    )  # fmt: skip
+    assert len(weather.runs) == 1  # the ledger and the history hold its outcome
+    assert (resumed.status, resumed.reason) == (first.status, first.reason)
+    assert resumed.delivered_text == first.delivered_text
+    assert resumed.final_text == "It is sunny in Oslo today."
+    # the text delivered before the snapshot is not sent again
+    assert channel.text == "It is sunny in Oslo today."
+    assert resumed.turn_id == "turn-1"
+    assert ("ready", "resume", "starting_pass") in [
+        (step.state, step.event, step.next_state) for step in resumed.trace
+    ]
+
+
+def test_a_crash_mid_pass_resumed_with_a_keyed_channel_shows_no_text_twice() -> None:
+    """The worker dies while pass 2 streams, after part of it was delivered; the resumed
+    pass sends that part again under the same keys and the channel drops it."""
+    passes: list[list[ScriptItem]] = [
+        [FunctionCall("get_weather", {"city": "Oslo"})],
+        [TextDelta("It is sunny "), Pause(5.0), TextDelta("in Oslo today.")],
+    ]
+    weather = CountingTool()
+    channel = RecordingChannel()
+    saved: list[TurnSnapshot] = []
+
+    async def crash() -> None:
+        clock = VirtualClock()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def cut_when_pass_2_is_shown(_delivered: object) -> None:
+            if len(saved) == 2:
+                task.cancel()  # the process dies here: nothing after runs
+
+        channel.on_delivery = cut_when_pass_2_is_shown
+        await run_tool_loop(
+            ScriptedProvider(passes, clock=clock), [weather.tool()], channel,
+            TurnRequest(USER, turn_id="turn-2"), policy=SMALL_FLUSH, clock=clock,
+            on_snapshot=saved.append,
+        )  # fmt: skip
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(crash())
+    assert channel.text == "It is sunny "
+    channel.on_delivery = None
+    snapshot = snapshot_from_json(snapshot_to_json(saved[-1]))
+    clock = VirtualClock()
+    resumed = asyncio.run(
+        resume_tool_loop(
+            snapshot, ScriptedProvider(passes[1:], clock=clock), [weather.tool()], channel,
+            policy=SMALL_FLUSH, clock=clock,
+        )
+    )  # fmt: skip
+    assert channel.duplicates_dropped == 1
+    assert channel.text == "It is sunny in Oslo today."
+    assert resumed.delivered_text == "It is sunny in Oslo today."
+    assert len(weather.runs) == 1
+
+
+def test_a_delivery_in_flight_at_the_snapshot_is_sent_again_under_its_key() -> None:
+    machine = ToolLoopMachine(SMALL_FLUSH, snapshots=True)
+    machine.start(TurnRequest(USER, turn_id="turn-3"))
+    machine.feed(TextDelta("Let me look. "))
+    machine.feed(FunctionCall("get_weather", {}))  # unregistered: refused, a next pass follows
+    from toolloop_fsm.events import StreamEnded
+
+    effects = machine.feed(StreamEnded())
+    offered = [e.snapshot for e in effects if isinstance(e, OfferSnapshot)]
+    assert offered and offered[0].in_flight  # the text was handed over, not yet confirmed
+    seq = offered[0].in_flight[0].seq
+    resumed = ToolLoopMachine(SMALL_FLUSH)
+    opening = resumed.resume(snapshot_from_json(snapshot_to_json(TurnSnapshot(offered[0]))).loop)  # type: ignore[arg-type]
+    assert opening[0] == Deliver(seq, text="Let me look. ")
+
+
+def test_an_exception_from_on_snapshot_is_raised_from_the_run() -> None:
+    class StoreDown(Exception):
+        pass
+
+    def fail(_snapshot: TurnSnapshot) -> None:
+        raise StoreDown("the snapshot store is unreachable")
+
+    weather = CountingTool()
+    with pytest.raises(StoreDown):
+        asyncio.run(
+            run_tool_loop(
+                ScriptedProvider(weather_passes()), [weather.tool()], RecordingChannel(),
+                TurnRequest(USER), on_snapshot=fail,
+            )
+        )  # fmt: skip
+    assert weather.runs == []  # the turn ended at its first stable point
+
+
+def test_resume_refuses_a_host_that_no_longer_registers_a_tool_the_snapshot_names() -> None:
+    weather = CountingTool()
+    _, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
+    with pytest.raises(SnapshotError, match=r"tools: .*get_weather"):
+        asyncio.run(
+            resume_tool_loop(snapshot_from_json(saved[1]), ScriptedProvider([]), [],
+                             RecordingChannel())
+        )  # fmt: skip
+
+
+def test_a_tool_loop_snapshot_is_refused_by_resume_generation_turn_and_back() -> None:
+    weather = CountingTool()
+    _, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
+    snapshot = snapshot_from_json(saved[0])
+    with pytest.raises(SnapshotError, match="resume_tool_loop"):
+        asyncio.run(resume_generation_turn(snapshot, [], [weather.tool()], RecordingChannel()))
+
+
+def test_a_drafted_turn_resumed_after_its_revision_keeps_the_review_state() -> None:
+    """Cut right after the reviewer asked for a revision: the resumed turn writes the
+    replacement, has it reviewed once more (the budget spent stands) and shows only it."""
+    from toolloop_fsm.review import Finding, Pass, Revise
+    from toolloop_fsm.testing.reviewer import ScriptedReviewer
+
+    drafting = LoopPolicy(drafting=True)
+    voice = Finding("voice", "the reply is flat", "answer warmly, in one sentence")
+    passes: list[list[ScriptItem]] = [
+        [TextDelta("Checking. "), FunctionCall("get_weather", {"city": "Oslo"})],
+        [TextDelta("Sunny.")],
+        [TextDelta("It is a lovely sunny day in Oslo!")],
+    ]
+    weather = CountingTool()
+    saved: list[str] = []
+    first = asyncio.run(
+        run_tool_loop(
+            ScriptedProvider(passes), [weather.tool()], RecordingChannel(), TurnRequest(USER),
+            policy=drafting, reviewer=ScriptedReviewer([Revise([voice]), Pass()]),
+            on_snapshot=lambda s: saved.append(snapshot_to_json(s)),
+        )
+    )  # fmt: skip
+    assert (first.status.value, first.reason) == ("completed", "draft_passed")
+    cut = snapshot_from_json(saved[-1])  # before the revision's pass
+    assert cut.loop is not None and cut.loop.draft is not None
+    assert (cut.loop.draft.reviews, cut.loop.draft.revisions) == (1, 1)
+    assert [r.verdict for r in cut.loop.draft.records] == ["revise"]
+    channel = RecordingChannel()
+    reviewer = ScriptedReviewer([Pass()])
+    resumed = asyncio.run(
+        resume_tool_loop(cut, ScriptedProvider(passes[2:]), [weather.tool()], channel,
+                         policy=drafting, reviewer=reviewer)
+    )  # fmt: skip
+    assert (resumed.status, resumed.reason) == (first.status, first.reason)
+    assert channel.texts == ["It is a lovely sunny day in Oslo!"]
+    assert resumed.delivered_text == first.delivered_text
+    assert [r.verdict for r in resumed.reviews] == ["revise", "pass"]
+    assert reviewer.packets[0].revision is not None
+    assert reviewer.packets[0].revision.revisions_done == 1
+    assert len(weather.runs) == 1
+
+
+# --------------------------------------------------------------------------- generation turns
+def test_a_generation_turn_resumed_in_its_fallback_attempt_keeps_the_chain_and_the_tool() -> None:
+    """Model A runs the tool, then fails; model B continues. The turn is cut before B's
+    second pass; resumed, B finishes, the tool has run once and A's failure stands."""
+    weather = CountingTool()
+    failing: list[list[ScriptItem]] = [
+        [FunctionCall("get_weather", {"city": "Oslo"})],
+        [Fail(ProviderError("overloaded", kind="server", retryable=True))],
+    ]
+    answering: list[list[ScriptItem]] = [
+        [FunctionCall("get_weather", {"city": "Oslo"})],
+        [TextDelta("Sunny in Oslo.")],
+    ]
+
+    def chain() -> list[Attempt]:
+        return [
+            Attempt(ScriptedProvider(failing), label="A"),
+            Attempt(ScriptedProvider(answering), label="B"),
+        ]
+
+    saved: list[str] = []
+    request = TurnRequest(USER, turn_id="turn-4")
+    first = asyncio.run(
+        run_generation_turn(chain(), [weather.tool()], RecordingChannel(), request,
+                            on_snapshot=lambda s: saved.append(snapshot_to_json(s)))
+    )  # fmt: skip
+    assert first.status.value == "completed" and len(weather.runs) == 1
+    snapshots = [snapshot_from_json(text) for text in saved]
+    assert all(s.tier == "generation" for s in snapshots)
+    # B's own stable point after its (reused) tool round: attempt 2, one pass done
+    cut = next(
+        s for s in snapshots
+        if s.chain is not None and s.chain.attempts == 2 and s.loop is not None
+        and s.loop.iterations == 1
+    )  # fmt: skip
+    assert cut.chain is not None and [f.label for f in cut.chain.failures] == ["A"]
+    resumed_chain = [
+        Attempt(ScriptedProvider(failing), label="A"),
+        Attempt(ScriptedProvider(answering[1:]), label="B"),
+    ]
+    resumed = asyncio.run(
+        resume_generation_turn(cut, resumed_chain, [weather.tool()], RecordingChannel())
+    )
+    assert len(weather.runs) == 1
+    assert (resumed.status, resumed.reason) == (first.status, first.reason)
+    assert resumed.delivered_text == first.delivered_text
+    assert [a.label for a in resumed.attempts] == ["A", "B"]
+    assert [f.label for f in resumed.attempt_failures] == ["A"]
+
+
+def test_resume_generation_turn_refuses_a_different_chain() -> None:
+    saved: list[TurnSnapshot] = []
+    asyncio.run(
+        run_generation_turn([Attempt(ScriptedProvider([[TextDelta("Hi")]]), label="A")], [],
+                            RecordingChannel(), TurnRequest(USER), on_snapshot=saved.append)
+    )  # fmt: skip
+    other = [Attempt(ScriptedProvider([]), label="Z")]
+    with pytest.raises(SnapshotError, match=r"chain\.labels"):
+        asyncio.run(resume_generation_turn(saved[0], other, [], RecordingChannel()))
+
+
+def test_a_cooling_key_keeps_the_cooldown_it_had_left_on_the_resuming_clock() -> None:
+    rate_limited = [[Fail(ProviderError("slow down", kind="rate_limit", retryable=True,
+                                        retry_after=30.0))]]  # fmt: skip
+    saved: list[TurnSnapshot] = []
+
+    def chain(first: list[list[Any]]) -> list[Attempt]:
+        return [
+            Attempt(lambda _key: ScriptedProvider(first), keys=("k-1", "k-2"), label="A"),
+            Attempt(ScriptedProvider([[TextDelta("Hi")]]), label="B"),
+        ]
+
+    policy = TurnPolicy(max_key_attempts_per_model=2)
+    asyncio.run(
+        run_generation_turn(chain(rate_limited), [], RecordingChannel(), TurnRequest(USER),
+                            policy=policy, on_snapshot=saved.append)
+    )  # fmt: skip
+    cut = saved[-1]
+    assert cut.chain is not None and cut.chain.attempts >= 2
+    clock = VirtualClock()
+    book: dict[tuple[str, int], Any] = {}
+
+    async def resume() -> GenerationTurnResult:
+        await clock.sleep(1000.0)  # the resuming process's clock reads far later
+        return await resume_generation_turn(
+            cut, chain([[TextDelta("Hi")]]), [], RecordingChannel(), policy=policy,
+            clock=clock, key_book=book,
+        )  # fmt: skip
+
+    asyncio.run(resume())
+    cooled = book[("A", 0)]
+    assert 1000.0 < cooled.cooldown_until <= 1030.0
+
+
+# --------------------------------------------------------------------------- the JSON form
+def _document() -> dict[str, Any]:
+    weather = CountingTool()
+    _, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
+    document: dict[str, Any] = json.loads(saved[1])
+    return document
+
+
+def test_a_snapshot_of_an_unknown_version_is_refused_naming_the_version() -> None:
+    document = _document()
+    document["version"] = 2
+    with pytest.raises(SnapshotError, match="version: unknown snapshot version 2"):
+        snapshot_from_json(json.dumps(document))
+
+
+def test_text_that_is_not_json_is_refused_as_not_a_snapshot() -> None:
+    with pytest.raises(SnapshotError, match="not JSON"):
+        snapshot_from_json('{"version": 1, "loop": ')
+    with pytest.raises(SnapshotError, match="a JSON object, got list"):
+        snapshot_from_json("[1, 2]")
+    with pytest.raises(SnapshotError, match="version: missing"):
+        snapshot_from_json("{}")
+
+
+def test_a_field_of_the_wrong_type_is_refused_naming_the_field() -> None:
+    document = _document()
+    document["loop"]["iterations"] = "1"  # a number written as text is not coerced
+    with pytest.raises(SnapshotError, match=r"\$\.loop\.iterations") as raised:
+        snapshot_from_json(json.dumps(document))
+    assert "expected int" in str(raised.value)
+    document = _document()
+    document["loop"]["delivered"][0]["text"] = 5
+    with pytest.raises(SnapshotError, match=r"\$\.loop\.delivered\[0\]\.text"):
+        snapshot_from_json(json.dumps(document))
+
+
+def test_a_missing_or_unknown_field_is_refused_naming_it() -> None:
+    document = _document()
+    del document["loop"]["next_seq"]
+    with pytest.raises(SnapshotError, match=r"next_seq"):
+        snapshot_from_json(json.dumps(document))
+    document = _document()
+    document["loop"]["surprise"] = True
+    with pytest.raises(SnapshotError, match=r"surprise"):
+        snapshot_from_json(json.dumps(document))

@@ -1,0 +1,540 @@
+"""Durable turns: `TurnSnapshot`, the machines' state at a stable point, and its JSON form.
+
+A **stable point** is a moment where everything a turn needs to go on is plain data and
+nothing is half done: the inner machine entering ``starting_pass`` (before each pass: at the
+turn's start, after a tool outcome is recorded, after a context restart, after a revision),
+and the outer tier as it starts an attempt. A snapshot holds the data of that moment — the
+request with its ``turn_id``, the context and history as they stand, the ledger with its
+occurrence counts, every counter, what was delivered and what was still in flight, usage,
+notices, the drafting state and, for a generation turn, where the fallback chain stands —
+and never a provider, a tool, a channel or a policy: the host passes those again when it
+resumes (`resume_tool_loop`, `resume_generation_turn`). The snapshot records the names of the
+registered tools and the chain's labels, and a resume refuses a host that no longer has them.
+
+`snapshot_to_json` / `snapshot_from_json` carry a snapshot as JSON text. Reading is strict:
+an unknown ``version``, text that is not a snapshot, a missing field, an unknown field or a
+field of the wrong type raises `SnapshotError` naming the field, and nothing is restored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import cattrs
+from attrs import field, frozen
+
+from toolloop_fsm.attempts import AttemptPlan, KeyHealth
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.result import (
+    AttemptFailure,
+    AttemptRecord,
+    Delivered,
+    GenerationTurnResult,
+    Notice,
+    StreamResult,
+    ToolHistoryEntry,
+    TraceStep,
+    UsageEntry,
+    make_converter,
+)
+from toolloop_fsm.review import Finding, ReviewRecord
+from toolloop_fsm.turn import (
+    DraftState,
+    GenerationState,
+    HeldSegment,
+    LedgerEntry,
+    ToolOutcome,
+    TurnState,
+)
+
+if TYPE_CHECKING:
+    from toolloop_fsm.host import ToolRegistry
+    from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+    from toolloop_fsm.provider import ToolSpec
+
+#: The snapshot format this library writes and reads.
+SNAPSHOT_VERSION = 1
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be resumed: not a snapshot, an unknown version, a field that is
+    missing or of the wrong type (named), or a host that no longer has what it names."""
+
+
+# --------------------------------------------------------------------------- values
+@frozen
+class HeldPiece:
+    """One piece of held presentation: text, or an expression (``text`` is ``None``)."""
+
+    text: str | None = None
+    expression: str | None = None
+
+
+@frozen
+class DraftSnapshot:
+    """Drafting and the tool checkpoint as they stood: held presentation, the ceiling's
+    consumption, review budgets, the checkpoint's rejections and the review records."""
+
+    segments: tuple[HeldPiece, ...] = ()
+    committed_segments: int = 0
+    history: tuple[ToolHistoryEntry, ...] = ()
+    held_bytes: int = 0
+    held_segments: int = 0
+    cut: bool = False
+    cut_by_send_limit: bool = False
+    trigger: str | None = None
+    reviews: int = 0
+    revisions: int = 0
+    reviewer_unavailable: bool = False
+    last_findings: tuple[Finding, ...] = ()
+    review_seq: int = 0
+    tool_reviews: int = 0
+    corrections: int = 0
+    checkpoint_unavailable: bool = False
+    reviewing_correction: bool = False
+    reviewing_identity: str | None = None
+    rejected_calls: Mapping[str, ToolOutcome] = field(factory=dict)
+    rejected_names: frozenset[str] = frozenset()
+    records: tuple[ReviewRecord, ...] = ()
+
+
+@frozen
+class LoopSnapshot:
+    """The inner machine entering ``starting_pass``: everything the next pass and the rest of
+    the turn read. ``in_flight`` are the deliveries handed to the channel and not confirmed
+    yet: a resume sends them again under the same sequence numbers (so the same idempotency
+    keys). ``tools`` are the names registered when it was taken."""
+
+    request: TurnRequest
+    context: tuple[Mapping[str, Any], ...]
+    history: tuple[ToolHistoryEntry, ...] | None
+    prefill: str | None
+    ledger: Mapping[str, LedgerEntry]
+    occurrences: Mapping[str, int] | None
+    continuation_style: bool
+    hold_timeout_notice: bool
+    expression_delivered: bool
+    disabled_tools: frozenset[str]
+    disabled_enrichment_kinds: frozenset[str]
+    iterations: int
+    dispatches: int
+    consecutive_tool_errors: int
+    continuation_failures: int
+    suppress_text: bool
+    last_tool: str | None
+    tool_response_delivered: bool
+    pre_tool_text: str | None
+    next_seq: int
+    delivered: tuple[Delivered, ...]
+    in_flight: tuple[Delivered, ...]
+    visible_text_delivered: bool
+    stream_results: tuple[StreamResult, ...]
+    usage: tuple[UsageEntry, ...]
+    notices: tuple[Notice, ...]
+    held_notice: Notice | None
+    thought_log: str
+    last_text: str
+    scene_metadata: tuple[str, ...]
+    follow_ups_cleared: int
+    draft: DraftSnapshot | None
+    trace: tuple[TraceStep, ...]
+    tools: tuple[str, ...]
+
+
+@frozen
+class KeysTried:
+    """The keys (by index; ``None``: a keyless model) tried so far on model ``model``."""
+
+    model: int
+    keys: tuple[int | None, ...]
+
+
+@frozen
+class KeyHealthEntry:
+    """The health of key ``key`` of the model labelled ``label``."""
+
+    label: str
+    key: int
+    health: KeyHealth
+
+
+@frozen
+class ChainSnapshot:
+    """The outer tier as it starts attempt ``attempts`` (model ``model``, key ``key``): the
+    plan position, key health, whose credentials, the admission flags, what earlier attempts
+    delivered (carried as the prefill), their ledger and review state, and their results,
+    records, failures and notices. ``labels`` are the chain's labels (the shared route's
+    included once admitted); ``tools`` the registered tool names."""
+
+    request: TurnRequest
+    labels: tuple[str, ...]
+    model: int
+    key: int | None
+    keys_tried: tuple[KeysTried, ...]
+    attempts: int
+    credential_source: str
+    admission_asked: bool
+    admitted: bool
+    signals_pending: bool
+    carried_text: str
+    ledger: Mapping[str, LedgerEntry]
+    expression_delivered: bool
+    held_notice: Notice | None
+    draft: DraftSnapshot | None
+    health: tuple[KeyHealthEntry, ...]
+    now: float
+    results: tuple[GenerationTurnResult, ...]
+    records: tuple[AttemptRecord, ...]
+    failures: tuple[AttemptFailure, ...]
+    notices: tuple[Notice, ...]
+    trace: tuple[TraceStep, ...]
+    tools: tuple[str, ...]
+
+
+def _known_version(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if value != SNAPSHOT_VERSION:
+        raise SnapshotError(
+            f"{attribute.name}: unknown snapshot version {value!r} (this library reads "
+            f"version {SNAPSHOT_VERSION})"
+        )
+
+
+@frozen
+class TurnSnapshot:
+    """A turn at a stable point, as plain data (see the module's documentation).
+
+    A tool loop's snapshot has ``loop`` only. A generation turn's has ``chain`` (the outer
+    tier as it started the running attempt) and, once that attempt reached a stable point of
+    its own, ``loop`` (the attempt's tool loop there); without ``loop`` a resume starts the
+    attempt afresh.
+    """
+
+    loop: LoopSnapshot | None
+    chain: ChainSnapshot | None = None
+    version: int = field(default=SNAPSHOT_VERSION, validator=_known_version, kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        if self.loop is None and self.chain is None:
+            raise SnapshotError("loop: a snapshot holds a tool loop, a chain, or both")
+
+    @property
+    def tier(self) -> str:
+        """``"generation"`` for a generation turn's snapshot, ``"tool_loop"`` otherwise."""
+        return "generation" if self.chain is not None else "tool_loop"
+
+    @property
+    def turn_id(self) -> str | None:
+        """The turn's identity (the idempotency keys' prefix)."""
+        source = self.chain if self.chain is not None else self.loop
+        assert source is not None
+        return source.request.turn_id
+
+
+# --------------------------------------------------------------------------- capture
+def capture_draft(draft: DraftState) -> DraftSnapshot:
+    return DraftSnapshot(
+        segments=tuple(HeldPiece(s.text, s.expression) for s in draft.segments),
+        committed_segments=draft.committed_segments,
+        history=tuple(draft.history),
+        held_bytes=draft.held_bytes,
+        held_segments=draft.held_segments,
+        cut=draft.cut,
+        cut_by_send_limit=draft.cut_by_send_limit,
+        trigger=draft.trigger,
+        reviews=draft.reviews,
+        revisions=draft.revisions,
+        reviewer_unavailable=draft.reviewer_unavailable,
+        last_findings=tuple(draft.last_findings),
+        review_seq=draft.review_seq,
+        tool_reviews=draft.tool_reviews,
+        corrections=draft.corrections,
+        checkpoint_unavailable=draft.checkpoint_unavailable,
+        reviewing_correction=draft.reviewing_correction,
+        reviewing_identity=draft.reviewing_identity,
+        rejected_calls=dict(draft.rejected_calls),
+        rejected_names=frozenset(draft.rejected_names),
+        records=tuple(draft.records),
+    )
+
+
+def restore_draft(snapshot: DraftSnapshot) -> DraftState:
+    return DraftState(
+        segments=[HeldSegment(p.text, p.expression) for p in snapshot.segments],
+        committed_segments=snapshot.committed_segments,
+        history=list(snapshot.history),
+        held_bytes=snapshot.held_bytes,
+        held_segments=snapshot.held_segments,
+        cut=snapshot.cut,
+        cut_by_send_limit=snapshot.cut_by_send_limit,
+        trigger=snapshot.trigger,
+        reviews=snapshot.reviews,
+        revisions=snapshot.revisions,
+        reviewer_unavailable=snapshot.reviewer_unavailable,
+        last_findings=tuple(snapshot.last_findings),
+        review_seq=snapshot.review_seq,
+        tool_reviews=snapshot.tool_reviews,
+        corrections=snapshot.corrections,
+        checkpoint_unavailable=snapshot.checkpoint_unavailable,
+        reviewing_correction=snapshot.reviewing_correction,
+        reviewing_identity=snapshot.reviewing_identity,
+        rejected_calls=dict(snapshot.rejected_calls),
+        rejected_names=set(snapshot.rejected_names),
+        records=list(snapshot.records),
+    )
+
+
+def capture_loop(turn: TurnState) -> LoopSnapshot:
+    """The inner machine's state as it enters ``starting_pass``."""
+    return LoopSnapshot(
+        request=turn.request,
+        context=tuple(turn.context),
+        history=tuple(turn.history) if turn.history is not None else None,
+        prefill=turn.prefill,
+        ledger=dict(turn.ledger),
+        occurrences=dict(turn.occurrences) if turn.occurrences is not None else None,
+        continuation_style=turn.continuation_style,
+        hold_timeout_notice=turn.hold_timeout_notice,
+        expression_delivered=turn.expression_delivered,
+        disabled_tools=turn.disabled_tools,
+        disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
+        iterations=turn.iterations,
+        dispatches=turn.dispatches,
+        consecutive_tool_errors=turn.consecutive_tool_errors,
+        continuation_failures=turn.continuation_failures,
+        suppress_text=turn.suppress_text,
+        last_tool=turn.last_tool,
+        tool_response_delivered=turn.tool_response_delivered,
+        pre_tool_text=turn.pre_tool_text,
+        next_seq=turn.next_seq,
+        delivered=tuple(turn.delivered or ()),
+        in_flight=tuple(item for _, item in sorted(turn.in_flight.items())),
+        visible_text_delivered=turn.visible_text_delivered,
+        stream_results=tuple(turn.stream_results or ()),
+        usage=tuple(turn.usage or ()),
+        notices=tuple(turn.notices or ()),
+        held_notice=turn.held_notice,
+        thought_log=turn.thought_log,
+        last_text=turn.last_text,
+        scene_metadata=tuple(turn.scene_metadata or ()),
+        follow_ups_cleared=turn.follow_ups_cleared,
+        draft=capture_draft(turn.draft) if turn.draft is not None else None,
+        trace=tuple(turn.trace),
+        tools=tuple(tool.name for tool in turn.registry),
+    )
+
+
+def restore_loop(snapshot: LoopSnapshot, policy: LoopPolicy, registry: ToolRegistry) -> TurnState:
+    """A fresh inner machine's state, as the snapshot left it (in ``ready``: the machine's
+    ``resume`` transition takes it to ``starting_pass``)."""
+    check_tools(snapshot.tools, registry)
+    drafting = policy.drafting or policy.review_tool_calls
+    draft = snapshot.draft
+    if drafting and draft is None:
+        draft = DraftSnapshot()
+    return TurnState(
+        policy=policy,
+        registry=registry,
+        request=snapshot.request,
+        continuation_style=snapshot.continuation_style,
+        hold_timeout_notice=snapshot.hold_timeout_notice,
+        ledger=dict(snapshot.ledger),
+        expression_delivered=snapshot.expression_delivered,
+        occurrences=dict(snapshot.occurrences) if snapshot.occurrences is not None else None,
+        context=list(snapshot.context),
+        history=list(snapshot.history) if snapshot.history is not None else None,
+        prefill=snapshot.prefill,
+        disabled_tools=snapshot.disabled_tools,
+        disabled_enrichment_kinds=snapshot.disabled_enrichment_kinds,
+        iterations=snapshot.iterations,
+        dispatches=snapshot.dispatches,
+        consecutive_tool_errors=snapshot.consecutive_tool_errors,
+        continuation_failures=snapshot.continuation_failures,
+        suppress_text=snapshot.suppress_text,
+        last_tool=snapshot.last_tool,
+        tool_response_delivered=snapshot.tool_response_delivered,
+        flush_chars=policy.delivery_flush_chars,
+        pre_tool_text=snapshot.pre_tool_text,
+        next_seq=snapshot.next_seq,
+        in_flight={item.seq: item for item in snapshot.in_flight},
+        delivered=list(snapshot.delivered) if snapshot.delivered else None,
+        visible_text_delivered=snapshot.visible_text_delivered,
+        stream_results=list(snapshot.stream_results) if snapshot.stream_results else None,
+        usage=list(snapshot.usage) if snapshot.usage else None,
+        notices=list(snapshot.notices) if snapshot.notices else None,
+        held_notice=snapshot.held_notice,
+        thought_log=snapshot.thought_log,
+        last_text=snapshot.last_text,
+        scene_metadata=list(snapshot.scene_metadata) if snapshot.scene_metadata else None,
+        follow_ups_cleared=snapshot.follow_ups_cleared,
+        draft=restore_draft(draft) if drafting and draft is not None else None,
+        trace=list(snapshot.trace),
+    )
+
+
+def capture_chain(state: GenerationState) -> ChainSnapshot:
+    """The outer machine's state as it starts its current attempt."""
+    return ChainSnapshot(
+        request=state.request,
+        labels=tuple(plan.label for plan in state.plans),
+        model=state.model,
+        key=state.key,
+        keys_tried=tuple(KeysTried(m, tuple(keys)) for m, keys in state.keys_tried.items()),
+        attempts=state.attempts,
+        credential_source=state.credential_source,
+        admission_asked=state.admission_asked,
+        admitted=state.admitted,
+        signals_pending=state.signals_pending,
+        carried_text=state.carried_text,
+        ledger=dict(state.ledger),
+        expression_delivered=state.expression_delivered,
+        held_notice=state.held_notice,
+        draft=capture_draft(state.draft) if state.draft is not None else None,
+        health=tuple(KeyHealthEntry(label, key, h) for (label, key), h in state.health.items()),
+        now=state.now,
+        results=tuple(state.results),
+        records=tuple(state.records),
+        failures=tuple(state.failures),
+        notices=tuple(state.notices),
+        trace=tuple(state.trace),
+        tools=tuple(spec.name for spec in state.tool_specs),
+    )
+
+
+def restore_chain(
+    snapshot: ChainSnapshot,
+    policy: TurnPolicy,
+    *,
+    plans: Iterable[AttemptPlan],
+    shared: Iterable[AttemptPlan],
+    tool_specs: tuple[ToolSpec, ...],
+    now: float,
+) -> GenerationState:
+    """A fresh outer machine's state, as the snapshot left it (in ``ready``: the machine's
+    ``resume`` transition takes it to ``attempting``). Cooldowns still running keep the time
+    they had left, measured on the resuming clock (``now``)."""
+    chain = list(plans)
+    shared_plans = tuple(shared)
+    if snapshot.admitted:
+        chain.extend(shared_plans)
+    labels = tuple(plan.label for plan in chain)
+    if labels != snapshot.labels:
+        raise SnapshotError(
+            f"chain.labels: the snapshot's chain is {list(snapshot.labels)}, the attempts "
+            f"given are {list(labels)}: resume with the same attempts (and shared route)"
+        )
+    check_tools(snapshot.tools, (spec.name for spec in tool_specs))
+    health: dict[tuple[str, int], KeyHealth] = {}
+    for entry in snapshot.health:
+        left = entry.health.cooldown_until - snapshot.now
+        cooldown = now + left if left > 0 else 0.0
+        health[(entry.label, entry.key)] = attrs.evolve(entry.health, cooldown_until=cooldown)
+    results = list(snapshot.results)
+    return GenerationState(
+        policy=policy,
+        request=snapshot.request,
+        tool_specs=tool_specs,
+        plans=chain,
+        shared_plans=shared_plans,
+        health=health,
+        now=now,
+        model=snapshot.model,
+        key=snapshot.key,
+        keys_tried={entry.model: list(entry.keys) for entry in snapshot.keys_tried},
+        attempts=snapshot.attempts,
+        credential_source=snapshot.credential_source,
+        admission_asked=snapshot.admission_asked,
+        admitted=snapshot.admitted,
+        signals_pending=snapshot.signals_pending,
+        carried_text=snapshot.carried_text,
+        ledger=dict(snapshot.ledger),
+        expression_delivered=snapshot.expression_delivered,
+        held_notice=snapshot.held_notice,
+        draft=restore_draft(snapshot.draft) if snapshot.draft is not None else None,
+        last=results[-1] if results else None,
+        results=results,
+        records=list(snapshot.records),
+        failures=list(snapshot.failures),
+        notices=list(snapshot.notices),
+        trace=list(snapshot.trace),
+    )
+
+
+def check_tools(named: Iterable[str], registered: Iterable[Any]) -> None:
+    """Refuse a resume whose host no longer registers a tool the snapshot names (the ledger
+    and history may refer to it)."""
+    have = {item if isinstance(item, str) else item.name for item in registered}
+    missing = sorted(set(named) - have)
+    if missing:
+        raise SnapshotError(
+            f"tools: the snapshot's turn registered {', '.join(missing)}, which the tools "
+            "given do not: resume with the same tools"
+        )
+
+
+# --------------------------------------------------------------------------- JSON
+# strict: a field of the wrong type is refused instead of coerced, an unknown field is refused
+_converter = make_converter(strict=True)
+
+
+def snapshot_to_json(snapshot: TurnSnapshot) -> str:
+    """A snapshot as JSON text (`snapshot_from_json` reads it back)."""
+    return json.dumps(_converter.unstructure(snapshot), ensure_ascii=False)
+
+
+def snapshot_from_json(text: str | bytes) -> TurnSnapshot:
+    """The snapshot `snapshot_to_json` wrote. Raises `SnapshotError` naming what is wrong —
+    text that is not JSON or not a snapshot, an unknown version, a missing, unknown or
+    mistyped field — and restores nothing then."""
+    try:
+        document = json.loads(text)
+    except (ValueError, TypeError) as err:
+        raise SnapshotError(f"the snapshot is not JSON: {err}") from None
+    if not isinstance(document, dict):
+        raise SnapshotError(f"a snapshot is a JSON object, got {type(document).__name__}")
+    if "version" not in document:
+        raise SnapshotError("version: missing (a snapshot names its format's version)")
+    version = document["version"]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise SnapshotError(f"version: expected an integer, got {type(version).__name__}")
+    if version != SNAPSHOT_VERSION:
+        raise SnapshotError(
+            f"version: unknown snapshot version {version} (this library reads version "
+            f"{SNAPSHOT_VERSION})"
+        )
+    try:
+        return _converter.structure(document, TurnSnapshot)
+    except SnapshotError:
+        raise
+    except Exception as err:
+        raise SnapshotError(_describe(err)) from None
+
+
+def _describe(err: Exception) -> str:
+    """What is wrong with a document cattrs refused, each problem with the field's path
+    (``$.loop.iterations``)."""
+    if isinstance(err, cattrs.BaseValidationError | cattrs.ForbiddenExtraKeysError):
+        problems = cattrs.transform_error(err, path="$")
+        return "the snapshot is malformed: " + "; ".join(problems)
+    return f"the snapshot is malformed: {type(err).__name__}: {err}"
+
+
+__all__ = [
+    "SNAPSHOT_VERSION",
+    "ChainSnapshot",
+    "DraftSnapshot",
+    "HeldPiece",
+    "KeyHealthEntry",
+    "KeysTried",
+    "LoopSnapshot",
+    "SnapshotError",
+    "TurnSnapshot",
+    "capture_chain",
+    "capture_loop",
+    "restore_chain",
+    "restore_loop",
+    "snapshot_from_json",
+    "snapshot_to_json",
+]
