@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -427,3 +431,20 @@ def test_a_missing_or_unknown_field_is_refused_naming_it() -> None:
     document["loop"]["surprise"] = True
     with pytest.raises(SnapshotError, match=r"surprise"):
         snapshot_from_json(json.dumps(document))
+
+
+def test_the_readmes_resume_example_runs_as_written(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Snapshots and resume") :]
+    start = section.index("```python\n") + len("```python\n")
+    script = tmp_path / "resume.py"
+    script.write_text(section[start : section.index("\n```", start)], encoding="utf-8")
+    root = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, encoding="utf-8", timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": root})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [
+        "get_weather('Oslo') ran",
+        "completed 'It is sunny in Oslo.' 1",
+    ]

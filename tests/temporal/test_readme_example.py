@@ -1,0 +1,62 @@
+"""The README's Temporal example runs as written: against this suite's dev server (for
+``temporal server start-dev``'s 127.0.0.1:7233) and ``toolloop-fsm serve`` (for its
+127.0.0.1:8765)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT = 120
+
+
+def _example() -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### On Temporal") :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("\n```", start)]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture
+def served() -> Iterator[str]:
+    command = [sys.executable, "-m", "toolloop_fsm", "serve", "--port", "0"]
+    with subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, encoding="utf-8") as proc:  # fmt: skip
+        assert proc.stdout is not None
+        found = re.search(r"(http://127\.0\.0\.1:\d+/v1)", proc.stdout.readline())
+        assert found is not None
+        yield found.group(1)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=TIMEOUT)
+
+
+def test_the_readme_temporal_example_completes(
+    temporal_address: str, served: str, tmp_path: Path
+) -> None:
+    example = _example()
+    assert '"127.0.0.1:7233"' in example and "http://127.0.0.1:8765/v1" in example
+    script = tmp_path / "durable.py"
+    script.write_text(
+        example.replace("127.0.0.1:7233", temporal_address).replace(
+            "http://127.0.0.1:8765/v1", served
+        ),
+        encoding="utf-8",
+    )
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "°C" in proc.stdout  # the model's answer reached the example's channel
+    assert " completed pre_tool_text_suffices" in proc.stdout, proc.stdout
