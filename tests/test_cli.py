@@ -169,6 +169,17 @@ def test_demo_with_drafting_shows_nothing_until_a_revised_reply_passes_its_revie
     ]
 
 
+def test_fuzz_with_drafting_fuzzes_reviewed_turns_and_covers_the_review_states() -> None:
+    proc = run("fuzz", "--drafting", "--examples", "150", "--seed", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no invariant broke" in proc.stdout
+    fired = re.search(r"transition coverage: (\d+)/(\d+)", proc.stdout)
+    plain = run("fuzz", "--examples", "150", "--seed", "3")
+    fired_plain = re.search(r"transition coverage: (\d+)/(\d+)", plain.stdout)
+    assert fired is not None and fired_plain is not None
+    assert int(fired.group(1)) > int(fired_plain.group(1))  # the review states are reached
+
+
 def test_demo_drafting_needs_a_server_not_the_scripted_provider() -> None:
     proc = run("demo", "--drafting", "--scripted")
     assert proc.returncode == 2

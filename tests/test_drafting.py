@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -226,13 +227,18 @@ async def test_a_reviewer_that_raises_counts_as_unavailable() -> None:
     assert result.reviews[0].reason == "raised RuntimeError"
 
 
-async def test_a_reviewer_that_never_answers_times_out_and_the_reply_is_delivered() -> None:
+async def test_a_reviewer_that_never_answers_times_out_and_the_reply_is_delivered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     turn = scripted_turn([[TextDelta("Hello there.")]])
     policy = LoopPolicy(drafting=True, review_timeout=30.0)
-    result, _reviewer = await _run(turn, [], [Hang()], policy=policy)
+    with caplog.at_level(logging.WARNING, logger="toolloop_fsm"):
+        result, _reviewer = await _run(turn, [], [Hang()], policy=policy)
     assert (result.status, result.reason) == (TurnStatus.COMPLETED, "review_timeout")
     assert _texts(turn) == ["Hello there."]
     assert turn.clock.now() == pytest.approx(30.0)
+    assert "the reviewer did not answer within 30 s" in caplog.text
+    assert "provider" not in caplog.text
 
 
 async def test_reviews_are_spent_after_two_so_a_later_completion_is_delivered_unreviewed() -> None:

@@ -27,7 +27,6 @@ from toolloop_fsm.events import (
     DeadlineExpired,
     DeadlineKind,
     DeliveryFailed,
-    DeliveryRecorded,
     FollowUpArrived,
     FunctionCall,
     ReviewReturned,
@@ -40,7 +39,6 @@ from toolloop_fsm.events import (
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import TRANSITIONS, ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.result import Delivered
 from toolloop_fsm.review import Finding, FindingCategory, Revise, Unavailable
 from toolloop_fsm.runner import Coverage
 from toolloop_fsm.testing import TurnScript, loop_policies, turn_scripts
@@ -186,15 +184,6 @@ def _rare_review_paths(request: TurnRequest) -> None:
     machine.feed(ReviewReturned(_asked(_pass(machine, TextDelta("Hi"))).review, _FLAT))
     _pass(machine, TextDelta("Hello."))
     assert machine.turn.reason == "reviews_exhausted"
-    # A reply under review never has a delivery in flight (drafting sends nothing before
-    # its review), so no run confirms one there; the declaration takes it all the same, so
-    # it is driven with a delivery planted in flight.
-    machine = ToolLoopMachine(_DRAFTING, tools=TOOLS)
-    machine.start(request)
-    _pass(machine, TextDelta("Hi"))
-    machine.turn.in_flight[99] = Delivered(99, text="planted")
-    machine.feed(DeliveryRecorded(99))
-    assert machine.state == "reviewing_draft"
 
 
 def _resume_paths() -> None:

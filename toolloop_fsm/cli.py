@@ -192,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-limit", type=float, default=5.0, metavar="SECONDS",
         help="real seconds one example may run before it fails as hung (default 5)",
     )  # fmt: skip
+    fuzz.add_argument(
+        "--drafting", action="store_true",
+        help="switch drafting and the tool checkpoint on; the reviewer's answers are drawn",
+    )  # fmt: skip
 
     trace = commands.add_parser("trace", help="print a saved result's trace as a table")
     trace.add_argument("file", metavar="FILE")
@@ -364,7 +368,7 @@ def _fuzz(args: argparse.Namespace) -> int:
             policy = LoopPolicy() if args.tier == "inner" else TurnPolicy()
         report = fuzz(
             policy, tier=args.tier, examples=args.examples, seed=args.seed, progress=progress,
-            time_limit=args.time_limit,
+            time_limit=args.time_limit, drafting=args.drafting,
         )  # fmt: skip
     except FuzzSetupError as err:
         sys.stderr.write(f"toolloop-fsm fuzz: {err}\n")
@@ -388,6 +392,8 @@ def _fuzz(args: argparse.Namespace) -> int:
     rerun = f"toolloop-fsm fuzz --tier {args.tier} --seed {report.seed} --examples {args.examples}"
     if args.policy:
         rerun += f" --policy {args.policy}"
+    if args.drafting:
+        rerun += " --drafting"
     print(f"\nreproduce with: {rerun}")
     return 1
 

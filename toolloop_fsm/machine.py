@@ -356,7 +356,9 @@ TRANSITIONS: list[_t] = [
     _t("follow_up_arrived", "reviewing_draft", "building_result", do=interrupt_review,
        ends=("follow_up_interrupt", None)),
     _t("follow_up_arrived", "reviewing_call", None, do=clear_stale_follow_up),
-    _t("delivery_recorded", REVIEW_STATES, None, do=record_delivery),
+    # a reply under review has nothing in flight (drafting sends nothing before its review);
+    # a call under review may (without drafting, its narration was just handed over)
+    _t("delivery_recorded", "reviewing_call", None, do=record_delivery),
     _t("delivery_failed", REVIEW_STATES, "building_result", when=delivery_timed_out,
        do=fail_delivery_during_review, ends=("error", "host_timeout")),
     _t("delivery_failed", REVIEW_STATES, "building_result",

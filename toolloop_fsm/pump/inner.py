@@ -474,6 +474,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 DeadlineKind.FIRST_TOKEN: policy.effective_first_token_timeout,
                 DeadlineKind.INACTIVITY: policy.inactivity_timeout,
                 DeadlineKind.PASS_DURATION: policy.max_pass_duration,
+                DeadlineKind.REVIEW: policy.review_timeout,
             }.get(event.kind)
             if event.kind is DeadlineKind.TOOL:
                 call = self.machine.turn.pending_call

@@ -107,10 +107,13 @@ class TurnRecords:
         tool: str,
     ) -> None:  # fmt: skip
         """A deadline expired: the provider's (first token, inactivity, pass duration), a
-        tool's, or the settle window of deliveries in flight."""
+        tool's, a review's, or the settle window of deliveries in flight."""
         within = f" within {seconds:g} s" if seconds is not None else ""
         if kind is DeadlineKind.TOOL:
             text, failure = f"{tool} did not finish{within}; it was cancelled", "tool"
+        elif kind is DeadlineKind.REVIEW:
+            text = f"the reviewer did not answer{within}; the review was cancelled"
+            failure = "reviewer"
         elif kind is DeadlineKind.SETTLE:
             text = f"deliveries still in flight did not settle{within}; they were abandoned"
             failure = "host"
