@@ -448,3 +448,35 @@ def test_the_readmes_resume_example_runs_as_written(tmp_path: Path) -> None:
         "get_weather('Oslo') ran",
         "completed 'It is sunny in Oslo.' 1",
     ]
+
+
+#: What a snapshot leaves out of the machines' state, each for a reason: the current pass's
+#: accumulators and the tool round in progress (a resumed turn restarts the pass), the step
+#: bookkeeping, the ending (a stable point is not an ending), and what the host passes again
+#: (policy, tools, plans). A field added to the state must be captured or listed here.
+_LOOP_LEFT_OUT = {
+    "armed", "buffer_len", "buffer_start", "current_call_key", "current_event", "effects",
+    "error_message", "flush_chars", "ignored_calls", "next_token", "outcome", "pass_answered",
+    "pass_finish", "pass_request", "pass_text", "pass_thoughts", "pass_usage", "pending_call",
+    "policy", "provider_error_kind", "provider_error_retryable", "provider_retry_after",
+    "reason", "registry", "settle_started", "snapshots", "state", "status", "step_time",
+    "stop_message",
+}  # fmt: skip
+_CHAIN_LEFT_OUT = {
+    "current_event", "effects", "last", "plans", "policy", "reason", "shared_plans", "state",
+    "status", "step_time", "stop_message", "tool_specs", "unreachable",
+}  # fmt: skip
+
+
+def test_a_snapshot_captures_every_field_of_the_state_it_does_not_leave_out_on_purpose() -> None:
+    import attrs
+
+    from toolloop_fsm.snapshot import ChainSnapshot, DraftSnapshot, LoopSnapshot
+    from toolloop_fsm.turn import DraftState, GenerationState, TurnState
+
+    def names(cls: type) -> set[str]:
+        return {f.name for f in attrs.fields(cls)}
+
+    assert names(DraftState) - names(DraftSnapshot) == set()
+    assert names(TurnState) - names(LoopSnapshot) == _LOOP_LEFT_OUT
+    assert names(GenerationState) - names(ChainSnapshot) == _CHAIN_LEFT_OUT

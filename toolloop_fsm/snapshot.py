@@ -85,6 +85,8 @@ class DraftSnapshot:
     held_segments: int = 0
     cut: bool = False
     cut_by_send_limit: bool = False
+    expression_held: bool = False
+    discarded: str = ""
     trigger: str | None = None
     reviews: int = 0
     revisions: int = 0
@@ -243,6 +245,8 @@ def capture_draft(draft: DraftState) -> DraftSnapshot:
         held_segments=draft.held_segments,
         cut=draft.cut,
         cut_by_send_limit=draft.cut_by_send_limit,
+        expression_held=draft.expression_held,
+        discarded=draft.discarded,
         trigger=draft.trigger,
         reviews=draft.reviews,
         revisions=draft.revisions,
@@ -269,6 +273,8 @@ def restore_draft(snapshot: DraftSnapshot) -> DraftState:
         held_segments=snapshot.held_segments,
         cut=snapshot.cut,
         cut_by_send_limit=snapshot.cut_by_send_limit,
+        expression_held=snapshot.expression_held,
+        discarded=snapshot.discarded,
         trigger=snapshot.trigger,
         reviews=snapshot.reviews,
         revisions=snapshot.revisions,
