@@ -101,14 +101,7 @@ def _review_reply(messages: list[dict[str, Any]]) -> list[bytes]:
     frames += [_chunk({"content": answer[i : i + 16]}) for i in range(0, len(answer), 16)]
     frames.append(_chunk({}, "stop"))
     prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4
-    usage = {"prompt_tokens": prompt, "completion_tokens": len(answer) // 4 + 1,
-             "total_tokens": 0}  # fmt: skip
-    frames.append(
-        b"data: " + json.dumps({"id": "chatcmpl-demo", "choices": [], "usage": usage}).encode()
-        + b"\n\n"
-    )  # fmt: skip
-    frames.append(b"data: [DONE]\n\n")
-    return frames
+    return frames + _closing_frames(prompt, len(answer) // 4 + 1)
 
 
 def scripted_reply(messages: list[dict[str, Any]]) -> list[bytes]:
@@ -150,13 +143,15 @@ def scripted_reply(messages: list[dict[str, Any]]) -> list[bytes]:
             )
         )
     frames.append(_chunk({}, "tool_calls"))
-    usage = {"prompt_tokens": 60 + 40 * len(answered), "completion_tokens": 30, "total_tokens": 0}
-    frames.append(
-        b"data: " + json.dumps({"id": "chatcmpl-demo", "choices": [], "usage": usage}).encode()
-        + b"\n\n"
-    )  # fmt: skip
-    frames.append(b"data: [DONE]\n\n")
-    return frames
+    return frames + _closing_frames(60 + 40 * len(answered), 30)
+
+
+def _closing_frames(prompt_tokens: int, completion_tokens: int) -> list[bytes]:
+    """The usage chunk and the ``[DONE]`` line that end every scripted stream."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": 0}  # fmt: skip
+    body = json.dumps({"id": "chatcmpl-demo", "choices": [], "usage": usage}).encode()
+    return [b"data: " + body + b"\n\n", b"data: [DONE]\n\n"]
 
 
 def _asks_for_a_revision(messages: list[dict[str, Any]]) -> bool:
@@ -182,13 +177,7 @@ def _revised_reply(answered: list[dict[str, Any]]) -> list[bytes]:
     frames = [_chunk({"role": "assistant", "content": ""})]
     frames += [_chunk({"content": piece}) for piece in _words(text)]
     frames.append(_chunk({}, "stop"))
-    usage = {"prompt_tokens": 180, "completion_tokens": 25, "total_tokens": 0}
-    frames.append(
-        b"data: " + json.dumps({"id": "chatcmpl-demo", "choices": [], "usage": usage}).encode()
-        + b"\n\n"
-    )  # fmt: skip
-    frames.append(b"data: [DONE]\n\n")
-    return frames
+    return frames + _closing_frames(180, 25)
 
 
 @define
