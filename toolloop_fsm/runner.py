@@ -193,7 +193,8 @@ class CompiledRunner(Runner[ModelT]):
         self.tables = compile_steps(declaration)
         self.plain = self.tables.plain
         #: the last step each plain transition recorded: equal steps (same time) share it
-        self.last_plain: dict[str, TraceStep] = {}
+        #: (made on first use: a turn parked before its first chunk stays small)
+        self.last_plain: dict[str, TraceStep] | None = None
 
     def take_plain(self, model: ModelT, state: str, trigger: str, event: object) -> bool:
         plain = self.plain.get((state, trigger))
@@ -204,9 +205,12 @@ class CompiledRunner(Runner[ModelT]):
         action(model, event)
         model.current_event = None
         at = model.step_time
-        step = self.last_plain.get(ident)
+        last = self.last_plain
+        if last is None:
+            last = self.last_plain = {}
+        step = last.get(ident)
         if step is None or step.at != at:
-            step = self.last_plain[ident] = TraceStep(state, trigger, state, at=at)
+            step = last[ident] = TraceStep(state, trigger, state, at=at)
         self.record(model, step, ident)
         return True
 
