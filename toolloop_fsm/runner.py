@@ -192,9 +192,9 @@ class CompiledRunner(Runner[ModelT]):
         super().__init__(declaration, on_step=on_step)
         self.tables = compile_steps(declaration)
         self.plain = self.tables.plain
-        #: the last step each plain transition recorded: equal steps (same time) share it
-        #: (made on first use: a turn parked before its first chunk stays small)
-        self.last_plain: dict[str, TraceStep] | None = None
+        #: the last step a plain transition recorded: an equal next one (same state,
+        #: trigger and time) shares it
+        self.last_plain: TraceStep | None = None
 
     def take_plain(self, model: ModelT, state: str, trigger: str, event: object) -> bool:
         plain = self.plain.get((state, trigger))
@@ -205,12 +205,9 @@ class CompiledRunner(Runner[ModelT]):
         action(model, event)
         model.current_event = None
         at = model.step_time
-        last = self.last_plain
-        if last is None:
-            last = self.last_plain = {}
-        step = last.get(ident)
-        if step is None or step.at != at:
-            step = last[ident] = TraceStep(state, trigger, state, at=at)
+        step = self.last_plain
+        if step is None or step.at != at or step.event != trigger or step.state != state:
+            step = self.last_plain = TraceStep(state, trigger, state, at=at)
         self.record(model, step, ident)
         return True
 
