@@ -2,8 +2,8 @@
 
 The property tests run whole turns (`run_tool_loop` on a `VirtualClock`) drawn from
 `turn_scripts()` × `loop_policies()`. This script draws N such (script, policy) pairs once,
-with the very same strategies (Hypothesis, seeded; generation is timed separately and
-excluded), then times running them:
+with the very same strategies (Hypothesis, seeded; the drawing is timed once), then times
+running them:
 
 * ``one loop``         — every turn in one event loop (`run_script` awaited in sequence): the
                          engine plus the test kit, what a fuzzing host can reach;
@@ -12,7 +12,11 @@ excluded), then times running them:
 
 Each figure is the best of ``--repeat`` rounds, the three bodies interleaved in every round
 (the round least disturbed by other processes counts).
-The target is ≥ 2,000 simulated turns per second.
+
+The target is ≥ 2,000 *whole* simulated turns per second, generation included: what a fuzzing
+host (``toolloop-fsm fuzz``, the property tests) gets, since every turn it runs is drawn
+first. So the last lines add the drawing time per turn to each running time and judge that
+whole-turn rate against the target; the running-only rates above them are an upper bound.
 
     python benchmarks/bench_property_throughput.py [--turns 2000] [--seed 2] [--repeat 5]
 """
@@ -108,8 +112,8 @@ def main() -> None:
     passes = sum(len(script.passes) for script, _ in workload) / len(workload)
     print(
         f"workload: {len(workload)} turns (seed {args.seed}), {passes:.1f} scripted passes "
-        f"a turn; drawn in {generation:.1f} s ({generation / len(workload) * 1e3:.1f} ms a "
-        "turn, not counted below)"
+        f"a turn; drawn in {generation:.1f} s ({generation / len(workload) * 1e3:.3f} ms a "
+        "turn)"
     )
     print("statuses: " + ", ".join(f"{k} {v}" for k, v in statuses.most_common()))
     rates = best_rates(
@@ -121,12 +125,23 @@ def main() -> None:
         workload,
         args.repeat,
     )
+    print("running only (generation excluded; an upper bound, not the target's measure):")
     for label, rate in rates.items():
-        verdict = "meets" if rate >= TARGET else "below"
-        print(
-            f"{label:>18}: {rate:8.0f} simulated turns/s ({1e3 / rate:.3f} ms a turn) — "
-            f"{verdict} the {TARGET:.0f}/s target"
+        print(f"{label:>18}: {rate:8.0f} simulated turns/s ({1e3 / rate:.3f} ms a turn)")
+    drawing = generation / len(workload)
+    print(
+        f"whole turns, generation included ({drawing * 1e3:.3f} ms a turn drawing + running), "
+        f"against the {TARGET:.0f}/s target:"
+    )
+    for label, rate in rates.items():
+        whole = 1 / (drawing + 1 / rate)
+        verdict = (
+            "meets the target"
+            if whole >= TARGET
+            else f"below the target ({whole / TARGET:.2f}x of it; drawing is "
+            f"{drawing * rate / (1 + drawing * rate):.0%} of a turn)"
         )
+        print(f"{label:>18}: {whole:8.0f} whole turns/s — {verdict}")
 
 
 if __name__ == "__main__":

@@ -320,6 +320,47 @@ async def test_no_key_material_anywhere_in_results_traces_notices_logs_or_errors
     assert everything  # the haystack was not empty
 
 
+async def test_a_key_a_tool_echoes_deep_in_its_data_never_reaches_the_result() -> None:
+    clock = VirtualClock()
+    key = SECRET_KEYS[0]
+
+    async def echo(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        # nested where only a walk of every text finds it: a list in a mapping in a list,
+        # and the name of a mapping entry (cut: 8 characters of the key)
+        rows = [{"account": {"tokens": ["ok", f"used {key}"]}}, {key[4:12]: 1}]
+        return ToolResult(data={"rows": rows}, message="echoed")
+
+    provider = ScriptedProvider(
+        [[FunctionCall("echo", {}, "c1")], [TextDelta("done")]], clock=clock
+    )
+    result, _ = await generate(
+        [Attempt(lambda _key: provider, keys=(key,), label="m")],
+        clock,
+        tools=[make_tool("echo", Executions(), clock, echo)],
+    )
+    assert result.status is TurnStatus.COMPLETED
+    text = result_to_json(result)
+    assert key not in text
+    assert "used [REDACTED]" in text
+
+
+async def test_a_result_with_no_key_material_comes_back_as_the_turn_built_it() -> None:
+    clock = VirtualClock()
+    provider = ScriptedProvider(
+        [[FunctionCall("echo", {"q": "x"}, "c1")], [TextDelta("the answer, no keys")]],
+        clock=clock,
+    )
+    result, _ = await generate(
+        [Attempt(lambda _key: provider, keys=SECRET_KEYS, label="m")],
+        clock,
+        tools=[make_tool("echo", Executions(), clock)],
+    )
+    assert result.status is TurnStatus.COMPLETED
+    assert result.final_text == "the answer, no keys"
+    assert result.history[0].response.data == {"ok": True, "args": {"q": "x"}}
+    assert "[REDACTED]" not in result_to_json(result)
+
+
 # --------------------------------------------------------------------------- exits
 async def test_unreachable_destination_ends_skipped_with_no_more_attempts() -> None:
     clock = VirtualClock()

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from toolloop_fsm import (
     Attempt,
     FunctionCall,
+    LoopPolicy,
     ProviderError,
     TextDelta,
     Tool,
@@ -21,6 +24,7 @@ from toolloop_fsm import (
     run_generation_turn,
     run_tool_loop,
 )
+from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.sansio import DeliveryRecorded, StreamEnded
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
 
@@ -113,3 +117,21 @@ def test_the_machine_stamps_the_time_its_driver_gives_and_none_without_one() -> 
         ("delivery_recorded", None),
         ("advance", None),
     ]
+
+
+def test_each_delivery_confirmed_while_streaming_is_a_step_at_its_time() -> None:
+    machine = ToolLoopMachine(LoopPolicy(delivery_flush_chars=1))
+    machine.start(REQUEST, now=1.0)
+    machine.feed(TextDelta("a"), now=2.0)
+    machine.feed(TextDelta("b"), now=2.0)
+    machine.feed(DeliveryRecorded(0), now=3.0)
+    machine.feed(DeliveryRecorded(1), now=3.0)  # confirmed at the same time: a step of its own
+    machine.feed(TextDelta("c"), now=4.0)  # the stream goes on as before
+    machine.feed(DeliveryRecorded(2), now=4.5)
+    confirmed = [(s.state, s.next_state, s.at) for s in machine.trace
+                 if s.event == "delivery_recorded"]  # fmt: skip
+    assert confirmed == [("streaming", "streaming", 3.0)] * 2 + [("streaming", "streaming", 4.5)]
+    assert machine.state == "streaming"
+    assert [d.seq for d in machine.turn.delivered or ()] == [0, 1, 2]
+    with pytest.raises(InvalidEvent, match="delivery 0 is not in flight"):
+        machine.feed(DeliveryRecorded(0), now=6.0)

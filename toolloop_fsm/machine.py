@@ -559,6 +559,8 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
                 turn.effects = []
                 return effects
             return []
+        if event.__class__ is DeliveryRecorded:
+            return self._confirm_delivery(event, now)
         return self._feed_trigger(event, now)
 
     @property
@@ -577,6 +579,30 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         return effects
 
     # ------------------------------------------------------------------ internals
+    def _confirm_delivery(self, event: DeliveryRecorded, now: float | None) -> list[Effect]:
+        """A delivery confirmed where it is only recorded (streaming, running a tool): one
+        plain step, checked as every event is, without the general trigger's loop. Anywhere
+        else — settling, a finished turn, a malformed or unknown confirmation — the general
+        path takes it (and refuses what it refuses)."""
+        turn = self._model
+        if (
+            turn is None
+            or self._result is not None
+            or malformation(_SHAPES, event) is not None
+            or (event.seq is not None and event.seq not in turn.in_flight)
+        ):
+            return self._feed_trigger(event, now)
+        previous = turn.step_time
+        turn.step_time = now
+        if not self._runner.take_plain(turn, turn.state, "delivery_recorded", event):
+            turn.step_time = previous
+            return self._feed_trigger(event, now)
+        effects = turn.effects
+        if effects:
+            turn.effects = []
+            return effects
+        return []
+
     def _feed_trigger(self, event: Any, now: float | None) -> list[Effect]:
         turn = self._model
         if turn is None:

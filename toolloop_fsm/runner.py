@@ -10,7 +10,11 @@ property test checks both agree):
 
 - ``steps``: (state, trigger) → the declared transitions from that state, in declared order;
 - ``fast_path``: per state, the internal transitions without a guard that are the only taker
-  of a stream chunk's trigger there: event class → action.
+  of a stream chunk's trigger there: event class → action;
+- ``plain``: (state, trigger) → the one internal transition without a guard or an ending
+  that takes it there (a delivery confirmed mid-stream, say): its action and id. Such a step
+  is taken without the general loop: no guard to try, no state entered, no decision point to
+  advance through, and the state's chunk handlers stay as they are.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class StepTables:
     steps: Mapping[tuple[str, str], tuple[Step, ...]]
     fast_path: Mapping[str, Mapping[type, Action]]
     fast_path_ids: Mapping[tuple[str, type], str]
+    plain: Mapping[tuple[str, str], tuple[Action, str]]
 
 
 @cache
@@ -80,19 +85,25 @@ def compile_steps(declaration: MachineDeclaration) -> StepTables:
         )
     fast_path: dict[str, dict[type, Action]] = {}
     fast_path_ids: dict[tuple[str, type], str] = {}
+    plain_steps: dict[tuple[str, str], tuple[Action, str]] = {}
     chunk_class = {trigger: cls for cls, trigger in declaration.chunks.items()}
     for (source, trigger), options in steps.items():
         guard, ending, action, dest, _enter, _guard_name, ident = options[0]
         event_class = chunk_class.get(trigger)
         plain = guard is None and ending is None and dest is None and action is not None
-        if event_class is not None and len(options) == 1 and plain:
-            assert action is not None
+        if not (len(options) == 1 and plain):
+            continue
+        assert action is not None
+        if event_class is not None:
             fast_path.setdefault(source, {})[event_class] = action
             fast_path_ids[(source, event_class)] = ident
+        if source not in declaration.transient_states:
+            plain_steps[(source, trigger)] = (action, ident)
     return StepTables(
         steps={key: tuple(options) for key, options in steps.items()},
         fast_path=fast_path,
         fast_path_ids=fast_path_ids,
+        plain=plain_steps,
     )
 
 
@@ -130,9 +141,17 @@ class Runner(ABC, Generic[ModelT]):
         """The chunk handlers of ``state`` that skip `take` (none, unless compiled)."""
         return _NO_HANDLERS
 
+    def take_plain(self, model: ModelT, state: str, trigger: str, event: object) -> bool:
+        """Take ``trigger`` at once when ``state`` has one plain internal transition for it
+        (see `StepTables`), recording its step; ``False`` when it has not (none, unless
+        compiled)."""
+        return False
+
     def fire(self, model: ModelT, trigger: str, event: object) -> None:
         """Take ``trigger`` and then every decision point it leads to."""
         before = model.state
+        if self.take_plain(model, before, trigger, event):
+            return
         model.current_event = event
         taken = self.take(model, trigger, event)
         if taken is None:
@@ -165,13 +184,32 @@ class Runner(ABC, Generic[ModelT]):
 class CompiledRunner(Runner[ModelT]):
     """Takes steps from the compiled tables, and hands stream chunks the fast path."""
 
-    __slots__ = ("tables",)
+    __slots__ = ("last_plain", "plain", "tables")
 
     def __init__(
         self, declaration: MachineDeclaration, *, on_step: Callable[[TraceStep], None] | None
     ) -> None:
         super().__init__(declaration, on_step=on_step)
         self.tables = compile_steps(declaration)
+        self.plain = self.tables.plain
+        #: the last step a plain transition recorded: an equal next one (same state,
+        #: trigger and time) shares it
+        self.last_plain: TraceStep | None = None
+
+    def take_plain(self, model: ModelT, state: str, trigger: str, event: object) -> bool:
+        plain = self.plain.get((state, trigger))
+        if plain is None:
+            return False
+        action, ident = plain
+        model.current_event = event
+        action(model, event)
+        model.current_event = None
+        at = model.step_time
+        step = self.last_plain
+        if step is None or step.at != at or step.event != trigger or step.state != state:
+            step = self.last_plain = TraceStep(state, trigger, state, at=at)
+        self.record(model, step, ident)
+        return True
 
     def take(self, model: ModelT, trigger: str, event: object) -> Taken | None:
         options = self.tables.steps.get((model.state, trigger))

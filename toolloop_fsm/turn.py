@@ -54,6 +54,18 @@ def canonical_call_key(name: str, arguments: Any) -> str:
     return f"{name}:{canonical}"
 
 
+def call_key_of_pending(turn: TurnState, call: FunctionCall) -> str:
+    """`canonical_call_key` of the turn's pending ``call``, computed once per call: the
+    replay gate and the dispatch that follows it both ask. A provider's call is a value the
+    engine never changes, so the same object has the same key."""
+    cached = turn.pending_call_key
+    if cached is not None and cached[0] is call:
+        return cached[1]
+    key = canonical_call_key(call.name, call.arguments)
+    turn.pending_call_key = (call, key)
+    return key
+
+
 def occurrence_key(call_key: str, occurrence: int) -> str:
     """The ledger's key for the ``occurrence``-th identical call (1-based) of a replay scope:
     the n-th identical call of an attempt, or of the passes after a context restart, matches
@@ -295,6 +307,11 @@ class TurnState:
     step_time: float | None = None
     effects: list[Effect] = field(factory=list)
     trace: list[TraceStep] = field(factory=list)
+    # computed once, kept while what they derive from is the same object: the pending call's
+    # key (the gate and the dispatch both need it), and the tools the turn offers (each pass
+    # and each call's gate), until `disabled_tools` is replaced
+    pending_call_key: tuple[FunctionCall, str] | None = None
+    allowed_tools: tuple[frozenset[str], tuple[str, ...]] | None = None
 
 
 @define(slots=True)

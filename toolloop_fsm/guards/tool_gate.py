@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from toolloop_fsm.turn import TurnState, canonical_call_key, next_occurrence
+from toolloop_fsm.turn import TurnState, call_key_of_pending, next_occurrence
 
 
 def call_pending(turn: TurnState) -> bool:
@@ -53,14 +53,23 @@ def call_already_recorded(turn: TurnState) -> bool:
     tool = turn.registry.get(call.name)
     if tool is not None and tool.replay == "rerun":
         return False
-    entry = turn.ledger.get(next_occurrence(turn, canonical_call_key(call.name, call.arguments)))
+    entry = turn.ledger.get(next_occurrence(turn, call_key_of_pending(turn, call)))
     return entry is not None and entry.outcome.success
 
 
 def allowed_tool_names(turn: TurnState) -> tuple[str, ...]:
+    """The tools the turn offers: the registry's, within the request's allowlist, less those
+    disabled. Kept on the turn until `disabled_tools` is replaced (the registry and the
+    request do not change within a turn)."""
+    disabled = turn.disabled_tools
+    cached = turn.allowed_tools
+    if cached is not None and cached[0] is disabled:
+        return cached[1]
     allowlist = turn.request.tools_allowed
-    return tuple(
+    allowed = tuple(
         name
         for name in turn.registry.names
-        if (allowlist is None or name in allowlist) and name not in turn.disabled_tools
+        if (allowlist is None or name in allowlist) and name not in disabled
     )
+    turn.allowed_tools = (disabled, allowed)
+    return allowed

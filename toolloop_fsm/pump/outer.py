@@ -55,7 +55,7 @@ from toolloop_fsm.pump.deliveries import _resolve, wait_bounded
 from toolloop_fsm.pump.inner import EventPump
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords
-from toolloop_fsm.pump.redaction import RedactedError, Secrets, _scrub
+from toolloop_fsm.pump.redaction import RedactedError, Secrets, _scrub, may_hold_key
 from toolloop_fsm.result import (
     RETRYABLE_STATUSES,
     GenerationTurnResult,
@@ -420,9 +420,11 @@ class GenerationPump:
         leak = self._leak
         if leak is None:
             return result
+        exception = result.exception
+        if exception is None and not may_hold_key(result, keys, leak):
+            return result  # nothing to redact: the result leaves as it is, unconverted
         data = converter.unstructure(result)
         scrubbed = _scrub(data, keys, leak)
-        exception = result.exception
         if exception is not None:
             said = f"{exception!s}{exception!r}"
             if redact(said, keys) != said:

@@ -4,14 +4,18 @@ observed event carries (`Secrets`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import (
     Iterable,
+    Mapping,
     Sequence,
 )
 from typing import Any
 
-from toolloop_fsm.providers._secrecy import fragment_pattern, redact
+import attrs
+
+from toolloop_fsm.providers._secrecy import FRAGMENT, fragment_pattern, redact
 
 
 class Secrets:
@@ -55,3 +59,95 @@ def _scrub(value: Any, keys: Sequence[str], leak: re.Pattern[str]) -> Any:
     if isinstance(value, list):
         return [_scrub(item, keys, leak) for item in value]
     return value
+
+
+#: Declared field types that hold no text: a number, a flag (``None`` or not), written out or
+#: resolved (the converter resolves a class's annotations in place). Result values are built
+#: by the engine with these types, so such fields are never read for keys.
+_TEXTLESS: frozenset[object] = frozenset(
+    {
+        *("int", "float", "bool", "int | None", "float | None", "bool | None"),
+        *(int, float, bool, int | None, float | None, bool | None),
+    }
+)
+#: Values that hold no text, passed over without a question.
+_LEAVES: frozenset[type] = frozenset({int, float, bool})
+_TEXT_FIELDS: dict[type, tuple[str, ...]] = {}
+#: Joins a value's texts for one search: a match cannot span two texts unless a key holds it.
+_SEPARATOR = "\x00"
+_BLOCK = FRAGMENT // 2
+
+
+def _text_fields(kind: type) -> tuple[str, ...]:
+    """The fields of an attrs or dataclass class that can hold text, computed once a class."""
+    names = _TEXT_FIELDS.get(kind)
+    if names is None:
+        declared = attrs.fields(kind) if attrs.has(kind) else dataclasses.fields(kind)
+        names = tuple(field.name for field in declared if field.type not in _TEXTLESS)
+        _TEXT_FIELDS[kind] = names
+    return names
+
+
+def _gather_texts(value: Any, texts: list[str]) -> None:
+    """Append every text reachable from ``value`` — strings (enum values too), in sequences,
+    sets, mappings (names and values), attrs and dataclass instances — to ``texts``. These are
+    at least every text the result converter would hand `_scrub`."""
+    kind = type(value)
+    names = _TEXT_FIELDS.get(kind)
+    if names is None:
+        if kind in _LEAVES:
+            return
+        if isinstance(value, str):
+            texts.append(value)
+            return
+        if isinstance(value, list | tuple | set | frozenset):
+            for item in value:
+                if type(item) is str:  # the common case, spared a call
+                    texts.append(item)
+                elif item is not None:
+                    _gather_texts(item, texts)
+            return
+        if isinstance(value, Mapping):
+            for name, item in value.items():
+                _gather_texts(name, texts)
+                _gather_texts(item, texts)
+            return
+        if not attrs.has(kind) and not (
+            dataclasses.is_dataclass(value) and not isinstance(value, type)
+        ):
+            return
+        names = _text_fields(kind)
+    for name in names:
+        item = getattr(value, name)
+        if type(item) is str:
+            texts.append(item)
+        elif item is not None:
+            _gather_texts(item, texts)
+
+
+def _blocks(keys: Sequence[str]) -> set[str]:
+    """Texts of which any piece of a key `redact` replaces holds at least one: each key's
+    aligned 4-character blocks (any 8-character run of a key covers a whole one), or the key
+    itself when shorter than 8 characters (only then matched whole)."""
+    blocks: set[str] = set()
+    for key in keys:
+        if len(key) < FRAGMENT:
+            blocks.add(key)
+        else:
+            blocks.update(key[i : i + _BLOCK] for i in range(0, len(key) - _BLOCK + 1, _BLOCK))
+    return blocks
+
+
+def may_hold_key(value: Any, keys: Sequence[str], leak: re.Pattern[str]) -> bool:
+    """Whether any text in ``value`` holds a piece of a key ``leak`` finds — the quick test
+    that spares a clean result the conversion and walk of `_scrub`. Never wrong when it
+    answers no: every text is searched, joined into one; a plain substring test for the keys'
+    blocks first, the pattern only if one is there."""
+    texts: list[str] = []
+    _gather_texts(value, texts)
+    joined = _SEPARATOR.join(texts)
+    if not any(block in joined for block in _blocks(keys)):
+        return False
+    if any(_SEPARATOR in key for key in keys):  # a piece could span two texts: one by one
+        return any(leak.search(text) is not None for text in texts)
+    return leak.search(joined) is not None

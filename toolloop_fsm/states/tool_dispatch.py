@@ -30,7 +30,7 @@ from toolloop_fsm.turn import (
     LedgerEntry,
     ToolOutcome,
     TurnState,
-    canonical_call_key,
+    call_key_of_pending,
     take_occurrence,
 )
 
@@ -81,7 +81,7 @@ def reuse_recorded_outcome(turn: TurnState, _event: Any = None) -> None:
     close_pass_with_call(turn)
     call = turn.pending_call
     assert call is not None
-    key = take_occurrence(turn, canonical_call_key(call.name, call.arguments))
+    key = take_occurrence(turn, call_key_of_pending(turn, call))
     recorded = turn.ledger[key].outcome
     turn.current_call_key = key
     turn.outcome = ToolOutcome(
@@ -109,7 +109,7 @@ def start_dispatch(turn: TurnState) -> None:
     tool = turn.registry.get(call.name)
     assert tool is not None
     turn.dispatches += 1
-    key = take_occurrence(turn, canonical_call_key(call.name, call.arguments))
+    key = take_occurrence(turn, call_key_of_pending(turn, call))
     turn.current_call_key = key
     turn.effects.append(RunTool(turn.dispatches, call.name, dict(call.arguments), key))
     timeout = tool.timeout if tool.timeout is not None else turn.policy.tool_timeout
