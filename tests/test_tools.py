@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import hashlib
 import logging
 import threading
-import time
 import urllib.request
 from typing import Any
 
@@ -216,9 +216,11 @@ async def test_a_plain_handler_sees_the_turns_context_variables() -> None:
     assert seen == ["req-42"]
 
 
-async def test_a_plain_handler_doing_20_ms_of_real_work_under_a_virtual_clock_succeeds() -> None:
+async def test_a_plain_handler_doing_real_work_under_a_virtual_clock_succeeds() -> None:
     def get_weather(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
-        time.sleep(0.02)  # 20 ms of real work: the one real wait of this file
+        # real CPU work in the worker thread (tens of milliseconds), not a sleep: the event
+        # loop sits idle meanwhile, which is when a virtual clock could jump to the deadline
+        hashlib.pbkdf2_hmac("sha256", b"password", b"salt", 50_000)
         return ToolResult(data={"sky": "clear"})
 
     turn = sorry_turn(weather_call())
