@@ -107,3 +107,51 @@ async def test_a_real_timer_cancelled_early_releases_virtual_time_at_once() -> N
     await asyncio.gather(http_call_under_a_long_timeout(), clock.sleep(60))
     assert clock.now() == 60
     assert time.monotonic() - started < 5.0  # not the 30 s the cancelled timer was due at
+
+
+async def test_two_clocks_on_one_loop_both_jump() -> None:
+    # a turn that returned may leave timers on its clock (a straggler's, a trickle's); the
+    # next turn on the same loop gets a clock of its own, and neither may take the other's
+    # waiting for work
+    left_behind, current = VirtualClock(), VirtualClock()
+    fired: list[float] = []
+    done = asyncio.Event()
+
+    def fire() -> None:
+        fired.append(left_behind.now())
+        done.set()
+
+    left_behind.call_later(10, fire)
+    async with real_time_limit(10.0):
+        await current.sleep(5)
+    assert current.now() == 5
+    async with real_time_limit(10.0):
+        await done.wait()
+    assert fired == [10]
+
+
+async def test_a_script_runs_on_a_loop_where_an_earlier_clock_still_has_timers() -> None:
+    # the shape of a fuzzing host: many turns on one event loop, the earlier ones leaving
+    # timers on their own clocks
+    from toolloop_fsm.testing import Pause, TurnScript, run_script
+
+    left_behind = VirtualClock()
+    ticks: list[float] = []
+    drained = asyncio.Event()
+
+    def tick() -> None:  # a trickle that outlived its turn, re-arming itself a while
+        ticks.append(left_behind.now())
+        if len(ticks) < 2_000:
+            left_behind.call_later(1.0, tick)
+        else:
+            drained.set()
+
+    left_behind.call_later(1.0, tick)
+    # the pause makes the turn wait on its own clock
+    script = TurnScript(passes=((Pause(1.0), TextDelta("Hi")),))
+    run = await run_script(script, LoopPolicy(), real_timeout=10.0)
+    assert run.result.status is TurnStatus.COMPLETED, run.result.error_message
+    assert run.result.final_text == "Hi"
+    async with real_time_limit(10.0):
+        await drained.wait()
+    assert left_behind.now() == 2_000

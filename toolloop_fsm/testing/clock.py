@@ -38,6 +38,12 @@ _REAL_HOLD_SLICE = 0.01
 #: Real loop timers that guard a test rather than belong to the code under test.
 _WATCHDOGS: weakref.WeakSet[asyncio.TimerHandle] = weakref.WeakSet()
 
+#: Every clock's idle-jumper task. Several clocks can share a loop (a fuzzing host runs many
+#: turns on one, and a turn that returned may leave timers on its clock); a jumper waiting
+#: for idleness must not count another jumper's turn in the ready queue as work, or two of
+#: them keep each other from ever jumping.
+_JUMPERS: weakref.WeakSet[asyncio.Task[None]] = weakref.WeakSet()
+
 
 def watchdog_timer(
     delay: float, callback: Callable[..., object], *args: Any
@@ -143,6 +149,7 @@ class VirtualClock:
         except RuntimeError:
             return
         self._jumper = loop.create_task(self._jump_when_idle())
+        _JUMPERS.add(self._jumper)
 
     async def _jump_when_idle(self) -> None:
         loop = asyncio.get_running_loop()
@@ -155,8 +162,7 @@ class VirtualClock:
             if not self._timers:
                 return
             await asyncio.sleep(0)
-            # asyncio keeps its runnable callbacks in `_ready`; empty means every task waits
-            if getattr(loop, "_ready", ()):
+            if _work_ready(loop):
                 idle = 0
                 continue
             idle += 1
@@ -189,6 +195,17 @@ class VirtualClock:
             timer = heapq.heappop(self._timers)
             self._now = max(self._now, timer.when)
             timer.callback(*timer.args)
+
+
+def _work_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether a callback other than a clock's jumper is ready to run."""
+    # asyncio keeps its runnable callbacks in `_ready`; a task's step is a callback bound to
+    # the task (its ``__self__``)
+    for handle in getattr(loop, "_ready", ()):
+        owner = getattr(getattr(handle, "_callback", None), "__self__", None)
+        if owner is None or owner not in _JUMPERS:
+            return True
+    return False
 
 
 def _real_timers(loop: asyncio.AbstractEventLoop) -> list[asyncio.TimerHandle]:
