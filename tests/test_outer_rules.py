@@ -5,6 +5,8 @@ machine refuses. Time is virtual (`VirtualClock`)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.inner_kit import USER, Executions, make_tool
@@ -27,7 +29,7 @@ from toolloop_fsm.events import AttemptFinished
 from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.pump import RedactedError
 from toolloop_fsm.result import GenerationTurnResult
-from toolloop_fsm.testing import Fail, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
 
 
 # --------------------------------------------------------------------------- rotation and fallback
@@ -142,3 +144,48 @@ async def test_a_host_exception_whose_repr_quotes_a_key_is_replaced() -> None:
     assert isinstance(result.exception, RedactedError)
     assert SECRET_KEYS[0] not in f"{result.exception!s}{result.exception!r}"
     assert "the client refused the configuration" in str(result.exception)
+
+
+# the final result reuses the attempts' texts, already searched for keys, and adds its own: a
+# text the final result makes by joining two clean ones, or one the host gave, is searched too
+_LONG_KEY = "sk-live-Q7mZ2xLp9VtR4wKc"
+
+
+async def test_a_key_joined_from_two_attempts_texts_is_redacted_in_the_final_text() -> None:
+    clock = VirtualClock()
+    # each attempt's own text holds 7 characters of the key, under the 8 that count; the
+    # reply continued across the failure holds 14
+    keyed = KeyedProviders(
+        clock,
+        {
+            _LONG_KEY: [[TextDelta(f"the code is {_LONG_KEY[:7]}"), Fail(server_error())]],
+        },
+    )
+    backup = ScriptedProvider([[TextDelta(f"{_LONG_KEY[7:14]} and that is all")]], clock=clock)
+    result, _ = await generate(
+        [Attempt(keyed, keys=(_LONG_KEY,), label="main"), Attempt(backup, label="b")], clock
+    )
+    assert result.status is TurnStatus.COMPLETED
+    assert _LONG_KEY[:8] not in result.final_text
+    assert "[REDACTED]" in result.final_text
+    assert result.final_text.endswith(" and that is all")
+
+
+async def test_a_stop_message_quoting_a_key_is_redacted_in_the_final_result() -> None:
+    clock = VirtualClock()
+    signals = TurnSignals()
+    keyed = KeyedProviders(clock, {_LONG_KEY: [[TextDelta("Hello"), Pause(5.0), TextDelta("!")]]})
+
+    async def stop_soon() -> None:
+        await clock.sleep(1.0)
+        signals.request_stop(f"stopped by the admin of {_LONG_KEY}")
+
+    stopper = asyncio.ensure_future(stop_soon())
+    result, _ = await generate(
+        [Attempt(keyed, keys=(_LONG_KEY,), label="main")], clock, signals=signals
+    )
+    await stopper
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert result.stop_message is not None
+    assert _LONG_KEY[:8] not in result.stop_message
+    assert "[REDACTED]" in result.stop_message

@@ -33,6 +33,10 @@ class TurnStatus(StrEnum):
 
 RETRYABLE_STATUSES = frozenset({TurnStatus.ERROR, TurnStatus.TIMEOUT})
 
+#: Field metadata of a text that is always a name the library declares (a state, an event, a
+#: guard, a route): it carries nothing from outside the turn, so key redaction need not read it.
+VOCABULARY: Mapping[str, bool] = {"vocabulary": True}
+
 
 @frozen
 class Notice:
@@ -150,11 +154,11 @@ class TraceStep:
     action noted, ``at`` is the turn's clock time when the step was taken (``None``: the
     driver gave no time, as in a trace saved before steps carried one)."""
 
-    state: str
-    event: str
-    next_state: str
+    state: str = field(metadata=VOCABULARY)
+    event: str = field(metadata=VOCABULARY)
+    next_state: str = field(metadata=VOCABULARY)
     detail: str | None = None
-    guard: str | None = None
+    guard: str | None = field(default=None, metadata=VOCABULARY)
     at: float | None = None
 
 
@@ -177,7 +181,7 @@ class AttemptRecord:
     index: int
     label: str
     key_index: int | None
-    route: str
+    route: str = field(metadata=VOCABULARY)
     status: TurnStatus
     reason: str | None = None
     superseded: bool = False

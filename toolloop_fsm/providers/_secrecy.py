@@ -23,6 +23,7 @@ Owns the one rule every adapter applies to every text it lets out:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 
@@ -72,11 +73,16 @@ def _pieces(secret: str) -> dict[str, None]:
 
 def fragment_pattern(secrets: Iterable[str | None]) -> re.Pattern[str] | None:
     """One compiled pattern that finds any piece of ``secrets`` `redact` would replace: a
-    quick test, made once per set of keys, that spares `redact` the texts holding none."""
+    quick test that spares `redact` the texts holding none. Made once per set of secrets (a
+    turn asks for its keys' pattern at its start; building it is a few dozen escapes)."""
+    return _fragment_pattern(tuple(secret for secret in secrets if secret))
+
+
+@functools.lru_cache(maxsize=64)
+def _fragment_pattern(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
     pieces: dict[str, None] = {}
     for secret in secrets:
-        if secret:
-            pieces.update(_pieces(secret))
+        pieces.update(_pieces(secret))
     if not pieces:
         return None
     return re.compile("|".join(map(re.escape, pieces)))

@@ -121,6 +121,8 @@ class GenerationPump:
         self._abandoned: list[str] = []
         self._keys = [key for attempt in (*self.attempts, *self.shared) for key in attempt.keys]
         self._leak = fragment_pattern(self._keys)  # finds any piece of a key, in one pass
+        # the texts the turn's results were found clean of keys in (see `may_hold_key`)
+        self._clean_texts: dict[int, str] = {}
         # log records and observed events are redacted with every key of the chain
         self.records = records if records is not None else TurnRecords(0, Secrets(self._keys))
         self.observation = observation
@@ -421,7 +423,7 @@ class GenerationPump:
         if leak is None:
             return result
         exception = result.exception
-        if exception is None and not may_hold_key(result, keys, leak):
+        if exception is None and not may_hold_key(result, keys, leak, self._clean_texts):
             return result  # nothing to redact: the result leaves as it is, unconverted
         data = converter.unstructure(result)
         scrubbed = _scrub(data, keys, leak)

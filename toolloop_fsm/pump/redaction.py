@@ -5,6 +5,8 @@ observed event carries (`Secrets`)."""
 from __future__ import annotations
 
 import dataclasses
+import enum
+import functools
 import re
 from collections.abc import (
     Iterable,
@@ -70,8 +72,9 @@ _TEXTLESS: frozenset[object] = frozenset(
         *(int, float, bool, int | None, float | None, bool | None),
     }
 )
-#: Values that hold no text, passed over without a question.
-_LEAVES: frozenset[type] = frozenset({int, float, bool})
+#: Values that hold no text, passed over without a question; an enumeration's members (a
+#: status, a kind) are added as they are met: declared names, nothing from outside the turn.
+_LEAVES: set[type] = {int, float, bool}
 _TEXT_FIELDS: dict[type, tuple[str, ...]] = {}
 #: Joins a value's texts for one search: a match cannot span two texts unless a key holds it.
 _SEPARATOR = "\x00"
@@ -79,23 +82,36 @@ _BLOCK = FRAGMENT // 2
 
 
 def _text_fields(kind: type) -> tuple[str, ...]:
-    """The fields of an attrs or dataclass class that can hold text, computed once a class."""
+    """The fields of an attrs or dataclass class that can hold text from outside the turn,
+    computed once a class: not a number or flag, not an enumeration, not a name the library
+    declares (`VOCABULARY` metadata)."""
     names = _TEXT_FIELDS.get(kind)
     if names is None:
         declared = attrs.fields(kind) if attrs.has(kind) else dataclasses.fields(kind)
-        names = tuple(field.name for field in declared if field.type not in _TEXTLESS)
+        names = tuple(
+            field.name
+            for field in declared
+            if field.type not in _TEXTLESS
+            and not (isinstance(field.type, type) and issubclass(field.type, enum.Enum))
+            and not field.metadata.get("vocabulary", False)
+        )
         _TEXT_FIELDS[kind] = names
     return names
 
 
 def _gather_texts(value: Any, texts: list[str]) -> None:
-    """Append every text reachable from ``value`` — strings (enum values too), in sequences,
-    sets, mappings (names and values), attrs and dataclass instances — to ``texts``. These are
-    at least every text the result converter would hand `_scrub`."""
+    """Append every text reachable from ``value`` that can carry something from outside the
+    turn — strings, in sequences, sets, mappings (names and values), attrs and dataclass
+    instances — to ``texts``. Passed over: enumeration members and fields the library fills
+    with its own declared names (`_text_fields`); a key cannot reach those, and a name that
+    happened to match a run of a key would tell nothing of it."""
     kind = type(value)
     names = _TEXT_FIELDS.get(kind)
     if names is None:
         if kind in _LEAVES:
+            return
+        if isinstance(value, enum.Enum):
+            _LEAVES.add(kind)
             return
         if isinstance(value, str):
             texts.append(value)
@@ -125,7 +141,8 @@ def _gather_texts(value: Any, texts: list[str]) -> None:
             _gather_texts(item, texts)
 
 
-def _blocks(keys: Sequence[str]) -> set[str]:
+@functools.lru_cache(maxsize=64)
+def _blocks(keys: tuple[str, ...]) -> frozenset[str]:
     """Texts of which any piece of a key `redact` replaces holds at least one: each key's
     aligned 4-character blocks (any 8-character run of a key covers a whole one), or the key
     itself when shorter than 8 characters (only then matched whole)."""
@@ -135,19 +152,36 @@ def _blocks(keys: Sequence[str]) -> set[str]:
             blocks.add(key)
         else:
             blocks.update(key[i : i + _BLOCK] for i in range(0, len(key) - _BLOCK + 1, _BLOCK))
-    return blocks
+    return frozenset(blocks)
 
 
-def may_hold_key(value: Any, keys: Sequence[str], leak: re.Pattern[str]) -> bool:
+def may_hold_key(
+    value: Any, keys: Sequence[str], leak: re.Pattern[str], clean: dict[int, str] | None = None
+) -> bool:
     """Whether any text in ``value`` holds a piece of a key ``leak`` finds — the quick test
     that spares a clean result the conversion and walk of `_scrub`. Never wrong when it
-    answers no: every text is searched, joined into one; a plain substring test for the keys'
-    blocks first, the pattern only if one is there."""
+    answers no: every distinct text that can carry a key (`_gather_texts`) is searched,
+    joined into one; a plain substring test for the keys' blocks first, the pattern only if
+    one is there.
+
+    ``clean`` holds the texts earlier looks of the same turn found clean, by identity (it
+    keeps them alive, so an id is not reused): a turn's result shares most of its texts with
+    its attempts' results, already looked at, so only the texts new to it are searched (a
+    text made by joining two clean ones is a new text). A look that answers no adds the
+    texts it searched."""
     texts: list[str] = []
     _gather_texts(value, texts)
-    joined = _SEPARATOR.join(texts)
-    if not any(block in joined for block in _blocks(keys)):
-        return False
-    if any(_SEPARATOR in key for key in keys):  # a piece could span two texts: one by one
-        return any(leak.search(text) is not None for text in texts)
-    return leak.search(joined) is not None
+    # one search per text object: a result holds the same text in several places
+    fresh = {id(text): text for text in texts}
+    if clean:
+        fresh = {ident: text for ident, text in fresh.items() if clean.get(ident) is not text}
+    joined = _SEPARATOR.join(fresh.values())
+    if any(block in joined for block in _blocks(tuple(keys))):
+        if any(_SEPARATOR in key for key in keys):  # a piece could span two texts: one by one
+            if any(leak.search(text) is not None for text in fresh.values()):
+                return True
+        elif leak.search(joined) is not None:
+            return True
+    if clean is not None:
+        clean.update(fresh)
+    return False
