@@ -4,6 +4,7 @@ observed event carries (`Secrets`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -87,6 +88,12 @@ def _text_fields(kind: type) -> tuple[str, ...]:
     declares (`VOCABULARY` metadata)."""
     names = _TEXT_FIELDS.get(kind)
     if names is None:
+        if attrs.has(kind):
+            # the types written out as names are resolved (the result converter does it too),
+            # so that an enumeration-typed field is seen as one; a name that cannot be
+            # resolved leaves its field read
+            with contextlib.suppress(Exception):
+                attrs.resolve_types(kind)
         declared = attrs.fields(kind) if attrs.has(kind) else dataclasses.fields(kind)
         names = tuple(
             field.name
@@ -118,8 +125,15 @@ def _gather_texts(value: Any, texts: list[str]) -> None:
             return
         if isinstance(value, list | tuple | set | frozenset):
             for item in value:
-                if type(item) is str:  # the common case, spared a call
-                    texts.append(item)
+                if type(item) is str:  # the common cases, spared a call: a text, or a value
+                    texts.append(item)  # of a class already met (a trace step, a delivery)
+                elif (fields := _TEXT_FIELDS.get(type(item))) is not None:
+                    for name in fields:
+                        text = getattr(item, name)
+                        if type(text) is str:
+                            texts.append(text)
+                        elif text is not None:
+                            _gather_texts(text, texts)
                 elif item is not None:
                     _gather_texts(item, texts)
             return
