@@ -45,7 +45,7 @@ class DeliveriesAndHostCalls:
         policy: LoopPolicy
         _deliveries: list[Deliver]
         _delivery_task: asyncio.Task[None] | None
-        _host_calls: list[PostNotice | QueueStopResponse]
+        _host_calls: list[PostNotice | QueueStopResponse] | None
         _host_exception: BaseException | None
         _host_task: asyncio.Task[None] | None
         _last_activity: float
@@ -167,6 +167,7 @@ class DeliveriesAndHostCalls:
         turn runs; after it, it is only named (a late notice cannot change how it ended)."""
         channel = self.channel
         calls = self._host_calls
+        assert calls is not None  # the worker is started for a call
         me = asyncio.current_task()
         try:
             while calls and self._host_task is me:

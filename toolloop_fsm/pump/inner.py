@@ -241,7 +241,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._follow_ups_seen = 0
         self._deliveries: list[Deliver] = []
         self._delivery_task: asyncio.Task[None] | None = None
-        self._host_calls: list[PostNotice | QueueStopResponse] = []
+        # made on first use, as the other lists a turn may never need
+        self._host_calls: list[PostNotice | QueueStopResponse] | None = None
         self._outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded] = []
         self._depth = 0
         self._host_task: asyncio.Task[None] | None = None
@@ -250,9 +251,9 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._tool_name = ""
         self._tool_grace: Any = None
         # code that ignored its cancellation past the grace: named, never awaited again
-        self._abandoned: list[str] = []
+        self._abandoned: list[str] | None = None
         # deliveries the channel confirmed after the machine had already finished
-        self._late_confirmed: list[int] = []
+        self._late_confirmed: list[int] | None = None
         # the result waits for the host's notices and stop message still on their way
         self._pending_result: GenerationTurnResult | None = None
         # who watches the turn (``None``: nothing; checked at lifecycle points, never per
@@ -300,6 +301,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     now=self.clock.now(),
                 )
             self._execute(opening)
+            del opening  # carried out: not kept for as long as the turn waits
             self._signals_dirty = True
             self._take_signals()
             # The turn's own task: read each pass's stream as the machine starts it, and
@@ -314,7 +316,9 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     pending = self._pending_stream
                     if pending is not None:
                         self._pending_stream = None
-                        await self._read_stream(*pending)
+                        # the read holds its request: this frame keeps nothing of it
+                        read, pending = self._read_stream(*pending), None
+                        await read
                         if self._interrupted:  # a provider swallowed the interruption
                             self._interrupted = False
                             main.uncancel()
@@ -409,6 +413,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         children = self._children
         if children is not None and task in children:
             children.remove(task)
+            if self._abandoned is None:
+                self._abandoned = []
             self._abandoned.append(name)
             self._records.abandoned(name, self.policy.cancel_grace)
 
@@ -435,7 +441,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         """Feed one event and carry out its effects; a failure ends the run with it."""
         if self._finished or self.machine.is_finished:
             if type(event) is DeliveryRecorded and event.seq is not None:
-                self._late_confirmed.append(event.seq)  # confirmed: it belongs in the result
+                # confirmed: it belongs in the result
+                if self._late_confirmed is None:
+                    self._late_confirmed = []
+                self._late_confirmed.append(event.seq)
             return
         if self._signals_dirty and type(event) is not DeliveryRecorded:
             # a signal that arrived before this event is taken first, in the state it met
@@ -542,6 +551,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             elif kind is CancelTool:
                 self._cancel_tool()
             elif kind is PostNotice or kind is QueueStopResponse:
+                if self._host_calls is None:
+                    self._host_calls = []
                 self._host_calls.append(effect)  # type: ignore[arg-type]
                 self._ensure_host_worker()
             elif kind is Finish:
@@ -648,12 +659,11 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         exhausted = False
         self._reading = True
         machine = self.machine
-        feed = machine.feed
         turn = machine.turn
         # the fast path, called from here without the hop through feed(): the handlers of
-        # the current state (kept current by the machine), and the effects they leave
+        # the current state (kept current by the machine), and the effects they leave (only
+        # what every chunk calls is held as a bound method: each costs every waiting turn)
         handler_for = machine.chunk_handlers.get
-        execute = self._execute
         now = self.clock.now
         try:
             async for chunk in stream:
@@ -664,7 +674,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                         handler(turn, chunk)
                         effects = machine.take_effects() if turn.effects else None
                     else:
-                        effects = feed(chunk, now=self._last_chunk)
+                        effects = machine.feed(chunk, now=self._last_chunk)
                 except BaseException as err:
                     if type(chunk) not in CHUNK_TYPES:  # a provider bug: a failed pass
                         self._feed(
@@ -688,7 +698,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                         self._fail(err)
                     return
                 if effects:
-                    execute(effects)
+                    self._execute(effects)
                     if generation != self._stream_generation:
                         return
                 if self._signals_dirty:
@@ -934,7 +944,7 @@ async def resume_tool_loop(
     )  # fmt: skip
 
 
-async def _run_loop(
+def _run_loop(
     provider: Provider,
     tools: ToolRegistry | Iterable[Tool],
     channel: Channel,
@@ -949,7 +959,9 @@ async def _run_loop(
     observer: TurnObserver | None,
     reviewer: Reviewer | None,
     on_snapshot: Callable[[TurnSnapshot], None] | None,
-) -> GenerationTurnResult:
+) -> Coroutine[Any, Any, GenerationTurnResult]:
+    """The turn's run, for the caller to await. An unobserved turn is the pump's own run,
+    not a coroutine awaiting it: one frame less for every turn waiting on its provider."""
     records = _TOOL_LOOP_RECORDS
     machine = ToolLoopMachine(
         policy,
@@ -972,7 +984,14 @@ async def _run_loop(
     )
     run = pump.run(request, continuation_style=continuation_style, resume_from=resume_from)
     if observation is None:
-        return await run
+        return run
+    return _observed(run, observation, provider)
+
+
+async def _observed(
+    run: Coroutine[Any, Any, GenerationTurnResult], observation: Observation, provider: Provider
+) -> GenerationTurnResult:
+    """``run`` with its start, its end or its abort shown to the turn's observers."""
     observation.for_provider(provider)
     observation.turn_started("tool_loop")
     try:
