@@ -699,6 +699,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     return
                 if effects:
                     self._execute(effects)
+                    effects = None  # carried out: not kept while the read waits for a chunk
                     if generation != self._stream_generation:
                         return
                 if self._signals_dirty:
