@@ -239,11 +239,13 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._signals_dirty = False
         self._stop_fed = False
         self._follow_ups_seen = 0
-        self._deliveries: list[Deliver] = []
+        # deliveries waiting behind a send that suspended, and outcomes to report after the
+        # batch that caused them: made on first use, as the other lists a turn may not need
+        self._deliveries: list[Deliver] | None = None
         self._delivery_task: asyncio.Task[None] | None = None
         # made on first use, as the other lists a turn may never need
         self._host_calls: list[PostNotice | QueueStopResponse] | None = None
-        self._outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded] = []
+        self._outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded] | None = None
         self._depth = 0
         self._host_task: asyncio.Task[None] | None = None
         self._host_exception: BaseException | None = None
@@ -430,7 +432,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         for task in (self._tool_task, self._delivery_task, self._review_task):
             if task is not None and not task.done():
                 task.cancel()
-        self._deliveries.clear()
+        if self._deliveries:
+            self._deliveries.clear()
         self._cancel_timers()
         self._finished = True
         if self._observation is not None:
@@ -512,10 +515,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             self._carry_out(effects)
         finally:
             self._depth -= 1
-        if self._depth == 0 and self._outcomes:
+        outcomes = self._outcomes
+        if self._depth == 0 and outcomes:
             # deliveries that completed at once are reported after the batch that issued
             # them, so every effect of a step is carried out before the next event
-            outcomes = self._outcomes
             while outcomes:
                 self._feed(outcomes.pop(0))
 
@@ -541,7 +544,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 # the pass reached the held-prose ceiling: the read stops here (its stream is
                 # closed as the read unwinds, aborting the request), and the pass ends
                 self._cancel_stream()
-                self._outcomes.append(StreamEnded())
+                self._report_later(StreamEnded())
             elif kind is RequestReview:
                 self._ask_reviewer(effect)  # type: ignore[arg-type]
             elif kind is CancelReview:
@@ -579,7 +582,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         if self._finished:
             return
         self._stream_generation += 1
-        self._deliveries.clear()
+        if self._deliveries:
+            self._deliveries.clear()
         host_task = self._host_task
         if host_task is not None and not host_task.done():
             # notices and the stop message are owed to the host: they finish first (each
