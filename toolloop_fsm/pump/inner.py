@@ -680,26 +680,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     else:
                         effects = machine.feed(chunk, now=self._last_chunk)
                 except BaseException as err:
-                    if type(chunk) not in CHUNK_TYPES:  # a provider bug: a failed pass
-                        self._feed(
-                            StreamFailed(
-                                f"the provider yielded {type(chunk).__name__}, not a chunk event",
-                                kind="protocol",
-                                retryable=True,
-                            )
-                        )
-                    elif isinstance(err, InvalidEvent | ValueError | TypeError):
-                        # a chunk the machine refuses (a malformed field, non-finite usage)
-                        # is the provider's protocol failure, not a crash of the turn
-                        self._feed(
-                            StreamFailed(
-                                f"the provider sent a malformed {type(chunk).__name__}: {err}",
-                                kind="protocol",
-                                retryable=True,
-                            )
-                        )
-                    else:
-                        self._fail(err)
+                    self._chunk_raised(chunk, err)
                     return
                 if effects:
                     self._execute(effects)
@@ -726,6 +707,31 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             self._feed(StreamEnded())
         if observation is not None:  # once: unless the end was fed, it is observed here
             observation.pass_ended(turn, None)
+
+    def _chunk_raised(self, chunk: object, err: BaseException) -> None:
+        """Taking ``chunk`` raised ``err``: the provider's protocol failure, or the turn's
+        own. (A method rather than inline in the read: every turn waiting on its provider
+        carries the read's frame, sized by its largest expression.)"""
+        if type(chunk) not in CHUNK_TYPES:  # a provider bug: a failed pass
+            self._feed(
+                StreamFailed(
+                    f"the provider yielded {type(chunk).__name__}, not a chunk event",
+                    kind="protocol",
+                    retryable=True,
+                )
+            )
+        elif isinstance(err, InvalidEvent | ValueError | TypeError):
+            # a chunk the machine refuses (a malformed field, non-finite usage) is the
+            # provider's protocol failure, not a crash of the turn
+            self._feed(
+                StreamFailed(
+                    f"the provider sent a malformed {type(chunk).__name__}: {err}",
+                    kind="protocol",
+                    retryable=True,
+                )
+            )
+        else:
+            self._fail(err)
 
     # ------------------------------------------------------------------ the reviewer
     def _ask_reviewer(self, effect: RequestReview) -> None:
