@@ -173,17 +173,27 @@ class ToolRegistry:
                 raise ValueError(f"tool {tool.name!r} is registered twice")
             self._tools[tool.name] = tool
         self._specs = {name: tool.spec() for name, tool in self._tools.items()}
+        # built once, shared by every turn that offers the whole registry
+        self._names = tuple(self._tools)
+        self._all_specs = tuple(self._specs.values())
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(self._tools)
+        return self._names
 
     def spec(self, name: str) -> ToolSpec | None:
         """The tool as exposed to a provider (built once per registry)."""
         return self._specs.get(name)
+
+    def specs(self, names: tuple[str, ...]) -> tuple[ToolSpec, ...]:
+        """The specs of the registered tools among ``names``, in their order (`names` itself:
+        every spec, one tuple for all the turns offering them)."""
+        if names is self._names:
+            return self._all_specs
+        return tuple(spec for name in names if (spec := self._specs.get(name)) is not None)
 
     def __iter__(self) -> Any:
         return iter(self._tools.values())

@@ -253,7 +253,8 @@ class TurnState:
     # on its provider stays small)
     pass_text: list[str] = field(factory=list)
     pass_thoughts: list[str] | None = None
-    # the undelivered buffer is pass_text[buffer_start:] (one list, one append per chunk)
+    # the undelivered buffer is pass_text[buffer_start:] (one list, one append per chunk);
+    # what was flushed before it is there as the flushed texts themselves
     buffer_start: int = 0
     buffer_len: int = 0
     flush_chars: int = 200

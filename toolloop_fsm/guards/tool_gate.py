@@ -62,10 +62,12 @@ def allowed_tool_names(turn: TurnState) -> tuple[str, ...]:
     disabled. Kept on the turn until `disabled_tools` is replaced (the registry and the
     request do not change within a turn)."""
     disabled = turn.disabled_tools
+    allowlist = turn.request.tools_allowed
+    if allowlist is None and not disabled:
+        return turn.registry.names  # the whole registry: one tuple shared by every turn
     cached = turn.allowed_tools
     if cached is not None and cached[0] is disabled:
         return cached[1]
-    allowlist = turn.request.tools_allowed
     allowed = tuple(
         name
         for name in turn.registry.names

@@ -43,13 +43,13 @@ class DeliveriesAndHostCalls:
         clock: Clock
         machine: ToolLoopMachine
         policy: LoopPolicy
-        _deliveries: list[Deliver]
+        _deliveries: list[Deliver] | None
         _delivery_task: asyncio.Task[None] | None
-        _host_calls: list[PostNotice | QueueStopResponse]
+        _host_calls: list[PostNotice | QueueStopResponse] | None
         _host_exception: BaseException | None
         _host_task: asyncio.Task[None] | None
         _last_activity: float
-        _outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded]
+        _outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded] | None
         _delivery_keys: str | None
         _pending_result: GenerationTurnResult | None
 
@@ -81,22 +81,23 @@ class DeliveriesAndHostCalls:
         later deliveries queue behind it, in order."""
         task = self._delivery_task
         if (task is not None and not task.done()) or self._deliveries or self._send_failed():
-            self._deliveries.append(effect)
+            self._waiting_deliveries().append(effect)
             return
         coroutine = self._send(effect)
         try:
             waiting_on = coroutine.send(None)
         except StopIteration:
             self._last_activity = self.clock.now()
-            self._outcomes.append(DeliveryRecorded(effect.seq))
+            self._report_later(DeliveryRecorded(effect.seq))
             return
         except (KeyboardInterrupt, SystemExit) as err:
             self._fail(err)
             return
         except BaseException as err:  # any failure of host code is the turn's `host_error`
             self._host_exception = err
-            self._outcomes.append(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
+            self._report_later(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
             return
+        self._waiting_deliveries()  # the worker takes the deliveries queued behind this one
         self._delivery_task = self._spawn(
             self._deliver_in_order(effect, _resume(coroutine, waiting_on)),
             "channel.send_expression" if effect.expression is not None else "channel.send_text",
@@ -105,7 +106,22 @@ class DeliveriesAndHostCalls:
     def _send_failed(self) -> bool:
         """A send of this batch already failed (the turn is about to end ``error``): the
         deliveries after it wait in line, and are never sent."""
-        return any(type(outcome) is DeliveryFailed for outcome in self._outcomes)
+        outcomes = self._outcomes
+        return outcomes is not None and any(type(outcome) is DeliveryFailed for outcome in outcomes)
+
+    def _waiting_deliveries(self) -> list[Deliver]:
+        deliveries = self._deliveries
+        if deliveries is None:
+            deliveries = self._deliveries = []
+        return deliveries
+
+    def _report_later(self, outcome: DeliveryRecorded | DeliveryFailed | StreamEnded) -> None:
+        """Queue an outcome, fed once the batch of effects that caused it is carried out."""
+        outcomes = self._outcomes
+        if outcomes is None:
+            self._outcomes = [outcome]
+        else:
+            outcomes.append(outcome)
 
     async def _deliver_in_order(
         self, first: Deliver, started: Awaitable[None] | None = None
@@ -113,7 +129,7 @@ class DeliveriesAndHostCalls:
         """Deliver in order, each send bounded by the host-call budget: a send that does not
         return ends the turn ``error`` (``host_timeout``), keeping every confirmed delivery;
         one that also ignores its cancellation is abandoned after the grace."""
-        deliveries = self._deliveries
+        deliveries = self._waiting_deliveries()
         effect: Deliver | None = first
         while effect is not None:
             seq = effect.seq
@@ -132,7 +148,7 @@ class DeliveriesAndHostCalls:
                 if not guard.expired:
                     raise  # the turn is over, or its caller was cancelled
                 guard.taken_back()
-                self._deliveries.clear()
+                deliveries.clear()
                 self._feed(DeliveryFailed(seq, self._overdue_message(name), timed_out=True))
                 return
             except (KeyboardInterrupt, SystemExit) as err:
@@ -167,6 +183,7 @@ class DeliveriesAndHostCalls:
         turn runs; after it, it is only named (a late notice cannot change how it ended)."""
         channel = self.channel
         calls = self._host_calls
+        assert calls is not None  # the worker is started for a call
         me = asyncio.current_task()
         try:
             while calls and self._host_task is me:

@@ -239,10 +239,13 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._signals_dirty = False
         self._stop_fed = False
         self._follow_ups_seen = 0
-        self._deliveries: list[Deliver] = []
+        # deliveries waiting behind a send that suspended, and outcomes to report after the
+        # batch that caused them: made on first use, as the other lists a turn may not need
+        self._deliveries: list[Deliver] | None = None
         self._delivery_task: asyncio.Task[None] | None = None
-        self._host_calls: list[PostNotice | QueueStopResponse] = []
-        self._outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded] = []
+        # made on first use, as the other lists a turn may never need
+        self._host_calls: list[PostNotice | QueueStopResponse] | None = None
+        self._outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded] | None = None
         self._depth = 0
         self._host_task: asyncio.Task[None] | None = None
         self._host_exception: BaseException | None = None
@@ -250,9 +253,9 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._tool_name = ""
         self._tool_grace: Any = None
         # code that ignored its cancellation past the grace: named, never awaited again
-        self._abandoned: list[str] = []
+        self._abandoned: list[str] | None = None
         # deliveries the channel confirmed after the machine had already finished
-        self._late_confirmed: list[int] = []
+        self._late_confirmed: list[int] | None = None
         # the result waits for the host's notices and stop message still on their way
         self._pending_result: GenerationTurnResult | None = None
         # who watches the turn (``None``: nothing; checked at lifecycle points, never per
@@ -300,6 +303,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     now=self.clock.now(),
                 )
             self._execute(opening)
+            del opening  # carried out: not kept for as long as the turn waits
             self._signals_dirty = True
             self._take_signals()
             # The turn's own task: read each pass's stream as the machine starts it, and
@@ -314,7 +318,9 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     pending = self._pending_stream
                     if pending is not None:
                         self._pending_stream = None
-                        await self._read_stream(*pending)
+                        # the read holds its request: this frame keeps nothing of it
+                        read, pending = self._read_stream(*pending), None
+                        await read
                         if self._interrupted:  # a provider swallowed the interruption
                             self._interrupted = False
                             main.uncancel()
@@ -409,6 +415,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         children = self._children
         if children is not None and task in children:
             children.remove(task)
+            if self._abandoned is None:
+                self._abandoned = []
             self._abandoned.append(name)
             self._records.abandoned(name, self.policy.cancel_grace)
 
@@ -424,7 +432,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         for task in (self._tool_task, self._delivery_task, self._review_task):
             if task is not None and not task.done():
                 task.cancel()
-        self._deliveries.clear()
+        if self._deliveries:
+            self._deliveries.clear()
         self._cancel_timers()
         self._finished = True
         if self._observation is not None:
@@ -435,7 +444,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         """Feed one event and carry out its effects; a failure ends the run with it."""
         if self._finished or self.machine.is_finished:
             if type(event) is DeliveryRecorded and event.seq is not None:
-                self._late_confirmed.append(event.seq)  # confirmed: it belongs in the result
+                # confirmed: it belongs in the result
+                if self._late_confirmed is None:
+                    self._late_confirmed = []
+                self._late_confirmed.append(event.seq)
             return
         if self._signals_dirty and type(event) is not DeliveryRecorded:
             # a signal that arrived before this event is taken first, in the state it met
@@ -503,10 +515,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             self._carry_out(effects)
         finally:
             self._depth -= 1
-        if self._depth == 0 and self._outcomes:
+        outcomes = self._outcomes
+        if self._depth == 0 and outcomes:
             # deliveries that completed at once are reported after the batch that issued
             # them, so every effect of a step is carried out before the next event
-            outcomes = self._outcomes
             while outcomes:
                 self._feed(outcomes.pop(0))
 
@@ -532,7 +544,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 # the pass reached the held-prose ceiling: the read stops here (its stream is
                 # closed as the read unwinds, aborting the request), and the pass ends
                 self._cancel_stream()
-                self._outcomes.append(StreamEnded())
+                self._report_later(StreamEnded())
             elif kind is RequestReview:
                 self._ask_reviewer(effect)  # type: ignore[arg-type]
             elif kind is CancelReview:
@@ -542,6 +554,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             elif kind is CancelTool:
                 self._cancel_tool()
             elif kind is PostNotice or kind is QueueStopResponse:
+                if self._host_calls is None:
+                    self._host_calls = []
                 self._host_calls.append(effect)  # type: ignore[arg-type]
                 self._ensure_host_worker()
             elif kind is Finish:
@@ -568,7 +582,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         if self._finished:
             return
         self._stream_generation += 1
-        self._deliveries.clear()
+        if self._deliveries:
+            self._deliveries.clear()
         host_task = self._host_task
         if host_task is not None and not host_task.done():
             # notices and the stop message are owed to the host: they finish first (each
@@ -648,12 +663,11 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         exhausted = False
         self._reading = True
         machine = self.machine
-        feed = machine.feed
         turn = machine.turn
         # the fast path, called from here without the hop through feed(): the handlers of
-        # the current state (kept current by the machine), and the effects they leave
+        # the current state (kept current by the machine), and the effects they leave (only
+        # what every chunk calls is held as a bound method: each costs every waiting turn)
         handler_for = machine.chunk_handlers.get
-        execute = self._execute
         now = self.clock.now
         try:
             async for chunk in stream:
@@ -664,31 +678,13 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                         handler(turn, chunk)
                         effects = machine.take_effects() if turn.effects else None
                     else:
-                        effects = feed(chunk, now=self._last_chunk)
+                        effects = machine.feed(chunk, now=self._last_chunk)
                 except BaseException as err:
-                    if type(chunk) not in CHUNK_TYPES:  # a provider bug: a failed pass
-                        self._feed(
-                            StreamFailed(
-                                f"the provider yielded {type(chunk).__name__}, not a chunk event",
-                                kind="protocol",
-                                retryable=True,
-                            )
-                        )
-                    elif isinstance(err, InvalidEvent | ValueError | TypeError):
-                        # a chunk the machine refuses (a malformed field, non-finite usage)
-                        # is the provider's protocol failure, not a crash of the turn
-                        self._feed(
-                            StreamFailed(
-                                f"the provider sent a malformed {type(chunk).__name__}: {err}",
-                                kind="protocol",
-                                retryable=True,
-                            )
-                        )
-                    else:
-                        self._fail(err)
+                    self._chunk_raised(chunk, err)
                     return
                 if effects:
-                    execute(effects)
+                    self._execute(effects)
+                    effects = None  # carried out: not kept while the read waits for a chunk
                     if generation != self._stream_generation:
                         return
                 if self._signals_dirty:
@@ -711,6 +707,31 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             self._feed(StreamEnded())
         if observation is not None:  # once: unless the end was fed, it is observed here
             observation.pass_ended(turn, None)
+
+    def _chunk_raised(self, chunk: object, err: BaseException) -> None:
+        """Taking ``chunk`` raised ``err``: the provider's protocol failure, or the turn's
+        own. (A method rather than inline in the read: every turn waiting on its provider
+        carries the read's frame, sized by its largest expression.)"""
+        if type(chunk) not in CHUNK_TYPES:  # a provider bug: a failed pass
+            self._feed(
+                StreamFailed(
+                    f"the provider yielded {type(chunk).__name__}, not a chunk event",
+                    kind="protocol",
+                    retryable=True,
+                )
+            )
+        elif isinstance(err, InvalidEvent | ValueError | TypeError):
+            # a chunk the machine refuses (a malformed field, non-finite usage) is the
+            # provider's protocol failure, not a crash of the turn
+            self._feed(
+                StreamFailed(
+                    f"the provider sent a malformed {type(chunk).__name__}: {err}",
+                    kind="protocol",
+                    retryable=True,
+                )
+            )
+        else:
+            self._fail(err)
 
     # ------------------------------------------------------------------ the reviewer
     def _ask_reviewer(self, effect: RequestReview) -> None:
@@ -934,7 +955,7 @@ async def resume_tool_loop(
     )  # fmt: skip
 
 
-async def _run_loop(
+def _run_loop(
     provider: Provider,
     tools: ToolRegistry | Iterable[Tool],
     channel: Channel,
@@ -949,7 +970,9 @@ async def _run_loop(
     observer: TurnObserver | None,
     reviewer: Reviewer | None,
     on_snapshot: Callable[[TurnSnapshot], None] | None,
-) -> GenerationTurnResult:
+) -> Coroutine[Any, Any, GenerationTurnResult]:
+    """The turn's run, for the caller to await. An unobserved turn is the pump's own run,
+    not a coroutine awaiting it: one frame less for every turn waiting on its provider."""
     records = _TOOL_LOOP_RECORDS
     machine = ToolLoopMachine(
         policy,
@@ -972,7 +995,14 @@ async def _run_loop(
     )
     run = pump.run(request, continuation_style=continuation_style, resume_from=resume_from)
     if observation is None:
-        return await run
+        return run
+    return _observed(run, observation, provider)
+
+
+async def _observed(
+    run: Coroutine[Any, Any, GenerationTurnResult], observation: Observation, provider: Provider
+) -> GenerationTurnResult:
+    """``run`` with its start, its end or its abort shown to the turn's observers."""
     observation.for_provider(provider)
     observation.turn_started("tool_loop")
     try:

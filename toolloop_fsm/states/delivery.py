@@ -36,7 +36,11 @@ def flush_buffer(turn: TurnState, *, mid_stream: bool = False) -> None:
     if start >= len(parts):
         return
     text = "".join(parts[start:])
-    turn.buffer_start = len(parts)
+    # the pieces give way to their joined text, which the delivery record shares: a pass
+    # keeps one copy of what it delivered, not the pieces and the copy
+    del parts[start:]
+    parts.append(text)
+    turn.buffer_start = start + 1
     turn.buffer_len = 0
     if turn.suppress_text:
         return

@@ -54,13 +54,9 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
     turn.ignored_calls = None
     turn.outcome = None
     turn.current_call_key = None
-    registry = turn.registry
-    tools = tuple(
-        spec for name in allowed_tool_names(turn) if (spec := registry.spec(name)) is not None
-    )
     request = ProviderRequest(
         context=tuple(turn.context),
-        tools=tools,
+        tools=turn.registry.specs(allowed_tool_names(turn)),
         history=tuple(turn.history or ()),
         prefill=turn.prefill,
         max_output=turn.request.max_output,
