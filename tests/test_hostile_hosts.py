@@ -310,6 +310,30 @@ async def test_a_tool_that_mutates_its_arguments_leaves_the_history_as_the_model
     assert turn.provider.requests[1].history[0].call.arguments == sent
 
 
+async def test_a_tool_that_mutates_flat_arguments_leaves_the_history_as_the_model_sent_it() -> None:
+    # arguments of strings, numbers, flags and nulls only: the tool's copy is a plain one
+    sent = {"city": "Oslo", "days": 2, "metric": True, "note": None, "ratio": 0.5}
+    policy = LoopPolicy(delivery_flush_chars=1)
+    turn, _channel, stragglers = hostile_turn(
+        [[FunctionCall("get_weather", dict(sent))], [TextDelta("Mild.")]], policy
+    )
+
+    async def careless(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        arguments["city"] = "Paris"
+        arguments["days"] = 7
+        del arguments["note"]
+        arguments["injected"] = True
+        return ToolResult(data={"ok": True})
+
+    tool = make_tool("get_weather", turn.executions, turn.clock, careless)
+
+    result = await guarded(turn, [tool], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    assert result.history[0].call.arguments == sent
+    assert turn.provider.requests[1].history[0].call.arguments == sent
+
+
 # --------------------------------------------------------------------------- signals
 async def test_a_stop_requested_from_another_thread_stops_the_turn_at_that_instant() -> None:
     policy = LoopPolicy(tool_timeout=300, delivery_flush_chars=1)

@@ -80,6 +80,20 @@ async def test_a_turn_without_an_id_is_given_a_fresh_one_used_for_every_key() ->
     assert channel.keys == [f"{result.turn_id}:1:0", f"{result.turn_id}:1:1"]
 
 
+async def test_a_turn_given_a_fresh_id_keeps_everything_else_its_request_asked() -> None:
+    clock = VirtualClock()
+    provider = ScriptedProvider([[TextDelta("Hello.")]], clock=clock)
+    request = TurnRequest(
+        USER, tools_allowed=[], prefill="Sure", thought_log_owner="reader", max_output=50
+    )
+    result = await run_tool_loop(provider, [], Keyless(), request, clock=clock)
+    assert result.turn_id is not None and len(result.turn_id) == 32
+    assert result.thought_log_owner == "reader"
+    sent = provider.requests[0]
+    assert (tuple(sent.context), sent.prefill, sent.max_output) == (tuple(USER), "Sure", 50)
+    assert request.turn_id is None  # the host's request is left as it was
+
+
 async def test_keys_of_a_generation_turn_name_the_attempt_that_delivered() -> None:
     clock = VirtualClock()
     failing = ScriptedProvider(

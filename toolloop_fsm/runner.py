@@ -60,6 +60,7 @@ class Stateful(Protocol):
 
 ModelT = TypeVar("ModelT", bound=Stateful)
 _NO_HANDLERS: dict[type, Action] = {}
+_NO_STEPS: dict[str, tuple[Any, ...]] = {}
 
 
 @frozen
@@ -70,6 +71,8 @@ class StepTables:
     fast_path: Mapping[str, Mapping[type, Action]]
     fast_path_ids: Mapping[tuple[str, type], str]
     plain: Mapping[tuple[str, str], tuple[Action, str]]
+    #: ``steps`` by state, then trigger: what `CompiledRunner.fire` looks up (no key to build)
+    by_state: Mapping[str, Mapping[str, tuple[Step, ...]]]
 
 
 @cache
@@ -99,11 +102,15 @@ def compile_steps(declaration: MachineDeclaration) -> StepTables:
             fast_path_ids[(source, event_class)] = ident
         if source not in declaration.transient_states:
             plain_steps[(source, trigger)] = (action, ident)
+    by_state: dict[str, dict[str, tuple[Step, ...]]] = {}
+    for (source, trigger), options in steps.items():
+        by_state.setdefault(source, {})[trigger] = tuple(options)
     return StepTables(
         steps={key: tuple(options) for key, options in steps.items()},
         fast_path=fast_path,
         fast_path_ids=fast_path_ids,
         plain=plain_steps,
+        by_state=by_state,
     )
 
 
@@ -184,7 +191,7 @@ class Runner(ABC, Generic[ModelT]):
 class CompiledRunner(Runner[ModelT]):
     """Takes steps from the compiled tables, and hands stream chunks the fast path."""
 
-    __slots__ = ("last_plain", "plain", "tables")
+    __slots__ = ("last_plain", "plain", "tables", "transient")
 
     def __init__(
         self, declaration: MachineDeclaration, *, on_step: Callable[[TraceStep], None] | None
@@ -192,6 +199,7 @@ class CompiledRunner(Runner[ModelT]):
         super().__init__(declaration, on_step=on_step)
         self.tables = compile_steps(declaration)
         self.plain = self.tables.plain
+        self.transient = declaration.transient_states
         #: the last step a plain transition recorded: an equal next one (same state,
         #: trigger and time) shares it
         self.last_plain: TraceStep | None = None
@@ -211,22 +219,46 @@ class CompiledRunner(Runner[ModelT]):
         self.record(model, step, ident)
         return True
 
+    def fire(self, model: ModelT, trigger: str, event: object) -> None:
+        # `Runner.fire` with its lookups flattened: a turn takes a few dozen full steps, and
+        # these per-step costs were a tenth of a tool round
+        before = model.state
+        if self.take_plain(model, before, trigger, event):
+            return
+        by_state = self.tables.by_state
+        model.current_event = event
+        taken = _take(model, by_state.get(before, _NO_STEPS).get(trigger), event)
+        if taken is None:
+            model.current_event = None  # a refused event leaves no trace on the model
+            raise InvalidEvent(self.declaration.name, before, event)
+        at = model.step_time
+        coverage = self.coverage
+        on_step = self.on_step
+        trace = model.trace
+        state = model.state
+        step = TraceStep(before, trigger, state, guard=taken[0], at=at)
+        while True:
+            if coverage is not None:
+                coverage.add(taken[1])
+            trace.append(step)
+            if on_step is not None:
+                on_step(step)
+            if state not in self.transient:
+                break
+            source = state
+            taken = _take(model, by_state[source].get("advance"), None)
+            if taken is None:
+                raise InvalidEvent(self.declaration.name, source, "advance", "no guard matched")
+            state = model.state
+            step = TraceStep(source, "advance", state, guard=taken[0], at=at)
+        model.current_event = None
+        if state != before:  # the handlers depend on the state only
+            fast = self.fast
+            fast.clear()
+            fast.update(self.fast_handlers(state))
+
     def take(self, model: ModelT, trigger: str, event: object) -> Taken | None:
-        options = self.tables.steps.get((model.state, trigger))
-        if options is None:
-            return None
-        for guard, ending, action, dest, on_enter, guard_name, ident in options:
-            if guard is None or guard(model):
-                if ending is not None:
-                    ending.decide(model)
-                if action is not None:
-                    action(model, event)
-                if dest is not None:
-                    model.state = dest
-                    for enter in on_enter:
-                        enter(model, event)
-                return guard_name, ident
-        return None
+        return _take(model, self.tables.steps.get((model.state, trigger)), event)
 
     def fast_handlers(self, state: str) -> Mapping[type, Action]:
         handlers = self.tables.fast_path.get(state, _NO_HANDLERS)
@@ -239,6 +271,25 @@ class CompiledRunner(Runner[ModelT]):
             event_class: _recording(handler, coverage, ids[(state, event_class)])
             for event_class, handler in handlers.items()
         }
+
+
+def _take(model: Any, options: tuple[Step, ...] | None, event: object) -> Taken | None:
+    """The first of ``options`` whose guard holds, taken: its ending decided, its action,
+    the state change and the entry callbacks; ``None`` when no guard holds."""
+    if options is None:
+        return None
+    for guard, ending, action, dest, on_enter, guard_name, ident in options:
+        if guard is None or guard(model):
+            if ending is not None:
+                ending.decide(model)
+            if action is not None:
+                action(model, event)
+            if dest is not None:
+                model.state = dest
+                for enter in on_enter:
+                    enter(model, event)
+            return guard_name, ident
+    return None
 
 
 class DeclaredMachine(Generic[ModelT]):

@@ -48,10 +48,15 @@ def canonical_call_key(name: str, arguments: Any) -> str:
     A model's call ids change between attempts, so they cannot identify a call.
     """
     try:
-        canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        canonical = _CANONICAL_JSON.encode(arguments)
     except (TypeError, ValueError):
         canonical = repr(arguments)
     return f"{name}:{canonical}"
+
+
+#: What `json.dumps` builds on every call when given options, built once (it keeps no state
+#: between calls): a call key is computed for every tool call
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def call_key_of_pending(turn: TurnState, call: FunctionCall) -> str:

@@ -47,14 +47,15 @@ def should_end_after_pre_tool_text(turn: TurnState) -> bool:
         return False
     if turn.pre_tool_text is None or not turn.pre_tool_text.strip():
         return False
-    view = exit_view(turn)
-    if turn.policy.end_after_pre_tool_text is not None:
-        return bool(turn.policy.end_after_pre_tool_text(view))
-    if view.requires_follow_up:
+    policy = turn.policy
+    if policy.end_after_pre_tool_text is not None:
+        return bool(policy.end_after_pre_tool_text(exit_view(turn)))
+    # the default rule reads the same facts as the view, without building it (every round)
+    name = turn.last_tool or ""
+    tool = turn.registry.get(name)
+    if tool is None or tool.requires_follow_up:
         return False  # even a member of the suppress set continues when it needs a follow-up
-    return view.tool_name in turn.policy.suppress_followup_after_pre_tool_text or (
-        view.continuation_style
-    )
+    return name in policy.suppress_followup_after_pre_tool_text or turn.continuation_style
 
 
 def pass_has_text(turn: TurnState) -> bool:

@@ -19,7 +19,6 @@ synchronously on the loop's one thread, so the machine never sees two events at 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import uuid
 from collections.abc import (
@@ -313,18 +312,28 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             # rather than a method: one frame less for every turn waiting on its provider.)
             main = self._main
             assert main is not None
+            yielded = False
             while not self._finished:
                 try:
                     pending = self._pending_stream
                     if pending is not None:
                         self._pending_stream = None
+                        yielded = False
                         # the read holds its request: this frame keeps nothing of it
                         read, pending = self._read_stream(*pending), None
                         await read
                         if self._interrupted:  # a provider swallowed the interruption
                             self._interrupted = False
                             main.uncancel()
+                    elif not yielded:
+                        # a tool dispatched by the pass just read takes its first step
+                        # before this task's next one: a tool that finishes there has
+                        # started the next pass, read without waiting on a future (one
+                        # pass of the event loop less per tool round)
+                        yielded = True
+                        await asyncio.sleep(0)
                     else:
+                        yielded = False
                         self._wake = asyncio.get_running_loop().create_future()
                         await self._wake
                 except asyncio.CancelledError:
@@ -814,10 +823,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         if tool is None:  # the machine only dispatches registered tools; keep it a value
             event = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
         else:
-            try:
-                arguments = copy.deepcopy(dict(effect.arguments))
-            except Exception:  # arguments come from JSON; a host-built oddity is shallow-copied
-                arguments = dict(effect.arguments)
+            arguments = _own_copy(effect.arguments)
             ctx = ToolContext(
                 effect.name,
                 effect.dispatch,
@@ -838,6 +844,24 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             if self._observation is not None:
                 self._observation.tool_finished(event)
             self._feed(event)
+
+
+#: Values `copy.deepcopy` returns as they are: arguments made only of these need no deep copy.
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+def _own_copy(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool's own copy of a call's arguments: what `copy.deepcopy` makes of them. Most
+    calls are flat JSON objects of strings and numbers, which a plain copy copies as deeply
+    (and several times faster)."""
+    copied = dict(arguments)
+    for key, value in copied.items():
+        if type(key) not in _ATOMS or type(value) not in _ATOMS:
+            try:
+                return copy.deepcopy(copied)
+            except Exception:  # arguments come from JSON; a host-built oddity is shallow-copied
+                return copied
+    return copied
 
 
 async def _tapped(stream: AsyncIterator[Any], observation: Observation) -> AsyncIterator[Any]:
@@ -873,10 +897,14 @@ def _stream_failure(err: Exception) -> StreamFailed:
 
 async def _close_stream(stream: AsyncIterator[Any]) -> None:
     aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        # closing an async generator that is still running elsewhere raises RuntimeError
-        with contextlib.suppress(RuntimeError):
-            await aclose()
+    if aclose is None:
+        return
+    # closing an async generator that is still running elsewhere raises RuntimeError (caught
+    # here rather than by contextlib.suppress: a context manager less for every pass)
+    try:
+        await aclose()
+    except RuntimeError:
+        return
 
 
 async def run_tool_loop(
@@ -906,13 +934,29 @@ async def run_tool_loop(
     (before each pass); `resume_tool_loop` continues the turn from one. An exception from
     it ends the run and is raised from it, as one from ``on_step`` is.
     """
-    if request.turn_id is None:
-        request = attrs.evolve(request, turn_id=uuid.uuid4().hex)
+    request = named_turn(request)
     return await _run_loop(
         provider, tools, channel, request, None,
         policy=policy, signals=signals, clock=clock, continuation_style=continuation_style,
         on_step=on_step, observer=observer, reviewer=reviewer, on_snapshot=on_snapshot,
     )  # fmt: skip
+
+
+def named_turn(request: TurnRequest) -> TurnRequest:
+    """``request``, named with a fresh ``turn_id`` unless it names its turn. Its other fields
+    were converted and checked when it was built, so they are copied as they are:
+    `attrs.evolve` would convert and check them all again (the whole context, every turn).
+    A subclass of `TurnRequest` is evolved."""
+    if request.turn_id is not None:
+        return request
+    turn_id = uuid.uuid4().hex
+    if type(request) is not TurnRequest:
+        return attrs.evolve(request, turn_id=turn_id)
+    named = object.__new__(TurnRequest)
+    for field in attrs.fields(TurnRequest):
+        object.__setattr__(named, field.name, getattr(request, field.name))
+    object.__setattr__(named, "turn_id", turn_id)
+    return named
 
 
 async def resume_tool_loop(

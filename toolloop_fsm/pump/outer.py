@@ -7,7 +7,6 @@ import asyncio
 import collections
 import contextlib
 import inspect
-import uuid
 from collections.abc import (
     Awaitable,
     Callable,
@@ -52,7 +51,7 @@ from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.providers._secrecy import fragment_pattern, redact
 from toolloop_fsm.pump.deliveries import _resolve, wait_bounded
-from toolloop_fsm.pump.inner import EventPump
+from toolloop_fsm.pump.inner import EventPump, named_turn
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords
 from toolloop_fsm.pump.redaction import RedactedError, Secrets, _scrub, may_hold_key
@@ -498,8 +497,7 @@ async def run_generation_turn(
     continues the turn from one. An exception from it ends the run and is raised from it,
     as one from ``on_step`` is.
     """
-    if request.turn_id is None:
-        request = attrs.evolve(request, turn_id=uuid.uuid4().hex)
+    request = named_turn(request)
     return await _run_chain(
         attempts, tools, channel, request, None,
         policy=policy, signals=signals, clock=clock, shared_route=shared_route,
