@@ -380,6 +380,13 @@ def _fuzz(args: argparse.Namespace) -> int:
     name = args.policy or "the default policy"
     print(f"fuzzed {name} ({args.tier} tier): {report.examples} examples in "
           f"{report.seconds:.1f} s, {report.rate:,.0f} examples/s")  # fmt: skip
+    # an example here is a turn, not a Hypothesis example: say what the rate counts
+    batching = (
+        f"Hypothesis drew them as compact seeds, up to {report.batch_size} per Hypothesis example"
+        if report.batch_size > 1
+        else "one per Hypothesis example"
+    )
+    print(f"an example is one whole simulated turn, generated, run and checked ({batching})")
     print(f"transition coverage: {fired}/{declared} declared transitions fired")
     if report.failure is None:
         print("no invariant broke")
