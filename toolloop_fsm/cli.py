@@ -396,6 +396,8 @@ def _fuzz(args: argparse.Namespace) -> int:
     print(f"\nshortest failing trace ({len(failure.trace)} steps):")
     print(trace_table(failure.trace) if failure.trace else "  (the turn failed before any step)")
     print(f"\nshortest failing example:\n  {failure.example}")
+    if failure.batch > 1:
+        print(f"  (turn {failure.turn} of the {failure.batch} its Hypothesis example still held)")
     rerun = f"toolloop-fsm fuzz --tier {args.tier} --seed {report.seed} --examples {args.examples}"
     if args.policy:
         rerun += f" --policy {args.policy}"

@@ -96,11 +96,17 @@ def load_policy(spec: str, tier: str) -> LoopPolicy | TurnPolicy:
 
 @frozen
 class FuzzFailure:
-    """The shortest failing example Hypothesis found."""
+    """The shortest failing example Hypothesis found: the failing turn's message, trace and
+    value (``example``), the turn's compact ``seed`` (inner tier; ``None`` for a chain), and
+    where it stood in its Hypothesis example: turn ``turn`` of ``batch`` (shrinking leaves
+    one turn, unless the batch stopped shrinking early)."""
 
     message: str
     trace: tuple[TraceStep, ...]
     example: str
+    seed: bytes | None = None
+    turn: int = 1
+    batch: int = 1
 
 
 @frozen
@@ -220,30 +226,36 @@ def fuzz(
         raise FuzzSetupError(f"--tier is inner or outer, got {tier!r}")
 
     ticker = _Progress(progress)
-    failures: list[tuple[str, tuple[TraceStep, ...], str]] = []
+    failures: list[FuzzFailure] = []
     hung: list[str] = []
     loop = asyncio.new_event_loop()
     fired: set[str] = set()
     previous = Coverage.fired
 
-    def run_turn(case: Any) -> None:
+    def run_turn(case: Any, turn: int, batch: int) -> None:
         ticker.tick()
-        turn = tier_run.expand(case)
+        value = tier_run.expand(case)
         steps: list[TraceStep] = []
         # once one turn hung, shrinking needs only to see which ones still reach the hang
         limit = time_limit if not hung else min(time_limit, HUNG_SHRINK_LIMIT)
         try:
             with _time_limit(limit):
-                loop.run_until_complete(tier_run.run(turn, steps.append))
-        except ExampleTimeLimitExceeded as err:
-            hung.append(str(err))
-            message = hung[0]  # the first report names the full limit
-            failures.append((f"{type(err).__name__}: {message}", tuple(steps),
-                             tier_run.describe(case, turn)))  # fmt: skip
-            raise
+                loop.run_until_complete(tier_run.run(value, steps.append))
         except Exception as err:
-            failures.append((f"{type(err).__name__}: {err}", tuple(steps),
-                             tier_run.describe(case, turn)))  # fmt: skip
+            message = str(err)
+            if isinstance(err, ExampleTimeLimitExceeded):
+                hung.append(message)
+                message = hung[0]  # the first report names the full limit
+            failures.append(
+                FuzzFailure(
+                    f"{type(err).__name__}: {message}",
+                    tuple(steps),
+                    tier_run.describe(case, value),
+                    seed=case if isinstance(case, bytes) else None,
+                    turn=turn,
+                    batch=batch,
+                )
+            )
             raise
 
     def one_round(round_seed: Hashable, batches: int) -> None:
@@ -261,10 +273,10 @@ def fuzz(
         def property_holds(batch: Sequence[Any]) -> None:
             # the turns run in order; the first that fails fails the batch (and Hypothesis
             # shrinks the batch to it). Shrinking replays batches whatever the budget.
-            for case in batch:
+            for turn, case in enumerate(batch, 1):
                 if ticker.count >= examples and not failures:
                     return
-                run_turn(case)
+                run_turn(case, turn, len(batch))
 
         property_holds()
 
@@ -287,8 +299,7 @@ def fuzz(
         if not failures:
             raise FuzzSetupError(f"the fuzz run itself failed: {err!r}") from err
         # Hypothesis replays the shortest failing example last
-        message, trace, example = failures[-1]
-        failure = FuzzFailure(message, trace, example)
+        failure = failures[-1]
     finally:
         Coverage.fired = previous
         loop.close()
