@@ -38,7 +38,6 @@ from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock
 from toolloop_fsm.testing.hostile import (
     HostileChannel,
-    HostileItem,
     HostileProvider,
     RogueBaseException,
     Stragglers,
@@ -124,9 +123,10 @@ class ScriptRun:
 
 class _TapProvider:
     """Wraps the scripted provider and records every chunk it actually yields, per pass
-    (what the provider *reported*, independent of what the engine did with it). A call is
-    recorded with a deep copy of its arguments: a tool that mutates the arguments it was
-    handed must not rewrite the witness."""
+    (what the provider *reported*, independent of what the engine did with it). The engine
+    is handed a call with a deep copy of its arguments, the record keeps the script's own:
+    a tool that mutates the arguments it was handed rewrites neither the witness nor the
+    drawn script (and the shared menus it came from)."""
 
     def __init__(self, inner: HostileProvider) -> None:
         self.inner = inner
@@ -142,8 +142,8 @@ class _TapProvider:
     async def _tap(self, source: AsyncIterator[Chunk], chunks: list[Chunk]) -> AsyncIterator[Chunk]:
         try:
             async for chunk in source:
-                chunks.append(_snapshot(chunk))
-                yield chunk
+                chunks.append(chunk)
+                yield _snapshot(chunk)
         finally:
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
@@ -223,12 +223,6 @@ def _copied(value: Any) -> Any:
     if kind in _ATOMS:
         return value
     return copy.deepcopy(value)
-
-
-def _fresh(passes: Sequence[Sequence[HostileItem]]) -> list[tuple[HostileItem, ...]]:
-    """The script's passes with every call's arguments copied: the drawn script (and the
-    shared menus it came from) stay as drawn whatever a tool does to its arguments."""
-    return [tuple(_snapshot(i) if isinstance(i, FunctionCall) else i for i in p) for p in passes]
 
 
 class _ScriptedTools:
@@ -414,7 +408,7 @@ async def run_script(
     stragglers = Stragglers()
     executions: list[ToolExecution] = []
     provider = HostileProvider(
-        _fresh(script.passes),
+        script.passes,
         clock=clock,
         api_key=script.provider_key,
         inactivity_timeout=policy.inactivity_timeout,
@@ -467,10 +461,13 @@ async def run_script(
         library_logger.addHandler(capture)
         library_logger.setLevel(logging.DEBUG)
     loop = asyncio.get_running_loop()
+    # before any task is made or timer armed: the clock's jumper, and the timer callbacks it
+    # runs (a review deadline dispatches a tool), inherit the context of the first task to
+    # arm a timer
+    running_tools = _RUNNING.set(_ScriptedTools(script, clock, signals, executions, stragglers))
     # strong references: the loop itself only keeps tasks weakly
     senders = [loop.create_task(send(signal)) for signal in script.signals]
     started = clock.now()
-    running_tools = _RUNNING.set(_ScriptedTools(script, clock, signals, executions, stragglers))
     try:
         turn = _turn(
             script, tap, tools, channel, request, policy, signals, clock, on_step, reviewer

@@ -530,11 +530,15 @@ def _sampled_lists(menu: Sequence[_T], min_size: int, max_size: int) -> st.Searc
 def built(build: Callable[..., _T], *args: Any) -> st.SearchStrategy[_T]:
     """The Hypothesis strategy drawing ``build(choices, *args)``."""
 
-    @st.composite
-    def values(draw: st.DrawFn) -> _T:
+    # Hypothesis labels a composite strategy by its function's code and defaults, and its
+    # generator splices spans of one label into others: the builder's name and arguments,
+    # as a default, give each builder (and size) a label of its own.
+    def values(
+        draw: st.DrawFn, _label: tuple[str, tuple[Any, ...]] = (build.__qualname__, args)
+    ) -> _T:
         return build(_Drawn(draw), *args)
 
-    return values()
+    return st.composite(values)()
 
 
 # --------------------------------------------------------------------------- builders
