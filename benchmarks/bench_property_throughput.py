@@ -91,23 +91,22 @@ def split(turns: int, seed_value: int) -> dict[str, float]:
     scripts = [turn_from_seed(s) for s in seeds]
     parts["expanding them"] = time.perf_counter() - started
     policy = LoopPolicy()
+    parts["running"] = parts["checking"] = 0.0
 
-    async def run_all(check: bool) -> None:
+    async def run_all() -> None:
+        clock = time.perf_counter
         for script in scripts:
+            started = clock()
             run = await run_script(script, policy)
-            if check:
-                run.check()
+            checked = clock()
+            run.check()
+            parts["running"] += checked - started
+            parts["checking"] += clock() - checked
 
     loop = asyncio.new_event_loop()
     try:
         gc.collect()
-        started = time.perf_counter()
-        loop.run_until_complete(run_all(False))
-        parts["running"] = time.perf_counter() - started
-        gc.collect()
-        started = time.perf_counter()
-        loop.run_until_complete(run_all(True))
-        parts["checking"] = time.perf_counter() - started - parts["running"]
+        loop.run_until_complete(run_all())
     finally:
         loop.close()
     return {part: seconds / len(seeds) * 1e6 for part, seconds in parts.items()}
