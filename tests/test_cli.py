@@ -520,6 +520,20 @@ def test_fuzz_default_policy_passes() -> None:
     assert "FAILED" not in proc.stdout
 
 
+def test_fuzz_says_an_example_is_a_whole_turn_and_counts_exactly_the_turns_asked() -> None:
+    proc = run("fuzz", "--examples", "150", "--seed", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"\b150 examples in [\d.]+ s, [\d,]+ examples/s$", proc.stdout, re.MULTILINE)
+    assert re.search(
+        r"^an example is one whole simulated turn, generated, run and checked \(Hypothesis "
+        r"drew them as compact seeds, up to \d+ per Hypothesis example\)$",
+        proc.stdout,
+        re.MULTILINE,
+    )
+    again = run("fuzz", "--examples", "150", "--seed", "2")
+    assert _coverage(again.stdout) == _coverage(proc.stdout)  # --seed reproduces the run
+
+
 def test_fuzz_outer_tier_passes() -> None:
     proc = run("fuzz", "--tier", "outer", "--examples", "40", "--seed", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -380,6 +380,13 @@ def _fuzz(args: argparse.Namespace) -> int:
     name = args.policy or "the default policy"
     print(f"fuzzed {name} ({args.tier} tier): {report.examples} examples in "
           f"{report.seconds:.1f} s, {report.rate:,.0f} examples/s")  # fmt: skip
+    # an example here is a turn, not a Hypothesis example: say what the rate counts
+    batching = (
+        f"Hypothesis drew them as compact seeds, up to {report.batch_size} per Hypothesis example"
+        if report.batch_size > 1
+        else "one per Hypothesis example"
+    )
+    print(f"an example is one whole simulated turn, generated, run and checked ({batching})")
     print(f"transition coverage: {fired}/{declared} declared transitions fired")
     if report.failure is None:
         print("no invariant broke")
@@ -389,6 +396,8 @@ def _fuzz(args: argparse.Namespace) -> int:
     print(f"\nshortest failing trace ({len(failure.trace)} steps):")
     print(trace_table(failure.trace) if failure.trace else "  (the turn failed before any step)")
     print(f"\nshortest failing example:\n  {failure.example}")
+    if failure.batch > 1:
+        print(f"  (turn {failure.turn} of the {failure.batch} its Hypothesis example still held)")
     rerun = f"toolloop-fsm fuzz --tier {args.tier} --seed {report.seed} --examples {args.examples}"
     if args.policy:
         rerun += f" --policy {args.policy}"

@@ -6,6 +6,14 @@ the invariants of docs/invariants.md. An invariant that breaks — or policy cod
 shrunk by Hypothesis to the shortest failing example, reported with its trace and the seed
 that reproduces it. Needs Hypothesis (``pip install "toolloop-fsm[test]"``).
 
+The inner tier has Hypothesis draw a batch of compact seeds per Hypothesis example
+(`toolloop_fsm.testing.seeds`), each expanded in plain Python into the script
+`turn_scripts()` would build: Hypothesis's own cost per example is shared by the batch, so
+the turns a second are not bound by it. The turns of a batch run in order on one event loop,
+each under the time limit; the first that fails fails the batch, and Hypothesis shrinks the
+batch to that one turn and its seed to the simplest that still fails. The outer tier draws
+one chain per example with `generation_chains()`.
+
 A policy with drafting or the tool checkpoint on is fuzzed with a scripted reviewer whose
 answers are drawn too (passes, revisions, no verdict, hangs, raises, slow answers);
 ``drafting=True`` fuzzes any policy that way, with drafting and the checkpoint switched on.
@@ -21,7 +29,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from types import FrameType
 from typing import Any
 
@@ -88,11 +96,17 @@ def load_policy(spec: str, tier: str) -> LoopPolicy | TurnPolicy:
 
 @frozen
 class FuzzFailure:
-    """The shortest failing example Hypothesis found."""
+    """The shortest failing example Hypothesis found: the failing turn's message, trace and
+    value (``example``), the turn's compact ``seed`` (inner tier; ``None`` for a chain), and
+    where it stood in its Hypothesis example: turn ``turn`` of ``batch`` (shrinking leaves
+    one turn, unless the batch stopped shrinking early)."""
 
     message: str
     trace: tuple[TraceStep, ...]
     example: str
+    seed: bytes | None = None
+    turn: int = 1
+    batch: int = 1
 
 
 @frozen
@@ -103,6 +117,8 @@ class FuzzReport:
     declared: tuple[str, ...]
     seed: int
     failure: FuzzFailure | None = None
+    #: the most turns one Hypothesis example carried (1: an example per turn)
+    batch_size: int = 1
 
     @property
     def rate(self) -> float:
@@ -196,7 +212,7 @@ def fuzz(
         declared = machine.DECLARATION.transition_ids
         if drafting:
             policy = attrs.evolve(policy, drafting=True, review_tool_calls=True)
-        strategy, run_example = _inner(policy)
+        tier_run = _inner(policy)
     elif tier == "outer":
         from toolloop_fsm import generation
 
@@ -205,56 +221,85 @@ def fuzz(
         if drafting:
             reviewed = attrs.evolve(policy.loop, drafting=True, review_tool_calls=True)
             policy = attrs.evolve(policy, loop=reviewed)
-        strategy, run_example = _outer(policy)
+        tier_run = _outer(policy)
     else:
         raise FuzzSetupError(f"--tier is inner or outer, got {tier!r}")
 
     ticker = _Progress(progress)
-    failures: list[tuple[str, tuple[TraceStep, ...], str]] = []
+    failures: list[FuzzFailure] = []
     hung: list[str] = []
     loop = asyncio.new_event_loop()
     fired: set[str] = set()
     previous = Coverage.fired
 
-    @settings(
-        max_examples=examples,
-        database=None,
-        deadline=None,
-        derandomize=False,
-        print_blob=False,
-        suppress_health_check=list(HealthCheck),
-        phases=(Phase.generate, Phase.shrink),
-    )
-    @seeded(seed)
-    @given(strategy)
-    def property_holds(example: Any) -> None:
+    def run_turn(case: Any, turn: int, batch: int) -> None:
         ticker.tick()
+        value = tier_run.expand(case)
         steps: list[TraceStep] = []
-        # once one example hung, shrinking needs only to see which ones still reach the hang
+        # once one turn hung, shrinking needs only to see which ones still reach the hang
         limit = time_limit if not hung else min(time_limit, HUNG_SHRINK_LIMIT)
         try:
             with _time_limit(limit):
-                loop.run_until_complete(run_example(example, steps.append))
-        except ExampleTimeLimitExceeded as err:
-            hung.append(str(err))
-            message = hung[0]  # the first report names the full limit
-            failures.append((f"{type(err).__name__}: {message}", tuple(steps), repr(example)))
-            raise
+                loop.run_until_complete(tier_run.run(value, steps.append))
         except Exception as err:
-            failures.append((f"{type(err).__name__}: {err}", tuple(steps), repr(example)))
+            message = str(err)
+            if isinstance(err, ExampleTimeLimitExceeded):
+                hung.append(message)
+                message = hung[0]  # the first report names the full limit
+            failures.append(
+                FuzzFailure(
+                    f"{type(err).__name__}: {message}",
+                    tuple(steps),
+                    tier_run.describe(case, value),
+                    seed=case if isinstance(case, bytes) else None,
+                    turn=turn,
+                    batch=batch,
+                )
+            )
             raise
+
+    def one_round(round_seed: Hashable, batches: int) -> None:
+        @settings(
+            max_examples=batches,
+            database=None,
+            deadline=None,
+            derandomize=False,
+            print_blob=False,
+            suppress_health_check=list(HealthCheck),
+            phases=(Phase.generate, Phase.shrink),
+        )
+        @seeded(round_seed)
+        @given(tier_run.batches)
+        def property_holds(batch: Sequence[Any]) -> None:
+            # the turns run in order; the first that fails fails the batch (and Hypothesis
+            # shrinks the batch to it). Shrinking replays batches whatever the budget.
+            for turn, case in enumerate(batch, 1):
+                if ticker.count >= examples and not failures:
+                    return
+                run_turn(case, turn, len(batch))
+
+        property_holds()
 
     started = time.perf_counter()
     Coverage.fired = fired
     failure: FuzzFailure | None = None
+    rounds = 0
     try:
-        property_holds()
+        # A batch carries 1 to `tier_run.most` turns (as many as half that on average), so
+        # the batches one run of Hypothesis needs are only estimated: a round that falls
+        # short of the examples asked for is followed by another, seeded from the same seed.
+        while ticker.count < examples:
+            before = ticker.count
+            batches = -(-(examples - before) // tier_run.mean) + 1
+            one_round(seed if rounds == 0 else f"{seed}/{rounds}", batches)
+            rounds += 1
+            if ticker.count == before:
+                break
     except Exception as err:
         if not failures:
             raise FuzzSetupError(f"the fuzz run itself failed: {err!r}") from err
         # Hypothesis replays the shortest failing example last
-        message, trace, example = failures[-1]
-        failure = FuzzFailure(message, trace, example)
+        failure = failures[-1]
     finally:
         Coverage.fired = previous
         loop.close()
@@ -265,30 +310,71 @@ def fuzz(
         declared=declared,
         seed=seed,
         failure=failure,
+        batch_size=tier_run.most,
     )
 
 
-def _inner(policy: LoopPolicy) -> tuple[Any, Callable[..., Any]]:
-    from toolloop_fsm.testing.harness import run_script
-    from toolloop_fsm.testing.strategies import turn_scripts
+@frozen
+class _TierRun:
+    """How one tier is fuzzed: what Hypothesis draws for an example (a batch of cases, up
+    to ``most`` of them, ``mean`` on average), how a case becomes a turn, how the turn is
+    run and checked, and how a failing one is described."""
 
-    async def run_example(script: Any, on_step: Callable[[TraceStep], None]) -> None:
+    batches: Any
+    most: int
+    mean: int
+    expand: Callable[[Any], Any]
+    run: Callable[[Any, Callable[[TraceStep], None]], Any]
+    describe: Callable[[Any, Any], str]
+
+
+#: Turns one Hypothesis example of the inner tier carries at most. Hypothesis costs a few
+#: hundred microseconds per example on top of each seed it draws; a batch of up to 64 seeds
+#: (32 on average) makes that a few microseconds a turn.
+BATCH_TURNS = 64
+
+
+def _inner(policy: LoopPolicy) -> _TierRun:
+    from toolloop_fsm.testing.harness import run_script
+    from toolloop_fsm.testing.seeds import seed_batches, turn_from_seed
+
+    async def run_turn(script: Any, on_step: Callable[[TraceStep], None]) -> None:
         run = await run_script(script, policy, on_step=on_step)
         run.check()
 
     reviewed = policy.drafting or policy.review_tool_calls
-    return turn_scripts(drafting=reviewed), run_example
+
+    def describe(seed: bytes, script: Any) -> str:
+        # bytes past a seed's end read as zeros: the trailing ones say nothing
+        return f"{script!r}\n  (expanded from the seed {seed.rstrip(bytes(1))!r})"
+
+    return _TierRun(
+        batches=seed_batches(BATCH_TURNS),
+        most=BATCH_TURNS,
+        mean=(BATCH_TURNS + 1) // 2,
+        expand=lambda seed: turn_from_seed(seed, drafting=reviewed),
+        run=run_turn,
+        describe=describe,
+    )
 
 
-def _outer(policy: TurnPolicy) -> tuple[Any, Callable[..., Any]]:
+def _outer(policy: TurnPolicy) -> _TierRun:
     from toolloop_fsm.testing.chains import check_chain_invariants, generation_chains, run_chain
 
-    async def run_example(chain: Any, on_step: Callable[[TraceStep], None]) -> None:
+    async def run_turn(chain: Any, on_step: Callable[[TraceStep], None]) -> None:
         run = await run_chain(chain, policy=policy, on_step=on_step)
         check_chain_invariants(run)
 
     reviewed = policy.loop.drafting or policy.loop.review_tool_calls
-    return generation_chains(drafting=reviewed), run_example
+    # one chain per example, drawn with the rich strategy
+    return _TierRun(
+        batches=generation_chains(drafting=reviewed).map(lambda chain: (chain,)),
+        most=1,
+        mean=1,
+        expand=lambda chain: chain,
+        run=run_turn,
+        describe=lambda _chain, chain: repr(chain),
+    )
 
 
 def trace_table(

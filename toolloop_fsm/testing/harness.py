@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import copy
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -37,7 +38,6 @@ from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock
 from toolloop_fsm.testing.hostile import (
     HostileChannel,
-    HostileItem,
     HostileProvider,
     RogueBaseException,
     Stragglers,
@@ -123,9 +123,10 @@ class ScriptRun:
 
 class _TapProvider:
     """Wraps the scripted provider and records every chunk it actually yields, per pass
-    (what the provider *reported*, independent of what the engine did with it). A call is
-    recorded with a deep copy of its arguments: a tool that mutates the arguments it was
-    handed must not rewrite the witness."""
+    (what the provider *reported*, independent of what the engine did with it). The engine
+    is handed a call with a deep copy of its arguments, the record keeps the script's own:
+    a tool that mutates the arguments it was handed rewrites neither the witness nor the
+    drawn script (and the shared menus it came from)."""
 
     def __init__(self, inner: HostileProvider) -> None:
         self.inner = inner
@@ -141,8 +142,8 @@ class _TapProvider:
     async def _tap(self, source: AsyncIterator[Chunk], chunks: list[Chunk]) -> AsyncIterator[Chunk]:
         try:
             async for chunk in source:
-                chunks.append(_snapshot(chunk))
-                yield chunk
+                chunks.append(chunk)
+                yield _snapshot(chunk)
         finally:
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
@@ -203,14 +204,82 @@ _SEND_METHODS = frozenset({"send_text", "send_expression"})
 
 def _snapshot(chunk: Chunk) -> Chunk:
     if isinstance(chunk, FunctionCall) and isinstance(chunk.arguments, dict | list):
-        return attrs.evolve(chunk, arguments=copy.deepcopy(chunk.arguments))
+        return attrs.evolve(chunk, arguments=_copied(chunk.arguments))
     return chunk
 
 
-def _fresh(passes: Sequence[Sequence[HostileItem]]) -> list[tuple[HostileItem, ...]]:
-    """The script's passes with every call's arguments copied: the drawn script (and the
-    shared menus it came from) stay as drawn whatever a tool does to its arguments."""
-    return [tuple(_snapshot(i) if isinstance(i, FunctionCall) else i for i in p) for p in passes]
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+def _copied(value: Any) -> Any:
+    """A deep copy of call arguments. They are JSON values, which this copies without
+    `copy.deepcopy`'s bookkeeping (it would be a tenth of a turn's running time); any other
+    kind of value is copied by `copy.deepcopy`."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _copied(item) for key, item in value.items()}
+    if kind is list:
+        return [_copied(item) for item in value]
+    if kind in _ATOMS:
+        return value
+    return copy.deepcopy(value)
+
+
+class _ScriptedTools:
+    """The scripted tools of one run: each plays its plan from the script and records every
+    execution (with whether a stop had been requested at that instant); a tool that ignores
+    its cancellation waits on ``stragglers``."""
+
+    __slots__ = ("calls", "clock", "executions", "plans", "signals", "stragglers")
+
+    def __init__(
+        self,
+        script: TurnScript,
+        clock: VirtualClock,
+        signals: TurnSignals,
+        executions: list[ToolExecution],
+        stragglers: Stragglers,
+    ) -> None:
+        self.plans = {shape.name: script.plan_for(shape.name) for shape in _SHAPES}
+        self.calls = dict.fromkeys(self.plans, 0)
+        self.clock = clock
+        self.signals = signals
+        self.executions = executions
+        self.stragglers = stragglers
+
+    async def run(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        plan = self.plans[name]
+        calls = self.calls[name]
+        self.calls[name] = calls + 1
+        behaviour = plan[calls] if calls < len(plan) else DEFAULT_BEHAVIOUR
+        execution = ToolExecution(
+            name,
+            _copied(arguments),
+            ctx.dispatch,
+            self.clock.now(),
+            self.signals.stop_requested,
+            iteration=ctx.iteration,
+        )
+        self.executions.append(execution)
+        try:
+            return await _act_out(behaviour, name, arguments, ctx, execution, self.stragglers)
+        finally:
+            execution.ended_at = self.clock.now()
+
+
+def _registry(handler: Callable[[str], Any]) -> ToolRegistry:
+    """The registry of `KNOWN_TOOLS`, ``handler(name)`` handling each."""
+    return ToolRegistry(
+        Tool(
+            shape.name,
+            f"scripted {shape.name}",
+            {"type": "object", "properties": {}},
+            handler(shape.name),
+            requires_follow_up=shape.requires_follow_up,
+            timeout=shape.timeout,
+        )
+        for shape in _SHAPES
+    )
 
 
 def build_tools(
@@ -224,53 +293,34 @@ def build_tools(
     """The registry of `KNOWN_TOOLS`, each playing its plan from ``script`` and recording
     every execution (with whether a stop had been requested at that instant). A tool that
     ignores its cancellation waits on ``stragglers`` (a fresh set when not given)."""
-    held = stragglers if stragglers is not None else Stragglers()
-    tools = []
-    for shape in _SHAPES:
-        tools.append(
-            Tool(
-                shape.name,
-                f"scripted {shape.name}",
-                {"type": "object", "properties": {}},
-                _scripted_handler(
-                    shape.name, script.plan_for(shape.name), clock, signals, executions, held
-                ),
-                requires_follow_up=shape.requires_follow_up,
-                timeout=shape.timeout,
-            )
-        )
-    return ToolRegistry(tools)
+    tools = _ScriptedTools(
+        script, clock, signals, executions, stragglers if stragglers is not None else Stragglers()
+    )
+
+    def handler(name: str) -> Any:
+        async def handle(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+            return await tools.run(name, arguments, ctx)
+
+        return handle
+
+    return _registry(handler)
 
 
-def _scripted_handler(
-    name: str,
-    plan: tuple[ToolBehaviour, ...],
-    clock: VirtualClock,
-    signals: TurnSignals,
-    executions: list[ToolExecution],
-    stragglers: Stragglers,
-) -> Any:
-    calls = 0
+#: The scripted tools of the run in progress: `run_script` sets it around its turn, whose
+#: tasks (tools included) inherit it. One registry then serves every run, as a host's tools
+#: serve every turn: building the tools (their schemas checked and serialised) per run
+#: would cost more than most of what a run does.
+_RUNNING: contextvars.ContextVar[_ScriptedTools] = contextvars.ContextVar("scripted_tools")
 
-    async def handler(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        nonlocal calls
-        behaviour = plan[calls] if calls < len(plan) else DEFAULT_BEHAVIOUR
-        calls += 1
-        execution = ToolExecution(
-            name,
-            copy.deepcopy(arguments),
-            ctx.dispatch,
-            clock.now(),
-            signals.stop_requested,
-            iteration=ctx.iteration,
-        )
-        executions.append(execution)
-        try:
-            return await _act_out(behaviour, name, arguments, ctx, execution, stragglers)
-        finally:
-            execution.ended_at = clock.now()
 
-    return handler
+def _running_tool(name: str) -> Any:
+    async def handle(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return await _RUNNING.get().run(name, arguments, ctx)
+
+    return handle
+
+
+_SHARED_TOOLS = _registry(_running_tool)
 
 
 async def _act_out(
@@ -358,7 +408,7 @@ async def run_script(
     stragglers = Stragglers()
     executions: list[ToolExecution] = []
     provider = HostileProvider(
-        _fresh(script.passes),
+        script.passes,
         clock=clock,
         api_key=script.provider_key,
         inactivity_timeout=policy.inactivity_timeout,
@@ -378,8 +428,7 @@ async def run_script(
         delivery_delay=script.delivery_delay,
         fail_when=_nth_delivery_fails(script.failing_delivery),
     )
-    tools = build_tools(script, clock=clock, signals=signals, executions=executions,
-                        stragglers=stragglers)  # fmt: skip
+    tools = _SHARED_TOOLS
     request = script.request()
     reviewer: WitnessedReviewer | None = None
     if policy.drafting or policy.review_tool_calls:
@@ -412,6 +461,10 @@ async def run_script(
         library_logger.addHandler(capture)
         library_logger.setLevel(logging.DEBUG)
     loop = asyncio.get_running_loop()
+    # before any task is made or timer armed: the clock's jumper, and the timer callbacks it
+    # runs (a review deadline dispatches a tool), inherit the context of the first task to
+    # arm a timer
+    running_tools = _RUNNING.set(_ScriptedTools(script, clock, signals, executions, stragglers))
     # strong references: the loop itself only keeps tasks weakly
     senders = [loop.create_task(send(signal)) for signal in script.signals]
     started = clock.now()
@@ -449,6 +502,7 @@ async def run_script(
         elapsed = clock.now() - started
         running = tuple(_still_running(channel, executions))
     finally:
+        _RUNNING.reset(running_tools)
         stragglers.release()
         if capture is not None:
             library_logger.removeHandler(capture)

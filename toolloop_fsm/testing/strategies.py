@@ -44,10 +44,11 @@ review timeout). Without them both draw exactly what they always drew.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import attrs
 from attrs import frozen
@@ -99,6 +100,8 @@ __all__ = [
     "tool_behaviours",
     "turn_scripts",
 ]
+
+_T = TypeVar("_T")
 
 # --------------------------------------------------------------------------- the tool universe
 MEMORY_TOOL = "update_short_term_memory"
@@ -409,7 +412,6 @@ def _body_menu() -> tuple[ScriptItem, ...]:
 
 _ENDINGS = _ending_menu()
 _BODY_ITEMS = _body_menu()
-_BODIES = {n: st.lists(st.sampled_from(_BODY_ITEMS), max_size=n) for n in range(8)}
 
 #: Items only a hostile provider sends: non-finite usage and retry hints, an error quoting
 #: the provider's key (each way it happens), and a stream that trickles forever.
@@ -433,7 +435,6 @@ _HOSTILE_ENDINGS: tuple[tuple[HostileItem, ...], ...] = (
     *((item,) for item in _HOSTILE_ONLY),
     (TextDelta("Let me see. "), Trickle()),
 )
-_HOSTILE_BODIES = {n: st.lists(st.sampled_from(_HOSTILE_BODY_ITEMS), max_size=n) for n in range(8)}
 #: A drafted reply is reviewed when a pass ends without a call: for drafting, a third of
 #: the passes close with text (some of it long enough to meet a small held-prose ceiling).
 _REPLIES: tuple[tuple[ScriptItem, ...], ...] = (
@@ -446,6 +447,113 @@ _DRAFTING_ENDINGS = (*_ENDINGS, *(_REPLIES * 8))
 _HOSTILE_DRAFTING_ENDINGS = (*_HOSTILE_ENDINGS, *(_REPLIES * 8))
 
 
+# --------------------------------------------------------------------------- choices
+class Choices(Protocol):
+    """Where a builder gets its choices: Hypothesis's ``draw`` (`turn_scripts()` and the
+    other strategies) or the bytes of a compact seed (`toolloop_fsm.testing.seeds`). Every
+    choice is made from a menu ordered simplest first, so both shrink toward a simple turn:
+    Hypothesis shrinks a pick toward the first entry and a list toward ``min_size``, a seed
+    reads byte 0 (and bytes past its end) as exactly those."""
+
+    def pick(self, menu: Sequence[_T]) -> _T:
+        """One entry of ``menu`` (an entry repeated k times comes up k times as often)."""
+        ...
+
+    def flag(self) -> bool:
+        """A yes or no (no is the simpler)."""
+        ...
+
+    def picks(self, menu: Sequence[_T], min_size: int, max_size: int) -> list[_T]:
+        """``min_size`` to ``max_size`` picks from ``menu``."""
+        ...
+
+    def several(
+        self, min_size: int, max_size: int, build: Callable[..., _T], *args: Any
+    ) -> list[_T]:
+        """``min_size`` to ``max_size`` values, each ``build(self, *args)``."""
+        ...
+
+
+class _Drawn:
+    """`Choices` drawn by Hypothesis: a pick is a `st.sampled_from`, a list a `st.lists`
+    (whose elements Hypothesis deletes one by one when it shrinks). The strategies are
+    built once per menu and builder (building one per draw would cost more than the draw)."""
+
+    __slots__ = ("draw",)
+
+    def __init__(self, draw: st.DrawFn) -> None:
+        self.draw = draw
+
+    def pick(self, menu: Sequence[_T]) -> _T:
+        return self.draw(_sampled(menu))
+
+    def flag(self) -> bool:
+        return self.draw(_BOOLEANS)
+
+    def picks(self, menu: Sequence[_T], min_size: int, max_size: int) -> list[_T]:
+        return self.draw(_sampled_lists(menu, min_size, max_size))
+
+    def several(
+        self, min_size: int, max_size: int, build: Callable[..., _T], *args: Any
+    ) -> list[_T]:
+        key = (build, args, min_size, max_size)
+        lists = _LISTS.get(key)
+        if lists is None:
+            lists = _LISTS[key] = st.lists(built(build, *args), min_size=min_size,
+                                           max_size=max_size)  # fmt: skip
+        return self.draw(lists)
+
+
+_BOOLEANS = st.booleans()
+#: menu id → (the menu, kept alive so that its id is not reused; its strategy)
+_SAMPLED: dict[int, tuple[Sequence[Any], st.SearchStrategy[Any]]] = {}
+_SAMPLED_LISTS: dict[tuple[int, int, int], st.SearchStrategy[list[Any]]] = {}
+_LISTS: dict[tuple[Any, ...], st.SearchStrategy[list[Any]]] = {}
+
+
+def _sampled(menu: Sequence[_T]) -> st.SearchStrategy[_T]:
+    cached = _SAMPLED.get(id(menu))
+    if cached is None or cached[0] is not menu:
+        cached = _SAMPLED[id(menu)] = (menu, st.sampled_from(menu))
+    return cached[1]
+
+
+def _sampled_lists(menu: Sequence[_T], min_size: int, max_size: int) -> st.SearchStrategy[list[_T]]:
+    key = (id(menu), min_size, max_size)
+    lists = _SAMPLED_LISTS.get(key)
+    if lists is None or _SAMPLED[id(menu)][0] is not menu:
+        lists = st.lists(_sampled(menu), min_size=min_size, max_size=max_size)
+        _SAMPLED_LISTS[key] = lists
+    return lists
+
+
+def built(build: Callable[..., _T], *args: Any) -> st.SearchStrategy[_T]:
+    """The Hypothesis strategy drawing ``build(choices, *args)``."""
+
+    # Hypothesis labels a composite strategy by its function's code and defaults, and its
+    # generator splices spans of one label into others: the builder's name and arguments,
+    # as a default, give each builder (and size) a label of its own.
+    def values(
+        draw: st.DrawFn, _label: tuple[str, tuple[Any, ...]] = (build.__qualname__, args)
+    ) -> _T:
+        return build(_Drawn(draw), *args)
+
+    return st.composite(values)()
+
+
+# --------------------------------------------------------------------------- builders
+def build_pass(
+    c: Choices, max_items: int = 5, hostile: bool = False, drafting: bool = False
+) -> tuple[HostileItem, ...]:
+    """One provider pass (see `provider_passes`)."""
+    body = c.picks(_HOSTILE_BODY_ITEMS if hostile else _BODY_ITEMS, 0, max_items)
+    if drafting:
+        endings = _HOSTILE_DRAFTING_ENDINGS if hostile else _DRAFTING_ENDINGS
+    else:
+        endings = _HOSTILE_ENDINGS if hostile else _ENDINGS
+    return (*body, *c.pick(endings))
+
+
 def provider_passes(
     *, max_items: int = 5, hostile: bool = False, drafting: bool = False
 ) -> st.SearchStrategy[tuple[HostileItem, ...]]:
@@ -454,17 +562,7 @@ def provider_passes(
     menus also hold the items of a hostile provider (after the kind ones). With
     ``drafting``, a third of the endings are a closing reply instead (drafting reviews a
     reply when a pass ends without a call)."""
-    bodies: Mapping[int, st.SearchStrategy[list[HostileItem]]]
-    bodies = _HOSTILE_BODIES if hostile else _BODIES  # type: ignore[assignment]
-    items = _HOSTILE_BODY_ITEMS if hostile else _BODY_ITEMS
-    body = bodies.get(max_items)
-    if body is None:
-        body = st.lists(st.sampled_from(items), max_size=max_items)
-    if drafting:
-        endings = _HOSTILE_DRAFTING_ENDINGS if hostile else _DRAFTING_ENDINGS
-    else:
-        endings = _HOSTILE_ENDINGS if hostile else _ENDINGS
-    return st.builds(lambda items, end: (*items, *end), body, st.sampled_from(endings))
+    return built(build_pass, max_items, hostile, drafting)
 
 
 def _result_menu() -> tuple[dict[str, Any], ...]:
@@ -509,16 +607,31 @@ _HOSTILE_ACTIONS = (
 )
 
 
+def build_behaviour(c: Choices, hostile: bool = False) -> ToolBehaviour:
+    """One dispatch's behaviour (see `tool_behaviours`)."""
+    action = c.pick(_HOSTILE_ACTIONS if hostile else _ACTIONS)
+    return ToolBehaviour(action, c.pick(_TOOL_DELAYS), **c.pick(_RESULTS))
+
+
 def tool_behaviours(*, hostile: bool = False) -> st.SearchStrategy[ToolBehaviour]:
     """One dispatch's behaviour: succeed (with optional message, data, end_turn, delivered,
     expression, context restart), fail (message, data and expression kept), raise or hang,
     after a virtual delay; with ``hostile``, also raise a `BaseException` subclass or
     `GeneratorExit`, ignore cancellation, or mutate the arguments."""
-    return st.builds(
-        lambda action, delay, fields: ToolBehaviour(action, delay, **fields),
-        st.sampled_from(_HOSTILE_ACTIONS if hostile else _ACTIONS),
-        st.sampled_from(_TOOL_DELAYS),
-        st.sampled_from(_RESULTS),
+    return built(build_behaviour, hostile)
+
+
+_STOP_MESSAGES = (None, "sorry, stopping")
+_SIGNAL_KINDS = ("stop", "follow_up")
+
+
+def build_signal(c: Choices, hostile: bool = False) -> TimedSignal:
+    """A host signal (see `timed_signals`)."""
+    return TimedSignal(
+        at=c.pick(_INSTANTS),
+        kind=c.pick(_SIGNAL_KINDS),
+        stop_message=c.pick(_STOP_MESSAGES),
+        from_thread=c.flag() if hostile else False,
     )
 
 
@@ -526,13 +639,7 @@ def timed_signals(*, hostile: bool = False) -> st.SearchStrategy[TimedSignal]:
     """A stop (with or without a stop message) or a follow-up at a virtual instant. The
     instants come from a small menu so that signals coincide with other events. With
     ``hostile``, a signal may come from another thread."""
-    return st.builds(
-        TimedSignal,
-        at=st.sampled_from(_INSTANTS),
-        kind=st.sampled_from(("stop", "follow_up")),
-        stop_message=st.sampled_from((None, "sorry, stopping")),
-        from_thread=st.booleans() if hostile else st.just(False),
-    )
+    return built(build_signal, hostile)
 
 
 _ALLOWLISTS: tuple[frozenset[str] | None, ...] = (
@@ -547,29 +654,24 @@ _ALLOWLISTS: tuple[frozenset[str] | None, ...] = (
 )
 
 
-_BEHAVIOUR_LISTS = st.lists(tool_behaviours(), max_size=3).map(tuple)
-_HOSTILE_BEHAVIOUR_LISTS = st.lists(tool_behaviours(hostile=True), max_size=3).map(tuple)
-_SIGNAL = timed_signals()
-_HOSTILE_SIGNAL = timed_signals(hostile=True)
-#: how many host signals a turn gets: none in half the turns (a signal cuts a turn short)
-_SIGNAL_COUNTS = {n: st.sampled_from((0, 0, *range(1, n + 1))) for n in range(4)}
-_BOOLEANS = st.booleans()
-_DELAYS = st.sampled_from(_DELIVERY_DELAYS)
-_FAILING = st.sampled_from((None, None, None, None, None, None, None, 0, 1, 2, 4))
-_ALLOWED = st.sampled_from(_ALLOWLISTS)
-_PREFILLS = st.sampled_from((None, "Sure, "))
+@functools.cache
+def _signal_counts(most: int) -> tuple[int, ...]:
+    """How many host signals a turn gets: none in half the turns (a signal cuts a turn
+    short)."""
+    return (0, 0, *range(1, most + 1))
+
+
+_FAILING = (None, None, None, None, None, None, None, 0, 1, 2, 4)
+_PREFILLS = (None, "Sure, ")
 #: What a channel call does, confirming most often (a hostile call cuts a turn short).
 _CHANNEL_ACTS = (
     ChannelAct.CONFIRM, ChannelAct.CONFIRM, ChannelAct.CONFIRM, ChannelAct.CONFIRM,
     ChannelAct.RAISE, ChannelAct.HANG, ChannelAct.SLOW_WITHIN, ChannelAct.SLOW_OVER,
     ChannelAct.IGNORE_CANCELLATION,
 )  # fmt: skip
-_SEND_PLANS = st.lists(st.sampled_from(_CHANNEL_ACTS), max_size=3).map(tuple)
-_NOTICE_PLANS = st.lists(st.sampled_from(_CHANNEL_ACTS), max_size=2).map(tuple)
 #: Fake API keys: no 8-character run of one occurs in any scripted text, so finding one
 #: anywhere is a leak.
 PROVIDER_KEYS: tuple[str, ...] = ("hk-7Qm2xZ9pLk4vR8tW3nB6", "hk-Jd5sYc1uHf8gTe2wKa9")
-_KEYS = st.sampled_from(PROVIDER_KEYS)
 
 
 # --------------------------------------------------------------------------- the reviewer
@@ -580,7 +682,6 @@ _FINDINGS: tuple[Finding, ...] = (
     Finding(FindingCategory.CONTINUITY, "It contradicts the forecast.", "Keep to the data."),
     Finding(FindingCategory.CHARACTER, "Out of character ü.", "Stay in the role."),
 )
-_FINDING_LISTS = st.lists(st.sampled_from(_FINDINGS), min_size=1, max_size=4).map(tuple)
 #: How long a slow reviewer takes: within every drawn review timeout (1 s), past the
 #: shortest only (3 s), past all of them (300 s). No value equals a drawn timeout, so a slow
 #: answer and the review deadline never coincide.
@@ -589,51 +690,87 @@ _REVIEW_TIMEOUTS: tuple[float, ...] = (120.0, 5.0, 2.0)
 _USAGE_OF_A_REVIEW = ReviewUsage(40, 6)
 #: The kinds of act, passes and revisions most often (simplest first).
 _ACT_KINDS = ("pass", "revise", "pass", "revise", "unavailable", "raise", "hang", "slow", "slow")
-_ACT_KIND = st.sampled_from(_ACT_KINDS)
-_PASSES = st.sampled_from((Pass(), Pass(usage=_USAGE_OF_A_REVIEW)))
-_UNAVAILABLE = st.sampled_from((Unavailable("refusal"), Unavailable("malformed")))
-_RAISES = st.sampled_from((Raise(RuntimeError("the reviewer is down")), Raise(TimeoutError())))
-_DELAY = st.sampled_from(_REVIEW_DELAYS)
-_REVISIONS: st.SearchStrategy[Pass | Revise | Unavailable] = st.builds(Revise, _FINDING_LISTS)
+_PASSES = (Pass(), Pass(usage=_USAGE_OF_A_REVIEW))
+_UNAVAILABLE = (Unavailable("refusal"), Unavailable("malformed"))
+_RAISES = (Raise(RuntimeError("the reviewer is down")), Raise(TimeoutError()))
+_SLOW_VERDICT_KINDS = ("pass", "revise", "unavailable")
 
 
-def _verdicts(kind: str) -> st.SearchStrategy[Pass | Revise | Unavailable]:
+def _build_verdict(c: Choices, kind: str) -> Pass | Revise | Unavailable:
     if kind == "pass":
-        return _PASSES
+        return c.pick(_PASSES)
     if kind == "revise":
-        return _REVISIONS
-    return _UNAVAILABLE
+        return Revise(tuple(c.picks(_FINDINGS, 1, 4)))
+    return c.pick(_UNAVAILABLE)
 
 
-_SLOW_VERDICT_KIND = st.sampled_from(("pass", "revise", "unavailable"))
+def build_reviewer_act(c: Choices) -> ReviewerAct:
+    """One answer of the reviewer (see `reviewer_acts`)."""
+    kind = c.pick(_ACT_KINDS)
+    if kind == "hang":
+        return Hang()
+    if kind == "raise":
+        return c.pick(_RAISES)
+    if kind == "slow":
+        return Slow(c.pick(_REVIEW_DELAYS), _build_verdict(c, c.pick(_SLOW_VERDICT_KINDS)))
+    return _build_verdict(c, kind)
 
 
 def reviewer_acts() -> st.SearchStrategy[ReviewerAct]:
     """One answer of the reviewer: `Pass` (with or without usage), `Revise` with 1–4
     findings, `Unavailable`, a raise, a `Hang` (only the review timeout ends it), or a
     `Slow` verdict within or past the review timeouts `loop_policies` draws."""
-
-    @st.composite
-    def acts(draw: st.DrawFn) -> ReviewerAct:
-        kind = draw(_ACT_KIND)
-        if kind == "hang":
-            return Hang()
-        if kind == "raise":
-            return draw(_RAISES)
-        if kind == "slow":
-            return Slow(draw(_DELAY), draw(_verdicts(draw(_SLOW_VERDICT_KIND))))
-        return draw(_verdicts(kind))
-
-    return acts()
+    return built(build_reviewer_act)
 
 
-_REVIEWER_SCRIPTS = st.lists(reviewer_acts(), max_size=5).map(tuple)
+def build_reviewer_script(c: Choices) -> tuple[ReviewerAct, ...]:
+    """The reviewer's first answers (see `reviewer_scripts`)."""
+    return tuple(c.several(0, 5, build_reviewer_act))
+
+
+_REVIEWER_SCRIPTS = built(build_reviewer_script)
 
 
 def reviewer_scripts() -> st.SearchStrategy[tuple[ReviewerAct, ...]]:
     """What the reviewer answers to its first reviews, in order (up to five acts; it passes
     once they run out). Shrinks toward a reviewer that passes everything."""
     return _REVIEWER_SCRIPTS
+
+
+def build_script(
+    c: Choices,
+    max_passes: int = 6,
+    max_items: int = 5,
+    max_signals: int = 2,
+    hostile: bool = False,
+    drafting: bool = False,
+) -> TurnScript:
+    """A whole simulated turn (see `turn_scripts`)."""
+    drawn = c.several(1, max_passes, build_pass, max_items, hostile, drafting)
+    if c.flag():
+        drawn = _with_call_ids(drawn)
+    plan = tuple((name, tuple(c.several(0, 3, build_behaviour, hostile))) for name in KNOWN_TOOLS)
+    script = TurnScript(
+        passes=tuple(drawn),
+        tool_plan=tuple((name, b) for name, b in plan if b),
+        signals=tuple(build_signal(c, hostile) for _ in range(c.pick(_signal_counts(max_signals)))),
+        delivery_delay=c.pick(_DELIVERY_DELAYS),
+        failing_delivery=c.pick(_FAILING),
+        tools_allowed=c.pick(_ALLOWLISTS),
+        prefill=c.pick(_PREFILLS),
+        continuation_style=c.flag(),
+    )
+    if drafting:
+        script = attrs.evolve(script, reviews=build_reviewer_script(c))
+    if not hostile:
+        return script
+    quotes_key = any(isinstance(i, EchoKey) for items in drawn for i in items)
+    return attrs.evolve(
+        script,
+        sends=tuple(c.picks(_CHANNEL_ACTS, 0, 3)),
+        notices=tuple(c.picks(_CHANNEL_ACTS, 0, 2)),
+        provider_key=c.pick(PROVIDER_KEYS) if quotes_key else None,
+    )
 
 
 def turn_scripts(
@@ -657,46 +794,7 @@ def turn_scripts(
     ``drafting`` also draws the reviewer's script (`reviewer_scripts`), for a policy with
     drafting or the tool checkpoint on (`loop_policies(drafting=…)`), and ends a third of
     the passes with a closing reply (so that drafted replies are completed and reviewed)."""
-    passes = st.lists(
-        provider_passes(max_items=max_items, hostile=hostile, drafting=drafting),
-        min_size=1,
-        max_size=max_passes,
-    )
-    counts = _SIGNAL_COUNTS.get(max_signals)
-    if counts is None:
-        counts = st.sampled_from((0, 0, *range(1, max_signals + 1)))
-    behaviour_lists = _HOSTILE_BEHAVIOUR_LISTS if hostile else _BEHAVIOUR_LISTS
-    signal = _HOSTILE_SIGNAL if hostile else _SIGNAL
-
-    @st.composite
-    def scripts(draw: st.DrawFn) -> TurnScript:
-        drawn = draw(passes)
-        if draw(_BOOLEANS):
-            drawn = _with_call_ids(drawn)
-        plan = tuple((name, draw(behaviour_lists)) for name in KNOWN_TOOLS)
-        script = TurnScript(
-            passes=tuple(drawn),
-            tool_plan=tuple((name, b) for name, b in plan if b),
-            signals=tuple(draw(signal) for _ in range(draw(counts))),
-            delivery_delay=draw(_DELAYS),
-            failing_delivery=draw(_FAILING),
-            tools_allowed=draw(_ALLOWED),
-            prefill=draw(_PREFILLS),
-            continuation_style=draw(_BOOLEANS),
-        )
-        if drafting:
-            script = attrs.evolve(script, reviews=draw(_REVIEWER_SCRIPTS))
-        if not hostile:
-            return script
-        quotes_key = any(isinstance(i, EchoKey) for items in drawn for i in items)
-        return attrs.evolve(
-            script,
-            sends=draw(_SEND_PLANS),
-            notices=draw(_NOTICE_PLANS),
-            provider_key=draw(_KEYS) if quotes_key else None,
-        )
-
-    return scripts()
+    return built(build_script, max_passes, max_items, max_signals, hostile, drafting)
 
 
 def _with_call_ids(
@@ -725,6 +823,50 @@ _SUPPRESS_SETS: tuple[frozenset[str], ...] = (
 )
 
 
+def build_policy(
+    c: Choices,
+    max_iterations: int = 8,
+    hostile: bool = False,
+    drafting: bool | None = False,
+    review_tool_calls: bool | None = False,
+) -> LoopPolicy:
+    """A `LoopPolicy` (see `loop_policies`)."""
+    policy = LoopPolicy(
+        # a menu, not integers(): Hypothesis draws integers' bounds far more often than
+        # uniformly, and a ceiling of 1 would end most turns after their first pass
+        max_function_call_iterations=c.pick(_iteration_ceilings(max_iterations)),
+        soft_warn_iteration=c.pick(_SOFT_WARNINGS),
+        max_consecutive_tool_errors=c.pick(_TOOL_ERROR_CEILINGS),
+        continuation_tool_failure_threshold=c.pick((1, 1, 2, 3)),
+        inactivity_timeout=c.pick((30.0, 10.0, 5.0, 2.0, 1.0)),
+        first_token_timeout=c.pick((None, 60.0, 10.0, 3.0, 1.0)),
+        abandoned_stream_settle=c.pick((5.0, 1.0, 0.0, 20.0)),
+        tool_timeout=c.pick((30.0, 10.0, 3.0, 1.0)),
+        delivery_flush_chars=c.pick((1, 2, 5, 10, 20, 50)),
+        suppress_followup_after_pre_tool_text=c.pick(_SUPPRESS_SETS),
+        max_pass_duration=c.pick((900.0, 900.0, 6.0, 2.5)),
+    )
+    if hostile:
+        policy = attrs.evolve(
+            policy,
+            host_call_timeout=c.pick((30.0, 5.0, 1.0)),
+            cancel_grace=c.pick((2.0, 0.5, 5.0)),
+            max_pass_duration=c.pick((900.0, 60.0, 20.0, 8.0)),
+        )
+    if drafting is False and review_tool_calls is False:
+        return policy
+    return build_review_fields(c, policy, drafting, review_tool_calls)
+
+
+@functools.cache
+def _iteration_ceilings(most: int) -> tuple[int, ...]:
+    return tuple(range(1, most + 1))
+
+
+_SOFT_WARNINGS = tuple(range(1, 6))
+_TOOL_ERROR_CEILINGS = tuple(range(1, 5))
+
+
 def loop_policies(
     *,
     max_iterations: int = 8,
@@ -744,87 +886,52 @@ def loop_policies(
     first): a held-prose ceiling of a few bytes or segments (so replies are cut), the host's
     send limit sometimes below it, 1–3 reviews, 0–2 revisions, 0–8 tool reviews, 0–2
     corrections and review timeouts of 2, 5 or 120 seconds."""
-    policies = _kind_policies(max_iterations)
-    if hostile:
-        policies = _hostile_policies(policies)
-    if drafting is False and review_tool_calls is False:
-        return policies
-    return _reviewed_policies(policies, drafting, review_tool_calls)
+    return built(build_policy, max_iterations, hostile, drafting, review_tool_calls)
 
 
-def _switch(value: bool | None) -> st.SearchStrategy[bool]:
-    return _BOOLEANS if value is None else st.just(value)
+def build_review_fields(
+    c: Choices, policy: LoopPolicy, drafting: bool | None, checkpoint: bool | None
+) -> LoopPolicy:
+    """``policy`` with drafting and the tool checkpoint switched on or off (``None``:
+    drawn) and small review budgets (see `loop_policies`)."""
+    drafts = c.flag() if drafting is None else drafting
+    reviews_calls = c.flag() if checkpoint is None else checkpoint
+    held_bytes, held_segments, send_limit = c.pick(_HELD_PROSE_LIMITS)
+    return attrs.evolve(
+        policy,
+        drafting=drafts,
+        review_tool_calls=reviews_calls,
+        held_prose_max_bytes=held_bytes,
+        held_prose_max_segments=held_segments,
+        send_message_limit=send_limit,
+        max_reviews=c.pick((2, 2, 1, 3)),
+        max_revisions=c.pick((1, 1, 0, 2)),
+        max_tool_reviews=c.pick((8, 8, 2, 1, 0)),
+        max_tool_corrections=c.pick((2, 2, 1, 0)),
+        review_timeout=c.pick(_REVIEW_TIMEOUTS),
+    )
 
 
 def _reviewed_policies(
     policies: st.SearchStrategy[LoopPolicy], drafting: bool | None, checkpoint: bool | None
 ) -> st.SearchStrategy[LoopPolicy]:
-    fields = st.fixed_dictionaries(
-        {
-            "drafting": _switch(drafting),
-            "review_tool_calls": _switch(checkpoint),
-            "held_prose_limits": _HELD_PROSE_LIMITS,
-            "max_reviews": st.sampled_from((2, 2, 1, 3)),
-            "max_revisions": st.sampled_from((1, 1, 0, 2)),
-            "max_tool_reviews": st.sampled_from((8, 8, 2, 1, 0)),
-            "max_tool_corrections": st.sampled_from((2, 2, 1, 0)),
-            "review_timeout": st.sampled_from(_REVIEW_TIMEOUTS),
-        }
-    )
-    return st.builds(_with_review_fields, policies, fields)
+    """``policies`` with the review fields of `build_review_fields` drawn on top."""
 
+    @st.composite
+    def reviewed(draw: st.DrawFn) -> LoopPolicy:
+        return build_review_fields(_Drawn(draw), draw(policies), drafting, checkpoint)
 
-def _with_review_fields(policy: LoopPolicy, fields: dict[str, Any]) -> LoopPolicy:
-    changes = dict(fields)  # the drawn value stays as drawn (Hypothesis reports it)
-    held_bytes, held_segments, send_limit = changes.pop("held_prose_limits")
-    return attrs.evolve(
-        policy,
-        held_prose_max_bytes=held_bytes,
-        held_prose_max_segments=held_segments,
-        send_message_limit=send_limit,
-        **changes,
-    )
+    return reviewed()
 
 
 #: (held_prose_max_bytes, held_prose_max_segments, send_message_limit): the defaults in two
 #: policies of three; otherwise a ceiling of bytes or segments, or a host's send limit
 #: below the ceiling, small enough to cut a reply (each limit on its own, so a cut shrinks
 #: to the one that made it).
-_HELD_PROSE_LIMITS = st.sampled_from(
+_HELD_PROSE_LIMITS: tuple[tuple[int, int, int | None], ...] = (
     ((65_536, 4_096, None),) * 16
     + (
         (24, 4_096, None), (8, 4_096, None), (1, 4_096, None), (65_536, 3, None),
         (65_536, 1, None), (65_536, 4_096, 16), (65_536, 4_096, 6), (40, 4_096, 12),
     )
 )  # fmt: skip
-
-
-def _hostile_policies(kind: st.SearchStrategy[LoopPolicy]) -> st.SearchStrategy[LoopPolicy]:
-    return st.builds(
-        lambda policy, host, grace, pass_budget: attrs.evolve(
-            policy, host_call_timeout=host, cancel_grace=grace, max_pass_duration=pass_budget
-        ),
-        kind,
-        st.sampled_from((30.0, 5.0, 1.0)),
-        st.sampled_from((2.0, 0.5, 5.0)),
-        st.sampled_from((900.0, 60.0, 20.0, 8.0)),
-    )
-
-
-def _kind_policies(max_iterations: int) -> st.SearchStrategy[LoopPolicy]:
-    return st.builds(
-        LoopPolicy,
-        # sampled_from, not integers(): Hypothesis draws integers' bounds far more often
-        # than uniformly, and a ceiling of 1 would end most turns after their first pass
-        max_function_call_iterations=st.sampled_from(range(1, max_iterations + 1)),
-        soft_warn_iteration=st.sampled_from(range(1, 6)),
-        max_consecutive_tool_errors=st.sampled_from(range(1, 5)),
-        continuation_tool_failure_threshold=st.sampled_from((1, 1, 2, 3)),
-        inactivity_timeout=st.sampled_from((30.0, 10.0, 5.0, 2.0, 1.0)),
-        first_token_timeout=st.sampled_from((None, 60.0, 10.0, 3.0, 1.0)),
-        abandoned_stream_settle=st.sampled_from((5.0, 1.0, 0.0, 20.0)),
-        tool_timeout=st.sampled_from((30.0, 10.0, 3.0, 1.0)),
-        delivery_flush_chars=st.sampled_from((1, 2, 5, 10, 20, 50)),
-        suppress_followup_after_pre_tool_text=st.sampled_from(_SUPPRESS_SETS),
-        max_pass_duration=st.sampled_from((900.0, 900.0, 6.0, 2.5)),
-    )
