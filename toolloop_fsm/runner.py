@@ -156,6 +156,8 @@ class Runner(ABC, Generic[ModelT]):
 
     def fire(self, model: ModelT, trigger: str, event: object) -> None:
         """Take ``trigger`` and then every decision point it leads to."""
+        # flat, with the recording inlined: a turn takes a few dozen full steps, and the
+        # per-step calls were a tenth of a tool round
         before = model.state
         if self.take_plain(model, before, trigger, event):
             return
@@ -165,20 +167,31 @@ class Runner(ABC, Generic[ModelT]):
             model.current_event = None  # a refused event leaves no trace on the model
             raise InvalidEvent(self.declaration.name, before, event)
         at = model.step_time
-        self.record(model, TraceStep(before, trigger, model.state, guard=taken[0], at=at), taken[1])
+        coverage = self.coverage
+        on_step = self.on_step
+        trace = model.trace
         transient = self.declaration.transient_states
-        while model.state in transient:
-            source = model.state
+        state = model.state
+        step = TraceStep(before, trigger, state, guard=taken[0], at=at)
+        while True:
+            if coverage is not None:
+                coverage.add(taken[1])
+            trace.append(step)
+            if on_step is not None:
+                on_step(step)
+            if state not in transient:
+                break
+            source = state
             taken = self.take(model, "advance", None)
             if taken is None:
                 raise InvalidEvent(self.declaration.name, source, "advance", "no guard matched")
-            self.record(
-                model, TraceStep(source, "advance", model.state, guard=taken[0], at=at), taken[1]
-            )
+            state = model.state
+            step = TraceStep(source, "advance", state, guard=taken[0], at=at)
         model.current_event = None
-        fast = self.fast
-        fast.clear()
-        fast.update(self.fast_handlers(model.state))
+        if state != before:  # the handlers depend on the state only
+            fast = self.fast
+            fast.clear()
+            fast.update(self.fast_handlers(state))
 
     def record(self, model: ModelT, step: TraceStep, ident: str) -> None:
         if self.coverage is not None:
@@ -191,7 +204,7 @@ class Runner(ABC, Generic[ModelT]):
 class CompiledRunner(Runner[ModelT]):
     """Takes steps from the compiled tables, and hands stream chunks the fast path."""
 
-    __slots__ = ("last_plain", "plain", "tables", "transient")
+    __slots__ = ("by_state", "last_plain", "plain", "tables")
 
     def __init__(
         self, declaration: MachineDeclaration, *, on_step: Callable[[TraceStep], None] | None
@@ -199,7 +212,7 @@ class CompiledRunner(Runner[ModelT]):
         super().__init__(declaration, on_step=on_step)
         self.tables = compile_steps(declaration)
         self.plain = self.tables.plain
-        self.transient = declaration.transient_states
+        self.by_state = self.tables.by_state
         #: the last step a plain transition recorded: an equal next one (same state,
         #: trigger and time) shares it
         self.last_plain: TraceStep | None = None
@@ -219,46 +232,8 @@ class CompiledRunner(Runner[ModelT]):
         self.record(model, step, ident)
         return True
 
-    def fire(self, model: ModelT, trigger: str, event: object) -> None:
-        # `Runner.fire` with its lookups flattened: a turn takes a few dozen full steps, and
-        # these per-step costs were a tenth of a tool round
-        before = model.state
-        if self.take_plain(model, before, trigger, event):
-            return
-        by_state = self.tables.by_state
-        model.current_event = event
-        taken = _take(model, by_state.get(before, _NO_STEPS).get(trigger), event)
-        if taken is None:
-            model.current_event = None  # a refused event leaves no trace on the model
-            raise InvalidEvent(self.declaration.name, before, event)
-        at = model.step_time
-        coverage = self.coverage
-        on_step = self.on_step
-        trace = model.trace
-        state = model.state
-        step = TraceStep(before, trigger, state, guard=taken[0], at=at)
-        while True:
-            if coverage is not None:
-                coverage.add(taken[1])
-            trace.append(step)
-            if on_step is not None:
-                on_step(step)
-            if state not in self.transient:
-                break
-            source = state
-            taken = _take(model, by_state[source].get("advance"), None)
-            if taken is None:
-                raise InvalidEvent(self.declaration.name, source, "advance", "no guard matched")
-            state = model.state
-            step = TraceStep(source, "advance", state, guard=taken[0], at=at)
-        model.current_event = None
-        if state != before:  # the handlers depend on the state only
-            fast = self.fast
-            fast.clear()
-            fast.update(self.fast_handlers(state))
-
     def take(self, model: ModelT, trigger: str, event: object) -> Taken | None:
-        return _take(model, self.tables.steps.get((model.state, trigger)), event)
+        return _take(model, self.by_state.get(model.state, _NO_STEPS).get(trigger), event)
 
     def fast_handlers(self, state: str) -> Mapping[type, Action]:
         handlers = self.tables.fast_path.get(state, _NO_HANDLERS)
