@@ -10,7 +10,8 @@ under test swallows its cancellation), so that a regression is a failure, not a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import copy
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -283,21 +284,39 @@ def test_keyboard_interrupt_from_a_tool_reaches_the_caller_after_the_turns_child
     assert outcomes == ["cancelled"]  # the in-flight delivery was cancelled first
 
 
-async def test_a_tool_that_mutates_its_arguments_leaves_the_history_as_the_model_sent_it() -> None:
-    sent = {"cities": ["Oslo", "Lima"], "units": {"temp": "C"}, "days": 2}
+def _mutate_nested(arguments: dict[str, Any]) -> None:
+    arguments["cities"].append("Paris")
+    arguments["units"]["temp"] = "F"
+    arguments["days"] = 7
+    arguments["injected"] = True
+
+
+def _mutate_flat(arguments: dict[str, Any]) -> None:
+    arguments["city"] = "Paris"
+    arguments["days"] = 7
+    del arguments["note"]
+    arguments["injected"] = True
+
+
+@pytest.mark.parametrize(
+    ("sent", "mutate"),
+    [
+        ({"cities": ["Oslo", "Lima"], "units": {"temp": "C"}, "days": 2}, _mutate_nested),
+        # strings, numbers, flags and nulls only: the tool's copy is a plain one
+        ({"city": "Oslo", "days": 2, "metric": True, "note": None, "ratio": 0.5}, _mutate_flat),
+    ],
+    ids=["nested", "flat"],
+)
+async def test_a_tool_that_mutates_its_arguments_leaves_the_history_as_the_model_sent_it(
+    sent: dict[str, Any], mutate: Callable[[dict[str, Any]], None]
+) -> None:
     policy = LoopPolicy(delivery_flush_chars=1)
     turn, _channel, stragglers = hostile_turn(
-        [[FunctionCall("get_weather", {"cities": ["Oslo", "Lima"], "units": {"temp": "C"},
-                                       "days": 2})],
-         [TextDelta("Mild in both.")]],
-        policy,
-    )  # fmt: skip
+        [[FunctionCall("get_weather", copy.deepcopy(sent))], [TextDelta("Mild.")]], policy
+    )
 
     async def careless(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
-        arguments["cities"].append("Paris")
-        arguments["units"]["temp"] = "F"
-        arguments["days"] = 7
-        arguments["injected"] = True
+        mutate(arguments)
         return ToolResult(data={"ok": True})
 
     tool = make_tool("get_weather", turn.executions, turn.clock, careless)
@@ -307,30 +326,6 @@ async def test_a_tool_that_mutates_its_arguments_leaves_the_history_as_the_model
     assert result.status is TurnStatus.COMPLETED
     assert result.history[0].call.arguments == sent
     # and the follow-up request told the model what it really asked for
-    assert turn.provider.requests[1].history[0].call.arguments == sent
-
-
-async def test_a_tool_that_mutates_flat_arguments_leaves_the_history_as_the_model_sent_it() -> None:
-    # arguments of strings, numbers, flags and nulls only: the tool's copy is a plain one
-    sent = {"city": "Oslo", "days": 2, "metric": True, "note": None, "ratio": 0.5}
-    policy = LoopPolicy(delivery_flush_chars=1)
-    turn, _channel, stragglers = hostile_turn(
-        [[FunctionCall("get_weather", dict(sent))], [TextDelta("Mild.")]], policy
-    )
-
-    async def careless(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
-        arguments["city"] = "Paris"
-        arguments["days"] = 7
-        del arguments["note"]
-        arguments["injected"] = True
-        return ToolResult(data={"ok": True})
-
-    tool = make_tool("get_weather", turn.executions, turn.clock, careless)
-
-    result = await guarded(turn, [tool], stragglers, policy=policy)
-
-    assert result.status is TurnStatus.COMPLETED
-    assert result.history[0].call.arguments == sent
     assert turn.provider.requests[1].history[0].call.arguments == sent
 
 

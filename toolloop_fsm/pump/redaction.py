@@ -128,12 +128,7 @@ def _gather_texts(value: Any, texts: list[str]) -> None:
                 if type(item) is str:  # the common cases, spared a call: a text, or a value
                     texts.append(item)  # of a class already met (a trace step, a delivery)
                 elif (fields := _TEXT_FIELDS.get(type(item))) is not None:
-                    for name in fields:
-                        text = getattr(item, name)
-                        if type(text) is str:
-                            texts.append(text)
-                        elif text is not None:
-                            _gather_texts(text, texts)
+                    _gather_fields(item, fields, texts)
                 elif item is not None:
                     _gather_texts(item, texts)
             return
@@ -147,6 +142,11 @@ def _gather_texts(value: Any, texts: list[str]) -> None:
         ):
             return
         names = _text_fields(kind)
+    _gather_fields(value, names, texts)
+
+
+def _gather_fields(value: Any, names: tuple[str, ...], texts: list[str]) -> None:
+    """`_gather_texts` of the fields ``names`` of ``value``."""
     for name in names:
         item = getattr(value, name)
         if type(item) is str:
