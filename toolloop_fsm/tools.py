@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import functools
 import inspect
 import json
@@ -30,7 +31,7 @@ from attrs import frozen
 from toolloop_fsm.events import ToolFinished, ToolOutcomeKind
 from toolloop_fsm.host import LoopClock, Redactor, Tool, ToolContext, ToolHandler, ToolResult
 
-__all__ = ["run_tool_handler", "runs_on_loop", "tool"]
+__all__ = ["copy_arguments", "run_tool_handler", "runs_on_loop", "tool"]
 
 _log = logging.getLogger("toolloop_fsm.tools")
 
@@ -40,6 +41,27 @@ _VALIDATORS_KEPT = 512
 
 #: A worker thread holds a real loop timer in slices this long (see `_RealTimeHold`).
 _HOLD_SLICE = 0.01
+
+
+# --------------------------------------------------------------------------- arguments
+#: Values `copy.deepcopy` returns as they are.
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+def copy_arguments(value: Any) -> Any:
+    """A deep copy of call arguments: what `copy.deepcopy` makes of them. They are JSON
+    values (dicts, lists, strings, numbers), which this copies without deepcopy's memo
+    bookkeeping, several times faster; any other kind of value is handed to
+    `copy.deepcopy`. A tool gets its own copy, so one that edits its arguments rewrites
+    neither the call the model made nor the history sent back."""
+    kind = type(value)
+    if kind is dict:
+        return {key: copy_arguments(item) for key, item in value.items()}
+    if kind is list:
+        return [copy_arguments(item) for item in value]
+    if kind in _ATOMS:
+        return value
+    return copy.deepcopy(value)
 
 
 # --------------------------------------------------------------------------- dispatching

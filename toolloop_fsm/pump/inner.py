@@ -19,7 +19,6 @@ synchronously on the loop's one thread, so the machine never sees two events at 
 from __future__ import annotations
 
 import asyncio
-import copy
 import uuid
 from collections.abc import (
     AsyncIterator,
@@ -91,7 +90,7 @@ from toolloop_fsm.result import GenerationTurnResult, TraceStep
 from toolloop_fsm.review import VERDICT_TYPES, Reviewer, ReviewPacket, Unavailable
 from toolloop_fsm.snapshot import LoopSnapshot, SnapshotError, TurnSnapshot
 from toolloop_fsm.states.build_result import count_late_deliveries
-from toolloop_fsm.tools import run_tool_handler
+from toolloop_fsm.tools import copy_arguments, run_tool_handler
 from toolloop_fsm.turn import DraftState, LedgerEntry
 
 
@@ -846,22 +845,13 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             self._feed(event)
 
 
-#: Values `copy.deepcopy` returns as they are: arguments made only of these need no deep copy.
-_ATOMS = frozenset({str, int, float, bool, type(None)})
-
-
 def _own_copy(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """The tool's own copy of a call's arguments: what `copy.deepcopy` makes of them. Most
-    calls are flat JSON objects of strings and numbers, which a plain copy copies as deeply
-    (and several times faster)."""
-    copied = dict(arguments)
-    for key, value in copied.items():
-        if type(key) not in _ATOMS or type(value) not in _ATOMS:
-            try:
-                return copy.deepcopy(copied)
-            except Exception:  # arguments come from JSON; a host-built oddity is shallow-copied
-                return copied
-    return copied
+    """The tool's own copy of a call's arguments (`copy_arguments`); a host-built oddity
+    that cannot be deep-copied is copied shallowly."""
+    try:
+        return {key: copy_arguments(value) for key, value in arguments.items()}
+    except Exception:
+        return dict(arguments)
 
 
 async def _tapped(stream: AsyncIterator[Any], observation: Observation) -> AsyncIterator[Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import copy
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -61,6 +60,7 @@ from toolloop_fsm.testing.strategies import (
     ToolBehaviour,
     TurnScript,
 )
+from toolloop_fsm.tools import copy_arguments
 
 __all__ = ["ScriptRun", "WitnessedReviewer", "build_tools", "run_script"]
 
@@ -204,25 +204,8 @@ _SEND_METHODS = frozenset({"send_text", "send_expression"})
 
 def _snapshot(chunk: Chunk) -> Chunk:
     if isinstance(chunk, FunctionCall) and isinstance(chunk.arguments, dict | list):
-        return attrs.evolve(chunk, arguments=_copied(chunk.arguments))
+        return attrs.evolve(chunk, arguments=copy_arguments(chunk.arguments))
     return chunk
-
-
-_ATOMS = frozenset({str, int, float, bool, type(None)})
-
-
-def _copied(value: Any) -> Any:
-    """A deep copy of call arguments. They are JSON values, which this copies without
-    `copy.deepcopy`'s bookkeeping (it would be a tenth of a turn's running time); any other
-    kind of value is copied by `copy.deepcopy`."""
-    kind = type(value)
-    if kind is dict:
-        return {key: _copied(item) for key, item in value.items()}
-    if kind is list:
-        return [_copied(item) for item in value]
-    if kind in _ATOMS:
-        return value
-    return copy.deepcopy(value)
 
 
 class _ScriptedTools:
@@ -254,7 +237,7 @@ class _ScriptedTools:
         behaviour = plan[calls] if calls < len(plan) else DEFAULT_BEHAVIOUR
         execution = ToolExecution(
             name,
-            _copied(arguments),
+            copy_arguments(arguments),
             ctx.dispatch,
             self.clock.now(),
             self.signals.stop_requested,
