@@ -43,6 +43,7 @@ from toolloop_fsm.review import (
     Verdict,
 )
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing.hostile import RogueBaseException
 from toolloop_fsm.testing.reviewer import Hang, Raise, ReviewerAct, ScriptedReviewer
 
 DRAFTING = LoopPolicy(drafting=True)
@@ -225,6 +226,38 @@ async def test_a_reviewer_that_raises_counts_as_unavailable() -> None:
     assert _texts(turn) == ["Hello there."]
     assert result.reason == "draft_unreviewed"
     assert result.reviews[0].reason == "raised RuntimeError"
+
+
+#: What a hostile reviewer raises instead of answering: a host library's own
+#: `BaseException` subclass, and `GeneratorExit` (a closed client's generator).
+REVIEWER_BASE_EXCEPTIONS = pytest.mark.parametrize(
+    "raised",
+    [RogueBaseException("the review service's quota is used up"), GeneratorExit("closed")],
+    ids=["custom BaseException", "GeneratorExit"],
+)
+
+
+@REVIEWER_BASE_EXCEPTIONS
+async def test_a_reviewer_raising_a_base_exception_lets_the_drafted_reply_through(
+    raised: BaseException,
+) -> None:
+    turn = scripted_turn([[TextDelta("Hello there.")]])
+    result, _reviewer = await _run(turn, [], [Raise(raised)])
+    assert _texts(turn) == ["Hello there."]
+    assert (result.status, result.reason) == (TurnStatus.COMPLETED, "draft_unreviewed")
+    assert result.reviews[0].reason == f"raised {type(raised).__name__}"
+
+
+@REVIEWER_BASE_EXCEPTIONS
+async def test_a_checkpoint_reviewer_raising_a_base_exception_lets_the_call_run(
+    raised: BaseException,
+) -> None:
+    turn = scripted_turn([[_call()], [TextDelta("ok")]])
+    tool = make_tool("delete_file", turn.executions, turn.clock)
+    result, _ = await _run(turn, [tool], [Raise(raised)], policy=CHECKPOINT)
+    assert turn.executions.names() == ["delete_file"]
+    assert result.status is TurnStatus.COMPLETED
+    assert result.reviews[0].reason == f"raised {type(raised).__name__}"
 
 
 async def test_a_reviewer_that_never_answers_times_out_and_the_reply_is_delivered(

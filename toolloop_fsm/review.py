@@ -175,7 +175,8 @@ class ReviewPacket:
 @runtime_checkable
 class Reviewer(Protocol):
     """What drafting and the tool checkpoint ask. ``review`` is bounded by
-    `LoopPolicy.review_timeout`; a reviewer that raises is `Unavailable`."""
+    `LoopPolicy.review_timeout`; a reviewer that raises (anything but `KeyboardInterrupt` or
+    `SystemExit`) is `Unavailable`."""
 
     async def review(self, packet: ReviewPacket) -> Verdict: ...
 

@@ -760,7 +760,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
 
     async def _review(self, effect: RequestReview) -> None:
         """Ask the reviewer; whatever goes wrong is `Unavailable` (the machine's deadline
-        bounds the wait). A packet holding one of the turn's keys is never shown to it."""
+        bounds the wait), except the process going down. A packet holding one of the turn's
+        keys is never shown to it."""
         packet = effect.packet
         verdict: Any
         if self._holds_secret(packet):
@@ -770,10 +771,14 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             assert reviewer is not None
             try:
                 verdict = await reviewer.review(packet)
+            except asyncio.CancelledError:
+                raise  # the review was cancelled (a stop, its deadline) or the turn's caller
             except (KeyboardInterrupt, SystemExit) as err:
                 self._fail(err)
                 return
-            except Exception as err:
+            except BaseException as err:
+                # host code, as a tool is: anything it raises — a `BaseException` subclass
+                # or `GeneratorExit` too — is a failed call, here an unavailable reviewer
                 self._records.reviewer_failed(effect.review, err)
                 verdict = Unavailable(f"raised {type(err).__name__}")
             if not isinstance(verdict, VERDICT_TYPES):

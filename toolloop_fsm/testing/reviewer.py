@@ -30,7 +30,7 @@ class Slow:
 class Raise:
     """Raise ``error`` instead of answering."""
 
-    error: Exception
+    error: BaseException
 
 
 ReviewerAct: TypeAlias = Verdict | Hang | Slow | Raise
