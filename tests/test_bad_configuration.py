@@ -9,6 +9,7 @@ failed only when a provider first serialised it.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from typing import Any
@@ -21,15 +22,20 @@ from toolloop_fsm import (
     Attempt,
     LoopPolicy,
     SharedRoute,
+    TextDelta,
     Tool,
     ToolContext,
     ToolRegistry,
     ToolResult,
     TurnPolicy,
     TurnRequest,
+    run_generation_turn,
+    run_tool_loop,
 )
 from toolloop_fsm.attempts import AttemptPlan, KeyHealth
-from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.pump import resume_tool_loop
+from toolloop_fsm.snapshot import TurnSnapshot
+from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, VirtualClock
 
 NOT_FINITE_OR_NEGATIVE = (math.nan, math.inf, -math.inf, -1)
 
@@ -382,3 +388,105 @@ def test_a_shared_route_refuses_a_single_attempt_and_an_admission_that_is_not_ca
     assert "attempts" in _refusal(lambda: SharedRoute(attempt, lambda _request: True))  # type: ignore[arg-type]
     assert "attempts" in _refusal(lambda: SharedRoute(["openai"], lambda _request: True))
     assert "admit" in _refusal(lambda: SharedRoute([attempt], True))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the entry points
+class _ChannelWithoutNotices:
+    """A host's channel that forgot `send_notice` (it would only be missed when a notice is
+    posted, after the reply was sent)."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    async def send_text(self, text: str) -> None:
+        self.texts.append(text)
+
+    async def send_expression(self, expression: str) -> None:
+        self.texts.append(expression)
+
+    async def queue_front(self, stop_message: str) -> None:
+        self.texts.append(stop_message)
+
+
+def _loop_call(**changes: Any) -> Callable[[], Any]:
+    """A `run_tool_loop` call with ``changes`` (each test's own event loop and clock)."""
+    provider = ScriptedProvider([[TextDelta("Hello.")]], clock=VirtualClock())
+    fields: dict[str, Any] = {
+        "provider": provider, "tools": [], "channel": RecordingChannel(),
+        "request": TurnRequest(USER), "clock": VirtualClock(), **changes,
+    }  # fmt: skip
+    return lambda: asyncio.run(run_tool_loop(**fields))
+
+
+def _chain_call(**changes: Any) -> Callable[[], Any]:
+    provider = ScriptedProvider([[TextDelta("Hello.")]], clock=VirtualClock())
+    fields: dict[str, Any] = {
+        "attempts": [Attempt(provider)], "tools": [], "channel": RecordingChannel(),
+        "request": TurnRequest(USER), "clock": VirtualClock(), **changes,
+    }  # fmt: skip
+    return lambda: asyncio.run(run_generation_turn(**fields))
+
+
+def _type_error(call: Callable[[], Any]) -> str:
+    with pytest.raises(TypeError) as caught:
+        call()
+    return str(caught.value)
+
+
+def test_run_tool_loop_given_a_turn_policy_says_which_entry_point_takes_one() -> None:
+    message = _type_error(_loop_call(policy=TurnPolicy()))
+    assert message == (
+        "run_tool_loop(policy=…): expected a LoopPolicy, got TurnPolicy "
+        "(run_generation_turn takes a TurnPolicy)"
+    )
+
+
+def test_run_generation_turn_given_a_loop_policy_says_which_entry_point_takes_one() -> None:
+    message = _type_error(_chain_call(policy=LoopPolicy()))
+    assert message == (
+        "run_generation_turn(policy=…): expected a TurnPolicy, got LoopPolicy "
+        "(run_tool_loop takes a LoopPolicy; wrap it as TurnPolicy(loop=…))"
+    )
+
+
+def test_run_tool_loop_without_a_provider_is_refused_at_the_call_not_a_provider_error() -> None:
+    channel = RecordingChannel()
+    message = _type_error(_loop_call(provider=None, channel=channel))
+    assert message == (
+        "run_tool_loop(provider=…): expected a Provider (an object with a stream method), "
+        "got NoneType"
+    )
+    assert channel.delivered == [] and channel.notices == []
+
+
+@pytest.mark.parametrize("entry", ["run_tool_loop", "run_generation_turn"])
+def test_a_channel_lacking_send_notice_is_refused_at_the_call_before_anything_is_sent(
+    entry: str,
+) -> None:
+    channel = _ChannelWithoutNotices()
+    provider = ScriptedProvider([[TextDelta("Hello.")]], clock=VirtualClock())
+    if entry == "run_tool_loop":
+        call = _loop_call(provider=provider, channel=channel)
+    else:
+        call = _chain_call(attempts=[Attempt(provider)], channel=channel)
+    message = _type_error(call)
+    assert message == f"{entry}(channel=…): the channel lacks send_notice"
+    assert provider.requests == [] and channel.texts == []
+
+
+def test_a_channel_lacking_several_methods_is_told_all_of_them() -> None:
+    message = _type_error(_loop_call(channel=object()))
+    assert message == (
+        "run_tool_loop(channel=…): the channel lacks send_text, send_expression, send_notice "
+        "and queue_front"
+    )
+
+
+def test_resuming_a_tool_loop_checks_its_arguments_at_the_call_too() -> None:
+    snapshots: list[TurnSnapshot] = []
+    _loop_call(on_snapshot=snapshots.append)()
+    provider = ScriptedProvider([[TextDelta("Hello.")]], clock=VirtualClock())
+    resumed = resume_tool_loop(snapshots[0], provider, [], _ChannelWithoutNotices())  # type: ignore[arg-type]
+    message = _type_error(lambda: asyncio.run(resumed))
+    assert message == "resume_tool_loop(channel=…): the channel lacks send_notice"
+    assert provider.requests == []

@@ -160,8 +160,8 @@ WRONG_VALUES: dict[type, dict[str, tuple[object, ...]]] = {
     TextDelta: {"text": (None, 5, b"Sunny", ["Sunny"])},
     ThoughtDelta: {"text": (None, 5), "signature": (5, b"sig")},
     UsageReport: {
-        "input_tokens": (None, "10", 1.5, True, math.nan),
-        "output_tokens": (None, "5", math.inf),
+        "input_tokens": (None, "10", 1.5, True, math.nan, -1),
+        "output_tokens": (None, "5", math.inf, -5),
         "cumulative": (None, "yes"),
         "estimated": (1,),
     },
@@ -278,6 +278,28 @@ def test_a_deadline_of_an_unknown_kind_is_refused_naming_the_field() -> None:
     assert machine.state == "awaiting_first_token"
 
 
+@pytest.mark.parametrize("parked", ["awaiting_first_token", "streaming"])
+def test_a_negative_usage_count_is_an_invalid_event_naming_the_field(parked: str) -> None:
+    machine = PARKED[parked]()
+    with pytest.raises(InvalidEvent) as caught:
+        machine.feed(UsageReport(-1, 5))
+    assert str(caught.value) == (
+        f"ToolLoopMachine cannot take UsageReport in state {parked!r}: "
+        "input_tokens must be a whole number >= 0, got -1"
+    )
+
+
+def test_a_trigger_the_state_cannot_take_is_named_not_called_str() -> None:
+    machine = PARKED["awaiting_first_token"]()
+    with pytest.raises(InvalidEvent) as caught:
+        machine.start(_REQUEST)
+    assert str(caught.value) == (
+        "ToolLoopMachine cannot take the start trigger in state 'awaiting_first_token': "
+        "the machine was already started"
+    )
+    assert caught.value.trigger == "start"
+
+
 # --------------------------------------------------------------------------- any mixture
 _ANYTHING = st.one_of(
     st.none(),
@@ -295,6 +317,10 @@ _ANYTHING = st.one_of(
 
 def _int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: object) -> bool:
+    return _int(value) and value >= 0  # type: ignore[operator]
 
 
 def _text(value: object) -> bool:
@@ -318,7 +344,7 @@ def _seconds(value: object) -> bool:
 ACCEPTS: dict[type, dict[str, Callable[[object], bool]]] = {
     TextDelta: {"text": _text},
     ThoughtDelta: {"text": _text, "signature": _optional(_text)},
-    UsageReport: {"input_tokens": _int, "output_tokens": _int, "cumulative": _flag,
+    UsageReport: {"input_tokens": _count, "output_tokens": _count, "cumulative": _flag,
                   "estimated": _flag},
     FunctionCall: {"name": _text, "call_id": _optional(_text), "truncated": _flag,
                    "parse_error": _optional(_text),

@@ -30,6 +30,14 @@ class FieldCheck:
         return isinstance(value, self.classes) and (self.refine is None or self.refine(value))
 
 
+@frozen
+class AtLeast:
+    """The least value of a whole-number event field, declared on the event as
+    ``Annotated[int, AtLeast(n)]`` (a token count is never negative)."""
+
+    minimum: int
+
+
 def _not_bool(value: int) -> bool:
     return type(value) is not bool
 
@@ -43,6 +51,13 @@ def _field_check(name: str, hint: Any) -> FieldCheck | None:
     """The check of a field declared ``hint`` (``None``: it accepts anything)."""
     if hint is Any:
         return None
+    if typing.get_origin(hint) is typing.Annotated:
+        base, *extras = typing.get_args(hint)
+        check = _field_check(name, base)
+        for extra in extras:
+            if isinstance(extra, AtLeast) and check is not None:
+                check = _bounded(check, extra.minimum)
+        return check
     if hint is None or hint is type(None):
         return FieldCheck(name, (type(None),), None, "None")
     origin = typing.get_origin(hint)
@@ -84,6 +99,15 @@ def _field_check(name: str, hint: Any) -> FieldCheck | None:
     raise TypeError(f"an event field of type {hint!r} cannot be checked")
 
 
+def _bounded(check: FieldCheck, minimum: int) -> FieldCheck:
+    inner = check.refine
+
+    def refine(value: Any) -> bool:
+        return (inner is None or inner(value)) and value >= minimum
+
+    return FieldCheck(check.name, check.classes, refine, f"a whole number >= {minimum}")
+
+
 def event_shapes(
     event_classes: Iterable[type], *, read_as: Mapping[tuple[type, str], Any] | None = None
 ) -> dict[type, tuple[FieldCheck, ...]]:
@@ -97,7 +121,7 @@ def event_shapes(
     read_as = read_as or {}
     shapes: dict[type, tuple[FieldCheck, ...]] = {}
     for cls in event_classes:
-        hints = typing.get_type_hints(cls)
+        hints = typing.get_type_hints(cls, include_extras=True)
         checks = (
             _field_check(f.name, read_as.get((cls, f.name), hints[f.name]))
             for f in attrs.fields(cls)
@@ -114,6 +138,8 @@ def malformation(shapes: Mapping[type, tuple[FieldCheck, ...]], event: object) -
         if not isinstance(value, check.classes) or (
             check.refine is not None and not check.refine(value)
         ):
-            got = repr(value) if isinstance(value, float) else type(value).__name__
+            # a number of the right type but out of range is shown: a number holds no key
+            number = isinstance(value, float) or (type(value) is int and check.refine is not None)
+            got = repr(value) if number else type(value).__name__
             return f"{check.name} must be {check.described}, got {got}"
     return None

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from attrs import field, frozen
+
+from toolloop_fsm.event_checks import AtLeast
 
 
 # --------------------------------------------------------------------------- provider chunks
@@ -40,8 +42,8 @@ class UsageReport:
     (``cumulative=False``). ``estimated`` marks figures the library computed itself.
     """
 
-    input_tokens: int
-    output_tokens: int
+    input_tokens: Annotated[int, AtLeast(0)]
+    output_tokens: Annotated[int, AtLeast(0)]
     cumulative: bool = True
     estimated: bool = False
 

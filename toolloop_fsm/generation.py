@@ -235,7 +235,9 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
         (the clock's time, also stamped on the trace steps it takes; ``None``: time 0 for
         the key book, unstamped steps)."""
         if self._model is not None:
-            raise InvalidEvent(self.name, self.state, "start", "the machine was already started")
+            raise InvalidEvent(
+                self.name, self.state, None, "the machine was already started", trigger="start"
+            )
         self._model = GenerationState(
             policy=self.policy,
             request=request,
@@ -254,7 +256,9 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
         `toolloop_fsm.snapshot.SnapshotError`; cooldowns keep the time they had left,
         measured from ``now``."""
         if self._model is not None:
-            raise InvalidEvent(self.name, self.state, "resume", "the machine was already started")
+            raise InvalidEvent(
+                self.name, self.state, None, "the machine was already started", trigger="resume"
+            )
         self._model = restore_chain(
             snapshot,
             self.policy,

@@ -504,7 +504,9 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         drafting or the tool checkpoint is on.
         """
         if self._model is not None:
-            raise InvalidEvent(self.name, self.state, "start", "the machine was already started")
+            raise InvalidEvent(
+                self.name, self.state, None, "the machine was already started", trigger="start"
+            )
         turn = TurnState(
             policy=self.policy,
             registry=self.tools,
@@ -536,7 +538,9 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         policy and tools are this machine's; a snapshot naming a tool they lack raises
         `toolloop_fsm.snapshot.SnapshotError`."""
         if self._model is not None:
-            raise InvalidEvent(self.name, self.state, "resume", "the machine was already started")
+            raise InvalidEvent(
+                self.name, self.state, None, "the machine was already started", trigger="resume"
+            )
         turn = restore_loop(snapshot, self.policy, self.tools)
         turn.snapshots = self.snapshots
         self._model = turn

@@ -184,7 +184,9 @@ class Runner(ABC, Generic[ModelT]):
             source = state
             taken = self.take(model, "advance", None)
             if taken is None:
-                raise InvalidEvent(self.declaration.name, source, "advance", "no guard matched")
+                raise InvalidEvent(
+                    self.declaration.name, source, None, "no guard matched", trigger="advance"
+                )
             state = model.state
             step = TraceStep(source, "advance", state, guard=taken[0], at=at)
         model.current_event = None
@@ -323,7 +325,10 @@ class DeclaredMachine(Generic[ModelT]):
         model = self._model
         assert model is not None
         if self._result is not None:
-            raise InvalidEvent(self.name, model.state, event, "the turn has finished")
+            named = trigger if event is None else None  # start and resume carry no event
+            raise InvalidEvent(
+                self.name, model.state, event, "the turn has finished", trigger=named
+            )
         previous = model.step_time
         model.step_time = now
         try:

@@ -77,6 +77,7 @@ from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
+from toolloop_fsm.pump.arguments import check_loop_arguments
 from toolloop_fsm.pump.deadlines import StreamDeadlines
 from toolloop_fsm.pump.deliveries import (
     DeliveriesAndHostCalls,
@@ -927,8 +928,10 @@ async def run_tool_loop(
     checkpoint (`LoopPolicy.drafting`, `LoopPolicy.review_tool_calls`), which need one.
     ``on_snapshot`` is called synchronously with a `TurnSnapshot` at each stable point
     (before each pass); `resume_tool_loop` continues the turn from one. An exception from
-    it ends the run and is raised from it, as one from ``on_step`` is.
+    it ends the run and is raised from it, as one from ``on_step`` is. A policy, provider or
+    channel of the wrong kind is a `TypeError` at the call, naming the parameter.
     """
+    check_loop_arguments("run_tool_loop", provider, channel, policy)
     request = named_turn(request)
     return await _run_loop(
         provider, tools, channel, request, None,
@@ -982,6 +985,7 @@ async def resume_tool_loop(
     Raises `toolloop_fsm.snapshot.SnapshotError` for a generation turn's snapshot or tools
     that do not match.
     """
+    check_loop_arguments("resume_tool_loop", provider, channel, policy)
     loop = snapshot.loop
     if snapshot.chain is not None or loop is None:
         raise SnapshotError(

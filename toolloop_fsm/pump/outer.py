@@ -50,6 +50,7 @@ from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.providers._secrecy import fragment_pattern, redact
+from toolloop_fsm.pump.arguments import check_chain_arguments
 from toolloop_fsm.pump.deliveries import _resolve, wait_bounded
 from toolloop_fsm.pump.inner import EventPump, named_turn
 from toolloop_fsm.pump.observing import Observation, observe_turn
@@ -495,8 +496,10 @@ async def run_generation_turn(
     every attempt. ``on_snapshot`` is called synchronously with a `TurnSnapshot` as each
     attempt starts and at each stable point of its tool loop; `resume_generation_turn`
     continues the turn from one. An exception from it ends the run and is raised from it,
-    as one from ``on_step`` is.
+    as one from ``on_step`` is. A policy or channel of the wrong kind is a `TypeError` at the
+    call, naming the parameter.
     """
+    check_chain_arguments("run_generation_turn", channel, policy)
     request = named_turn(request)
     return await _run_chain(
         attempts, tools, channel, request, None,
@@ -535,6 +538,7 @@ async def resume_generation_turn(
     left. Raises `toolloop_fsm.snapshot.SnapshotError` for a tool loop's snapshot or a chain
     or tools that do not match.
     """
+    check_chain_arguments("resume_generation_turn", channel, policy)
     chain = snapshot.chain
     if chain is None:
         raise SnapshotError(

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from toolloop_fsm.effects import CancelStream, QueueStopResponse, StartStream
+from toolloop_fsm.event_checks import event_shapes, malformation
 from toolloop_fsm.events import (
     DeadlineKind,
     FinishReason,
@@ -95,12 +96,18 @@ def take_thought(turn: TurnState, event: ThoughtDelta) -> None:
         thoughts.append(event.text)
 
 
+#: The declared checks of a usage report's fields (built once, at import).
+_USAGE_SHAPE = event_shapes((UsageReport,))
+
+
 def take_usage(turn: TurnState, event: UsageReport) -> None:
-    """Fold a usage report into the pass's entry. A count that is not a finite whole number
-    is refused (the pump turns that into the provider's protocol failure)."""
-    for count in (event.input_tokens, event.output_tokens):
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise ValueError(f"usage counts are whole numbers >= 0, got {count!r}")
+    """Fold a usage report into the pass's entry. A count that is not a whole number >= 0
+    is refused by the event's own declaration (`feed` has refused it as an `InvalidEvent`
+    already; a stream reader calling this handler directly gets the `ValueError`, which the
+    pump turns into the provider's protocol failure)."""
+    problem = malformation(_USAGE_SHAPE, event)
+    if problem is not None:
+        raise ValueError(problem)
     previous = turn.pass_usage
     if event.cumulative or previous is None:
         turn.pass_usage = UsageEntry(
