@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.inner_kit import USER, Executions, Turn, hang, make_tool, run_turn
+from tests.inner_kit import USER, Executions, Turn, fails, hang, make_tool, run_turn
 from toolloop_fsm import (
     Attempt,
     FunctionCall,
@@ -131,6 +131,47 @@ async def test_a_notice_that_never_returns_does_not_keep_the_turn_from_returning
     # the stall (5 s), the settle window, and at most one host-call budget for the notice
     bound = 5 + policy.abandoned_stream_settle + policy.host_call_timeout
     assert turn.clock.now() <= bound + EPSILON
+
+
+@pytest.mark.parametrize("hanging", [ChannelAct.HANG, ChannelAct.IGNORE_CANCELLATION])
+async def test_two_hanging_notices_delay_the_turn_by_one_host_call_budget_not_two(
+    hanging: ChannelAct,
+) -> None:
+    # the tool fails (a hidden tool_failed notice) and that is one failure too many (the
+    # tool_error_loop notice): both notices hang; the second is never waited for
+    policy = LoopPolicy(max_consecutive_tool_errors=1, host_call_timeout=30, cancel_grace=2)
+    turn, channel, stragglers = hostile_turn(
+        [[WEATHER]], policy, notices=(hanging, hanging)
+    )  # fmt: skip
+    weather = make_tool("get_weather", turn.executions, turn.clock, fails("no station"))
+
+    result = await guarded(turn, [weather], stragglers, policy=policy)
+
+    assert (result.status, result.reason) == (TurnStatus.ERROR, "consecutive_tool_errors")
+    assert [notice.key for notice in result.notices] == ["tool_failed", "tool_error_loop"]
+    notices_asked = [call for call in channel.calls if call.method == "send_notice"]
+    assert [call.act for call in notices_asked] == [hanging]  # the second is not awaited
+    assert result.abandoned_calls == ("channel.send_notice",)
+    assert turn.clock.now() <= policy.host_call_timeout + policy.cancel_grace + EPSILON
+
+
+async def test_a_notice_that_overran_mid_turn_is_given_up_on_and_the_turn_goes_on() -> None:
+    # the first tool failure's notice hangs; the model then answers: the reply is delivered
+    # and the turn completes, the hung notice named and nothing else waited for
+    policy = LoopPolicy(host_call_timeout=30, tool_timeout=60, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn(
+        [[WEATHER], [WEATHER], [TextDelta("No weather today.")]], policy,
+        notices=(ChannelAct.HANG, ChannelAct.HANG),
+    )  # fmt: skip
+    weather = make_tool("get_weather", turn.executions, turn.clock, fails("no station"))
+
+    result = await guarded(turn, [weather], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    assert texts(result) == channel.texts == ["No weather today."]
+    assert result.abandoned_calls == ("channel.send_notice",)
+    assert [call.method for call in channel.calls].count("send_notice") == 1
+    assert turn.clock.now() <= policy.host_call_timeout + EPSILON
 
 
 async def test_a_send_that_never_returns_ends_the_turn_host_timeout_keeping_confirmed_ones() -> (
@@ -407,11 +448,12 @@ async def generate(
     *,
     policy: TurnPolicy,
     shared_route: SharedRoute | None = None,
+    tools: Sequence[Tool] = (),
 ) -> GenerationTurnResult:
     try:
         return await returns_within(
             run_generation_turn(
-                attempts, [], channel, TurnRequest(USER), policy=policy, clock=clock,
+                attempts, tools, channel, TurnRequest(USER), policy=policy, clock=clock,
                 shared_route=shared_route,
             ),
             GUARD,
@@ -489,6 +531,25 @@ async def test_a_notice_that_never_returns_does_not_keep_a_generation_turn_from_
     assert result.status is TurnStatus.COMPLETED
     assert channel.text == "The answer is 42."
     assert [call.method for call in channel.calls if call.act is ChannelAct.HANG] == ["send_notice"]
+    assert clock.now() <= policy.loop.host_call_timeout + EPSILON
+
+
+async def test_hanging_notices_of_both_tiers_delay_a_generation_turn_by_one_budget() -> None:
+    # the primary's tool fails (its tool_failed notice hangs), then the primary fails and
+    # the backup answers (the closing fallback_used notice would hang too): one budget
+    clock, channel, stragglers, policy = outer_world(notices=(ChannelAct.HANG, ChannelAct.HANG))
+    weather = make_tool("get_weather", Executions(), clock, fails("no station"))
+    primary = ScriptedProvider([[WEATHER], [Fail(server_error())]], clock=clock)
+    backup = ScriptedProvider([[TextDelta("No weather today.")]], clock=clock)
+    attempts = [Attempt(primary, label="primary"), Attempt(backup, label="backup")]
+
+    result = await generate(attempts, channel, clock, stragglers, policy=policy, tools=[weather])
+
+    assert result.status is TurnStatus.COMPLETED
+    assert channel.text == "No weather today."
+    assert [notice.key for notice in result.notices][-1] == "fallback_used"
+    assert [call.method for call in channel.calls].count("send_notice") == 1
+    assert result.abandoned_calls == ("channel.send_notice",)
     assert clock.now() <= policy.loop.host_call_timeout + EPSILON
 
 

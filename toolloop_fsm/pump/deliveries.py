@@ -1,5 +1,6 @@
 """Deliveries and the other calls into host code: bounded, ordered, abandoned when they ignore
-their cancellation (`_HostCallGuard`, `wait_bounded`)."""
+their cancellation (`_HostCallGuard`, `wait_bounded`); the notices of a turn, both tiers',
+within one shared budget (`NoticeBudget`, `post_notice`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import (
     Generator,
     Iterable,
 )
+from enum import StrEnum
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,7 @@ from toolloop_fsm.events import (
     StreamEnded,
 )
 from toolloop_fsm.host import Channel, Clock
+from toolloop_fsm.result import Notice
 
 if TYPE_CHECKING:
     from toolloop_fsm.machine import ToolLoopMachine
@@ -52,12 +55,14 @@ class DeliveriesAndHostCalls:
         _outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded] | None
         _delivery_keys: str | None
         _pending_result: GenerationTurnResult | None
+        _notices: NoticeBudget
 
         def _feed(self, event: Any) -> None: ...
         def _fail(self, err: BaseException) -> None: ...
         def _settle_result(self, result: GenerationTurnResult) -> None: ...
         def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]: ...
         def _abandon(self, task: asyncio.Task[Any], name: str) -> None: ...
+        def _give_up(self, name: str) -> None: ...
 
     else:
         __slots__ = ()
@@ -178,9 +183,11 @@ class DeliveriesAndHostCalls:
             self._host_task = self._spawn(self._call_host_in_order(), "channel notices")
 
     async def _call_host_in_order(self) -> None:
-        """Post notices and the stop message in order, each bounded by the host-call budget.
-        A call that fails or does not return is a ``host_error``/``host_timeout`` while the
-        turn runs; after it, it is only named (a late notice cannot change how it ended)."""
+        """Post notices and the stop message in order. Notices share the turn's notice budget
+        (`post_notice`): one that overran it is given up on and named, and changes nothing.
+        The stop message is bounded by the host-call budget. Either, failing (or the stop
+        message not returning) while the turn runs, is a ``host_error``/``host_timeout``;
+        after it, it is only named (a late call cannot change how the turn ended)."""
         channel = self.channel
         calls = self._host_calls
         assert calls is not None  # the worker is started for a call
@@ -189,11 +196,17 @@ class DeliveriesAndHostCalls:
             while calls and self._host_task is me:
                 effect = calls.pop(0)
                 if isinstance(effect, PostNotice):
-                    name = "channel.send_notice"
-                    call: Awaitable[None] = channel.send_notice(effect.notice)
-                else:
-                    name = "channel.queue_front"
-                    call = channel.queue_front(effect.stop_message)
+                    if me is not None:
+                        me.set_name(SEND_NOTICE)
+                    self._notice_posted(
+                        await post_notice(
+                            channel, effect.notice, self._notices, self.clock,
+                            self.policy.cancel_grace,
+                        )
+                    )  # fmt: skip
+                    continue
+                name = "channel.queue_front"
+                call: Awaitable[None] = channel.queue_front(effect.stop_message)
                 if me is not None:
                     me.set_name(name)  # a worker abandoned at the end is named by its call
                 guard = _HostCallGuard(
@@ -223,6 +236,21 @@ class DeliveriesAndHostCalls:
             if self._host_task is me:
                 self._host_calls_done()
 
+    def _notice_posted(self, outcome: NoticeOutcome | BaseException) -> None:
+        """What a notice's call came to: one given up on is named, and ends nothing; one that
+        raised while the turn runs is its ``host_error``."""
+        if outcome is NoticeOutcome.GIVEN_UP:
+            self._give_up(SEND_NOTICE)
+            return
+        if isinstance(outcome, NoticeOutcome):
+            return
+        if isinstance(outcome, KeyboardInterrupt | SystemExit):
+            self._fail(outcome)
+            return
+        self._host_exception = outcome
+        if not self.machine.is_finished:
+            self._feed(DeliveryFailed(None, f"{type(outcome).__name__}: {outcome}"))
+
     def _host_worker_abandoned(self, name: str) -> None:
         """The host call in progress ignored its cancellation: it failed like one that did
         not return, and the worker carries on without it."""
@@ -239,6 +267,89 @@ class DeliveriesAndHostCalls:
         if pending is not None and not self._host_calls:
             self._pending_result = None
             self._settle_result(pending)
+
+
+class NoticeBudget:
+    """The one host-call budget the notices of a turn share (docs/behaviour.md §7.3), both
+    tiers' alike: each notice is bounded by what is left of it, a notice that overran it is
+    given up on (named in ``abandoned_calls``, the ending unchanged), and once one has,
+    later notices of the turn are not sent (a channel whose notices hang would hang every
+    one of them): the notices delay a turn by at most one ``host_call_timeout`` (and, for one
+    that ignores its cancellation, ``cancel_grace``)."""
+
+    __slots__ = ("overran", "remaining")
+
+    def __init__(self, seconds: float) -> None:
+        self.remaining = seconds
+        self.overran = False
+
+    @property
+    def spent(self) -> bool:
+        return self.overran or self.remaining <= 0
+
+
+#: How a call given up on is named.
+SEND_NOTICE = "channel.send_notice"
+
+
+class NoticeOutcome(StrEnum):
+    """What became of a notice that did not raise."""
+
+    SHOWN = "shown"
+    GIVEN_UP = "given_up"  # it overran the budget now: named in the result
+    NOT_SENT = "not_sent"  # the budget was already spent
+
+
+async def post_notice(
+    channel: Channel, notice: Notice, budget: NoticeBudget, clock: Clock, grace: float
+) -> NoticeOutcome | BaseException:
+    """Post ``notice`` within what is left of the turn's notice ``budget``; what became of
+    it, or what it raised."""
+    if budget.spent:
+        return NoticeOutcome.NOT_SENT
+    call = channel.send_notice(notice)
+    # its first step runs here, as a delivery's does: a channel that does not wait has shown
+    # the notice before the turn's next step (the 21st pass's tool sees its still_working)
+    if inspect.iscoroutine(call):
+        try:
+            waiting_on = call.send(None)
+        except StopIteration:
+            return NoticeOutcome.SHOWN
+        except BaseException as err:
+            return err
+        task = asyncio.ensure_future(_awaited(_resume(call, waiting_on)))
+    else:
+        task = asyncio.ensure_future(call)
+    started = clock.now()
+    try:
+        overran = bool(await wait_bounded(clock, [task], budget.remaining))
+        if overran:
+            budget.overran = True
+            task.cancel()
+            # it has the grace to stop; one that ignores its cancellation is left behind,
+            # never awaited again (what it ends with is read, so that nothing is reported)
+            if await wait_bounded(clock, [task], grace):
+                task.add_done_callback(_left_behind)
+    except asyncio.CancelledError:
+        task.cancel()  # the turn is over, or its caller was cancelled
+        raise
+    finally:
+        budget.remaining = max(0.0, budget.remaining - (clock.now() - started))
+    if overran:
+        return NoticeOutcome.GIVEN_UP
+    if task.cancelled():  # the host cancelled its own call: a failure like any other
+        return asyncio.CancelledError("channel.send_notice was cancelled")
+    failure = task.exception()
+    return failure if failure is not None else NoticeOutcome.SHOWN
+
+
+async def _awaited(started: Awaitable[None]) -> None:
+    await started
+
+
+def _left_behind(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class _HostCallGuard:

@@ -81,6 +81,7 @@ from toolloop_fsm.pump.arguments import check_loop_arguments
 from toolloop_fsm.pump.deadlines import StreamDeadlines
 from toolloop_fsm.pump.deliveries import (
     DeliveriesAndHostCalls,
+    NoticeBudget,
     takes_idempotency_keys,
     wait_bounded,
 )
@@ -137,6 +138,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_last_chunk",
         "_late_confirmed",
         "_main",
+        "_notices",
         "_observation",
         "_outcomes",
         "_pending_result",
@@ -186,8 +188,13 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         reviewer: Reviewer | None = None,
         delivery_keys: str | None = None,
         on_snapshot: Callable[[LoopSnapshot], None] | None = None,
+        notices: NoticeBudget | None = None,
     ) -> None:
         self.machine = machine
+        # the host-call budget the turn's notices share (the outer tier's, for an attempt)
+        self._notices = (
+            notices if notices is not None else NoticeBudget(machine.policy.host_call_timeout)
+        )
         # handed each snapshot the machine offers (it offers them when built with
         # ``snapshots=True``)
         self.on_snapshot = on_snapshot
@@ -428,6 +435,14 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 self._abandoned = []
             self._abandoned.append(name)
             self._records.abandoned(name, self.policy.cancel_grace)
+
+    def _give_up(self, name: str) -> None:
+        """A call that overran its budget was given up on (and cancelled): it is named in the
+        result, and ends nothing."""
+        if self._abandoned is None:
+            self._abandoned = []
+        self._abandoned.append(name)
+        self._records.given_up(name, self.policy.host_call_timeout)
 
     def _abandon_unless_done(self, task: asyncio.Task[Any], name: str) -> None:
         if not task.done():

@@ -51,7 +51,14 @@ from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.providers._secrecy import fragment_pattern, redact
 from toolloop_fsm.pump.arguments import check_chain_arguments
-from toolloop_fsm.pump.deliveries import _resolve, wait_bounded
+from toolloop_fsm.pump.deliveries import (
+    SEND_NOTICE,
+    NoticeBudget,
+    NoticeOutcome,
+    _resolve,
+    post_notice,
+    wait_bounded,
+)
 from toolloop_fsm.pump.inner import EventPump, named_turn
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords
@@ -119,6 +126,8 @@ class GenerationPump:
         self._follow_ups_seen = 0
         self._stop_honoured = False
         self._abandoned: list[str] = []
+        # one budget for every notice of the turn, the attempts' and the closing ones
+        self._notices = NoticeBudget(loop_policy.host_call_timeout)
         self._keys = [key for attempt in (*self.attempts, *self.shared) for key in attempt.keys]
         self._leak = fragment_pattern(self._keys)  # finds any piece of a key, in one pass
         # the texts the turn's results were found clean of keys in (see `may_hold_key`)
@@ -172,7 +181,17 @@ class GenerationPump:
         if isinstance(effect, AskAdmission):
             return await self._ask_admission(effect)
         if isinstance(effect, PostNotice):  # a notice the host cannot show ends nothing
-            await self._call_host(self.channel.send_notice(effect.notice), "channel.send_notice")
+            policy = self.machine.policy.loop
+            outcome = await post_notice(
+                self.channel, effect.notice, self._notices, self.clock, policy.cancel_grace
+            )
+            if outcome is NoticeOutcome.GIVEN_UP:
+                self._abandoned.append(SEND_NOTICE)
+                self.records.given_up(SEND_NOTICE, policy.host_call_timeout)
+            elif isinstance(outcome, KeyboardInterrupt | SystemExit):
+                raise outcome  # the process is going down
+            elif isinstance(outcome, BaseException):
+                self.records.host_call_failed(SEND_NOTICE, f"{type(outcome).__name__}: {outcome}")
             return []
         if isinstance(effect, SupersedeAttempt):
             mark = getattr(self.channel, "attempt_superseded", None)
@@ -264,7 +283,7 @@ class GenerationPump:
             consume_stop=False, observation=observation, records=records,
             reviewer=self.reviewer,
             delivery_keys=f"{effect.request.turn_id}:{effect.attempt}",
-            on_snapshot=offer,
+            on_snapshot=offer, notices=self._notices,
         )  # fmt: skip
         run = asyncio.ensure_future(
             pump.run(

@@ -159,6 +159,10 @@ class TurnRecords:
             call=name,
         )
 
+    def given_up(self, name: str, seconds: float) -> None:
+        """A call into host code that ends nothing overran its budget and was given up on."""
+        self.host_call_failed(name, f"did not return within {seconds:g} s; given up on")
+
     def host_call_failed(self, name: str, problem: str) -> None:
         """A call into host code that ends nothing (a notice, a hook, the admission policy)
         failed."""
