@@ -35,7 +35,7 @@ from toolloop_fsm import (
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.sansio import Deliver, OfferSnapshot, ToolLoopMachine
-from toolloop_fsm.snapshot import SnapshotError
+from toolloop_fsm.snapshot import MAX_SNAPSHOT_ERROR_CHARS, MAX_SNAPSHOT_SIZE, SnapshotError
 from toolloop_fsm.testing import (
     Fail,
     Pause,
@@ -415,7 +415,7 @@ def test_a_field_of_the_wrong_type_is_refused_naming_the_field() -> None:
     document["loop"]["iterations"] = "1"  # a number written as text is not coerced
     with pytest.raises(SnapshotError, match=r"\$\.loop\.iterations") as raised:
         snapshot_from_json(json.dumps(document))
-    assert "expected int" in str(raised.value)
+    assert "expected an integer, got str" in str(raised.value)
     document = _document()
     document["loop"]["delivered"][0]["text"] = 5
     with pytest.raises(SnapshotError, match=r"\$\.loop\.delivered\[0\]\.text"):
@@ -482,3 +482,80 @@ def test_a_snapshot_captures_every_field_of_the_state_it_does_not_leave_out_on_p
     assert names(DraftState) - names(DraftSnapshot) == set()
     assert names(TurnState) - names(LoopSnapshot) == _LOOP_LEFT_OUT
     assert names(GenerationState) - names(ChainSnapshot) == _CHAIN_LEFT_OUT
+
+
+# --------------------------------------------------------------------------- untrusted text
+def test_a_deeply_nested_snapshot_is_refused_as_a_snapshot_error() -> None:
+    """Nesting far past any snapshot's own is refused before it is parsed (Python's parser
+    would exhaust the stack on it), as deep arrays and deep objects alike."""
+    text = json.dumps(_document())
+    for deep in ("[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000):
+        hostile = text.replace('"thought_log": ""', f'"thought_log": {deep}', 1)
+        assert hostile != text
+        with pytest.raises(SnapshotError, match="nested deeper than"):
+            snapshot_from_json(hostile)
+
+
+def test_a_string_where_a_list_of_strings_belongs_is_refused_not_split_into_characters() -> None:
+    for name in ("scene_metadata", "disabled_tools", "tools"):
+        document = _document()
+        document["loop"][name] = "abc"
+        with pytest.raises(SnapshotError, match=rf"\$\.loop\.{name}\b") as raised:
+            snapshot_from_json(json.dumps(document))
+        assert "expected a list, got str" in str(raised.value)
+    document = _document()
+    document["loop"]["ledger"] = ["a", "b"]  # a mapping is an object, never a list
+    with pytest.raises(SnapshotError, match=r"expected an object, got list @ \$\.loop\.ledger"):
+        snapshot_from_json(json.dumps(document))
+
+
+def test_a_string_where_a_list_of_records_belongs_costs_memory_bounded_by_its_size() -> None:
+    """Each character of the string used to be read as a record of its own, every failure
+    kept (a 1 MB snapshot took 4 GB): the string is refused at once, with one short
+    message."""
+    import tracemalloc
+
+    document = _document()
+    document["loop"]["delivered"] = "x" * 20_000
+    text = json.dumps(document)
+    tracemalloc.start()
+    try:
+        with pytest.raises(SnapshotError, match=r"\$\.loop\.delivered") as raised:
+            snapshot_from_json(text)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * len(text)
+    assert len(str(raised.value)) <= MAX_SNAPSHOT_ERROR_CHARS
+
+
+def test_many_wrong_elements_give_a_bounded_list_of_problems() -> None:
+    document = _document()
+    document["loop"]["delivered"] = [1] * 10_000 + [{"seq": "x"}] * 10_000
+    with pytest.raises(SnapshotError, match=r"\$\.loop\.delivered\[0\]") as raised:
+        snapshot_from_json(json.dumps(document))
+    message = str(raised.value)
+    assert "stopped reading after 3 bad elements (3 of 20000 read)" in message
+    assert len(message) <= MAX_SNAPSHOT_ERROR_CHARS
+    # a document wrong everywhere: the first problems, and how many more there are
+    document = _document()
+    wrong = ("iterations dispatches next_seq follow_ups_cleared consecutive_tool_errors "
+             "continuation_failures thought_log last_text suppress_text continuation_style "
+             "hold_timeout_notice prefill")  # fmt: skip
+    for name in wrong.split():
+        document["loop"][name] = [[["wrong"]]]
+    with pytest.raises(SnapshotError, match=r"and 2 further problems not listed") as raised:
+        snapshot_from_json(json.dumps(document))
+    assert len(str(raised.value)) <= MAX_SNAPSHOT_ERROR_CHARS
+
+
+def test_a_snapshot_larger_than_the_size_limit_is_refused_before_it_is_parsed() -> None:
+    text = json.dumps(_document())
+    with pytest.raises(SnapshotError, match=rf"larger than the limit of {len(text) - 1}"):
+        snapshot_from_json(text, max_size=len(text) - 1)
+    assert snapshot_from_json(text, max_size=len(text)).loop is not None
+    padded = text.replace('"thought_log": ""', '"thought_log": "' + "y" * MAX_SNAPSHOT_SIZE + '"')
+    with pytest.raises(SnapshotError, match="larger than the limit"):
+        snapshot_from_json(padded)
+    with pytest.raises(SnapshotError, match="larger than the limit"):
+        snapshot_from_json(padded.encode("utf-8"))

@@ -11,14 +11,18 @@ and never a provider, a tool, a channel or a policy: the host passes those again
 resumes (`resume_tool_loop`, `resume_generation_turn`). The snapshot records the names of the
 registered tools and the chain's labels, and a resume refuses a host that no longer has them.
 
-`snapshot_to_json` / `snapshot_from_json` carry a snapshot as JSON text. Reading is strict:
-an unknown ``version``, text that is not a snapshot, a missing field, an unknown field or a
-field of the wrong type raises `SnapshotError` naming the field, and nothing is restored.
+`snapshot_to_json` / `snapshot_from_json` carry a snapshot as JSON text. Reading is strict
+and safe on untrusted text: text too large or nested too deep (checked before parsing), an
+unknown ``version``, text that is not a snapshot, a missing field, an unknown field or a
+field of the wrong type raises `SnapshotError` naming the field (a bounded list of them),
+never any other exception, and nothing is restored.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -481,8 +485,26 @@ def check_tools(named: Iterable[str], registered: Iterable[Any]) -> None:
 
 
 # --------------------------------------------------------------------------- JSON
-# strict: a field of the wrong type is refused instead of coerced, an unknown field is refused
+#: The largest snapshot text `snapshot_from_json` reads: characters of a ``str``, bytes of a
+#: ``bytes``. A host whose turns carry longer contexts passes its own ``max_size``.
+MAX_SNAPSHOT_SIZE = 16 * 1024 * 1024
+#: The deepest nesting of arrays and objects a snapshot may have. The format's own records
+#: nest 8 deep; the rest is for what contexts, tool arguments and tool results nest.
+MAX_SNAPSHOT_DEPTH = 64
+#: The problems one `SnapshotError` lists, and the length of its message.
+MAX_SNAPSHOT_PROBLEMS = 10
+MAX_SNAPSHOT_ERROR_CHARS = 4096
+_PROBLEM_CHARS = 300
+
+# strict: a field of the wrong type is refused instead of coerced, an unknown field is refused,
+# a text is never read as a list of its characters
 _converter = make_converter(strict=True)
+
+# The nesting scan: escaped backslashes and quotes out, then strings (a bracket inside a
+# string nests nothing), then each bracket's step, summed in C: no recursion, whatever the text.
+_STRINGS = re.compile(r'"[^"]*"')
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+_NESTING = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
 def snapshot_to_json(snapshot: TurnSnapshot) -> str:
@@ -490,14 +512,35 @@ def snapshot_to_json(snapshot: TurnSnapshot) -> str:
     return json.dumps(_converter.unstructure(snapshot), ensure_ascii=False)
 
 
-def snapshot_from_json(text: str | bytes) -> TurnSnapshot:
-    """The snapshot `snapshot_to_json` wrote. Raises `SnapshotError` naming what is wrong —
-    text that is not JSON or not a snapshot, an unknown version, a missing, unknown or
-    mistyped field — and restores nothing then."""
+def snapshot_from_json(text: str | bytes, *, max_size: int = MAX_SNAPSHOT_SIZE) -> TurnSnapshot:
+    """The snapshot `snapshot_to_json` wrote. Safe on text from anywhere: it raises only
+    `SnapshotError`, naming what is wrong — text longer than ``max_size`` or nested deeper
+    than `MAX_SNAPSHOT_DEPTH` (refused before it is parsed), text that is not JSON or not a
+    snapshot, an unknown version, a missing, unknown or mistyped field (at most
+    `MAX_SNAPSHOT_PROBLEMS` of them, each with its path) — and restores nothing then."""
+    if not isinstance(text, str | bytes | bytearray):
+        raise SnapshotError(f"a snapshot is JSON text (str or bytes), got {type(text).__name__}")
+    if len(text) > max_size:
+        unit = "characters" if isinstance(text, str) else "bytes"
+        raise SnapshotError(
+            f"the snapshot is {len(text)} {unit}, larger than the limit of {max_size} "
+            "(snapshot_from_json's max_size)"
+        )
+    if not isinstance(text, str):
+        try:
+            text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")
+        except (UnicodeDecodeError, LookupError) as err:
+            raise SnapshotError(f"the snapshot is not JSON: {_bounded(str(err))}") from None
+    depth = _nesting_depth(text)
+    if depth > MAX_SNAPSHOT_DEPTH:
+        raise SnapshotError(
+            f"the snapshot is nested deeper than {MAX_SNAPSHOT_DEPTH} arrays and objects "
+            f"({depth}): not a snapshot this library wrote"
+        )
     try:
         document = json.loads(text)
-    except (ValueError, TypeError) as err:
-        raise SnapshotError(f"the snapshot is not JSON: {err}") from None
+    except ValueError as err:
+        raise SnapshotError(f"the snapshot is not JSON: {_bounded(str(err))}") from None
     if not isinstance(document, dict):
         raise SnapshotError(f"a snapshot is a JSON object, got {type(document).__name__}")
     if "version" not in document:
@@ -507,27 +550,58 @@ def snapshot_from_json(text: str | bytes) -> TurnSnapshot:
         raise SnapshotError(f"version: expected an integer, got {type(version).__name__}")
     if version != SNAPSHOT_VERSION:
         raise SnapshotError(
-            f"version: unknown snapshot version {version} (this library reads version "
-            f"{SNAPSHOT_VERSION})"
+            f"version: unknown snapshot version {_bounded(str(version))} (this library reads "
+            f"version {SNAPSHOT_VERSION})"
         )
     try:
         return _converter.structure(document, TurnSnapshot)
-    except SnapshotError:
-        raise
+    except SnapshotError as err:
+        raise SnapshotError(_bounded(str(err), MAX_SNAPSHOT_ERROR_CHARS)) from None
     except Exception as err:
         raise SnapshotError(_describe(err)) from None
 
 
+def _nesting_depth(text: str) -> int:
+    """How deep the arrays and objects of JSON ``text`` nest (of malformed text: an estimate,
+    which the parser then refuses anyway)."""
+    # backslashes pair up left to right, as str.replace takes them; then no quote is escaped
+    unescaped = text.replace("\\\\", "").replace('\\"', "")
+    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", unescaped))
+    return max(itertools.accumulate(map(_NESTING.__getitem__, map(ord, brackets))), default=0)
+
+
 def _describe(err: Exception) -> str:
-    """What is wrong with a document cattrs refused, each problem with the field's path
-    (``$.loop.iterations``)."""
+    """What is wrong with a document cattrs refused: the first `MAX_SNAPSHOT_PROBLEMS`
+    problems, each with the field's path (``$.loop.iterations``) and cut to a few hundred
+    characters (a path or a value may come from a hostile text), and how many more."""
     if isinstance(err, cattrs.BaseValidationError | cattrs.ForbiddenExtraKeysError):
-        problems = cattrs.transform_error(err, path="$")
-        return "the snapshot is malformed: " + "; ".join(problems)
-    return f"the snapshot is malformed: {type(err).__name__}: {err}"
+        problems = cattrs.transform_error(err, path="$", format_exception=_problem)
+    else:
+        problems = [f"{type(err).__name__}: {err}"]
+    listed = "; ".join(_bounded(problem) for problem in problems[:MAX_SNAPSHOT_PROBLEMS])
+    more = len(problems) - MAX_SNAPSHOT_PROBLEMS
+    if more > 0:
+        listed += f"; and {more} further problems not listed"
+    return _bounded("the snapshot is malformed: " + listed, MAX_SNAPSHOT_ERROR_CHARS)
+
+
+def _problem(err: BaseException, kind: type | None) -> str:
+    """One problem in words: the strict hooks' own (what was expected, what came), a
+    missing or unknown field as cattrs says it."""
+    if isinstance(err, TypeError | ValueError) and err.args and isinstance(err.args[0], str):
+        return str(err)
+    return cattrs.v.format_exception(err, kind)
+
+
+def _bounded(text: str, limit: int = _PROBLEM_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 __all__ = [
+    "MAX_SNAPSHOT_DEPTH",
+    "MAX_SNAPSHOT_ERROR_CHARS",
+    "MAX_SNAPSHOT_PROBLEMS",
+    "MAX_SNAPSHOT_SIZE",
     "SNAPSHOT_VERSION",
     "ChainSnapshot",
     "DraftSnapshot",
