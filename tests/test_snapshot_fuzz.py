@@ -214,6 +214,8 @@ def mutated_snapshots(draw: st.DrawFn) -> tuple[str | bytes, str]:
     kind = "none"
     for _ in range(draw(st.integers(1, 3))):
         paths = _paths(document)
+        if not paths:  # everything dropped already
+            break
         path = draw(st.sampled_from(paths))
         parent, key = _at(document, path[:-1]), path[-1]
         value = parent[key]
@@ -235,7 +237,7 @@ def mutated_snapshots(draw: st.DrawFn) -> tuple[str | bytes, str]:
         elif kind == "list for text":
             parent[key] = list(value) if isinstance(value, str) else [[value]]
         elif kind == "record moved":
-            records = [p for p in paths if isinstance(_at(document, p), dict)]
+            records = [p for p in paths if isinstance(_at(document, p), dict)] or [path]
             parent[key] = json.loads(json.dumps(_at(document, draw(st.sampled_from(records)))))
         elif kind == "null":
             parent[key] = None

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from toolloop_fsm import (
@@ -44,6 +45,7 @@ from toolloop_fsm.testing import (
     ScriptItem,
     VirtualClock,
 )
+from toolloop_fsm.testing.reviewer import ScriptedReviewer
 
 USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
 SMALL_FLUSH = LoopPolicy(delivery_flush_chars=5)
@@ -238,7 +240,7 @@ def test_resume_refuses_a_host_that_no_longer_registers_a_tool_the_snapshot_name
     with pytest.raises(SnapshotError, match=r"tools: .*get_weather"):
         asyncio.run(
             resume_tool_loop(snapshot_from_json(saved[1]), ScriptedProvider([]), [],
-                             RecordingChannel())
+                             RecordingChannel(), policy=SMALL_FLUSH)
         )  # fmt: skip
 
 
@@ -396,8 +398,8 @@ def _document() -> dict[str, Any]:
 
 def test_a_snapshot_of_an_unknown_version_is_refused_naming_the_version() -> None:
     document = _document()
-    document["version"] = 2
-    with pytest.raises(SnapshotError, match="version: unknown snapshot version 2"):
+    document["version"] = 3
+    with pytest.raises(SnapshotError, match="version: unknown snapshot version 3"):
         snapshot_from_json(json.dumps(document))
 
 
@@ -559,3 +561,118 @@ def test_a_snapshot_larger_than_the_size_limit_is_refused_before_it_is_parsed() 
         snapshot_from_json(padded)
     with pytest.raises(SnapshotError, match="larger than the limit"):
         snapshot_from_json(padded.encode("utf-8"))
+
+
+# --------------------------------------------------------------------------- what resume keeps
+def _drafted_cut() -> tuple[TurnSnapshot, list[list[ScriptItem]]]:
+    """A drafted turn cut before its second pass, its prose held for review."""
+    passes: list[list[ScriptItem]] = [
+        [TextDelta("Checking. "), FunctionCall("get_weather", {"city": "Oslo"})],
+        [TextDelta("Sunny in Oslo.")],
+    ]
+    saved: list[TurnSnapshot] = []
+    asyncio.run(
+        run_tool_loop(
+            ScriptedProvider(passes), [CountingTool().tool()], RecordingChannel(),
+            TurnRequest(USER), policy=LoopPolicy(drafting=True), reviewer=ScriptedReviewer(),
+            on_snapshot=saved.append,
+        )
+    )  # fmt: skip
+    cut = snapshot_from_json(snapshot_to_json(saved[-1]))
+    assert cut.loop is not None and cut.loop.draft is not None and cut.loop.draft.segments
+    return cut, passes
+
+
+def test_a_drafted_turn_resumed_with_a_policy_without_drafting_is_refused_naming_the_field() -> (
+    None
+):
+    cut, passes = _drafted_cut()
+    channel = RecordingChannel()
+    with pytest.raises(SnapshotError, match=r"policy\.drafting: .*True.*False"):
+        asyncio.run(
+            resume_tool_loop(cut, ScriptedProvider(passes[1:]), [CountingTool().tool()],
+                             channel, policy=LoopPolicy())
+        )  # fmt: skip
+    assert channel.texts == []  # refused before anything was sent
+
+
+def test_resume_refuses_a_ceiling_or_budget_other_than_the_one_the_turn_counted_against() -> None:
+    weather = CountingTool()
+    _, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
+    cut = snapshot_from_json(saved[1])
+    for changed, field in [
+        (LoopPolicy(delivery_flush_chars=50), "delivery_flush_chars"),
+        (attrs.evolve(SMALL_FLUSH, max_function_call_iterations=1), "max_function_call_iterations"),
+        (attrs.evolve(SMALL_FLUSH, memory_tool_name="remember"), "memory_tool_name"),
+        (attrs.evolve(SMALL_FLUSH, review_tool_calls=True), "review_tool_calls"),
+    ]:
+        with pytest.raises(SnapshotError, match=rf"policy\.{field}: "):
+            asyncio.run(resume_tool_loop(cut, ScriptedProvider([]), [weather.tool()],
+                                         RecordingChannel(), policy=changed,
+                                         reviewer=ScriptedReviewer()))  # fmt: skip
+
+
+def test_resume_refuses_a_tool_whose_follow_up_or_replay_setting_changed() -> None:
+    weather = CountingTool()
+    _, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
+    cut = snapshot_from_json(saved[1])
+    for changed, setting in [
+        (attrs.evolve(weather.tool(), replay="rerun"), "replay"),
+        (attrs.evolve(weather.tool(), requires_follow_up=False), "requires_follow_up"),
+    ]:
+        with pytest.raises(SnapshotError, match=rf"tools\.get_weather\.{setting}: "):
+            asyncio.run(resume_tool_loop(cut, ScriptedProvider([]), [changed],
+                                         RecordingChannel(), policy=SMALL_FLUSH))  # fmt: skip
+    assert len(weather.runs) == 1
+
+
+def test_a_resume_with_longer_time_budgets_and_a_new_tool_continues_the_turn() -> None:
+    """Time budgets are the resuming process's; a tool the snapshot did not name may be
+    added; a tool's timeout, description and schema may change."""
+    weather = CountingTool()
+    first, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
+    patient = attrs.evolve(
+        SMALL_FLUSH, tool_timeout=900.0, inactivity_timeout=600.0, host_call_timeout=90.0,
+        cancel_grace=5.0, max_pass_duration=1800.0, review_timeout=300.0,
+    )  # fmt: skip
+    tools = [
+        attrs.evolve(weather.tool(), timeout=60.0, description="The forecast for a city"),
+        Tool("get_time", "The time", {"type": "object"}, lambda _a, _c: ToolResult(data="noon")),
+    ]
+    resumed = asyncio.run(
+        resume_tool_loop(snapshot_from_json(saved[1]), ScriptedProvider(weather_passes()[1:]),
+                         tools, RecordingChannel(), policy=patient)
+    )  # fmt: skip
+    assert (resumed.status, resumed.reason) == (first.status, first.reason)
+    assert resumed.final_text == "It is sunny in Oslo today."
+    assert len(weather.runs) == 1
+
+
+def test_a_generation_turn_resumed_with_another_turn_policy_is_refused_naming_the_field() -> None:
+    saved: list[TurnSnapshot] = []
+    policy = TurnPolicy(loop=LoopPolicy(drafting=True))
+    asyncio.run(
+        run_generation_turn([Attempt(ScriptedProvider([[TextDelta("Hi")]]), label="A")], [],
+                            RecordingChannel(), TurnRequest(USER), policy=policy,
+                            reviewer=ScriptedReviewer(), on_snapshot=saved.append)
+    )  # fmt: skip
+    for changed, field in [
+        (TurnPolicy(), r"policy\.loop\.drafting"),
+        (attrs.evolve(policy, max_key_attempts_per_model=1), "policy.max_key_attempts_per_model"),
+        (attrs.evolve(policy, allow_shared_route=False), "policy.allow_shared_route"),
+    ]:
+        for cut in saved:
+            with pytest.raises(SnapshotError, match=rf"{field}: "):
+                asyncio.run(
+                    resume_generation_turn(cut, [Attempt(ScriptedProvider([]), label="A")], [],
+                                           RecordingChannel(), policy=changed,
+                                           reviewer=ScriptedReviewer())
+                )  # fmt: skip
+    # the cooldowns are the resuming host's: a different one resumes
+    cooler = attrs.evolve(policy, rate_limit_cooldown=5.0, failure_cooldown=10.0)
+    resumed = asyncio.run(
+        resume_generation_turn(saved[-1], [Attempt(ScriptedProvider([[TextDelta("Hi")]]),
+                                                   label="A")], [], RecordingChannel(),
+                               policy=cooler, reviewer=ScriptedReviewer())
+    )  # fmt: skip
+    assert resumed.status.value == "completed"
