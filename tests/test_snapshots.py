@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from toolloop_fsm import (
@@ -35,7 +36,7 @@ from toolloop_fsm import (
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.sansio import Deliver, OfferSnapshot, ToolLoopMachine
-from toolloop_fsm.snapshot import SnapshotError
+from toolloop_fsm.snapshot import MAX_SNAPSHOT_ERROR_CHARS, MAX_SNAPSHOT_SIZE, SnapshotError
 from toolloop_fsm.testing import (
     Fail,
     Pause,
@@ -44,6 +45,7 @@ from toolloop_fsm.testing import (
     ScriptItem,
     VirtualClock,
 )
+from toolloop_fsm.testing.reviewer import ScriptedReviewer
 
 USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
 SMALL_FLUSH = LoopPolicy(delivery_flush_chars=5)
@@ -238,7 +240,7 @@ def test_resume_refuses_a_host_that_no_longer_registers_a_tool_the_snapshot_name
     with pytest.raises(SnapshotError, match=r"tools: .*get_weather"):
         asyncio.run(
             resume_tool_loop(snapshot_from_json(saved[1]), ScriptedProvider([]), [],
-                             RecordingChannel())
+                             RecordingChannel(), policy=SMALL_FLUSH)
         )  # fmt: skip
 
 
@@ -396,8 +398,8 @@ def _document() -> dict[str, Any]:
 
 def test_a_snapshot_of_an_unknown_version_is_refused_naming_the_version() -> None:
     document = _document()
-    document["version"] = 2
-    with pytest.raises(SnapshotError, match="version: unknown snapshot version 2"):
+    document["version"] = 3
+    with pytest.raises(SnapshotError, match="version: unknown snapshot version 3"):
         snapshot_from_json(json.dumps(document))
 
 
@@ -415,7 +417,7 @@ def test_a_field_of_the_wrong_type_is_refused_naming_the_field() -> None:
     document["loop"]["iterations"] = "1"  # a number written as text is not coerced
     with pytest.raises(SnapshotError, match=r"\$\.loop\.iterations") as raised:
         snapshot_from_json(json.dumps(document))
-    assert "expected int" in str(raised.value)
+    assert "expected an integer, got str" in str(raised.value)
     document = _document()
     document["loop"]["delivered"][0]["text"] = 5
     with pytest.raises(SnapshotError, match=r"\$\.loop\.delivered\[0\]\.text"):
@@ -482,3 +484,196 @@ def test_a_snapshot_captures_every_field_of_the_state_it_does_not_leave_out_on_p
     assert names(DraftState) - names(DraftSnapshot) == set()
     assert names(TurnState) - names(LoopSnapshot) == _LOOP_LEFT_OUT
     assert names(GenerationState) - names(ChainSnapshot) == _CHAIN_LEFT_OUT
+
+
+# --------------------------------------------------------------------------- untrusted text
+def test_a_deeply_nested_snapshot_is_refused_as_a_snapshot_error() -> None:
+    """Nesting far past any snapshot's own is refused before it is parsed (Python's parser
+    would exhaust the stack on it), as deep arrays and deep objects alike."""
+    text = json.dumps(_document())
+    for deep in ("[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000):
+        hostile = text.replace('"thought_log": ""', f'"thought_log": {deep}', 1)
+        assert hostile != text
+        with pytest.raises(SnapshotError, match="nested deeper than"):
+            snapshot_from_json(hostile)
+
+
+def test_a_string_where_a_list_of_strings_belongs_is_refused_not_split_into_characters() -> None:
+    for name in ("scene_metadata", "disabled_tools", "tools"):
+        document = _document()
+        document["loop"][name] = "abc"
+        with pytest.raises(SnapshotError, match=rf"\$\.loop\.{name}\b") as raised:
+            snapshot_from_json(json.dumps(document))
+        assert "expected a list, got str" in str(raised.value)
+    document = _document()
+    document["loop"]["ledger"] = ["a", "b"]  # a mapping is an object, never a list
+    with pytest.raises(SnapshotError, match=r"expected an object, got list @ \$\.loop\.ledger"):
+        snapshot_from_json(json.dumps(document))
+
+
+def test_a_string_where_a_list_of_records_belongs_costs_memory_bounded_by_its_size() -> None:
+    """Each character of the string used to be read as a record of its own, every failure
+    kept (a 1 MB snapshot took 4 GB): the string is refused at once, with one short
+    message."""
+    import tracemalloc
+
+    document = _document()
+    snapshot_from_json(json.dumps(document))  # the converter builds its hooks once, first
+    document["loop"]["delivered"] = "x" * 20_000
+    text = json.dumps(document)
+    tracemalloc.start()
+    try:
+        with pytest.raises(SnapshotError, match=r"\$\.loop\.delivered") as raised:
+            snapshot_from_json(text)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * len(text)
+    assert len(str(raised.value)) <= MAX_SNAPSHOT_ERROR_CHARS
+
+
+def test_many_wrong_elements_give_a_bounded_list_of_problems() -> None:
+    document = _document()
+    document["loop"]["delivered"] = [1] * 10_000 + [{"seq": "x"}] * 10_000
+    with pytest.raises(SnapshotError, match=r"\$\.loop\.delivered\[0\]") as raised:
+        snapshot_from_json(json.dumps(document))
+    message = str(raised.value)
+    assert "stopped reading after 3 bad elements (3 of 20000 read)" in message
+    assert len(message) <= MAX_SNAPSHOT_ERROR_CHARS
+    # a document wrong everywhere: the first problems, and how many more there are
+    document = _document()
+    wrong = ("iterations dispatches next_seq follow_ups_cleared consecutive_tool_errors "
+             "continuation_failures thought_log last_text suppress_text continuation_style "
+             "hold_timeout_notice prefill")  # fmt: skip
+    for name in wrong.split():
+        document["loop"][name] = [[["wrong"]]]
+    with pytest.raises(SnapshotError, match=r"and 2 further problems not listed") as raised:
+        snapshot_from_json(json.dumps(document))
+    assert len(str(raised.value)) <= MAX_SNAPSHOT_ERROR_CHARS
+
+
+def test_a_snapshot_larger_than_the_size_limit_is_refused_before_it_is_parsed() -> None:
+    text = json.dumps(_document())
+    with pytest.raises(SnapshotError, match=rf"larger than the limit of {len(text) - 1}"):
+        snapshot_from_json(text, max_size=len(text) - 1)
+    assert snapshot_from_json(text, max_size=len(text)).loop is not None
+    padded = text.replace('"thought_log": ""', '"thought_log": "' + "y" * MAX_SNAPSHOT_SIZE + '"')
+    with pytest.raises(SnapshotError, match="larger than the limit"):
+        snapshot_from_json(padded)
+    with pytest.raises(SnapshotError, match="larger than the limit"):
+        snapshot_from_json(padded.encode("utf-8"))
+
+
+# --------------------------------------------------------------------------- what resume keeps
+def _drafted_cut() -> tuple[TurnSnapshot, list[list[ScriptItem]]]:
+    """A drafted turn cut before its second pass, its prose held for review."""
+    passes: list[list[ScriptItem]] = [
+        [TextDelta("Checking. "), FunctionCall("get_weather", {"city": "Oslo"})],
+        [TextDelta("Sunny in Oslo.")],
+    ]
+    saved: list[TurnSnapshot] = []
+    asyncio.run(
+        run_tool_loop(
+            ScriptedProvider(passes), [CountingTool().tool()], RecordingChannel(),
+            TurnRequest(USER), policy=LoopPolicy(drafting=True), reviewer=ScriptedReviewer(),
+            on_snapshot=saved.append,
+        )
+    )  # fmt: skip
+    cut = snapshot_from_json(snapshot_to_json(saved[-1]))
+    assert cut.loop is not None and cut.loop.draft is not None and cut.loop.draft.segments
+    return cut, passes
+
+
+def test_a_drafted_turn_resumed_with_a_policy_without_drafting_is_refused_naming_the_field() -> (
+    None
+):
+    cut, passes = _drafted_cut()
+    channel = RecordingChannel()
+    with pytest.raises(SnapshotError, match=r"policy\.drafting: .*True.*False"):
+        asyncio.run(
+            resume_tool_loop(cut, ScriptedProvider(passes[1:]), [CountingTool().tool()],
+                             channel, policy=LoopPolicy())
+        )  # fmt: skip
+    assert channel.texts == []  # refused before anything was sent
+
+
+def test_resume_refuses_a_ceiling_or_budget_other_than_the_one_the_turn_counted_against() -> None:
+    weather = CountingTool()
+    _, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
+    cut = snapshot_from_json(saved[1])
+    for changed, field in [
+        (LoopPolicy(delivery_flush_chars=50), "delivery_flush_chars"),
+        (attrs.evolve(SMALL_FLUSH, max_function_call_iterations=1), "max_function_call_iterations"),
+        (attrs.evolve(SMALL_FLUSH, memory_tool_name="remember"), "memory_tool_name"),
+        (attrs.evolve(SMALL_FLUSH, review_tool_calls=True), "review_tool_calls"),
+    ]:
+        with pytest.raises(SnapshotError, match=rf"policy\.{field}: "):
+            asyncio.run(resume_tool_loop(cut, ScriptedProvider([]), [weather.tool()],
+                                         RecordingChannel(), policy=changed,
+                                         reviewer=ScriptedReviewer()))  # fmt: skip
+
+
+def test_resume_refuses_a_tool_whose_follow_up_or_replay_setting_changed() -> None:
+    weather = CountingTool()
+    _, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
+    cut = snapshot_from_json(saved[1])
+    for changed, setting in [
+        (attrs.evolve(weather.tool(), replay="rerun"), "replay"),
+        (attrs.evolve(weather.tool(), requires_follow_up=False), "requires_follow_up"),
+    ]:
+        with pytest.raises(SnapshotError, match=rf"tools\.get_weather\.{setting}: "):
+            asyncio.run(resume_tool_loop(cut, ScriptedProvider([]), [changed],
+                                         RecordingChannel(), policy=SMALL_FLUSH))  # fmt: skip
+    assert len(weather.runs) == 1
+
+
+def test_a_resume_with_longer_time_budgets_and_a_new_tool_continues_the_turn() -> None:
+    """Time budgets are the resuming process's; a tool the snapshot did not name may be
+    added; a tool's timeout, description and schema may change."""
+    weather = CountingTool()
+    first, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
+    patient = attrs.evolve(
+        SMALL_FLUSH, tool_timeout=900.0, inactivity_timeout=600.0, host_call_timeout=90.0,
+        cancel_grace=5.0, max_pass_duration=1800.0, review_timeout=300.0,
+    )  # fmt: skip
+    tools = [
+        attrs.evolve(weather.tool(), timeout=60.0, description="The forecast for a city"),
+        Tool("get_time", "The time", {"type": "object"}, lambda _a, _c: ToolResult(data="noon")),
+    ]
+    resumed = asyncio.run(
+        resume_tool_loop(snapshot_from_json(saved[1]), ScriptedProvider(weather_passes()[1:]),
+                         tools, RecordingChannel(), policy=patient)
+    )  # fmt: skip
+    assert (resumed.status, resumed.reason) == (first.status, first.reason)
+    assert resumed.final_text == "It is sunny in Oslo today."
+    assert len(weather.runs) == 1
+
+
+def test_a_generation_turn_resumed_with_another_turn_policy_is_refused_naming_the_field() -> None:
+    saved: list[TurnSnapshot] = []
+    policy = TurnPolicy(loop=LoopPolicy(drafting=True))
+    asyncio.run(
+        run_generation_turn([Attempt(ScriptedProvider([[TextDelta("Hi")]]), label="A")], [],
+                            RecordingChannel(), TurnRequest(USER), policy=policy,
+                            reviewer=ScriptedReviewer(), on_snapshot=saved.append)
+    )  # fmt: skip
+    for changed, field in [
+        (TurnPolicy(), r"policy\.loop\.drafting"),
+        (attrs.evolve(policy, max_key_attempts_per_model=1), "policy.max_key_attempts_per_model"),
+        (attrs.evolve(policy, allow_shared_route=False), "policy.allow_shared_route"),
+    ]:
+        for cut in saved:
+            with pytest.raises(SnapshotError, match=rf"{field}: "):
+                asyncio.run(
+                    resume_generation_turn(cut, [Attempt(ScriptedProvider([]), label="A")], [],
+                                           RecordingChannel(), policy=changed,
+                                           reviewer=ScriptedReviewer())
+                )  # fmt: skip
+    # the cooldowns are the resuming host's: a different one resumes
+    cooler = attrs.evolve(policy, rate_limit_cooldown=5.0, failure_cooldown=10.0)
+    resumed = asyncio.run(
+        resume_generation_turn(saved[-1], [Attempt(ScriptedProvider([[TextDelta("Hi")]]),
+                                                   label="A")], [], RecordingChannel(),
+                               policy=cooler, reviewer=ScriptedReviewer())
+    )  # fmt: skip
+    assert resumed.status.value == "completed"

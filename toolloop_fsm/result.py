@@ -6,9 +6,10 @@ All of these are frozen attrs values that round-trip through JSON with `cattrs`
 
 from __future__ import annotations
 
+import collections.abc
 import json
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -250,6 +251,94 @@ def _strict(kind: type, name: str) -> Any:
     return structure
 
 
+#: The problems a strictly read collection keeps before it stops reading: a list of a
+#: million wrong elements costs three failures, not a million.
+STRICT_PROBLEMS_PER_COLLECTION = 3
+
+#: The collection types a strict read builds, by origin: what the elements are gathered into.
+_SEQUENCES: Mapping[Any, Callable[[list[Any]], Any]] = {
+    tuple: tuple,
+    collections.abc.Sequence: tuple,
+    list: list,
+    collections.abc.MutableSequence: list,
+    frozenset: frozenset,
+    collections.abc.Set: frozenset,
+    set: set,
+    collections.abc.MutableSet: set,
+}
+_MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
+
+
+def _is_strict_collection(kind: Any) -> bool:
+    origin = typing.get_origin(kind)
+    if origin is tuple:  # homogeneous only: ``tuple[X, ...]``
+        arguments = typing.get_args(kind)
+        return len(arguments) == 2 and arguments[1] is Ellipsis
+    return origin in _SEQUENCES or origin in _MAPPINGS
+
+
+def _strict_collection(kind: Any, converter: cattrs.Converter) -> Any:
+    """The structure hook of a collection read strictly: a JSON array (list) for a sequence
+    or a set, a JSON object (dict) for a mapping, anything else refused as a whole; at most
+    `STRICT_PROBLEMS_PER_COLLECTION` element failures, each noted with its index or key."""
+    origin = typing.get_origin(kind)
+    arguments = typing.get_args(kind)
+    if origin in _MAPPINGS:
+        key_type, value_type = arguments
+        structure_key = converter.get_structure_hook(key_type)
+        structure_value = converter.get_structure_hook(value_type)
+
+        def structure_mapping(value: Any, _type: Any) -> dict[Any, Any]:
+            if not isinstance(value, dict):
+                raise TypeError(f"expected an object, got {type(value).__name__}")
+            built: dict[Any, Any] = {}
+            problems: list[Exception] = []
+            for key, item in value.items():
+                try:
+                    built[structure_key(key, key_type)] = structure_value(item, value_type)
+                except Exception as err:
+                    err.add_note(cattrs.IterableValidationNote("mapping value", key, value_type))
+                    problems.append(err)
+                    if len(problems) == STRICT_PROBLEMS_PER_COLLECTION:
+                        problems.append(_stopped(len(built) + len(problems), len(value)))
+                        break
+            if problems:
+                raise cattrs.IterableValidationError(f"While structuring {kind}", problems, kind)
+            return built
+
+        return structure_mapping
+    gather = _SEQUENCES[origin]
+    element_type = arguments[0]
+    structure_element = converter.get_structure_hook(element_type)
+
+    def structure_sequence(value: Any, _type: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            raise TypeError(f"expected a list, got {type(value).__name__}")
+        built: list[Any] = []
+        problems: list[Exception] = []
+        for index, item in enumerate(value):
+            try:
+                built.append(structure_element(item, element_type))
+            except Exception as err:
+                err.add_note(cattrs.IterableValidationNote("element", index, element_type))
+                problems.append(err)
+                if len(problems) == STRICT_PROBLEMS_PER_COLLECTION:
+                    problems.append(_stopped(index + 1, len(value)))
+                    break
+        if problems:
+            raise cattrs.IterableValidationError(f"While structuring {kind}", problems, kind)
+        return gather(built)
+
+    return structure_sequence
+
+
+def _stopped(read: int, size: int) -> ValueError:
+    return ValueError(
+        f"stopped reading after {STRICT_PROBLEMS_PER_COLLECTION} bad elements "
+        f"({read} of {size} read)"
+    )
+
+
 def _strict_float(value: Any, _type: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"expected a number, got {type(value).__name__}")
@@ -259,7 +348,9 @@ def _strict_float(value: Any, _type: Any) -> float:
 def make_converter(*, strict: bool = False) -> cattrs.Converter:
     """The converter of results and the values they are made of. ``strict`` (for formats
     read back strictly): a field the classes do not declare is refused, and so is a value of
-    the wrong type, where the default converter coerces (``"3"`` to ``3``, ``5`` to ``"5"``)."""
+    the wrong type, where the default converter coerces (``"3"`` to ``3``, ``5`` to ``"5"``)
+    or iterates (a text where a list belongs, as its characters); a collection stops reading
+    after `STRICT_PROBLEMS_PER_COLLECTION` bad elements."""
     converter = cattrs.Converter(forbid_extra_keys=strict)
     if strict:
         # registered first: the hooks generated below use them for every field
@@ -267,6 +358,9 @@ def make_converter(*, strict: bool = False) -> cattrs.Converter:
         converter.register_structure_hook(int, _strict(int, "an integer"))
         converter.register_structure_hook(str, _strict(str, "a string"))
         converter.register_structure_hook(float, _strict_float)
+        # a text is never a list (it would be read as its characters), a list never an
+        # object; and a collection stops at its first few bad elements
+        converter.register_structure_hook_factory(_is_strict_collection, _strict_collection)
     # sets travel as sorted lists (JSON has no set), and come back as sets
     converter.register_unstructure_hook_func(_is_frozenset_type, sorted)
     # A host exception object is not data: it is attached for the caller, never stored.

@@ -8,17 +8,24 @@ request with its ``turn_id``, the context and history as they stand, the ledger 
 occurrence counts, every counter, what was delivered and what was still in flight, usage,
 notices, the drafting state and, for a generation turn, where the fallback chain stands —
 and never a provider, a tool, a channel or a policy: the host passes those again when it
-resumes (`resume_tool_loop`, `resume_generation_turn`). The snapshot records the names of the
-registered tools and the chain's labels, and a resume refuses a host that no longer has them.
+resumes (`resume_tool_loop`, `resume_generation_turn`). The snapshot records what its state
+depends on — the registered tools (the tool loop's with their follow-up and replay
+settings), the chain's labels and the policy's terms (every field but the time budgets a
+resume may change, `RESUMABLE_POLICY_FIELDS`) — and a resume refuses a host that gives
+anything else, naming the field.
 
-`snapshot_to_json` / `snapshot_from_json` carry a snapshot as JSON text. Reading is strict:
-an unknown ``version``, text that is not a snapshot, a missing field, an unknown field or a
-field of the wrong type raises `SnapshotError` naming the field, and nothing is restored.
+`snapshot_to_json` / `snapshot_from_json` carry a snapshot as JSON text. Reading is strict
+and safe on untrusted text: text too large or nested too deep (checked before parsing), an
+unknown ``version``, text that is not a snapshot, a missing field, an unknown field or a
+field of the wrong type raises `SnapshotError` naming the field (a bounded list of them),
+never any other exception, and nothing is restored.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -51,12 +58,25 @@ from toolloop_fsm.turn import (
 )
 
 if TYPE_CHECKING:
-    from toolloop_fsm.host import ToolRegistry
+    from toolloop_fsm.host import Tool, ToolRegistry
     from toolloop_fsm.policy import LoopPolicy, TurnPolicy
     from toolloop_fsm.provider import ToolSpec
 
-#: The snapshot format this library writes and reads.
-SNAPSHOT_VERSION = 1
+#: The snapshot format this library writes and reads. Version 2 records the policy and tool
+#: settings the turn ran under (version 1 did not, and is refused as unknown).
+SNAPSHOT_VERSION = 2
+
+#: The policy fields a resume may change: time budgets, which the resuming process measures
+#: on its own clock (the pass that was running restarts with its whole budget anyway), and
+#: the cooldowns a key failure starts from then on (those already running keep the time they
+#: had left). Every other field — the switches, the ceilings and budgets the turn's counters
+#: count against, the delivery flush (which fixes the restarted pass's sequence numbers) —
+#: must be the one the snapshot records. The exit hook, host code, is not compared.
+RESUMABLE_POLICY_FIELDS = frozenset({
+    "inactivity_timeout", "first_token_timeout", "abandoned_stream_settle", "tool_timeout",
+    "host_call_timeout", "cancel_grace", "max_pass_duration", "review_timeout",
+    "rate_limit_cooldown", "failure_cooldown",
+})  # fmt: skip
 
 
 class SnapshotError(ValueError):
@@ -65,6 +85,20 @@ class SnapshotError(ValueError):
 
 
 # --------------------------------------------------------------------------- values
+@frozen
+class ToolTerms:
+    """A registered tool's settings the turn's recorded state depends on: whether its outcome
+    asks for a follow-up pass, and whether a replay reuses or reruns it."""
+
+    name: str
+    requires_follow_up: bool
+    replay: str
+
+    @classmethod
+    def of(cls, tool: Tool) -> ToolTerms:
+        return cls(tool.name, tool.requires_follow_up, tool.replay)
+
+
 @frozen
 class HeldPiece:
     """One piece of held presentation: text, or an expression (``text`` is ``None``)."""
@@ -108,7 +142,9 @@ class LoopSnapshot:
     """The inner machine entering ``starting_pass``: everything the next pass and the rest of
     the turn read. ``in_flight`` are the deliveries handed to the channel and not confirmed
     yet: a resume sends them again under the same sequence numbers (so the same idempotency
-    keys). ``tools`` are the names registered when it was taken."""
+    keys). ``tools`` are the tools registered when it was taken and ``policy_terms`` the
+    policy's fields but the `RESUMABLE_POLICY_FIELDS`, both of which a resume must give
+    again."""
 
     request: TurnRequest
     context: tuple[Mapping[str, Any], ...]
@@ -143,7 +179,8 @@ class LoopSnapshot:
     follow_ups_cleared: int
     draft: DraftSnapshot | None
     trace: tuple[TraceStep, ...]
-    tools: tuple[str, ...]
+    tools: tuple[ToolTerms, ...]
+    policy_terms: Mapping[str, Any]
 
 
 @frozen
@@ -169,7 +206,8 @@ class ChainSnapshot:
     plan position, key health, whose credentials, the admission flags, what earlier attempts
     delivered (carried as the prefill), their ledger and review state, and their results,
     records, failures and notices. ``labels`` are the chain's labels (the shared route's
-    included once admitted); ``tools`` the registered tool names."""
+    included once admitted); ``tools`` the registered tool names; ``policy_terms`` the turn
+    policy's fields but the `RESUMABLE_POLICY_FIELDS` (the loop policy's as ``loop.…``)."""
 
     request: TurnRequest
     labels: tuple[str, ...]
@@ -194,6 +232,7 @@ class ChainSnapshot:
     notices: tuple[Notice, ...]
     trace: tuple[TraceStep, ...]
     tools: tuple[str, ...]
+    policy_terms: Mapping[str, Any]
 
 
 def _known_version(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
@@ -328,14 +367,17 @@ def capture_loop(turn: TurnState) -> LoopSnapshot:
         follow_ups_cleared=turn.follow_ups_cleared,
         draft=capture_draft(turn.draft) if turn.draft is not None else None,
         trace=tuple(turn.trace),
-        tools=tuple(tool.name for tool in turn.registry),
+        tools=tuple(ToolTerms.of(tool) for tool in turn.registry),
+        policy_terms=policy_terms(turn.policy),
     )
 
 
 def restore_loop(snapshot: LoopSnapshot, policy: LoopPolicy, registry: ToolRegistry) -> TurnState:
     """A fresh inner machine's state, as the snapshot left it (in ``ready``: the machine's
-    ``resume`` transition takes it to ``starting_pass``)."""
-    check_tools(snapshot.tools, registry)
+    ``resume`` transition takes it to ``starting_pass``). Refuses a policy or tools that
+    differ from the turn's in what its state depends on."""
+    check_policy(snapshot.policy_terms, policy)
+    check_tool_terms(snapshot.tools, registry)
     drafting = policy.drafting or policy.review_tool_calls
     draft = snapshot.draft
     if drafting and draft is None:
@@ -406,6 +448,7 @@ def capture_chain(state: GenerationState) -> ChainSnapshot:
         notices=tuple(state.notices),
         trace=tuple(state.trace),
         tools=tuple(spec.name for spec in state.tool_specs),
+        policy_terms=policy_terms(state.policy),
     )
 
 
@@ -420,7 +463,9 @@ def restore_chain(
 ) -> GenerationState:
     """A fresh outer machine's state, as the snapshot left it (in ``ready``: the machine's
     ``resume`` transition takes it to ``attempting``). Cooldowns still running keep the time
-    they had left, measured on the resuming clock (``now``)."""
+    they had left, measured on the resuming clock (``now``). Refuses a policy that differs
+    from the turn's in what its state depends on, another chain, or missing tools."""
+    check_policy(snapshot.policy_terms, policy)
     chain = list(plans)
     shared_plans = tuple(shared)
     if snapshot.admitted:
@@ -480,9 +525,88 @@ def check_tools(named: Iterable[str], registered: Iterable[Any]) -> None:
         )
 
 
+def check_tool_terms(recorded: Iterable[ToolTerms], registry: ToolRegistry) -> None:
+    """Refuse a resume whose host no longer registers a tool the snapshot names, or registers
+    it with another follow-up or replay setting (the tool loop's state was built under them:
+    which pass follows a tool's outcome, whether a replayed call reruns). A tool added, or a
+    tool's timeout, description or schema changed, resumes."""
+    recorded = tuple(recorded)
+    check_tools((terms.name for terms in recorded), registry)
+    problems = []
+    for terms in recorded:
+        tool = registry.get(terms.name)
+        assert tool is not None
+        given = ToolTerms.of(tool)
+        for name in ("requires_follow_up", "replay"):
+            was, now = getattr(terms, name), getattr(given, name)
+            if was != now:
+                problems.append(f"tools.{terms.name}.{name}: the snapshot's turn ran with "
+                                f"{was!r}, the tool given has {now!r}")  # fmt: skip
+    if problems:
+        raise SnapshotError(_listed(problems) + ": resume with the same tools")
+
+
+def policy_terms(policy: LoopPolicy | TurnPolicy) -> dict[str, Any]:
+    """The policy's fields a resume must give again, as JSON values by field name (a nested
+    policy's as ``loop.…``): every compared field but the `RESUMABLE_POLICY_FIELDS`."""
+    terms: dict[str, Any] = {}
+    for attribute in attrs.fields(type(policy)):
+        if attribute.name in RESUMABLE_POLICY_FIELDS or not attribute.eq:
+            continue
+        value = getattr(policy, attribute.name)
+        if attrs.has(type(value)):
+            for name, term in policy_terms(value).items():
+                terms[f"{attribute.name}.{name}"] = term
+        else:
+            terms[attribute.name] = _converter.unstructure(value)
+    return terms
+
+
+def check_policy(recorded: Mapping[str, Any], policy: LoopPolicy | TurnPolicy) -> None:
+    """Refuse a resume whose policy differs from the turn's in a field its state depends on
+    (drafting dropped would drop the held prose, a lower ceiling end a turn already past
+    it, another flush re-key the restarted pass), naming each such field."""
+    given = policy_terms(policy)
+    problems = [
+        f"policy.{_bounded(name)}: the snapshot's turn ran with "
+        f"{_bounded(repr(recorded.get(name)))}, the policy given has {given.get(name)!r}"
+        for name in sorted(recorded.keys() | given.keys())
+        if name not in given or name not in recorded or recorded[name] != given[name]
+    ]
+    if problems:
+        allowed = ", ".join(sorted(RESUMABLE_POLICY_FIELDS))
+        raise SnapshotError(
+            _listed(problems) + f": resume with the same policy (only {allowed} may differ)"
+        )
+
+
+def _listed(problems: list[str]) -> str:
+    listed = "; ".join(problems[:MAX_SNAPSHOT_PROBLEMS])
+    more = len(problems) - MAX_SNAPSHOT_PROBLEMS
+    return listed + (f"; and {more} further problems not listed" if more > 0 else "")
+
+
 # --------------------------------------------------------------------------- JSON
-# strict: a field of the wrong type is refused instead of coerced, an unknown field is refused
+#: The largest snapshot text `snapshot_from_json` reads: characters of a ``str``, bytes of a
+#: ``bytes``. A host whose turns carry longer contexts passes its own ``max_size``.
+MAX_SNAPSHOT_SIZE = 16 * 1024 * 1024
+#: The deepest nesting of arrays and objects a snapshot may have. The format's own records
+#: nest 8 deep; the rest is for what contexts, tool arguments and tool results nest.
+MAX_SNAPSHOT_DEPTH = 64
+#: The problems one `SnapshotError` lists, and the length of its message.
+MAX_SNAPSHOT_PROBLEMS = 10
+MAX_SNAPSHOT_ERROR_CHARS = 4096
+_PROBLEM_CHARS = 300
+
+# strict: a field of the wrong type is refused instead of coerced, an unknown field is refused,
+# a text is never read as a list of its characters
 _converter = make_converter(strict=True)
+
+# The nesting scan: escaped backslashes and quotes out, then strings (a bracket inside a
+# string nests nothing), then each bracket's step, summed in C: no recursion, whatever the text.
+_STRINGS = re.compile(r'"[^"]*"')
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+_NESTING = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
 def snapshot_to_json(snapshot: TurnSnapshot) -> str:
@@ -490,14 +614,35 @@ def snapshot_to_json(snapshot: TurnSnapshot) -> str:
     return json.dumps(_converter.unstructure(snapshot), ensure_ascii=False)
 
 
-def snapshot_from_json(text: str | bytes) -> TurnSnapshot:
-    """The snapshot `snapshot_to_json` wrote. Raises `SnapshotError` naming what is wrong —
-    text that is not JSON or not a snapshot, an unknown version, a missing, unknown or
-    mistyped field — and restores nothing then."""
+def snapshot_from_json(text: str | bytes, *, max_size: int = MAX_SNAPSHOT_SIZE) -> TurnSnapshot:
+    """The snapshot `snapshot_to_json` wrote. Safe on text from anywhere: it raises only
+    `SnapshotError`, naming what is wrong — text longer than ``max_size`` or nested deeper
+    than `MAX_SNAPSHOT_DEPTH` (refused before it is parsed), text that is not JSON or not a
+    snapshot, an unknown version, a missing, unknown or mistyped field (at most
+    `MAX_SNAPSHOT_PROBLEMS` of them, each with its path) — and restores nothing then."""
+    if not isinstance(text, str | bytes | bytearray):
+        raise SnapshotError(f"a snapshot is JSON text (str or bytes), got {type(text).__name__}")
+    if len(text) > max_size:
+        unit = "characters" if isinstance(text, str) else "bytes"
+        raise SnapshotError(
+            f"the snapshot is {len(text)} {unit}, larger than the limit of {max_size} "
+            "(snapshot_from_json's max_size)"
+        )
+    if not isinstance(text, str):
+        try:
+            text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")
+        except (UnicodeDecodeError, LookupError) as err:
+            raise SnapshotError(f"the snapshot is not JSON: {_bounded(str(err))}") from None
+    depth = _nesting_depth(text)
+    if depth > MAX_SNAPSHOT_DEPTH:
+        raise SnapshotError(
+            f"the snapshot is nested deeper than {MAX_SNAPSHOT_DEPTH} arrays and objects "
+            f"({depth}): not a snapshot this library wrote"
+        )
     try:
         document = json.loads(text)
-    except (ValueError, TypeError) as err:
-        raise SnapshotError(f"the snapshot is not JSON: {err}") from None
+    except ValueError as err:
+        raise SnapshotError(f"the snapshot is not JSON: {_bounded(str(err))}") from None
     if not isinstance(document, dict):
         raise SnapshotError(f"a snapshot is a JSON object, got {type(document).__name__}")
     if "version" not in document:
@@ -507,27 +652,56 @@ def snapshot_from_json(text: str | bytes) -> TurnSnapshot:
         raise SnapshotError(f"version: expected an integer, got {type(version).__name__}")
     if version != SNAPSHOT_VERSION:
         raise SnapshotError(
-            f"version: unknown snapshot version {version} (this library reads version "
-            f"{SNAPSHOT_VERSION})"
+            f"version: unknown snapshot version {_bounded(str(version))} (this library reads "
+            f"version {SNAPSHOT_VERSION})"
         )
     try:
         return _converter.structure(document, TurnSnapshot)
-    except SnapshotError:
-        raise
+    except SnapshotError as err:
+        raise SnapshotError(_bounded(str(err), MAX_SNAPSHOT_ERROR_CHARS)) from None
     except Exception as err:
         raise SnapshotError(_describe(err)) from None
 
 
+def _nesting_depth(text: str) -> int:
+    """How deep the arrays and objects of JSON ``text`` nest (of malformed text: an estimate,
+    which the parser then refuses anyway)."""
+    # backslashes pair up left to right, as str.replace takes them; then no quote is escaped
+    unescaped = text.replace("\\\\", "").replace('\\"', "")
+    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", unescaped))
+    return max(itertools.accumulate(map(_NESTING.__getitem__, map(ord, brackets))), default=0)
+
+
 def _describe(err: Exception) -> str:
-    """What is wrong with a document cattrs refused, each problem with the field's path
-    (``$.loop.iterations``)."""
+    """What is wrong with a document cattrs refused: the first `MAX_SNAPSHOT_PROBLEMS`
+    problems, each with the field's path (``$.loop.iterations``) and cut to a few hundred
+    characters (a path or a value may come from a hostile text), and how many more."""
     if isinstance(err, cattrs.BaseValidationError | cattrs.ForbiddenExtraKeysError):
-        problems = cattrs.transform_error(err, path="$")
-        return "the snapshot is malformed: " + "; ".join(problems)
-    return f"the snapshot is malformed: {type(err).__name__}: {err}"
+        problems = cattrs.transform_error(err, path="$", format_exception=_problem)
+    else:
+        problems = [f"{type(err).__name__}: {err}"]
+    listed = _listed([_bounded(problem) for problem in problems])
+    return _bounded("the snapshot is malformed: " + listed, MAX_SNAPSHOT_ERROR_CHARS)
+
+
+def _problem(err: BaseException, kind: type | None) -> str:
+    """One problem in words: the strict hooks' own (what was expected, what came), a
+    missing or unknown field as cattrs says it."""
+    if isinstance(err, TypeError | ValueError) and err.args and isinstance(err.args[0], str):
+        return str(err)
+    return cattrs.v.format_exception(err, kind)
+
+
+def _bounded(text: str, limit: int = _PROBLEM_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 __all__ = [
+    "MAX_SNAPSHOT_DEPTH",
+    "MAX_SNAPSHOT_ERROR_CHARS",
+    "MAX_SNAPSHOT_PROBLEMS",
+    "MAX_SNAPSHOT_SIZE",
+    "RESUMABLE_POLICY_FIELDS",
     "SNAPSHOT_VERSION",
     "ChainSnapshot",
     "DraftSnapshot",
@@ -536,6 +710,7 @@ __all__ = [
     "KeysTried",
     "LoopSnapshot",
     "SnapshotError",
+    "ToolTerms",
     "TurnSnapshot",
     "capture_chain",
     "capture_loop",
