@@ -1,8 +1,8 @@
 """The one host-call budget the notices of a turn share, both tiers' alike (docs/behaviour.md
-§7.3.2): what is left of it, whether a notice overran it, and what became of a notice
-(`NoticeBudget`, `NoticeOutcome`). Pure — the seconds a notice took are handed in — so the
-asyncio pumps (on their clock) and the Temporal workflow (on ``workflow.time()``) keep the
-rule in one place."""
+§7.3, rule 2): what is left of it, whether a notice overran it, and what became of a
+notice (`NoticeBudget`, `NoticeOutcome`). Pure — the seconds a notice took are handed in —
+so the asyncio pumps (on their clock) and the Temporal workflow (on ``workflow.time()``)
+keep the rule in one place."""
 
 from __future__ import annotations
 

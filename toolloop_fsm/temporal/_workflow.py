@@ -228,9 +228,9 @@ class _TurnShell:
 
     async def post_notice(self, notice: Notice) -> ChannelAnswer | None:
         """Post ``notice`` within what is left of the turn's notice budget, both tiers' (as
-        in process: docs/behaviour.md §7.3.2), timed by the workflow's clock. ``None``: the
-        budget is spent and it is not sent (it stays in the result's notices); an answer
-        ``given_up``: it overran what was left, and no later notice is sent."""
+        in process: docs/behaviour.md §7.3, rule 2), timed by the workflow's clock.
+        ``None``: the budget is spent and it is not sent (it stays in the result's notices);
+        an answer ``given_up``: it overran what was left, and no later notice is sent."""
         budget = self.notices
         if budget.spent:
             return None
