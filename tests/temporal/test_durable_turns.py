@@ -1,6 +1,7 @@
 """Durable turns on a real Temporal dev server, with a worker in the test's process: the
 result is the in-process turn's on the same script (tools, fallback), a stop and a follow-up
-arrive as signals, and what a durable turn cannot do is refused by name."""
+arrive as signals, notices that hang share one host-call budget as in process, and what a
+durable turn cannot do is refused by name."""
 
 from __future__ import annotations
 
@@ -22,13 +23,17 @@ from toolloop_fsm import (
     run_generation_turn,
 )
 from toolloop_fsm.events import FunctionCall, TextDelta, UsageReport
+from toolloop_fsm.host import LOOP_CLOCK
 from toolloop_fsm.provider import ProviderError, ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult, converter
 from toolloop_fsm.testing import (
+    ChannelAct,
     Fail,
+    HostileChannel,
     RecordingChannel,
     ScriptedProvider,
     ScriptItem,
+    Stragglers,
     real_time_limit,
 )
 
@@ -36,7 +41,13 @@ temporalio = pytest.importorskip("temporalio")
 
 from temporalio.client import Client  # noqa: E402
 
-from toolloop_fsm.temporal import TurnWorker, start_generation_turn  # noqa: E402
+from toolloop_fsm.temporal import (  # noqa: E402
+    DATA_CONVERTER,
+    TurnHandle,
+    TurnWorker,
+    start_generation_turn,
+)
+from toolloop_fsm.temporal._values import CALL_CHANNEL, ChannelCall  # noqa: E402
 
 LIMIT = 60.0
 POLICY = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8))
@@ -204,6 +215,74 @@ async def test_a_follow_up_signal_interrupts_the_streaming_pass(
             result = await handle.result()
     assert result.status is TurnStatus.FOLLOW_UP_INTERRUPT
     assert result.delivered_text == "Counting the stars: "
+
+
+async def _no_station(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    raise ConnectionError("no station")
+
+
+WEATHER_TOOL = Tool("get_weather", "Current weather.", {"type": "object"}, _no_station)
+
+
+async def notice_allowances(turn: TurnHandle) -> list[float]:
+    """How long the turn let each notice it sent take, from its history."""
+    allowed: list[float] = []
+    async for event in turn.handle.fetch_history_events():
+        if not event.HasField("activity_task_scheduled_event_attributes"):
+            continue
+        scheduled = event.activity_task_scheduled_event_attributes
+        if scheduled.activity_type.name != CALL_CHANNEL:
+            continue
+        [call] = DATA_CONVERTER.payload_converter.from_payloads(
+            scheduled.input.payloads, [ChannelCall]
+        )
+        if call.method == "send_notice":
+            allowed.append(call.timeout)
+    return allowed
+
+
+@pytest.mark.parametrize("hanging", [ChannelAct.HANG, ChannelAct.IGNORE_CANCELLATION])
+async def test_two_hanging_notices_delay_a_durable_turn_by_one_host_call_budget_not_two(
+    client: Client, task_queue: str, hanging: ChannelAct
+) -> None:
+    # the primary's tool fails (its tool_failed notice hangs), then the primary fails and
+    # the backup answers (its closing fallback_used notice would hang too): as in process,
+    # the first is given up on at the budget and named, the second is never sent
+    budget = 2.0
+    policy = TurnPolicy(
+        loop=LoopPolicy(host_call_timeout=budget, cancel_grace=1, delivery_flush_chars=1)
+    )
+    stragglers = Stragglers()
+    channel = HostileChannel(
+        clock=LOOP_CLOCK, host_call_timeout=budget, stragglers=stragglers,
+        notices=(hanging, hanging),
+    )  # fmt: skip
+    primary: list[list[ScriptItem]] = [
+        [FunctionCall("get_weather", {"city": "Paris"}, "c1")], [Fail(UPSTREAM_503)]
+    ]  # fmt: skip
+    backup: list[list[ScriptItem]] = [[TextDelta("No weather today.")]]
+    providers = {"primary": scripted(primary), "backup": scripted(backup)}
+    try:
+        async with TurnWorker(client, task_queue, providers=providers, tools=[WEATHER_TOOL],
+                              channels={"chat": channel}):  # fmt: skip
+            handle = await start_generation_turn(
+                client, task_queue=task_queue, attempts=["primary", "backup"], channel="chat",
+                request=REQUEST, policy=policy, heartbeat_timeout=2.0,
+            )  # fmt: skip
+            async with real_time_limit(LIMIT):
+                result = await handle.result()
+    finally:
+        stragglers.release()
+
+    assert (result.status, result.reason) == (TurnStatus.COMPLETED, None)
+    assert channel.text == "No weather today."
+    # the primary ended on its provider's failure, not on the notice it could not post
+    assert result.attempts[0].reason != "host_timeout"
+    assert [notice.key for notice in result.notices][-1] == "fallback_used"
+    notices_sent = [call for call in channel.calls if call.method == "send_notice"]
+    assert [call.act for call in notices_sent] == [hanging]  # the second is not awaited
+    assert result.abandoned_calls == ("channel.send_notice",)
+    assert sum(await notice_allowances(handle)) <= budget
 
 
 async def test_a_chain_naming_a_provider_the_worker_lacks_ends_with_host_error_naming_it(

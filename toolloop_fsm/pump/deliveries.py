@@ -1,6 +1,6 @@
 """Deliveries and the other calls into host code: bounded, ordered, abandoned when they ignore
-their cancellation (`_HostCallGuard`, `wait_bounded`); the notices of a turn, both tiers',
-within one shared budget (`NoticeBudget`, `post_notice`)."""
+their cancellation (`_HostCallGuard`, `wait_bounded`); a notice posted within what is left
+of the turn's shared notice budget (`post_notice`, over `toolloop_fsm.notice_budget`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from collections.abc import (
     Generator,
     Iterable,
 )
-from enum import StrEnum
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from toolloop_fsm.events import (
     StreamEnded,
 )
 from toolloop_fsm.host import Channel, Clock
+from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget, NoticeOutcome
 from toolloop_fsm.result import Notice
 
 if TYPE_CHECKING:
@@ -269,42 +269,13 @@ class DeliveriesAndHostCalls:
             self._settle_result(pending)
 
 
-class NoticeBudget:
-    """The one host-call budget the notices of a turn share (docs/behaviour.md §7.3), both
-    tiers' alike: each notice is bounded by what is left of it, a notice that overran it is
-    given up on (named in ``abandoned_calls``, the ending unchanged), and once one has,
-    later notices of the turn are not sent (a channel whose notices hang would hang every
-    one of them): the notices delay a turn by at most one ``host_call_timeout`` (and, for one
-    that ignores its cancellation, ``cancel_grace``)."""
-
-    __slots__ = ("overran", "remaining")
-
-    def __init__(self, seconds: float) -> None:
-        self.remaining = seconds
-        self.overran = False
-
-    @property
-    def spent(self) -> bool:
-        return self.overran or self.remaining <= 0
-
-
-#: How a call given up on is named.
-SEND_NOTICE = "channel.send_notice"
-
-
-class NoticeOutcome(StrEnum):
-    """What became of a notice that did not raise."""
-
-    SHOWN = "shown"
-    GIVEN_UP = "given_up"  # it overran the budget now: named in the result
-    NOT_SENT = "not_sent"  # the budget was already spent
-
-
 async def post_notice(
     channel: Channel, notice: Notice, budget: NoticeBudget, clock: Clock, grace: float
 ) -> NoticeOutcome | BaseException:
-    """Post ``notice`` within what is left of the turn's notice ``budget``; what became of
-    it, or what it raised."""
+    """Post ``notice`` within what is left of the turn's notice ``budget``, cancelled when it
+    overruns and left behind after ``grace`` if it ignores that; what became of it, or what
+    it raised. (A durable turn's channel activity calls this too, with what its workflow's
+    budget has left.)"""
     if budget.spent:
         return NoticeOutcome.NOT_SENT
     call = channel.send_notice(notice)
@@ -324,7 +295,7 @@ async def post_notice(
     try:
         overran = bool(await wait_bounded(clock, [task], budget.remaining))
         if overran:
-            budget.overran = True
+            budget.overrun()
             task.cancel()
             # it has the grace to stop; one that ignores its cancellation is left behind,
             # never awaited again (what it ends with is read, so that nothing is reported)
@@ -334,7 +305,7 @@ async def post_notice(
         task.cancel()  # the turn is over, or its caller was cancelled
         raise
     finally:
-        budget.remaining = max(0.0, budget.remaining - (clock.now() - started))
+        budget.spend(clock.now() - started)
     if overran:
         return NoticeOutcome.GIVEN_UP
     if task.cancelled():  # the host cancelled its own call: a failure like any other

@@ -74,6 +74,7 @@ from toolloop_fsm.host import (
     TurnSignals,
 )
 from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.notice_budget import NoticeBudget
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
@@ -81,7 +82,6 @@ from toolloop_fsm.pump.arguments import check_loop_arguments
 from toolloop_fsm.pump.deadlines import StreamDeadlines
 from toolloop_fsm.pump.deliveries import (
     DeliveriesAndHostCalls,
-    NoticeBudget,
     takes_idempotency_keys,
     wait_bounded,
 )

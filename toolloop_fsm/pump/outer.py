@@ -47,18 +47,12 @@ from toolloop_fsm.host import (
     TurnSignals,
 )
 from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget, NoticeOutcome
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.providers._secrecy import fragment_pattern, redact
 from toolloop_fsm.pump.arguments import check_chain_arguments
-from toolloop_fsm.pump.deliveries import (
-    SEND_NOTICE,
-    NoticeBudget,
-    NoticeOutcome,
-    _resolve,
-    post_notice,
-    wait_bounded,
-)
+from toolloop_fsm.pump.deliveries import _resolve, post_notice, wait_bounded
 from toolloop_fsm.pump.inner import EventPump, named_turn
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords

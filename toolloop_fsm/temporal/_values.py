@@ -174,7 +174,9 @@ class ToolInput:
 @frozen
 class ChannelCall:
     """One call into the host's channel: a delivery (``key`` is its idempotency key), a
-    notice, the stop message, or the mark of a superseded attempt."""
+    notice, the stop message, or the mark of a superseded attempt, bounded by ``timeout``
+    (for a notice: what is left of the turn's notice budget; one that overruns it has
+    ``grace`` to stop)."""
 
     channel: str
     method: str
@@ -185,12 +187,18 @@ class ChannelCall:
     attempt: int = 0
     label: str = ""
     timeout: float = 30.0
+    grace: float = 0.0
 
 
 @frozen
 class ChannelAnswer:
+    """What a channel call came to: ``error`` says what went wrong; ``timed_out``, that it
+    did not return in time; ``given_up``, that a notice overran its budget and was given up
+    on (it ends nothing)."""
+
     error: str | None = None
     timed_out: bool = False
+    given_up: bool = False
 
 
 # --------------------------------------------------------------------------- chunks

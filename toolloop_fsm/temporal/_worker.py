@@ -31,9 +31,11 @@ from toolloop_fsm.events import (
     ToolOutcomeKind,
 )
 from toolloop_fsm.host import LOOP_CLOCK, Channel, Tool, ToolContext, ToolRegistry
+from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget, NoticeOutcome
 from toolloop_fsm.provider import Provider, ProviderError
 from toolloop_fsm.providers._secrecy import redact
-from toolloop_fsm.pump.deliveries import takes_idempotency_keys
+from toolloop_fsm.pump.deliveries import post_notice, takes_idempotency_keys
+from toolloop_fsm.result import Notice
 from toolloop_fsm.temporal._values import (
     CALL_CHANNEL,
     DESCRIBE_TURN,
@@ -242,7 +244,7 @@ class TurnActivities:
             awaitable = _send(channel, None, call.expression or "", call.key)
         elif call.method == "send_notice":
             assert call.notice is not None
-            awaitable = channel.send_notice(call.notice)
+            return await _post_notice(channel, call.notice, call)
         elif call.method == "queue_front":
             awaitable = channel.queue_front(call.text or "")
         elif call.method == "attempt_superseded":
@@ -264,6 +266,22 @@ class TurnActivities:
         except Exception as err:
             return ChannelAnswer(error=f"{type(err).__name__}: {err}")
         return ChannelAnswer()
+
+
+async def _post_notice(channel: Channel, notice: Notice, call: ChannelCall) -> ChannelAnswer:
+    """A notice, as the in-process pumps post it (`post_notice`), within what its workflow's
+    notice budget has left (``call.timeout``)."""
+    outcome = await post_notice(channel, notice, NoticeBudget(call.timeout), LOOP_CLOCK, call.grace)
+    if outcome is NoticeOutcome.GIVEN_UP:
+        return ChannelAnswer(
+            error=f"{SEND_NOTICE} did not return within {call.timeout:g} s; given up on",
+            given_up=True,
+        )
+    if isinstance(outcome, KeyboardInterrupt | SystemExit):
+        raise outcome  # the worker process is going down
+    if isinstance(outcome, BaseException):
+        return ChannelAnswer(error=f"{type(outcome).__name__}: {outcome}")
+    return ChannelAnswer()
 
 
 def _send(channel: Channel, text: str | None, expression: str | None, key: str | None) -> Any:

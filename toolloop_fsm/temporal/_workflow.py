@@ -61,7 +61,8 @@ with workflow.unsafe.imports_passed_through():
     from toolloop_fsm.generation import GenerationTurnMachine
     from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
     from toolloop_fsm.machine import ToolLoopMachine
-    from toolloop_fsm.result import GenerationTurnResult, TurnStatus
+    from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget
+    from toolloop_fsm.result import GenerationTurnResult, Notice, TurnStatus
     from toolloop_fsm.temporal._values import (
         CALL_CHANNEL,
         DESCRIBE_TURN,
@@ -167,6 +168,9 @@ class _TurnShell:
         )
         self.key_book: dict[tuple[str, int], Any] = {}
         self.stop_honoured = False
+        # one budget for every notice of the turn, the attempts' and the closing ones
+        self.notices = NoticeBudget(turn.policy.loop.host_call_timeout)
+        self.abandoned: list[str] = []  # the outer tier's calls given up on
 
     async def run(self) -> GenerationTurnResult:
         flow = self.flow
@@ -179,8 +183,9 @@ class _TurnShell:
             if isinstance(effect, Finish):
                 result = effect.result
                 abandoned = [
-                    name for attempt in self.machine.generation.results
-                    for name in attempt.abandoned_calls
+                    *(name for attempt in self.machine.generation.results
+                      for name in attempt.abandoned_calls),
+                    *self.abandoned,
                 ]  # fmt: skip
                 if abandoned:
                     result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
@@ -202,8 +207,9 @@ class _TurnShell:
                 decided = AdmissionDecided(False, workflow.time())
                 pending.extend(self.machine.feed(decided, now=workflow.time()))
             elif isinstance(effect, PostNotice):  # a notice the host cannot show ends nothing
-                await self.call_channel(ChannelCall(self.turn.channel, "send_notice",
-                                                    notice=effect.notice))  # fmt: skip
+                answer = await self.post_notice(effect.notice)
+                if answer is not None and answer.given_up:
+                    self.abandoned.append(SEND_NOTICE)
             elif isinstance(effect, QueueStopResponse):
                 await self.call_channel(
                     ChannelCall(self.turn.channel, "queue_front", text=effect.stop_message)
@@ -220,13 +226,42 @@ class _TurnShell:
                 raise TypeError(f"the durable turn cannot carry out {type(effect).__name__}")
         raise RuntimeError("the generation turn stopped without a result")
 
+    async def post_notice(self, notice: Notice) -> ChannelAnswer | None:
+        """Post ``notice`` within what is left of the turn's notice budget, both tiers' (as
+        in process: docs/behaviour.md §7.3, rule 2), timed by the workflow's clock.
+        ``None``: the budget is spent and it is not sent (it stays in the result's notices);
+        an answer ``given_up``: it overran what was left, and no later notice is sent."""
+        budget = self.notices
+        if budget.spent:
+            return None
+        call = ChannelCall(
+            self.turn.channel, "send_notice", notice=notice, timeout=budget.remaining,
+            grace=self.turn.policy.loop.cancel_grace,
+        )  # fmt: skip
+        started = workflow.time()
+        answer = await self.call_channel(call)
+        budget.spend(workflow.time() - started)
+        if answer.timed_out:  # its tries together outlived the allowance: it overran it
+            answer = attrs.evolve(answer, given_up=True)
+        if answer.given_up:
+            budget.overrun()
+        return answer
+
     async def call_channel(self, call: ChannelCall) -> ChannelAnswer:
-        timeout = self.turn.policy.loop.host_call_timeout
-        call = attrs.evolve(call, timeout=timeout)
+        """One call into the channel, an activity: a notice within the allowance it carries
+        (all its tries together, so a lost worker does not stretch the notice budget), any
+        other call within ``host_call_timeout`` a try."""
+        beat = self.turn.heartbeat_timeout
+        overall: timedelta | None = None
+        if call.method == "send_notice":
+            overall = _seconds(call.timeout + call.grace + beat)
+        else:
+            call = attrs.evolve(call, timeout=self.turn.policy.loop.host_call_timeout)
         try:
             answer: ChannelAnswer = await workflow.execute_activity(
                 CALL_CHANNEL, call, result_type=ChannelAnswer,
-                start_to_close_timeout=_seconds(timeout + self.turn.heartbeat_timeout),
+                start_to_close_timeout=overall or _seconds(call.timeout + beat),
+                schedule_to_close_timeout=overall,
                 retry_policy=RetryPolicy(maximum_attempts=_CHANNEL_CALL_TRIES),
             )  # fmt: skip
             return answer
@@ -263,6 +298,7 @@ class _AttemptShell:
         self.records: dict[int, PassDelivery] = {}
         self.stop_fed = False
         self.follow_ups_seen = 0
+        self.abandoned: list[str] = []  # the attempt's calls given up on
 
     # ------------------------------------------------------------------ running
     async def run(self) -> GenerationTurnResult:
@@ -289,6 +325,9 @@ class _AttemptShell:
             else:
                 await self.wait()
         self.cancel_running()
+        if self.abandoned:
+            named = (*self.result.abandoned_calls, *self.abandoned)
+            self.result = attrs.evolve(self.result, abandoned_calls=named)
         return self.result
 
     async def feed(self, event: Any) -> None:
@@ -381,12 +420,9 @@ class _AttemptShell:
             elif isinstance(effect, RunTool):
                 self.start_tool(effect)
             elif isinstance(effect, PostNotice):
-                await self.host_call(ChannelCall(self.turn.channel, "send_notice",
-                                                 notice=effect.notice))  # fmt: skip
+                await self.post_notice(effect.notice)
             elif isinstance(effect, QueueStopResponse):
-                await self.host_call(
-                    ChannelCall(self.turn.channel, "queue_front", text=effect.stop_message)
-                )
+                await self.queue_stop_message(effect.stop_message)
             elif isinstance(effect, Finish):
                 self.result = effect.result
             else:
@@ -412,7 +448,20 @@ class _AttemptShell:
         else:
             self.outcomes.append(DeliveryFailed(effect.seq, answer.error, answer.timed_out))
 
-    async def host_call(self, call: ChannelCall) -> None:
+    async def post_notice(self, notice: Notice) -> None:
+        """A notice, within the turn's notice budget: one given up on is named and ends
+        nothing; one that raised while the attempt runs is its ``host_error``."""
+        answer = await self.outer.post_notice(notice)
+        if answer is None:
+            return
+        if answer.given_up:
+            self.abandoned.append(SEND_NOTICE)
+        elif answer.error is not None and not self.machine.is_finished:
+            self.outcomes.append(DeliveryFailed(None, answer.error))
+
+    async def queue_stop_message(self, stop_message: str) -> None:
+        """The stop message: failing, or not returning, while the attempt runs ends it."""
+        call = ChannelCall(self.turn.channel, "queue_front", text=stop_message)
         answer = await self.outer.call_channel(call)
         if answer.error is not None and not self.machine.is_finished:
             self.outcomes.append(DeliveryFailed(None, answer.error, answer.timed_out))
