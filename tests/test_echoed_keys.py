@@ -37,6 +37,8 @@ from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.snapshot import TurnSnapshot, snapshot_to_json
 from toolloop_fsm.stream import stream_generation_turn, stream_tool_loop
 from toolloop_fsm.testing import (
+    InvariantViolation,
+    Pause,
     RecordingChannel,
     ScriptedProvider,
     ScriptItem,
@@ -314,3 +316,35 @@ async def test_a_key_echoed_over_http_reaches_neither_the_user_nor_the_result(
     # the second request carried the masked history back to the model, never the key
     assert KEY not in wire_server.requests[1].body.decode()
     assert json.loads(wire_server.requests[1].body)["messages"]
+
+
+# --------------------------------------------------------------------------- the kit's checker
+async def test_the_invariant_checker_names_the_channel_when_a_key_reached_the_user() -> None:
+    """Invariant 9 searches what the channel was delivered too, not only the result."""
+    clock = VirtualClock()
+    channel = RecordingChannel(clock=clock)
+    # a provider that names no key, so the engine cannot mask it: the key reaches the user
+    provider = ScriptedProvider(whole_echo(), clock=clock)
+    result = await run_tool_loop(provider, [], channel, REQUEST, clock=clock)
+    with pytest.raises(InvariantViolation, match="invariant 9") as raised:
+        check_invariants(result, policy=LoopPolicy(), channel=channel, keys=[KEY])
+    assert "the channel's deliveries" in str(raised.value)
+    assert KEY not in str(raised.value)
+
+
+async def test_text_held_back_as_a_possible_key_start_is_kept_when_the_stream_stalls() -> None:
+    """A chunk ending in ``sk-`` might begin the key, so its tail is held back; when the
+    stream then stalls into the inactivity deadline, the held text was still the model's and
+    is in the pass's text (and what was delivered is what the channel confirmed)."""
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    stalled: list[list[ScriptItem]] = [[TextDelta("Partial answer, see sk-"), Pause(60.0)]]
+    policy = LoopPolicy(inactivity_timeout=2.0)
+    result = await run_tool_loop(
+        KeyedProvider(stalled, clock=clock), [], seen.channel, REQUEST, clock=clock,
+        policy=policy, observer=seen.observer,
+    )  # fmt: skip
+    assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
+    assert result.stream_results[-1].text == "Partial answer, see sk-"
+    assert any("see sk-" in event or "'sk-'" in event for event in seen.observer.seen)
+    seen.assert_nothing_holds_the_key(result)

@@ -86,7 +86,7 @@ from toolloop_fsm.pump.deliveries import (
 )
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords
-from toolloop_fsm.pump.redaction import Secrets
+from toolloop_fsm.pump.redaction import MaskedStream, Secrets
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
 from toolloop_fsm.review import VERDICT_TYPES, Reviewer, ReviewPacket, Unavailable
 from toolloop_fsm.snapshot import LoopSnapshot, SnapshotError, TurnSnapshot
@@ -138,6 +138,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_last_chunk",
         "_late_confirmed",
         "_main",
+        "_masked",
         "_observation",
         "_outcomes",
         "_pending_result",
@@ -268,6 +269,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         # the turn's keys and the provider's own: masked out of its stream (and its failures)
         # before the machine takes them, so that nothing downstream ever holds one
         self._secrets = self._records.secrets.with_provider(provider)
+        self._masked: MaskedStream | None = None  # the masked stream being read, if any
 
     # ------------------------------------------------------------------ running
     async def run(
@@ -463,6 +465,11 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     self._late_confirmed = []
                 self._late_confirmed.append(event.seq)
             return
+        masked = self._masked
+        if masked is not None and masked.holding and type(event) is not DeliveryRecorded:
+            self._release_held(masked)
+            if self._finished or self.machine.is_finished:
+                return
         if self._signals_dirty and type(event) is not DeliveryRecorded:
             # a signal that arrived before this event is taken first, in the state it met
             # (a delivery the channel already confirmed is recorded first: it happened)
@@ -485,6 +492,18 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 failure = event if kind is StreamFailed else None
                 observation.pass_ended(self.machine.turn, failure)
         self._execute(effects)
+
+    def _release_held(self, masked: MaskedStream) -> None:
+        """An event other than a confirmation arrives while the masked stream holds back
+        text that might begin a key: the text arrived before the event, so the machine
+        (and a watching observer) takes it first, masked as far as it can be."""
+        chunk = masked.release()
+        if chunk is None:
+            return
+        observation = self._observation
+        if observation is not None and observation.wants_chunks and observation.observes(chunk):
+            observation.chunk(chunk)
+        self._feed(chunk)
 
     def _report(self, event: StreamFailed | DeadlineExpired | DeliveryFailed) -> None:
         """A WARNING record of a failure, as it is fed to the machine."""
@@ -674,7 +693,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             self._feed(_stream_failure(err, secrets))
             return
         if secrets.keys:  # observers, the machine and all it makes see the masked stream
-            stream = secrets.masked(stream)
+            stream = self._masked = secrets.masked(stream)
         if observation is not None and observation.wants_chunks:
             stream = _tapped(stream, observation)  # a tap only when chunks are watched
         exhausted = False
@@ -715,6 +734,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             return
         finally:
             self._reading = False
+            self._masked = None
             await _close_stream(stream)
             if observation is not None and not exhausted:
                 # cut short: the loop recorded how (a deadline, a stop), or nothing (the

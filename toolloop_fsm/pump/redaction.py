@@ -99,47 +99,10 @@ class Secrets:
             return items if isinstance(value, list) else tuple(items)
         return value
 
-    async def masked(self, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    def masked(self, stream: AsyncIterator[Any]) -> MaskedStream:
         """``stream`` with every key, and every 8-character run of one, masked before any
-        chunk reaches the machine. A key can arrive split over chunks, so a text or thought
-        chunk holds back its tail while that tail is the start of a piece of a key (at most
-        7 characters), and releases it with the next chunk, before a chunk of another kind,
-        at the end of the stream and when the stream fails. A chunk with nothing to mask
-        passes as it is. Call arguments, a malformed call's raw text and its parse error,
-        and scene metadata are masked whole."""
-        tail = _Tail()
-        try:
-            async for chunk in stream:
-                kind = type(chunk)
-                if (kind is TextDelta or (kind is ThoughtDelta and chunk.signature is None)) and (
-                    type(chunk.text) is str
-                ):
-                    if tail.kind is not None and tail.kind is not kind:
-                        released = self._release(tail, "", final=True)
-                        if released is not None:
-                            yield released
-                    out = self._release(tail, chunk.text, final=False, kind=kind, chunk=chunk)
-                    if out is not None:
-                        yield out
-                    continue
-                released = self._release(tail, "", final=True)
-                if released is not None:
-                    yield released
-                yield self._masked_chunk(chunk)
-            released = self._release(tail, "", final=True)
-            if released is not None:
-                yield released
-        except Exception:
-            # the stream failed: what arrived before the failure is the model's all the same
-            released = self._release(tail, "", final=True)
-            if released is not None:
-                yield released
-            raise
-        finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(RuntimeError):
-                    await aclose()
+        chunk reaches the machine (`MaskedStream`)."""
+        return MaskedStream(self, stream)
 
     def _release(
         self,
@@ -226,6 +189,91 @@ class Secrets:
             text = self.mask(chunk.text)
             return chunk if text is chunk.text else attrs.evolve(chunk, text=text)
         return chunk
+
+
+class MaskedStream:
+    """A provider's stream, masked of the turn's keys. A key can arrive split over chunks,
+    so a text or thought chunk holds back its tail while that tail could begin a piece of a
+    key (at most 7 characters), and lets it through with the next chunk, before a chunk of
+    another kind, at the end of the stream, before the stream's failure is raised, and when
+    the pump asks (`release`: a deadline or a stop is about to end the pass, and what arrived
+    before it is the model's all the same). A chunk with nothing to mask passes as it is.
+    Call arguments, a malformed call's raw text and its parse error, and scene metadata are
+    masked whole."""
+
+    __slots__ = ("_failure", "_ready", "_secrets", "_source", "_stream", "_tail")
+
+    def __init__(self, secrets: Secrets, stream: AsyncIterator[Any]) -> None:
+        self._secrets = secrets
+        self._stream = stream
+        self._source = stream.__aiter__()
+        self._tail = _Tail()
+        self._ready: list[Any] = []  # chunks let through but not yet taken
+        self._failure: BaseException | None = None
+
+    @property
+    def holding(self) -> bool:
+        """Whether text is held back."""
+        return bool(self._tail.held)
+
+    def release(self) -> Any:
+        """The held text as a chunk, masked (``None`` when nothing is held)."""
+        return self._secrets._release(self._tail, "", final=True)
+
+    def __aiter__(self) -> MaskedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        ready = self._ready
+        if ready:
+            return ready.pop(0)
+        failure = self._failure
+        if failure is not None:
+            self._failure = None
+            raise failure
+        secrets, tail = self._secrets, self._tail
+        while True:
+            try:
+                chunk = await self._source.__anext__()
+            except StopAsyncIteration:
+                released = self.release()
+                if released is None:
+                    raise
+                return released
+            except Exception as err:
+                # what arrived before the failure is the model's: it goes first
+                released = self.release()
+                if released is None:
+                    raise
+                self._failure = err
+                return released
+            kind = type(chunk)
+            if (kind is TextDelta or (kind is ThoughtDelta and chunk.signature is None)) and (
+                type(chunk.text) is str
+            ):
+                if tail.kind is None or tail.kind is kind:  # the common case: one text
+                    out = secrets._release(tail, chunk.text, final=False, kind=kind, chunk=chunk)
+                    if out is not None:
+                        return out
+                    continue
+                released = self.release()
+                if released is not None:
+                    ready.append(released)
+                out = secrets._release(tail, chunk.text, final=False, kind=kind, chunk=chunk)
+                if out is not None:
+                    ready.append(out)
+            else:
+                released = self.release()
+                if released is not None:
+                    ready.append(released)
+                ready.append(secrets._masked_chunk(chunk))
+            if ready:
+                return ready.pop(0)
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 class _Tail:
