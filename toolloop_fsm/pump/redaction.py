@@ -201,7 +201,7 @@ class MaskedStream:
     Call arguments, a malformed call's raw text and its parse error, and scene metadata are
     masked whole."""
 
-    __slots__ = ("_failure", "_ready", "_secrets", "_source", "_stream", "_tail")
+    __slots__ = ("_ends", "_failure", "_leak", "_ready", "_secrets", "_source", "_stream", "_tail")
 
     def __init__(self, secrets: Secrets, stream: AsyncIterator[Any]) -> None:
         self._secrets = secrets
@@ -210,6 +210,10 @@ class MaskedStream:
         self._tail = _Tail()
         self._ready: list[Any] = []  # chunks let through but not yet taken
         self._failure: BaseException | None = None
+        # the per-chunk test, held here: a text with no piece of a key, ending in a character
+        # no piece begins with, passes without a call
+        self._leak = secrets._leak
+        self._ends = secrets._ends
 
     @property
     def holding(self) -> bool:
@@ -252,7 +256,17 @@ class MaskedStream:
                 type(chunk.text) is str
             ):
                 if tail.kind is None or tail.kind is kind:  # the common case: one text
-                    out = secrets._release(tail, chunk.text, final=False, kind=kind, chunk=chunk)
+                    text = chunk.text
+                    leak = self._leak
+                    if (
+                        not tail.held
+                        and not tail.context
+                        and text[-1:] not in self._ends
+                        and (leak is None or leak.search(text) is None)
+                    ):
+                        tail.kind = kind
+                        return chunk
+                    out = secrets._release(tail, text, final=False, kind=kind, chunk=chunk)
                     if out is not None:
                         return out
                     continue
