@@ -11,7 +11,11 @@ blocks, the pattern only if a block is there; no conversion. This script measure
 * one quick look on its own (a keyed turn takes one per attempt and one of its whole result,
   which searches only the texts the attempts' looks did not), on each turn's result and on a
   long one (200 tool rounds), in µs and as a share of the turn;
-* for contrast, the full scrub of a result that does quote a piece of a key.
+* the stream mask on its own (`Secrets.masked`, what a keyed turn's every chunk goes
+  through; a turn without keys is not wrapped): ns per chunk over plain iteration, for text
+  that holds no piece of a key;
+* for contrast, a turn whose model quotes a piece of a key: masked in its stream, so its
+  result is again clean.
 
     python benchmarks/bench_redaction.py [--turns N] [--rounds R]
 """
@@ -23,6 +27,7 @@ import asyncio
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from bench_tool_loop import (
     REQUEST,
@@ -44,7 +49,7 @@ from toolloop_fsm import (
     run_generation_turn,
 )
 from toolloop_fsm.providers._secrecy import fragment_pattern
-from toolloop_fsm.pump.redaction import may_hold_key
+from toolloop_fsm.pump.redaction import Secrets, may_hold_key
 
 KEYS = ("sk-bench-4f9Qz2LmX8vTnR7c", "sk-bench-Hy3Wd6PaKs1JeB0u")
 
@@ -133,14 +138,44 @@ async def quick_look(turns: int) -> None:
         )
     leaky = long_script(20)
     leaky[-1] = [TextDelta(f"the key was {KEYS[0][3:15]}"), UsageReport(5, 5)]
-    result = await final_result(leaky)
-    assert may_hold_key(result, KEYS, leak)
     keyed = await per_turn(leaky, KEYS, 20)
     bare = await per_turn(leaky, (), 20)
     print(
-        f"  for contrast, a 20-round result quoting 12 characters of a key: redacted whole, "
-        f"{keyed - bare:+.0f} µs on a {bare:,.0f} µs turn"
+        f"  for contrast, a 20-round turn whose model quotes 12 characters of a key: masked "
+        f"in its stream, {keyed - bare:+.0f} µs on a {bare:,.0f} µs turn"
     )
+
+
+async def stream_mask(chunks: int, rounds: int) -> None:
+    """ns per chunk the stream mask adds to reading ``chunks`` text chunks holding no piece
+    of a key: chunks ending in a space (the tail is ruled out by its last character), and
+    chunks ending in a character the keys hold (the tail is looked up)."""
+    secrets = Secrets(KEYS)
+    for label, script in (
+        ("ending in a space", [TextDelta(f"w{i % 10:02d} ") for i in range(chunks)]),
+        ("ending in a key's character", [TextDelta(f" w{i % 10:02d}") for i in range(chunks)]),
+    ):
+
+        async def plain(script: list[TextDelta] = script) -> Any:
+            for chunk in script:
+                yield chunk
+
+        async def read(masked: bool) -> float:
+            stream = secrets.masked(plain()) if masked else plain()
+            started = time.perf_counter()
+            async for _ in stream:
+                pass
+            return time.perf_counter() - started
+
+        added: list[float] = []
+        for _ in range(rounds):
+            bare = statistics.median([await read(False) for _ in range(20)])
+            masked = statistics.median([await read(True) for _ in range(20)])
+            added.append((masked - bare) / len(script) * 1e9)
+        print(
+            f"  text chunks {label}: {statistics.median(added):6.0f} ns a chunk over plain "
+            f"iteration (rounds {min(added):.0f}–{max(added):.0f})"
+        )
 
 
 async def main(turns: int, rounds: int) -> None:
@@ -149,6 +184,8 @@ async def main(turns: int, rounds: int) -> None:
     await compare("T10", t10_script(), turns, rounds)
     print("The quick look on a clean result (median of runs):")
     await quick_look(turns)
+    print("The stream mask of a keyed turn:")
+    await stream_mask(400, rounds)
 
 
 if __name__ == "__main__":

@@ -412,17 +412,20 @@ async def test_usage_is_recorded_per_role_author_and_reviewer() -> None:
 
 
 # --------------------------------------------------------------------------- secrets
-async def test_a_candidate_holding_an_api_key_is_never_shown_to_the_reviewer() -> None:
+async def test_a_conversation_holding_an_api_key_is_never_shown_to_the_reviewer() -> None:
+    """The model's own text is masked of the keys as it streams (tests/test_echoed_keys.py);
+    the conversation the host passed in is not the engine's to rewrite, so a packet quoting
+    a key from it is not shown at all."""
     key = "sk-live-0123456789abcdef"
     clock = VirtualClock()
-    provider = ScriptedProvider([[TextDelta(f"your key is {key}")]], clock=clock)
+    provider = ScriptedProvider([[TextDelta("I will not repeat it.")]], clock=clock)
     channel = RecordingChannel(clock=clock)
     reviewer = ScriptedReviewer([Revise([VOICE])])
     result = await run_generation_turn(
         [Attempt(lambda _key: provider, keys=(key,), label="m")],
         [],
         channel,
-        TurnRequest(USER),
+        TurnRequest([{"role": "user", "content": f"my key is {key}"}]),
         policy=TurnPolicy(loop=DRAFTING),
         clock=clock,
         reviewer=reviewer,

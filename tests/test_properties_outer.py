@@ -220,6 +220,21 @@ def test_bug4_a_key_the_provider_factory_quotes_never_reaches_the_result() -> No
     assert _KEY not in str(chain.result.exception)  # … but not in the attached exception
 
 
+def test_a_key_the_model_echoes_in_its_reply_reaches_neither_the_user_nor_the_result() -> None:
+    """Issue #21 item 6: the reply streams the key split over two chunks; the channel gets
+    it masked, and the result says exactly what the channel confirmed."""
+    answering = AttemptScript(text="Your key, as asked: ")
+    script = ChainScript(
+        models=(ModelScript("m0", keys=(KeyScript(_KEY, answering),)),),
+        policy=_FAST,
+        echo_keys=True,
+    )
+    chain = run(script)
+    assert chain.result is not None and chain.result.status is TurnStatus.COMPLETED
+    assert "[REDACTED]" in chain.channel.delivered_text
+    check_chain_invariants(chain)
+
+
 def test_bug5_admitting_a_shared_route_whose_keys_all_cool_ends_the_turn_cleanly() -> None:
     script = ChainScript(
         models=(ModelScript("m0", keyless=AttemptScript(ending=Ending.FAIL, text="")),),

@@ -65,7 +65,7 @@ from toolloop_fsm.events import (
 from toolloop_fsm.host import LOOP_CLOCK, Clock
 from toolloop_fsm.policy import of_type, positive_count, positive_seconds
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
-from toolloop_fsm.providers._secrecy import fragment_pattern, quote
+from toolloop_fsm.providers._secrecy import fragment_pattern, provider_secrets, quote
 from toolloop_fsm.result import estimate_tokens
 from toolloop_fsm.review import (
     FINDING_TEXT_LIMIT,
@@ -362,30 +362,6 @@ def _texts(value: Any) -> Iterable[str]:
             yield from _texts(item)
     elif value is not None and not isinstance(value, bool):
         yield str(value)
-
-
-def provider_secrets(provider: Any) -> tuple[str, ...]:
-    """The keys a provider holds: its ``secrets`` (an HTTP adapter's key and credential
-    headers) or ``api_key``, and those of every provider it wraps (``.provider``)."""
-    found: list[str] = []
-    seen: set[int] = set()
-    current = provider
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        for name in ("secrets", "api_key"):
-            try:
-                value = getattr(current, name, None)
-            except Exception:  # a property that breaks names no key
-                continue
-            if isinstance(value, str):
-                found.append(value)
-            elif isinstance(value, list | tuple | frozenset | set):
-                found.extend(item for item in value if isinstance(item, str))
-        try:
-            current = getattr(current, "provider", None)
-        except Exception:
-            current = None
-    return tuple(dict.fromkeys(secret for secret in found if secret))
 
 
 # --------------------------------------------------------------------------- reading the answer

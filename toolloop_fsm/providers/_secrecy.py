@@ -14,6 +14,8 @@ Owns the one rule every adapter applies to every text it lets out:
   can hold 8 characters of a key.
 * `header_secrets` names the credentials among request headers: a proxy's token is as
   secret as an API key.
+* `provider_secrets` names the keys a provider object holds (its ``secrets`` or
+  ``api_key``, and those of a provider it wraps): the turn's keys when no chain names them.
 * `redacted_error` is the copy of a `ProviderError` that leaves an adapter: message redacted
   and bounded, nothing chained to it. The HTTP stream base raises it outside any ``except``
   block, so neither ``__cause__`` nor ``__context__`` carries an httpx exception (whose
@@ -26,6 +28,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from toolloop_fsm.provider import ProviderError
 
@@ -48,23 +51,30 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     """``text`` with every secret, every 8+ character run of a secret, every ``key=`` query
     value and every URL password replaced by ``[REDACTED]`` (overlapping or touching matches
     as one)."""
-    spans: list[tuple[int, int]] = []
-    for secret in secrets:
-        if not secret:
-            continue
-        size = min(len(secret), FRAGMENT)
-        for piece in _pieces(secret):
-            found = text.find(piece)
-            while found != -1:
-                spans.append((found, found + size))
-                found = text.find(piece, found + 1)
+    spans = secret_spans(text, secrets)
     if spans:
         text = _mask(text, spans)
     text = _URL_PASSWORD.sub(r"\1" + REDACTED + "@", text)
     return _KEY_IN_QUERY.sub(r"\1" + REDACTED, text)
 
 
-def _pieces(secret: str) -> dict[str, None]:
+def secret_spans(text: str, secrets: Iterable[str | None]) -> list[tuple[int, int]]:
+    """Where in ``text`` `redact` finds a secret: the ``(start, end)`` of every occurrence
+    of every piece (`pieces`), unsorted, overlapping ones each on its own."""
+    spans: list[tuple[int, int]] = []
+    for secret in secrets:
+        if not secret:
+            continue
+        size = min(len(secret), FRAGMENT)
+        for piece in pieces(secret):
+            found = text.find(piece)
+            while found != -1:
+                spans.append((found, found + size))
+                found = text.find(piece, found + 1)
+    return spans
+
+
+def pieces(secret: str) -> dict[str, None]:
     """Every run of `FRAGMENT` characters of ``secret`` (the whole of a shorter one), in
     order, once each; a longer run is a union of these."""
     size = min(len(secret), FRAGMENT)
@@ -80,12 +90,12 @@ def fragment_pattern(secrets: Iterable[str | None]) -> re.Pattern[str] | None:
 
 @functools.lru_cache(maxsize=64)
 def _fragment_pattern(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
-    pieces: dict[str, None] = {}
+    found: dict[str, None] = {}
     for secret in secrets:
-        pieces.update(_pieces(secret))
-    if not pieces:
+        found.update(pieces(secret))
+    if not found:
         return None
-    return re.compile("|".join(map(re.escape, pieces)))
+    return re.compile("|".join(map(re.escape, found)))
 
 
 def _mask(text: str, spans: list[tuple[int, int]]) -> str:
@@ -125,6 +135,30 @@ def header_secrets(headers: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(found)
 
 
+def provider_secrets(provider: Any) -> tuple[str, ...]:
+    """The keys a provider holds: its ``secrets`` (an HTTP adapter's key and credential
+    headers) or ``api_key``, and those of every provider it wraps (``.provider``)."""
+    found: list[str] = []
+    seen: set[int] = set()
+    current = provider
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for name in ("secrets", "api_key"):
+            try:
+                value = getattr(current, name, None)
+            except Exception:  # a property that breaks names no key
+                continue
+            if isinstance(value, str):
+                found.append(value)
+            elif isinstance(value, list | tuple | frozenset | set):
+                found.extend(item for item in value if isinstance(item, str))
+        try:
+            current = getattr(current, "provider", None)
+        except Exception:
+            current = None
+    return tuple(dict.fromkeys(secret for secret in found if secret))
+
+
 def redacted_error(error: ProviderError, secrets: Iterable[str | None]) -> ProviderError:
     """A copy of ``error`` fit to leave an adapter: its message redacted and cut to
     `MESSAGE_LIMIT`, every other field kept. Raise it outside any ``except`` block so that no
@@ -144,7 +178,10 @@ __all__ = [
     "REDACTED",
     "fragment_pattern",
     "header_secrets",
+    "pieces",
+    "provider_secrets",
     "quote",
     "redact",
     "redacted_error",
+    "secret_spans",
 ]

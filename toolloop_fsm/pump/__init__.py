@@ -5,7 +5,8 @@
 - `deadlines`: the turn's timers and which deadline expired;
 - `deliveries`: deliveries, notices and the stop message, and every bounded host call;
 - `outer`: `GenerationPump` runs `GenerationTurnMachine` and `run_generation_turn`;
-- `redaction`: no key leaves a result.
+- `redaction`: no key leaves the turn: masked out of the provider's stream, scrubbed from
+  results, log records and observed events.
 """
 
 from toolloop_fsm.pump.deliveries import wait_bounded

@@ -78,6 +78,7 @@ from toolloop_fsm.notice_budget import NoticeBudget
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
+from toolloop_fsm.providers._secrecy import provider_secrets
 from toolloop_fsm.pump.arguments import check_loop_arguments
 from toolloop_fsm.pump.deadlines import StreamDeadlines
 from toolloop_fsm.pump.deliveries import (
@@ -87,7 +88,7 @@ from toolloop_fsm.pump.deliveries import (
 )
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords
-from toolloop_fsm.pump.redaction import Secrets
+from toolloop_fsm.pump.redaction import MaskedStream, Secrets
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
 from toolloop_fsm.review import VERDICT_TYPES, Reviewer, ReviewPacket, Unavailable
 from toolloop_fsm.snapshot import LoopSnapshot, SnapshotError, TurnSnapshot
@@ -110,7 +111,8 @@ class _Unsignalled(TurnSignals):
 
 
 _NO_SIGNALS = _Unsignalled()
-#: The records of a `run_tool_loop` turn: attempt 0, no keys known (shared: it never changes).
+#: The records of a `run_tool_loop` turn whose provider holds no key: attempt 0, no keys known
+#: (shared: it never changes).
 _TOOL_LOOP_RECORDS = TurnRecords()
 #: Events whose arrival is a failure worth a WARNING record.
 _REPORTED = frozenset({StreamFailed, DeadlineExpired, DeliveryFailed})
@@ -138,6 +140,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_last_chunk",
         "_late_confirmed",
         "_main",
+        "_masked",
         "_notices",
         "_observation",
         "_outcomes",
@@ -150,6 +153,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_review_grace",
         "_review_seq",
         "_review_task",
+        "_secrets",
         "_signals_dirty",
         "_stop_fed",
         "_stream_armed_at",
@@ -270,6 +274,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._observation = observation
         self._records = records if records is not None else _TOOL_LOOP_RECORDS
         self._provider_failure: StreamFailed | None = None
+        # the turn's keys and the provider's own: masked out of its stream (and its failures)
+        # before the machine takes them, so that nothing downstream ever holds one
+        self._secrets = self._records.secrets.with_provider(provider)
+        self._masked: MaskedStream | None = None  # the masked stream being read, if any
 
     # ------------------------------------------------------------------ running
     async def run(
@@ -473,6 +481,11 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     self._late_confirmed = []
                 self._late_confirmed.append(event.seq)
             return
+        masked = self._masked
+        if masked is not None and masked.holding and type(event) is not DeliveryRecorded:
+            self._release_held(masked)
+            if self._finished or self.machine.is_finished:
+                return
         if self._signals_dirty and type(event) is not DeliveryRecorded:
             # a signal that arrived before this event is taken first, in the state it met
             # (a delivery the channel already confirmed is recorded first: it happened)
@@ -495,6 +508,18 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 failure = event if kind is StreamFailed else None
                 observation.pass_ended(self.machine.turn, failure)
         self._execute(effects)
+
+    def _release_held(self, masked: MaskedStream) -> None:
+        """An event other than a confirmation arrives while the masked stream holds back
+        text that might begin a key: the text arrived before the event, so the machine
+        (and a watching observer) takes it first, masked as far as it can be."""
+        chunk = masked.release()
+        if chunk is None:
+            return
+        observation = self._observation
+        if observation is not None and observation.wants_chunks and observation.observes(chunk):
+            observation.chunk(chunk)
+        self._feed(chunk)
 
     def _report(self, event: StreamFailed | DeadlineExpired | DeliveryFailed) -> None:
         """A WARNING record of a failure, as it is fed to the machine."""
@@ -677,11 +702,14 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         observation = self._observation
         if observation is not None:
             observation.pass_started(self._iteration)
+        secrets = self._secrets
         try:
             stream = self.provider.stream(request)
         except Exception as err:  # raised before any chunk: a failed pass all the same
-            self._feed(_stream_failure(err))
+            self._feed(_stream_failure(err, secrets))
             return
+        if secrets.keys:  # observers, the machine and all it makes see the masked stream
+            stream = self._masked = secrets.masked(stream)
         if observation is not None and observation.wants_chunks:
             stream = _tapped(stream, observation)  # a tap only when chunks are watched
         exhausted = False
@@ -718,10 +746,11 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             exhausted = True
         except Exception as err:  # a provider bug is a failed pass, not a crashed turn
             if generation == self._stream_generation:
-                self._feed(_stream_failure(err))
+                self._feed(_stream_failure(err, secrets))
             return
         finally:
             self._reading = False
+            self._masked = None
             await _close_stream(stream)
             if observation is not None and not exhausted:
                 # cut short: the loop recorded how (a deadline, a stop), or nothing (the
@@ -803,10 +832,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             self._feed(ReviewReturned(effect.review, verdict))
 
     def _holds_secret(self, packet: ReviewPacket) -> bool:
-        secrets = self._records.secrets
-        own = getattr(self.provider, "api_key", None)
-        if isinstance(own, str) and own and own not in secrets.keys:
-            secrets = Secrets((*secrets.keys, own))
+        secrets = self._secrets
         if not secrets.keys:
             return False
         texts = [packet.candidate, repr(packet.tools), repr(packet.history)]
@@ -890,19 +916,22 @@ async def _tapped(stream: AsyncIterator[Any], observation: Observation) -> Async
         await _close_stream(stream)
 
 
-def _stream_failure(err: Exception) -> StreamFailed:
+def _stream_failure(err: Exception, secrets: Secrets) -> StreamFailed:
     """What a provider's exception means to the machine: a `ProviderError` as it classified
-    itself, anything else a retryable ``provider_error``."""
+    itself, anything else a retryable ``provider_error``; its message masked of the turn's
+    keys, as the stream is."""
     if isinstance(err, ProviderError):
         return StreamFailed(
-            err.message,
+            secrets.mask(err.message) if isinstance(err.message, str) else err.message,
             kind=err.kind,
             retryable=err.retryable,
             status_code=err.status_code,
             retry_after=err.retry_after,
         )
     return StreamFailed(
-        f"the provider raised {type(err).__name__}: {err}", kind="provider_error", retryable=True
+        secrets.mask(f"the provider raised {type(err).__name__}: {err}"),
+        kind="provider_error",
+        retryable=True,
     )
 
 
@@ -1031,7 +1060,9 @@ def _run_loop(
 ) -> Coroutine[Any, Any, GenerationTurnResult]:
     """The turn's run, for the caller to await. An unobserved turn is the pump's own run,
     not a coroutine awaiting it: one frame less for every turn waiting on its provider."""
-    records = _TOOL_LOOP_RECORDS
+    # the turn's keys are the provider's own (an adapter's key and credential headers)
+    own = provider_secrets(provider)
+    records = TurnRecords(0, Secrets(own)) if own else _TOOL_LOOP_RECORDS
     machine = ToolLoopMachine(
         policy,
         tools=tools,
@@ -1047,6 +1078,7 @@ def _run_loop(
         signals=signals,
         clock=clock,
         observation=observation,
+        records=records,
         reviewer=reviewer,
         delivery_keys=f"{request.turn_id}:1",
         on_snapshot=None if on_snapshot is None else (lambda loop: on_snapshot(TurnSnapshot(loop))),

@@ -1,6 +1,8 @@
-"""Key redaction: of a whole result (every text holding a key, or an 8-character run of one,
-redacted before a result leaves the outer tier), and of every text a log record or an
-observed event carries (`Secrets`)."""
+"""Key redaction: of the text a provider streams, before the machine takes it (`Secrets.
+masked`: the channel, observers, live events, snapshots, tools, the history and the result
+all see the same masked text), of a whole result (every text holding a key, or an
+8-character run of one, redacted before a result leaves the outer tier), and of every text a
+log record or an observed event carries (`Secrets`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import enum
 import functools
 import re
 from collections.abc import (
+    AsyncIterator,
     Iterable,
     Mapping,
     Sequence,
@@ -18,20 +21,46 @@ from typing import Any
 
 import attrs
 
-from toolloop_fsm.providers._secrecy import FRAGMENT, fragment_pattern, redact
+from toolloop_fsm.events import FunctionCall, SceneMetadata, TextDelta, ThoughtDelta
+from toolloop_fsm.providers._secrecy import (
+    FRAGMENT,
+    REDACTED,
+    fragment_pattern,
+    pieces,
+    provider_secrets,
+    redact,
+    secret_spans,
+)
 
 
 class Secrets:
-    """The API keys of one turn, for the texts that leave it other than the result: a log
-    record, an observed event. Under the outer tier they are every key of the chain; a
-    `run_tool_loop` turn knows none (its adapters redact their own), so only ``key=`` query
-    values and URL passwords are masked there."""
+    """The API keys of one turn, for every text that leaves it: what the provider streams
+    (`masked`), a log record, an observed event. Under the outer tier they are every key of
+    the chain and the running provider's own (`with_provider`); in a `run_tool_loop` turn,
+    the provider's own: an HTTP adapter's ``secrets`` (its key and credential headers), or a
+    custom provider's ``api_key``. Without any, only ``key=`` query values and URL passwords
+    are masked in records and events, and the stream is read as it comes."""
 
-    __slots__ = ("_leak", "keys")
+    __slots__ = ("_ends", "_leak", "_longest", "_starts", "keys")
 
     def __init__(self, keys: Iterable[str] = ()) -> None:
-        self.keys = tuple(key for key in keys if key)
+        self.keys = tuple(dict.fromkeys(key for key in keys if key))
         self._leak = fragment_pattern(self.keys)
+        # what a streamed text may end with that the next chunk could complete into a piece
+        # of a key: every proper prefix of every piece, the longest one's length, and the
+        # characters such a prefix ends with (a text ending otherwise holds nothing back)
+        starts: set[str] = set()
+        for key in self.keys:
+            for piece in pieces(key):
+                starts.update(piece[:size] for size in range(1, len(piece)))
+        self._starts = frozenset(starts)
+        self._longest = max(map(len, starts), default=0)
+        self._ends = frozenset(start[-1] for start in starts)
+
+    def with_provider(self, provider: object) -> Secrets:
+        """These keys and the ones ``provider`` holds (`provider_secrets`)."""
+        own = [key for key in provider_secrets(provider) if key not in self.keys]
+        return Secrets((*self.keys, *own)) if own else self
 
     def clean(self, text: str) -> str:
         """``text`` with every key, every 8-character run of one, every ``key=`` query value
@@ -41,6 +70,270 @@ class Secrets:
     def holds_any(self, text: str) -> bool:
         """Whether ``text`` holds a key or a run of one (a quick test before `clean`)."""
         return self._leak is not None and self._leak.search(text) is not None
+
+    # ------------------------------------------------------------------ the provider's stream
+    def mask(self, text: str) -> str:
+        """``text`` with every key and every 8-character run of one replaced by
+        ``[REDACTED]`` (the keys only: what the model wrote stays as it wrote it)."""
+        if self._leak is None or self._leak.search(text) is None:
+            return text
+        return _masked_spans(text, 0, len(text), _merged(secret_spans(text, self.keys)), -1)
+
+    def mask_value(self, value: Any) -> Any:
+        """A JSON value (a call's arguments) with `mask` applied to every text in it, names
+        included; ``value`` itself when it holds no piece of a key."""
+        if isinstance(value, str):
+            return self.mask(value)
+        if isinstance(value, Mapping):
+            pairs = [(self.mask_value(name), self.mask_value(item)) for name, item in value.items()]
+            if all(
+                name is old_name and item is old_item
+                for (name, item), (old_name, old_item) in zip(pairs, value.items(), strict=True)
+            ):
+                return value
+            return dict(pairs)
+        if isinstance(value, list | tuple):
+            items = [self.mask_value(item) for item in value]
+            if all(a is b for a, b in zip(value, items, strict=True)):
+                return value
+            return items if isinstance(value, list) else tuple(items)
+        return value
+
+    def masked(self, stream: AsyncIterator[Any]) -> MaskedStream:
+        """``stream`` with every key, and every 8-character run of one, masked before any
+        chunk reaches the machine (`MaskedStream`)."""
+        return MaskedStream(self, stream)
+
+    def _release(
+        self,
+        tail: _Tail,
+        text: str,
+        *,
+        final: bool,
+        kind: type | None = None,
+        chunk: Any = None,
+    ) -> Any:
+        """The chunk to let through for ``text`` arriving after what ``tail`` holds (all of
+        it when ``final``): masked, its tail held back; ``None`` when nothing is let
+        through. ``chunk`` is the arriving chunk, passed on itself when nothing changed."""
+        held, context = tail.held, tail.context
+        if kind is None:
+            kind = tail.kind
+            if kind is None:
+                return None
+        leak = self._leak
+        if (
+            not held
+            and not context
+            and leak is not None
+            and leak.search(text) is None
+            and (final or text[-1:] not in self._ends)
+        ):
+            tail.kind = None if final else kind
+            return chunk  # the common case: nothing to mask, nothing to hold
+        buffer = context + held + text
+        start = len(context)
+        spans = (
+            _merged(secret_spans(buffer, self.keys))
+            if leak is not None and leak.search(buffer) is not None
+            else []
+        )
+        if final:
+            cut = len(buffer)
+        else:
+            # the tail that may be the start of a piece is held (what was let through before
+            # ``start`` cannot be: it is only looked at again); when a piece of a key reaches
+            # into that tail, it is masked now and everything after it held, since the next
+            # chunk may continue a piece that overlaps the mask
+            cut = max(self._hold_from(buffer), start)
+            if spans and spans[-1][1] > cut:
+                cut = spans[-1][1]
+        out = _masked_spans(buffer, start, cut, spans, start if context else -1)
+        # whether what was let through ends inside a mask that the next chunk may continue
+        open_mask = (bool(spans) and spans[-1][1] == cut > start) or (
+            bool(context) and cut == start
+        )
+        tail.held = buffer[cut:]
+        tail.context = buffer[max(0, cut - self._longest) : cut] if open_mask and not final else ""
+        tail.kind = None if final else kind
+        if not out:
+            return None
+        if chunk is not None and out == chunk.text:
+            return chunk
+        if kind is ThoughtDelta:
+            return ThoughtDelta(out)
+        return TextDelta(out)
+
+    def _hold_from(self, buffer: str) -> int:
+        """Where the longest suffix of ``buffer`` that is a proper prefix of a piece of a key
+        begins (``len(buffer)`` when there is none)."""
+        end = len(buffer)
+        if buffer[-1:] not in self._ends:
+            return end
+        for size in range(min(self._longest, end), 0, -1):
+            if buffer[end - size :] in self._starts:
+                return end - size
+        return end
+
+    def _masked_chunk(self, chunk: Any) -> Any:
+        """A chunk other than streamed text, masked whole (itself when nothing changed)."""
+        kind = type(chunk)
+        if kind is FunctionCall:
+            arguments = self.mask_value(chunk.arguments)
+            error = chunk.parse_error
+            masked_error = self.mask(error) if type(error) is str else error
+            if arguments is chunk.arguments and masked_error is error:
+                return chunk
+            return attrs.evolve(chunk, arguments=arguments, parse_error=masked_error)
+        if kind in (SceneMetadata, ThoughtDelta, TextDelta) and type(chunk.text) is str:
+            text = self.mask(chunk.text)
+            return chunk if text is chunk.text else attrs.evolve(chunk, text=text)
+        return chunk
+
+
+class MaskedStream:
+    """A provider's stream, masked of the turn's keys. A key can arrive split over chunks,
+    so a text or thought chunk holds back its tail while that tail could begin a piece of a
+    key (at most 7 characters), and lets it through with the next chunk, before a chunk of
+    another kind, at the end of the stream, before the stream's failure is raised, and when
+    the pump asks (`release`: a deadline or a stop is about to end the pass, and what arrived
+    before it is the model's all the same). A chunk with nothing to mask passes as it is.
+    Call arguments, a malformed call's raw text and its parse error, and scene metadata are
+    masked whole."""
+
+    __slots__ = ("_ends", "_failure", "_leak", "_ready", "_secrets", "_source", "_stream", "_tail")
+
+    def __init__(self, secrets: Secrets, stream: AsyncIterator[Any]) -> None:
+        self._secrets = secrets
+        self._stream = stream
+        self._source = stream.__aiter__()
+        self._tail = _Tail()
+        self._ready: list[Any] = []  # chunks let through but not yet taken
+        self._failure: BaseException | None = None
+        # the per-chunk test, held here: a text with no piece of a key, ending in a character
+        # no piece begins with, passes without a call
+        self._leak = secrets._leak
+        self._ends = secrets._ends
+
+    @property
+    def holding(self) -> bool:
+        """Whether text is held back."""
+        return bool(self._tail.held)
+
+    def release(self) -> Any:
+        """The held text as a chunk, masked (``None`` when nothing is held)."""
+        return self._secrets._release(self._tail, "", final=True)
+
+    def __aiter__(self) -> MaskedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        ready = self._ready
+        if ready:
+            return ready.pop(0)
+        failure = self._failure
+        if failure is not None:
+            self._failure = None
+            raise failure
+        secrets, tail = self._secrets, self._tail
+        while True:
+            try:
+                chunk = await self._source.__anext__()
+            except StopAsyncIteration:
+                released = self.release()
+                if released is None:
+                    raise
+                return released
+            except Exception as err:
+                # what arrived before the failure is the model's: it goes first
+                released = self.release()
+                if released is None:
+                    raise
+                self._failure = err
+                return released
+            kind = type(chunk)
+            if (kind is TextDelta or (kind is ThoughtDelta and chunk.signature is None)) and (
+                type(chunk.text) is str
+            ):
+                if tail.kind is None or tail.kind is kind:  # the common case: one text
+                    text = chunk.text
+                    leak = self._leak
+                    if (
+                        not tail.held
+                        and not tail.context
+                        and text[-1:] not in self._ends
+                        and (leak is None or leak.search(text) is None)
+                    ):
+                        tail.kind = kind
+                        return chunk
+                    out = secrets._release(tail, text, final=False, kind=kind, chunk=chunk)
+                    if out is not None:
+                        return out
+                    continue
+                released = self.release()
+                if released is not None:
+                    ready.append(released)
+                out = secrets._release(tail, chunk.text, final=False, kind=kind, chunk=chunk)
+                if out is not None:
+                    ready.append(out)
+            else:
+                released = self.release()
+                if released is not None:
+                    ready.append(released)
+                ready.append(secrets._masked_chunk(chunk))
+            if ready:
+                return ready.pop(0)
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class _Tail:
+    """What a masked stream holds between chunks: the raw text held back (the start of a
+    piece of a key, perhaps), the raw text just let through inside a mask (a piece that
+    continues it is masked without a second ``[REDACTED]``), and the kind of chunk held."""
+
+    __slots__ = ("context", "held", "kind")
+
+    def __init__(self) -> None:
+        self.held = ""
+        self.context = ""
+        self.kind: type | None = None
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``spans`` sorted, overlapping or touching ones joined (as `redact` joins them)."""
+    if not spans:
+        return spans
+    spans.sort()
+    merged = [spans[0]]
+    for start, end in spans[1:]:
+        last_start, last_end = merged[-1]
+        if start <= last_end:
+            merged[-1] = (last_start, max(last_end, end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _masked_spans(
+    text: str, start: int, end: int, spans: list[tuple[int, int]], masked_to: int
+) -> str:
+    """``text[start:end]`` with each of ``spans`` (merged, each ending by ``end``) replaced
+    by ``[REDACTED]``; a span beginning by ``masked_to`` continues the mask let through
+    just before ``start``, and adds none."""
+    parts: list[str] = []
+    position = start
+    for span_start, span_end in spans:
+        if span_end <= position:
+            continue
+        if span_start > masked_to:
+            parts += (text[position:span_start], REDACTED)
+        position = masked_to = span_end
+    parts.append(text[position:end])
+    return "".join(parts)
 
 
 #: A turn that knows no keys.

@@ -31,9 +31,9 @@ reviewer was asked, `ReviewAsked`) switches on the checks that need it.
 Invariant 1 covers whatever the host does: the result is one terminal state; host code that
 ignored its cancellation, or was still running when the turn returned, is named in the
 result's ``abandoned_calls``; a host signal fired from another thread did not raise.
-Invariant 9 (no key, nor any 8-character run of one, in the result's JSON, its repr, its
-traces, the notices, the error message, the attached exception or the library's log
-records) is checked for the ``keys`` given.
+Invariant 9 (no key, nor any 8-character run of one, in what the channel was delivered, the
+result's JSON, its repr, its traces, the notices, the error message, the attached exception
+or the library's log records) is checked for the ``keys`` given.
 
 The virtual-time bound (invariant 6), with F the first-token budget, I the inactivity
 budget, M the pass budget, S the abandoned-stream settle window, H the host-call budget, G
@@ -1239,9 +1239,11 @@ def _check_secrecy(
     except (TypeError, ValueError) as err:
         as_json = f"(not serialisable: {err})"
     notices: list[object] = [*result.notices, result.held_notice]
+    places: dict[str, str] = {}
     if channel is not None:
         notices += channel.notices
-    places = {
+        places["the channel's deliveries"] = repr(channel.delivered)
+    places |= {
         "result_to_json(result)": as_json,
         "repr(result)": repr(result),
         "the traces": repr(result.trace) + repr([a.trace for a in result.attempts]),

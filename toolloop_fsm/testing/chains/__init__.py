@@ -16,8 +16,8 @@ host signals at virtual instants, the host's behaviour (key book, channel) and a
 The keys are fake but unique (``sk-test-<hex>``), so a key that leaks into a result, a
 trace, a notice, a log record or an exception message is found by plain substring search.
 With ``echo_keys`` the scripted providers and factories behave like careless real ones and
-put their key into their error messages, which the engine must keep out of everything it
-returns.
+put their key into their error messages, and the model echoes its key in its reply (split
+over two chunks), which the engine must keep out of everything it returns and delivers.
 
 Strategies shrink toward short chains: one model, no keys, an attempt that simply answers,
 no shared route, no signals. Like `toolloop_fsm.testing.strategies`, this module needs

@@ -67,7 +67,8 @@ def check_chain_invariants(run: ChainRun, *, skip: Collection[str] = ()) -> None
     * ``terminal``: the turn returned a result; the outer trace starts in ``ready``, is
       contiguous, reaches exactly one final state (`FINAL_STATES`), last, and the status
       is that state.
-    * ``key_secrecy``: no key in the JSON result, ``repr(result)``, the notices, the outer
+    * ``key_secrecy``: no key in what the channel was delivered, the JSON result,
+      ``repr(result)``, the notices, the outer
       and inner traces, the error message, the attached exception, anything raised, the
       admission requests, the superseded marks or the library's log records.
     * ``attempt_budget``: attempts ≤ `chain_budget`; per model at most
@@ -151,6 +152,7 @@ def _check_terminal(run: ChainRun, result: GenerationTurnResult) -> None:
 def _check_key_secrecy(run: ChainRun) -> None:
     result = run.result
     places: dict[str, str] = {
+        "the channel's deliveries": repr(run.channel.delivered),
         "the notices": repr(run.channel.notices),
         "the superseded marks": repr(run.channel.superseded),
         "the admission requests": repr(run.admission_requests),

@@ -157,11 +157,14 @@ class AttemptScript:
         last: list[ScriptItem] = []
         if self.ending is not Ending.EMPTY and self.text:
             half = len(self.text) // 2 or len(self.text)
-            last.append(TextDelta(self.text[:half]))
+            head, rest = self.text[:half], self.text[half:]
+            if echo_key and key:  # the model echoes its key, split over the two chunks
+                head, rest = f"{head} {key[:5]}", f"{key[5:]} {rest}"
+            last.append(TextDelta(head))
             if self.pause > 0:
                 last.append(Pause(self.pause))
-            if self.text[half:]:
-                last.append(TextDelta(self.text[half:]))
+            if rest:
+                last.append(TextDelta(rest))
         if self.ending is Ending.FAIL:
             last.append(Fail(self.provider_error(key, echo_key=echo_key)))
         elif self.ending is Ending.STALL:
@@ -247,7 +250,8 @@ class ChainScript:
     raise `DestinationUnreachable` or `ConnectionError` (a host failure).
     ``supersede_delay``: virtual seconds the host's UI takes to mark a superseded attempt
     (the channel's ``attempt_superseded`` hook): time in which a signal may arrive between
-    two attempts. ``echo_keys``: providers and factories quote their key in their errors.
+    two attempts. ``echo_keys``: providers and factories quote their key in their errors,
+    and a model echoes its key in its reply, split over two chunks.
     ``reviews``: what the reviewer answers to the turn's 1st, 2nd, … review, whichever
     attempt asks (read only when the policy turns drafting or the tool checkpoint on).
     """

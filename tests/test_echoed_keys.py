@@ -1,0 +1,350 @@
+"""A key the model echoes (issue #21, item 6): when a provider streams one of the turn's API
+keys back — in its text, whole or split over chunks, in a tool call's arguments, in a drafted
+reply — the user never sees it, and nothing the turn hands out holds it: not the channel,
+the live events, the observers, the tool's arguments, a snapshot taken mid-turn, the
+history or the result; and what the result says was delivered is what the channel
+confirmed (docs/behaviour.md §9.12, docs/invariants.md §5 and §9)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+
+from tests.providers.test_loop_over_http import text_stream, tool_call_stream
+from tests.providers.wire_server import Scripted, WireServer
+from toolloop_fsm import (
+    Attempt,
+    FunctionCall,
+    GenerationTurnResult,
+    LoopPolicy,
+    TextDelta,
+    Tool,
+    ToolContext,
+    ToolResult,
+    TurnPolicy,
+    TurnRequest,
+    TurnStatus,
+    UsageReport,
+    result_to_json,
+    run_generation_turn,
+    run_tool_loop,
+)
+from toolloop_fsm.observation import TurnObserver
+from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
+from toolloop_fsm.snapshot import TurnSnapshot, snapshot_to_json
+from toolloop_fsm.stream import stream_generation_turn, stream_tool_loop
+from toolloop_fsm.testing import (
+    InvariantViolation,
+    Pause,
+    RecordingChannel,
+    ScriptedProvider,
+    ScriptItem,
+    VirtualClock,
+    check_invariants,
+)
+from toolloop_fsm.testing.hostile import leaked_runs
+from toolloop_fsm.testing.reviewer import ScriptedReviewer
+
+KEY = "sk-live-7Hq2Zp9WxR4mTn6Vb3Kc"
+REQUEST = TurnRequest([{"role": "user", "content": "what is my key?"}])
+
+
+class KeyedProvider(ScriptedProvider):
+    """A scripted model that holds the turn's key, as an adapter built with ``api_key=``
+    does (a `run_tool_loop` turn's keys are its provider's)."""
+
+    api_key = KEY
+
+
+class Everything(TurnObserver):
+    """Every phase event and chunk a turn's observers are shown, as text."""
+
+    wants_chunks = True
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in {
+            "turn_started", "turn_ended", "turn_aborted", "attempt_started", "attempt_ended",
+            "pass_started", "pass_ended", "tool_started", "tool_ended", "chunk",
+        }:  # fmt: skip
+            return lambda event: object.__getattribute__(self, "seen").append(repr(event))
+        return object.__getattribute__(self, name)
+
+
+class Witnesses:
+    """Everything the turn hands out, gathered for one search for the key."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.channel = RecordingChannel(clock=clock)
+        self.observer = Everything()
+        self.snapshots: list[str] = []
+        self.tool_arguments: list[dict[str, Any]] = []
+
+    def take_snapshot(self, snapshot: TurnSnapshot) -> None:
+        self.snapshots.append(snapshot_to_json(snapshot))
+
+    def lookup(self) -> Tool:
+        async def handler(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+            self.tool_arguments.append(arguments)
+            return ToolResult(data={"found": "nothing"}, message="looked up")
+
+        return Tool("lookup", "look something up", {"type": "object"}, handler)
+
+    def places(self, result: GenerationTurnResult, *extra: tuple[str, str]) -> dict[str, str]:
+        return {
+            "the channel": repr(self.channel.delivered) + repr(self.channel.notices),
+            "the observers": "\n".join(self.observer.seen),
+            "the snapshots": "\n".join(self.snapshots),
+            "the tool's arguments": repr(self.tool_arguments),
+            "result.delivered": repr(result.delivered),
+            "the history": repr(result.history),
+            "the result": result_to_json(result),
+            **dict(extra),
+        }
+
+    def assert_nothing_holds_the_key(
+        self, result: GenerationTurnResult, *extra: tuple[str, str]
+    ) -> None:
+        assert leaked_runs([KEY], self.places(result, *extra)) == []
+        # what the user saw is what the result says they saw
+        confirmed = [(d.text, d.expression) for d in self.channel.delivered]
+        assert confirmed == [(d.text, d.expression) for d in result.delivered]
+
+
+def whole_echo() -> list[list[ScriptItem]]:
+    return [[TextDelta(f"Your key is {KEY}, keep it safe."), UsageReport(5, 5)]]
+
+
+def split_echo() -> list[list[ScriptItem]]:
+    """The key split over chunks: once across two, once a character at a time."""
+    one_by_one = [TextDelta(character) for character in KEY]
+    return [
+        [
+            TextDelta(f"Your key is {KEY[:9]}"),
+            TextDelta(f"{KEY[9:]}. Again: "),
+            *one_by_one,
+            TextDelta("."),
+            UsageReport(5, 5),
+        ]
+    ]
+
+
+def call_echo() -> list[list[ScriptItem]]:
+    return [
+        [
+            TextDelta("Let me look that up. "),
+            FunctionCall("lookup", {"q": f"owner of {KEY}", "keys": [KEY]}, "call_1"),
+            UsageReport(5, 5),
+        ],
+        [TextDelta("Nothing found."), UsageReport(5, 5)],
+    ]
+
+
+def drafted_echo() -> list[list[ScriptItem]]:
+    return [[TextDelta("Here it is: "), TextDelta(f"{KEY[:5]}"), TextDelta(f"{KEY[5:]}."),
+             UsageReport(5, 5)]]  # fmt: skip
+
+
+SCRIPTS = {"whole": whole_echo, "split": split_echo, "tool call": call_echo}
+
+
+# --------------------------------------------------------------------------- run_tool_loop
+@pytest.mark.parametrize("echo", list(SCRIPTS))
+async def test_a_key_the_model_echoes_reaches_nothing_a_tool_loop_hands_out(echo: str) -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    provider = KeyedProvider(SCRIPTS[echo](), clock=clock)
+    result = await run_tool_loop(
+        provider, [seen.lookup()], seen.channel, REQUEST, clock=clock,
+        observer=seen.observer, on_snapshot=seen.take_snapshot,
+    )  # fmt: skip
+    assert result.status is TurnStatus.COMPLETED
+    seen.assert_nothing_holds_the_key(result)
+    assert "[REDACTED]" in seen.channel.text + repr(seen.tool_arguments)
+    check_invariants(
+        result, policy=LoopPolicy(), channel=seen.channel, provider=provider, keys=[KEY]
+    )
+
+
+async def test_a_key_split_over_chunks_is_masked_as_one_in_what_the_user_sees() -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    result = await run_tool_loop(
+        KeyedProvider(split_echo(), clock=clock), [], seen.channel, REQUEST, clock=clock
+    )
+    assert seen.channel.text == "Your key is [REDACTED]. Again: [REDACTED]."
+    assert result.final_text == seen.channel.text
+
+
+async def test_the_tool_receives_the_echoed_key_masked() -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    await run_tool_loop(
+        KeyedProvider(call_echo(), clock=clock), [seen.lookup()], seen.channel, REQUEST,
+        clock=clock,
+    )  # fmt: skip
+    assert seen.tool_arguments == [{"q": "owner of [REDACTED]", "keys": ["[REDACTED]"]}]
+
+
+@pytest.mark.parametrize("echo", ["whole", "split"])
+async def test_live_events_of_a_tool_loop_never_show_an_echoed_key(echo: str) -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    provider = KeyedProvider(SCRIPTS[echo](), clock=clock)
+    async with stream_tool_loop(provider, [], seen.channel, REQUEST, clock=clock) as events:
+        live = [repr(event) async for event in events]
+    assert leaked_runs([KEY], {"the live events": "\n".join(live)}) == []
+    assert any("[REDACTED]" in event for event in live)
+
+
+async def test_a_drafted_reply_holding_a_key_is_reviewed_masked_and_delivered_masked() -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    reviewer = ScriptedReviewer(clock=clock)
+    policy = LoopPolicy(drafting=True)
+    result = await run_tool_loop(
+        KeyedProvider(drafted_echo(), clock=clock), [], seen.channel, REQUEST, clock=clock,
+        policy=policy, reviewer=reviewer, observer=seen.observer,
+    )  # fmt: skip
+    # the reviewer was asked (not refused the packet) and saw the reply masked
+    assert [packet.candidate for packet in reviewer.packets] == ["Here it is: [REDACTED]."]
+    assert [review.verdict for review in result.reviews] == ["pass"]
+    assert result.reason != "draft_unreviewed"
+    assert seen.channel.text == "Here it is: [REDACTED]."
+    seen.assert_nothing_holds_the_key(result, ("the reviewer", repr(reviewer.packets)))
+
+
+# --------------------------------------------------------------------------- run_generation_turn
+def keyed_attempt(script: Sequence[Sequence[ScriptItem]], clock: VirtualClock) -> Attempt:
+    """A model built for its key, as a chain's keyed model is: the provider itself names no
+    key, the `Attempt` does."""
+    return Attempt(lambda key: ScriptedProvider(script, clock=clock), keys=(KEY,), label="main")
+
+
+@pytest.mark.parametrize("echo", list(SCRIPTS))
+async def test_a_key_the_model_echoes_reaches_nothing_a_generation_turn_hands_out(
+    echo: str,
+) -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    result = await run_generation_turn(
+        [keyed_attempt(SCRIPTS[echo](), clock)], [seen.lookup()], seen.channel, REQUEST,
+        clock=clock, observer=seen.observer, on_snapshot=seen.take_snapshot,
+    )  # fmt: skip
+    assert result.status is TurnStatus.COMPLETED
+    assert seen.snapshots  # one as the attempt started, one at each stable point
+    seen.assert_nothing_holds_the_key(result)
+
+
+async def test_a_generation_turn_delivers_and_reports_the_same_masked_text() -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    result = await run_generation_turn(
+        [keyed_attempt(split_echo(), clock)], [], seen.channel, REQUEST, clock=clock
+    )
+    assert seen.channel.text == "Your key is [REDACTED]. Again: [REDACTED]."
+    assert "".join(d.text or "" for d in result.delivered) == seen.channel.text
+
+
+@pytest.mark.parametrize("echo", ["whole", "split"])
+async def test_live_events_of_a_generation_turn_never_show_an_echoed_key(echo: str) -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    async with stream_generation_turn(
+        [keyed_attempt(SCRIPTS[echo](), clock)], [], seen.channel, REQUEST, clock=clock
+    ) as events:
+        live = [repr(event) async for event in events]
+    assert leaked_runs([KEY], {"the live events": "\n".join(live)}) == []
+
+
+async def test_a_drafted_reply_of_a_generation_turn_is_reviewed_and_delivered_masked() -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    reviewer = ScriptedReviewer(clock=clock)
+    result = await run_generation_turn(
+        [keyed_attempt(drafted_echo(), clock)], [], seen.channel, REQUEST, clock=clock,
+        policy=TurnPolicy(loop=LoopPolicy(drafting=True)), reviewer=reviewer,
+        observer=seen.observer, on_snapshot=seen.take_snapshot,
+    )  # fmt: skip
+    assert [packet.candidate for packet in reviewer.packets] == ["Here it is: [REDACTED]."]
+    assert seen.channel.text == "Here it is: [REDACTED]."
+    seen.assert_nothing_holds_the_key(result, ("the reviewer", repr(reviewer.packets)))
+
+
+# --------------------------------------------------------------------------- over real HTTP
+@pytest.fixture
+async def wire_server() -> AsyncIterator[WireServer]:
+    server = WireServer()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+async def test_a_key_echoed_over_http_reaches_neither_the_user_nor_the_result(
+    wire_server: WireServer,
+) -> None:
+    """A real adapter, built with the key, against a loopback server that streams the key
+    back split over two SSE events, then calls a tool with it."""
+    wire_server.serve(
+        Scripted(chunks=tool_call_stream("Checking. ", "lookup", {"q": KEY})),
+        Scripted(chunks=text_stream(f"Your key is {KEY[:12]}", f"{KEY[12:]}.")),
+    )
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    provider = OpenAICompatibleProvider(wire_server.url, "test-model", api_key=KEY)
+    result = await run_tool_loop(
+        provider, [seen.lookup()], seen.channel, REQUEST,
+        observer=seen.observer, on_snapshot=seen.take_snapshot,
+    )  # fmt: skip
+    assert result.status is TurnStatus.COMPLETED
+    # (the adapter's secrets include its credential header, ``Bearer <key>``: the space
+    # before the key is a piece of that one)
+    assert seen.channel.text in (
+        "Checking. Your key is [REDACTED].",
+        "Checking. Your key is[REDACTED].",
+    )
+    assert seen.tool_arguments == [{"q": "[REDACTED]"}]
+    seen.assert_nothing_holds_the_key(result)
+    # the second request carried the masked history back to the model, never the key
+    assert KEY not in wire_server.requests[1].body.decode()
+    assert json.loads(wire_server.requests[1].body)["messages"]
+
+
+# --------------------------------------------------------------------------- the kit's checker
+async def test_the_invariant_checker_names_the_channel_when_a_key_reached_the_user() -> None:
+    """Invariant 9 searches what the channel was delivered too, not only the result."""
+    clock = VirtualClock()
+    channel = RecordingChannel(clock=clock)
+    # a provider that names no key, so the engine cannot mask it: the key reaches the user
+    provider = ScriptedProvider(whole_echo(), clock=clock)
+    result = await run_tool_loop(provider, [], channel, REQUEST, clock=clock)
+    with pytest.raises(InvariantViolation, match="invariant 9") as raised:
+        check_invariants(result, policy=LoopPolicy(), channel=channel, keys=[KEY])
+    assert "the channel's deliveries" in str(raised.value)
+    assert KEY not in str(raised.value)
+
+
+async def test_text_held_back_as_a_possible_key_start_is_kept_when_the_stream_stalls() -> None:
+    """A chunk ending in ``sk-`` might begin the key, so its tail is held back; when the
+    stream then stalls into the inactivity deadline, the held text was still the model's and
+    is in the pass's text (and what was delivered is what the channel confirmed)."""
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    stalled: list[list[ScriptItem]] = [[TextDelta("Partial answer, see sk-"), Pause(60.0)]]
+    policy = LoopPolicy(inactivity_timeout=2.0)
+    result = await run_tool_loop(
+        KeyedProvider(stalled, clock=clock), [], seen.channel, REQUEST, clock=clock,
+        policy=policy, observer=seen.observer,
+    )  # fmt: skip
+    assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
+    assert result.stream_results[-1].text == "Partial answer, see sk-"
+    assert any("see sk-" in event or "'sk-'" in event for event in seen.observer.seen)
+    seen.assert_nothing_holds_the_key(result)
