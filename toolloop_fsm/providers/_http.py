@@ -419,7 +419,7 @@ async def post_stream(
                 failure = error_from_response(
                     status,
                     response.headers,
-                    await _read_capped(chunks),
+                    await _read_error_body(chunks, response.headers),
                     provider=provider,
                     secrets=secret_list,
                 )
@@ -554,6 +554,17 @@ async def _closing(response: httpx.Response) -> AsyncIterator[httpx.Response]:
         yield response
     finally:
         await response.aclose()
+
+
+async def _read_error_body(chunks: AsyncIterator[bytes], headers: httpx.Headers) -> bytes:
+    """An error response's body, capped (`_read_capped`); a body that does not decode as its
+    content encoding (a corrupt gzip) says so instead: the status and the headers — a 429's
+    ``Retry-After`` — still classify the error, which is not a protocol failure."""
+    try:
+        return await _read_capped(chunks)
+    except httpx.DecodingError:
+        encoding = headers.get("content-encoding", "")
+        return f"(the body did not decode as {encoding!r})".encode()
 
 
 async def _read_capped(chunks: AsyncIterator[bytes], head: bytes = b"") -> bytes:
