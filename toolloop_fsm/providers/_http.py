@@ -342,6 +342,16 @@ def empty_body_error(provider: str, status: int) -> ProviderError:
     )
 
 
+def too_large_error(provider: str, max_bytes: int) -> ProviderError:
+    """A stream body that ran past the pass's ``max_response_bytes``: ``too_large``, not
+    retryable (the same request would get the same flood)."""
+    return ProviderError(
+        f"{provider} sent more than {max_bytes} bytes: the response was cut there",
+        kind="too_large",
+        retryable=False,
+    )
+
+
 def error_from_transport(
     exc: BaseException, *, provider: str, secrets: Iterable[str | None] = ()
 ) -> ProviderError:
@@ -378,6 +388,7 @@ async def post_stream(
     client: httpx.AsyncClient | None = None,
     secrets: Iterable[str | None] = (),
     timeout: httpx.Timeout | None = None,
+    max_bytes: int | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """POST ``body`` as JSON and yield the response body bytes as they arrive.
 
@@ -386,9 +397,10 @@ async def post_stream(
     most `BODY_READ_LIMIT` bytes and closes the response. An empty 2xx body raises
     `empty_body_error`, a transport failure at any point `error_from_transport`. None of these
     has an httpx exception chained to it (its request holds the headers, key included).
-    Without ``client`` a private ``httpx.AsyncClient`` is created and closed when the generator
-    finishes. Wrap the generator in ``contextlib.aclosing`` so an abandoned stream is closed at
-    once.
+    A stream body longer than ``max_bytes`` raises `too_large_error` once that many bytes were
+    read (the rest is not). Without ``client`` a private ``httpx.AsyncClient`` is created and
+    closed when the generator finishes. Wrap the generator in ``contextlib.aclosing`` so an
+    abandoned stream is closed at once.
     """
     secret_list = tuple(s for s in secrets if s)
     own_client = client is None
@@ -428,7 +440,13 @@ async def post_stream(
                 # of the first line) until that byte says whether this is a stream at all.
                 held: list[bytes] = []
                 started = False
+                read = 0
                 async for chunk in chunks:
+                    if max_bytes is not None:
+                        read += len(chunk)
+                        if read > max_bytes:
+                            failure = too_large_error(provider, max_bytes)
+                            break
                     if not started:
                         first = chunk.lstrip()[:1]
                         if not first:
@@ -595,4 +613,5 @@ __all__ = [
     "kind_for_status",
     "parse_retry_after",
     "post_stream",
+    "too_large_error",
 ]

@@ -271,6 +271,7 @@ class HTTPStreamProvider(ABC):
                 client=self._client,
                 secrets=secrets,
                 timeout=self._timeout,
+                max_bytes=request.max_response_bytes,
             )
             decoded = decode_stream(
                 body, self.decoder(), framing=self.framing, secrets=secrets, provider=self.label
