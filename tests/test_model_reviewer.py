@@ -769,3 +769,27 @@ async def test_the_providers_own_key_is_never_sent_to_it(wire_server: WireServer
 
     assert verdict == Unavailable("secret")
     assert wire_server.requests == []
+
+
+async def test_a_ten_megabyte_answer_is_cut_and_refused_as_malformed_not_waited_on(
+    wire_server: WireServer,
+) -> None:
+    # 10 MB of one SSE line, then the server holds the connection: nothing completes the
+    # event, so only a bound on the bytes read ends the review (its deadline never passes on
+    # the virtual clock)
+    line = b'data: {"choices": [{"index": 0, "delta": {"content": "' + b"x" * 10_000_000
+    pieces = tuple(line[i : i + 65_536] for i in range(0, len(line), 65_536))
+    wire_server.serve(Scripted(headers=SSE, chunks=pieces, stall_after=len(pieces)))
+    reviewer = ModelReviewer(
+        OpenAICompatibleProvider(wire_server.url + "/v1", "judge"),
+        review_timeout=60,
+        clock=VirtualClock(),
+    )
+
+    async with real_time_limit(30):  # a hang guard only
+        verdict = await reviewer.review(packet())
+
+    assert reason(verdict) == "malformed"
+    assert wire_server.body_bytes_sent < len(line)  # the rest was never read
+    async with real_time_limit(5):
+        await wire_server.client_gone.wait()

@@ -34,7 +34,10 @@ Every failure is an `Unavailable` verdict with a short reason, never an exceptio
 * ``"refusal"``: the provider finished with ``content_filter`` or ``refusal``, or the model
   answered ``{"verdict": "refuse"}``, which the instruction offers for a packet it will not
   judge;
-* ``"malformed"``: the answer is not one JSON object, or runs past `MAX_ANSWER_CHARS`;
+* ``"malformed"``: the answer is not one JSON object, or runs past `MAX_ANSWER_CHARS` of
+  text or, over HTTP, past `MAX_ANSWER_BYTES` (1 MiB) of response body: the read is cut
+  there and the answer refused at once, whatever the body holds (one endless SSE line, a
+  flood of reasoning) and however long the deadline;
 * ``"schema: <where>: <what>"``: a JSON object of the wrong shape.
 
 Every verdict given after a request was made carries the review's `ReviewUsage`: the
@@ -93,6 +96,10 @@ REVIEW_MARKER = "[toolloop-fsm review v1]"
 #: The longest answer read, in characters: a verdict of four full findings is about 3,000;
 #: a model that goes on far past that is not answering the question, and is not paid for.
 MAX_ANSWER_CHARS = 16_384
+
+MAX_ANSWER_BYTES = 1024 * 1024
+"""The most bytes of response body a review reads over HTTP
+(`ProviderRequest.max_response_bytes`)."""
 
 #: How a text shortened to fit the byte budget ends.
 CUT_MARK = "…[cut]"
@@ -551,6 +558,7 @@ class ModelReviewer:
                 {"role": "user", "content": message},
             ),
             tools=(),
+            max_response_bytes=MAX_ANSWER_BYTES,
         )
         request_chars = len(REVIEW_INSTRUCTION) + len(message)
         reading = _Reading()
@@ -558,6 +566,8 @@ class ModelReviewer:
         usage = reading.review_usage(request_chars)
         if timed_out:
             return Unavailable("timeout", usage=usage)
+        if isinstance(failure, ProviderError) and failure.kind == "too_large":
+            return Unavailable("malformed", usage=usage)
         if failure is not None:
             secrets = self._all_secrets()
             _log.warning(
@@ -614,6 +624,7 @@ class ModelReviewer:
 
 __all__ = [
     "CUT_MARK",
+    "MAX_ANSWER_BYTES",
     "MAX_ANSWER_CHARS",
     "REVIEW_INSTRUCTION",
     "REVIEW_MARKER",

@@ -37,7 +37,9 @@ class ProviderRequest:
     ``history`` the tool calls made so far this turn with their responses; ``prefill`` text
     the assistant already said that the provider must continue rather than repeat.
     ``disabled_enrichment_kinds`` are the enrichment kinds a context restart already used
-    this turn: the host's context preparation skips them.
+    this turn: the host's context preparation skips them. ``max_response_bytes`` bounds the
+    response body an HTTP adapter reads for the pass: past it the pass fails with a
+    `ProviderError` of kind ``too_large`` (`ModelReviewer` sets it; a turn's passes do not).
     """
 
     context: Sequence[Mapping[str, Any]]
@@ -46,6 +48,7 @@ class ProviderRequest:
     prefill: str | None = None
     max_output: int | None = None
     disabled_enrichment_kinds: frozenset[str] = frozenset()
+    max_response_bytes: int | None = None
 
 
 MAX_RETRY_AFTER = 24 * 60 * 60.0

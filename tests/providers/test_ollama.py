@@ -315,11 +315,13 @@ async def test_non_json_line_is_a_protocol_error(wire_server: WireServer) -> Non
     assert caught.value.kind == "protocol"
 
 
-async def test_body_without_done_line_is_a_connection_error(wire_server: WireServer) -> None:
+async def test_body_without_done_line_is_a_retryable_protocol_error(
+    wire_server: WireServer,
+) -> None:
     wire_server.serve(Scripted(headers=NDJSON, chunks=(ndjson(chat_line(content="cut")),)))
-    with pytest.raises(ProviderError) as caught:
+    with pytest.raises(ProviderError, match="ended without a done line") as caught:
         await collect(provider(wire_server))
-    assert (caught.value.kind, caught.value.retryable) == ("connection", True)
+    assert (caught.value.kind, caught.value.retryable) == ("protocol", True)
 
 
 async def test_http_404_for_a_missing_model(wire_server: WireServer) -> None:

@@ -427,11 +427,15 @@ async def test_malformed_arguments_carry_the_parse_error(wire_server: WireServer
     assert error is not None and "Expecting value" in error
 
 
-async def test_calls_without_finish_are_emitted_at_done(wire_server: WireServer) -> None:
+async def test_calls_streamed_before_done_without_a_finish_reason_are_a_cut_not_calls(
+    wire_server: WireServer,
+) -> None:
+    # [DONE] without a finish_reason ends an interrupted stream (llama.cpp): nothing says the
+    # call was complete, so it is not handed on to be run
     body = _sse(_chunk(_call(id="x", function={"name": "f", "arguments": '{"k": [1, 2]}'})))
-    chunks = await _stream_body(wire_server, body)
-    assert _calls(chunks) == [("f", {"k": [1, 2]}, "x", False, None)]
-    assert not [c for c in chunks if isinstance(c, FinishReason)]
+    with pytest.raises(ProviderError, match="ended without a finish_reason") as caught:
+        await _stream_body(wire_server, body)
+    assert (caught.value.kind, caught.value.retryable) == ("protocol", True)
 
 
 async def test_repeated_finish_reason_is_reported_once(wire_server: WireServer) -> None:
@@ -537,9 +541,9 @@ async def test_connection_dropped_mid_stream(wire_server: WireServer) -> None:
 async def test_connection_closed_cleanly_before_finish(wire_server: WireServer) -> None:
     body = _sse(_chunk({"content": "half"}), done=False)
     wire_server.serve(Scripted(chunks=(body,), framing="close"))
-    with pytest.raises(ProviderError, match="ended before") as caught:
+    with pytest.raises(ProviderError, match="ended without a finish_reason") as caught:
         await collect(make(wire_server.url + "/v1"))
-    assert (caught.value.kind, caught.value.retryable) == ("connection", True)
+    assert (caught.value.kind, caught.value.retryable) == ("protocol", True)
 
 
 async def test_connection_refused(wire_server: WireServer) -> None:

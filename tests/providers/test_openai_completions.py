@@ -247,13 +247,13 @@ async def test_an_error_inside_the_stream_raises_after_the_text_before_it(
     assert received == [TextDelta("Half a ")]
 
 
-async def test_a_stream_closed_before_it_finished_is_a_retryable_connection_error(
+async def test_a_stream_closed_before_it_finished_is_a_retryable_protocol_error(
     wire_server: WireServer,
 ) -> None:
     wire_server.serve(Scripted(headers=SSE, chunks=(piece("Half"),), framing="close"))
-    with pytest.raises(ProviderError, match="ended before") as caught:
+    with pytest.raises(ProviderError, match="ended without a finish_reason") as caught:
         await collect(make(wire_server), ProviderRequest(STORY))
-    assert (caught.value.kind, caught.value.retryable) == ("connection", True)
+    assert (caught.value.kind, caught.value.retryable) == ("protocol", True)
 
 
 def test_the_api_key_is_never_in_repr() -> None:

@@ -241,11 +241,13 @@ async def test_reasoning_text_and_refusal_deltas(wire_server: WireServer) -> Non
     )
 
 
-async def test_stream_without_terminal_event_is_a_connection_error(wire_server: WireServer) -> None:
+async def test_stream_without_terminal_event_is_a_retryable_protocol_error(
+    wire_server: WireServer,
+) -> None:
     body = _events({"type": "response.output_text.delta", "delta": "half"})
-    with pytest.raises(ProviderError, match="ended before") as caught:
+    with pytest.raises(ProviderError, match="ended without a terminal event") as caught:
         await _stream_body(wire_server, body)
-    assert (caught.value.kind, caught.value.retryable) == ("connection", True)
+    assert (caught.value.kind, caught.value.retryable) == ("protocol", True)
 
 
 async def test_dropped_connection(wire_server: WireServer) -> None:

@@ -193,7 +193,7 @@ TEXT_THEN_FAILURE = {
         "Partial answer before the failure — 東京 🌍",
         "server",
     ),
-    "anthropic__text-then-cut.sse": ("Partial answer before the cut", "connection"),
+    "anthropic__text-then-cut.sse": ("Partial answer before the cut", "protocol"),
     "gemini__text-then-error-object-crlf.sse": (
         "Partial answer before the failure — naïve café",
         "server",

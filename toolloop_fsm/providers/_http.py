@@ -3,11 +3,13 @@
 Owns three things:
 
 * `post_stream` — POST a JSON body and yield the response body as bytes, on a shared
-  ``httpx.AsyncClient`` or on one it creates and closes itself. The request runs inside
-  ``async with client.stream(...)`` in the generator, so the response (and its connection) is
-  closed as soon as the generator is closed or the task reading it is cancelled. The decoding
-  loop wraps it in ``contextlib.aclosing`` so that closing happens at a known point, not
-  whenever the garbage collector finalises an abandoned generator.
+  ``httpx.AsyncClient`` or on one it creates and closes itself. The response is closed (and
+  its connection given back) as soon as the generator is closed or the task reading it is
+  cancelled; the decoding loop wraps it in ``contextlib.aclosing`` so that closing happens at
+  a known point, not whenever the garbage collector finalises an abandoned generator. On a
+  shared client the send itself is guarded (`_Opening`): a pass given up while its request
+  waits for one of the pool's connections must not cost the pool that connection for good,
+  as httpcore's pool lets it (encode/httpcore#1093).
 * What a response that is not a stream becomes: an error status, a 2xx body that is a
   document (JSON, HTML) rather than the stream asked for, and an empty 2xx body. Of an error
   body or a document at most `BODY_READ_LIMIT` (64 KiB) is read — the response is then closed,
@@ -27,11 +29,12 @@ travel only in headers.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, Literal, cast
 
 import httpx
@@ -339,6 +342,16 @@ def empty_body_error(provider: str, status: int) -> ProviderError:
     )
 
 
+def too_large_error(provider: str, max_bytes: int) -> ProviderError:
+    """A stream body that ran past the pass's ``max_response_bytes``: ``too_large``, not
+    retryable (the same request would get the same flood)."""
+    return ProviderError(
+        f"{provider} sent more than {max_bytes} bytes: the response was cut there",
+        kind="too_large",
+        retryable=False,
+    )
+
+
 def error_from_transport(
     exc: BaseException, *, provider: str, secrets: Iterable[str | None] = ()
 ) -> ProviderError:
@@ -375,6 +388,7 @@ async def post_stream(
     client: httpx.AsyncClient | None = None,
     secrets: Iterable[str | None] = (),
     timeout: httpx.Timeout | None = None,
+    max_bytes: int | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """POST ``body`` as JSON and yield the response body bytes as they arrive.
 
@@ -383,9 +397,10 @@ async def post_stream(
     most `BODY_READ_LIMIT` bytes and closes the response. An empty 2xx body raises
     `empty_body_error`, a transport failure at any point `error_from_transport`. None of these
     has an httpx exception chained to it (its request holds the headers, key included).
-    Without ``client`` a private ``httpx.AsyncClient`` is created and closed when the generator
-    finishes. Wrap the generator in ``contextlib.aclosing`` so an abandoned stream is closed at
-    once.
+    A stream body longer than ``max_bytes`` raises `too_large_error` once that many bytes were
+    read (the rest is not). Without ``client`` a private ``httpx.AsyncClient`` is created and
+    closed when the generator finishes. Wrap the generator in ``contextlib.aclosing`` so an
+    abandoned stream is closed at once.
     """
     secret_list = tuple(s for s in secrets if s)
     own_client = client is None
@@ -398,10 +413,17 @@ async def post_stream(
     document_starts = _DOCUMENT_STARTS[framing]
     failure: ProviderError | None = None
     try:
+        request = active.build_request(
+            "POST", url, content=content, headers=request_headers, **extra
+        )
+        # A private client's pool goes with it: only a shared pool needs the guarded send.
+        response = (
+            await active.send(request, stream=True)
+            if own_client
+            else await _send_guarded(active, request)
+        )
         async with (
-            active.stream(
-                "POST", url, content=content, headers=request_headers, **extra
-            ) as response,
+            _closing(response),
             aclosing(cast("AsyncGenerator[bytes, None]", response.aiter_bytes())) as chunks,
         ):
             status = response.status_code
@@ -409,7 +431,7 @@ async def post_stream(
                 failure = error_from_response(
                     status,
                     response.headers,
-                    await _read_capped(chunks),
+                    await _read_error_body(chunks, response.headers),
                     provider=provider,
                     secrets=secret_list,
                 )
@@ -418,7 +440,13 @@ async def post_stream(
                 # of the first line) until that byte says whether this is a stream at all.
                 held: list[bytes] = []
                 started = False
+                read = 0
                 async for chunk in chunks:
+                    if max_bytes is not None:
+                        read += len(chunk)
+                        if read > max_bytes:
+                            failure = too_large_error(provider, max_bytes)
+                            break
                     if not started:
                         first = chunk.lstrip()[:1]
                         if not first:
@@ -450,6 +478,113 @@ async def post_stream(
         raise failure
 
 
+# --------------------------------------------------------------------------- the pool
+# The requests given up while they waited for a connection of a shared pool, until they have
+# let go of it (a task nobody references may be collected before it finishes).
+_ABANDONED: set[asyncio.Future[Any]] = set()
+
+
+class _Abandoned(Exception):
+    """Internal: a request given up before it left the pool's queue goes no further."""
+
+
+class _Opening:
+    """One request of a shared client on its way to a response, in a task of its own.
+
+    httpcore (1.0.9; encode/httpcore#1093) leaks a connection slot for good when the task
+    sending a request is cancelled after the pool assigned it a connection but before the
+    request started on it: the connection, never connected, is neither idle nor closed, and
+    the pool never reclaims it. A stop, a deadline or a cancelled caller ending a pass while
+    its request waits for a connection of a busy pool hits exactly that window, and once every
+    slot is lost every later pass on the client waits for a connection until its first-token
+    deadline. So the send runs in its own task, which the pass never cancels while the request
+    may still be in the pool's queue; the request's first trace event (httpcore's ``trace``
+    extension, raised from inside the connection, where cancelling is safe) says it left the
+    queue. A pass given up before then marks its opening abandoned and returns at once: the
+    request fails at its first trace event, before any byte is sent, and gives the slot back;
+    a request given up after then is cancelled, which httpcore handles by closing the
+    connection. A response that still arrives is closed.
+    """
+
+    __slots__ = ("abandoned", "departed", "task")
+
+    def __init__(self) -> None:
+        self.abandoned = False
+        self.departed = False
+        self.task: asyncio.Task[httpx.Response] | None = None
+
+    async def trace(self, _event: str, _info: Mapping[str, Any]) -> None:
+        if not self.departed:
+            self.departed = True
+            if self.abandoned:
+                raise _Abandoned
+
+    async def send(self, client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+        response = await client.send(request, stream=True)
+        if self.abandoned:
+            await response.aclose()
+            raise _Abandoned
+        return response
+
+    def abandon(self) -> None:
+        task = self.task
+        assert task is not None
+        self.abandoned = True
+        if task.done():
+            _settle(task)
+            return
+        if self.departed:
+            task.cancel()
+        _ABANDONED.add(task)
+        task.add_done_callback(_settle)
+
+
+def _settle(task: asyncio.Future[Any]) -> None:
+    """An abandoned opening finished: its failure is retrieved (nobody waits for it), and a
+    response it got before it knew is closed."""
+    _ABANDONED.discard(task)
+    if task.cancelled() or task.exception() is not None:
+        return
+    response = task.result()
+    if isinstance(response, httpx.Response):
+        closing = asyncio.ensure_future(response.aclose())
+        _ABANDONED.add(closing)
+        closing.add_done_callback(_settle)
+
+
+async def _send_guarded(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """``request`` sent on a shared ``client`` as a stream, its connection given back to the
+    pool however the caller gives it up (`_Opening`)."""
+    opening = _Opening()
+    request.extensions["trace"] = opening.trace
+    task = asyncio.ensure_future(opening.send(client, request))
+    opening.task = task
+    try:
+        return await asyncio.shield(task)
+    except BaseException:
+        opening.abandon()
+        raise
+
+
+@asynccontextmanager
+async def _closing(response: httpx.Response) -> AsyncIterator[httpx.Response]:
+    try:
+        yield response
+    finally:
+        await response.aclose()
+
+
+async def _read_error_body(chunks: AsyncIterator[bytes], headers: httpx.Headers) -> bytes:
+    """An error response's body, capped (`_read_capped`); a body that does not decode as its
+    content encoding (a corrupt gzip) says so instead: the status and the headers — a 429's
+    ``Retry-After`` — still classify the error, which is not a protocol failure."""
+    try:
+        return await _read_capped(chunks)
+    except httpx.DecodingError:
+        encoding = headers.get("content-encoding", "")
+        return f"(the body did not decode as {encoding!r})".encode()
+
+
 async def _read_capped(chunks: AsyncIterator[bytes], head: bytes = b"") -> bytes:
     """``head`` and then what ``chunks`` yields, up to `BODY_READ_LIMIT` bytes. Reading stops
     there; the caller closes the response, which drops the connection instead of reading on."""
@@ -478,4 +613,5 @@ __all__ = [
     "kind_for_status",
     "parse_retry_after",
     "post_stream",
+    "too_large_error",
 ]

@@ -6,14 +6,17 @@ Owns three things:
 * `StreamDecoder` — the one protocol every adapter's sans-IO decoder implements. `event(name,
   data, out)` takes one framed event (an SSE event; an NDJSON line, named ``"message"``) and
   appends the chunk events it makes to ``out``; `finish(out)` is called when the body ended
-  and appends what was pending, or raises when the stream was cut; `done` says the stream's
-  own end (``[DONE]``, a terminal event, a done line) arrived. Both raise `ProviderError` for
-  what the provider reports or sends wrong.
+  and appends what was pending; `done` says the stream's own end (``[DONE]``, a terminal
+  event, a done line) arrived, `finished` that the format's finish marker did (`finish_marker`
+  names it: a ``finish_reason``, a terminal event, a ``stop_reason``, …). Both raise
+  `ProviderError` for what the provider reports or sends wrong.
 * `decode_stream` — a body through a framing and a decoder. Whatever the read boundaries,
   every chunk decoded before a failure is yielded, in order, before the failure is raised; and
   nothing after the stream's own end is read or decoded, even when it came in the same read —
   it is not part of the pass, and a server that holds the connection open after it does not
-  hold the pass.
+  hold the pass. A body that ends — cleanly, even after ``[DONE]`` — before the decoder saw
+  its format's finish marker was cut (`unfinished_stream`): the reply is not complete,
+  whatever it delivered.
 * `HTTPStreamProvider` — the adapter's shell: construction (the API root, the model, an
   optional API key, an optional shared ``httpx.AsyncClient`` never closed here, extra request
   headers, a name, a timeout), a ``repr`` that shows no secret, the request headers (the
@@ -49,9 +52,28 @@ class StreamDecoder(Protocol):
     @property
     def done(self) -> bool: ...
 
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def finish_marker(self) -> str: ...
+
     def event(self, name: str, data: str, out: list[Chunk]) -> None: ...
 
     def finish(self, out: list[Chunk]) -> None: ...
+
+
+def unfinished_stream(provider: str, finish_marker: str) -> ProviderError:
+    """The failure of a pass whose body ended before its format's finish marker: a retryable
+    ``protocol`` error. A server that stops a stream early (llama.cpp's ends an interrupted
+    one with ``[DONE]`` and no ``finish_reason``) or a proxy that closes it cleanly leaves a
+    reply cut short, which must not pass for a complete one; the outer tier continues it from
+    what was delivered."""
+    return ProviderError(
+        f"{provider}: the stream ended without {finish_marker}: the reply was cut short",
+        kind="protocol",
+        retryable=True,
+    )
 
 
 def framer(framing: Framing, secrets: Iterable[str | None] = ()) -> EventFramer:
@@ -65,13 +87,16 @@ async def decode_stream(
     *,
     framing: Framing = "sse",
     secrets: Iterable[str | None] = (),
+    provider: str = "provider",
 ) -> AsyncGenerator[Chunk, None]:
     """Frame ``body`` and run each event through ``decoder``, yielding its chunks.
 
     Every chunk decoded before a failure (the decoder's, or a line that is no SSE field) is
     yielded, in order, before the failure is raised; nothing after the decoder saw the
     stream's end is decoded. Both hold whatever the read boundaries: a read may hold many
-    events, and the chunks of those before a failure are not lost with it. Stops reading once
+    events, and the chunks of those before a failure are not lost with it. A body that ends
+    before the decoder saw its finish marker fails as `unfinished_stream` (``provider`` names
+    the provider in its message). Stops reading once
     the decoder is done, and closes ``body`` either way (a cancelled or abandoned pass closes
     the HTTP response at once).
     """
@@ -93,10 +118,13 @@ async def decode_stream(
         else:
             failure = _run_events(events.finish_raw(), decoder, out) or events.error
     if failure is None:
-        try:
-            decoder.finish(out)
-        except ProviderError as error:
-            failure = error
+        if not decoder.finished:
+            failure = unfinished_stream(provider, decoder.finish_marker)
+        else:
+            try:
+                decoder.finish(out)
+            except ProviderError as error:
+                failure = error
     for chunk in out:
         yield chunk
     if failure is not None:
@@ -243,8 +271,11 @@ class HTTPStreamProvider(ABC):
                 client=self._client,
                 secrets=secrets,
                 timeout=self._timeout,
+                max_bytes=request.max_response_bytes,
             )
-            decoded = decode_stream(body, self.decoder(), framing=self.framing, secrets=secrets)
+            decoded = decode_stream(
+                body, self.decoder(), framing=self.framing, secrets=secrets, provider=self.label
+            )
             # aclosing: a pass the reader abandons closes the response now, not when the
             # generators are collected.
             async with aclosing(decoded) as chunks:
@@ -263,4 +294,5 @@ __all__ = [
     "StreamOptions",
     "decode_stream",
     "framer",
+    "unfinished_stream",
 ]

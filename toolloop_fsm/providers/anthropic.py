@@ -30,7 +30,7 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
-from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.provider import ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
@@ -183,10 +183,10 @@ class AnthropicStreamDecoder:
     """Named SSE events of one Messages stream → chunk events: a `StreamDecoder`, sans-IO.
 
     `event` takes the SSE event name (``"message"`` when the stream has no ``event:`` lines)
-    and the event's data text; `finish` is called once the body ended; `done` once
-    ``message_stop`` arrived. They append the chunks to yield to ``out``, in order, and raise
-    `ProviderError` for an in-stream error, a data line that is not JSON, or a stream that
-    ended before the message did.
+    and the event's data text; `finish` is called once the body ended after the message
+    finished (`finished`: a stop reason or ``message_stop``); `done` once ``message_stop``
+    arrived. They append the chunks to yield to ``out``, in order, and raise `ProviderError`
+    for an in-stream error or a data line that is not JSON.
     """
 
     __slots__ = (
@@ -236,16 +236,16 @@ class AnthropicStreamDecoder:
         if handler is not None:
             out.extend(handler(self, payload))
 
+    finish_marker = "a stop_reason (message_delta) or message_stop"
+
+    @property
+    def finished(self) -> bool:
+        """``message_stop`` arrived, or a ``message_delta`` with the stop reason."""
+        return self._finished or self._stop_reason is not None
+
     def finish(self, out: list[Chunk]) -> None:
-        if self._finished:
-            return
-        if self._stop_reason is None:
-            raise ProviderError(
-                "Anthropic stream ended before the message finished (no stop_reason)",
-                kind="connection",
-                retryable=True,
-            )
-        out.extend(self._finish_message())
+        if not self._finished:
+            out.extend(self._finish_message())
 
     # ---- event handlers
     def _message_start(self, payload: Mapping[str, Any]) -> list[Chunk]:

@@ -31,7 +31,7 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
-from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.provider import ProviderRequest, ToolSpec
 from toolloop_fsm.providers._history import tool_response_payload
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
@@ -312,17 +312,18 @@ class GeminiStreamDecoder:
         if usage is not None:
             out.append(usage)
 
+    finish_marker = "a finishReason"
+
+    @property
+    def finished(self) -> bool:
+        """A candidate carried a ``finishReason`` (or a blocked prompt its block reason)."""
+        return self._finish_raw is not None
+
     def finish(self, out: list[Chunk]) -> None:
-        if self._finished:
-            return
-        if self._finish_raw is None:
-            raise ProviderError(
-                "Gemini stream ended without a finishReason",
-                kind="connection",
-                retryable=True,
-            )
-        self._finished = True
         raw = self._finish_raw
+        if self._finished or raw is None:
+            return
+        self._finished = True
         if self._streamed is not None:
             # A streamed call never got its closing `{}`: complete only if the model stopped
             # on its own, cut if it ran out of tokens.

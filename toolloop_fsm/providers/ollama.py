@@ -32,7 +32,7 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
-from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.provider import ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
@@ -161,12 +161,15 @@ class OllamaStreamDecoder:
                 kind = FinishKind.TOOL_CALLS
             out.append(FinishReason(kind, raw_text))
 
+    finish_marker = "a done line"
+
+    @property
+    def finished(self) -> bool:
+        """The done line arrived (the same as `done`)."""
+        return self._done
+
     def finish(self, out: list[Chunk]) -> None:
         del out  # the done line already said everything
-        if not self._done:
-            raise ProviderError(
-                "Ollama stream ended without a done line", kind="connection", retryable=True
-            )
 
     def _message(self, message: Mapping[str, Any]) -> list[Chunk]:
         chunks: list[Chunk] = []

@@ -23,14 +23,16 @@ Decisions (each a place where the wire allows more than one reading):
 * A pass that streamed only ``refusal`` text and finished ``stop`` ends with
   ``FinishKind.REFUSAL`` (raw ``"stop"``): OpenAI never sends ``content_filter`` for a refusal,
   and the loop should know the text is a refusal rather than an answer.
-* Tool calls are emitted at the first finish chunk (or at the end of the stream if no finish
-  came); argument fragments arriving after that are ignored. Arguments are decoded with
+* Tool calls are emitted at the first finish chunk; argument fragments arriving after that
+  are ignored. Arguments are decoded with
   ``cut=True`` when the finish was ``length``.
 * A finish reason repeated on later chunks (OpenRouter) is reported once. Usage is reported
   each time it changes (the ledger keeps a pass's last, cumulative report).
-* ``[DONE]``, a finish chunk, and the connection closing are separate endings: a stream that
-  closes without either ``[DONE]`` or a finish raises a retryable ``connection`` error (the
-  pass was cut); an empty body is a ``protocol`` error (`post_stream`). Events after ``[DONE]``
+* ``[DONE]``, a finish chunk, and the connection closing are separate endings, and only the
+  finish completes the reply: a stream that ends without one — closed early, or ``[DONE]``
+  alone, as llama.cpp's server ends an interrupted stream — was cut, a retryable
+  ``protocol`` error (`unfinished_stream`); an empty body is a ``protocol`` error
+  (`post_stream`). Events after ``[DONE]``
   are not part of the pass and are not decoded.
 """
 
@@ -50,7 +52,7 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
-from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.provider import ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._history import dump_json, tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
@@ -383,14 +385,16 @@ class ChatStreamDecoder:
             out.extend(self._calls.finish(cut=self._finish in ("length", "max_tokens")))
         self._calls_emitted = True
 
+    finish_marker = "a finish_reason"
+
+    @property
+    def finished(self) -> bool:
+        """Choice 0 reported a ``finish_reason``: ``[DONE]`` alone does not finish a reply
+        (llama.cpp's server ends an interrupted stream with it)."""
+        return self._finish is not None
+
     def finish(self, out: list[Chunk]) -> None:
-        """The body ended: emit what is pending, or raise if the stream was cut."""
-        if not self._done and self._finish is None:
-            raise ProviderError(
-                f"{self._provider}: the stream ended before the provider finished the reply",
-                kind="connection",
-                retryable=True,
-            )
+        """The body ended after the finish: emit what is pending."""
         self._emit_calls(out)
 
 

@@ -32,9 +32,10 @@ Decisions:
   its message is redacted of the key like any other text that leaves an adapter.
 * **The stream** is read exactly as the chat adapter reads its own (`ChatStreamDecoder`): only
   choice 0 counts, usage comes from any chunk, a finish reason repeated on later chunks is
-  reported once, in-stream errors and non-JSON lines raise, and a stream that closes before
-  ``[DONE]`` or a finish is a retryable ``connection`` error. Only the text differs: it is
-  ``choices[0].text``, not a delta. ``stop`` finishes ``STOP``, ``length`` ``LENGTH``.
+  reported once, in-stream errors and non-JSON lines raise, and a stream that ends without
+  a finish (``[DONE]`` alone included) is a retryable ``protocol`` error. Only the text
+  differs: it is ``choices[0].text``, not a delta. ``stop`` finishes ``STOP``, ``length``
+  ``LENGTH``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Decisions:
   ``max_output_tokens``, ``CONTENT_FILTER`` for ``content_filter``, with any call still open
   decoded as cut; ``response.failed`` and ``error`` (nested ``error`` object or top-level
   ``code``/``message`` — both shapes are real) raise `ProviderError`. A stream that ends
-  without a terminal event raises a retryable ``connection`` error.
+  without a terminal event was cut: a retryable ``protocol`` error (`unfinished_stream`).
 * Reasoning items (with ``encrypted_content``) that precede a call ride on the first
   `FunctionCall` as ``provider_data["reasoning"]`` and are replayed before it, because the
   API wants a reasoning model's reasoning back with its function calls.
@@ -42,7 +42,7 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
-from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.provider import ProviderRequest, ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._history import dump_json, tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
@@ -277,15 +277,16 @@ class ResponsesStreamDecoder:
                     )
                 )
 
+    finish_marker = "a terminal event (response.completed or response.incomplete)"
+
+    @property
+    def finished(self) -> bool:
+        """A terminal event arrived (the same as `ended`)."""
+        return self._ended
+
     def finish(self, out: list[Chunk]) -> None:
-        """The body ended: raise unless a terminal event arrived."""
-        if self._ended:
-            return
-        raise ProviderError(
-            f"{self._provider}: the stream ended before the response completed",
-            kind="connection",
-            retryable=True,
-        )
+        """The body ended after the terminal event, which said everything."""
+        del out
 
 
 # --------------------------------------------------------------------------- the provider
