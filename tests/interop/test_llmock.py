@@ -220,11 +220,13 @@ async def test_a_stream_that_ends_early_is_a_failure_not_a_short_reply(
 
     result = await loop_turn(adapter.provider(llmock.url, KEYS[0]))
 
+    # the body ended cleanly but without its format's finish marker: a cut reply, retryable
     assert (result.status, result.provider_error_kind, result.retryable) == (
         TurnStatus.ERROR,
-        "connection",
+        "protocol",
         True,
     )
+    assert result.error_message is not None and "cut short" in result.error_message
     assert result.final_text == ""  # the cut text was never taken as the answer
 
 
