@@ -993,11 +993,16 @@ class _Simulation:
         text_suffices = (
             outcome.success
             and self.pre_tool_text is not None
-            and shape is not None
-            and not shape.requires_follow_up
             and (
-                name in self.policy.suppress_followup_after_pre_tool_text
-                or self.script.continuation_style
+                name == self.policy.memory_tool_name
+                or (
+                    shape is not None
+                    and not shape.requires_follow_up
+                    and (
+                        name in self.policy.suppress_followup_after_pre_tool_text
+                        or self.script.continuation_style
+                    )
+                )
             )
         )  # 7. a silent tool after visible text: the text was the reply
         if self.consecutive_errors >= self.policy.max_consecutive_tool_errors:
