@@ -316,15 +316,45 @@ async def test_a_failed_tools_expression_is_not_delivered() -> None:
     assert turn.channel.expressions == []
 
 
-async def test_a_suppress_set_tool_that_requires_a_follow_up_does_not_end_the_turn() -> None:
+async def test_the_memory_tool_built_the_ordinary_way_ends_the_turn_after_visible_text() -> None:
+    """docs/behaviour.md §4.6: a memory update is silent, whatever ``requires_follow_up``
+    says: the model is not asked again and its extra text never reaches the user."""
     turn = scripted_turn(
         [[TextDelta("Noted. "), FunctionCall("update_short_term_memory", {"note": "x"})],
          [TextDelta("Anything else?")]]
     )  # fmt: skip
-    memory = make_tool("update_short_term_memory", turn.executions, turn.clock,
-                       requires_follow_up=True)  # fmt: skip
-    result = await run_turn(turn, [memory])
-    assert result.status is TurnStatus.COMPLETED
+    memory = make_tool("update_short_term_memory", turn.executions, turn.clock)
+    assert memory.requires_follow_up  # the default: the rule does not read it
+    result = await run_turn(turn, [memory], policy=EAGER)
+    assert (result.status, result.reason) == (TurnStatus.COMPLETED, "pre_tool_text_suffices")
+    assert result.final_text == "Noted. "
+    assert len(turn.provider.requests) == 1
+    assert turn.channel.texts == ["Noted. "]
+
+
+async def test_the_memory_tool_ends_the_turn_after_visible_text_outside_the_suppress_set() -> None:
+    turn = scripted_turn(
+        [[TextDelta("Noted. "), FunctionCall("remember", {"note": "x"})],
+         [TextDelta("Anything else?")]]
+    )  # fmt: skip
+    memory = make_tool("remember", turn.executions, turn.clock)
+    policy = LoopPolicy(memory_tool_name="remember", suppress_followup_after_pre_tool_text=())
+    result = await run_turn(turn, [memory], policy=policy)
+    assert (result.status, result.reason) == (TurnStatus.COMPLETED, "pre_tool_text_suffices")
+    assert len(turn.provider.requests) == 1
+
+
+async def test_another_suppress_set_tool_that_requires_a_follow_up_does_not_end_the_turn() -> None:
+    turn = scripted_turn(
+        [[TextDelta("Noted. "), FunctionCall("log_mood", {"mood": "calm"})],
+         [TextDelta("Anything else?")]]
+    )  # fmt: skip
+    mood = make_tool("log_mood", turn.executions, turn.clock, requires_follow_up=True)
+    policy = LoopPolicy(
+        suppress_followup_after_pre_tool_text={"update_short_term_memory", "log_mood"}
+    )
+    result = await run_turn(turn, [mood], policy=policy)
+    assert (result.status, result.reason) == (TurnStatus.COMPLETED, None)
     assert result.iterations == 2
     assert result.final_text == "Anything else?"
 

@@ -16,11 +16,13 @@ import ast
 import asyncio
 import inspect
 import math
+import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import toolloop_fsm.testing.reference_model as reference_model
@@ -33,10 +35,12 @@ from toolloop_fsm.events import (
     TextDelta,
     UsageReport,
 )
+from toolloop_fsm.guards import exit_policy
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.review import Finding, FindingCategory, Pass, Revise, Unavailable
+from toolloop_fsm.states import context_restart, tool_dispatch
 from toolloop_fsm.testing import (
     PROVIDER_KEYS,
     AmbiguousEnding,
@@ -63,6 +67,7 @@ from toolloop_fsm.testing import (
     run_script,
     turn_scripts,
 )
+from toolloop_fsm.testing.strategies import tool_chains
 
 #: 300 examples under the ci profile (3/5 of its count); the explore profile scales it up.
 EXAMPLES = max(1, (settings.default or settings()).max_examples * 3 // 5)
@@ -76,6 +81,11 @@ HOSTILE_REAL_TIMEOUT = 3.0
 def test_every_scripted_turn_ends_as_the_reference_model_predicts(
     script: TurnScript, policy: LoopPolicy
 ) -> None:
+    assert_ends_as_predicted(script, policy)
+
+
+def assert_ends_as_predicted(script: TurnScript, policy: LoopPolicy) -> None:
+    """The property: the engine's ending of ``script`` is one the model predicts."""
     run = asyncio.run(run_script(script, policy))
     predicted = predict_endings(script, policy)
     mismatch = difference(predicted, ending_of(run.result))
@@ -96,6 +106,17 @@ def test_every_hostile_turn_ends_as_the_reference_model_predicts(
     forever: the ending is still the one the rules predict."""
     run = asyncio.run(run_script(script, policy, real_timeout=HOSTILE_REAL_TIMEOUT))
     check_ending(run)
+
+
+@settings(max_examples=EXAMPLES)
+@given(script=tool_chains(), policy=loop_policies())
+def test_every_tool_chain_ends_as_the_reference_model_predicts(
+    script: TurnScript, policy: LoopPolicy
+) -> None:
+    """Tool rounds after no, blank or visible text, failing, restarting the context, ending
+    the turn, on tools registered every way the API allows: the rules after a tool call
+    (docs/behaviour.md §4, §5) meet one another, and the ending is the one they predict."""
+    assert_ends_as_predicted(script, policy)
 
 
 #: A policy with drafting, the tool checkpoint or both on (never neither).
@@ -124,6 +145,65 @@ def test_every_hostile_turn_with_drafting_or_the_checkpoint_ends_as_predicted(
 ) -> None:
     run = asyncio.run(run_script(script, policy, real_timeout=HOSTILE_REAL_TIMEOUT))
     check_ending(run)
+
+
+# =========================================================================== seeded divergences
+def _seed_divergence(
+    monkeypatch: pytest.MonkeyPatch, function: Callable[..., Any], rule: str, divergent: str
+) -> None:
+    """Make ``function`` (an engine guard or action, wherever the machines hold it) break
+    one rule: its source with the text ``rule`` replaced by ``divergent``, compiled in its
+    own module. Restored when the test ends."""
+    source = textwrap.dedent(inspect.getsource(function))
+    assert source.count(rule) == 1, f"{function.__qualname__} no longer says {rule!r}"
+    namespace: dict[str, Any] = {}
+    code = compile(source.replace(rule, divergent), inspect.getsourcefile(function) or "", "exec")
+    exec(code, function.__globals__, namespace)
+    monkeypatch.setattr(function, "__code__", namespace[function.__name__].__code__)
+
+
+#: Each divergence the reference model must catch: the engine function, the text of the
+#: rule in it, the text that breaks the rule, and the scripts of the property that fails
+#: (docs/behaviour.md's number in the id). The tool-chain property finds each in 30 to 120
+#: examples of its 300; the general one needs 400 to 600 for the memory rules.
+DIVERGENCES: dict[str, tuple[Callable[..., Any], str, str, st.SearchStrategy[TurnScript]]] = {
+    "§4.6 the memory tool continues when registered with requires_follow_up": (
+        exit_policy.should_end_after_pre_tool_text,
+        "    if name == policy.memory_tool_name:\n        return True\n",
+        "",
+        tool_chains(),
+    ),
+    "§4.2 the memory tool is not disabled after a success": (
+        tool_dispatch.record_tool_outcome,
+        "turn.disabled_tools = turn.disabled_tools | {name}",
+        "pass",
+        tool_chains(),
+    ),
+    "§5 a context restart resets neither error counter": (
+        context_restart.apply_context_restart,
+        "    turn.consecutive_tool_errors = 0\n    turn.continuation_failures = 0\n",
+        "",
+        tool_chains(),
+    ),
+}
+
+
+@pytest.mark.parametrize("divergence", list(DIVERGENCES))
+def test_an_engine_breaking_a_tool_round_rule_fails_the_reference_model_property(
+    monkeypatch: pytest.MonkeyPatch, divergence: str
+) -> None:
+    """Each divergence, seeded into the engine, fails the property test within its ci
+    budget (found, not shrunk: shrinking would only cost time)."""
+    function, rule, divergent, scripts = DIVERGENCES[divergence]
+    _seed_divergence(monkeypatch, function, rule, divergent)
+
+    @settings(max_examples=EXAMPLES, derandomize=True, database=None, phases=[Phase.generate])
+    @given(script=scripts, policy=loop_policies())
+    def property_under_the_divergence(script: TurnScript, policy: LoopPolicy) -> None:
+        assert_ends_as_predicted(script, policy)
+
+    with pytest.raises(AssertionError, match="the engine's ending is not the reference model's"):
+        property_under_the_divergence()
 
 
 # =========================================================================== independence

@@ -137,7 +137,7 @@ def _pass(machine: ToolLoopMachine, *chunks: object) -> list[Effect]:
 def _rare_review_paths(request: TurnRequest) -> None:
     """Drafting and the tool checkpoint, driven sans-IO where a random turn rarely goes: a
     call rejected again and corrections refused, approved or left without a verdict; a
-    reviewer given up on before a reply is completed, or a review budget spent; a
+    reviewer given up on before a reply is completed, or a review or revision budget spent; a
     follow-up and the host's channel failing while a reviewer is asked."""
     # a rejected call, the identical call again, a correction without a verdict, then one
     # that cannot be approved any more
@@ -184,6 +184,12 @@ def _rare_review_paths(request: TurnRequest) -> None:
     machine.feed(ReviewReturned(_asked(_pass(machine, TextDelta("Hi"))).review, _FLAT))
     _pass(machine, TextDelta("Hello."))
     assert machine.turn.reason == "reviews_exhausted"
+    # a second draft sent back with no revision left: delivered as it is
+    machine = ToolLoopMachine(attrs.evolve(_DRAFTING, max_revisions=1), tools=TOOLS)
+    machine.start(request)
+    machine.feed(ReviewReturned(_asked(_pass(machine, TextDelta("Hi"))).review, _FLAT))
+    machine.feed(ReviewReturned(_asked(_pass(machine, TextDelta("Hello."))).review, _FLAT))
+    assert machine.turn.reason == "revisions_exhausted"
 
 
 def _resume_paths() -> None:

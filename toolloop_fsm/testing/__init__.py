@@ -79,6 +79,7 @@ if TYPE_CHECKING:
         TimedSignal,
         ToolAction,
         ToolBehaviour,
+        ToolConfig,
         TurnScript,
         chunks,
         function_calls,
@@ -100,7 +101,7 @@ _HARNESS_NAMES = frozenset({"ScriptRun", "WitnessedReviewer", "build_tools", "ru
 _STRATEGY_NAMES = frozenset(
     {
         "KNOWN_TOOLS", "MEMORY_TOOL", "PROVIDER_KEYS", "UNKNOWN_TOOLS", "TimedSignal",
-        "ToolAction", "ToolBehaviour", "TurnScript", "chunks", "function_calls",
+        "ToolAction", "ToolBehaviour", "ToolConfig", "TurnScript", "chunks", "function_calls",
         "loop_policies", "provider_passes", "reviewer_acts", "reviewer_scripts",
         "script_items", "text_deltas", "timed_signals", "tool_behaviours", "turn_scripts",
     }
@@ -117,6 +118,7 @@ __all__ += [
     "TimedSignal",
     "ToolAction",
     "ToolBehaviour",
+    "ToolConfig",
     "ToolExecution",
     "TurnScript",
     "WitnessedReviewer",

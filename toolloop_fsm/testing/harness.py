@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -53,11 +54,11 @@ from toolloop_fsm.testing.invariants import (
 )
 from toolloop_fsm.testing.reviewer import ScriptedReviewer
 from toolloop_fsm.testing.strategies import (
-    _SHAPES,
     DEFAULT_BEHAVIOUR,
     TimedSignal,
     ToolAction,
     ToolBehaviour,
+    ToolConfig,
     TurnScript,
 )
 from toolloop_fsm.tools import copy_arguments
@@ -223,7 +224,7 @@ class _ScriptedTools:
         executions: list[ToolExecution],
         stragglers: Stragglers,
     ) -> None:
-        self.plans = {shape.name: script.plan_for(shape.name) for shape in _SHAPES}
+        self.plans = {tool.name: script.plan_for(tool.name) for tool in script.tool_configs}
         self.calls = dict.fromkeys(self.plans, 0)
         self.clock = clock
         self.signals = signals
@@ -250,18 +251,20 @@ class _ScriptedTools:
             execution.ended_at = self.clock.now()
 
 
-def _registry(handler: Callable[[str], Any]) -> ToolRegistry:
-    """The registry of `KNOWN_TOOLS`, ``handler(name)`` handling each."""
+def _registry(handler: Callable[[str], Any], configs: Sequence[ToolConfig]) -> ToolRegistry:
+    """The registry of `KNOWN_TOOLS`, each registered as ``configs`` say and handled by
+    ``handler(name)``."""
     return ToolRegistry(
         Tool(
-            shape.name,
-            f"scripted {shape.name}",
+            config.name,
+            f"scripted {config.name}",
             {"type": "object", "properties": {}},
-            handler(shape.name),
-            requires_follow_up=shape.requires_follow_up,
-            timeout=shape.timeout,
+            handler(config.name),
+            requires_follow_up=config.requires_follow_up,
+            timeout=config.timeout,
+            replay=config.replay,
         )
-        for shape in _SHAPES
+        for config in configs
     )
 
 
@@ -273,9 +276,10 @@ def build_tools(
     executions: list[ToolExecution],
     stragglers: Stragglers | None = None,
 ) -> ToolRegistry:
-    """The registry of `KNOWN_TOOLS`, each playing its plan from ``script`` and recording
-    every execution (with whether a stop had been requested at that instant). A tool that
-    ignores its cancellation waits on ``stragglers`` (a fresh set when not given)."""
+    """The registry of `KNOWN_TOOLS`, registered as ``script.tool_configs`` say, each playing
+    its plan from ``script`` and recording every execution (with whether a stop had been
+    requested at that instant). A tool that ignores its cancellation waits on
+    ``stragglers`` (a fresh set when not given)."""
     tools = _ScriptedTools(
         script, clock, signals, executions, stragglers if stragglers is not None else Stragglers()
     )
@@ -286,13 +290,13 @@ def build_tools(
 
         return handle
 
-    return _registry(handler)
+    return _registry(handler, script.tool_configs)
 
 
 #: The scripted tools of the run in progress: `run_script` sets it around its turn, whose
-#: tasks (tools included) inherit it. One registry then serves every run, as a host's tools
-#: serve every turn: building the tools (their schemas checked and serialised) per run
-#: would cost more than most of what a run does.
+#: tasks (tools included) inherit it. One registry per tool configuration then serves every
+#: run, as a host's tools serve every turn: building the tools (their schemas checked and
+#: serialised) per run would cost more than most of what a run does.
 _RUNNING: contextvars.ContextVar[_ScriptedTools] = contextvars.ContextVar("scripted_tools")
 
 
@@ -303,7 +307,11 @@ def _running_tool(name: str) -> Any:
     return handle
 
 
-_SHARED_TOOLS = _registry(_running_tool)
+@functools.cache
+def _shared_tools(configs: tuple[ToolConfig, ...]) -> ToolRegistry:
+    """The one registry serving every run whose tools are registered as ``configs`` say
+    (a script draws one of a few hundred configurations)."""
+    return _registry(_running_tool, configs)
 
 
 async def _act_out(
@@ -411,7 +419,7 @@ async def run_script(
         delivery_delay=script.delivery_delay,
         fail_when=_nth_delivery_fails(script.failing_delivery),
     )
-    tools = _SHARED_TOOLS
+    tools = _shared_tools(script.tool_configs)
     request = script.request()
     reviewer: WitnessedReviewer | None = None
     if policy.drafting or policy.review_tool_calls:

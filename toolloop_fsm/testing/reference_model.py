@@ -10,9 +10,11 @@ the same fields off an engine result, and `difference(predicted, observed)` says
 part; `check_ending(run)` does both for one run of `run_script`. This is the kit's
 invariant 10: the ending is the one the rules predict.
 
-The model shares no decision with the engine: it imports only values (events, the policy,
-the result types) and the kit's script types, never the engine's guards, states, machines,
-pump or turn state, and it keeps its own clock.
+Its rules are written from docs/behaviour.md's numbered rules, and each stage cites the rule
+it follows (§2 a pass, §3 the gate and dispatch, §4 after a tool call, §5 context restart,
+§14 drafting). The model shares no decision with the engine: it imports only values
+(events, the policy, the result types) and the kit's script types, never the engine's
+guards, states, machines, pump or turn state, and it keeps its own clock.
 
 Theory of operation (what the stage functions below do not show):
 
@@ -675,8 +677,9 @@ class _Simulation:
 
     # ------------------------------------------------------------------ stream once
     def start_pass(self) -> None:
-        """Before every pass: the iteration ceiling; then the pass opens, posting the one-time
-        *still working* notice as the pass after the soft-warning iteration begins."""
+        """docs/behaviour.md §2.1: before every pass, the iteration ceiling; then the pass opens,
+        posting the one-time *still working* notice as the pass after the soft-warning iteration
+        begins."""
         if len(self.passes) >= self.policy.max_function_call_iterations:
             self.post("max_iterations")
             self.decide(TurnStatus.TIMEOUT, "iteration_ceiling")
@@ -803,9 +806,9 @@ class _Simulation:
         self.end_stream(TurnStatus.TIMEOUT, reason)
 
     def stream_ends(self) -> None:
-        """The pass ended normally: a call goes to the gate; otherwise text completes the
-        turn, and an empty pass settles or ends ``empty_response``. The buffer is flushed
-        first in every case."""
+        """docs/behaviour.md §2.4, §2.5: the pass ended normally; a call goes to the gate; otherwise
+        text completes the turn, and an empty pass settles or ends ``empty_response``. The buffer is
+        flushed first in every case."""
         current = self.current
         self.flush()
         call = current.call
@@ -826,9 +829,9 @@ class _Simulation:
             self.decide(TurnStatus.EMPTY_RESPONSE)
 
     def settles(self, current: _Pass) -> bool:
-        """An empty pass that was not cut is a finished reply when a tool already delivered
-        a response (itself, or by a delivered expression), or when visible text or the
-        turn's expression was delivered (drafting: held) and the last tool needs no
+        """docs/behaviour.md §2.5 rule 2: an empty pass that was not cut is a finished reply when a
+        tool already delivered a response (itself, or by a delivered expression), or when visible
+        text or the turn's expression was delivered (drafting: held) and the last tool needs no
         follow-up."""
         if current.finish in _CUT_FINISHES or self.last_tool is None:
             return False
@@ -840,7 +843,7 @@ class _Simulation:
 
     # ------------------------------------------------------------------ execute the tool call
     def gate(self, call: FunctionCall) -> None:
-        """The call's gate, in order: a malformed call ends the turn with nothing run;
+        """docs/behaviour.md §3.1-§3.5, in order: a malformed call ends the turn with nothing run;
         truncated or unparseable arguments and a tool outside the allowlist (unknown,
         not allowed, or disabled for the turn) are failures shown to the model; a replayed
         call reuses its recorded outcome (never reviewed); the tool checkpoint may reject
@@ -928,13 +931,15 @@ class _Simulation:
         self.tool_outcome(outcome)
 
     def tool_deadline_expires(self) -> None:
-        """The tool deadline: the tool is abandoned and the model told it timed out."""
+        """docs/behaviour.md §3.6 rule 1: the tool deadline; the tool is abandoned and the model
+        told it timed out."""
         self.tool_outcome(_TIMED_OUT)
 
     # ------------------------------------------------------------------ after a tool call
     def tool_outcome(self, outcome: _Outcome) -> None:
-        """Deliver a successful tool's expression (once per turn) and post the failure
-        notice; then the checks after a tool call, in order."""
+        """docs/behaviour.md §3.8: deliver a successful tool's expression (once per turn,
+        never for a reuse) and post the failure notice; then §4's rules after a tool call,
+        the first that matches deciding."""
         self.tool = None
         call = self.call
         assert call is not None
@@ -954,8 +959,8 @@ class _Simulation:
         if not outcome.success and not outcome.rejected:
             self.post("tool_failed")
         self.last_tool = name
-        # 1. restart: the enrichment joins the context and a new pass starts, with no history
-        # entry; both error counters reset, suppression lifts, and calls replay afresh
+        # §4.1 and §5 rules 3-6: a restart records no history entry; both error counters
+        # reset and suppression lifts; the passes after it are a new replay scope
         if outcome.restarts:
             self.record(outcome)
             self.consecutive_errors = self.continuation_failures = 0
@@ -963,14 +968,13 @@ class _Simulation:
             self.occurrences = {}
             self.start_pass()
             return
-        # 3. the history entry; a delivered response is noted
+        # §4.2 rules 1-3: the history entry; a delivered response is noted
         self.history.append((name, outcome.success))
         self.record(outcome)
         if outcome.success:
             self.tool_response_delivered |= outcome.delivered
-            # 4. a success resets both counters and lifts the suppression of text; a
-            # successful memory update disables further ones for the turn (a revised reply
-            # may go on after one)
+            # §4.2 rule 4: a success resets both counters and lifts the suppression of
+            # text; a successful memory update disables the memory tool for the turn (§3.4)
             self.consecutive_errors = self.continuation_failures = 0
             self.suppressed = False
             if name == self.policy.memory_tool_name:
@@ -979,32 +983,37 @@ class _Simulation:
             pass  # the checkpoint's rejection is no failure: no counter moves
         else:
             self.consecutive_errors += 1
-            # 6. on a provider whose text cannot be retracted, a failure after visible text
-            # suppresses further text
+            # §4.2 rule 5: on a provider whose text cannot be retracted, a failure after
+            # visible text also counts as a continuation failure and suppresses text
             if self.script.continuation_style and self.pre_tool_text is not None:
                 self.continuation_failures += 1
                 self.suppressed = True
         shape = self.tools.get(name)
-        ends_turn = outcome.success and outcome.end_turn  # 5.
+        ends_turn = outcome.success and outcome.end_turn  # §4.4
         retries_spent = (
             self.script.continuation_style
             and self.continuation_failures >= self.policy.continuation_tool_failure_threshold
-        )  # 6.
+        )  # §4.5
         text_suffices = (
             outcome.success
             and self.pre_tool_text is not None
-            and shape is not None
-            and not shape.requires_follow_up
             and (
-                name in self.policy.suppress_followup_after_pre_tool_text
-                or self.script.continuation_style
+                name == self.policy.memory_tool_name
+                or (
+                    shape is not None
+                    and not shape.requires_follow_up
+                    and (
+                        name in self.policy.suppress_followup_after_pre_tool_text
+                        or self.script.continuation_style
+                    )
+                )
             )
-        )  # 7. a silent tool after visible text: the text was the reply
-        if self.consecutive_errors >= self.policy.max_consecutive_tool_errors:
+        )  # §4.6 rules 1 and 2: the memory tool, or a silent tool, after visible text
+        if self.consecutive_errors >= self.policy.max_consecutive_tool_errors:  # §4.3
             self.post("tool_error_loop")
             self.decide(TurnStatus.ERROR, "consecutive_tool_errors")
         elif self.drafting and self.held and (ends_turn or retries_spent or text_suffices):
-            # the round would end the turn while a reply is held: the reply is completed
+            # §14.3: the round would end the turn while a reply is held: it is completed
             if not ends_turn and retries_spent:
                 self.post("retry_exhausted")
             self.complete_reply()
@@ -1015,7 +1024,7 @@ class _Simulation:
             self.complete_with_pre_tool_text("continuation_retries_exhausted")
         elif text_suffices:
             self.complete_with_pre_tool_text("pre_tool_text_suffices")
-        else:  # 8. the next pass
+        else:  # §4.7 the next pass
             self.start_pass()
 
     def record(self, outcome: _Outcome) -> None:
@@ -1475,6 +1484,11 @@ def describe_script(script: TurnScript, policy: LoopPolicy) -> str:
         f"allowlist {sorted(script.tools_allowed) if script.tools_allowed is not None else None}; "
         f"continuation_style {script.continuation_style}"
     )
+    for config in script.tool_configs:
+        lines.append(
+            f"tool {config.name} registered: requires_follow_up={config.requires_follow_up}, "
+            f"replay={config.replay}, timeout={config.timeout}"
+        )
     if script.provider_key is not None:
         lines.append("provider holds a key: a one-model generation turn")
     if policy.drafting or policy.review_tool_calls:

@@ -80,6 +80,7 @@ from toolloop_fsm.testing.reviewer import Hang, Raise, ReviewerAct, Slow
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
 
 __all__ = [
+    "DEFAULT_TOOLS",
     "KNOWN_TOOLS",
     "MEMORY_TOOL",
     "PROVIDER_KEYS",
@@ -87,6 +88,7 @@ __all__ = [
     "TimedSignal",
     "ToolAction",
     "ToolBehaviour",
+    "ToolConfig",
     "TurnScript",
     "chunks",
     "function_calls",
@@ -98,6 +100,7 @@ __all__ = [
     "text_deltas",
     "timed_signals",
     "tool_behaviours",
+    "tool_chains",
     "turn_scripts",
 ]
 
@@ -108,21 +111,48 @@ MEMORY_TOOL = "update_short_term_memory"
 
 
 @frozen
-class _ToolShape:
+class ToolConfig:
+    """How one known tool is registered: what the host chose when it built the `Tool`.
+
+    ``requires_follow_up`` and ``replay`` (``"reuse"`` or ``"rerun"``) as `Tool` takes them;
+    ``timeout`` its own deadline (``None``: the policy's ``tool_timeout``).
+    """
+
     name: str
-    requires_follow_up: bool
+    requires_follow_up: bool = True
+    replay: str = "reuse"
     timeout: float | None = None
 
 
-#: The tools every scripted turn registers: two that need a follow-up (one with its own,
-#: short deadline), and two silent ones (the memory tool ends the turn after pre-tool text).
-_SHAPES: tuple[_ToolShape, ...] = (
-    _ToolShape("get_weather", requires_follow_up=True),
-    _ToolShape("send_sticker", requires_follow_up=False),
-    _ToolShape(MEMORY_TOOL, requires_follow_up=False),
-    _ToolShape("search", requires_follow_up=True, timeout=4.0),
+#: The tools every scripted turn registers, as they are registered unless a script draws
+#: otherwise (`TurnScript.tool_configs`): two that need a follow-up (one with its own, short
+#: deadline), and two silent ones.
+DEFAULT_TOOLS: tuple[ToolConfig, ...] = (
+    ToolConfig("get_weather", requires_follow_up=True),
+    ToolConfig("send_sticker", requires_follow_up=False),
+    ToolConfig(MEMORY_TOOL, requires_follow_up=False),
+    ToolConfig("search", requires_follow_up=True, timeout=4.0),
 )
-KNOWN_TOOLS: tuple[str, ...] = tuple(shape.name for shape in _SHAPES)
+KNOWN_TOOLS: tuple[str, ...] = tuple(tool.name for tool in DEFAULT_TOOLS)
+#: A deadline of its own for a tool registered without one (and none for the one with one).
+_OTHER_TIMEOUT = 4.0
+
+
+def _config_menu(default: ToolConfig) -> tuple[ToolConfig, ...]:
+    """Every way the API lets the host register ``default``'s tool, the default first (and
+    twice): both follow-up settings, both replay modes, its own deadline or the policy's."""
+    other_timeout = None if default.timeout is not None else _OTHER_TIMEOUT
+    every = tuple(
+        ToolConfig(default.name, follow_up, replay, timeout)
+        for follow_up in (default.requires_follow_up, not default.requires_follow_up)
+        for replay in ("reuse", "rerun")
+        for timeout in (default.timeout, other_timeout)
+    )
+    return (default, *every)
+
+
+_CONFIG_MENUS: tuple[tuple[ToolConfig, ...], ...] = tuple(map(_config_menu, DEFAULT_TOOLS))
+
 #: Names no script registers; the first is a near miss of a known tool.
 UNKNOWN_TOOLS: tuple[str, ...] = ("get_wether", "launch_rockets")
 
@@ -200,6 +230,8 @@ class TurnScript:
     ``reviews``: what the reviewer answers to its 1st, 2nd, … review (drafting's reviews of
     a reply and the tool checkpoint's reviews of a call share the one sequence; past it, and
     by default, it passes). Read only when the policy turns drafting or the checkpoint on.
+    ``tool_configs``: how each known tool is registered (`ToolConfig`, in `KNOWN_TOOLS`
+    order).
     """
 
     passes: tuple[tuple[HostileItem, ...], ...] = ()
@@ -214,6 +246,7 @@ class TurnScript:
     notices: tuple[ChannelAct, ...] = ()
     provider_key: str | None = None
     reviews: tuple[ReviewerAct, ...] = ()
+    tool_configs: tuple[ToolConfig, ...] = DEFAULT_TOOLS
 
     def plan_for(self, name: str) -> tuple[ToolBehaviour, ...]:
         for tool, behaviours in self.tool_plan:
@@ -587,6 +620,8 @@ def _result_menu() -> tuple[dict[str, Any], ...]:
 
 
 _RESULTS = _result_menu()
+#: A tool chain's results: every result, and each restarting one three times more.
+_ROUND_RESULTS = (*_RESULTS, *tuple(r for r in _RESULTS if "context_restart" in r) * 3)
 _ACTIONS = (
     ToolAction.SUCCEED,
     ToolAction.SUCCEED,
@@ -762,15 +797,16 @@ def build_script(
     )
     if drafting:
         script = attrs.evolve(script, reviews=build_reviewer_script(c))
-    if not hostile:
-        return script
-    quotes_key = any(isinstance(i, EchoKey) for items in drawn for i in items)
-    return attrs.evolve(
-        script,
-        sends=tuple(c.picks(_CHANNEL_ACTS, 0, 3)),
-        notices=tuple(c.picks(_CHANNEL_ACTS, 0, 2)),
-        provider_key=c.pick(PROVIDER_KEYS) if quotes_key else None,
-    )
+    if hostile:
+        quotes_key = any(isinstance(i, EchoKey) for items in drawn for i in items)
+        script = attrs.evolve(
+            script,
+            sends=tuple(c.picks(_CHANNEL_ACTS, 0, 3)),
+            notices=tuple(c.picks(_CHANNEL_ACTS, 0, 2)),
+            provider_key=c.pick(PROVIDER_KEYS) if quotes_key else None,
+        )
+    # drawn last, so that the bytes of a compact seed before them keep their meaning
+    return attrs.evolve(script, tool_configs=tuple(map(c.pick, _CONFIG_MENUS)))
 
 
 def turn_scripts(
@@ -795,6 +831,66 @@ def turn_scripts(
     drafting or the tool checkpoint on (`loop_policies(drafting=…)`), and ends a third of
     the passes with a closing reply (so that drafted replies are completed and reviewed)."""
     return built(build_script, max_passes, max_items, max_signals, hostile, drafting)
+
+
+#: What the model says before a tool round's call: nothing, blank text, or visible text.
+_ROUND_TEXTS: tuple[tuple[ScriptItem, ...], ...] = (
+    (),
+    (TextDelta("Let me check. "),),
+    (TextDelta(" "),),
+    (TextDelta("Noted. "),),
+)
+#: A tool round's call: a known tool (two argument objects, so identical calls recur; the
+#: memory tool, whose rules are its own, three times as often), and now and then one the
+#: gate refuses (a refusal counts as a failure).
+_ROUND_CALLS: tuple[FunctionCall, ...] = (
+    *(FunctionCall(name, args) for args in _ARGUMENTS[:2] for name in KNOWN_TOOLS),
+    *(FunctionCall(MEMORY_TOOL, args) for args in _ARGUMENTS[:2] for _ in range(2)),
+    FunctionCall("launch_rockets", {}),
+    FunctionCall("search", {"city": "Os"}, truncated=True),
+)
+#: How a tool chain ends once its rounds are over: closing text, or an empty pass.
+_CHAIN_ENDINGS: tuple[tuple[ScriptItem, ...], ...] = ((TextDelta("Done."),), ())
+#: A tool round's action: success and failure as often (a raise and a hang now and then).
+_ROUND_ACTIONS = (ToolAction.SUCCEED, ToolAction.FAIL, ToolAction.SUCCEED, ToolAction.FAIL,
+                  ToolAction.RAISE, ToolAction.HANG)  # fmt: skip
+
+
+def build_round(c: Choices) -> tuple[HostileItem, ...]:
+    """One tool round's pass (see `tool_chains`)."""
+    return (*c.pick(_ROUND_TEXTS), c.pick(_ROUND_CALLS))
+
+
+def build_round_behaviour(c: Choices) -> ToolBehaviour:
+    """One dispatch in a tool chain: a success or a failure as often, with any result; a
+    success restarts the context in two of five (so restarts meet failures)."""
+    action = c.pick(_ROUND_ACTIONS)
+    result = c.pick(_ROUND_RESULTS)
+    return ToolBehaviour(action, c.pick(_TOOL_DELAYS), **result)
+
+
+def build_tool_chain(c: Choices) -> TurnScript:
+    """A turn of tool rounds (see `tool_chains`)."""
+    rounds = c.several(2, 6, build_round)
+    plan = tuple((name, tuple(c.several(1, 3, build_round_behaviour))) for name in KNOWN_TOOLS)
+    return TurnScript(
+        passes=(*rounds, c.pick(_CHAIN_ENDINGS)),
+        tool_plan=plan,
+        continuation_style=c.flag(),
+        tool_configs=tuple(map(c.pick, _CONFIG_MENUS)),
+    )
+
+
+def tool_chains() -> st.SearchStrategy[TurnScript]:
+    """A turn that is a chain of tool rounds: 2 to 6 passes that each end in a call (after
+    no text, blank text or visible text), then closing text or an empty pass; every known
+    tool plays 1 to 3 drawn behaviours (successes and failures as often, context restarts
+    most often among the results, ``end_turn``, delivered responses, expressions),
+    registered in any of the ways `ToolConfig` allows, on either kind of provider. The
+    rules after a tool call (docs/behaviour.md §4, §5) decide how such a turn goes on, and
+    here they meet one another: a failure, then a restart, then failures again; a memory
+    update, then another."""
+    return built(build_tool_chain)
 
 
 def _with_call_ids(
