@@ -21,6 +21,7 @@ measures every contender and size back to back); only the ratios mean much on a 
 machine.
 
     python benchmarks/bench_tool_rounds_scaling.py [--turns N] [--rounds R]
+    python benchmarks/bench_tool_rounds_scaling.py --run-only engine --size 99 [--no-usage]
 """
 
 from __future__ import annotations
@@ -252,5 +253,26 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=5, help="turns of 99 rounds per figure")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--run-only",
+        choices=("engine", "hand-written"),
+        help="just run --turns turns of --size rounds of one contender, after one warm-up turn "
+        "of one round (for instruction counts under valgrind --tool=callgrind: a round at R "
+        "costs (count(--size R) - count(--size 0)) / (R * turns))",
+    )
+    parser.add_argument("--size", type=int, default=99, help="tool rounds of a --run-only turn")
+    parser.add_argument("--no-usage", action="store_true", help="--run-only passes without usage")
     args = parser.parse_args()
-    asyncio.run(main(args.turns, args.rounds))
+    if args.run_only:
+        runner = CONTENDERS["run_tool_loop" if args.run_only == "engine" else "hand-written loop"]
+
+        async def run_only() -> None:
+            usage = not args.no_usage
+            await runner(MemoryProvider(script(1, usage)), CountingChannel())
+            passes = script(args.size, usage)
+            for _ in range(args.turns):
+                await runner(MemoryProvider(passes), CountingChannel())
+
+        asyncio.run(run_only())
+    else:
+        asyncio.run(main(args.turns, args.rounds))
