@@ -463,8 +463,9 @@ _LOOP_LEFT_OUT = {
     "policy", "provider_error_kind", "provider_error_retryable", "provider_retry_after",
     "reason", "registry", "settle_started", "snapshots", "state", "status", "step_time",
     "stop_message",
-    # caches the engine rebuilds on first use: the pending call's key, the offered tools
-    "pending_call_key", "allowed_tools",
+    # caches the engine rebuilds on first use: the pending call's key, the offered tools and
+    # their specs, the usage estimate's running count (a resumed turn counts afresh)
+    "pending_call_key", "allowed_tools", "offered_specs", "read_count",
 }  # fmt: skip
 _CHAIN_LEFT_OUT = {
     "current_event", "effects", "last", "plans", "policy", "reason", "shared_plans", "state",

@@ -222,6 +222,24 @@ class DraftState:
 
 
 @define(slots=True)
+class ReadCount:
+    """The running count behind the usage estimate's input (docs/behaviour.md §2.2 rule 3):
+    the messages, history entries and tools of the last request counted, and their
+    characters. A turn's next request is its last one plus a tool round (or a context
+    restart's message), so only what is new is measured; what was counted is checked against
+    each request — the same items, as the same objects, in the same order — and counted
+    afresh when any of it was rewritten or dropped (a revision clears the narration of every
+    history entry; a resumed turn starts a new count)."""
+
+    context: tuple[Mapping[str, Any], ...] = ()
+    context_characters: int = 0
+    history: tuple[ToolHistoryEntry, ...] = ()
+    history_characters: int = 0
+    tools: tuple[ToolSpec, ...] | None = None
+    tools_characters: int = 0
+
+
+@define(slots=True)
 class TurnState:
     """Mutable state of one run of the inner machine (the `transitions` model)."""
 
@@ -318,6 +336,11 @@ class TurnState:
     # and each call's gate), until `disabled_tools` is replaced
     pending_call_key: tuple[FunctionCall, str] | None = None
     allowed_tools: tuple[frozenset[str], tuple[str, ...]] | None = None
+    # the specs of those tools, kept while the names are the same tuple; and the running
+    # count of what the requests gave the model to read (the usage estimate of a pass
+    # without a report: each message, history entry and tool set measured once)
+    offered_specs: tuple[tuple[str, ...], tuple[ToolSpec, ...]] | None = None
+    read_count: ReadCount | None = None
 
 
 @define(slots=True)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from toolloop_fsm.turn import TurnState, call_key_of_pending, next_occurrence
+
+if TYPE_CHECKING:
+    from toolloop_fsm.provider import ToolSpec
 
 
 def call_pending(turn: TurnState) -> bool:
@@ -75,3 +79,16 @@ def allowed_tool_names(turn: TurnState) -> tuple[str, ...]:
     )
     turn.allowed_tools = (disabled, allowed)
     return allowed
+
+
+def offered_tools(turn: TurnState) -> tuple[ToolSpec, ...]:
+    """The specs of the tools the turn offers (`allowed_tool_names`): one tuple while the
+    set is the same, so what is computed from it once (its size in the usage estimate) is
+    known to still hold."""
+    names = allowed_tool_names(turn)
+    cached = turn.offered_specs
+    if cached is not None and cached[0] is names:
+        return cached[1]
+    specs = turn.registry.specs(names)
+    turn.offered_specs = (names, specs)
+    return specs

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from operator import is_
+from typing import Any, TypeVar
 
 from toolloop_fsm.effects import CancelStream, QueueStopResponse, StartStream
 from toolloop_fsm.event_checks import event_shapes, malformation
@@ -22,9 +23,15 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
-from toolloop_fsm.guards.tool_gate import allowed_tool_names
-from toolloop_fsm.provider import ProviderRequest
-from toolloop_fsm.result import Notice, StreamResult, UsageEntry, estimate_tokens
+from toolloop_fsm.guards.tool_gate import offered_tools
+from toolloop_fsm.provider import ProviderRequest, ToolSpec
+from toolloop_fsm.result import (
+    Notice,
+    StreamResult,
+    ToolHistoryEntry,
+    UsageEntry,
+    estimate_tokens,
+)
 from toolloop_fsm.states.delivery import (
     arm_deadline,
     clear_deadline,
@@ -32,7 +39,9 @@ from toolloop_fsm.states.delivery import (
     flush_buffer,
     post_notice,
 )
-from toolloop_fsm.turn import TurnState, canonical_call_key
+from toolloop_fsm.turn import ReadCount, TurnState, canonical_call_key
+
+Item = TypeVar("Item")
 
 
 # --------------------------------------------------------------------------- pass start
@@ -57,7 +66,7 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
     turn.current_call_key = None
     request = ProviderRequest(
         context=tuple(turn.context),
-        tools=turn.registry.specs(allowed_tool_names(turn)),
+        tools=offered_tools(turn),
         history=tuple(turn.history or ()),
         prefill=turn.prefill,
         max_output=turn.request.max_output,
@@ -203,35 +212,69 @@ def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> st
 def estimate_usage(turn: TurnState, text: str) -> UsageEntry:
     """docs/behaviour.md §2.2 rule 3: the usage of a pass the provider answered without a
     report — characters / 4, rounded up, marked ``estimated``. Output: the text, thoughts
-    and call the pass streamed; input: what the request gave the model to read."""
+    and call the pass streamed; input: what the request gave the model to read, a running
+    count over the turn's requests (`read_characters`)."""
     written = len(text) + sum(len(thought) for thought in turn.pass_thoughts or ())
     call = turn.pending_call
     if call is not None:
         written += len(canonical_call_key(str(call.name), call.arguments))
     request = turn.pass_request
-    read = request_characters(request) if request is not None else 0
+    read = 0
+    if request is not None:
+        count = turn.read_count
+        if count is None:
+            count = turn.read_count = ReadCount()
+        read = read_characters(count, request)
     return UsageEntry(turn.iterations, estimate_tokens(read), estimate_tokens(written), True)
 
 
-def request_characters(request: ProviderRequest) -> int:
-    """The characters a request gives the model to read: each message's text, the tool
-    history (pre-tool text, each call's name and arguments, each response as JSON), the
-    prefill, and the tools offered (name, description, parameter schema as JSON)."""
-    read = len(request.prefill or "")
-    for message in request.context:
-        read += _content_characters(message.get("content"))
-    for entry in request.history:
-        response = entry.response
-        read += len(entry.pre_tool_text or "")
-        read += len(canonical_call_key(entry.call.name, entry.call.arguments))
-        read += _json_characters([response.data, response.message, response.reason])
-    for tool in request.tools:
-        read += len(tool.name) + len(tool.description) + _json_characters(tool.parameters)
-    return read
+def read_characters(count: ReadCount, request: ProviderRequest) -> int:
+    """The characters ``request`` gives the model to read — its prefill, each message's
+    text, each history entry, and the tools offered — counted on from what ``count`` counted
+    of the turn's earlier requests (a request is a value no one changes: its own tuples are
+    kept as what was counted)."""
+    context = tuple(request.context)
+    count.context_characters = _count_on(
+        count.context, count.context_characters, context, message_characters
+    )
+    count.context = context
+    history = tuple(request.history)
+    count.history_characters = _count_on(
+        count.history, count.history_characters, history, history_entry_characters
+    )
+    count.history = history
+    # the tools a turn offers are one tuple until the set changes (`offered_tools`)
+    tools = tuple(request.tools)
+    if tools is not count.tools:
+        count.tools_characters = sum(map(tool_characters, tools))
+        count.tools = tools
+    return (
+        len(request.prefill or "")
+        + count.context_characters
+        + count.history_characters
+        + count.tools_characters
+    )
 
 
-def _content_characters(content: Any) -> int:
+def _count_on(
+    counted: tuple[Item, ...],
+    characters: int,
+    current: tuple[Item, ...],
+    measure: Callable[[Item], int],
+) -> int:
+    """The characters of ``current``: those of ``counted`` plus what follows it, when
+    ``current`` starts with the very items counted; otherwise all of ``current`` afresh."""
+    if current is counted:
+        return characters
+    seen = len(counted)
+    if len(current) >= seen and all(map(is_, counted, current)):
+        return characters + sum(map(measure, current[seen:]))
+    return sum(map(measure, current))
+
+
+def message_characters(message: Mapping[str, Any]) -> int:
     """A message's text: a string, or the text parts of a list of parts."""
+    content = message.get("content")
     if isinstance(content, str):
         return len(content)
     if isinstance(content, list):
@@ -243,6 +286,22 @@ def _content_characters(content: Any) -> int:
                 total += len(part["text"])
         return total
     return 0
+
+
+def history_entry_characters(entry: ToolHistoryEntry) -> int:
+    """One tool round: the pre-tool text, the call's name and compact arguments, and the
+    response as JSON."""
+    response = entry.response
+    return (
+        len(entry.pre_tool_text or "")
+        + len(canonical_call_key(entry.call.name, entry.call.arguments))
+        + _json_characters([response.data, response.message, response.reason])
+    )
+
+
+def tool_characters(tool: ToolSpec) -> int:
+    """A tool offered: its name, description and parameter schema as JSON."""
+    return len(tool.name) + len(tool.description) + _json_characters(tool.parameters)
 
 
 def _json_characters(value: Any) -> int:

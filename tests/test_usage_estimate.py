@@ -1,0 +1,270 @@
+"""The usage estimate of passes without a usage report (docs/behaviour.md §2.2 rule 3) over
+long turns: each pass's input estimate is what its whole request carried, however the
+request grew or was rewritten (tool rounds, context restarts, a revision's cleared
+narration, a resumed turn, a tool set that shrinks), and a turn measures each history entry
+and each tool schema once, not once a pass. Time is virtual (`VirtualClock`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tests.inner_kit import USER, Executions, make_tool, run_turn, scripted_turn, succeeds
+from toolloop_fsm import (
+    ContextRestart,
+    FunctionCall,
+    LoopPolicy,
+    TextDelta,
+    ThoughtDelta,
+    Tool,
+    ToolContext,
+    ToolResult,
+    TurnRequest,
+    TurnStatus,
+    resume_tool_loop,
+    run_tool_loop,
+)
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.result import GenerationTurnResult, estimate_tokens
+from toolloop_fsm.review import Finding, Pass, Revise
+from toolloop_fsm.snapshot import TurnSnapshot, snapshot_from_json, snapshot_to_json
+from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, ScriptItem, VirtualClock
+from toolloop_fsm.testing.reviewer import ScriptedReviewer
+from toolloop_fsm.turn import canonical_call_key
+
+LONG = LoopPolicy(max_function_call_iterations=200)
+
+
+# --------------------------------------------------------------------------- the oracle
+def full_read_characters(request: ProviderRequest) -> int:
+    """What a request gives the model to read, counted afresh over the whole request: the
+    estimate's rule as the engine computed it on every pass before it kept running counts."""
+    read = len(request.prefill or "")
+    for message in request.context:
+        read += _content_characters(message.get("content"))
+    for entry in request.history:
+        response = entry.response
+        read += len(entry.pre_tool_text or "")
+        read += len(canonical_call_key(entry.call.name, entry.call.arguments))
+        read += _json_characters([response.data, response.message, response.reason])
+    for tool in request.tools:
+        read += len(tool.name) + len(tool.description) + _json_characters(tool.parameters)
+    return read
+
+
+def _content_characters(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        total = 0
+        for part in content:
+            if isinstance(part, str):
+                total += len(part)
+            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                total += len(part["text"])
+        return total
+    return 0
+
+
+def _json_characters(value: Any) -> int:
+    try:
+        return len(json.dumps(value, ensure_ascii=False, default=str))
+    except (TypeError, ValueError):
+        return len(repr(value))
+
+
+def assert_each_estimate_read_its_whole_request(
+    result: GenerationTurnResult, requests: Sequence[ProviderRequest], first_pass: int = 1
+) -> None:
+    """Every pass's ledger entry is a marked estimate whose input is a quarter of its whole
+    request (``first_pass``: the pass number of ``requests[0]``)."""
+    entries = [entry for entry in result.usage.entries if entry.iteration >= first_pass]
+    assert len(entries) == len(requests)
+    for entry, request in zip(entries, requests, strict=True):
+        assert entry.estimated
+        assert entry.input_tokens == estimate_tokens(full_read_characters(request)), (
+            f"pass {entry.iteration}"
+        )
+
+
+# --------------------------------------------------------------------------- same estimates
+async def test_a_long_turn_with_context_restarts_estimates_every_pass_from_its_whole_request() -> (
+    None
+):
+    # 60 rounds; every tenth call restarts the context (a message appended to it, no history
+    # entry); the memory tool, once it succeeds, is no longer offered (the tool set shrinks)
+    passes: list[list[ScriptItem]] = []
+    for i in range(60):
+        name = "watch" if i % 10 == 9 else "update_short_term_memory" if i == 30 else "lookup"
+        passes.append([TextDelta(f"step {i}. "), FunctionCall(name, {"q": f"x{i}", "n": i})])
+    passes.append([ThoughtDelta("done"), TextDelta("All done.")])
+    turn = scripted_turn(passes)
+    restart = ContextRestart({"role": "system", "content": [{"type": "text", "text": "more"}]})
+    tools = [
+        make_tool("lookup", turn.executions, turn.clock),
+        make_tool("watch", turn.executions, turn.clock, succeeds(context_restart=restart)),
+        make_tool("update_short_term_memory", turn.executions, turn.clock),
+    ]
+    result = await run_turn(turn, tools, policy=LONG)
+    assert result.status is TurnStatus.COMPLETED
+    requests = turn.provider.requests
+    assert len(requests) == 61
+    assert len(requests[-1].history) == 54  # the six restarts left no history entry
+    assert len(requests[-1].context) == 7
+    assert len(requests[-1].tools) == 2  # the memory tool stopped being offered
+    assert_each_estimate_read_its_whole_request(result, requests)
+
+
+async def test_an_estimate_after_a_revision_reads_the_history_without_the_cleared_narration() -> (
+    None
+):
+    passes: list[list[ScriptItem]] = [
+        [TextDelta(f"Checking {i}. "), FunctionCall("lookup", {"city": f"c{i}"})] for i in range(8)
+    ]
+    passes += [
+        [TextDelta("21 degrees.")],
+        [FunctionCall("lookup", {"city": "c0"})],  # the replacement: reused from the ledger
+        [TextDelta("It's a lovely 21 °C everywhere!")],
+    ]
+    turn = scripted_turn(passes)
+    reviewer = ScriptedReviewer(
+        [Revise([Finding("voice", "flat", "warmer")]), Pass()], clock=turn.clock
+    )
+    result = await run_tool_loop(
+        turn.provider,
+        [make_tool("lookup", turn.executions, turn.clock)],
+        turn.channel,
+        TurnRequest(USER),
+        policy=LoopPolicy(drafting=True),
+        clock=turn.clock,
+        reviewer=reviewer,
+    )
+    assert result.reason == "draft_passed"
+    requests = turn.provider.requests
+    # the revision rewrote every history entry (narration cleared) and added an instruction
+    assert requests[8].history[0].pre_tool_text == "Checking 0. "
+    assert all(entry.pre_tool_text is None for entry in requests[9].history)
+    assert len(requests[9].context) == len(requests[8].context) + 1
+    authors = [entry for entry in result.usage.entries if entry.source == "author"]
+    assert len(authors) == len(requests)
+    for entry, request in zip(authors, requests, strict=True):
+        assert entry.input_tokens == estimate_tokens(full_read_characters(request))
+
+
+async def test_a_resumed_turn_estimates_its_passes_from_the_whole_history_it_resumed_with() -> None:
+    clock = VirtualClock()
+    executions = Executions()
+    passes: list[list[ScriptItem]] = [
+        [TextDelta(f"r{i} "), FunctionCall("lookup", {"q": i})] for i in range(12)
+    ]
+    passes.append([TextDelta("Done.")])
+    saved: list[TurnSnapshot] = []
+    tool = make_tool("lookup", executions, clock)
+    await run_tool_loop(
+        ScriptedProvider(passes, clock=clock), [tool], RecordingChannel(clock=clock),
+        TurnRequest(USER), policy=LONG, clock=clock, on_snapshot=saved.append,
+    )  # fmt: skip
+    snapshot = snapshot_from_json(snapshot_to_json(saved[7]))  # 7 rounds in, before pass 8
+    assert snapshot.loop is not None and len(snapshot.loop.history or ()) == 7
+    provider = ScriptedProvider(passes[7:], clock=clock)
+    resumed = await resume_tool_loop(
+        snapshot, provider, [tool], RecordingChannel(clock=clock), policy=LONG, clock=clock
+    )
+    assert resumed.status is TurnStatus.COMPLETED
+    assert_each_estimate_read_its_whole_request(resumed, provider.requests, first_pass=8)
+
+
+# --------------------------------------------------------------------------- linear work
+class Measured:
+    """A value that is not JSON: the estimate writes it as its ``str``, so each ``str`` of
+    it is one time the estimate measured the tool result holding it."""
+
+    def __init__(self) -> None:
+        self.measured = 0
+
+    def __str__(self) -> str:
+        self.measured += 1
+        return "measured"
+
+
+class MeasuredSchema(dict[str, Any]):
+    """A tool's parameters that count each time they are written as JSON (the encoder asks a
+    dict subclass for its items). The count starts once the tool is built (building it
+    checks the schema)."""
+
+    measured = 0
+
+    def items(self) -> Any:
+        self.measured += 1
+        return super().items()
+
+
+def counting_tool(name: str, in_results: Measured, schema: MeasuredSchema) -> Tool:
+    async def lookup(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        return ToolResult(data={"q": arguments.get("q"), "seen": in_results})
+
+    schema["type"] = "object"
+    tool = Tool(name, "looks up", schema, lookup)
+    schema.measured = 0
+    return tool
+
+
+async def _long_turn(rounds: int, in_results: Measured, in_schema: MeasuredSchema) -> None:
+    passes: list[list[ScriptItem]] = [
+        [TextDelta("."), FunctionCall("lookup", {"q": i})] for i in range(rounds)
+    ]
+    turn = scripted_turn([*passes, [TextDelta("Done.")]])
+    result = await run_turn(turn, [counting_tool("lookup", in_results, in_schema)], policy=LONG)
+    assert result.status is TurnStatus.COMPLETED
+    assert len(result.usage.entries) == rounds + 1 and result.usage.has_estimates
+
+
+async def test_a_99_round_turn_without_usage_reports_measures_each_tool_result_once() -> None:
+    results_measured: dict[int, int] = {}
+    schemas_measured: dict[int, int] = {}
+    for rounds in (10, 99):
+        in_results, in_schema = Measured(), MeasuredSchema()
+        await _long_turn(rounds, in_results, in_schema)
+        results_measured[rounds] = in_results.measured
+        schemas_measured[rounds] = in_schema.measured
+    # each result once, when the first request carries it (not again in each later pass)
+    assert results_measured == {10: 10, 99: 99}
+    assert schemas_measured == {10: 1, 99: 1}  # the tool set never changed
+
+
+async def test_a_tool_set_that_shrinks_mid_turn_has_its_schemas_measured_once_per_set() -> None:
+    in_results, lookup_schema, memory_schema = Measured(), MeasuredSchema(), MeasuredSchema()
+    passes: list[list[ScriptItem]] = [
+        [FunctionCall("update_short_term_memory" if i == 5 else "lookup", {"q": i})]
+        for i in range(20)
+    ]
+    turn = scripted_turn([*passes, [TextDelta("Done.")]])
+    tools = [
+        counting_tool("lookup", in_results, lookup_schema),
+        counting_tool("update_short_term_memory", Measured(), memory_schema),
+    ]
+    result = await run_turn(turn, tools, policy=LONG)
+    assert result.status is TurnStatus.COMPLETED
+    assert len(turn.provider.requests[-1].tools) == 1  # the memory tool is no longer offered
+    assert (lookup_schema.measured, memory_schema.measured) == (2, 1)
+
+
+async def test_a_tool_result_changed_after_it_was_returned_is_estimated_as_first_sent() -> None:
+    # a tool that hands out one list and keeps appending to it, against one that hands out
+    # a copy each time: each result is measured as the first request carrying it showed it
+    async def estimates(copies: bool) -> list[int]:
+        seen: list[str] = []
+
+        async def lookup(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+            seen.append(f"result {arguments['q']} " * 20)
+            return ToolResult(data=list(seen) if copies else seen)
+
+        passes: list[list[ScriptItem]] = [[FunctionCall("lookup", {"q": i})] for i in range(6)]
+        turn = scripted_turn([*passes, [TextDelta("Done.")]])
+        tool = Tool("lookup", "looks up", {"type": "object"}, lookup)
+        result = await run_turn(turn, [tool], policy=LONG)
+        assert result.status is TurnStatus.COMPLETED
+        return [entry.input_tokens for entry in result.usage.entries]
+
+    assert await estimates(copies=False) == await estimates(copies=True)
