@@ -1,9 +1,10 @@
 """A key the model echoes (issue #21, item 6): when a provider streams one of the turn's API
 keys back — in its text, whole or split over chunks, in a tool call's arguments, in a drafted
-reply — the user never sees it, and nothing the turn hands out holds it: not the channel,
-the live events, the observers, the tool's arguments, a snapshot taken mid-turn, the
-history or the result; and what the result says was delivered is what the channel
-confirmed (docs/behaviour.md §9.12, docs/invariants.md §5 and §9)."""
+reply — or a tool's own output quotes one, the user never sees it, and nothing the turn
+hands out holds it: not the channel, the notices, the live events, the observers, the
+tool's arguments, a snapshot taken mid-turn, the next request, the history or the result;
+and what the result says was delivered is what the channel confirmed (docs/behaviour.md
+§9.12, docs/invariants.md §5 and §9)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.providers.test_loop_over_http import text_stream, tool_call_stream
 from tests.providers.wire_server import Scripted, WireServer
 from toolloop_fsm import (
     Attempt,
+    ContextRestart,
     FunctionCall,
     GenerationTurnResult,
     LoopPolicy,
@@ -348,3 +350,110 @@ async def test_text_held_back_as_a_possible_key_start_is_kept_when_the_stream_st
     assert result.stream_results[-1].text == "Partial answer, see sk-"
     assert any("see sk-" in event or "'sk-'" in event for event in seen.observer.seen)
     seen.assert_nothing_holds_the_key(result)
+
+
+# --------------------------------------------------------------------------- a tool quoting a key
+def quoting_tools(seen: Witnesses) -> list[Tool]:
+    """Tools whose own output quotes the key: in a result's data, message and expression, in
+    a reported failure, in an exception's message, and in a context restart's item."""
+
+    async def quote(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return ToolResult(
+            data={"owner": KEY, KEY: [f"a {KEY[:10]}", {"deep": KEY}], "count": 2},
+            message=f"found {KEY}",
+            expression=f"sticker:{KEY}",
+        )
+
+    async def refuse(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return ToolResult(success=False, data=[KEY], message=f"{KEY} is revoked")
+
+    async def explode(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        raise RuntimeError(f"the vault rejected {KEY}")
+
+    async def enrich(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        item = {"role": "system", "content": f"transcript mentions {KEY}"}
+        return ToolResult(context_restart=ContextRestart(item, ("transcript",)))
+
+    return [
+        Tool("quote", "quote the key", {"type": "object"}, quote),
+        Tool("refuse", "refuse with the key", {"type": "object"}, refuse),
+        Tool("explode", "raise with the key", {"type": "object"}, explode),
+        Tool("enrich", "restart with the key", {"type": "object"}, enrich),
+    ]
+
+
+def tool_quotes() -> list[list[ScriptItem]]:
+    calls: list[list[ScriptItem]] = [
+        [FunctionCall(name, {}, f"call_{name}"), UsageReport(5, 5)]
+        for name in ("quote", "refuse", "explode", "enrich")
+    ]
+    return [*calls, [TextDelta("Done."), UsageReport(5, 5)]]
+
+
+def tool_quote_places(
+    seen: Witnesses, result: GenerationTurnResult, provider: ScriptedProvider
+) -> dict[str, str]:
+    return {
+        **seen.places(result),
+        "the notices": repr(seen.channel.notices),
+        "the next requests": repr(provider.requests[1:]),
+    }
+
+
+async def test_a_key_a_tool_quotes_reaches_nothing_a_tool_loop_hands_out() -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    provider = KeyedProvider(tool_quotes(), clock=clock)
+    result = await run_tool_loop(
+        provider, quoting_tools(seen), seen.channel, REQUEST, clock=clock,
+        observer=seen.observer, on_snapshot=seen.take_snapshot,
+    )  # fmt: skip
+    assert result.status is TurnStatus.COMPLETED
+    assert len(provider.requests) == 5 and len(seen.snapshots) >= 4
+    assert leaked_runs([KEY], tool_quote_places(seen, result, provider)) == []
+    seen.assert_nothing_holds_the_key(result)
+    # what the tool said is kept, masked, not dropped
+    quoted = result.history[0].response
+    assert quoted.data == {
+        "owner": "[REDACTED]", "[REDACTED]": ["a [REDACTED]", {"deep": "[REDACTED]"}],
+        "count": 2,
+    }  # fmt: skip
+    assert quoted.message == "found [REDACTED]"
+    assert [d.expression for d in seen.channel.delivered if d.expression] == ["sticker:[REDACTED]"]
+    assert result.history[1].response.reason == "[REDACTED] is revoked"
+    assert result.history[2].response.reason == "RuntimeError: the vault rejected [REDACTED]"
+    summaries = [n.params["summary"] for n in seen.channel.notices if n.key == "tool_failed"]
+    assert any("[REDACTED] is revoked" in summary for summary in summaries)
+    assert "transcript mentions [REDACTED]" in repr(provider.requests[-1])
+    check_invariants(
+        result, policy=LoopPolicy(), channel=seen.channel, provider=provider, keys=[KEY]
+    )
+
+
+async def test_a_key_a_tool_quotes_reaches_nothing_a_generation_turn_hands_out() -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    provider = ScriptedProvider(tool_quotes(), clock=clock)
+    attempt = Attempt(lambda key: provider, keys=(KEY,), label="main")
+    result = await run_generation_turn(
+        [attempt], quoting_tools(seen), seen.channel, REQUEST, clock=clock,
+        observer=seen.observer, on_snapshot=seen.take_snapshot,
+    )  # fmt: skip
+    assert result.status is TurnStatus.COMPLETED
+    assert len(provider.requests) == 5 and seen.snapshots
+    assert leaked_runs([KEY], tool_quote_places(seen, result, provider)) == []
+    # what the channel was handed is what the result says it was handed, not a later mask
+    seen.assert_nothing_holds_the_key(result)
+    assert [d.expression for d in result.delivered if d.expression] == ["sticker:[REDACTED]"]
+
+
+async def test_live_events_never_show_a_key_a_tool_quotes() -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    provider = KeyedProvider(tool_quotes(), clock=clock)
+    async with stream_tool_loop(
+        provider, quoting_tools(seen), seen.channel, REQUEST, clock=clock
+    ) as events:
+        live = [repr(event) async for event in events]
+    assert leaked_runs([KEY], {"the live events": "\n".join(live)}) == []
+    assert any("found [REDACTED]" in event for event in live)

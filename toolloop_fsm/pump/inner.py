@@ -886,6 +886,9 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 # the process is going down: end the run with it, children cancelled first
                 self._fail(err)
                 return
+            # what the tool said may quote a key: masked before the observers and the
+            # machine (and so the history, the channel and the next request) see it
+            event = self._secrets.masked_outcome(event)
         if effect.dispatch == self._tool_dispatch:
             if self._observation is not None:
                 self._observation.tool_finished(event)

@@ -21,7 +21,13 @@ from typing import Any
 
 import attrs
 
-from toolloop_fsm.events import FunctionCall, SceneMetadata, TextDelta, ThoughtDelta
+from toolloop_fsm.events import (
+    FunctionCall,
+    SceneMetadata,
+    TextDelta,
+    ThoughtDelta,
+    ToolFinished,
+)
 from toolloop_fsm.providers._secrecy import (
     FRAGMENT,
     REDACTED,
@@ -98,6 +104,42 @@ class Secrets:
                 return value
             return items if isinstance(value, list) else tuple(items)
         return value
+
+    def masked_outcome(self, event: ToolFinished) -> ToolFinished:
+        """What a tool returned (or how it failed), masked before the machine takes it: its
+        data, message, expression, failure reason and a context restart's item; ``event``
+        itself when none of them holds a piece of a key. A tool may quote a key it was
+        handed or found, and what it says goes to the history, the next request, the
+        channel (its expression, its failure notice) and the result."""
+        if self._leak is None:
+            return event
+        data = self.mask_value(event.data)
+        message = self.mask(event.message) if type(event.message) is str else event.message
+        expression = event.expression
+        if type(expression) is str:
+            expression = self.mask(expression)
+        error = self.mask(event.error) if type(event.error) is str else event.error
+        restart = event.context_restart
+        if restart is not None:
+            item = self.mask_value(restart.item)
+            if item is not restart.item:
+                restart = attrs.evolve(restart, item=item)
+        if (
+            data is event.data
+            and message is event.message
+            and expression is event.expression
+            and error is event.error
+            and restart is event.context_restart
+        ):
+            return event
+        return attrs.evolve(
+            event,
+            data=data,
+            message=message,
+            expression=expression,
+            error=error,
+            context_restart=restart,
+        )
 
     def masked(self, stream: AsyncIterator[Any]) -> MaskedStream:
         """``stream`` with every key, and every 8-character run of one, masked before any
