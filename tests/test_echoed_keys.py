@@ -8,11 +8,15 @@ and what the result says was delivered is what the channel confirmed (docs/behav
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.providers.test_loop_over_http import text_stream, tool_call_stream
 from tests.providers.wire_server import Scripted, WireServer
@@ -36,6 +40,7 @@ from toolloop_fsm import (
 )
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
+from toolloop_fsm.pump.redaction import Secrets
 from toolloop_fsm.snapshot import TurnSnapshot, snapshot_to_json
 from toolloop_fsm.stream import stream_generation_turn, stream_tool_loop
 from toolloop_fsm.testing import (
@@ -457,3 +462,63 @@ async def test_live_events_never_show_a_key_a_tool_quotes() -> None:
         live = [repr(event) async for event in events]
     assert leaked_runs([KEY], {"the live events": "\n".join(live)}) == []
     assert any("found [REDACTED]" in event for event in live)
+
+
+# --------------------------------------------------------------------------- the stream mask
+_KEY_TEXT = st.text(alphabet="abcdefABCDEF0123456789-_", min_size=4, max_size=30)
+_FILLER = st.text(alphabet=" .:=abcXYZ09-_é", max_size=12)
+
+
+@st.composite
+def echoed_streams(draw: st.DrawFn) -> tuple[tuple[str, ...], str, list[str]]:
+    """The turn's keys (a short one among them, perhaps: matched only whole), a reply made
+    of filler, slices of the keys and whole keys, and the reply cut into chunks anywhere."""
+    keys = tuple(draw(st.lists(_KEY_TEXT, min_size=1, max_size=3, unique=True)))
+    slices = st.sampled_from(keys).flatmap(
+        lambda key: st.tuples(st.integers(0, len(key)), st.integers(0, len(key))).map(
+            lambda bounds: key[min(bounds) : max(bounds)]
+        )
+    )
+    parts = draw(st.lists(st.one_of(_FILLER, slices, st.sampled_from(keys)), max_size=10))
+    text = "Answer: " + "".join(parts)
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=len(text))))
+    bounds = [0, *cuts, len(text)]
+    return keys, text, [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+class SecretHolder(ScriptedProvider):
+    """A scripted model that holds the keys it is given, as an adapter's ``secrets``."""
+
+    def __init__(self, keys: tuple[str, ...], passes: list[list[ScriptItem]], clock: Any):
+        super().__init__(passes, clock=clock)
+        self.secrets = keys
+
+
+@settings(max_examples=150)
+@given(echoed_streams())
+def test_masking_a_streamed_reply_equals_masking_the_whole_reply(
+    stream: tuple[tuple[str, ...], str, list[str]],
+) -> None:
+    """However the chunks cut a reply, what the mask lets through, joined, is exactly the
+    whole reply masked at once (`Secrets.mask`): on its own and in a turn's channel."""
+    keys, text, chunks = stream
+    secrets = Secrets(keys)
+    expected = secrets.mask(text)
+
+    async def source() -> AsyncIterator[Any]:
+        for piece in chunks:
+            yield TextDelta(piece)
+
+    async def masked_alone() -> str:
+        return "".join([chunk.text async for chunk in secrets.masked(source())])
+
+    async def masked_in_a_turn() -> str:
+        clock = VirtualClock()
+        channel = RecordingChannel(clock=clock)
+        script: list[list[ScriptItem]] = [[*map(TextDelta, chunks), UsageReport(5, 5)]]
+        provider = SecretHolder(keys, script, clock)
+        await run_tool_loop(provider, [], channel, REQUEST, clock=clock)
+        return channel.text
+
+    assert asyncio.run(masked_alone()) == expected
+    assert asyncio.run(masked_in_a_turn()) == expected
