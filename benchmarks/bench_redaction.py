@@ -11,9 +11,10 @@ blocks, the pattern only if a block is there; no conversion. This script measure
 * one quick look on its own (a keyed turn takes one per attempt and one of its whole result,
   which searches only the texts the attempts' looks did not), on each turn's result and on a
   long one (200 tool rounds), in µs and as a share of the turn;
-* the stream mask on its own (`Secrets.masked`, what a keyed turn's every chunk goes
-  through; a turn without keys is not wrapped): ns per chunk over plain iteration, for text
-  that holds no piece of a key;
+* the stream mask on its own (`Secrets.stream_mask`, what a keyed turn's stream read hands
+  every chunk through, and `Secrets.masked`, the iterator a watched turn reads; a turn
+  without keys does neither): ns per chunk over plain iteration, for text that holds no
+  piece of a key;
 * for contrast, a turn whose model quotes a piece of a key: masked in its stream, so its
   result is again clean.
 
@@ -148,8 +149,11 @@ async def quick_look(turns: int) -> None:
 
 async def stream_mask(chunks: int, rounds: int) -> None:
     """ns per chunk the stream mask adds to reading ``chunks`` text chunks holding no piece
-    of a key: chunks ending in a space (the tail is ruled out by its last character), and
-    chunks ending in a character the keys hold (the tail is looked up)."""
+    of a key: chunks ending in a space (no piece begins with it: one dict lookup), and
+    chunks ending in a digit the keys hold (the tail is looked up; some digits begin a
+    piece, so those chunks' last character is held and goes out with the next). Both as a
+    keyed turn reads (each chunk handed through `Secrets.stream_mask` by the read itself)
+    and as a watched one does (`Secrets.masked`, an iterator before the observer's tap)."""
     secrets = Secrets(KEYS)
     for label, script in (
         ("ending in a space", [TextDelta(f"w{i % 10:02d} ") for i in range(chunks)]),
@@ -160,22 +164,33 @@ async def stream_mask(chunks: int, rounds: int) -> None:
             for chunk in script:
                 yield chunk
 
-        async def read(masked: bool) -> float:
-            stream = secrets.masked(plain()) if masked else plain()
+        async def read(how: str) -> float:
             started = time.perf_counter()
-            async for _ in stream:
-                pass
+            if how == "iterator":
+                async for _ in secrets.masked(plain()):
+                    pass
+            elif how == "read":  # as the pump's stream read hands chunks through
+                mask = secrets.stream_mask()
+                async for chunk in plain():
+                    if mask.held:
+                        mask.release_before(chunk)
+                    mask.admit(chunk)
+                mask.release()
+            else:
+                async for _ in plain():
+                    pass
             return time.perf_counter() - started
 
-        added: list[float] = []
-        for _ in range(rounds):
-            bare = statistics.median([await read(False) for _ in range(20)])
-            masked = statistics.median([await read(True) for _ in range(20)])
-            added.append((masked - bare) / len(script) * 1e9)
-        print(
-            f"  text chunks {label}: {statistics.median(added):6.0f} ns a chunk over plain "
-            f"iteration (rounds {min(added):.0f}–{max(added):.0f})"
-        )
+        for how in ("read", "iterator"):
+            added: list[float] = []
+            for _ in range(rounds):
+                bare = statistics.median([await read("plain") for _ in range(20)])
+                masked = statistics.median([await read(how) for _ in range(20)])
+                added.append((masked - bare) / len(script) * 1e9)
+            print(
+                f"  text chunks {label}, {how:8}: {statistics.median(added):6.0f} ns a chunk "
+                f"over plain iteration (rounds {min(added):.0f}–{max(added):.0f})"
+            )
 
 
 async def main(turns: int, rounds: int) -> None:

@@ -1,22 +1,28 @@
 """A key the model echoes (issue #21, item 6): when a provider streams one of the turn's API
 keys back — in its text, whole or split over chunks, in a tool call's arguments, in a drafted
-reply — the user never sees it, and nothing the turn hands out holds it: not the channel,
-the live events, the observers, the tool's arguments, a snapshot taken mid-turn, the
-history or the result; and what the result says was delivered is what the channel
-confirmed (docs/behaviour.md §9.12, docs/invariants.md §5 and §9)."""
+reply — or a tool's own output quotes one, the user never sees it, and nothing the turn
+hands out holds it: not the channel, the notices, the live events, the observers, the
+tool's arguments, a snapshot taken mid-turn, the next request, the history or the result;
+and what the result says was delivered is what the channel confirmed (docs/behaviour.md
+§9.12, docs/invariants.md §5 and §9)."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.providers.test_loop_over_http import text_stream, tool_call_stream
 from tests.providers.wire_server import Scripted, WireServer
 from toolloop_fsm import (
     Attempt,
+    ContextRestart,
     FunctionCall,
     GenerationTurnResult,
     LoopPolicy,
@@ -34,6 +40,7 @@ from toolloop_fsm import (
 )
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
+from toolloop_fsm.pump.redaction import Secrets
 from toolloop_fsm.snapshot import TurnSnapshot, snapshot_to_json
 from toolloop_fsm.stream import stream_generation_turn, stream_tool_loop
 from toolloop_fsm.testing import (
@@ -348,3 +355,170 @@ async def test_text_held_back_as_a_possible_key_start_is_kept_when_the_stream_st
     assert result.stream_results[-1].text == "Partial answer, see sk-"
     assert any("see sk-" in event or "'sk-'" in event for event in seen.observer.seen)
     seen.assert_nothing_holds_the_key(result)
+
+
+# --------------------------------------------------------------------------- a tool quoting a key
+def quoting_tools(seen: Witnesses) -> list[Tool]:
+    """Tools whose own output quotes the key: in a result's data, message and expression, in
+    a reported failure, in an exception's message, and in a context restart's item."""
+
+    async def quote(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return ToolResult(
+            data={"owner": KEY, KEY: [f"a {KEY[:10]}", {"deep": KEY}], "count": 2},
+            message=f"found {KEY}",
+            expression=f"sticker:{KEY}",
+        )
+
+    async def refuse(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return ToolResult(success=False, data=[KEY], message=f"{KEY} is revoked")
+
+    async def explode(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        raise RuntimeError(f"the vault rejected {KEY}")
+
+    async def enrich(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        item = {"role": "system", "content": f"transcript mentions {KEY}"}
+        return ToolResult(context_restart=ContextRestart(item, ("transcript",)))
+
+    return [
+        Tool("quote", "quote the key", {"type": "object"}, quote),
+        Tool("refuse", "refuse with the key", {"type": "object"}, refuse),
+        Tool("explode", "raise with the key", {"type": "object"}, explode),
+        Tool("enrich", "restart with the key", {"type": "object"}, enrich),
+    ]
+
+
+def tool_quotes() -> list[list[ScriptItem]]:
+    calls: list[list[ScriptItem]] = [
+        [FunctionCall(name, {}, f"call_{name}"), UsageReport(5, 5)]
+        for name in ("quote", "refuse", "explode", "enrich")
+    ]
+    return [*calls, [TextDelta("Done."), UsageReport(5, 5)]]
+
+
+def tool_quote_places(
+    seen: Witnesses, result: GenerationTurnResult, provider: ScriptedProvider
+) -> dict[str, str]:
+    return {
+        **seen.places(result),
+        "the notices": repr(seen.channel.notices),
+        "the next requests": repr(provider.requests[1:]),
+    }
+
+
+async def test_a_key_a_tool_quotes_reaches_nothing_a_tool_loop_hands_out() -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    provider = KeyedProvider(tool_quotes(), clock=clock)
+    result = await run_tool_loop(
+        provider, quoting_tools(seen), seen.channel, REQUEST, clock=clock,
+        observer=seen.observer, on_snapshot=seen.take_snapshot,
+    )  # fmt: skip
+    assert result.status is TurnStatus.COMPLETED
+    assert len(provider.requests) == 5 and len(seen.snapshots) >= 4
+    assert leaked_runs([KEY], tool_quote_places(seen, result, provider)) == []
+    seen.assert_nothing_holds_the_key(result)
+    # what the tool said is kept, masked, not dropped
+    quoted = result.history[0].response
+    assert quoted.data == {
+        "owner": "[REDACTED]", "[REDACTED]": ["a [REDACTED]", {"deep": "[REDACTED]"}],
+        "count": 2,
+    }  # fmt: skip
+    assert quoted.message == "found [REDACTED]"
+    assert [d.expression for d in seen.channel.delivered if d.expression] == ["sticker:[REDACTED]"]
+    assert result.history[1].response.reason == "[REDACTED] is revoked"
+    assert result.history[2].response.reason == "RuntimeError: the vault rejected [REDACTED]"
+    summaries = [n.params["summary"] for n in seen.channel.notices if n.key == "tool_failed"]
+    assert any("[REDACTED] is revoked" in summary for summary in summaries)
+    assert "transcript mentions [REDACTED]" in repr(provider.requests[-1])
+    check_invariants(
+        result, policy=LoopPolicy(), channel=seen.channel, provider=provider, keys=[KEY]
+    )
+
+
+async def test_a_key_a_tool_quotes_reaches_nothing_a_generation_turn_hands_out() -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    provider = ScriptedProvider(tool_quotes(), clock=clock)
+    attempt = Attempt(lambda key: provider, keys=(KEY,), label="main")
+    result = await run_generation_turn(
+        [attempt], quoting_tools(seen), seen.channel, REQUEST, clock=clock,
+        observer=seen.observer, on_snapshot=seen.take_snapshot,
+    )  # fmt: skip
+    assert result.status is TurnStatus.COMPLETED
+    assert len(provider.requests) == 5 and seen.snapshots
+    assert leaked_runs([KEY], tool_quote_places(seen, result, provider)) == []
+    # what the channel was handed is what the result says it was handed, not a later mask
+    seen.assert_nothing_holds_the_key(result)
+    assert [d.expression for d in result.delivered if d.expression] == ["sticker:[REDACTED]"]
+
+
+async def test_live_events_never_show_a_key_a_tool_quotes() -> None:
+    clock = VirtualClock()
+    seen = Witnesses(clock)
+    provider = KeyedProvider(tool_quotes(), clock=clock)
+    async with stream_tool_loop(
+        provider, quoting_tools(seen), seen.channel, REQUEST, clock=clock
+    ) as events:
+        live = [repr(event) async for event in events]
+    assert leaked_runs([KEY], {"the live events": "\n".join(live)}) == []
+    assert any("found [REDACTED]" in event for event in live)
+
+
+# --------------------------------------------------------------------------- the stream mask
+_KEY_TEXT = st.text(alphabet="abcdefABCDEF0123456789-_", min_size=4, max_size=30)
+_FILLER = st.text(alphabet=" .:=abcXYZ09-_é", max_size=12)
+
+
+@st.composite
+def echoed_streams(draw: st.DrawFn) -> tuple[tuple[str, ...], str, list[str]]:
+    """The turn's keys (a short one among them, perhaps: matched only whole), a reply made
+    of filler, slices of the keys and whole keys, and the reply cut into chunks anywhere."""
+    keys = tuple(draw(st.lists(_KEY_TEXT, min_size=1, max_size=3, unique=True)))
+    slices = st.sampled_from(keys).flatmap(
+        lambda key: st.tuples(st.integers(0, len(key)), st.integers(0, len(key))).map(
+            lambda bounds: key[min(bounds) : max(bounds)]
+        )
+    )
+    parts = draw(st.lists(st.one_of(_FILLER, slices, st.sampled_from(keys)), max_size=10))
+    text = "Answer: " + "".join(parts)
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=len(text))))
+    bounds = [0, *cuts, len(text)]
+    return keys, text, [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+class SecretHolder(ScriptedProvider):
+    """A scripted model that holds the keys it is given, as an adapter's ``secrets``."""
+
+    def __init__(self, keys: tuple[str, ...], passes: list[list[ScriptItem]], clock: Any):
+        super().__init__(passes, clock=clock)
+        self.secrets = keys
+
+
+@settings(max_examples=150)
+@given(echoed_streams())
+def test_masking_a_streamed_reply_equals_masking_the_whole_reply(
+    stream: tuple[tuple[str, ...], str, list[str]],
+) -> None:
+    """However the chunks cut a reply, what the mask lets through, joined, is exactly the
+    whole reply masked at once (`Secrets.mask`): on its own and in a turn's channel."""
+    keys, text, chunks = stream
+    secrets = Secrets(keys)
+    expected = secrets.mask(text)
+
+    async def source() -> AsyncIterator[Any]:
+        for piece in chunks:
+            yield TextDelta(piece)
+
+    async def masked_alone() -> str:
+        return "".join([chunk.text async for chunk in secrets.masked(source())])
+
+    async def masked_in_a_turn() -> str:
+        clock = VirtualClock()
+        channel = RecordingChannel(clock=clock)
+        script: list[list[ScriptItem]] = [[*map(TextDelta, chunks), UsageReport(5, 5)]]
+        provider = SecretHolder(keys, script, clock)
+        await run_tool_loop(provider, [], channel, REQUEST, clock=clock)
+        return channel.text
+
+    assert asyncio.run(masked_alone()) == expected
+    assert asyncio.run(masked_in_a_turn()) == expected

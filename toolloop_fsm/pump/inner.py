@@ -88,7 +88,7 @@ from toolloop_fsm.pump.deliveries import (
 )
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords
-from toolloop_fsm.pump.redaction import MaskedStream, Secrets
+from toolloop_fsm.pump.redaction import Secrets, StreamMask, masked_stream
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
 from toolloop_fsm.review import VERDICT_TYPES, Reviewer, ReviewPacket, Unavailable
 from toolloop_fsm.snapshot import LoopSnapshot, SnapshotError, TurnSnapshot
@@ -277,7 +277,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         # the turn's keys and the provider's own: masked out of its stream (and its failures)
         # before the machine takes them, so that nothing downstream ever holds one
         self._secrets = self._records.secrets.with_provider(provider)
-        self._masked: MaskedStream | None = None  # the masked stream being read, if any
+        self._masked: StreamMask | None = None  # the mask of the stream being read, if any
 
     # ------------------------------------------------------------------ running
     async def run(
@@ -482,8 +482,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 self._late_confirmed.append(event.seq)
             return
         masked = self._masked
-        if masked is not None and masked.holding and type(event) is not DeliveryRecorded:
-            self._release_held(masked)
+        if masked is not None and masked.held and type(event) is not DeliveryRecorded:
+            self._take_released(masked.release())
             if self._finished or self.machine.is_finished:
                 return
         if self._signals_dirty and type(event) is not DeliveryRecorded:
@@ -509,11 +509,11 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 observation.pass_ended(self.machine.turn, failure)
         self._execute(effects)
 
-    def _release_held(self, masked: MaskedStream) -> None:
-        """An event other than a confirmation arrives while the masked stream holds back
-        text that might begin a key: the text arrived before the event, so the machine
-        (and a watching observer) takes it first, masked as far as it can be."""
-        chunk = masked.release()
+    def _take_released(self, chunk: Any) -> None:
+        """Text the stream mask held back as a possible start of a key is let through
+        before what follows it (an event other than a confirmation, a chunk of another
+        kind): it arrived first, so the machine (and a watching observer) takes it first,
+        masked as far as it can be."""
         if chunk is None:
             return
         observation = self._observation
@@ -708,9 +708,16 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         except Exception as err:  # raised before any chunk: a failed pass all the same
             self._feed(_stream_failure(err, secrets))
             return
-        if secrets.keys:  # observers, the machine and all it makes see the masked stream
-            stream = self._masked = secrets.masked(stream)
+        # observers, the machine and all it makes see the masked stream: each chunk is
+        # handed through the turn's mask as it is read (no iterator layer), or, when chunks
+        # are watched, before the tap shows it
+        mask = None
+        if secrets.keys:
+            mask = self._masked = secrets.stream_mask()
         if observation is not None and observation.wants_chunks:
+            if mask is not None:
+                stream = masked_stream(mask, stream)
+                mask = None
             stream = _tapped(stream, observation)  # a tap only when chunks are watched
         exhausted = False
         self._reading = True
@@ -724,6 +731,14 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         try:
             async for chunk in stream:
                 self._last_chunk = now()
+                if mask is not None:
+                    if mask.held:
+                        self._take_released(mask.release_before(chunk))
+                        if generation != self._stream_generation:
+                            return
+                    chunk = mask.admit(chunk)
+                    if chunk is None:
+                        continue
                 try:
                     handler = handler_for(chunk.__class__)
                     if handler is not None:
@@ -743,6 +758,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                     self._take_signals()
                     if generation != self._stream_generation:
                         return
+            if mask is not None and mask.held:  # the held text goes before the end
+                self._take_released(mask.release())
             exhausted = True
         except Exception as err:  # a provider bug is a failed pass, not a crashed turn
             if generation == self._stream_generation:
@@ -886,6 +903,9 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 # the process is going down: end the run with it, children cancelled first
                 self._fail(err)
                 return
+            # what the tool said may quote a key: masked before the observers and the
+            # machine (and so the history, the channel and the next request) see it
+            event = self._secrets.masked_outcome(event)
         if effect.dispatch == self._tool_dispatch:
             if self._observation is not None:
                 self._observation.tool_finished(event)

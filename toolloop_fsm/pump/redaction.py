@@ -1,8 +1,8 @@
-"""Key redaction: of the text a provider streams, before the machine takes it (`Secrets.
-masked`: the channel, observers, live events, snapshots, tools, the history and the result
-all see the same masked text), of a whole result (every text holding a key, or an
-8-character run of one, redacted before a result leaves the outer tier), and of every text a
-log record or an observed event carries (`Secrets`)."""
+"""Key redaction: of the text a provider streams, before the machine takes it (`StreamMask`:
+the channel, observers, live events, snapshots, tools, the history and the result all see
+the same masked text), of what a tool returns (`Secrets.masked_outcome`), of a whole result
+(every text holding a key, or an 8-character run of one, redacted before a result leaves the
+outer tier), and of every text a log record or an observed event carries (`Secrets`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import functools
 import re
+import sys
 from collections.abc import (
     AsyncIterator,
     Iterable,
@@ -21,7 +22,13 @@ from typing import Any
 
 import attrs
 
-from toolloop_fsm.events import FunctionCall, SceneMetadata, TextDelta, ThoughtDelta
+from toolloop_fsm.events import (
+    FunctionCall,
+    SceneMetadata,
+    TextDelta,
+    ThoughtDelta,
+    ToolFinished,
+)
 from toolloop_fsm.providers._secrecy import (
     FRAGMENT,
     REDACTED,
@@ -35,27 +42,19 @@ from toolloop_fsm.providers._secrecy import (
 
 class Secrets:
     """The API keys of one turn, for every text that leaves it: what the provider streams
-    (`masked`), a log record, an observed event. Under the outer tier they are every key of
-    the chain and the running provider's own (`with_provider`); in a `run_tool_loop` turn,
-    the provider's own: an HTTP adapter's ``secrets`` (its key and credential headers), or a
-    custom provider's ``api_key``. Without any, only ``key=`` query values and URL passwords
-    are masked in records and events, and the stream is read as it comes."""
+    (`stream_mask`), what a tool returns (`masked_outcome`), a log record, an observed
+    event. Under the outer tier they are every key of the chain and the running provider's
+    own (`with_provider`); in a `run_tool_loop` turn, the provider's own: an HTTP adapter's
+    ``secrets`` (its key and credential headers), or a custom provider's ``api_key``.
+    Without any, only ``key=`` query values and URL passwords are masked in records and
+    events, and the stream is read as it comes."""
 
-    __slots__ = ("_ends", "_leak", "_longest", "_starts", "keys")
+    __slots__ = ("_leak", "_tails", "keys")
 
     def __init__(self, keys: Iterable[str] = ()) -> None:
         self.keys = tuple(dict.fromkeys(key for key in keys if key))
         self._leak = fragment_pattern(self.keys)
-        # what a streamed text may end with that the next chunk could complete into a piece
-        # of a key: every proper prefix of every piece, the longest one's length, and the
-        # characters such a prefix ends with (a text ending otherwise holds nothing back)
-        starts: set[str] = set()
-        for key in self.keys:
-            for piece in pieces(key):
-                starts.update(piece[:size] for size in range(1, len(piece)))
-        self._starts = frozenset(starts)
-        self._longest = max(map(len, starts), default=0)
-        self._ends = frozenset(start[-1] for start in starts)
+        self._tails = _stream_tails(self.keys)
 
     def with_provider(self, provider: object) -> Secrets:
         """These keys and the ones ``provider`` holds (`provider_secrets`)."""
@@ -99,44 +98,206 @@ class Secrets:
             return items if isinstance(value, list) else tuple(items)
         return value
 
-    def masked(self, stream: AsyncIterator[Any]) -> MaskedStream:
-        """``stream`` with every key, and every 8-character run of one, masked before any
-        chunk reaches the machine (`MaskedStream`)."""
-        return MaskedStream(self, stream)
+    def masked_outcome(self, event: ToolFinished) -> ToolFinished:
+        """What a tool returned (or how it failed), masked before the machine takes it: its
+        data, message, expression, failure reason and a context restart's item; ``event``
+        itself when none of them holds a piece of a key. A tool may quote a key it was
+        handed or found, and what it says goes to the history, the next request, the
+        channel (its expression, its failure notice) and the result."""
+        if self._leak is None:
+            return event
+        data = self.mask_value(event.data)
+        message = self.mask(event.message) if type(event.message) is str else event.message
+        expression = event.expression
+        if type(expression) is str:
+            expression = self.mask(expression)
+        error = self.mask(event.error) if type(event.error) is str else event.error
+        restart = event.context_restart
+        if restart is not None:
+            item = self.mask_value(restart.item)
+            if item is not restart.item:
+                restart = attrs.evolve(restart, item=item)
+        if (
+            data is event.data
+            and message is event.message
+            and expression is event.expression
+            and error is event.error
+            and restart is event.context_restart
+        ):
+            return event
+        return attrs.evolve(
+            event,
+            data=data,
+            message=message,
+            expression=expression,
+            error=error,
+            context_restart=restart,
+        )
 
-    def _release(
-        self,
-        tail: _Tail,
-        text: str,
-        *,
-        final: bool,
-        kind: type | None = None,
-        chunk: Any = None,
+    def stream_mask(self) -> StreamMask:
+        """A mask for one pass's stream, which the pump hands each chunk through before the
+        machine (or an observer) takes it (`StreamMask`)."""
+        return StreamMask(self)
+
+    def masked(self, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """``stream`` with every key, and every 8-character run of one, masked (`StreamMask`
+        over an iterator: for a reader that cannot hand chunks through the mask itself, as
+        an observer's tap cannot); ``stream`` itself when the turn has no keys."""
+        if self._leak is None:
+            return stream
+        return masked_stream(self.stream_mask(), stream)
+
+
+@attrs.frozen
+class _StreamTails:
+    """What a streamed text may end with that the next chunk could complete into a piece of
+    a key: every proper prefix of every piece (``starts``), and by the character such a
+    prefix ends with, the lengths of the prefixes ending in it, longest first (``lengths``),
+    and the longest one's length; and the shortest piece's length (a shorter text holds no
+    piece: its search is spared; with no keys, larger than any text). A text ending in a
+    character no prefix ends with holds nothing back; otherwise a few lookups tell how much
+    it holds."""
+
+    starts: frozenset[str]
+    lengths: Mapping[str, tuple[int, ...]]
+    longest: int
+    shortest: int
+
+
+@functools.lru_cache(maxsize=64)
+def _stream_tails(keys: tuple[str, ...]) -> _StreamTails:
+    """The `_StreamTails` of ``keys``, made once per set of keys (a turn's pumps each hold
+    its `Secrets`; the prefixes of two keys are a few hundred strings)."""
+    starts: set[str] = set()
+    for key in keys:
+        for piece in pieces(key):
+            starts.update(piece[:size] for size in range(1, len(piece)))
+    lengths: dict[str, set[int]] = {}
+    for start in starts:
+        lengths.setdefault(start[-1], set()).add(len(start))
+    return _StreamTails(
+        frozenset(starts),
+        {end: tuple(sorted(sizes, reverse=True)) for end, sizes in lengths.items()},
+        max(map(len, starts), default=0),
+        min((min(len(key), FRAGMENT) for key in keys), default=sys.maxsize),
+    )
+
+
+class StreamMask:
+    """The turn's keys masked out of one pass's stream, chunk by chunk. A key can arrive
+    split over chunks, so a text or thought chunk holds back its tail while that tail could
+    begin a piece of a key (at most 7 characters), and lets it through with the next chunk
+    of its kind; before a chunk of another kind, at the end of the stream, before the
+    stream's failure, and when a deadline or a stop is about to end the pass, the reader
+    lets it through itself (`release_before`, `release`): what arrived is the model's all
+    the same. A chunk with nothing to mask passes as it is. Call arguments, a malformed
+    call's raw text and its parse error, and scene metadata are masked whole.
+
+    A reader hands each chunk through in two steps: when text is held (``held``), the chunk
+    that `release_before` returns goes first; then the one `admit` returns, if any."""
+
+    __slots__ = (
+        "_leak", "_lengths", "_longest", "_secrets", "_shortest", "_starts", "context", "held",
+        "kind",
+    )  # fmt: skip
+
+    def __init__(self, secrets: Secrets) -> None:
+        self._secrets = secrets
+        self._leak = secrets._leak
+        tails = secrets._tails
+        self._starts = tails.starts
+        self._lengths = tails.lengths
+        self._longest = tails.longest
+        self._shortest = tails.shortest
+        #: the raw text held back (the start of a piece of a key, perhaps)
+        self.held = ""
+        #: the raw text just let through inside a mask (a piece that continues it is masked
+        #: without a second ``[REDACTED]``)
+        self.context = ""
+        #: the kind of text chunk the mask is in (`TextDelta`, `ThoughtDelta`), if any
+        self.kind: type | None = None
+
+    def release(self) -> Any:
+        """The held text as a chunk, masked (``None`` when nothing is held)."""
+        return self._let_through("", final=True)
+
+    def release_before(self, chunk: Any) -> Any:
+        """The held text as a chunk, masked, when ``chunk`` does not continue it (a chunk
+        of another kind); ``None`` when it does, or nothing is held."""
+        kind = type(chunk)
+        if (
+            kind is self.kind
+            and (kind is TextDelta or chunk.signature is None)
+            and type(chunk.text) is str
+        ):
+            return None
+        return self.release()
+
+    def admit(self, chunk: Any) -> Any:
+        """The chunk to hand on for ``chunk``: masked, joined to the held text it continues,
+        its own tail held back; ``None`` when all of it is held. (Held text that ``chunk``
+        does not continue was let through by `release_before`.)"""
+        kind = type(chunk)
+        if kind is TextDelta or (kind is ThoughtDelta and chunk.signature is None):
+            text = chunk.text
+            if type(text) is str:
+                current = self.kind
+                if current is not kind and current is not None:
+                    assert not self.held, "release_before lets held text through first"
+                    self.context = ""
+                # the common case: nothing held, a text with no piece of a key (one shorter
+                # than the shortest piece holds none, unsearched), whose tail begins none
+                leak = self._leak
+                if (
+                    not self.held
+                    and not self.context
+                    and (text[-1:] not in self._lengths or self._hold_from(text) == len(text))
+                    and (len(text) < self._shortest or (leak and leak.search(text)) is None)
+                ):
+                    self.kind = kind
+                    return chunk
+                return self._let_through(text, final=False, kind=kind, chunk=chunk)
+        assert not self.held, "release_before lets held text through first"
+        self.context = ""
+        self.kind = None
+        return self._masked_chunk(chunk)
+
+    def _hold_from(self, buffer: str) -> int:
+        """Where the longest suffix of ``buffer`` that is a proper prefix of a piece of a key
+        begins (``len(buffer)`` when there is none)."""
+        end = len(buffer)
+        lengths = self._lengths.get(buffer[-1:])
+        if lengths is not None:
+            starts = self._starts
+            for size in lengths:  # longest first
+                if size <= end and buffer[end - size :] in starts:
+                    return end - size
+        return end
+
+    def _let_through(
+        self, text: str, *, final: bool, kind: type | None = None, chunk: Any = None
     ) -> Any:
-        """The chunk to let through for ``text`` arriving after what ``tail`` holds (all of
-        it when ``final``): masked, its tail held back; ``None`` when nothing is let
-        through. ``chunk`` is the arriving chunk, passed on itself when nothing changed."""
-        held, context = tail.held, tail.context
+        """The chunk to let through for ``text`` arriving after what is held (all of it when
+        ``final``): masked, its tail held back; ``None`` when nothing is let through.
+        ``chunk`` is the arriving chunk, passed on itself when nothing changed. (A text with
+        nothing to mask or hold and nothing held before it is `admit`'s common case.)"""
+        held, context = self.held, self.context
         if kind is None:
-            kind = tail.kind
+            kind = self.kind
             if kind is None:
                 return None
+        if not held and not context and not text:
+            if final:
+                self.kind = None
+            return None  # nothing held, nothing arriving
         leak = self._leak
-        if (
-            not held
-            and not context
-            and leak is not None
-            and leak.search(text) is None
-            and (final or text[-1:] not in self._ends)
-        ):
-            tail.kind = None if final else kind
-            return chunk  # the common case: nothing to mask, nothing to hold
+        shortest = self._shortest
         buffer = context + held + text
         start = len(context)
         spans = (
-            _merged(secret_spans(buffer, self.keys))
-            if leak is not None and leak.search(buffer) is not None
-            else []
+            _merged(secret_spans(buffer, self._secrets.keys))
+            if leak is not None and len(buffer) >= shortest and leak.search(buffer) is not None
+            else None
         )
         if final:
             cut = len(buffer)
@@ -148,14 +309,16 @@ class Secrets:
             cut = max(self._hold_from(buffer), start)
             if spans and spans[-1][1] > cut:
                 cut = spans[-1][1]
-        out = _masked_spans(buffer, start, cut, spans, start if context else -1)
-        # whether what was let through ends inside a mask that the next chunk may continue
-        open_mask = (bool(spans) and spans[-1][1] == cut > start) or (
-            bool(context) and cut == start
-        )
-        tail.held = buffer[cut:]
-        tail.context = buffer[max(0, cut - self._longest) : cut] if open_mask and not final else ""
-        tail.kind = None if final else kind
+        if spans:
+            out = _masked_spans(buffer, start, cut, spans, start if context else -1)
+            # whether what was let through ends inside a mask the next chunk may continue
+            open_mask = spans[-1][1] == cut > start or (bool(context) and cut == start)
+        else:
+            out = buffer[start:cut]
+            open_mask = bool(context) and cut == start
+        self.held = buffer[cut:]
+        self.context = buffer[max(0, cut - self._longest) : cut] if open_mask and not final else ""
+        self.kind = None if final else kind
         if not out:
             return None
         if chunk is not None and out == chunk.text:
@@ -164,143 +327,50 @@ class Secrets:
             return ThoughtDelta(out)
         return TextDelta(out)
 
-    def _hold_from(self, buffer: str) -> int:
-        """Where the longest suffix of ``buffer`` that is a proper prefix of a piece of a key
-        begins (``len(buffer)`` when there is none)."""
-        end = len(buffer)
-        if buffer[-1:] not in self._ends:
-            return end
-        for size in range(min(self._longest, end), 0, -1):
-            if buffer[end - size :] in self._starts:
-                return end - size
-        return end
-
     def _masked_chunk(self, chunk: Any) -> Any:
         """A chunk other than streamed text, masked whole (itself when nothing changed)."""
         kind = type(chunk)
+        secrets = self._secrets
         if kind is FunctionCall:
-            arguments = self.mask_value(chunk.arguments)
+            arguments = secrets.mask_value(chunk.arguments)
             error = chunk.parse_error
-            masked_error = self.mask(error) if type(error) is str else error
+            masked_error = secrets.mask(error) if type(error) is str else error
             if arguments is chunk.arguments and masked_error is error:
                 return chunk
             return attrs.evolve(chunk, arguments=arguments, parse_error=masked_error)
         if kind in (SceneMetadata, ThoughtDelta, TextDelta) and type(chunk.text) is str:
-            text = self.mask(chunk.text)
+            text = secrets.mask(chunk.text)
             return chunk if text is chunk.text else attrs.evolve(chunk, text=text)
         return chunk
 
 
-class MaskedStream:
-    """A provider's stream, masked of the turn's keys. A key can arrive split over chunks,
-    so a text or thought chunk holds back its tail while that tail could begin a piece of a
-    key (at most 7 characters), and lets it through with the next chunk, before a chunk of
-    another kind, at the end of the stream, before the stream's failure is raised, and when
-    the pump asks (`release`: a deadline or a stop is about to end the pass, and what arrived
-    before it is the model's all the same). A chunk with nothing to mask passes as it is.
-    Call arguments, a malformed call's raw text and its parse error, and scene metadata are
-    masked whole."""
-
-    __slots__ = ("_ends", "_failure", "_leak", "_ready", "_secrets", "_source", "_stream", "_tail")
-
-    def __init__(self, secrets: Secrets, stream: AsyncIterator[Any]) -> None:
-        self._secrets = secrets
-        self._stream = stream
-        self._source = stream.__aiter__()
-        self._tail = _Tail()
-        self._ready: list[Any] = []  # chunks let through but not yet taken
-        self._failure: BaseException | None = None
-        # the per-chunk test, held here: a text with no piece of a key, ending in a character
-        # no piece begins with, passes without a call
-        self._leak = secrets._leak
-        self._ends = secrets._ends
-
-    @property
-    def holding(self) -> bool:
-        """Whether text is held back."""
-        return bool(self._tail.held)
-
-    def release(self) -> Any:
-        """The held text as a chunk, masked (``None`` when nothing is held)."""
-        return self._secrets._release(self._tail, "", final=True)
-
-    def __aiter__(self) -> MaskedStream:
-        return self
-
-    async def __anext__(self) -> Any:
-        ready = self._ready
-        if ready:
-            return ready.pop(0)
-        failure = self._failure
-        if failure is not None:
-            self._failure = None
-            raise failure
-        secrets, tail = self._secrets, self._tail
-        while True:
-            try:
-                chunk = await self._source.__anext__()
-            except StopAsyncIteration:
-                released = self.release()
-                if released is None:
-                    raise
-                return released
-            except Exception as err:
-                # what arrived before the failure is the model's: it goes first
-                released = self.release()
-                if released is None:
-                    raise
-                self._failure = err
-                return released
-            kind = type(chunk)
-            if (kind is TextDelta or (kind is ThoughtDelta and chunk.signature is None)) and (
-                type(chunk.text) is str
-            ):
-                if tail.kind is None or tail.kind is kind:  # the common case: one text
-                    text = chunk.text
-                    leak = self._leak
-                    if (
-                        not tail.held
-                        and not tail.context
-                        and text[-1:] not in self._ends
-                        and (leak is None or leak.search(text) is None)
-                    ):
-                        tail.kind = kind
-                        return chunk
-                    out = secrets._release(tail, text, final=False, kind=kind, chunk=chunk)
-                    if out is not None:
-                        return out
-                    continue
-                released = self.release()
-                if released is not None:
-                    ready.append(released)
-                out = secrets._release(tail, chunk.text, final=False, kind=kind, chunk=chunk)
+async def masked_stream(mask: StreamMask, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """``stream``'s chunks handed through ``mask``: what a reader that cannot hand each
+    chunk through the mask itself reads instead (an observer's tap). Held text goes out
+    before a chunk that does not continue it, at the end, and before a failure is raised."""
+    try:
+        try:
+            async for chunk in stream:
+                if mask.held:
+                    released = mask.release_before(chunk)
+                    if released is not None:
+                        yield released
+                out = mask.admit(chunk)
                 if out is not None:
-                    ready.append(out)
-            else:
-                released = self.release()
-                if released is not None:
-                    ready.append(released)
-                ready.append(secrets._masked_chunk(chunk))
-            if ready:
-                return ready.pop(0)
-
-    async def aclose(self) -> None:
-        aclose = getattr(self._stream, "aclose", None)
+                    yield out
+        except Exception:
+            # what arrived before the failure is the model's: it goes first
+            released = mask.release()
+            if released is not None:
+                yield released
+            raise
+        released = mask.release()
+        if released is not None:
+            yield released
+    finally:
+        aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             await aclose()
-
-
-class _Tail:
-    """What a masked stream holds between chunks: the raw text held back (the start of a
-    piece of a key, perhaps), the raw text just let through inside a mask (a piece that
-    continues it is masked without a second ``[REDACTED]``), and the kind of chunk held."""
-
-    __slots__ = ("context", "held", "kind")
-
-    def __init__(self) -> None:
-        self.held = ""
-        self.context = ""
-        self.kind: type | None = None
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
