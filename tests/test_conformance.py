@@ -332,16 +332,32 @@ async def test_the_memory_tool_built_the_ordinary_way_ends_the_turn_after_visibl
     assert turn.channel.texts == ["Noted. "]
 
 
-async def test_the_memory_tool_ends_the_turn_after_visible_text_outside_the_suppress_set() -> None:
+async def test_a_renamed_memory_tool_in_the_suppress_set_ends_the_turn_after_visible_text() -> None:
     turn = scripted_turn(
         [[TextDelta("Noted. "), FunctionCall("remember", {"note": "x"})],
          [TextDelta("Anything else?")]]
     )  # fmt: skip
     memory = make_tool("remember", turn.executions, turn.clock)
-    policy = LoopPolicy(memory_tool_name="remember", suppress_followup_after_pre_tool_text=())
+    policy = LoopPolicy(
+        memory_tool_name="remember", suppress_followup_after_pre_tool_text={"remember"}
+    )
     result = await run_turn(turn, [memory], policy=policy)
     assert (result.status, result.reason) == (TurnStatus.COMPLETED, "pre_tool_text_suffices")
     assert len(turn.provider.requests) == 1
+
+
+async def test_a_memory_tool_left_out_of_the_suppress_set_is_followed_up() -> None:
+    """docs/behaviour.md §4.6: emptying the set is how a host opts out of the memory rule."""
+    turn = scripted_turn(
+        [[TextDelta("Noted. "), FunctionCall("update_short_term_memory", {"note": "x"})],
+         [TextDelta("Anything else?")]]
+    )  # fmt: skip
+    memory = make_tool("update_short_term_memory", turn.executions, turn.clock)
+    policy = LoopPolicy(suppress_followup_after_pre_tool_text=())
+    result = await run_turn(turn, [memory], policy=policy)
+    assert (result.status, result.reason) == (TurnStatus.COMPLETED, None)
+    assert result.iterations == 2
+    assert result.final_text == "Anything else?"
 
 
 async def test_another_suppress_set_tool_that_requires_a_follow_up_does_not_end_the_turn() -> None:

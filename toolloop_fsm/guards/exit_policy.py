@@ -39,10 +39,11 @@ def should_end_after_pre_tool_text(turn: TurnState) -> bool:
     """After visible pre-tool text, a silent tool ends the turn ``completed``
     (docs/behaviour.md §4.6).
 
-    The memory tool (``memory_tool_name``) ends it whatever its ``requires_follow_up``
-    says: a memory update is silent by what it is, not by how it was registered. Other
-    members of ``suppress_followup_after_pre_tool_text``, and on continuation-style
-    providers any tool, end it only when they need no follow-up.
+    The memory tool (``memory_tool_name``), as a member of
+    ``suppress_followup_after_pre_tool_text`` (its default member), ends it whatever its
+    ``requires_follow_up`` says: a memory update is silent by what it is, not by how it was
+    registered. Other members, and on continuation-style providers any tool, end it only when
+    they need no follow-up; a host that leaves the memory tool out of the set opts out.
     """
     outcome = turn.outcome
     if outcome is None or not outcome.success:
@@ -54,12 +55,13 @@ def should_end_after_pre_tool_text(turn: TurnState) -> bool:
         return bool(policy.end_after_pre_tool_text(exit_view(turn)))
     # the default rule reads the same facts as the view, without building it (every round)
     name = turn.last_tool or ""
-    if name == policy.memory_tool_name:
+    silent = name in policy.suppress_followup_after_pre_tool_text
+    if silent and name == policy.memory_tool_name:
         return True
     tool = turn.registry.get(name)
     if tool is None or tool.requires_follow_up:
         return False  # even a member of the suppress set continues when it needs a follow-up
-    return name in policy.suppress_followup_after_pre_tool_text or turn.continuation_style
+    return silent or turn.continuation_style
 
 
 def pass_has_text(turn: TurnState) -> bool:

@@ -62,7 +62,10 @@ The hostile world (the kit's `ChannelAct` plans, hostile tools and providers):
   confirmed). A call that hangs or runs past the budget (a slow call over it, a delivery
   whose delay exceeds it; one taking exactly the budget is a tie) is given up on when the
   budget runs out, and one that also ignores its cancellation only after the cancellation
-  grace on top (``host_timeout`` both). A failing call ends the turn ``error``
+  grace on top (``host_timeout`` both). Notices are the exception (docs/behaviour.md §7.3
+  rule 2): they share one budget per turn, each bounded by what is left of it; one given up
+  on changes nothing but spends the budget, and the notices after it are not sent (they are
+  still the turn's). A failing call ends the turn ``error``
   at once wherever it is (streaming, running a tool, waiting for deliveries), keeping every
   confirmed delivery and awaiting none; once the turn has ended it changes nothing.
 * A notice call that fails at the very instant it is made races the turn's own work at that
@@ -192,6 +195,8 @@ _STREAM_TIMEOUTS = ("first_token_timeout", "inactivity_timeout")
 _HOST_FAILURES = frozenset({"host_error", "host_timeout"})
 #: How a channel call ends: confirmed, or failed as one of `_HOST_FAILURES`.
 _CONFIRMED = "confirmed"
+_GIVEN_UP = "given_up"  # a notice past the turn's notice budget: named, and it ends nothing
+_STOP_MESSAGE = "stop message"
 #: Tool actions that end in a failure shown to the model (after the behaviour's delay).
 _FAILING_ACTIONS = frozenset(
     {ToolAction.FAIL, ToolAction.RAISE, ToolAction.RAISE_BASE_EXCEPTION,
@@ -492,6 +497,21 @@ def _utf8_prefix(text: str, size: int) -> str:
     return "".join(kept)
 
 
+#: docs/behaviour.md §9.12 rule 2 / invariant 9: a piece of a key is a run of 8 of its
+#: characters (the whole of a shorter key)
+_FRAGMENT = 8
+
+
+def _key_starts(key: str | None) -> frozenset[str]:
+    """What streamed text may end with that the next chunk could complete into a piece of
+    ``key``: every proper beginning of every piece."""
+    if not key:
+        return frozenset()
+    size = min(len(key), _FRAGMENT)
+    pieces = {key[i : i + size] for i in range(len(key) - size + 1)}
+    return frozenset(piece[:n] for piece in pieces for n in range(1, len(piece)))
+
+
 def _whole_counts(usage: UsageReport) -> bool:
     """Usage counts are whole numbers of at least zero (not NaN, not infinite)."""
     return all(
@@ -519,6 +539,10 @@ class _Simulation:
         self.phase = "streaming"  # streaming, tool, settling, ended
         # a provider holding a key runs as a one-model generation turn
         self.generation = script.provider_key is not None
+        # docs/behaviour.md §9.12 rule 2: streamed text ending in what could begin a piece of
+        # the turn's key is held back until the next chunk or event
+        self.key_starts = _key_starts(script.provider_key)
+        self.key_tail = ""
         # the world: tool plans played per tool, the host's signals
         self.executions: dict[str, int] = {}
         self.signals = sorted(enumerate(script.signals), key=lambda s: (s[1].at, s[0]))
@@ -531,6 +555,10 @@ class _Simulation:
         self.notice_queue: deque[str] = deque()
         self.notice_call: _ChannelCall | None = None
         self.notice_calls = 0
+        # docs/behaviour.md §7.3 rule 2: the turn's notices share one host-call budget
+        self.notice_budget = self.policy.host_call_timeout
+        self.notice_budget_spent = False
+        self.notice_started = 0.0
         self.confirmed: list[_Delivery] = []
         # the turn
         self.passes: list[_Pass] = []
@@ -712,10 +740,21 @@ class _Simulation:
         current = self.current
         if current.position == len(current.items):
             self.reading = False
+            self.release_held()
             self.stream_ends()
             return
         item = current.items[current.position]
         current.position += 1
+        if self.key_starts and not isinstance(item, Pause | Trickle):
+            if isinstance(item, TextDelta):
+                let_through = self.hold_key_start(item)
+                if let_through is None:
+                    return
+                item = let_through
+            else:
+                self.release_held()  # what arrived before another kind of chunk goes first
+                if self.phase != "streaming":
+                    return
         if isinstance(item, Trickle):
             if item.count is None or item.count > 0:
                 rest = Trickle(
@@ -736,6 +775,27 @@ class _Simulation:
             self.end_stream(TurnStatus.ERROR, "provider_error")
         else:
             self.take_chunk(item)
+
+    def hold_key_start(self, chunk: TextDelta) -> TextDelta | None:
+        """docs/behaviour.md §9.12 rule 2: the text is let through after what was held, but
+        for its longest ending that could begin a piece of a key (``None``: all of it held)."""
+        text = self.key_tail + chunk.text
+        cut = len(text)
+        for size in range(min(len(text), _FRAGMENT - 1), 0, -1):
+            if text[-size:] in self.key_starts:
+                cut = len(text) - size
+                break
+        self.key_tail = text[cut:]
+        if not text:
+            return chunk  # an empty chunk holds nothing back: it passes as it came
+        return TextDelta(text[:cut]) if cut else None
+
+    def release_held(self) -> None:
+        """The held text is the model's: it goes to the loop before whatever comes next (the
+        end of the stream, a failure, another chunk, a deadline, a signal, a host failure)."""
+        if self.key_tail and self.phase == "streaming":
+            held, self.key_tail = self.key_tail, ""
+            self.take_chunk(TextDelta(held))
 
     def stream_resumes(self) -> None:
         self.current.resumes_at = None
@@ -782,6 +842,7 @@ class _Simulation:
     def end_stream(self, status: TurnStatus, reason: str | None) -> None:
         """A pass cut short (provider failure, budget, stop, follow-up, host failure): the
         buffered text is dropped, never delivered."""
+        self.release_held()
         current = self.current
         self.dropped = "".join(current.buffer)
         current.buffer.clear()
@@ -998,7 +1059,10 @@ class _Simulation:
             outcome.success
             and self.pre_tool_text is not None
             and (
-                name == self.policy.memory_tool_name
+                (
+                    name == self.policy.memory_tool_name
+                    and name in self.policy.suppress_followup_after_pre_tool_text
+                )
                 or (
                     shape is not None
                     and not shape.requires_follow_up
@@ -1234,7 +1298,7 @@ class _Simulation:
         if signal.kind == "stop":
             self.signals.clear()  # one stop ends the turn; nothing later can matter
             if signal.stop_message is not None:
-                self.call_channel_line("stop message")  # queued at the front of the channel
+                self.call_channel_line(_STOP_MESSAGE)  # queued at the front of the channel
             if self.phase == "streaming":
                 self.end_stream(TurnStatus.STOPPED_BY_USER, None)
             elif self.phase == "tool":
@@ -1343,23 +1407,57 @@ class _Simulation:
 
     def start_notice(self) -> None:
         """The next call of the notice line starts; one that confirms at once is done at
-        once and the next one starts."""
+        once and the next one starts. A notice once the turn's notice budget is spent is
+        not sent at all (it is still the turn's notice)."""
         while self.notice_queue and self.notice_call is None:
-            self.notice_queue.popleft()
+            what = self.notice_queue.popleft()
+            is_notice = what != _STOP_MESSAGE
+            if is_notice and self.notice_budget_spent:
+                continue
             act = self._act(self.script.notices, self.notice_calls)
             self.notice_calls += 1
-            call = self._channel_call(act, delivery=False)
+            call = self._notice_call(act) if is_notice else self._channel_call(act, delivery=False)
             if not (call.instant and call.outcome == _CONFIRMED):
                 self.notice_call = call
+                self.notice_started = self.now
+
+    def _notice_call(self, act: ChannelAct) -> _ChannelCall:
+        """docs/behaviour.md §7.3 rule 2: a notice is bounded by what is left of the turn's
+        notice budget; one that runs past it (a hang, a slow call over what is left) is given
+        up on then, and one that also ignores its cancellation after the grace on top: it
+        changes nothing but the budget, which is spent from then on."""
+        left = self.notice_budget
+        now = self.now
+        if act is ChannelAct.CONFIRM:
+            return _ChannelCall(now, _CONFIRMED, instant=True)
+        if act is ChannelAct.RAISE:
+            return _ChannelCall(now, "host_error", instant=True)
+        if act is ChannelAct.SLOW_WITHIN:
+            delay = SLOW_WITHIN_SHARE * self.policy.host_call_timeout
+            # a call taking exactly what is left returns as the budget runs out: a tie
+            overdue = delay > left + _SAME_INSTANT or (
+                abs(delay - left) <= _SAME_INSTANT and self.choices.pick(2) == 1
+            )
+            if not overdue:
+                return _ChannelCall(now + delay, _CONFIRMED, instant=False)
+        if act is ChannelAct.IGNORE_CANCELLATION:
+            return _ChannelCall(now + left + self.policy.cancel_grace, _GIVEN_UP, instant=False)
+        return _ChannelCall(now + left, _GIVEN_UP, instant=False)  # hang, slow over
 
     def notice_done(self) -> None:
         """A notice or stop message call ended: a failure ends a turn still running
-        ``error``; then the line goes on."""
+        ``error`` (a notice given up on fails nothing: it spends the notice budget); then
+        the line goes on."""
         call = self.notice_call
         assert call is not None
         self.notice_call = None
-        if call.outcome != _CONFIRMED and self.phase != "ended":
+        if call.outcome == _GIVEN_UP:
+            self.notice_budget_spent = True
+        elif call.outcome != _CONFIRMED and self.phase != "ended":
             self.host_fails(call.outcome)
+        if not self.notice_budget_spent and call.outcome == _CONFIRMED:
+            self.notice_budget = max(0.0, self.notice_budget - (self.now - self.notice_started))
+            self.notice_budget_spent = self.notice_budget <= 0
         self.start_notice()
 
     def host_fails(self, reason: str) -> None:
