@@ -77,7 +77,7 @@ from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.notice_budget import NoticeBudget
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
+from toolloop_fsm.provider import Provider, ProviderRequest
 from toolloop_fsm.providers._secrecy import provider_secrets
 from toolloop_fsm.pump.arguments import check_loop_arguments
 from toolloop_fsm.pump.deadlines import StreamDeadlines
@@ -706,7 +706,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         try:
             stream = self.provider.stream(request)
         except Exception as err:  # raised before any chunk: a failed pass all the same
-            self._feed(_stream_failure(err, secrets))
+            self._feed(secrets.masked_failure(err))
             return
         # observers, the machine and all it makes see the masked stream: each chunk is
         # handed through the turn's mask as it is read (no iterator layer), or, when chunks
@@ -763,7 +763,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             exhausted = True
         except Exception as err:  # a provider bug is a failed pass, not a crashed turn
             if generation == self._stream_generation:
-                self._feed(_stream_failure(err, secrets))
+                self._feed(secrets.masked_failure(err))
             return
         finally:
             self._reading = False
@@ -934,25 +934,6 @@ async def _tapped(stream: AsyncIterator[Any], observation: Observation) -> Async
             yield chunk
     finally:
         await _close_stream(stream)
-
-
-def _stream_failure(err: Exception, secrets: Secrets) -> StreamFailed:
-    """What a provider's exception means to the machine: a `ProviderError` as it classified
-    itself, anything else a retryable ``provider_error``; its message masked of the turn's
-    keys, as the stream is."""
-    if isinstance(err, ProviderError):
-        return StreamFailed(
-            secrets.mask(err.message) if isinstance(err.message, str) else err.message,
-            kind=err.kind,
-            retryable=err.retryable,
-            status_code=err.status_code,
-            retry_after=err.retry_after,
-        )
-    return StreamFailed(
-        secrets.mask(f"the provider raised {type(err).__name__}: {err}"),
-        kind="provider_error",
-        retryable=True,
-    )
 
 
 async def _close_stream(stream: AsyncIterator[Any]) -> None:

@@ -1,8 +1,10 @@
 """Key redaction: of the text a provider streams, before the machine takes it (`StreamMask`:
 the channel, observers, live events, snapshots, tools, the history and the result all see
-the same masked text), of what a tool returns (`Secrets.masked_outcome`), of a whole result
-(every text holding a key, or an 8-character run of one, redacted before a result leaves the
-outer tier), and of every text a log record or an observed event carries (`Secrets`)."""
+the same masked text; the in-process pumps and a durable turn's worker both read through
+it), of a provider's failure (`Secrets.masked_failure`), of what a tool returns
+(`Secrets.masked_outcome`), of a whole result (every text holding a key, or an 8-character
+run of one, redacted before a result leaves the outer tier), and of every text a log record
+or an observed event carries (`Secrets`)."""
 
 from __future__ import annotations
 
@@ -25,10 +27,12 @@ import attrs
 from toolloop_fsm.events import (
     FunctionCall,
     SceneMetadata,
+    StreamFailed,
     TextDelta,
     ThoughtDelta,
     ToolFinished,
 )
+from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.providers._secrecy import (
     FRAGMENT,
     REDACTED,
@@ -132,6 +136,25 @@ class Secrets:
             expression=expression,
             error=error,
             context_restart=restart,
+        )
+
+    def masked_failure(self, err: Exception) -> StreamFailed:
+        """What a provider's exception means to the machine: a `ProviderError` as it
+        classified itself, anything else a retryable ``provider_error``; its message masked
+        of the turn's keys, as the stream is (every shell that reads a stream fails a pass
+        with it)."""
+        if isinstance(err, ProviderError):
+            return StreamFailed(
+                self.mask(err.message) if isinstance(err.message, str) else err.message,
+                kind=err.kind,
+                retryable=err.retryable,
+                status_code=err.status_code,
+                retry_after=err.retry_after,
+            )
+        return StreamFailed(
+            self.mask(f"the provider raised {type(err).__name__}: {err}"),
+            kind="provider_error",
+            retryable=True,
         )
 
     def stream_mask(self) -> StreamMask:

@@ -104,7 +104,8 @@ class PassInput:
     """One provider pass: which provider (by name, and the index of its key), which channel,
     the request, and what the pass needs to deliver exactly as the machine will: the
     delivery key prefix, the sequence number of the pass's first delivery, the flush size
-    and whether text is suppressed."""
+    and whether text is suppressed; and the turn's chain by name, whose keys (with the
+    provider's own) the worker masks out of the stream before it delivers or reports it."""
 
     provider: str
     key_index: int | None
@@ -119,6 +120,7 @@ class PassInput:
     max_pass_duration: float | None
     host_call_timeout: float
     heartbeat_every: float
+    chain: tuple[str, ...] = ()
 
 
 @frozen
@@ -162,6 +164,10 @@ class PassOutcome:
 # --------------------------------------------------------------------------- tools, channel
 @frozen
 class ToolInput:
+    """One tool call, and whose keys the worker masks out of what the tool returns: the
+    turn's chain by name and the running attempt's provider (its name, key and delivery key
+    prefix, as in `PassInput`)."""
+
     name: str
     dispatch: int
     iteration: int
@@ -169,6 +175,10 @@ class ToolInput:
     disabled_enrichment_kinds: frozenset[str]
     deadline: float
     heartbeat_every: float
+    chain: tuple[str, ...] = ()
+    provider: str | None = None
+    key_index: int | None = None
+    keys_prefix: str | None = None
 
 
 @frozen

@@ -1,8 +1,10 @@
 """The worker side of a durable turn: the host's registries (providers, tools, channels by
 name) and the activities that use them — describing a turn's chain and tools, streaming one
-provider pass (delivering its text as it streams, with idempotency keys, heartbeating what it
-delivered), running one tool call, and one call into the channel — and `TurnWorker`, the
-Temporal worker that runs them beside the turn's workflow."""
+provider pass (masking the turn's keys out of it, delivering its text as it streams, with
+idempotency keys, heartbeating what it delivered), running one tool call (its outcome
+masked), and one call into the channel — and `TurnWorker`, the Temporal worker that runs
+them beside the turn's workflow. The masking is the in-process pumps' (`Secrets`,
+`StreamMask`): the workflow, its history and the result only ever see masked values."""
 
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ from toolloop_fsm.events import (
 )
 from toolloop_fsm.host import LOOP_CLOCK, Channel, Tool, ToolContext, ToolRegistry
 from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget, NoticeOutcome
-from toolloop_fsm.provider import Provider, ProviderError
-from toolloop_fsm.providers._secrecy import redact
+from toolloop_fsm.provider import Provider
 from toolloop_fsm.pump.deliveries import post_notice, takes_idempotency_keys
+from toolloop_fsm.pump.redaction import Secrets, StreamMask
 from toolloop_fsm.result import Notice
 from toolloop_fsm.temporal._values import (
     CALL_CHANNEL,
@@ -154,17 +156,26 @@ class TurnActivities:
         )
         return Catalogue(tuple(plans), tuple(tools), continuation=continuation)
 
+    # ------------------------------------------------------------------ the turn's keys
+    def _chain_secrets(self, chain: Iterable[str], running: str | None) -> Secrets:
+        """Every key of the turn's chain (the running attempt's among them), as the outer
+        tier knows them in process (docs/behaviour.md §9.12, rule 1)."""
+        names = dict.fromkeys((*chain, *((running,) if running is not None else ())))
+        return Secrets(
+            key for name in names if name in self.attempts for key in self.attempts[name].keys
+        )
+
     # ------------------------------------------------------------------ a provider pass
-    def _provider(self, spec: PassInput) -> Provider:
+    def _provider(self, keys_prefix: str | None, name: str, key_index: int | None) -> Provider:
         """The attempt's provider: made by the host's factory with the attempt's key on its
-        first pass here, kept for its later passes."""
-        index = (spec.keys_prefix or "", spec.provider, spec.key_index)
+        first pass here, kept for its later passes (and its tools' outcomes)."""
+        index = (keys_prefix or "", name, key_index)
         made = self._providers.get(index)
         if made is not None:
             self._providers.move_to_end(index)
             return made
-        attempt = self.attempts[spec.provider]
-        key = attempt.keys[spec.key_index] if spec.key_index is not None else None
+        attempt = self.attempts[name]
+        key = attempt.keys[key_index] if key_index is not None else None
         made = attempt.make_provider(key)
         self._providers[index] = made
         while len(self._providers) > _PROVIDERS_KEPT:
@@ -179,18 +190,19 @@ class TurnActivities:
         replayed as the pass's first chunks and becomes the provider's prefill."""
         details = activity.info().heartbeat_details
         progress = converter.structure(details[0], PassProgress) if details else None
-        run = _Pass(spec, self.attempts[spec.provider].keys, self.channels[spec.channel])
+        secrets = self._chain_secrets(spec.chain, spec.provider)
+        run = _Pass(spec, self.channels[spec.channel])
         if progress is not None:
             run.started_at = progress.started_at
             run.replay(progress.delivered)
         ticker = asyncio.create_task(run.heartbeat_every(spec.heartbeat_every))
         try:
             try:
-                provider = self._provider(spec)
+                provider = self._provider(spec.keys_prefix, spec.provider, spec.key_index)
             except Exception as err:  # the host's factory: no fallback, like in-process
                 message = f"the provider factory raised {type(err).__name__}: {err}"
-                return PassOutcome((), (), "host_error", message=redact(message, run.keys))
-            return await run.stream(provider)
+                return PassOutcome((), (), "host_error", message=secrets.clean(message))
+            return await run.stream(provider, secrets.with_provider(provider))
         except asyncio.CancelledError:
             if activity.is_worker_shutdown():
                 raise  # the pass is tried again on another worker
@@ -221,6 +233,8 @@ class TurnActivities:
             ticker.cancel()
             with contextlib.suppress(BaseException):
                 await ticker
+        # what the tool said may quote a key: masked before it is recorded for the workflow
+        event = self._tool_secrets(spec).masked_outcome(event)
         try:  # the outcome goes into the workflow's history as JSON
             json.dumps(converter.unstructure(event), allow_nan=False)
         except (TypeError, ValueError) as err:
@@ -230,6 +244,18 @@ class TurnActivities:
                 error=f"the tool's outcome cannot be recorded as JSON ({err})",
             )
         return event
+
+    def _tool_secrets(self, spec: ToolInput) -> Secrets:
+        """The keys a tool's outcome is masked of: the chain's, and the running provider's
+        own (the provider its passes ran on; made here if this worker has not yet)."""
+        secrets = self._chain_secrets(spec.chain, spec.provider)
+        if spec.provider is None or spec.provider not in self.attempts:
+            return secrets
+        try:
+            provider = self._provider(spec.keys_prefix, spec.provider, spec.key_index)
+        except Exception:  # the factory failed its pass already: the chain's keys it is
+            return secrets
+        return secrets.with_provider(provider)
 
     # ------------------------------------------------------------------ the channel
     @activity.defn(name=CALL_CHANNEL)
@@ -304,13 +330,14 @@ async def _heartbeat_every(seconds: float, details: Any = None) -> None:
 
 
 class _Pass:
-    """One try of a provider pass: the stream read under its deadlines, the text delivered
-    by the machine's flush rule, the chunks kept (text merged between deliveries)."""
+    """One try of a provider pass: the stream read under its deadlines, each chunk handed
+    through the turn's `StreamMask` (as the in-process pump reads it), the text delivered by
+    the machine's flush rule, the chunks kept (text merged between deliveries)."""
 
-    def __init__(self, spec: PassInput, keys: tuple[str, ...], channel: Channel) -> None:
+    def __init__(self, spec: PassInput, channel: Channel) -> None:
         self.spec = spec
-        self.keys = keys
         self.channel = channel
+        self.mask: StreamMask | None = None  # the turn's keys', when it has any
         self.started_at = time.time()
         self.chunks: list[Chunk] = []
         self.delivered: list[PassDelivery] = []
@@ -338,6 +365,13 @@ class _Pass:
     def outcome(
         self, ending: str, failure: StreamFailed | None = None, deadline: str | None = None
     ) -> PassOutcome:
+        mask = self.mask
+        if mask is not None and mask.held:
+            # text held back as a possible start of a key arrived all the same: it is the
+            # pass's, before how it ended (the machine delivers it, under its own key)
+            released = mask.release()
+            if released is not None:
+                self._keep(released)
         self._close_run()
         return PassOutcome(
             pack_chunks(self.chunks), tuple(self.delivered), ending, failure, deadline
@@ -348,8 +382,9 @@ class _Pass:
             self.chunks.append(TextDelta("".join(self.run)))
             self.run = []
 
-    async def stream(self, provider: Provider) -> PassOutcome:
+    async def stream(self, provider: Provider, secrets: Secrets) -> PassOutcome:
         spec = self.spec
+        mask = self.mask = secrets.stream_mask() if secrets.keys else None
         request = spec.request
         if self.prefix:
             request = attrs.evolve(request, prefill=(request.prefill or "") + self.prefix)
@@ -360,7 +395,7 @@ class _Pass:
         try:
             stream = provider.stream(request)
         except Exception as err:
-            return self.outcome("failed", self._failure(err))
+            return self.outcome("failed", secrets.masked_failure(err))
         iterator: AsyncIterator[Any] = aiter(stream)
         answered = bool(self.chunks)
         last = loop.time()
@@ -382,7 +417,7 @@ class _Pass:
                 except asyncio.CancelledError:
                     raise
                 except Exception as err:
-                    return self.outcome("failed", self._failure(err))
+                    return self.outcome("failed", secrets.masked_failure(err))
                 answered = True
                 last = loop.time()
                 if type(chunk) not in CHUNK_TYPES:
@@ -391,7 +426,19 @@ class _Pass:
                         kind="protocol",
                     )
                     return self.outcome("failed", failure)
+                if mask is not None:
+                    if mask.held:
+                        released = mask.release_before(chunk)
+                        if released is not None and not await self._take(released):
+                            return self.outcome("delivery_failed")
+                    chunk = mask.admit(chunk)
+                    if chunk is None:
+                        continue
                 if not await self._take(chunk):
+                    return self.outcome("delivery_failed")
+            if mask is not None and mask.held:  # the held text goes before the end
+                released = mask.release()
+                if released is not None and not await self._take(released):
                     return self.outcome("delivery_failed")
             # the stream ran out: what is buffered is delivered, as the machine does
             if not await self._flush():
@@ -404,16 +451,21 @@ class _Pass:
                     await aclose()
 
     async def _take(self, chunk: Chunk) -> bool:
+        """Keep ``chunk`` and deliver what is buffered once it reaches the flush size;
+        False when the channel refused it."""
+        self._keep(chunk)
+        if isinstance(chunk, TextDelta) and self.buffered >= self.spec.flush_chars:
+            return await self._flush()
+        return True
+
+    def _keep(self, chunk: Chunk) -> None:
         if not isinstance(chunk, TextDelta):
             self._close_run()
             self.chunks.append(chunk)
-            return True
+            return
         self.run.append(chunk.text)
         self.unsent.append(chunk.text)
         self.buffered += len(chunk.text)
-        if self.buffered >= self.spec.flush_chars:
-            return await self._flush()
-        return True
 
     async def _flush(self) -> bool:
         """Deliver the buffered text (unless the machine suppresses text); False when the
@@ -446,15 +498,6 @@ class _Pass:
         self.delivered.append(PassDelivery(seq, undelivered))
         activity.heartbeat(self.progress())
         return True
-
-    def _failure(self, err: Exception) -> StreamFailed:
-        if isinstance(err, ProviderError):
-            return StreamFailed(
-                redact(err.message, self.keys), kind=err.kind, retryable=err.retryable,
-                status_code=err.status_code, retry_after=err.retry_after,
-            )  # fmt: skip
-        message = f"the provider raised {type(err).__name__}: {err}"
-        return StreamFailed(redact(message, self.keys), kind="provider_error", retryable=True)
 
 
 class TurnWorker:

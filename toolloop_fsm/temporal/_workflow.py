@@ -484,6 +484,7 @@ class _AttemptShell:
             max_pass_duration=policy.max_pass_duration,
             host_call_timeout=policy.host_call_timeout,
             heartbeat_every=beat / 3,
+            chain=self.turn.attempts,
         )
         total = policy.max_pass_duration
         self.running = workflow.start_activity(
@@ -510,6 +511,8 @@ class _AttemptShell:
         spec = ToolInput(
             effect.name, effect.dispatch, self.machine.turn.iterations, dict(effect.arguments),
             frozenset(self.machine.turn.disabled_enrichment_kinds), timeout, beat / 3,
+            chain=self.turn.attempts, provider=self.provider, key_index=self.effect.key_index,
+            keys_prefix=self.keys_prefix,
         )  # fmt: skip
         # the tool's deadline is the machine's, on a workflow timer; the activity's own
         # timeout only catches a try that outlives it and its grace

@@ -1,0 +1,124 @@
+"""A key the model echoes, in a durable turn (issue #21, item 6; docs/behaviour.md §9.12):
+the worker masks the turn's keys — every key of the chain's attempts and the running
+provider's own — out of the provider's stream before it delivers or reports a chunk, and out
+of what a tool returns, so the channel, the tool's arguments, the workflow's history and the
+result hold no key nor an 8-character run of one, and ``result.delivered`` is what the
+channel confirmed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from toolloop_fsm import (
+    Attempt,
+    LoopPolicy,
+    Tool,
+    ToolContext,
+    ToolResult,
+    TurnPolicy,
+    TurnRequest,
+    TurnStatus,
+    result_to_json,
+)
+from toolloop_fsm.events import FunctionCall, TextDelta, UsageReport
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, ScriptItem, real_time_limit
+from toolloop_fsm.testing.hostile import leaked_runs
+
+temporalio = pytest.importorskip("temporalio")
+
+from temporalio.client import Client  # noqa: E402
+
+from toolloop_fsm.temporal import TurnWorker, start_generation_turn  # noqa: E402
+
+LIMIT = 60.0
+#: the running attempt's key, a later attempt's key, and the provider's own
+KEY = "sk-live-7Hq2Zp9WxR4mTn6Vb3Kc"
+SPARE = "sk-spare-Lw3Pq8Xz2Rt5Yu7Io1"
+OWN = "own-Mn4Bv6Cx8Zl2Kj5Hg9Fd"
+KEYS = [KEY, SPARE, OWN]
+REQUEST = TurnRequest([{"role": "user", "content": "what is my key?"}])
+POLICY = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8))
+
+
+class KeyedProvider(ScriptedProvider):
+    """A scripted model holding a key of its own, as an adapter built with ``api_key=``."""
+
+    api_key = OWN
+
+
+def echoing_script() -> list[list[ScriptItem]]:
+    """The keys echoed whole, split across two chunks, a character at a time, and in a
+    tool call's arguments."""
+    return [
+        [
+            TextDelta(f"Your key is {KEY}, "),
+            TextDelta(f"again {KEY[:9]}"),
+            TextDelta(f"{KEY[9:]}; the spare "),
+            *(TextDelta(character) for character in SPARE),
+            TextDelta(". "),
+            FunctionCall("lookup", {"q": f"owner of {KEY}", "keys": [SPARE, OWN]}, "c1"),
+            UsageReport(5, 5),
+        ],
+        [TextDelta(f"It said {OWN[:12]}"), TextDelta(f"{OWN[12:]}."), UsageReport(5, 5)],
+    ]
+
+
+class Lookup:
+    """A tool that keeps the arguments it received and quotes the key in what it returns."""
+
+    def __init__(self) -> None:
+        self.arguments: list[dict[str, Any]] = []
+
+    async def __call__(self, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        self.arguments.append(arguments)
+        return ToolResult(data={"owner": KEY, "spare": [SPARE]}, message=f"found {OWN}")
+
+    def tool(self) -> Tool:
+        return Tool("lookup", "look something up", {"type": "object"}, self)
+
+
+async def test_a_durable_turn_masks_echoed_keys_and_delivers_what_the_result_says(
+    client: Client, task_queue: str
+) -> None:
+    channel = RecordingChannel()
+    lookup = Lookup()
+    providers = {
+        "main": Attempt(lambda key: KeyedProvider(echoing_script()), keys=(KEY,)),
+        "spare": Attempt(lambda key: ScriptedProvider([]), keys=(SPARE,)),
+    }
+    async with TurnWorker(client, task_queue, providers=providers, tools=[lookup.tool()],
+                          channels={"chat": channel}):  # fmt: skip
+        handle = await start_generation_turn(
+            client, task_queue=task_queue, attempts=["main", "spare"], channel="chat",
+            request=REQUEST, policy=POLICY, heartbeat_timeout=2.0,
+        )  # fmt: skip
+        async with real_time_limit(LIMIT):
+            result: GenerationTurnResult = await handle.result()
+            history = await handle.handle.fetch_history()
+    assert result.status is TurnStatus.COMPLETED
+    recorded = b"".join(event.SerializeToString() for event in history.events)
+    places = {
+        "the channel": repr(channel.delivered) + repr(channel.notices),
+        "the tool's arguments": repr(lookup.arguments),
+        "result.delivered": repr(result.delivered),
+        "the history": repr(result.history),
+        "final_text": result.final_text or "",
+        "the result": result_to_json(result),
+        "the workflow's history": recorded.decode("utf-8", "replace"),
+    }
+    assert leaked_runs(KEYS, places) == []
+    # masked, not dropped
+    assert channel.text == (
+        "Your key is [REDACTED], again [REDACTED]; the spare [REDACTED]. It said [REDACTED]."
+    )
+    assert lookup.arguments == [{"q": "owner of [REDACTED]", "keys": ["[REDACTED]"] * 2}]
+    [round_] = result.history
+    assert round_.response.data == {"owner": "[REDACTED]", "spare": ["[REDACTED]"]}
+    assert round_.response.message == "found [REDACTED]"
+    assert result.final_text == "It said [REDACTED]."
+    # what the user saw is what the result says they saw
+    confirmed = [(d.text, d.expression) for d in channel.delivered]
+    assert confirmed == [(d.text, d.expression) for d in result.delivered]
