@@ -21,16 +21,25 @@ from toolloop_fsm import (
     TurnRequest,
     TurnStatus,
     result_to_json,
+    run_generation_turn,
 )
 from toolloop_fsm.events import FunctionCall, TextDelta, UsageReport
+from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import GenerationTurnResult
-from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, ScriptItem, real_time_limit
+from toolloop_fsm.testing import (
+    Fail,
+    RecordingChannel,
+    ScriptedProvider,
+    ScriptItem,
+    real_time_limit,
+)
 from toolloop_fsm.testing.hostile import leaked_runs
 
 temporalio = pytest.importorskip("temporalio")
 
 from temporalio.client import Client  # noqa: E402
 
+from tests.temporal.test_durable_turns import comparable  # noqa: E402
 from toolloop_fsm.temporal import TurnWorker, start_generation_turn  # noqa: E402
 
 LIMIT = 60.0
@@ -122,3 +131,46 @@ async def test_a_durable_turn_masks_echoed_keys_and_delivers_what_the_result_say
     # what the user saw is what the result says they saw
     confirmed = [(d.text, d.expression) for d in channel.delivered]
     assert confirmed == [(d.text, d.expression) for d in result.delivered]
+
+
+async def test_a_pass_failing_after_a_possible_key_start_keeps_it_and_masks_the_failure(
+    client: Client, task_queue: str
+) -> None:
+    """A chunk ending in ``sk-`` might begin the key, so the worker holds its tail back; the
+    stream then fails with an error quoting the key: the held text is let through to the
+    machine before the failure, the failure is masked, and the durable turn ends as the
+    in-process one does (the same result, the same deliveries)."""
+    failure = ProviderError(f"upstream rejected {KEY}", kind="server", retryable=True,
+                            status_code=503)  # fmt: skip
+    failing: list[list[ScriptItem]] = [[TextDelta("Partial answer, see sk-"), Fail(failure)]]
+    answering: list[list[ScriptItem]] = [[TextDelta("Here you are."), UsageReport(5, 5)]]
+    channel = RecordingChannel()
+    providers = {
+        "flaky": Attempt(lambda key: ScriptedProvider(failing), keys=(KEY,)),
+        "main": Attempt(lambda key: ScriptedProvider(answering), keys=(SPARE,)),
+    }
+    async with TurnWorker(client, task_queue, providers=providers, channels={"chat": channel}):
+        handle = await start_generation_turn(
+            client, task_queue=task_queue, attempts=["flaky", "main"], channel="chat",
+            request=REQUEST, policy=POLICY, heartbeat_timeout=2.0,
+        )  # fmt: skip
+        async with real_time_limit(LIMIT):
+            durable = await handle.result()
+            history = await handle.handle.fetch_history()
+    recorded = b"".join(event.SerializeToString() for event in history.events).decode(
+        "utf-8", "replace"
+    )
+    local_channel = RecordingChannel()
+    local = await run_generation_turn(
+        [Attempt(lambda key: ScriptedProvider(failing), keys=(KEY,), label="flaky"),
+         Attempt(lambda key: ScriptedProvider(answering), keys=(SPARE,), label="main")],
+        [], local_channel, REQUEST, policy=POLICY,
+    )  # fmt: skip
+    assert durable.status is TurnStatus.COMPLETED
+    assert channel.texts == ["Partial answer, see ", "Here you are."]
+    # the failure the workflow was told of is masked, like everything else it recorded
+    assert "upstream rejected [REDACTED]" in recorded
+    places = {"the result": result_to_json(durable), "the workflow's history": recorded}
+    assert leaked_runs(KEYS, places) == []
+    assert comparable(durable) == comparable(local)
+    assert channel.texts == local_channel.texts
