@@ -10,6 +10,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from tests.inner_kit import USER, Executions, make_tool, run_turn, scripted_turn, succeeds
 from toolloop_fsm import (
     ContextRestart,
@@ -106,7 +108,10 @@ async def test_a_long_turn_with_context_restarts_estimates_every_pass_from_its_w
         make_tool("watch", turn.executions, turn.clock, succeeds(context_restart=restart)),
         make_tool("update_short_term_memory", turn.executions, turn.clock),
     ]
-    result = await run_turn(turn, tools, policy=LONG)
+    # the memory tool is followed up (left out of the suppress set): after its visible text
+    # it would otherwise end the turn at once (docs/behaviour.md §4.6)
+    policy = attrs.evolve(LONG, suppress_followup_after_pre_tool_text=())
+    result = await run_turn(turn, tools, policy=policy)
     assert result.status is TurnStatus.COMPLETED
     requests = turn.provider.requests
     assert len(requests) == 61

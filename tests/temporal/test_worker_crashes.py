@@ -40,6 +40,13 @@ async def appears(path: Path) -> None:
         await asyncio.sleep(LOOK_AGAIN)
 
 
+async def recorded(path: Path) -> None:
+    """Wait until another process has written a whole record to ``path`` (the file exists
+    as soon as it is opened for its first record: a kill then would leave it empty)."""
+    while not (path.exists() and path.read_text(encoding="utf-8").endswith("\n")):
+        await asyncio.sleep(LOOK_AGAIN)
+
+
 async def start(client: Client, workers: WorkerProcesses, chain: str, turn_id: str) -> TurnHandle:
     return await start_generation_turn(
         client, task_queue=workers.task_queue, attempts=[chain], channel="files",
@@ -116,7 +123,7 @@ async def test_a_worker_killed_mid_tool_reports_the_tool_unknown_and_never_runs_
     first = workers.start()
     handle = await start(client, workers, "charge", "charge-turn")
     async with real_time_limit(LIMIT):
-        await appears(tmp_path / "executions.jsonl")  # the charge started
+        await recorded(tmp_path / "executions.jsonl")  # the charge started
         workers.kill(first)
         (tmp_path / "release").touch()  # a second run would finish at once
         workers.start()
@@ -137,7 +144,7 @@ async def test_a_worker_killed_mid_tool_runs_an_idempotent_tool_again_on_the_nex
     first = workers.start()
     handle = await start(client, workers, "lookup", "lookup-turn")
     async with real_time_limit(LIMIT):
-        await appears(tmp_path / "executions.jsonl")
+        await recorded(tmp_path / "executions.jsonl")
         workers.kill(first)
         (tmp_path / "release").touch()
         workers.start()

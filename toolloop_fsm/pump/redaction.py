@@ -141,18 +141,19 @@ class Secrets:
     def masked_failure(self, err: Exception) -> StreamFailed:
         """What a provider's exception means to the machine: a `ProviderError` as it
         classified itself, anything else a retryable ``provider_error``; its message masked
-        of the turn's keys, as the stream is (every shell that reads a stream fails a pass
-        with it)."""
+        as a log record is (`clean`: the keys, and the ``key=`` query values and URL passwords
+        an error may quote; it is never delivered, so nothing has to match a delivery); every
+        shell that reads a stream fails a pass with it."""
         if isinstance(err, ProviderError):
             return StreamFailed(
-                self.mask(err.message) if isinstance(err.message, str) else err.message,
+                self.clean(err.message) if isinstance(err.message, str) else err.message,
                 kind=err.kind,
                 retryable=err.retryable,
                 status_code=err.status_code,
                 retry_after=err.retry_after,
             )
         return StreamFailed(
-            self.mask(f"the provider raised {type(err).__name__}: {err}"),
+            self.clean(f"the provider raised {type(err).__name__}: {err}"),
             kind="provider_error",
             retryable=True,
         )
