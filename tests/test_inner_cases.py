@@ -323,21 +323,34 @@ async def test_a_tool_that_raises_is_a_failure_shown_to_the_model() -> None:
     assert "KeyError" in (result.history[0].response.reason or "")
 
 
-async def test_failure_notice_is_redacted_and_cut_to_1800_characters() -> None:
+async def test_failure_notice_shows_the_arguments_through_the_tools_redaction() -> None:
     turn = scripted_turn([[FunctionCall("login", {"user": "ann", "password": "hunter2"})], []])
     tool = make_tool(
         "login",
         turn.executions,
         turn.clock,
-        fails("denied: " + "x" * 5000),
+        fails("denied"),
         redact=lambda args: {**args, "password": "***"},
     )
     await run_turn(turn, [tool])
     notice = next(n for n in turn.channel.notices if n.key == "tool_failed")
     assert notice.hidden
-    assert len(notice.params["summary"]) <= 1800
-    assert "hunter2" not in str(notice)
     assert notice.params["tool"] == "login"
+    # the reason is short, so the arguments are in the summary: redacted, the rest as given
+    assert notice.params["summary"] == (
+        'tool login failed: denied\narguments: {"password": "***", "user": "ann"}'
+    )
+    assert "hunter2" not in str(notice)
+
+
+async def test_failure_notice_is_cut_to_1800_characters() -> None:
+    turn = scripted_turn([[FunctionCall("login", {"user": "ann"})], []])
+    tool = make_tool("login", turn.executions, turn.clock, fails("denied: " + "x" * 5000))
+    await run_turn(turn, [tool])
+    notice = next(n for n in turn.channel.notices if n.key == "tool_failed")
+    summary = notice.params["summary"]
+    assert len(summary) == 1800
+    assert summary.startswith("tool login failed: denied: xxx") and summary.endswith("x…")
 
 
 # --------------------------------------------------------------------------- exit rules
