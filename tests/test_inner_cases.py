@@ -537,6 +537,17 @@ async def test_kill_path_skips_the_settle_window() -> None:
     assert turn.channel.delivered == []
 
 
+async def test_a_stop_while_streaming_does_not_wait_for_the_delivery_in_flight() -> None:
+    # "Hello" is on its way to the user (confirmed only at t=12) when the stop comes at t=5
+    turn = scripted_turn([[TextDelta("Hello"), Pause(1000)]], delivery_delay=12)
+    policy = LoopPolicy(delivery_flush_chars=1, inactivity_timeout=10, abandoned_stream_settle=5)
+    result = await run_turn(turn, [], policy=policy, at=[(5, lambda s: s.request_stop())])
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert turn.clock.now() == pytest.approx(5)  # no settle window for a stop
+    assert result.delivered == ()
+    assert turn.channel.delivered == []
+
+
 # --------------------------------------------------------------------------- providers and hosts
 async def test_provider_failure_ends_error_with_the_providers_facts() -> None:
     error = ProviderError(
