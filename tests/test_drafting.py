@@ -271,6 +271,17 @@ async def test_a_pass_reaching_the_held_prose_ceiling_is_cut_and_reviewed_as_cut
     assert usage.estimated and usage.source == "author"
 
 
+async def test_a_reply_of_exactly_the_held_prose_ceiling_is_held_whole_and_not_cut() -> None:
+    turn = scripted_turn([[TextDelta("0123456789"), TextDelta("abcdefghij")]])  # 20 bytes
+    policy = LoopPolicy(drafting=True, held_prose_max_bytes=20, delivery_flush_chars=10)
+    result, reviewer = await _run(turn, [], [Pass()], policy=policy)
+    (packet,) = reviewer.packets
+    assert packet.status is not CandidateStatus.PENDING_CUT_AT_LENGTH_LIMIT
+    assert "".join(_texts(turn)) == "0123456789abcdefghij"
+    assert (result.status, result.reason) == (TurnStatus.COMPLETED, "draft_passed")
+    assert [n.key for n in result.notices] == []  # no flush_limit notice
+
+
 async def test_a_cut_never_splits_a_character() -> None:
     turn = scripted_turn([[TextDelta("é" * 40)]])  # 2 bytes each
     policy = LoopPolicy(drafting=True, held_prose_max_bytes=11)
