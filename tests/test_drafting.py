@@ -536,6 +536,22 @@ async def test_an_identical_rejected_call_gets_the_same_rejection_without_a_new_
     assert result.history[0].response == result.history[1].response
 
 
+async def test_the_same_rejected_call_with_its_keys_in_another_order_is_not_reviewed_again() -> (
+    None
+):
+    first = FunctionCall("delete_file", {"path": "/tmp/a", "options": {"force": True, "depth": 2}})
+    reordered = FunctionCall(
+        "delete_file", {"options": {"depth": 2, "force": True}, "path": "/tmp/a"}
+    )
+    turn = scripted_turn([[first], [reordered], [TextDelta("ok")]])
+    tool = make_tool("delete_file", turn.executions, turn.clock)
+    result, reviewer = await _run(turn, [tool], [Revise([VOICE]), Pass()], policy=CHECKPOINT)
+    assert len(reviewer.packets) == 1  # the second is the same call: the same rejection
+    assert turn.executions.names() == []
+    assert [e.response.status for e in result.history] == ["review_rejected"] * 2
+    assert result.history[0].response == result.history[1].response
+
+
 async def test_a_correction_consumes_one_of_two_and_an_approval_runs_it() -> None:
     turn = scripted_turn(
         [
