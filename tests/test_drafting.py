@@ -673,6 +673,22 @@ async def test_drafting_and_the_checkpoint_together_hold_the_narration_across_th
     assert result.reason == "draft_passed"
 
 
+async def test_a_held_expression_is_delivered_in_its_place_with_the_approved_draft() -> None:
+    turn = scripted_turn(
+        [
+            [TextDelta("Here is the sun: "), FunctionCall("send_sticker", {})],
+            [TextDelta("Enjoy!")],
+        ]
+    )
+    tool = make_tool("send_sticker", turn.executions, turn.clock, succeeds(expression="sun"))
+    result, reviewer = await _run(turn, [tool], [Pass()])
+    assert reviewer.delivered_when_asked == [0]  # held until the reviewer passed it
+    shown = [(d.text, d.expression) for d in turn.channel.delivered]
+    assert shown == [("Here is the sun: ", None), (None, "sun"), ("Enjoy!", None)]
+    assert [d.expression for d in result.delivered if d.expression] == ["sun"]
+    assert result.reason == "draft_passed"
+
+
 async def test_an_expression_dropped_by_a_revision_does_not_count_as_shown() -> None:
     # found by the drafting property tests: the revision dropped the held sticker, yet the
     # empty pass after the replacement "settled" on it and the turn ended completed with
