@@ -689,6 +689,23 @@ async def test_a_held_expression_is_delivered_in_its_place_with_the_approved_dra
     assert result.reason == "draft_passed"
 
 
+async def test_a_continuation_provider_gives_up_at_exactly_its_retry_budget_while_drafting() -> (
+    None
+):
+    passes = [[TextDelta(f"Part {i}. "), FunctionCall("lookup", {"i": i})] for i in range(4)]
+    turn = scripted_turn(passes, continuation_style=True)
+    tool = make_tool("lookup", turn.executions, turn.clock, succeeds(success=False, message="no"))
+    policy = LoopPolicy(drafting=True, continuation_tool_failure_threshold=2)
+    result, reviewer = await _run(turn, [tool], [Pass()], policy=policy)
+    assert len(turn.executions.calls) == 2  # the second failure in a row spends the budget
+    (packet,) = reviewer.packets
+    assert packet.trigger == "continuation_retries_exhausted"
+    shown = [(n.key, n.params) for n in result.notices if not n.hidden]
+    assert shown == [("retry_exhausted", {"failures": 2})]
+    assert "".join(_texts(turn)) == "Part 0. "  # text after the first failure is suppressed
+    assert result.status is TurnStatus.COMPLETED
+
+
 async def test_an_expression_dropped_by_a_revision_does_not_count_as_shown() -> None:
     # found by the drafting property tests: the revision dropped the held sticker, yet the
     # empty pass after the replacement "settled" on it and the turn ended completed with
