@@ -216,6 +216,37 @@ async def test_a_tool_that_ignores_cancellation_after_its_deadline_is_abandoned_
     assert turn.clock.now() <= policy.tool_timeout + policy.cancel_grace + EPSILON
 
 
+async def test_the_late_answer_of_a_tool_cancelled_at_its_deadline_is_never_shown() -> None:
+    # the tool swallows its cancellation and answers anyway, a moment too late: the model
+    # sees the deadline's failure, never that answer
+    policy = LoopPolicy(tool_timeout=10, cancel_grace=2, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn(
+        [[WEATHER], [TextDelta("Sorry, no weather today.")]], policy
+    )
+
+    async def answers_late(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass
+        return ToolResult(data={"forecast": "late sunshine"})
+
+    tool = make_tool("get_weather", turn.executions, turn.clock, answers_late)
+
+    result = await guarded(turn, [tool], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    assert turn.executions.names() == ["get_weather"]
+    (entry,) = result.history
+    assert (entry.response.success, entry.response.reason) == (False, "timed out after 10 s")
+    assert entry.response.data is None
+    (_, second) = turn.provider.requests
+    assert [e.response for e in second.history] == [entry.response]
+    assert "late sunshine" not in repr(result)
+    assert channel.text == "Sorry, no weather today."
+    assert result.abandoned_calls == ()  # it did stop, only with an answer
+
+
 class QuotaExhausted(BaseException):
     """A host library's own BaseException subclass (as some SDKs define)."""
 
