@@ -511,6 +511,40 @@ async def test_an_admission_policy_that_never_answers_does_not_keep_the_turn_fro
     assert clock.now() <= policy.loop.host_call_timeout + EPSILON
 
 
+async def test_an_admission_call_still_running_when_the_user_stops_the_turn_is_cancelled() -> (
+    None
+):
+    clock, channel, stragglers, policy = outer_world()
+    shared = ScriptedProvider([[TextDelta("from the shared route")]], clock=clock)
+    cancelled: list[float] = []
+
+    async def admit(_request: AdmissionRequest) -> bool:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(clock.now())
+            raise
+        raise AssertionError("unreachable")
+
+    signals = TurnSignals()
+    clock.call_later(5, signals.request_stop)
+    primary = ScriptedProvider([[Fail(server_error())]], clock=clock)
+    result = await returns_within(
+        run_generation_turn(
+            [Attempt(primary, label="primary")], [], channel, TurnRequest(USER), policy=policy,
+            clock=clock, signals=signals,
+            shared_route=SharedRoute((Attempt(shared, label="shared"),), admit),
+        ),
+        GUARD, stragglers=stragglers,
+    )  # fmt: skip
+
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert cancelled == [pytest.approx(5)]  # the host's call was cancelled at the stop
+    assert result.abandoned_calls == ()  # and it stopped: nothing left running
+    assert shared.requests == []
+    assert clock.now() == pytest.approx(5)
+
+
 async def test_a_notice_that_never_returns_does_not_keep_a_generation_turn_from_returning() -> None:
     clock, channel, stragglers, policy = outer_world(notices=(ChannelAct.HANG,))
 
