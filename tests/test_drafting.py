@@ -42,7 +42,14 @@ from toolloop_fsm.review import (
     Unavailable,
     Verdict,
 )
-from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing import (
+    Fail,
+    Pause,
+    RecordingChannel,
+    ScriptedProvider,
+    ScriptItem,
+    VirtualClock,
+)
 from toolloop_fsm.testing.reviewer import Hang, Raise, ReviewerAct, ScriptedReviewer
 
 DRAFTING = LoopPolicy(drafting=True)
@@ -692,7 +699,9 @@ async def test_a_held_expression_is_delivered_in_its_place_with_the_approved_dra
 async def test_a_continuation_provider_gives_up_at_exactly_its_retry_budget_while_drafting() -> (
     None
 ):
-    passes = [[TextDelta(f"Part {i}. "), FunctionCall("lookup", {"i": i})] for i in range(4)]
+    passes: list[list[ScriptItem]] = [
+        [TextDelta(f"Part {i}. "), FunctionCall("lookup", {"i": i})] for i in range(4)
+    ]
     turn = scripted_turn(passes, continuation_style=True)
     tool = make_tool("lookup", turn.executions, turn.clock, succeeds(success=False, message="no"))
     policy = LoopPolicy(drafting=True, continuation_tool_failure_threshold=2)

@@ -10,6 +10,7 @@ under test swallows its cancellation), so that a regression is a failure, not a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -225,10 +226,8 @@ async def test_the_late_answer_of_a_tool_cancelled_at_its_deadline_is_never_show
     )
 
     async def answers_late(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            pass
         return ToolResult(data={"forecast": "late sunshine"})
 
     tool = make_tool("get_weather", turn.executions, turn.clock, answers_late)
@@ -511,9 +510,7 @@ async def test_an_admission_policy_that_never_answers_does_not_keep_the_turn_fro
     assert clock.now() <= policy.loop.host_call_timeout + EPSILON
 
 
-async def test_an_admission_call_still_running_when_the_user_stops_the_turn_is_cancelled() -> (
-    None
-):
+async def test_an_admission_call_still_running_when_the_user_stops_the_turn_is_cancelled() -> None:
     clock, channel, stragglers, policy = outer_world()
     shared = ScriptedProvider([[TextDelta("from the shared route")]], clock=clock)
     cancelled: list[float] = []

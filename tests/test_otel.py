@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from toolloop_fsm import (
@@ -316,7 +316,11 @@ async def test_a_turn_cancelled_while_its_provider_streams_ends_the_chat_span_ca
     turn = asyncio.ensure_future(
         run_tool_loop(provider, [], RecordingChannel(clock=clock), REQUEST, clock=clock)
     )
-    clock.call_later(5, turn.cancel)  # while the pass waits for its next chunk
+
+    def cancel() -> None:
+        turn.cancel()
+
+    clock.call_later(5, cancel)  # while the pass waits for its next chunk
     with pytest.raises(asyncio.CancelledError):
         await turn
     spans = exporter.get_finished_spans()

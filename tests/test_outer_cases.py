@@ -174,9 +174,7 @@ async def test_an_expression_delivered_by_an_earlier_attempt_settles_an_empty_pa
         Tool("sticker", "send a sticker", {"type": "object"}, sticker),
         make_tool("note", executions, clock, requires_follow_up=False),
     ]
-    first = ScriptedProvider(
-        [[FunctionCall("sticker", {})], [Fail(server_error())]], clock=clock
-    )
+    first = ScriptedProvider([[FunctionCall("sticker", {})], [Fail(server_error())]], clock=clock)
     # the backup only takes a note (no follow-up needed), then has nothing to add: the
     # sticker the user already saw is the reply
     second = ScriptedProvider([[FunctionCall("note", {"n": 1})], []], clock=clock)
