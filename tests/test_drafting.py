@@ -20,6 +20,8 @@ from toolloop_fsm import (
     GenerationTurnResult,
     LoopPolicy,
     Tool,
+    ToolContext,
+    ToolResult,
     TurnPolicy,
     TurnRequest,
     TurnSignals,
@@ -478,6 +480,41 @@ async def test_a_fallback_keeps_the_function_history_and_the_narration_held_befo
     assert channel.texts == ["Let me look. ", "It is 21 °C."]
     assert executions.names() == ["get_weather"]
     assert result.reason == "draft_passed"
+
+
+async def test_an_expression_held_by_a_failed_attempt_is_the_turns_one_expression() -> None:
+    # the first model's sticker is held (drafting) and carried to the second model with its
+    # tool round; the second model sends another: the reply still shows one expression
+    clock = VirtualClock()
+
+    async def sticker(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        return ToolResult(expression=f"{arguments['name']}_sticker")
+
+    tool = Tool("sticker", "send a sticker", {"type": "object"}, sticker)
+    first = ScriptedProvider(
+        [
+            [FunctionCall("sticker", {"name": "cat"})],
+            [Fail(ProviderError("overloaded", kind="server", retryable=True))],
+        ],
+        clock=clock,
+    )
+    second = ScriptedProvider(
+        [[FunctionCall("sticker", {"name": "dog"})], [TextDelta("There you go!")]], clock=clock
+    )
+    channel = RecordingChannel(clock=clock)
+    result = await run_generation_turn(
+        [Attempt(first, label="first"), Attempt(second, label="second")],
+        [tool],
+        channel,
+        TurnRequest(USER),
+        policy=TurnPolicy(loop=DRAFTING),
+        clock=clock,
+        reviewer=ScriptedReviewer([Pass()]),
+    )
+    assert result.reason == "draft_passed"
+    assert channel.expressions == ["cat_sticker"]
+    assert [d.expression for d in result.delivered if d.expression] == ["cat_sticker"]
+    assert channel.texts == ["There you go!"]
 
 
 # --------------------------------------------------------------------------- the checkpoint
