@@ -241,6 +241,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "generation on, and a failed or cancelled one has interrupted its read",
     ),
     Equivalent(
+        "toolloop_fsm/pump/inner.py", 438, "int_plus_one", "self._stream_generation += 2",
+        "the generation only ever grows and is only compared for equality with one a read "
+        "captured earlier: a step of two makes every captured value stale just as one does",
+    ),
+    Equivalent(
         "toolloop_fsm/pump/deadlines.py", 100, "drop_call", "pass",
         "the timers were just cancelled and the run is over; nothing reads the list again",
     ),
