@@ -246,6 +246,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "captured earlier: a step of two makes every captured value stale just as one does",
     ),
     Equivalent(
+        "toolloop_fsm/pump/inner.py", 546, "drop_call", "pass",
+        "a cleared deadline's timer is cancelled first, so left in the list it never fires "
+        "and is never found again (tokens are unique); the list is dropped at wind-down",
+    ),
+    Equivalent(
         "toolloop_fsm/pump/deadlines.py", 100, "drop_call", "pass",
         "the timers were just cancelled and the run is over; nothing reads the list again",
     ),
