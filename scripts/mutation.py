@@ -173,100 +173,105 @@ _REFUSED_CALL_KEY = (
 )
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
-        "toolloop_fsm/guards/attempts.py", 57, "drop_branch", "pass",
+        "toolloop_fsm/guards/attempts.py", 69, "drop_branch", "pass",
         "dead branch: `unreachable` is set only by `skip_unreachable`, whose transitions go "
         "straight to `finishing`; `judging_attempt` never sees it set",
     ),
     Equivalent(
-        "toolloop_fsm/states/attempts.py", 182, "true_false", "state.admission_asked = False",
+        "toolloop_fsm/states/attempts.py", 198, "true_false", "state.admission_asked = False",
         "admission is asked only while the credential source is the user's; an admitted turn "
         "switches it to shared and a refused or stopped one finishes, so the flag is never "
         "read again",
     ),
     Equivalent(
-        "toolloop_fsm/states/build_result.py", 81, "drop_call", "pass",
+        "toolloop_fsm/states/build_result.py", 96, "drop_call", "pass",
         "the settle deadline has fired and the turn goes straight to its terminal state; no "
         "later step reads the armed deadlines",
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", 44, "true_false",
+        "toolloop_fsm/states/tool_dispatch.py", 46, "true_false",
         "turn.outcome = ToolOutcome(success=False, reason=TRUNCATED_ARGUMENTS_REASON, "
         "dispatched=True)",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", 54, "true_false", "dispatched=True,",
+        "toolloop_fsm/states/tool_dispatch.py", 56, "true_false", "dispatched=True,",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", 72, "true_false",
+        "toolloop_fsm/states/tool_dispatch.py", 74, "true_false",
         "turn.outcome = ToolOutcome(success=False, reason=reason, dispatched=True)",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", 120, "drop_call", "pass",
+        "toolloop_fsm/states/tool_dispatch.py", 126, "drop_call", "pass",
         "the fired tool deadline's token is never read again: the next dispatch re-arms the "
         "kind, and a stale token is refused by its value either way",
     ),
     Equivalent(
-        "toolloop_fsm/states/stream_once.py", 277, "drop_call", "pass",
+        "toolloop_fsm/states/stream_once.py", 325, "drop_call", "pass",
         "a timed-out pass is never flushed again (the turn only settles and ends), and the "
         "undelivered text is computed from what was confirmed, not from the buffer",
     ),
     Equivalent(
-        "toolloop_fsm/generation.py", 138, "swap_transitions",
+        "toolloop_fsm/generation.py", 156, "swap_transitions",
         '_t("advance", "finishing", "empty_response", when=outcome_is_empty_response),',
         "the two guards test one status for two different values: at most one holds, so "
         "their order cannot matter",
     ),
     Equivalent(
-        "toolloop_fsm/machine.py", 239, "swap_transitions",
+        "toolloop_fsm/machine.py", 371, "swap_transitions",
         '_t("advance", "building_result", "timeout", when=outcome_is_timeout),',
         "the two guards test one status for two different values: at most one holds, so "
         "their order cannot matter",
     ),
     Equivalent(
-        "toolloop_fsm/pump.py", 180, "true_false", "self._reading = True",
+        "toolloop_fsm/pump/inner.py", 225, "true_false", "self._reading = True",
         "the first read starts in the same step as the turn (no await between `start` and "
         "the read setting the flag), so no callback can see the initial value",
     ),
     Equivalent(
-        "toolloop_fsm/pump.py", 311, "drop_branch", "pass  # type: ignore[misc]",
+        "toolloop_fsm/pump/inner.py", 418, "drop_branch", "pass  # type: ignore[misc]",
         "no child can fail: the tool, delivery and host-call tasks turn every exception into "
         "an event, so there is never a child exception to raise",
     ),
     Equivalent(
-        "toolloop_fsm/pump.py", 316, "int_minus_one", "self._stream_generation += 0",
+        "toolloop_fsm/pump/inner.py", 438, "int_minus_one", "self._stream_generation += 0",
         "at wind-down no stream can be read any more: a finished turn already moved the "
         "generation on, and a failed or cancelled one has interrupted its read",
     ),
     Equivalent(
-        "toolloop_fsm/pump.py", 328, "drop_call", "pass",
+        "toolloop_fsm/pump/inner.py", 438, "int_plus_one", "self._stream_generation += 2",
+        "the generation only ever grows and is only compared for equality with one a read "
+        "captured earlier: a step of two makes every captured value stale just as one does",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump/inner.py", 546, "drop_call", "pass",
+        "a cleared deadline's timer is cancelled first, so left in the list it never fires "
+        "and is never found again (tokens are unique); the list is dropped at wind-down",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump/deadlines.py", 100, "drop_call", "pass",
         "the timers were just cancelled and the run is over; nothing reads the list again",
     ),
     Equivalent(
-        "toolloop_fsm/pump.py", 595, "comparison", "if effect.first_seconds is None:",
+        "toolloop_fsm/pump/deadlines.py", 82, "comparison", "if effect.first_seconds is None:",
         "every rolling deadline is the pass's stream deadline (it has `first_seconds`); the "
         "machine reads a stream deadline after the first chunk as the inactivity deadline "
         "either way",
     ),
     Equivalent(
-        "toolloop_fsm/pump.py", 606, "drop_call", "pass",
+        "toolloop_fsm/pump/deadlines.py", 94, "drop_call", "pass",
         "a fired timer left in the list is never found again (tokens are unique) and a "
         "later clear of it cancels a handle that already ran",
     ),
     Equivalent(
-        "toolloop_fsm/pump.py", 944, "drop_branch", "pass",
-        "a shortcut: without keys the scrub finds nothing and the exception is kept, so the "
-        "same result comes back",
-    ),
-    Equivalent(
-        "toolloop_fsm/pump.py", 887, "reason_literal", "if inner.state != 'ready_x':",
+        "toolloop_fsm/pump/outer.py", 301, "reason_literal", "if inner.state != 'ready_x':",
         "the attempt's run starts before the unreachable watcher can fire (the report is "
         "checked before the attempt starts), so the inner machine is never still `ready`",
     ),
     Equivalent(
-        "toolloop_fsm/pump.py", 571, "drop_branch", "pass",
+        "toolloop_fsm/pump/deadlines.py", 52, "drop_branch", "pass",
         "the only rolling deadline is armed in the same batch as its `StartStream`, which "
         "already set the last activity to the same instant",
     ),

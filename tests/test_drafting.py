@@ -20,6 +20,8 @@ from toolloop_fsm import (
     GenerationTurnResult,
     LoopPolicy,
     Tool,
+    ToolContext,
+    ToolResult,
     TurnPolicy,
     TurnRequest,
     TurnSignals,
@@ -42,7 +44,14 @@ from toolloop_fsm.review import (
     Unavailable,
     Verdict,
 )
-from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing import (
+    Fail,
+    Pause,
+    RecordingChannel,
+    ScriptedProvider,
+    ScriptItem,
+    VirtualClock,
+)
 from toolloop_fsm.testing.hostile import RogueBaseException
 from toolloop_fsm.testing.reviewer import Hang, Raise, ReviewerAct, ScriptedReviewer
 
@@ -304,6 +313,17 @@ async def test_a_pass_reaching_the_held_prose_ceiling_is_cut_and_reviewed_as_cut
     assert usage.estimated and usage.source == "author"
 
 
+async def test_a_reply_of_exactly_the_held_prose_ceiling_is_held_whole_and_not_cut() -> None:
+    turn = scripted_turn([[TextDelta("0123456789"), TextDelta("abcdefghij")]])  # 20 bytes
+    policy = LoopPolicy(drafting=True, held_prose_max_bytes=20, delivery_flush_chars=10)
+    result, reviewer = await _run(turn, [], [Pass()], policy=policy)
+    (packet,) = reviewer.packets
+    assert packet.status is not CandidateStatus.PENDING_CUT_AT_LENGTH_LIMIT
+    assert "".join(_texts(turn)) == "0123456789abcdefghij"
+    assert (result.status, result.reason) == (TurnStatus.COMPLETED, "draft_passed")
+    assert [n.key for n in result.notices] == []  # no flush_limit notice
+
+
 async def test_a_cut_never_splits_a_character() -> None:
     turn = scripted_turn([[TextDelta("é" * 40)]])  # 2 bytes each
     policy = LoopPolicy(drafting=True, held_prose_max_bytes=11)
@@ -498,6 +518,41 @@ async def test_a_fallback_keeps_the_function_history_and_the_narration_held_befo
     assert result.reason == "draft_passed"
 
 
+async def test_an_expression_held_by_a_failed_attempt_is_the_turns_one_expression() -> None:
+    # the first model's sticker is held (drafting) and carried to the second model with its
+    # tool round; the second model sends another: the reply still shows one expression
+    clock = VirtualClock()
+
+    async def sticker(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        return ToolResult(expression=f"{arguments['name']}_sticker")
+
+    tool = Tool("sticker", "send a sticker", {"type": "object"}, sticker)
+    first = ScriptedProvider(
+        [
+            [FunctionCall("sticker", {"name": "cat"})],
+            [Fail(ProviderError("overloaded", kind="server", retryable=True))],
+        ],
+        clock=clock,
+    )
+    second = ScriptedProvider(
+        [[FunctionCall("sticker", {"name": "dog"})], [TextDelta("There you go!")]], clock=clock
+    )
+    channel = RecordingChannel(clock=clock)
+    result = await run_generation_turn(
+        [Attempt(first, label="first"), Attempt(second, label="second")],
+        [tool],
+        channel,
+        TurnRequest(USER),
+        policy=TurnPolicy(loop=DRAFTING),
+        clock=clock,
+        reviewer=ScriptedReviewer([Pass()]),
+    )
+    assert result.reason == "draft_passed"
+    assert channel.expressions == ["cat_sticker"]
+    assert [d.expression for d in result.delivered if d.expression] == ["cat_sticker"]
+    assert channel.texts == ["There you go!"]
+
+
 # --------------------------------------------------------------------------- the checkpoint
 def _call(name: str = "delete_file", **arguments: Any) -> FunctionCall:
     return FunctionCall(name, arguments or {"path": "/tmp/a"})
@@ -557,6 +612,22 @@ async def test_an_identical_rejected_call_gets_the_same_rejection_without_a_new_
     tool = make_tool("delete_file", turn.executions, turn.clock)
     result, reviewer = await _run(turn, [tool], [Revise([VOICE])], policy=CHECKPOINT)
     assert len(reviewer.packets) == 1
+    assert [e.response.status for e in result.history] == ["review_rejected"] * 2
+    assert result.history[0].response == result.history[1].response
+
+
+async def test_the_same_rejected_call_with_its_keys_in_another_order_is_not_reviewed_again() -> (
+    None
+):
+    first = FunctionCall("delete_file", {"path": "/tmp/a", "options": {"force": True, "depth": 2}})
+    reordered = FunctionCall(
+        "delete_file", {"options": {"depth": 2, "force": True}, "path": "/tmp/a"}
+    )
+    turn = scripted_turn([[first], [reordered], [TextDelta("ok")]])
+    tool = make_tool("delete_file", turn.executions, turn.clock)
+    result, reviewer = await _run(turn, [tool], [Revise([VOICE]), Pass()], policy=CHECKPOINT)
+    assert len(reviewer.packets) == 1  # the second is the same call: the same rejection
+    assert turn.executions.names() == []
     assert [e.response.status for e in result.history] == ["review_rejected"] * 2
     assert result.history[0].response == result.history[1].response
 
@@ -680,6 +751,41 @@ async def test_drafting_and_the_checkpoint_together_hold_the_narration_across_th
     assert reviewer.delivered_when_asked == [0, 0]
     assert "".join(_texts(turn)) == "I'll delete it. It is gone."
     assert result.reason == "draft_passed"
+
+
+async def test_a_held_expression_is_delivered_in_its_place_with_the_approved_draft() -> None:
+    turn = scripted_turn(
+        [
+            [TextDelta("Here is the sun: "), FunctionCall("send_sticker", {})],
+            [TextDelta("Enjoy!")],
+        ]
+    )
+    tool = make_tool("send_sticker", turn.executions, turn.clock, succeeds(expression="sun"))
+    result, reviewer = await _run(turn, [tool], [Pass()])
+    assert reviewer.delivered_when_asked == [0]  # held until the reviewer passed it
+    shown = [(d.text, d.expression) for d in turn.channel.delivered]
+    assert shown == [("Here is the sun: ", None), (None, "sun"), ("Enjoy!", None)]
+    assert [d.expression for d in result.delivered if d.expression] == ["sun"]
+    assert result.reason == "draft_passed"
+
+
+async def test_a_continuation_provider_gives_up_at_exactly_its_retry_budget_while_drafting() -> (
+    None
+):
+    passes: list[list[ScriptItem]] = [
+        [TextDelta(f"Part {i}. "), FunctionCall("lookup", {"i": i})] for i in range(4)
+    ]
+    turn = scripted_turn(passes, continuation_style=True)
+    tool = make_tool("lookup", turn.executions, turn.clock, succeeds(success=False, message="no"))
+    policy = LoopPolicy(drafting=True, continuation_tool_failure_threshold=2)
+    result, reviewer = await _run(turn, [tool], [Pass()], policy=policy)
+    assert len(turn.executions.calls) == 2  # the second failure in a row spends the budget
+    (packet,) = reviewer.packets
+    assert packet.trigger == "continuation_retries_exhausted"
+    shown = [(n.key, n.params) for n in result.notices if not n.hidden]
+    assert shown == [("retry_exhausted", {"failures": 2})]
+    assert "".join(_texts(turn)) == "Part 0. "  # text after the first failure is suppressed
+    assert result.status is TurnStatus.COMPLETED
 
 
 async def test_an_expression_dropped_by_a_revision_does_not_count_as_shown() -> None:

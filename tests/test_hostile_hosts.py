@@ -10,6 +10,7 @@ under test swallows its cancellation), so that a regression is a failure, not a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -255,6 +256,35 @@ async def test_a_tool_that_ignores_cancellation_after_its_deadline_is_abandoned_
     assert stragglers.cancel_ignored  # cancelled at its deadline, and it swallowed that
     assert channel.text == "Sorry, no weather today."
     assert turn.clock.now() <= policy.tool_timeout + policy.cancel_grace + EPSILON
+
+
+async def test_the_late_answer_of_a_tool_cancelled_at_its_deadline_is_never_shown() -> None:
+    # the tool swallows its cancellation and answers anyway, a moment too late: the model
+    # sees the deadline's failure, never that answer
+    policy = LoopPolicy(tool_timeout=10, cancel_grace=2, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn(
+        [[WEATHER], [TextDelta("Sorry, no weather today.")]], policy
+    )
+
+    async def answers_late(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        return ToolResult(data={"forecast": "late sunshine"})
+
+    tool = make_tool("get_weather", turn.executions, turn.clock, answers_late)
+
+    result = await guarded(turn, [tool], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    assert turn.executions.names() == ["get_weather"]
+    (entry,) = result.history
+    assert (entry.response.success, entry.response.reason) == (False, "timed out after 10 s")
+    assert entry.response.data is None
+    (_, second) = turn.provider.requests
+    assert [e.response for e in second.history] == [entry.response]
+    assert "late sunshine" not in repr(result)
+    assert channel.text == "Sorry, no weather today."
+    assert result.abandoned_calls == ()  # it did stop, only with an answer
 
 
 class QuotaExhausted(BaseException):
@@ -520,6 +550,38 @@ async def test_an_admission_policy_that_never_answers_does_not_keep_the_turn_fro
     assert result.status is TurnStatus.ERROR  # no answer is no admission
     assert shared.requests == []
     assert clock.now() <= policy.loop.host_call_timeout + EPSILON
+
+
+async def test_an_admission_call_still_running_when_the_user_stops_the_turn_is_cancelled() -> None:
+    clock, channel, stragglers, policy = outer_world()
+    shared = ScriptedProvider([[TextDelta("from the shared route")]], clock=clock)
+    cancelled: list[float] = []
+
+    async def admit(_request: AdmissionRequest) -> bool:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(clock.now())
+            raise
+        raise AssertionError("unreachable")
+
+    signals = TurnSignals()
+    clock.call_later(5, signals.request_stop)
+    primary = ScriptedProvider([[Fail(server_error())]], clock=clock)
+    result = await returns_within(
+        run_generation_turn(
+            [Attempt(primary, label="primary")], [], channel, TurnRequest(USER), policy=policy,
+            clock=clock, signals=signals,
+            shared_route=SharedRoute((Attempt(shared, label="shared"),), admit),
+        ),
+        GUARD, stragglers=stragglers,
+    )  # fmt: skip
+
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert cancelled == [pytest.approx(5)]  # the host's call was cancelled at the stop
+    assert result.abandoned_calls == ()  # and it stopped: nothing left running
+    assert shared.requests == []
+    assert clock.now() == pytest.approx(5)
 
 
 async def test_a_notice_that_never_returns_does_not_keep_a_generation_turn_from_returning() -> None:

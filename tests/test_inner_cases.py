@@ -323,21 +323,34 @@ async def test_a_tool_that_raises_is_a_failure_shown_to_the_model() -> None:
     assert "KeyError" in (result.history[0].response.reason or "")
 
 
-async def test_failure_notice_is_redacted_and_cut_to_1800_characters() -> None:
+async def test_failure_notice_shows_the_arguments_through_the_tools_redaction() -> None:
     turn = scripted_turn([[FunctionCall("login", {"user": "ann", "password": "hunter2"})], []])
     tool = make_tool(
         "login",
         turn.executions,
         turn.clock,
-        fails("denied: " + "x" * 5000),
+        fails("denied"),
         redact=lambda args: {**args, "password": "***"},
     )
     await run_turn(turn, [tool])
     notice = next(n for n in turn.channel.notices if n.key == "tool_failed")
     assert notice.hidden
-    assert len(notice.params["summary"]) <= 1800
-    assert "hunter2" not in str(notice)
     assert notice.params["tool"] == "login"
+    # the reason is short, so the arguments are in the summary: redacted, the rest as given
+    assert notice.params["summary"] == (
+        'tool login failed: denied\narguments: {"password": "***", "user": "ann"}'
+    )
+    assert "hunter2" not in str(notice)
+
+
+async def test_failure_notice_is_cut_to_1800_characters() -> None:
+    turn = scripted_turn([[FunctionCall("login", {"user": "ann"})], []])
+    tool = make_tool("login", turn.executions, turn.clock, fails("denied: " + "x" * 5000))
+    await run_turn(turn, [tool])
+    notice = next(n for n in turn.channel.notices if n.key == "tool_failed")
+    summary = notice.params["summary"]
+    assert len(summary) == 1800
+    assert summary.startswith("tool login failed: denied: xxx") and summary.endswith("x…")
 
 
 # --------------------------------------------------------------------------- exit rules
@@ -520,6 +533,17 @@ async def test_kill_path_skips_the_settle_window() -> None:
     result = await run_turn(turn, [], policy=policy, at=[(11, lambda s: s.request_stop())])
     assert result.status is TurnStatus.STOPPED_BY_USER
     assert turn.clock.now() == pytest.approx(11)
+    assert result.delivered == ()
+    assert turn.channel.delivered == []
+
+
+async def test_a_stop_while_streaming_does_not_wait_for_the_delivery_in_flight() -> None:
+    # "Hello" is on its way to the user (confirmed only at t=12) when the stop comes at t=5
+    turn = scripted_turn([[TextDelta("Hello"), Pause(1000)]], delivery_delay=12)
+    policy = LoopPolicy(delivery_flush_chars=1, inactivity_timeout=10, abandoned_stream_settle=5)
+    result = await run_turn(turn, [], policy=policy, at=[(5, lambda s: s.request_stop())])
+    assert result.status is TurnStatus.STOPPED_BY_USER
+    assert turn.clock.now() == pytest.approx(5)  # no settle window for a stop
     assert result.delivered == ()
     assert turn.channel.delivered == []
 

@@ -203,6 +203,49 @@ async def test_a_call_when_no_tool_is_allowed_says_none_may_be_called() -> None:
     assert reason.endswith("Tools you may call: none.")
 
 
+# a call that breaks two gate rules at once meets the earlier one (docs/behaviour.md §2.4):
+# what the model is told, checked by behaviour rather than by the declaration's order
+_GATE_ORDER_CASES = [
+    pytest.param(
+        FunctionCall(" ", {"city": "Par"}, truncated=True),
+        None,
+        id="a blank name is malformed before its arguments are called truncated",
+    ),
+    pytest.param(
+        FunctionCall("get_weather", '{"city": "Par', truncated=True, parse_error="unterminated"),
+        "The provider truncated the arguments",
+        id="truncated before unparseable",
+    ),
+    pytest.param(
+        FunctionCall("get_wether", '{"city": nope}', parse_error="Expecting value at 9"),
+        "The arguments were not valid JSON (Expecting value at 9)",
+        id="unparseable before outside the allowlist",
+    ),
+    pytest.param(
+        FunctionCall("get_wether", {"city": "Par"}, truncated=True),
+        "The provider truncated the arguments",
+        id="truncated before outside the allowlist",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "shown"), _GATE_ORDER_CASES)
+async def test_a_call_breaking_two_gate_rules_meets_the_earlier_one(
+    call: FunctionCall, shown: str | None
+) -> None:
+    turn = scripted_turn([[call], [TextDelta("Sorry.")]])
+    result = await run_turn(turn, [make_tool("get_weather", turn.executions, turn.clock)])
+    assert turn.executions.calls == []  # never run, whichever rule refused it
+    if shown is None:
+        assert (result.status, result.reason) == (TurnStatus.ERROR, "malformed_call")
+        assert result.history == ()
+    else:
+        assert result.status is TurnStatus.COMPLETED
+        (entry,) = result.history
+        assert not entry.response.success
+        assert (entry.response.reason or "").startswith(shown)
+
+
 # --------------------------------------------------------------------------- deadlines and settling
 async def test_the_settle_window_stays_bounded_while_deliveries_keep_completing_in_it() -> None:
     # three deliveries of 4 s each are in flight when the reply ends; the window is 6 s

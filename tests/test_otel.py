@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -34,6 +35,7 @@ from toolloop_fsm import (
     run_generation_turn,
     run_tool_loop,
 )
+from toolloop_fsm.observation import PassStarted, TurnAborted, TurnStarted
 from toolloop_fsm.pump.observing import observe_turn
 from toolloop_fsm.pump.records import TurnRecords
 from toolloop_fsm.testing import (
@@ -41,6 +43,7 @@ from toolloop_fsm.testing import (
     Fail,
     HostileProvider,
     KeyEcho,
+    Pause,
     RecordingChannel,
     ScriptedProvider,
     VirtualClock,
@@ -303,6 +306,88 @@ async def test_a_cancelled_turn_ends_every_span_it_opened(
     [tool_span] = by_name(spans, "execute_tool weather")
     assert tool_span.attributes is not None
     assert tool_span.attributes["toolloop.tool.outcome"] == "cancelled"
+
+
+async def test_a_turn_cancelled_while_its_provider_streams_ends_the_chat_span_cancelled(
+    exporter: InMemorySpanExporter,
+) -> None:
+    clock = VirtualClock()
+    provider = ModelProvider([[TextDelta("Clear "), Pause(100), TextDelta("skies.")]], clock=clock)
+    turn = asyncio.ensure_future(
+        run_tool_loop(provider, [], RecordingChannel(clock=clock), REQUEST, clock=clock)
+    )
+
+    def cancel() -> None:
+        turn.cancel()
+
+    clock.call_later(5, cancel)  # while the pass waits for its next chunk
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    spans = exporter.get_finished_spans()
+    assert sorted(span.name for span in spans) == ["chat test-model-1", "invoke_agent"]
+    [chat] = by_name(spans, "chat test-model-1")
+    [root] = by_name(spans, "invoke_agent")
+    assert parent_of(chat) == span_id(root)
+    assert chat.attributes is not None
+    assert chat.attributes["toolloop.pass.outcome"] == "cancelled"
+    assert not any(name.startswith("gen_ai.usage.") for name in chat.attributes)
+    assert root.attributes is not None and root.attributes["toolloop.status"] == "cancelled"
+
+
+async def test_a_chat_span_still_open_when_the_turn_is_cancelled_is_ended_and_let_go() -> None:
+    # the observer's own backstop, driven directly: the pass never reported its end
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observer = otel.TracingObserver(tracer_provider=provider)
+    observer.turn_started(TurnStarted("tool_loop", 0.0, "scripted", "m"))
+    observer.pass_started(PassStarted(0, 1, "scripted", "m", 0.0))
+    assert trace.get_current_span().get_span_context().is_valid  # current while it streams
+    observer.turn_aborted(TurnAborted(5.0, cancelled=True))
+    spans = exporter.get_finished_spans()
+    assert sorted(span.name for span in spans) == ["chat m", "invoke_agent"]
+    [chat] = by_name(spans, "chat m")
+    assert chat.attributes is not None
+    assert chat.attributes["toolloop.status"] == "cancelled"
+    assert chat.attributes["toolloop.reason"] == "the turn was cancelled"
+    assert not trace.get_current_span().get_span_context().is_valid  # no longer current
+
+
+async def test_usage_is_recorded_on_a_chat_span_only_when_its_pass_has_some(
+    exporter: InMemorySpanExporter,
+) -> None:
+    clock = VirtualClock()
+    provider = ModelProvider(
+        [[FunctionCall("weather", {"city": "Paris"}, "call_1"), UsageReport(100, 10)], []],
+        clock=clock,
+    )
+    await run_tool_loop(
+        provider, [weather_tool(clock)], RecordingChannel(clock=clock), REQUEST, clock=clock
+    )
+    reported, empty = by_name(exporter.get_finished_spans(), "chat test-model-1")
+    assert reported.attributes is not None and empty.attributes is not None
+    assert (
+        reported.attributes["gen_ai.usage.input_tokens"],
+        reported.attributes["gen_ai.usage.output_tokens"],
+        reported.attributes["toolloop.usage.estimated"],
+    ) == (100, 10, False)
+    # the empty pass produced nothing and no usage was reported for it: none is recorded
+    assert empty.attributes["toolloop.pass.outcome"] == "empty_response"
+    assert not any("usage" in name for name in empty.attributes)
+
+
+async def test_a_turn_without_any_usage_has_no_usage_on_its_span(
+    exporter: InMemorySpanExporter,
+) -> None:
+    clock = VirtualClock()
+    result = await run_tool_loop(
+        ModelProvider([[]], clock=clock), [], RecordingChannel(clock=clock), REQUEST, clock=clock
+    )
+    assert result.usage.entries == ()
+    [root] = by_name(exporter.get_finished_spans(), "invoke_agent")
+    assert root.attributes is not None
+    assert root.attributes["toolloop.status"] == "empty_response"
+    assert not any("usage" in name for name in root.attributes)
 
 
 # --------------------------------------------------------------------------- secrecy

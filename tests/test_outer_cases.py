@@ -163,6 +163,28 @@ async def test_expression_delivered_once_per_turn_across_attempts() -> None:
     assert [d.expression for d in result.delivered if d.expression] == ["cat_sticker"]
 
 
+async def test_an_expression_delivered_by_an_earlier_attempt_settles_an_empty_pass() -> None:
+    clock = VirtualClock()
+    executions = Executions()
+
+    async def sticker(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        return ToolResult(expression="cat_sticker")
+
+    tools = [
+        Tool("sticker", "send a sticker", {"type": "object"}, sticker),
+        make_tool("note", executions, clock, requires_follow_up=False),
+    ]
+    first = ScriptedProvider([[FunctionCall("sticker", {})], [Fail(server_error())]], clock=clock)
+    # the backup only takes a note (no follow-up needed), then has nothing to add: the
+    # sticker the user already saw is the reply
+    second = ScriptedProvider([[FunctionCall("note", {"n": 1})], []], clock=clock)
+    result, channel = await generate([Attempt(first), Attempt(second)], clock, tools=tools)
+    assert result.status is TurnStatus.COMPLETED
+    assert result.reason == "settled_after_tool"
+    assert channel.expressions == ["cat_sticker"]
+    assert executions.names() == ["note"]
+
+
 # --------------------------------------------------------------------------- keys
 async def test_key_rotation_before_model_fallback() -> None:
     clock = VirtualClock()

@@ -155,6 +155,71 @@ def test_a_turn_resumed_after_its_tool_ran_does_not_run_the_tool_again() -> None
     ]
 
 
+def test_a_turn_resumed_after_the_memory_tool_ran_keeps_it_disabled() -> None:
+    memory_runs: list[dict[str, Any]] = []
+
+    async def remember(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        memory_runs.append(arguments)
+        return ToolResult(data={"saved": True})
+
+    memory = Tool("update_short_term_memory", "Remember a fact", {"type": "object"}, remember)
+    weather = CountingTool()
+    passes: list[list[ScriptItem]] = [
+        [FunctionCall("update_short_term_memory", {"fact": "likes Oslo"})],
+        [FunctionCall("update_short_term_memory", {"fact": "again"})],
+        [TextDelta("Noted.")],
+    ]
+    saved: list[str] = []
+    asyncio.run(
+        run_tool_loop(
+            ScriptedProvider(passes), [memory, weather.tool()], RecordingChannel(),
+            TurnRequest(USER), on_snapshot=lambda s: saved.append(snapshot_to_json(s)),
+        )
+    )  # fmt: skip
+    assert memory_runs == [{"fact": "likes Oslo"}]  # once a turn
+    snapshot = snapshot_from_json(saved[1])  # after the memory tool ran, before pass 2
+    provider = ScriptedProvider(passes[1:])
+    resumed = asyncio.run(
+        resume_tool_loop(snapshot, provider, [memory, weather.tool()], RecordingChannel())
+    )
+    assert memory_runs == [{"fact": "likes Oslo"}]  # still disabled: not run a second time
+    assert [spec.name for spec in provider.requests[0].tools] == ["get_weather"]
+    refused = resumed.history[-1].response
+    assert not refused.success
+    assert "not available in this turn" in (refused.reason or "")
+    assert resumed.final_text == "Noted."
+
+
+def test_a_turn_resumed_after_a_checkpoint_rejection_keeps_the_rejection() -> None:
+    from toolloop_fsm.review import Finding, Pass, Revise
+    from toolloop_fsm.testing.reviewer import ScriptedReviewer
+
+    checkpoint = LoopPolicy(review_tool_calls=True)
+    no = Finding("tool_use", "Oslo was not asked about", "ask which city first")
+    call = FunctionCall("get_weather", {"city": "Oslo", "units": "metric"})
+    passes: list[list[ScriptItem]] = [[call], [call], [TextDelta("Which city?")]]
+    weather = CountingTool()
+    saved: list[str] = []
+    asyncio.run(
+        run_tool_loop(
+            ScriptedProvider(passes), [weather.tool()], RecordingChannel(), TurnRequest(USER),
+            policy=checkpoint, reviewer=ScriptedReviewer([Revise([no]), Pass()]),
+            on_snapshot=lambda s: saved.append(snapshot_to_json(s)),
+        )
+    )  # fmt: skip
+    snapshot = snapshot_from_json(saved[1])  # after the rejection, before pass 2
+    reviewer = ScriptedReviewer([Pass()])
+    resumed = asyncio.run(
+        resume_tool_loop(snapshot, ScriptedProvider(passes[1:]), [weather.tool()],
+                         RecordingChannel(), policy=checkpoint, reviewer=reviewer)
+    )  # fmt: skip
+    assert reviewer.packets == []  # the identical call gets the same rejection, unreviewed
+    assert weather.runs == []
+    assert [e.response.status for e in resumed.history] == ["review_rejected"] * 2
+    assert resumed.history[0].response == resumed.history[1].response
+    assert resumed.final_text == "Which city?"
+
+
 def test_a_crash_mid_pass_resumed_with_a_keyed_channel_shows_no_text_twice() -> None:
     """The worker dies while pass 2 streams, after part of it was delivered; the resumed
     pass sends that part again under the same keys and the channel drops it."""

@@ -519,15 +519,17 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         turn.prefill = request.prefill
         if ledger:
             turn.ledger.update(ledger)
+        turn.expression_delivered = expression_delivered
         if self.policy.drafting or self.policy.review_tool_calls:
             turn.draft = draft if draft is not None else DraftState()
             if turn.draft.expression_held:
-                turn.expression_delivered = True  # a carried draft holds the one expression
+                # a carried draft holds the one expression, shown with the reply: it counts
+                # as delivered although no earlier attempt delivered one
+                turn.expression_delivered = True
             if turn.draft.history and self.policy.drafting:
                 # an earlier attempt's function history: the model sees its tool rounds
                 turn.history = list(turn.draft.history)
                 turn.draft.history = []
-        turn.expression_delivered = expression_delivered
         turn.snapshots = self.snapshots
         self._model = turn
         return self._fire("start", None, now)
