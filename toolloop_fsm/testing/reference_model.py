@@ -595,11 +595,17 @@ def _arguments_accepted(shape: _ToolShape, arguments: object) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _schema_check(parameters: str) -> Callable[[object], object] | None:
-    """A schema (canonical JSON) compiled once; ``None`` when it cannot be compiled."""
+    """A schema (canonical JSON) compiled once; ``None`` when it cannot be compiled (a
+    ``$ref`` to another document among them: it is never fetched)."""
+    never_fetched = dict.fromkeys(("http", "https", "file", "ftp"), _no_fetching)
     try:
-        return fastjsonschema.compile(json.loads(parameters))
-    except (fastjsonschema.JsonSchemaDefinitionException, ValueError, TypeError):
+        return fastjsonschema.compile(json.loads(parameters), handlers=never_fetched)
+    except Exception:  # any schema the validator cannot build is one that cannot be compiled
         return None
+
+
+def _no_fetching(uri: str) -> object:
+    raise ValueError(f"{uri} is another document; the schema's references are never fetched")
 
 
 def _outcome_of(behaviour: ToolBehaviour) -> _Outcome:
