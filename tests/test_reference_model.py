@@ -36,6 +36,7 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.guards import exit_policy
+from toolloop_fsm.host import Tool, ToolContext, ToolRegistry, ToolResult
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import TurnStatus
@@ -375,6 +376,72 @@ def test_a_tool_that_delivered_a_response_is_predicted_to_settle_an_empty_pass(
     ending = predict(script)
     assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "settled_after_tool")
     assert ending.tool_response_delivered
+
+
+def test_a_failed_tool_claiming_it_delivered_is_predicted_not_to_settle_an_empty_pass() -> None:
+    """docs/behaviour.md §4.2 rule 3: a failed result's ``delivered`` is not read."""
+    script = TurnScript(
+        passes=((WEATHER,), ()),
+        tool_plan=(("get_weather", (ToolBehaviour(ToolAction.FAIL, delivered=True),)),),
+    )
+    ending = predict(script)
+    assert ending.status is TurnStatus.EMPTY_RESPONSE
+    assert not ending.tool_response_delivered
+    assert_ends_as_predicted(script, EAGER)
+
+
+def test_a_silent_tool_restarting_the_context_after_text_is_predicted_to_settle_an_empty_pass() -> (
+    None
+):
+    """docs/behaviour.md §5 rule 3: the restarting tool is the last tool called, so the empty
+    pass after it settles (§2.5 rule 2); the restart records no tool round."""
+    script = TurnScript(
+        passes=((TextDelta("Here. "), STICKER), ()),
+        tool_plan=(("send_sticker", (ToolBehaviour(context_restart=ENRICH),)),),
+    )
+    ending = predict(script)
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "settled_after_tool")
+    assert ending.history == ()
+    assert_ends_as_predicted(script, EAGER)
+
+
+def test_a_restart_is_predicted_to_outrank_end_turn_and_the_memory_rules() -> None:
+    """docs/behaviour.md §4.1 comes first: a restarting result's ``end_turn`` does not end
+    the turn, and a restarting memory update neither ends it after text nor disables the
+    tool (§4.2 is not reached)."""
+    ends = TurnScript(
+        passes=((TextDelta("Hi. "), WEATHER), (TextDelta("Again."),)),
+        tool_plan=(("get_weather", (ToolBehaviour(end_turn=True, context_restart=ENRICH),)),),
+    )
+    assert predict(ends).final_text == "Again."
+    memory = TurnScript(
+        passes=((TextDelta("Noted. "), MEMORY), (MEMORY,), (TextDelta("Done."),)),
+        tool_plan=((MEMORY.name, (ToolBehaviour(context_restart=ENRICH), ToolBehaviour())),),
+    )
+    ending = predict(memory)
+    assert ending.history == ((MEMORY.name, True),)  # the second update ran
+    assert ending.final_text == "Done."
+    for script in (ends, memory):
+        assert_ends_as_predicted(script, EAGER)
+
+
+def test_arguments_the_schema_refuses_are_predicted_as_a_failure_the_handler_never_sees() -> None:
+    """docs/behaviour.md §3.6: the arguments are checked against the tool's schema first."""
+    calls: list[str] = []
+
+    def handler(arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        calls.append("ran")
+        return ToolResult()
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = ToolRegistry([Tool("get_weather", "weather", schema, handler)])
+    script = TurnScript(
+        passes=((FunctionCall("get_weather", {"town": "Oslo"}),), (WEATHER,), (TextDelta("ok"),))
+    )
+    ending = predict_ending(script, EAGER, tools=tools)
+    assert ending.history == (("get_weather", False), ("get_weather", True))
+    assert ending.notices == ("tool_failed",)
+    assert ending.tool_dispatches == 2 and calls == []
 
 
 def test_an_empty_pass_cut_at_the_length_limit_is_predicted_not_to_settle() -> None:

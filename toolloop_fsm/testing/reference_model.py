@@ -133,11 +133,14 @@ script's ``reviews`` say what the reviewer answers, in order, a pass once they r
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
+import fastjsonschema
 from attrs import define, field, frozen
 
 from toolloop_fsm.events import (
@@ -197,11 +200,10 @@ _HOST_FAILURES = frozenset({"host_error", "host_timeout"})
 _CONFIRMED = "confirmed"
 _GIVEN_UP = "given_up"  # a notice past the turn's notice budget: named, and it ends nothing
 _STOP_MESSAGE = "stop message"
-#: Tool actions that end in a failure shown to the model (after the behaviour's delay).
-_FAILING_ACTIONS = frozenset(
-    {ToolAction.FAIL, ToolAction.RAISE, ToolAction.RAISE_BASE_EXCEPTION,
-     ToolAction.RAISE_GENERATOR_EXIT}
-)  # fmt: skip
+#: Tool actions that raise (after the behaviour's delay) instead of returning a result.
+_RAISING_ACTIONS = frozenset(
+    {ToolAction.RAISE, ToolAction.RAISE_BASE_EXCEPTION, ToolAction.RAISE_GENERATOR_EXIT}
+)
 #: Tool actions that never return by themselves: only the deadline or a stop ends the round.
 _NEVER_RETURNING = frozenset({ToolAction.HANG, ToolAction.IGNORE_CANCELLATION})
 
@@ -295,6 +297,7 @@ def predict_endings(
             requires_follow_up=tool.requires_follow_up,
             deadline=tool.timeout if tool.timeout is not None else policy.tool_timeout,
             rerun=getattr(tool, "replay", None) == "rerun",
+            parameters=json.dumps(tool.parameters, sort_keys=True),
         )
         for tool in tools
     }
@@ -351,6 +354,7 @@ class _ToolShape:
     requires_follow_up: bool
     deadline: float
     rerun: bool
+    parameters: str  # the arguments' JSON schema, as canonical JSON
 
 
 @frozen
@@ -520,6 +524,223 @@ def _whole_counts(usage: UsageReport) -> bool:
     )
 
 
+# =========================================================================== the tool-round rules
+# docs/behaviour.md §3 (a call, from the gate to the failure notice), §4 (after a tool call)
+# and §5 (a context restart), one plain decision per numbered rule, read from that document
+# alone. The simulation below asks them in the order the document gives and applies what
+# they decide; they know nothing of time, the channel or the simulation.
+
+
+@frozen
+class _Counters:
+    """What the rounds so far leave for the next (§4.2 rules 4-5): failures in a row,
+    continuation failures in a row, and whether streamed text is suppressed."""
+
+    failures: int = 0
+    continuation_failures: int = 0
+    suppressed: bool = False
+
+
+def _malformed(call: FunctionCall) -> bool:
+    """§3.1: no name, a blank name, or complete arguments that are not a JSON object (cut or
+    unparseable arguments are §3.2/§3.3's, not malformed)."""
+    if not isinstance(call.name, str) or not call.name.strip():
+        return True
+    complete = not call.truncated and call.parse_error is None
+    return complete and not isinstance(call.arguments, Mapping)
+
+
+def _refused(
+    call: FunctionCall,
+    registered: Mapping[str, _ToolShape],
+    allowed: frozenset[str] | None,
+    disabled: set[str],
+) -> bool:
+    """§3.2 truncated arguments, §3.3 unparseable arguments, §3.4 a tool the model may not
+    call (unknown, outside ``tools_allowed``, or disabled for the turn): the tool does not
+    run and the round is a failure."""
+    if call.truncated or call.parse_error is not None:
+        return True
+    name = str(call.name)
+    may_call = name in registered and (allowed is None or name in allowed)
+    return not may_call or name in disabled
+
+
+def _reusable(recorded: _Outcome | None, shape: _ToolShape) -> bool:
+    """§3.5: the call's occurrence was recorded earlier in the turn and that run succeeded,
+    and the tool is not registered ``replay="rerun"``."""
+    return not shape.rerun and recorded is not None and recorded.success
+
+
+def _reused(recorded: _Outcome) -> _Outcome:
+    """§3.5: what a reuse hands back — the recorded ``end_turn`` and ``delivered`` — and,
+    being no run, no expression again (§3.8 rule 1) and no restart (§5)."""
+    return _Outcome(
+        success=True, end_turn=recorded.end_turn, delivered=recorded.delivered, reused=True
+    )
+
+
+def _arguments_accepted(shape: _ToolShape, arguments: object) -> bool:
+    """§3.6: the arguments are checked against the tool's ``parameters`` schema before the
+    handler runs; a violation, or a schema that cannot be compiled, is a failed call."""
+    check = _schema_check(shape.parameters)
+    if check is None:
+        return False
+    try:
+        check(arguments)
+    except fastjsonschema.JsonSchemaException:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=64)
+def _schema_check(parameters: str) -> Callable[[object], object] | None:
+    """A schema (canonical JSON) compiled once; ``None`` when it cannot be compiled (a
+    ``$ref`` to another document among them: it is never fetched)."""
+    never_fetched = dict.fromkeys(("http", "https", "file", "ftp"), _no_fetching)
+    try:
+        return fastjsonschema.compile(json.loads(parameters), handlers=never_fetched)
+    except Exception:  # any schema the validator cannot build is one that cannot be compiled
+        return None
+
+
+def _no_fetching(uri: str) -> object:
+    raise ValueError(f"{uri} is another document; the schema's references are never fetched")
+
+
+def _outcome_of(behaviour: ToolBehaviour) -> _Outcome:
+    """§3.6 rule 2: what a handler that returned hands the loop. A `ToolResult` says success
+    or failure and carries its fields; a raise of any kind is a failure carrying nothing."""
+    if behaviour.action in _RAISING_ACTIONS:
+        return _Outcome(success=False, dispatched=True)
+    return _Outcome(
+        success=behaviour.action is not ToolAction.FAIL,
+        end_turn=behaviour.end_turn,
+        delivered=behaviour.delivered,
+        expression=behaviour.expression,
+        restarts=behaviour.context_restart is not None,
+        dispatched=True,
+    )
+
+
+def _shows_expression(outcome: _Outcome, shown_already: bool) -> bool:
+    """§3.8 rule 1: a successful tool's expression, at most once per turn, never for a
+    reused outcome."""
+    return (
+        outcome.success
+        and outcome.expression is not None
+        and not outcome.reused
+        and not shown_already
+    )
+
+
+def _posts_failure_notice(outcome: _Outcome) -> bool:
+    """§3.8 rule 2: every failure posts ``tool_failed`` — but a rejection by the tool
+    checkpoint posts none (§14.6)."""
+    return not outcome.success and not outcome.rejected
+
+
+def _restarts_context(outcome: _Outcome) -> bool:
+    """§4.1: a successful outcome carrying a context restart restarts the context; a reused
+    one never does (§5)."""
+    return outcome.success and outcome.restarts and not outcome.reused
+
+
+def _counted(
+    counters: _Counters, outcome: _Outcome, *, continuation_style: bool, pre_tool_text: bool
+) -> _Counters:
+    """§4.2 rule 4 and §5 rule 3: a success resets both counters and lifts suppression.
+    §4.2 rule 5: a failure adds one failure; on a continuation-style provider, after pre-tool
+    text, also one continuation failure, and text is suppressed. A checkpoint rejection
+    counts as no error (§14.6)."""
+    if outcome.success:
+        return _Counters()
+    if outcome.rejected:
+        return counters
+    if continuation_style and pre_tool_text:
+        return _Counters(counters.failures + 1, counters.continuation_failures + 1, True)
+    return attrs.evolve(counters, failures=counters.failures + 1)
+
+
+def _disables(name: str, outcome: _Outcome, policy: LoopPolicy) -> bool:
+    """§4.2 rule 4: a successful call of the memory tool disables it for the rest of the
+    turn (§3.4 then refuses it)."""
+    return outcome.success and name == policy.memory_tool_name
+
+
+def _error_ceiling_reached(counters: _Counters, policy: LoopPolicy) -> bool:
+    """§4.3: ``max_consecutive_tool_errors`` failures in a row."""
+    return counters.failures >= policy.max_consecutive_tool_errors
+
+
+def _tool_ends_turn(outcome: _Outcome) -> bool:
+    """§4.4: a successful outcome with ``end_turn``."""
+    return outcome.success and outcome.end_turn
+
+
+def _continuation_retries_spent(
+    counters: _Counters, policy: LoopPolicy, *, continuation_style: bool
+) -> bool:
+    """§4.5: on a continuation-style provider, the threshold of continuation failures."""
+    return (
+        continuation_style
+        and counters.continuation_failures >= policy.continuation_tool_failure_threshold
+    )
+
+
+def _visible_text_suffices(
+    name: str,
+    outcome: _Outcome,
+    shape: _ToolShape | None,
+    policy: LoopPolicy,
+    *,
+    pre_tool_text: bool,
+    continuation_style: bool,
+) -> bool:
+    """§4.6, after a successful tool whose pass had non-blank pre-tool text: rule 1, the
+    memory tool as a member of the suppress set, whatever its follow-up setting; rule 2, a
+    tool registered ``requires_follow_up=False`` that is in the set or runs on a
+    continuation-style provider."""
+    if not outcome.success or not pre_tool_text:
+        return False
+    in_set = name in policy.suppress_followup_after_pre_tool_text
+    if name == policy.memory_tool_name and in_set:
+        return True
+    silent = shape is not None and not shape.requires_follow_up
+    return silent and (in_set or continuation_style)
+
+
+#: What §4 decides after a recorded round: the sub-reason the turn ends with, or the next pass.
+_NEXT_PASS = "next_pass"
+
+
+def _after_tool_call(
+    name: str,
+    outcome: _Outcome,
+    counters: _Counters,
+    shape: _ToolShape | None,
+    policy: LoopPolicy,
+    *,
+    pre_tool_text: bool,
+    continuation_style: bool,
+) -> str:
+    """§4.3-§4.7 in order, the first that matches deciding: ``consecutive_tool_errors``,
+    ``end_turn``, ``continuation_retries_exhausted``, ``pre_tool_text_suffices`` or
+    `_NEXT_PASS`."""
+    if _error_ceiling_reached(counters, policy):
+        return "consecutive_tool_errors"
+    if _tool_ends_turn(outcome):
+        return "end_turn"
+    if _continuation_retries_spent(counters, policy, continuation_style=continuation_style):
+        return "continuation_retries_exhausted"
+    if _visible_text_suffices(
+        name, outcome, shape, policy,
+        pre_tool_text=pre_tool_text, continuation_style=continuation_style,
+    ):  # fmt: skip
+        return "pre_tool_text_suffices"
+    return _NEXT_PASS
+
+
 # =========================================================================== the simulation
 class _Simulation:
     """One run of the rules along one order of coinciding timers."""
@@ -568,9 +789,7 @@ class _Simulation:
         self.call: FunctionCall | None = None
         self.pre_tool_text: str | None = None
         self.dispatches = 0
-        self.consecutive_errors = 0
-        self.continuation_failures = 0
-        self.suppressed = False
+        self.counters = _Counters()
         self.last_tool: str | None = None
         self.visible_text_handed = False
         self.expression_delivered = False
@@ -830,7 +1049,7 @@ class _Simulation:
             return
         text = "".join(current.buffer)
         current.buffer.clear()
-        if self.suppressed:
+        if self.counters.suppressed:
             return
         if self.drafting:
             self.hold_text(text, mid_stream=mid_stream)
@@ -894,71 +1113,58 @@ class _Simulation:
         tool already delivered a response (itself, or by a delivered expression), or when visible
         text or the turn's expression was delivered (drafting: held) and the last tool needs no
         follow-up."""
-        if current.finish in _CUT_FINISHES or self.last_tool is None:
+        if current.finish in _CUT_FINISHES:
             return False
         if self.tool_response_delivered:
             return True
-        shape = self.tools.get(self.last_tool)
+        shape = self.tools.get(self.last_tool) if self.last_tool is not None else None
         shown = self.visible_text_handed or self.expression_delivered
         return shown and shape is not None and not shape.requires_follow_up
 
     # ------------------------------------------------------------------ execute the tool call
     def gate(self, call: FunctionCall) -> None:
-        """docs/behaviour.md §3.1-§3.5, in order: a malformed call ends the turn with nothing run;
-        truncated or unparseable arguments and a tool outside the allowlist (unknown,
-        not allowed, or disabled for the turn) are failures shown to the model; a replayed
-        call reuses its recorded outcome (never reviewed); the tool checkpoint may reject
-        the call or ask its reviewer; anything else is dispatched."""
+        """docs/behaviour.md §2.4 rules 1-6 and §3.1-§3.5, in that order: a malformed call
+        ends the turn; a refusal is a failed round; a replayed call hands back its recorded
+        outcome (never reviewed); the tool checkpoint (§14.6) may hold the call; anything
+        else is dispatched."""
         self.call = call
         self.occurrence = None  # taken when the call reaches the ledger
         text = self.current.text
         self.pre_tool_text = text if text.strip() else None
-        name = call.name
-        checked = not call.truncated and call.parse_error is None
-        if (
-            not isinstance(name, str)
-            or not name.strip()
-            or (checked and not isinstance(call.arguments, Mapping))
-        ):
+        if _malformed(call):
             self.decide(TurnStatus.ERROR, "malformed_call")
             return
-        if call.truncated or call.parse_error is not None:
-            self.tool_outcome(_REFUSED)
-            return
-        allowed = self.script.tools_allowed
-        if (
-            name not in self.tools
-            or (allowed is not None and name not in allowed)
-            or (name in self.disabled)
-        ):
+        if _refused(call, self.tools, self.script.tools_allowed, self.disabled):
             self.tool_outcome(_REFUSED)
             return
         identity = _identity(call)
-        occurrence = (identity, self.occurrences.get(identity, 0))
-        replayed = self.ledger.get(occurrence)
-        if not self.tools[name].rerun and replayed is not None and replayed.success:
+        recorded = self.ledger.get((identity, self.occurrences.get(identity, 0)))
+        if recorded is not None and _reusable(recorded, self.tools[str(call.name)]):
             self.take_occurrence(identity)
-            self.tool_outcome(_Outcome(
-                success=True, end_turn=replayed.end_turn, delivered=replayed.delivered,
-                expression=replayed.expression, reused=True,
-            ))  # fmt: skip
+            self.tool_outcome(_reused(recorded))
             return
         if self.checkpoint and self.checkpoint_decides(call, identity):
             return
         self.dispatch(call)
 
     def take_occurrence(self, identity: str) -> None:
-        """The call takes its occurrence in the replay segment (a reuse or a run; a call the
-        checkpoint rejects takes none)."""
+        """§3.5: the call is the next occurrence of its identity in the replay scope (a reuse
+        or a run; a refused call or one the checkpoint rejects takes none)."""
         occurrence = self.occurrences.get(identity, 0)
         self.occurrences[identity] = occurrence + 1
         self.occurrence = (identity, occurrence)
 
     def dispatch(self, call: FunctionCall) -> None:
+        """§3.6: a run under the tool's deadline (its own, or ``tool_timeout``); arguments the
+        schema refuses fail at once, the handler never called."""
         name = str(call.name)
         self.take_occurrence(_identity(call))
         self.dispatches += 1
-        self.tool = _ToolRun(name, None, self.now + self.tools[name].deadline, ToolBehaviour())
+        shape = self.tools[name]
+        if not _arguments_accepted(shape, call.arguments):
+            self.tool_outcome(_Outcome(success=False, dispatched=True))
+            return
+        self.tool = _ToolRun(name, None, self.now + shape.deadline, ToolBehaviour())
         self.phase = "tool"
         self.tool_starting = True
 
@@ -980,125 +1186,66 @@ class _Simulation:
     def tool_returns(self) -> None:
         tool = self.tool
         assert tool is not None
-        behaviour = tool.behaviour
-        if behaviour.action not in _FAILING_ACTIONS:  # succeeds (having edited its own copy)
-            outcome = _Outcome(
-                success=True, end_turn=behaviour.end_turn, delivered=behaviour.delivered,
-                expression=behaviour.expression,
-                restarts=behaviour.context_restart is not None, dispatched=True,
-            )  # fmt: skip
-        else:  # a reported failure or a raise of any kind: a failure shown to the model
-            outcome = _Outcome(success=False, expression=behaviour.expression, dispatched=True)
-        self.tool_outcome(outcome)
+        self.tool_outcome(_outcome_of(tool.behaviour))
 
     def tool_deadline_expires(self) -> None:
-        """docs/behaviour.md §3.6 rule 1: the tool deadline; the tool is abandoned and the model
-        told it timed out."""
+        """§3.6 rule 1: the deadline; the tool is abandoned and the model told it timed out."""
         self.tool_outcome(_TIMED_OUT)
 
     # ------------------------------------------------------------------ after a tool call
     def tool_outcome(self, outcome: _Outcome) -> None:
-        """docs/behaviour.md §3.8: deliver a successful tool's expression (once per turn,
-        never for a reuse) and post the failure notice; then §4's rules after a tool call,
-        the first that matches deciding."""
+        """The outcome of a round is known (a run, a refusal, a reuse, a rejection): §3.8,
+        then §4 — a restart (§4.1, §5), or the round recorded (§4.2) and §4.3-§4.7."""
         self.tool = None
         call = self.call
         assert call is not None
-        name = call.name
-        if (
-            outcome.success
-            and outcome.expression is not None
-            and not outcome.reused
-            and not self.expression_delivered
-        ):
+        name = str(call.name)
+        if outcome.dispatched and self.occurrence is not None:
+            self.ledger[self.occurrence] = outcome  # §3.5: every run is recorded, failures too
+        if _shows_expression(outcome, self.expression_delivered):  # §3.8 rule 1
+            assert outcome.expression is not None
             self.expression_delivered = True
             if self.drafting:
-                self.hold_expression(outcome.expression)  # shown with the reviewed reply
+                self.hold_expression(outcome.expression)  # §14.2: held in its place
             else:
-                self.tool_response_delivered = True
+                self.tool_response_delivered = True  # it answered the user itself (§2.5)
                 self.hand_over(_Delivery(expression=outcome.expression))
-        if not outcome.success and not outcome.rejected:
+        if _posts_failure_notice(outcome):  # §3.8 rule 2
             self.post("tool_failed")
-        self.last_tool = name
-        # §4.1 and §5 rules 3-6: a restart records no history entry; both error counters
-        # reset and suppression lifts; the passes after it are a new replay scope
-        if outcome.restarts:
-            self.record(outcome)
-            self.consecutive_errors = self.continuation_failures = 0
-            self.suppressed = False
+        continuation_style = self.script.continuation_style
+        pre_tool_text = self.pre_tool_text is not None
+        self.counters = _counted(
+            self.counters, outcome, continuation_style=continuation_style,
+            pre_tool_text=pre_tool_text,
+        )  # fmt: skip
+        self.last_tool = name  # §4.2 rule 3, §5 rule 3
+        if _restarts_context(outcome):  # §4.1: §5 rules 3-6, no history entry
             self.occurrences = {}
             self.start_pass()
             return
-        # §4.2 rules 1-3: the history entry; a delivered response is noted
+        # §4.2 rules 1, 3 and 4: the history entry, a delivered response, the memory tool
+        # disabled
         self.history.append((name, outcome.success))
-        self.record(outcome)
-        if outcome.success:
-            self.tool_response_delivered |= outcome.delivered
-            # §4.2 rule 4: a success resets both counters and lifts the suppression of
-            # text; a successful memory update disables the memory tool for the turn (§3.4)
-            self.consecutive_errors = self.continuation_failures = 0
-            self.suppressed = False
-            if name == self.policy.memory_tool_name:
-                self.disabled.add(name)
-        elif outcome.rejected:
-            pass  # the checkpoint's rejection is no failure: no counter moves
-        else:
-            self.consecutive_errors += 1
-            # §4.2 rule 5: on a provider whose text cannot be retracted, a failure after
-            # visible text also counts as a continuation failure and suppresses text
-            if self.script.continuation_style and self.pre_tool_text is not None:
-                self.continuation_failures += 1
-                self.suppressed = True
-        shape = self.tools.get(name)
-        ends_turn = outcome.success and outcome.end_turn  # §4.4
-        retries_spent = (
-            self.script.continuation_style
-            and self.continuation_failures >= self.policy.continuation_tool_failure_threshold
-        )  # §4.5
-        text_suffices = (
-            outcome.success
-            and self.pre_tool_text is not None
-            and (
-                (
-                    name == self.policy.memory_tool_name
-                    and name in self.policy.suppress_followup_after_pre_tool_text
-                )
-                or (
-                    shape is not None
-                    and not shape.requires_follow_up
-                    and (
-                        name in self.policy.suppress_followup_after_pre_tool_text
-                        or self.script.continuation_style
-                    )
-                )
-            )
-        )  # §4.6 rules 1 and 2: the memory tool, or a silent tool, after visible text
-        if self.consecutive_errors >= self.policy.max_consecutive_tool_errors:  # §4.3
+        self.tool_response_delivered |= outcome.success and outcome.delivered
+        if _disables(name, outcome, self.policy):
+            self.disabled.add(name)
+        decided = _after_tool_call(
+            name, outcome, self.counters, self.tools.get(name), self.policy,
+            pre_tool_text=pre_tool_text, continuation_style=continuation_style,
+        )  # fmt: skip
+        if decided == "consecutive_tool_errors":  # §4.3
             self.post("tool_error_loop")
-            self.decide(TurnStatus.ERROR, "consecutive_tool_errors")
-        elif self.drafting and self.held and (ends_turn or retries_spent or text_suffices):
-            # §14.3: the round would end the turn while a reply is held: it is completed
-            if not ends_turn and retries_spent:
-                self.post("retry_exhausted")
-            self.complete_reply()
-        elif ends_turn:
-            self.complete_with_pre_tool_text("end_turn")
-        elif retries_spent:
+            self.decide(TurnStatus.ERROR, decided)
+            return
+        if decided == "continuation_retries_exhausted":  # §4.5
             self.post("retry_exhausted")
-            self.complete_with_pre_tool_text("continuation_retries_exhausted")
-        elif text_suffices:
-            self.complete_with_pre_tool_text("pre_tool_text_suffices")
-        else:  # §4.7 the next pass
+        if decided == _NEXT_PASS:  # §4.7
             self.start_pass()
-
-    def record(self, outcome: _Outcome) -> None:
-        """A run that completed is recorded under the call's identity and occurrence."""
-        if outcome.dispatched and self.occurrence is not None:
-            self.ledger[self.occurrence] = outcome
-
-    def complete_with_pre_tool_text(self, reason: str) -> None:
-        self.completed_text = self.pre_tool_text or ""
-        self.decide(TurnStatus.COMPLETED, reason)
+        elif self.drafting and self.held:
+            self.complete_reply()  # §14.3: the round would end the turn with a reply held
+        else:  # §4.4-§4.6: completed with the pre-tool text
+            self.completed_text = self.pre_tool_text or ""
+            self.decide(TurnStatus.COMPLETED, decided)
 
     # ------------------------------------------------------------------ drafting
     def hold_text(self, text: str, *, mid_stream: bool) -> None:
