@@ -44,13 +44,17 @@ from toolloop_fsm.pump.redaction import Secrets
 from toolloop_fsm.snapshot import TurnSnapshot, snapshot_to_json
 from toolloop_fsm.stream import stream_generation_turn, stream_tool_loop
 from toolloop_fsm.testing import (
+    EchoKey,
     InvariantViolation,
+    KeyEcho,
     Pause,
     RecordingChannel,
     ScriptedProvider,
     ScriptItem,
+    TurnScript,
     VirtualClock,
     check_invariants,
+    run_script,
 )
 from toolloop_fsm.testing.hostile import leaked_runs
 from toolloop_fsm.testing.reviewer import ScriptedReviewer
@@ -522,3 +526,21 @@ def test_masking_a_streamed_reply_equals_masking_the_whole_reply(
 
     assert asyncio.run(masked_alone()) == expected
     assert asyncio.run(masked_in_a_turn()) == expected
+
+
+async def test_text_held_back_as_a_possible_key_start_is_never_sent_after_a_refused_delivery() -> (
+    None
+):
+    """docs/behaviour.md §9.12 rule 2: the channel refuses the second delivery; the tail held
+    back as a possible start of the key ("k" begins "k-7Qm2xZ") must not reach the user after
+    that gap, or they would read "Hik" with the words between missing."""
+    key = "hk-7Qm2xZ9pLk4vR8tW3nB6"
+    script = TurnScript(
+        passes=((TextDelta("Hi"), TextDelta("🙂 ok"), EchoKey(KeyEcho.WHOLE)),),
+        failing_delivery=1,
+        provider_key=key,
+    )
+    run = await run_script(script, LoopPolicy(delivery_flush_chars=1))
+    assert (run.result.status, run.result.reason) == (TurnStatus.ERROR, "host_error")
+    assert [d.text for d in run.result.delivered] == ["Hi"]
+    assert run.result.final_text == "Hi"

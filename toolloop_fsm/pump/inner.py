@@ -118,6 +118,13 @@ _TOOL_LOOP_RECORDS = TurnRecords()
 _REPORTED = frozenset({StreamFailed, DeadlineExpired, DeliveryFailed})
 
 
+
+#: Events before which the text the stream mask holds back is not let through: a
+#: confirmation changes nothing about the stream, and after a refused delivery nothing more
+#: is sent (the held text stays undelivered, as the refused text does: docs/behaviour.md
+#: §9.12 rule 2)
+_NOT_RELEASING = frozenset({DeliveryRecorded, DeliveryFailed})
+
 class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
     """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
 
@@ -482,7 +489,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 self._late_confirmed.append(event.seq)
             return
         masked = self._masked
-        if masked is not None and masked.held and type(event) is not DeliveryRecorded:
+        if masked is not None and masked.held and type(event) not in _NOT_RELEASING:
             self._take_released(masked.release())
             if self._finished or self.machine.is_finished:
                 return

@@ -366,9 +366,10 @@ class _Pass:
         self, ending: str, failure: StreamFailed | None = None, deadline: str | None = None
     ) -> PassOutcome:
         mask = self.mask
-        if mask is not None and mask.held:
+        if mask is not None and mask.held and ending != "delivery_failed":
             # text held back as a possible start of a key arrived all the same: it is the
-            # pass's, before how it ended (the machine delivers it, under its own key)
+            # pass's, before how it ended (the machine delivers it, under its own key); after
+            # a refused delivery nothing more is sent, so it stays undelivered
             released = mask.release()
             if released is not None:
                 self._keep(released)

@@ -1011,7 +1011,8 @@ class _Simulation:
 
     def release_held(self) -> None:
         """The held text is the model's: it goes to the loop before whatever comes next (the
-        end of the stream, a failure, another chunk, a deadline, a signal, a host failure)."""
+        end of the stream, a provider's failure, another chunk, a deadline, a signal), but
+        not after a host failure (`host_fails`)."""
         if self.key_tail and self.phase == "streaming":
             held, self.key_tail = self.key_tail, ""
             self.take_chunk(TextDelta(held))
@@ -1609,7 +1610,9 @@ class _Simulation:
 
     def host_fails(self, reason: str) -> None:
         """The host's channel failed (``host_error``) or did not return (``host_timeout``):
-        the pass or the tool is cut short and the turn ends ``error`` at once."""
+        the pass or the tool is cut short and the turn ends ``error`` at once; text held back
+        as a possible start of a key is not let through (nothing more is sent)."""
+        self.key_tail = ""
         if self.phase == "streaming":
             self.end_stream(TurnStatus.ERROR, reason)
         else:
