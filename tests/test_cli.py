@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.serving import serving
 from toolloop_fsm import TextDelta, TurnRequest, generation, machine, run_tool_loop
 from toolloop_fsm.declaration import declared_transition_ids
 from toolloop_fsm.result import (
@@ -304,43 +304,11 @@ def _readme_example() -> str:
     return section[start : section.index("\n```", start)]
 
 
-#: The bound on serve's exit after SIGINT, before it is killed.
-SERVE_STOP_SECONDS = 10
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.fixture(scope="module")
 def served() -> Iterator[str]:
     """``toolloop-fsm serve --port 0`` running in the background; yields its base URL."""
-    command = [sys.executable, "-m", "toolloop_fsm", "serve", "--port", "0"]
-    # a background job (`pytest &`) inherits SIGINT ignored, and Python then never installs
-    # its KeyboardInterrupt handler: give the server the default disposition back, so that
-    # the clean stop on SIGINT is what is tested wherever the suite runs
-    with subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, encoding="utf-8",
-                          preexec_fn=_default_sigint) as proc:  # fmt: skip
-        try:
-            assert proc.stdout is not None
-            first = proc.stdout.readline()
-            found = re.search(r"(http://127\.0\.0\.1:\d+/v1)", first)
-            assert found is not None, first + (proc.stderr.read() if proc.stderr else "")
-            yield found.group(1)
-            proc.send_signal(signal.SIGINT)
-            try:
-                _out, err = proc.communicate(timeout=SERVE_STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"serve did not stop within {SERVE_STOP_SECONDS} s of SIGINT")
-            assert "Traceback" not in err, err
-            assert proc.returncode == 0, err
-        finally:
-            # whatever happened above, never leave the server running (the `with` would
-            # otherwise wait for it forever)
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    with serving(REPO, _env()) as url:
+        yield url
 
 
 def test_the_readme_example_completes_against_toolloop_fsm_serve(

@@ -5,14 +5,14 @@
 from __future__ import annotations
 
 import os
-import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.serving import serving
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120
@@ -31,15 +31,8 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture
 def served() -> Iterator[str]:
-    command = [sys.executable, "-m", "toolloop_fsm", "serve", "--port", "0"]
-    with subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, encoding="utf-8") as proc:  # fmt: skip
-        assert proc.stdout is not None
-        found = re.search(r"(http://127\.0\.0\.1:\d+/v1)", proc.stdout.readline())
-        assert found is not None
-        yield found.group(1)
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=TIMEOUT)
+    with serving(ROOT, _env()) as url:
+        yield url
 
 
 def test_the_readme_temporal_example_completes(
