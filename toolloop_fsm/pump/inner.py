@@ -118,12 +118,12 @@ _TOOL_LOOP_RECORDS = TurnRecords()
 _REPORTED = frozenset({StreamFailed, DeadlineExpired, DeliveryFailed})
 
 
-
 #: Events before which the text the stream mask holds back is not let through: a
 #: confirmation changes nothing about the stream, and after a refused delivery nothing more
 #: is sent (the held text stays undelivered, as the refused text does: docs/behaviour.md
 #: §9.12 rule 2)
 _NOT_RELEASING = frozenset({DeliveryRecorded, DeliveryFailed})
+
 
 class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
     """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
