@@ -68,7 +68,7 @@ from toolloop_fsm.testing import (
     run_script,
     turn_scripts,
 )
-from toolloop_fsm.testing.strategies import tool_chains
+from toolloop_fsm.testing.strategies import DEFAULT_TOOLS, tool_chains
 
 #: 300 examples under the ci profile (3/5 of its count); the explore profile scales it up.
 EXAMPLES = max(1, (settings.default or settings()).max_examples * 3 // 5)
@@ -781,6 +781,27 @@ def test_a_revised_reply_is_predicted_to_replace_the_draft_and_reuse_the_call() 
     assert ending.delivered == (("text", "Oslo: 3 °C, cold."),)
     assert ending.tool_dispatches == 1  # the repeated call was reused, not run again
     assert ending.history == (("get_weather", True), ("get_weather", True))
+
+
+def test_an_expression_only_held_in_a_revised_draft_does_not_settle_the_empty_replacement() -> None:
+    """docs/behaviour.md §14.4 and §2.5 rule 2: the revision dropped the draft and the sticker
+    it held, which was never shown; an empty replacement after a tool that needs no follow-up
+    is an empty response, not a reply settled after the tool (found at the explore profile)."""
+    sticker = "sticker:wave"
+    silent_weather = tuple(
+        attrs.evolve(tool, requires_follow_up=False) if tool.name == "get_weather" else tool
+        for tool in DEFAULT_TOOLS
+    )
+    script = TurnScript(
+        passes=((TextDelta("Hi"), LIMA), ()),
+        tool_plan=(("get_weather", (ToolBehaviour(ToolAction.SUCCEED, expression=sticker),)),),
+        reviews=(Revise((FLAT,)),),
+        tool_configs=silent_weather,
+    )
+    ending = predicted_and_run(script, attrs.evolve(DRAFTING, max_revisions=1))
+    assert ending.status is TurnStatus.EMPTY_RESPONSE
+    assert ending.delivered == ()
+    assert not ending.tool_response_delivered
 
 
 @pytest.mark.parametrize(

@@ -792,7 +792,9 @@ class _Simulation:
         self.counters = _Counters()
         self.last_tool: str | None = None
         self.visible_text_handed = False
-        self.expression_delivered = False
+        self.expression_taken = False  # §3.8 rule 1's one expression (drafting: held counts)
+        self.expression_delivered = False  # §2.5 rule 2: handed to the channel
+        self.expression_in_draft = False  # held in the draft a revision may drop (§14.4)
         self.tool_response_delivered = False
         self.disabled: set[str] = set()
         self.ledger: dict[tuple[str, int], _Outcome] = {}  # (identity, occurrence): last run
@@ -1112,8 +1114,8 @@ class _Simulation:
     def settles(self, current: _Pass) -> bool:
         """docs/behaviour.md §2.5 rule 2: an empty pass that was not cut is a finished reply when a
         tool already delivered a response (itself, or by a delivered expression), or when visible
-        text or the turn's expression was delivered (drafting: held) and the last tool needs no
-        follow-up."""
+        text or the turn's expression was delivered and the last tool needs no follow-up. An
+        expression only held in a draft a revision dropped was never delivered (§14.4)."""
         if current.finish in _CUT_FINISHES:
             return False
         if self.tool_response_delivered:
@@ -1203,12 +1205,14 @@ class _Simulation:
         name = str(call.name)
         if outcome.dispatched and self.occurrence is not None:
             self.ledger[self.occurrence] = outcome  # §3.5: every run is recorded, failures too
-        if _shows_expression(outcome, self.expression_delivered):  # §3.8 rule 1
+        if _shows_expression(outcome, self.expression_taken):  # §3.8 rule 1
             assert outcome.expression is not None
-            self.expression_delivered = True
+            self.expression_taken = True
             if self.drafting:
+                self.expression_in_draft = True
                 self.hold_expression(outcome.expression)  # §14.2: held in its place
             else:
+                self.expression_delivered = True
                 self.tool_response_delivered = True  # it answered the user itself (§2.5)
                 self.hand_over(_Delivery(expression=outcome.expression))
         if _posts_failure_notice(outcome):  # §3.8 rule 2
@@ -1317,9 +1321,11 @@ class _Simulation:
                     self.visible_text_handed = True
                 self.hand_over(_Delivery(text=value, pass_number=len(self.passes)))
             else:
+                self.expression_delivered = True
                 self.tool_response_delivered = True
                 self.hand_over(_Delivery(expression=value))
         self.held = []
+        self.expression_in_draft = False
         self.completed_text = "".join(texts)
         if self.cut and not self.cut_by_send_limit:
             self.post("flush_limit")
@@ -1385,6 +1391,10 @@ class _Simulation:
         reused, never run again)."""
         self.revisions += 1
         self.held = []
+        if self.expression_in_draft:
+            # §14.4: the dropped draft's expression was never shown; the replacement may show one
+            self.expression_in_draft = False
+            self.expression_taken = False
         self.cut = False
         self.pre_tool_text = None
         self.revised_at = len(self.passes)
