@@ -209,11 +209,6 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "kind, and a stale token is refused by its value either way",
     ),
     Equivalent(
-        "toolloop_fsm/states/stream_once.py", 325, "drop_call", "pass",
-        "a timed-out pass is never flushed again (the turn only settles and ends), and the "
-        "undelivered text is computed from what was confirmed, not from the buffer",
-    ),
-    Equivalent(
         "toolloop_fsm/generation.py", 156, "swap_transitions",
         '_t("advance", "finishing", "empty_response", when=outcome_is_empty_response),',
         "the two guards test one status for two different values: at most one holds, so "
@@ -226,27 +221,27 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "their order cannot matter",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", 225, "true_false", "self._reading = True",
+        "toolloop_fsm/pump/inner.py", 244, "true_false", "self._reading = True",
         "the first read starts in the same step as the turn (no await between `start` and "
         "the read setting the flag), so no callback can see the initial value",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", 418, "drop_branch", "pass  # type: ignore[misc]",
+        "toolloop_fsm/pump/inner.py", 441, "drop_branch", "pass  # type: ignore[misc]",
         "no child can fail: the tool, delivery and host-call tasks turn every exception into "
         "an event, so there is never a child exception to raise",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", 438, "int_minus_one", "self._stream_generation += 0",
+        "toolloop_fsm/pump/inner.py", 469, "int_minus_one", "self._stream_generation += 0",
         "at wind-down no stream can be read any more: a finished turn already moved the "
         "generation on, and a failed or cancelled one has interrupted its read",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", 438, "int_plus_one", "self._stream_generation += 2",
+        "toolloop_fsm/pump/inner.py", 469, "int_plus_one", "self._stream_generation += 2",
         "the generation only ever grows and is only compared for equality with one a read "
         "captured earlier: a step of two makes every captured value stale just as one does",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", 546, "drop_call", "pass",
+        "toolloop_fsm/pump/inner.py", 594, "drop_call", "pass",
         "a cleared deadline's timer is cancelled first, so left in the list it never fires "
         "and is never found again (tokens are unique); the list is dropped at wind-down",
     ),
@@ -266,7 +261,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "later clear of it cancels a handle that already ran",
     ),
     Equivalent(
-        "toolloop_fsm/pump/outer.py", 301, "reason_literal", "if inner.state != 'ready_x':",
+        "toolloop_fsm/pump/outer.py", 315, "reason_literal", "if inner.state != 'ready_x':",
         "the attempt's run starts before the unreachable watcher can fire (the report is "
         "checked before the attempt starts), so the inner machine is never still `ready`",
     ),
@@ -419,10 +414,11 @@ def _strip_comments(text: str) -> str:
 
 
 class _Enumerator:
-    """Builds every mutant of one file."""
+    """Builds every mutant of one file (or only those on ``lines``)."""
 
-    def __init__(self, root: Path, relative: str) -> None:
+    def __init__(self, root: Path, relative: str, lines: frozenset[int] | None = None) -> None:
         self.relative = relative
+        self.lines = lines
         self.source = _Source(root / relative)
         self.tree = ast.parse(self.source.data)
         self.is_guard = relative.startswith("toolloop_fsm/guards/")
@@ -444,6 +440,8 @@ class _Enumerator:
         span: tuple[int, int] | None = None,
     ) -> None:
         line = node.lineno  # type: ignore[attr-defined]
+        if self.lines is not None and line not in self.lines:
+            return
         col = node.col_offset  # type: ignore[attr-defined]
         mutated = Mutant(
             file=self.relative,
@@ -641,10 +639,15 @@ def target_files(root: Path) -> list[str]:
     return files
 
 
-def enumerate_mutants(root: Path) -> list[Mutant]:
+def enumerate_mutants(root: Path, lines: dict[str, frozenset[int]] | None = None) -> list[Mutant]:
+    """Every mutant of the engine; with ``lines``, only those on the given lines of the given
+    files (each is parsed to check it is a program, so the whole tree takes a while)."""
     mutants: list[Mutant] = []
-    for relative in target_files(root):
-        mutants.extend(_Enumerator(root, relative).run())
+    files = target_files(root) if lines is None else [f for f in target_files(root) if f in lines]
+    for relative in files:
+        mutants.extend(
+            _Enumerator(root, relative, None if lines is None else lines[relative]).run()
+        )
     # two operators can reach the same program: keep the first
     seen: set[tuple[str, bytes]] = set()
     unique: list[Mutant] = []
