@@ -266,6 +266,13 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "checked before the attempt starts), so the inner machine is never still `ready`",
     ),
     Equivalent(
+        "toolloop_fsm/states/delivery.py", 103, "boolean_operator",
+        "if draft is not None or turn.policy.drafting:",
+        "a draft exists whenever drafting is on; with the tool checkpoint alone the text "
+        "discarded is written to the draft but read only with drafting on (the result's "
+        "undelivered text, a resumed drafting turn)",
+    ),
+    Equivalent(
         "toolloop_fsm/pump/deadlines.py", 52, "drop_branch", "pass",
         "the only rolling deadline is armed in the same batch as its `StartStream`, which "
         "already set the last activity to the same instant",

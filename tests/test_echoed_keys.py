@@ -9,6 +9,8 @@ and what the result says was delivered is what the channel confirmed (docs/behav
 from __future__ import annotations
 
 import asyncio
+import datetime
+import decimal
 import itertools
 import json
 from collections.abc import AsyncIterator, Sequence
@@ -456,6 +458,33 @@ async def test_a_key_a_tool_quotes_reaches_nothing_a_generation_turn_hands_out()
     assert [d.expression for d in result.delivered if d.expression] == ["sticker:[REDACTED]"]
 
 
+async def test_tool_data_of_other_types_is_kept_as_it_is_by_a_generation_turn_with_keys() -> None:
+    """A tool's data may hold values that are neither JSON nor attrs classes (a datetime, a
+    Decimal): the look for keys in the result passes over them instead of failing the turn,
+    and still masks the key beside them."""
+    clock = VirtualClock()
+    channel = RecordingChannel(clock=clock)
+    script: list[list[ScriptItem]] = [
+        [FunctionCall("when", {}, "call_when"), UsageReport(5, 5)],
+        [TextDelta("Done."), UsageReport(5, 5)],
+    ]
+    provider = ScriptedProvider(script, clock=clock)
+    at = datetime.datetime(2026, 12, 1, 9, 30)
+
+    async def when(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        return ToolResult(data={"at": at, "rate": decimal.Decimal("1.5"), "owner": KEY})
+
+    tool = Tool("when", "When it happens.", {"type": "object", "properties": {}}, when)
+    attempt = Attempt(lambda key: provider, keys=(KEY,), label="main")
+
+    result = await run_generation_turn([attempt], [tool], channel, REQUEST, clock=clock)
+
+    assert (result.status, result.final_text) == (TurnStatus.COMPLETED, "Done.")
+    assert result.history[0].response.data == {
+        "at": at, "rate": decimal.Decimal("1.5"), "owner": "[REDACTED]"
+    }  # fmt: skip
+
+
 async def test_live_events_never_show_a_key_a_tool_quotes() -> None:
     clock = VirtualClock()
     seen = Witnesses(clock)
@@ -526,6 +555,20 @@ def test_masking_a_streamed_reply_equals_masking_the_whole_reply(
 
     assert asyncio.run(masked_alone()) == expected
     assert asyncio.run(masked_in_a_turn()) == expected
+
+
+async def test_short_keys_echoed_just_before_a_chunk_ends_are_masked_once_each() -> None:
+    """A short key (matched only whole) can end twice in the few characters the mask keeps
+    after a chunk that ends on a key; the next chunk does not mask those echoes again."""
+    secrets = Secrets(("qzw", "sk-live-1234567890"))
+
+    async def source() -> AsyncIterator[Any]:
+        for piece in ("Hi qzw qzw", " and more"):
+            yield TextDelta(piece)
+
+    seen = "".join([chunk.text async for chunk in secrets.masked(source())])
+
+    assert seen == secrets.mask("Hi qzw qzw and more") == "Hi [REDACTED] [REDACTED] and more"
 
 
 async def test_text_held_back_as_a_possible_key_start_is_never_sent_after_a_refused_delivery() -> (

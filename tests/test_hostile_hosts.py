@@ -258,6 +258,28 @@ async def test_a_tool_that_ignores_cancellation_after_its_deadline_is_abandoned_
     assert turn.clock.now() <= policy.tool_timeout + policy.cancel_grace + EPSILON
 
 
+async def test_a_tool_abandoned_mid_turn_is_not_waited_for_again_when_the_turn_ends() -> None:
+    # abandoned at its grace (12 s) while the next pass streams (10-15 s): the turn returns
+    # when that pass ends, without giving the same tool a second grace
+    policy = LoopPolicy(tool_timeout=10, cancel_grace=2, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn(
+        [[WEATHER], [Pause(5), TextDelta("Sorry, no weather today.")]], policy
+    )
+
+    async def stubborn(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        await stragglers.ignore_cancellation(f"tool get_weather (dispatch {ctx.dispatch})")
+        raise AssertionError("released only after the turn returned")
+
+    tool = make_tool("get_weather", turn.executions, turn.clock, stubborn)
+
+    result = await guarded(turn, [tool], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    assert len(result.abandoned_calls) == 1
+    assert channel.text == "Sorry, no weather today."
+    assert turn.clock.now() <= policy.tool_timeout + 5 + EPSILON
+
+
 async def test_the_late_answer_of_a_tool_cancelled_at_its_deadline_is_never_shown() -> None:
     # the tool swallows its cancellation and answers anyway, a moment too late: the model
     # sees the deadline's failure, never that answer
