@@ -61,12 +61,13 @@ from toolloop_fsm.testing import (
     run_script,
     turn_scripts,
 )
+from toolloop_fsm.testing.hostile import HANG_GUARD_SECONDS
 
 #: Examples per test under the ci profile: a drafted turn costs a little more to run than a
 #: plain one (its reviews), and five properties share the ci budget.
 CI_EXAMPLES = 300
 #: Real seconds a hostile virtual-time turn may take before it counts as never returning.
-HOSTILE_REAL_TIMEOUT = 3.0
+HOSTILE_REAL_TIMEOUT = HANG_GUARD_SECONDS
 
 
 def _examples() -> int:
@@ -207,7 +208,9 @@ def test_a_cancelled_review_leaves_no_timer_behind_so_the_next_turn_on_the_loop_
         )
         first = await run_script(stopped, DRAFTING)
         second = await run_script(
-            TurnScript(passes=((Pause(5.0), TextDelta("Hi.")),)), DRAFTING, real_timeout=3.0
+            TurnScript(passes=((Pause(5.0), TextDelta("Hi.")),)),
+            DRAFTING,
+            real_timeout=HOSTILE_REAL_TIMEOUT,
         )
         return first, second
 

@@ -86,6 +86,7 @@ from toolloop_fsm.testing import (
     run_script,
     turn_scripts,
 )
+from toolloop_fsm.testing.hostile import HANG_GUARD_SECONDS
 from toolloop_fsm.testing.strategies import _ARGUMENTS, KNOWN_TOOLS
 from toolloop_fsm.turn import (
     LedgerEntry,
@@ -149,9 +150,8 @@ def test_any_turn_with_hostile_hosts_ends_and_keeps_every_invariant(
     check_ending(run)  # invariant 10
 
 
-#: Real seconds a virtual-time turn may take before it counts as never returning (one takes
-#: milliseconds; the guard only has to tell a hang from a turn).
-HOSTILE_REAL_TIMEOUT = 3.0
+#: Real seconds a hostile virtual-time turn may take before it counts as never returning.
+HOSTILE_REAL_TIMEOUT = HANG_GUARD_SECONDS
 
 
 # =========================================================================== the sans-IO machine

@@ -68,12 +68,13 @@ from toolloop_fsm.testing import (
     run_script,
     turn_scripts,
 )
+from toolloop_fsm.testing.hostile import HANG_GUARD_SECONDS
 from toolloop_fsm.testing.strategies import DEFAULT_TOOLS, tool_chains
 
 #: 300 examples under the ci profile (3/5 of its count); the explore profile scales it up.
 EXAMPLES = max(1, (settings.default or settings()).max_examples * 3 // 5)
 #: Real seconds a hostile virtual-time turn may take before it counts as never returning.
-HOSTILE_REAL_TIMEOUT = 3.0
+HOSTILE_REAL_TIMEOUT = HANG_GUARD_SECONDS
 
 
 # =========================================================================== the property

@@ -47,6 +47,7 @@ from toolloop_fsm.testing.clock import watchdog_timer
 from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider, ScriptItem
 
 __all__ = [
+    "HANG_GUARD_SECONDS",
     "KEY_RUN",
     "ChannelAct",
     "EchoKey",
@@ -71,6 +72,12 @@ _T = TypeVar("_T")
 #: The length of a key run that counts as a leak: a server that echoes a key's first
 #: characters, or a log line that cuts one, gives away most of it.
 KEY_RUN = 8
+
+#: Real seconds a virtual-time turn may take before `returns_within` calls it hung. A turn
+#: takes milliseconds; the guard only tells a hang from a turn, and is generous because a
+#: machine with every core busy can starve one process for seconds (3 s once tripped a
+#: property run that way: the same example then passed twenty times out of twenty).
+HANG_GUARD_SECONDS = 10.0
 
 
 # --------------------------------------------------------------------------- stragglers
