@@ -107,7 +107,7 @@ TEST_ORDER: tuple[str, ...] = (
     "tests/test_properties_inner.py",
     "tests/test_properties_outer.py",
 )
-PYTEST_OPTIONS: tuple[str, ...] = ("-x", "-q", "-p", "no:cacheprovider", "--no-header")
+PYTEST_OPTIONS: tuple[str, ...] = ("-x", "-q", "-n", "0", "-p", "no:cacheprovider", "--no-header")
 
 
 # --------------------------------------------------------------------------- mutants
@@ -271,6 +271,18 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "a draft exists whenever drafting is on; with the tool checkpoint alone the text "
         "discarded is written to the draft but read only with drafting on (the result's "
         "undelivered text, a resumed drafting turn)",
+    ),
+    Equivalent(
+        "toolloop_fsm/generation.py", 154, "swap_transitions",
+        '_t("advance", "finishing", "timeout", when=outcome_is_timeout),',
+        "the two guards test one status for two different values: at most one holds, so "
+        "their order cannot matter",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump/outer.py", 309, "drop_call", "pass",
+        "`unreachable` is a bare future awaited only by the attempt's wait, which has "
+        "returned, and the listener that could set it was removed the line before: left "
+        "pending it has no callback and is dropped with the attempt",
     ),
     Equivalent(
         "toolloop_fsm/pump/deadlines.py", 52, "drop_branch", "pass",
@@ -867,7 +879,9 @@ def record_lines(scratch: Path, out: Path) -> int:
 
     subprocess.Popen.__init__ = spawning_init  # type: ignore[method-assign, assignment]
     try:
-        code = pytest.main(["-q", "-p", "no:cacheprovider", *BEHAVIOURAL_ARGS], plugins=[recorder])
+        code = pytest.main(
+            ["-q", "-n", "0", "-p", "no:cacheprovider", *BEHAVIOURAL_ARGS], plugins=[recorder]
+        )
     finally:
         subprocess.Popen.__init__ = original_init  # type: ignore[method-assign]
     if code != 0 or recorder.failed:

@@ -41,8 +41,9 @@ from toolloop_fsm import (
     run_tool_loop,
 )
 from toolloop_fsm.observation import TurnObserver
+from toolloop_fsm.providers._secrecy import fragment_pattern
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
-from toolloop_fsm.pump.redaction import Secrets
+from toolloop_fsm.pump.redaction import Secrets, may_hold_key
 from toolloop_fsm.snapshot import TurnSnapshot, snapshot_to_json
 from toolloop_fsm.stream import stream_generation_turn, stream_tool_loop
 from toolloop_fsm.testing import (
@@ -569,6 +570,17 @@ async def test_short_keys_echoed_just_before_a_chunk_ends_are_masked_once_each()
     seen = "".join([chunk.text async for chunk in secrets.masked(source())])
 
     assert seen == secrets.mask("Hi qzw qzw and more") == "Hi [REDACTED] [REDACTED] and more"
+
+
+def test_the_result_look_finds_a_key_that_holds_the_text_separator() -> None:
+    """The quick look for keys in a result joins its texts with NUL; a key holding a NUL is
+    looked for text by text instead, and still found (it never answers no wrongly)."""
+    key = "sk-live\x007Hq2Zp9WxR4m"
+    leak = fragment_pattern((key,))
+    assert leak is not None
+    assert may_hold_key([f"it was {key}"], (key,), leak)
+    assert may_hold_key({"quote": f"it was {key}", "note": "fine"}, (key,), leak)
+    assert not may_hold_key(["nothing here", "fine"], (key,), leak)
 
 
 async def test_text_held_back_as_a_possible_key_start_is_never_sent_after_a_refused_delivery() -> (
