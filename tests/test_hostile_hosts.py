@@ -15,6 +15,7 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import pytest
 
 from tests.inner_kit import USER, Executions, Turn, fails, hang, make_tool, run_turn
@@ -37,6 +38,7 @@ from toolloop_fsm import (
     run_tool_loop,
 )
 from toolloop_fsm.attempts import AdmissionRequest
+from toolloop_fsm.result import InDoubtCall, InDoubtCause, result_from_json, result_to_json
 from toolloop_fsm.testing import (
     Fail,
     Pause,
@@ -307,6 +309,171 @@ async def test_the_late_answer_of_a_tool_cancelled_at_its_deadline_is_never_show
     assert "late sunshine" not in repr(result)
     assert channel.text == "Sorry, no weather today."
     assert result.abandoned_calls == ()  # it did stop, only with an answer
+
+
+# --------------------------------------------------------------------------- calls in doubt
+PAYMENT = FunctionCall("pay", {"amount": 30}, "call_pay")
+
+
+def stubborn_payment(turn: Turn, stragglers: Stragglers, reconcile: Any = None) -> Tool:
+    """A payment that ignores its cancellation at its deadline: it may have gone through."""
+
+    async def pay(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        await stragglers.ignore_cancellation(f"tool pay (dispatch {ctx.dispatch})")
+        raise AssertionError("released only after the turn returned")
+
+    tool = make_tool("pay", turn.executions, turn.clock, pay)
+    return attrs.evolve(tool, reconcile=reconcile) if reconcile is not None else tool
+
+
+async def test_a_tool_abandoned_after_its_grace_is_named_in_doubt() -> None:
+    policy = LoopPolicy(tool_timeout=10, cancel_grace=2, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn([[PAYMENT], [TextDelta("Let me check.")]], policy)
+
+    result = await guarded(turn, [stubborn_payment(turn, stragglers)], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    # no reconcile hook: the model is told the timeout at the deadline, as before
+    assert result.history[0].response.reason == "timed out after 10 s"
+    assert result.in_doubt_calls == (
+        InDoubtCall("pay", 1, "call_pay", InDoubtCause.ABANDONED, reconciled=False),
+    )
+    assert result.abandoned_calls == ("tool pay (dispatch 1)",)
+    assert channel.text == "Let me check."
+    assert result_from_json(result_to_json(result)).in_doubt_calls == result.in_doubt_calls
+
+
+async def test_a_reconciled_call_is_the_outcome_the_model_sees() -> None:
+    policy = LoopPolicy(tool_timeout=10, cancel_grace=2, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn([[PAYMENT], [TextDelta("Paid.")]], policy)
+    asked: list[tuple[dict[str, Any], int, float]] = []
+
+    async def look_up(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        asked.append((arguments, ctx.dispatch, turn.clock.now()))
+        return ToolResult(data={"payment": "settled", "id": "p-1"}, message="it went through")
+
+    tool = stubborn_payment(turn, stragglers, look_up)
+
+    result = await guarded(turn, [tool], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    # asked once, after the deadline and the grace, with the call's own arguments
+    assert asked == [({"amount": 30}, 1, 12.0)]
+    (entry,) = result.history
+    assert entry.response.success
+    assert entry.response.data == {"payment": "settled", "id": "p-1"}
+    (_, second) = turn.provider.requests
+    assert [e.response for e in second.history] == [entry.response]
+    assert result.in_doubt_calls == (
+        InDoubtCall("pay", 1, "call_pay", InDoubtCause.ABANDONED, reconciled=True),
+    )
+    assert channel.text == "Paid."
+
+
+async def test_a_cut_off_tool_with_a_reconcile_hook_that_stops_in_its_grace_timed_out() -> None:
+    policy = LoopPolicy(tool_timeout=10, cancel_grace=2, delivery_flush_chars=1)
+    turn, channel, stragglers = hostile_turn([[PAYMENT], [TextDelta("Sorry.")]], policy)
+    asked: list[int] = []
+
+    async def look_up(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        asked.append(ctx.dispatch)
+        return ToolResult(data="never asked")
+
+    async def slow_to_stop(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            with contextlib.suppress(asyncio.CancelledError):
+                await turn.clock.sleep(1)  # cleans up within its grace, then stops
+        raise AssertionError("unreachable")
+
+    tool = make_tool("pay", turn.executions, turn.clock, slow_to_stop, reconcile=look_up)
+
+    result = await guarded(turn, [tool], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    assert result.history[0].response.reason == "timed out after 10 s"
+    assert asked == []
+    assert result.in_doubt_calls == ()
+    assert result.abandoned_calls == ()
+    assert channel.text == "Sorry."
+
+
+def reconciles_badly(how: str, stragglers: Stragglers) -> Any:
+    async def raising(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        raise QuotaExhausted("the ledger service is down")
+
+    async def hanging(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        await stragglers.ignore_cancellation("reconcile pay")
+        raise AssertionError("released only after the turn returned")
+
+    async def cannot_tell(_arguments: dict[str, Any], _ctx: ToolContext) -> None:
+        return None
+
+    return {"raises": raising, "hangs": hanging, "returns None": cannot_tell}[how]
+
+
+@pytest.mark.parametrize("how", ["raises", "hangs", "returns None"])
+async def test_a_reconcile_that_cannot_tell_leaves_the_call_in_doubt_and_the_model_told(
+    how: str,
+) -> None:
+    policy = LoopPolicy(
+        tool_timeout=10, cancel_grace=2, host_call_timeout=5, delivery_flush_chars=1
+    )
+    turn, channel, stragglers = hostile_turn([[PAYMENT], [TextDelta("I cannot tell.")]], policy)
+    tool = stubborn_payment(turn, stragglers, reconciles_badly(how, stragglers))
+
+    result = await guarded(turn, [tool], stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    (entry,) = result.history
+    assert not entry.response.success
+    assert entry.response.reason is not None
+    assert entry.response.reason.startswith("the outcome of pay is unknown")
+    assert result.in_doubt_calls == (
+        InDoubtCall("pay", 1, "call_pay", InDoubtCause.ABANDONED, reconciled=False),
+    )
+    assert channel.text == "I cannot tell."
+    # the deadline, the grace, and at most the host-call budget for the hook
+    assert turn.clock.now() <= 10 + 2 + 5 + EPSILON
+
+
+async def test_a_reconciled_payment_is_reused_on_a_fallback_without_asking_again() -> None:
+    clock, channel, stragglers, _ = outer_world()
+    policy = TurnPolicy(
+        loop=LoopPolicy(tool_timeout=10, cancel_grace=2, host_call_timeout=30,
+                        delivery_flush_chars=1)
+    )  # fmt: skip
+    asked: list[int] = []
+    runs: list[int] = []
+
+    async def pay(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        runs.append(ctx.dispatch)
+        await stragglers.ignore_cancellation(f"tool pay (dispatch {ctx.dispatch})")
+        raise AssertionError("released only after the turn returned")
+
+    async def look_up(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        asked.append(ctx.dispatch)
+        return ToolResult(data={"payment": "settled"})
+
+    tool = Tool("pay", "pay", {"type": "object"}, pay, reconcile=look_up)
+    first = ScriptedProvider([[PAYMENT], [Fail(server_error())]], clock=clock)
+    second = ScriptedProvider(
+        [[FunctionCall("pay", {"amount": 30}, "other_id")], [TextDelta("Paid.")]], clock=clock
+    )
+
+    result = await generate(
+        [Attempt(first, label="primary"), Attempt(second, label="backup")], channel, clock,
+        stragglers, policy=policy, tools=[tool],
+    )  # fmt: skip
+
+    assert result.status is TurnStatus.COMPLETED
+    assert runs == [1] and asked == [1]  # neither run nor asked again by the backup
+    assert result.history[0].response.data == {"payment": "settled"}
+    assert result.tool_dispatches == 0  # the backup reused the reconciled outcome
+    assert result.in_doubt_calls == (
+        InDoubtCall("pay", 1, "call_pay", InDoubtCause.ABANDONED, reconciled=True),
+    )
 
 
 class QuotaExhausted(BaseException):

@@ -8,6 +8,7 @@ import asyncio
 import contextvars
 import functools
 import hashlib
+import json
 import logging
 import threading
 import urllib.request
@@ -25,6 +26,13 @@ from toolloop_fsm import (
     ToolContext,
     ToolResult,
     TurnStatus,
+)
+from toolloop_fsm.result import (
+    GenerationTurnResult,
+    InDoubtCall,
+    InDoubtCause,
+    make_converter,
+    result_to_json,
 )
 
 WEATHER_SCHEMA = {
@@ -361,3 +369,25 @@ async def test_a_handler_reporting_its_own_failure_is_not_logged(
     assert result.history[0].response.reason == "the station is offline"
     # only the machine's transitions are logged (DEBUG), nothing about the tool
     assert [r.name for r in caplog.records if r.name != "toolloop_fsm.machine"] == []
+
+
+@pytest.mark.parametrize("hook", [5, "look it up"])
+def test_a_reconcile_hook_that_is_not_callable_is_refused_when_the_tool_is_built(
+    hook: object,
+) -> None:
+    async def pay(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        return ToolResult()
+
+    with pytest.raises(TypeError, match=r"Tool 'pay': reconcile must be a function"):
+        Tool("pay", "pays", {"type": "object"}, pay, reconcile=hook)  # type: ignore[arg-type]
+
+
+def test_a_call_in_doubt_survives_the_strict_reading_of_a_result() -> None:
+    call = InDoubtCall("pay", 2, "call_1", InDoubtCause.WORKER_LOST, reconciled=True)
+    result = GenerationTurnResult(TurnStatus.COMPLETED, in_doubt_calls=(call,))
+    strict = make_converter(strict=True)
+
+    read = strict.structure(json.loads(result_to_json(result)), GenerationTurnResult)
+
+    assert read.in_doubt_calls == (call,)
+    assert read.in_doubt_calls[0].cause is InDoubtCause.WORKER_LOST

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.test_properties_inner import TOOLS, drive_machine, run_turn
 from toolloop_fsm.declaration import declared_transition_ids
-from toolloop_fsm.effects import ArmDeadline, Effect, OfferSnapshot, RequestReview
+from toolloop_fsm.effects import ArmDeadline, CancelTool, Effect, OfferSnapshot, RequestReview
 from toolloop_fsm.events import (
     DeadlineExpired,
     DeadlineKind,
@@ -55,6 +55,7 @@ MACHINE_EXAMPLES = 500
 DRAFTING_PUMP_EXAMPLES = 400
 DRAFTING_MACHINE_EXAMPLES = 250
 _REVIEW = DeadlineKind.REVIEW
+_TOOL = DeadlineKind.TOOL
 #: Drafting, the tool checkpoint or both (never neither).
 REVIEWED_POLICIES = st.one_of(
     loop_policies(drafting=True, review_tool_calls=None),
@@ -108,7 +109,24 @@ def _rare_paths() -> None:
     assert machine.state == "settling"
     machine.feed(StopRequested())
     assert machine.result.reason == "stopped_while_settling"
+    _settled_cut_off_path(request)
     _rare_review_paths(request)
+
+
+def _settled_cut_off_path(request: TurnRequest) -> None:
+    """A tool with a reconcile hook past its deadline: cancelled, and its outcome awaited
+    (docs/behaviour.md §3.9 rule 2) rather than timed out at once."""
+    (weather,) = [tool for tool in TOOLS if tool.name == "get_weather"]
+    machine = ToolLoopMachine(tools=[attrs.evolve(weather, reconcile=lambda _a, _c: None)])
+    machine.start(request)
+    effects = _pass(machine, _WEATHER)
+    token = next(e.token for e in effects if isinstance(e, ArmDeadline) and e.kind is _TOOL)
+    (cancel,) = [
+        e for e in machine.feed(DeadlineExpired(_TOOL, token)) if isinstance(e, CancelTool)
+    ]
+    assert (machine.state, cancel.cut_off) == ("executing_tool", "timed out after 300 s")
+    machine.feed(ToolFinished(cancel.dispatch, ToolOutcomeKind.RAISED, error=cancel.cut_off))
+    assert machine.state == "awaiting_first_token"
 
 
 _CHECKPOINT = LoopPolicy(review_tool_calls=True)

@@ -45,9 +45,13 @@ class RunTool:
 
 @frozen
 class CancelTool:
-    """Cancel the running dispatch (its outcome is discarded)."""
+    """Cancel the running dispatch (its outcome is discarded). With ``cut_off`` (the tool's
+    deadline passed and it has a reconcile hook, docs/behaviour.md §3.9), the outcome is
+    still owed: the shell reports a `ToolFinished` for the dispatch — the failure
+    ``cut_off`` if the tool stopped, else its reconciled or unknown outcome."""
 
     dispatch: int
+    cut_off: str | None = None
 
 
 @frozen

@@ -95,6 +95,12 @@ class ToolContext:
 #: a worker thread); it is called with the tool's own copy of the arguments and a `ToolContext`
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResult] | ToolResult]
 Redactor = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+#: A tool's reconcile hook: asked, with the call's arguments and a `ToolContext`, what really
+#: happened to a call cut off mid-run; an ``async def`` or a plain function, as a handler. A
+#: `ToolResult` is the call's outcome; ``None`` says it cannot tell (docs/behaviour.md §3.9)
+ToolReconciler = Callable[
+    [dict[str, Any], ToolContext], Awaitable[ToolResult | None] | ToolResult | None
+]
 
 
 REPLAY_MODES = ("reuse", "rerun")
@@ -119,6 +125,13 @@ class Tool:
     than running it once. A durable turn (`toolloop_fsm.temporal`) retries only such a tool
     when the worker running it is lost; any other tool is reported to the model as failed
     with an unknown outcome instead of being run again.
+
+    ``reconcile`` settles a call cut off mid-run — its worker lost, or its handler ignoring
+    its cancellation past ``cancel_grace`` — before the model is told anything: it is given
+    the call's arguments and a `ToolContext` and returns the `ToolResult` of what really
+    happened (looked up: did the payment go through?), which becomes the call's outcome and
+    is recorded like a run's, or ``None`` when it cannot tell (the model is then told the
+    outcome is unknown). Such a call is named in the result's ``in_doubt_calls`` either way.
     """
 
     name: str = field(validator=name_text)
@@ -132,6 +145,7 @@ class Tool:
     )
     replay: str = field(default="reuse")
     idempotent: bool = field(default=False, validator=flag)
+    reconcile: ToolReconciler | None = field(default=None, eq=False, kw_only=True)
     #: ``parameters`` as canonical JSON: the key its compiled validator is kept under
     schema_key: str = field(init=False, eq=False, repr=False)
 
@@ -147,6 +161,14 @@ class Tool:
             raise ValueError(
                 f"Tool {self.name!r}: parameters must be a JSON schema made of JSON values ({err})"
             ) from None
+
+    @reconcile.validator
+    def _check_reconcile(self, _attribute: Any, value: object) -> None:
+        if value is not None and not callable(value):
+            raise TypeError(
+                f"Tool {self.name!r}: reconcile must be a function taking (arguments, ctx) "
+                f"and returning a ToolResult or None, or None; got {type(value).__name__}"
+            )
 
     @replay.validator
     def _check_replay(self, _attribute: Any, value: object) -> None:

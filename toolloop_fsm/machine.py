@@ -96,6 +96,7 @@ from toolloop_fsm.guards.tool_gate import (
     call_is_malformed,
     call_outside_allowlist,
     call_pending,
+    cut_off_call_is_settled,
 )
 from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
 from toolloop_fsm.policy import LoopPolicy
@@ -157,6 +158,7 @@ from toolloop_fsm.states.stream_once import (
 from toolloop_fsm.states.tool_dispatch import (
     announce_tool_outcome,
     clear_stale_follow_up,
+    cut_off_tool,
     dispatch_tool,
     record_tool_outcome,
     refuse_outside_allowlist,
@@ -286,6 +288,9 @@ TRANSITIONS: list[_t] = [
        do=fail_delivery_while_streaming, ends=("error", "host_error")),
     # ---- execute tool call (docs/behaviour.md §3.6): the deadline and the stop signal
     _t("tool_finished", "executing_tool", "checking_tool_outcome", do=take_tool_outcome),
+    # a tool with a reconcile hook is waited for past its deadline: its outcome is settled
+    # (docs/behaviour.md §3.9)
+    _t("tool_deadline", "executing_tool", None, when=cut_off_call_is_settled, do=cut_off_tool),
     _t("tool_deadline", "executing_tool", "checking_tool_outcome", do=time_out_tool),
     _t("stop_requested", "executing_tool", "building_result",
        do=stop_during_tool, ends=("stopped_by_user", "stopped_during_tool")),

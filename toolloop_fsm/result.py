@@ -9,10 +9,11 @@ from __future__ import annotations
 import collections.abc
 import json
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
+import attrs
 import cattrs
 from attrs import field, frozen
 
@@ -190,6 +191,28 @@ class AttemptRecord:
     trace: tuple[TraceStep, ...] = ()
 
 
+class InDoubtCause(StrEnum):
+    """Why a call's outcome is unknown: its worker was lost while it ran (a durable turn),
+    or it ignored its cancellation for the grace and was abandoned (in process)."""
+
+    WORKER_LOST = "worker_lost"
+    ABANDONED = "abandoned"
+
+
+@frozen
+class InDoubtCall:
+    """A tool call cut off mid-run: it may or may not have done what it does (docs/behaviour.md
+    §3.9). ``reconciled`` says the tool's ``reconcile`` hook answered what really happened
+    (that answer became the call's outcome); otherwise the model was told its outcome is
+    unknown. Listed either way, so the host can audit it."""
+
+    tool: str
+    dispatch: int
+    call_id: str | None
+    cause: InDoubtCause
+    reconciled: bool = False
+
+
 @frozen
 class GenerationTurnResult:
     """The outcome of a turn. See the README for each field."""
@@ -220,6 +243,8 @@ class GenerationTurnResult:
     credential_source: str = "user"
     disabled_enrichment_kinds: frozenset[str] = frozenset()
     abandoned_calls: tuple[str, ...] = ()
+    #: the tool calls cut off mid-run, settled by their reconcile hook or not (§3.9)
+    in_doubt_calls: tuple[InDoubtCall, ...] = ()
     #: the turn's identity (`TurnRequest.turn_id`, or the one given to it): with a delivery's
     #: sequence, its idempotency key. Two results of the same run compare equal whatever
     #: their ids (a fresh id per run is not part of what happened)
@@ -233,6 +258,14 @@ class GenerationTurnResult:
     def delivered_text(self) -> str:
         """Every text delivery, concatenated in order."""
         return "".join(d.text for d in self.delivered if d.text is not None)
+
+
+def with_attempts_in_doubt(
+    result: GenerationTurnResult, attempts: Iterable[GenerationTurnResult]
+) -> GenerationTurnResult:
+    """A generation turn's ``result`` listing its attempts' calls in doubt, in order."""
+    in_doubt = tuple(call for attempt in attempts for call in attempt.in_doubt_calls)
+    return attrs.evolve(result, in_doubt_calls=in_doubt) if in_doubt else result
 
 
 def _is_frozenset_type(kind: Any) -> bool:

@@ -22,16 +22,33 @@ import logging
 import re
 import types
 import typing
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, cast, overload
 
 import fastjsonschema
 from attrs import frozen
 
 from toolloop_fsm.events import ToolFinished, ToolOutcomeKind
-from toolloop_fsm.host import LoopClock, Redactor, Tool, ToolContext, ToolHandler, ToolResult
+from toolloop_fsm.host import (
+    Clock,
+    LoopClock,
+    Redactor,
+    Tool,
+    ToolContext,
+    ToolHandler,
+    ToolReconciler,
+    ToolResult,
+)
 
-__all__ = ["copy_arguments", "run_tool_handler", "runs_on_loop", "tool"]
+__all__ = [
+    "copy_arguments",
+    "finished_with",
+    "reconcile_call",
+    "run_tool_handler",
+    "runs_on_loop",
+    "tool",
+    "unknown_outcome",
+]
 
 _log = logging.getLogger("toolloop_fsm.tools")
 
@@ -103,6 +120,12 @@ async def run_tool_handler(
             ToolOutcomeKind.RAISED,
             error=f"the handler returned {type(result).__name__}, not ToolResult",
         )
+    return finished_with(dispatch, result)
+
+
+def finished_with(dispatch: int, result: ToolResult) -> ToolFinished:
+    """The `ToolFinished` of dispatch ``dispatch`` whose outcome is ``result`` (a run's or a
+    reconcile hook's)."""
     return ToolFinished(
         dispatch,
         ToolOutcomeKind.SUCCEEDED if result.success else ToolOutcomeKind.FAILED,
@@ -114,6 +137,104 @@ async def run_tool_handler(
         context_restart=result.context_restart,
         error=None if result.success else (result.message or "the tool reported a failure"),
     )
+
+
+# --------------------------------------------------------------------------- calls in doubt
+def unknown_outcome(tool: str, cut_off: str) -> ToolFinished:
+    """What the model is told of a call in doubt that nobody could settle (docs/behaviour.md
+    §3.9): its outcome is unknown, and why (``cut_off``: how the call was cut off). The
+    dispatch is filled in by the shell that feeds it."""
+    return ToolFinished(
+        -1,
+        ToolOutcomeKind.RAISED,
+        error=(
+            f"the outcome of {tool} is unknown: {cut_off}; it was not run again, so it may or "
+            "may not have taken effect"
+        ),
+    )
+
+
+async def reconcile_call(
+    tool: Tool,
+    dispatch: int,
+    arguments: dict[str, Any],
+    ctx: ToolContext,
+    *,
+    budget: float,
+    clock: Clock,
+) -> ToolFinished | None:
+    """Ask ``tool``'s reconcile hook what really happened to dispatch ``dispatch``, cut off
+    mid-run (docs/behaviour.md §3.9): its `ToolResult` as the call's `ToolFinished`, or
+    ``None`` when it cannot tell — it has no hook, answers ``None``, raises anything (a
+    `BaseException` subclass too), returns something other than a `ToolResult`, or does not
+    answer within ``budget`` seconds on ``clock`` (it is then cancelled and never awaited
+    again). Each of those is a WARNING record naming the tool. Cancellation and the process
+    going down propagate. Both shells settle a call through here: the pump in process, a
+    worker's activity for a durable turn."""
+    hook = tool.reconcile
+    if hook is None:
+        return None
+    if runs_on_loop(hook):
+        asking = typing.cast(Coroutine[Any, Any, Any], hook(arguments, ctx))
+    else:
+        asking = _in_worker_thread(hook, arguments, ctx, budget)
+    task = asyncio.get_running_loop().create_task(asking, name=f"reconcile {tool.name}")
+    task.add_done_callback(_retrieved)
+    expired: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    timer = clock.call_later(budget, _expire, expired)
+    try:
+        await asyncio.wait((task, expired), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        timer.cancel()
+    if not task.done():
+        task.cancel()  # never awaited again: a hook that ignores it is left to itself
+        return _cannot_tell(tool, dispatch, f"did not answer within {budget:g} s")
+    if task.cancelled():
+        return _cannot_tell(tool, dispatch, "was cancelled")
+    err = task.exception()
+    if isinstance(err, KeyboardInterrupt | SystemExit):
+        raise err
+    if err is not None:
+        return _cannot_tell(tool, dispatch, f"raised {type(err).__name__}: {err}", err)
+    answer = task.result()
+    if answer is None:
+        _log.warning(
+            "the reconcile hook of tool %s (dispatch %d) cannot tell what happened; the call "
+            "stays in doubt", tool.name, dispatch,
+            extra={"tool": tool.name, "dispatch": dispatch, "failure": "in_doubt"},
+        )  # fmt: skip
+        return None
+    if not isinstance(answer, ToolResult):
+        return _cannot_tell(
+            tool, dispatch, f"returned {type(answer).__name__}, not ToolResult or None"
+        )
+    return finished_with(dispatch, answer)
+
+
+def _cannot_tell(
+    tool: Tool, dispatch: int, problem: str, err: BaseException | None = None
+) -> ToolFinished | None:
+    """``None``, the hook's answer when it failed, after a WARNING record saying how."""
+    _log.warning(
+        "the reconcile hook of tool %s (dispatch %d) %s; the call stays in doubt",
+        tool.name, dispatch, problem,
+        exc_info=err, extra={"tool": tool.name, "dispatch": dispatch, "failure": "in_doubt"},
+    )  # fmt: skip
+    return None
+
+
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """A hook's task given up on still has its failure retrieved (nobody awaits it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def runs_on_loop(handler: Callable[..., Any]) -> bool:
@@ -134,7 +255,10 @@ def runs_on_loop(handler: Callable[..., Any]) -> bool:
 
 
 async def _in_worker_thread(
-    handler: ToolHandler, arguments: dict[str, Any], ctx: ToolContext, deadline: float
+    handler: ToolHandler | ToolReconciler,
+    arguments: dict[str, Any],
+    ctx: ToolContext,
+    deadline: float,
 ) -> Any:
     """Run a plain handler in the loop's default executor, with the caller's context
     variables. A thread cannot be cancelled: when the tool is cancelled (its deadline, a

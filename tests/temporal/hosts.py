@@ -8,8 +8,9 @@ a real host's external services would), and the worker process the crash tests k
   stops at a `Gate` until the test creates the gate's file (writing that it waits there).
 * `FileChannel` writes every delivery with its idempotency key and drops a key it already
   accepted, across processes (Discord's ``nonce`` with ``enforce_nonce`` does this).
-* ``record`` writes each execution; ``charge`` and ``lookup`` (idempotent) write that they
-  started, then wait at a gate.
+* ``record`` writes each execution; ``charge``, ``pay`` and ``lookup`` (idempotent) write
+  that they started, then wait at a gate; ``pay``'s reconcile hook writes each time it is
+  asked and answers that the payment went through.
 
 Run as ``python -m tests.temporal.hosts ADDRESS TASK_QUEUE DIRECTORY [FLUSH]`` it is a worker
 process with these registries.
@@ -58,6 +59,11 @@ CHARGE_SCRIPT: tuple[PassScript, ...] = (
     (TextDelta("Charging. "), FunctionCall("charge", {"cents": 500}, "c1")),
     (TextDelta("The charge did not go through."),),
 )
+#: A turn whose tool, with a reconcile hook, waits at a gate.
+PAY_SCRIPT: tuple[PassScript, ...] = (
+    (TextDelta("Paying. "), FunctionCall("pay", {"cents": 700}, "p1")),
+    (TextDelta("The payment went through."),),
+)
 #: A turn whose idempotent tool waits at a gate.
 LOOKUP_SCRIPT: tuple[PassScript, ...] = (
     (FunctionCall("lookup", {"city": "Oslo"}, "c1"),),
@@ -68,6 +74,7 @@ STOP_SCRIPT: tuple[PassScript, ...] = ((TextDelta("Thinking about it "), Gate("n
 SCRIPTS = {
     "crash": CRASH_SCRIPT,
     "charge": CHARGE_SCRIPT,
+    "pay": PAY_SCRIPT,
     "lookup": LOOKUP_SCRIPT,
     "stop": STOP_SCRIPT,
 }
@@ -166,6 +173,15 @@ def host_tools(directory: Path) -> list[Tool]:
         await wait_for_file(directory / "release")
         return ToolResult(data={"charged": arguments.get("cents")})
 
+    async def pay(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        _append(executions, {"tool": "pay", "cents": arguments.get("cents")})
+        await wait_for_file(directory / "release")
+        return ToolResult(data={"paid": arguments.get("cents")})
+
+    async def look_payment_up(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        _append(directory / "reconciles.jsonl", {"tool": "pay", "dispatch": ctx.dispatch})
+        return ToolResult(data={"paid": arguments.get("cents"), "found_by": "lookup"})
+
     async def lookup(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         _append(executions, {"tool": "lookup", "city": arguments.get("city")})
         await wait_for_file(directory / "release")
@@ -176,6 +192,7 @@ def host_tools(directory: Path) -> list[Tool]:
     return [
         Tool("record", "Records a note.", notes, record),
         Tool("charge", "Charges the user's card.", cents, charge),
+        Tool("pay", "Pays a bill.", cents, pay, reconcile=look_payment_up),
         Tool("lookup", "Looks a city up.", {"type": "object"}, lookup, idempotent=True),
     ]
 

@@ -16,7 +16,14 @@ import pytest
 from tests.temporal.conftest import WorkerProcesses
 from tests.temporal.hosts import read_records, user_text
 from toolloop_fsm import LoopPolicy, TurnPolicy, TurnRequest, TurnStatus
-from toolloop_fsm.result import GenerationTurnResult, converter
+from toolloop_fsm.result import (
+    GenerationTurnResult,
+    InDoubtCall,
+    InDoubtCause,
+    converter,
+    result_from_json,
+    result_to_json,
+)
 from toolloop_fsm.testing import real_time_limit
 
 pytest.importorskip("temporalio")
@@ -50,8 +57,8 @@ async def recorded(path: Path) -> None:
 async def start(client: Client, workers: WorkerProcesses, chain: str, turn_id: str) -> TurnHandle:
     return await start_generation_turn(
         client, task_queue=workers.task_queue, attempts=[chain], channel="files",
-        request=TurnRequest(REQUEST.context, turn_id=turn_id), tools=["record", "charge", "lookup"],
-        policy=POLICY, heartbeat_timeout=HEARTBEAT,
+        request=TurnRequest(REQUEST.context, turn_id=turn_id),
+        tools=["record", "charge", "pay", "lookup"], policy=POLICY, heartbeat_timeout=HEARTBEAT,
     )  # fmt: skip
 
 
@@ -136,6 +143,36 @@ async def test_a_worker_killed_mid_tool_reports_the_tool_unknown_and_never_runs_
     assert "unknown" in json.dumps(response)
     assert "not run again" in json.dumps(response)
     assert result.final_text == "The charge did not go through."
+    assert result.in_doubt_calls == (
+        InDoubtCall("charge", 1, "c1", InDoubtCause.WORKER_LOST, reconciled=False),
+    )
+
+
+async def test_a_worker_killed_mid_tool_is_settled_by_the_tools_reconcile_hook(
+    client: Client, workers: WorkerProcesses, tmp_path: Path
+) -> None:
+    first = workers.start()
+    handle = await start(client, workers, "pay", "pay-turn")
+    async with real_time_limit(LIMIT):
+        await recorded(tmp_path / "executions.jsonl")  # the payment started
+        workers.kill(first)
+        (tmp_path / "release").touch()  # a second run would finish at once
+        workers.start()
+        result = await handle.result()
+
+    assert read_records(tmp_path / "executions.jsonl") == [{"tool": "pay", "cents": 700}]
+    # asked once, on a worker, after the lost worker was noticed
+    assert read_records(tmp_path / "reconciles.jsonl") == [{"tool": "pay", "dispatch": 1}]
+    assert result.status is TurnStatus.COMPLETED
+    [round_] = result.history
+    # the hook's answer is the outcome the model was shown
+    assert round_.response.success
+    assert round_.response.data == {"paid": 700, "found_by": "lookup"}
+    assert result.in_doubt_calls == (
+        InDoubtCall("pay", 1, "p1", InDoubtCause.WORKER_LOST, reconciled=True),
+    )
+    assert result_from_json(result_to_json(result)).in_doubt_calls == result.in_doubt_calls
+    assert result.final_text == "The payment went through."
 
 
 async def test_a_worker_killed_mid_tool_runs_an_idempotent_tool_again_on_the_next_worker(

@@ -1,4 +1,5 @@
-"""The gate a requested call passes before anything runs (docs/behaviour.md §3.1–§3.5)."""
+"""The gate a requested call passes before anything runs (docs/behaviour.md §3.1–§3.5), and
+whether a running call cut off at its deadline is settled before the loop goes on (§3.9)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ if TYPE_CHECKING:
 def call_pending(turn: TurnState) -> bool:
     """The pass ended with a tool call."""
     return turn.pending_call is not None
+
+
+def cut_off_call_is_settled(turn: TurnState) -> bool:
+    """The running call's tool has a reconcile hook: cut off at its deadline, it gets its
+    grace to stop, and one that does not is settled by the hook before the loop goes on
+    (docs/behaviour.md §3.9 rule 2)."""
+    call = turn.pending_call
+    tool = turn.registry.get(call.name) if call is not None else None
+    return tool is not None and tool.reconcile is not None
 
 
 def call_is_malformed(turn: TurnState) -> bool:

@@ -24,10 +24,15 @@ from toolloop_fsm.events import (
     DeliveryFailed,
     DeliveryRecorded,
     StreamEnded,
+    ToolFinished,
 )
 from toolloop_fsm.host import Channel, Clock
 from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget, NoticeOutcome
-from toolloop_fsm.result import Notice
+from toolloop_fsm.result import InDoubtCall, Notice
+
+#: What is fed after the batch of effects that caused it: a delivery's outcome, a cut stream's
+#: end, a cut-off tool's outcome when it had already returned
+Outcome = DeliveryRecorded | DeliveryFailed | StreamEnded | ToolFinished
 
 if TYPE_CHECKING:
     from toolloop_fsm.machine import ToolLoopMachine
@@ -52,7 +57,7 @@ class DeliveriesAndHostCalls:
         _host_exception: BaseException | None
         _host_task: asyncio.Task[None] | None
         _last_activity: float
-        _outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded] | None
+        _outcomes: list[Outcome] | None
         _delivery_keys: str | None
         _pending_result: GenerationTurnResult | None
         _notices: NoticeBudget
@@ -61,7 +66,7 @@ class DeliveriesAndHostCalls:
         def _fail(self, err: BaseException) -> None: ...
         def _settle_result(self, result: GenerationTurnResult) -> None: ...
         def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]: ...
-        def _abandon(self, task: asyncio.Task[Any], name: str) -> None: ...
+        def _abandon(self, task: asyncio.Task[Any], name: str) -> InDoubtCall | None: ...
         def _give_up(self, name: str) -> None: ...
 
     else:
@@ -120,7 +125,7 @@ class DeliveriesAndHostCalls:
             deliveries = self._deliveries = []
         return deliveries
 
-    def _report_later(self, outcome: DeliveryRecorded | DeliveryFailed | StreamEnded) -> None:
+    def _report_later(self, outcome: Outcome) -> None:
         """Queue an outcome, fed once the batch of effects that caused it is carried out."""
         outcomes = self._outcomes
         if outcomes is None:

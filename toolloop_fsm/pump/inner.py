@@ -83,17 +83,18 @@ from toolloop_fsm.pump.arguments import check_loop_arguments
 from toolloop_fsm.pump.deadlines import StreamDeadlines
 from toolloop_fsm.pump.deliveries import (
     DeliveriesAndHostCalls,
+    Outcome,
     takes_idempotency_keys,
     wait_bounded,
 )
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords
 from toolloop_fsm.pump.redaction import Secrets, StreamMask, masked_stream
-from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.result import GenerationTurnResult, InDoubtCall, InDoubtCause, TraceStep
 from toolloop_fsm.review import VERDICT_TYPES, Reviewer, ReviewPacket, Unavailable
 from toolloop_fsm.snapshot import LoopSnapshot, SnapshotError, TurnSnapshot
 from toolloop_fsm.states.build_result import count_late_deliveries
-from toolloop_fsm.tools import copy_arguments, run_tool_handler
+from toolloop_fsm.tools import copy_arguments, reconcile_call, run_tool_handler, unknown_outcome
 from toolloop_fsm.turn import DraftState, LedgerEntry
 
 
@@ -141,6 +142,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_host_calls",
         "_host_exception",
         "_host_task",
+        "_in_doubt",
         "_interrupted",
         "_iteration",
         "_last_activity",
@@ -161,11 +163,13 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_review_seq",
         "_review_task",
         "_secrets",
+        "_settling",
         "_signals_dirty",
         "_stop_fed",
         "_stream_armed_at",
         "_stream_generation",
         "_timers",
+        "_tool_calls",
         "_tool_dispatch",
         "_tool_grace",
         "_tool_name",
@@ -262,7 +266,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._delivery_task: asyncio.Task[None] | None = None
         # made on first use, as the other lists a turn may never need
         self._host_calls: list[PostNotice | QueueStopResponse] | None = None
-        self._outcomes: list[DeliveryRecorded | DeliveryFailed | StreamEnded] | None = None
+        self._outcomes: list[Outcome] | None = None
         self._depth = 0
         self._host_task: asyncio.Task[None] | None = None
         self._host_exception: BaseException | None = None
@@ -271,6 +275,11 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._tool_grace: Any = None
         # code that ignored its cancellation past the grace: named, never awaited again
         self._abandoned: list[str] | None = None
+        # each tool task still running, with what it runs (an abandoned one is in doubt), the
+        # calls in doubt, and the settling of a call cut off at its deadline (§3.9)
+        self._tool_calls: dict[asyncio.Task[None], InDoubtCall] | None = None
+        self._in_doubt: list[InDoubtCall] | None = None
+        self._settling: asyncio.Task[None] | None = None
         # deliveries the channel confirmed after the machine had already finished
         self._late_confirmed: list[int] | None = None
         # the result waits for the host's notices and stop message still on their way
@@ -400,6 +409,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         changes: dict[str, Any] = {}
         if self._abandoned:
             changes["abandoned_calls"] = (*result.abandoned_calls, *self._abandoned)
+        if self._in_doubt:
+            changes["in_doubt_calls"] = (*result.in_doubt_calls, *self._in_doubt)
         return attrs.evolve(result, **changes) if changes else result
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -440,16 +451,24 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             if child.done() and not child.cancelled() and child.exception() is not None:
                 raise child.exception()  # type: ignore[misc]
 
-    def _abandon(self, task: asyncio.Task[Any], name: str) -> None:
+    def _abandon(self, task: asyncio.Task[Any], name: str) -> InDoubtCall | None:
         """Give up on a child that ignored its cancellation: it is named in the result and
-        never awaited again."""
+        never awaited again. A tool so abandoned is in doubt (§3.9): returned, and listed."""
         children = self._children
-        if children is not None and task in children:
-            children.remove(task)
-            if self._abandoned is None:
-                self._abandoned = []
-            self._abandoned.append(name)
-            self._records.abandoned(name, self.policy.cancel_grace)
+        if children is None or task not in children:
+            return None
+        children.remove(task)
+        if self._abandoned is None:
+            self._abandoned = []
+        self._abandoned.append(name)
+        calls = self._tool_calls
+        in_doubt = calls.pop(task, None) if calls is not None else None
+        if in_doubt is not None:
+            if self._in_doubt is None:
+                self._in_doubt = []
+            self._in_doubt.append(in_doubt)
+        self._records.abandoned(name, self.policy.cancel_grace, in_doubt)
+        return in_doubt
 
     def _give_up(self, name: str) -> None:
         """A call that overran its budget was given up on (and cancelled): it is named in the
@@ -468,7 +487,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         abandon deliveries still in flight, disarm every deadline."""
         self._stream_generation += 1
         self._pending_stream = None
-        for task in (self._tool_task, self._delivery_task, self._review_task):
+        for task in (self._tool_task, self._settling, self._delivery_task, self._review_task):
             if task is not None and not task.done():
                 task.cancel()
         if self._deliveries:
@@ -608,7 +627,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             elif kind is RunTool:
                 self._run_tool(effect)  # type: ignore[arg-type]
             elif kind is CancelTool:
-                self._cancel_tool()
+                self._cancel_tool(effect)  # type: ignore[arg-type]
             elif kind is PostNotice or kind is QueueStopResponse:
                 if self._host_calls is None:
                     self._host_calls = []
@@ -873,19 +892,92 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             call = self.machine.turn.pending_call
             call_id = call.call_id if call is not None else None
             observation.tool_started(effect, call_id if isinstance(call_id, str) else None)
-        self._tool_task = self._spawn(self._call_tool(effect), self._tool_name)
+        task = self._tool_task = self._spawn(self._call_tool(effect), self._tool_name)
+        # what the task runs, should it be abandoned: then the call is in doubt (§3.9)
+        call = self.machine.turn.pending_call
+        call_id = call.call_id if call is not None and isinstance(call.call_id, str) else None
+        calls = self._tool_calls
+        if calls is None:
+            calls = self._tool_calls = {}
+        calls[task] = InDoubtCall(effect.name, effect.dispatch, call_id, InDoubtCause.ABANDONED)
+        task.add_done_callback(lambda done: calls.pop(done, None))
 
-    def _cancel_tool(self) -> None:
+    def _cancel_tool(self, effect: CancelTool) -> None:
         if self._observation is not None:
             self._observation.tool_cancelled(self._tool_dispatch)
         self._tool_dispatch = -1
+        settling = self._settling
+        if settling is not None:  # a stop while a cut-off call is settled: it ends here
+            self._settling = None
+            settling.cancel()
         task = self._tool_task
         if task is not None and not task.done():
             task.cancel()
+            if effect.cut_off is not None:
+                # its outcome is owed: the grace to stop, then settled (§3.9 rule 2)
+                name = f"settling {self._tool_name}"
+                self._settling = self._spawn(self._settle_cut_off(effect, task), name)
+                return
             # a tool that ignores its cancellation is abandoned after the grace
             self._tool_grace = self.clock.call_later(
                 self.policy.cancel_grace, self._abandon_unless_done, task, self._tool_name
             )
+        elif effect.cut_off is not None:  # it had just returned: its deadline's outcome
+            failed = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error=effect.cut_off)
+            self._report_later(failed)
+
+    async def _settle_cut_off(self, effect: CancelTool, task: asyncio.Task[None]) -> None:
+        """docs/behaviour.md §3.9 rule 2: a call with a reconcile hook, cancelled at its
+        deadline, has the grace to stop (its outcome is then that timeout); one that does
+        not is abandoned, in doubt, and its hook asks what really happened before the
+        machine is told."""
+        dispatch = effect.dispatch
+        cut_off = effect.cut_off
+        assert cut_off is not None
+        policy = self.policy
+        event: ToolFinished
+        if not await wait_bounded(self.clock, (task,), policy.cancel_grace):
+            event = ToolFinished(dispatch, ToolOutcomeKind.RAISED, error=cut_off)
+        else:
+            in_doubt = self._abandon(task, task.get_name())
+            call = self.machine.turn.pending_call
+            tool = self.registry.get(str(call.name)) if call is not None else None
+            answer: ToolFinished | None = None
+            if tool is not None and call is not None and isinstance(call.arguments, Mapping):
+                ctx = ToolContext(
+                    tool.name, dispatch, self._iteration, self.clock,
+                    self.machine.turn.disabled_enrichment_kinds,
+                )  # fmt: skip
+                try:
+                    answer = await reconcile_call(
+                        tool, dispatch, _own_copy(call.arguments), ctx,
+                        budget=policy.host_call_timeout, clock=self.clock,
+                    )  # fmt: skip
+                except (KeyboardInterrupt, SystemExit) as err:
+                    self._fail(err)
+                    return
+            name = tool.name if tool is not None else "the tool"
+            if answer is None:
+                cause = (
+                    f"it {cut_off} and was cancelled, and it had not stopped "
+                    f"{policy.cancel_grace:g} s later"
+                )
+                event = attrs.evolve(unknown_outcome(name, cause), dispatch=dispatch)
+            else:
+                event = self._secrets.masked_outcome(answer)
+            if in_doubt is not None:
+                self._settled(in_doubt, reconciled=answer is not None)
+        if self._settling is asyncio.current_task():
+            self._settling = None
+            self._feed(event)
+
+    def _settled(self, call: InDoubtCall, *, reconciled: bool) -> None:
+        """Record how a call in doubt was settled, in its place in the list."""
+        settled = attrs.evolve(call, reconciled=reconciled)
+        listed = self._in_doubt
+        if listed is not None and call in listed:
+            listed[listed.index(call)] = settled
+        self._records.settled(settled)
 
     async def _call_tool(self, effect: RunTool) -> None:
         tool = self.registry.get(effect.name)

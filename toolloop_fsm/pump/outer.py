@@ -63,6 +63,7 @@ from toolloop_fsm.result import (
     TraceStep,
     TurnStatus,
     converter,
+    with_attempts_in_doubt,
 )
 from toolloop_fsm.review import Reviewer
 from toolloop_fsm.snapshot import (
@@ -161,6 +162,7 @@ class GenerationPump:
                 ]  # fmt: skip
                 if abandoned:
                     result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
+                result = with_attempts_in_doubt(result, self.machine.generation.results)
                 return self._redacted(result)
             pending.extend(await self._carry_out(effect))
         raise RuntimeError("the generation turn stopped without a result")

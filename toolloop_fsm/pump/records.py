@@ -21,7 +21,7 @@ from typing import Any
 
 from toolloop_fsm.events import DeadlineKind, DeliveryFailed, StreamFailed
 from toolloop_fsm.pump.redaction import NO_SECRETS, Secrets
-from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.result import GenerationTurnResult, InDoubtCall, TraceStep
 
 MACHINE_LOG = logging.getLogger("toolloop_fsm.machine")
 TURN_LOG = logging.getLogger("toolloop_fsm.turn")
@@ -151,12 +151,31 @@ class TurnRecords:
             failure="reviewer",
         )
 
-    def abandoned(self, name: str, grace: float) -> None:
-        """Code that ignored its cancellation for the grace was given up on."""
+    def abandoned(self, name: str, grace: float, in_doubt: InDoubtCall | None = None) -> None:
+        """Code that ignored its cancellation for the grace was given up on; a tool so
+        abandoned is in doubt (``in_doubt``, on the record too: docs/behaviour.md §3.9)."""
+        doubt = "; its outcome is in doubt" if in_doubt is not None else ""
         self._warn(
-            f"{name} ignored its cancellation for {grace:g} s and was abandoned{self._where()}",
+            f"{name} ignored its cancellation for {grace:g} s and was abandoned"
+            f"{self._where()}{doubt}",
             failure="abandoned",
             call=name,
+            in_doubt=in_doubt,
+        )
+
+    def settled(self, call: InDoubtCall) -> None:
+        """A call in doubt was settled: by its reconcile hook's answer, or as unknown."""
+        how = (
+            "its reconcile hook's answer is its outcome"
+            if call.reconciled
+            else "nothing could tell what happened; the model is told its outcome is unknown"
+        )
+        self._warn(
+            f"tool {call.tool} (dispatch {call.dispatch}){self._where()} was cut off mid-run "
+            f"({call.cause.value}): {how}",
+            failure="in_doubt",
+            call=f"tool {call.tool} (dispatch {call.dispatch})",
+            in_doubt=call,
         )
 
     def given_up(self, name: str, seconds: float) -> None:

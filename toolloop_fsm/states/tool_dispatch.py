@@ -125,12 +125,25 @@ def take_tool_outcome(turn: TurnState, event: ToolFinished) -> None:
 def time_out_tool(turn: TurnState, _event: Any = None) -> None:
     turn.armed.pop(DeadlineKind.TOOL, None)
     turn.effects.append(CancelTool(turn.dispatches))
+    turn.outcome = ToolOutcome(success=False, reason=timed_out_reason(turn))
+
+
+def cut_off_tool(turn: TurnState, _event: Any = None) -> None:
+    """§3.9 rule 2: the deadline of a tool with a reconcile hook passed. It is cancelled and
+    the machine waits for its outcome: the timeout (``cut_off``) if it stops within its
+    grace, else what the hook says really happened, or that nobody can tell."""
+    turn.armed.pop(DeadlineKind.TOOL, None)
+    turn.effects.append(CancelTool(turn.dispatches, cut_off=timed_out_reason(turn)))
+
+
+def timed_out_reason(turn: TurnState) -> str:
+    """What the model is told of the running call when its deadline passed."""
     call = turn.pending_call
     tool = turn.registry.get(call.name) if call is not None else None
     seconds = tool.timeout if tool is not None and tool.timeout is not None else None
     if seconds is None:
         seconds = turn.policy.tool_timeout
-    turn.outcome = ToolOutcome(success=False, reason=f"timed out after {seconds:g} s")
+    return f"timed out after {seconds:g} s"
 
 
 def stop_during_tool(turn: TurnState, event: StopRequested) -> None:

@@ -30,6 +30,7 @@ from toolloop_fsm.events import (
     StreamFailed,
     TextDelta,
     ThoughtDelta,
+    ToolFinished,
     UsageReport,
 )
 from toolloop_fsm.host import TurnRequest
@@ -47,6 +48,7 @@ FOLLOW_UP_SIGNAL = "follow_up"
 DESCRIBE_TURN = "toolloop_fsm.describe_turn"
 STREAM_PASS = "toolloop_fsm.stream_pass"
 RUN_TOOL = "toolloop_fsm.run_tool"
+RECONCILE_TOOL = "toolloop_fsm.reconcile_tool"
 CALL_CHANNEL = "toolloop_fsm.call_channel"
 
 
@@ -84,6 +86,8 @@ class ToolDescription:
     timeout: float | None = None
     replay: str = "reuse"
     idempotent: bool = False
+    #: the tool has a reconcile hook (it runs on a worker: docs/behaviour.md §3.9)
+    reconciles: bool = False
 
 
 @frozen
@@ -179,6 +183,14 @@ class ToolInput:
     provider: str | None = None
     key_index: int | None = None
     keys_prefix: str | None = None
+
+
+@frozen
+class Reconciled:
+    """A reconcile hook's answer for a call in doubt: its outcome, or ``None`` (it cannot
+    tell, failed, or overran its budget)."""
+
+    finished: ToolFinished | None = None
 
 
 @frozen

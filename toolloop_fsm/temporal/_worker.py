@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from typing import Any
@@ -41,6 +42,7 @@ from toolloop_fsm.result import Notice
 from toolloop_fsm.temporal._values import (
     CALL_CHANNEL,
     DESCRIBE_TURN,
+    RECONCILE_TOOL,
     RUN_TOOL,
     STREAM_PASS,
     Catalogue,
@@ -51,6 +53,7 @@ from toolloop_fsm.temporal._values import (
     PassInput,
     PassOutcome,
     PassProgress,
+    Reconciled,
     ToolDescription,
     ToolInput,
     converter,
@@ -58,11 +61,14 @@ from toolloop_fsm.temporal._values import (
     with_turn_converter,
 )
 from toolloop_fsm.temporal._workflow import GenerationTurnWorkflow
-from toolloop_fsm.tools import run_tool_handler
+from toolloop_fsm.tools import reconcile_call, run_tool_handler
 
 #: Providers made for an attempt are kept for its later passes (a scripted or stateful
 #: provider answers an attempt's passes in turn), the most recent this many attempts.
 _PROVIDERS_KEPT = 1024
+
+#: Where a reconcile hook's failures are recorded, as a handler's are (docs/behaviour.md §3.9)
+_log = logging.getLogger("toolloop_fsm.tools")
 
 #: Modules the workflow sandbox takes from outside: the machines and what they import are
 #: deterministic, import nothing asynchronous, and are loaded once per worker.
@@ -148,6 +154,7 @@ class TurnActivities:
                     tool.timeout,
                     tool.replay,
                     tool.idempotent,
+                    reconciles=tool.reconcile is not None,
                 )
             )
         continuation = tuple(
@@ -244,6 +251,34 @@ class TurnActivities:
                 error=f"the tool's outcome cannot be recorded as JSON ({err})",
             )
         return event
+
+    @activity.defn(name=RECONCILE_TOOL)
+    async def reconcile_tool(self, spec: ToolInput) -> Reconciled:
+        """Ask a tool's reconcile hook what really happened to a call cut off mid-run
+        (docs/behaviour.md §3.9), bounded by ``spec.deadline`` (the policy's host-call
+        budget); its answer is masked of the turn's keys like a run's outcome."""
+        tool = self.tools.get(spec.name)
+        if tool is None:
+            return Reconciled()
+        ctx = ToolContext(
+            spec.name, spec.dispatch, spec.iteration, LOOP_CLOCK,
+            frozenset(spec.disabled_enrichment_kinds),
+        )  # fmt: skip
+        answer = await reconcile_call(
+            tool, spec.dispatch, dict(spec.arguments), ctx, budget=spec.deadline, clock=LOOP_CLOCK
+        )
+        if answer is None:
+            return Reconciled()
+        answer = self._tool_secrets(spec).masked_outcome(answer)
+        try:  # the answer goes into the workflow's history as JSON
+            json.dumps(converter.unstructure(answer), allow_nan=False)
+        except (TypeError, ValueError) as err:
+            _log.warning(
+                "the reconcile hook of tool %s answered what cannot be recorded as JSON (%s); "
+                "the call stays in doubt", spec.name, err,
+            )  # fmt: skip
+            return Reconciled()
+        return Reconciled(answer)
 
     def _tool_secrets(self, spec: ToolInput) -> Secrets:
         """The keys a tool's outcome is masked of: the chain's, and the running provider's
@@ -530,6 +565,7 @@ class TurnWorker:
                 self.activities.describe_turn,
                 self.activities.stream_pass,
                 self.activities.run_tool,
+                self.activities.reconcile_tool,
                 self.activities.call_channel,
             ],
             workflow_runner=runner,

@@ -62,11 +62,19 @@ with workflow.unsafe.imports_passed_through():
     from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
     from toolloop_fsm.machine import ToolLoopMachine
     from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget
-    from toolloop_fsm.result import GenerationTurnResult, Notice, TurnStatus
+    from toolloop_fsm.result import (
+        GenerationTurnResult,
+        InDoubtCall,
+        InDoubtCause,
+        Notice,
+        TurnStatus,
+        with_attempts_in_doubt,
+    )
     from toolloop_fsm.temporal._values import (
         CALL_CHANNEL,
         DESCRIBE_TURN,
         FOLLOW_UP_SIGNAL,
+        RECONCILE_TOOL,
         RUN_TOOL,
         STOP_SIGNAL,
         STREAM_PASS,
@@ -78,11 +86,13 @@ with workflow.unsafe.imports_passed_through():
         PassDelivery,
         PassInput,
         PassOutcome,
+        Reconciled,
         ToolDescription,
         ToolInput,
         TurnInput,
         unpack_chunks,
     )
+    from toolloop_fsm.tools import unknown_outcome
 
 #: A lost pass is tried again this many times in all (each try continues from what the
 #: tries before it delivered).
@@ -99,6 +109,10 @@ def _runs_on_the_worker(_arguments: Any, _ctx: Any) -> Any:
     raise RuntimeError("a durable turn's tools run on its workers, never in the workflow")
 
 
+def _reconciles_on_the_worker(_arguments: Any, _ctx: Any) -> Any:
+    raise RuntimeError("a durable turn's reconcile hooks run on its workers (RECONCILE_TOOL)")
+
+
 def _stand_in(description: ToolDescription) -> Tool:
     """The tool as the machine knows it: everything but its handler, which runs on a worker."""
     return Tool(
@@ -110,6 +124,7 @@ def _stand_in(description: ToolDescription) -> Tool:
         timeout=description.timeout,
         replay=description.replay,
         idempotent=description.idempotent,
+        reconcile=_reconciles_on_the_worker if description.reconciles else None,
     )
 
 
@@ -189,7 +204,7 @@ class _TurnShell:
                 ]  # fmt: skip
                 if abandoned:
                     result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
-                return result
+                return with_attempts_in_doubt(result, self.machine.generation.results)
             if isinstance(effect, StartAttempt):
                 shell = _AttemptShell(self, effect)
                 result = await shell.run()
@@ -299,6 +314,8 @@ class _AttemptShell:
         self.stop_fed = False
         self.follow_ups_seen = 0
         self.abandoned: list[str] = []  # the attempt's calls given up on
+        self.in_doubt: list[InDoubtCall] = []  # its calls whose worker was lost (§3.9)
+        self.tool_spec: ToolInput | None = None  # the running tool's call, to reconcile it
 
     # ------------------------------------------------------------------ running
     async def run(self) -> GenerationTurnResult:
@@ -328,6 +345,9 @@ class _AttemptShell:
         if self.abandoned:
             named = (*self.result.abandoned_calls, *self.abandoned)
             self.result = attrs.evolve(self.result, abandoned_calls=named)
+        if self.in_doubt:
+            in_doubt = (*self.result.in_doubt_calls, *self.in_doubt)
+            self.result = attrs.evolve(self.result, in_doubt_calls=in_doubt)
         return self.result
 
     async def feed(self, event: Any) -> None:
@@ -417,6 +437,13 @@ class _AttemptShell:
                 self.start_pass(effect)
             elif isinstance(effect, CancelStream | CancelTool):
                 self.cancel_running()
+                if isinstance(effect, CancelTool) and effect.cut_off is not None:
+                    # past its deadline: the activity is cancelled (a worker that is lost
+                    # meanwhile is not waited for), so the deadline's failure is its outcome
+                    failed = ToolFinished(
+                        effect.dispatch, ToolOutcomeKind.RAISED, error=effect.cut_off
+                    )
+                    self.events.append(failed)
             elif isinstance(effect, RunTool):
                 self.start_tool(effect)
             elif isinstance(effect, PostNotice):
@@ -528,6 +555,7 @@ class _AttemptShell:
             cancellation_type=ActivityCancellationType.TRY_CANCEL,
         )  # fmt: skip
         self.running_kind = "tool"
+        self.tool_spec = spec
         self.tool_dispatch = effect.dispatch
         self.tool_idempotent = idempotent
 
@@ -555,14 +583,47 @@ class _AttemptShell:
             elif not _worker_lost(err):
                 error = f"{tool} failed on its worker: {_cause(err)}"
             else:
-                error = (
-                    f"the outcome of {tool} is unknown: the worker running it was lost "
-                    f"({_cause(err)}), and it is not marked idempotent, so it was not run "
-                    "again"
-                )
+                event = await self.settle_in_doubt(tool, _cause(err))
+                if event.dispatch == self.tool_dispatch:
+                    self.events.append(event)
+                return
             event = ToolFinished(self.tool_dispatch, ToolOutcomeKind.RAISED, error=error)
         if event.dispatch == self.tool_dispatch:
             self.events.append(event)
+
+    async def settle_in_doubt(self, tool: str, cause: str) -> ToolFinished:
+        """docs/behaviour.md §3.9: the worker running a tool not marked idempotent was lost,
+        so the call is in doubt. Its reconcile hook, if it has one, is asked on a worker (an
+        activity: its answer is in the history, so a replay never asks again) what really
+        happened; otherwise, or if it cannot tell, the model is told the outcome is unknown."""
+        dispatch = self.tool_dispatch
+        call = self.machine.turn.pending_call
+        call_id = call.call_id if call is not None and isinstance(call.call_id, str) else None
+        registered = self.outer.registry.get(tool)
+        answer: ToolFinished | None = None
+        spec = self.tool_spec
+        if registered is not None and registered.reconcile is not None and spec is not None:
+            budget = self.policy.host_call_timeout
+            beat = self.turn.heartbeat_timeout
+            try:
+                reconciled: Reconciled = await workflow.execute_activity(
+                    RECONCILE_TOOL, attrs.evolve(spec, deadline=budget),
+                    result_type=Reconciled,
+                    # the hook bounds itself by the budget; this catches a lost worker
+                    start_to_close_timeout=_seconds(budget + beat),
+                    retry_policy=RetryPolicy(maximum_attempts=2,
+                                             initial_interval=_seconds(min(0.5, beat))),
+                )  # fmt: skip
+                answer = reconciled.finished
+            except ActivityError:
+                answer = None
+        self.in_doubt.append(
+            InDoubtCall(tool, dispatch, call_id, InDoubtCause.WORKER_LOST, answer is not None)
+        )
+        if answer is not None:
+            return attrs.evolve(answer, dispatch=dispatch)
+        lost = f"the worker running it was lost ({cause}), and it is not marked idempotent"
+        return attrs.evolve(unknown_outcome(tool, lost), dispatch=dispatch)
 
     def stream_expired(self, kind: DeadlineKind) -> None:
         token = self.stream_token
