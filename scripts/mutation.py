@@ -130,6 +130,7 @@ class Mutant:
     operator: str
     original_line: str  # the first changed line, before and after (stripped)
     mutated_line: str
+    scope: str  # the enclosing classes and functions, dotted ("" at module level)
     edits: tuple[Edit, ...]
     span: tuple[int, int]  # the lines whose execution a test must reach to see the bug
     module_level: bool  # runs at import: every behavioural test can see it
@@ -146,26 +147,30 @@ class Mutant:
 
 @frozen
 class Equivalent:
-    """A mutant that changes no behaviour, and why (it is left out of the score)."""
+    """A mutant that changes no behaviour, and why (it is left out of the score). Named by
+    where it is (file, enclosing function) and what it changes (operator, the line before and
+    after), not by line number, so an edit elsewhere in the file leaves the entry valid."""
 
     file: str
-    line: int
+    scope: str
     operator: str
+    original_line: str
     mutated_line: str
     why: str
 
     def matches(self, mutant: Mutant) -> bool:
         return (
             mutant.file == self.file
-            and mutant.line == self.line
+            and mutant.scope == self.scope
             and mutant.operator == self.operator
+            and mutant.original_line == self.original_line
             and mutant.mutated_line == self.mutated_line
         )
 
 
 #: Mutants that change no behaviour a caller could observe, found by reading each survivor.
-#: Keyed by file, line, operator and the mutated line (so an entry goes stale, and is
-#: reported, when the code under it changes).
+#: Keyed by file, enclosing function, operator and the line before and after (so an entry goes
+#: stale, and is reported, when the code under it changes; tests/test_mutation_script.py).
 _REFUSED_CALL_KEY = (
     "a refused call never gets a ledger key (`current_call_key` is reset when the pass "
     "begins and set only by a dispatch or a reuse), and `dispatched` only guards the ledger "
@@ -173,119 +178,144 @@ _REFUSED_CALL_KEY = (
 )
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
-        "toolloop_fsm/guards/attempts.py", 69, "drop_branch", "pass",
+        "toolloop_fsm/guards/attempts.py", "destination_unreachable", "drop_branch",
+        "return True", "pass",
         "dead branch: `unreachable` is set only by `skip_unreachable`, whose transitions go "
         "straight to `finishing`; `judging_attempt` never sees it set",
     ),
     Equivalent(
-        "toolloop_fsm/states/attempts.py", 198, "true_false", "state.admission_asked = False",
+        "toolloop_fsm/states/attempts.py", "ask_admission", "true_false",
+        "state.admission_asked = True", "state.admission_asked = False",
         "admission is asked only while the credential source is the user's; an admitted turn "
         "switches it to shared and a refused or stopped one finishes, so the flag is never "
         "read again",
     ),
     Equivalent(
-        "toolloop_fsm/states/build_result.py", 96, "drop_call", "pass",
+        "toolloop_fsm/states/build_result.py", "abandon_in_flight", "drop_call",
+        "turn.armed.pop(DeadlineKind.SETTLE, None)", "pass",
         "the settle deadline has fired and the turn goes straight to its terminal state; no "
         "later step reads the armed deadlines",
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", 46, "true_false",
+        "toolloop_fsm/states/tool_dispatch.py", "refuse_truncated_call", "true_false",
+        "turn.outcome = ToolOutcome(success=False, reason=TRUNCATED_ARGUMENTS_REASON, "
+        "dispatched=False)",
         "turn.outcome = ToolOutcome(success=False, reason=TRUNCATED_ARGUMENTS_REASON, "
         "dispatched=True)",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", 56, "true_false", "dispatched=True,",
+        "toolloop_fsm/states/tool_dispatch.py", "refuse_unparseable_call", "true_false",
+        "dispatched=False,", "dispatched=True,",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", 74, "true_false",
+        "toolloop_fsm/states/tool_dispatch.py", "refuse_outside_allowlist", "true_false",
+        "turn.outcome = ToolOutcome(success=False, reason=reason, dispatched=False)",
         "turn.outcome = ToolOutcome(success=False, reason=reason, dispatched=True)",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", 126, "drop_call", "pass",
+        "toolloop_fsm/states/tool_dispatch.py", "time_out_tool", "drop_call",
+        "turn.armed.pop(DeadlineKind.TOOL, None)", "pass",
         "the fired tool deadline's token is never read again: the next dispatch re-arms the "
         "kind, and a stale token is refused by its value either way",
     ),
     Equivalent(
-        "toolloop_fsm/generation.py", 156, "swap_transitions",
+        "toolloop_fsm/generation.py", "", "swap_transitions",
+        "_t(\"advance\", \"finishing\", \"error\", when=outcome_is_error),",
         '_t("advance", "finishing", "empty_response", when=outcome_is_empty_response),',
         "the two guards test one status for two different values: at most one holds, so "
         "their order cannot matter",
     ),
     Equivalent(
-        "toolloop_fsm/machine.py", 371, "swap_transitions",
+        "toolloop_fsm/machine.py", "", "swap_transitions",
+        '_t("advance", "building_result", "follow_up_interrupt", '
+        "when=outcome_is_follow_up_interrupt),",
         '_t("advance", "building_result", "timeout", when=outcome_is_timeout),',
         "the two guards test one status for two different values: at most one holds, so "
         "their order cannot matter",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", 244, "true_false", "self._reading = True",
+        "toolloop_fsm/pump/inner.py", "EventPump.__init__", "true_false",
+        "self._reading = False", "self._reading = True",
         "the first read starts in the same step as the turn (no await between `start` and "
         "the read setting the flag), so no callback can see the initial value",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", 441, "drop_branch", "pass  # type: ignore[misc]",
+        "toolloop_fsm/pump/inner.py", "EventPump._join_children", "drop_branch",
+        "raise child.exception()  # type: ignore[misc]", "pass  # type: ignore[misc]",
         "no child can fail: the tool, delivery and host-call tasks turn every exception into "
         "an event, so there is never a child exception to raise",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", 469, "int_minus_one", "self._stream_generation += 0",
+        "toolloop_fsm/pump/inner.py", "EventPump._wind_down", "int_minus_one",
+        "self._stream_generation += 1", "self._stream_generation += 0",
         "at wind-down no stream can be read any more: a finished turn already moved the "
         "generation on, and a failed or cancelled one has interrupted its read",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", 469, "int_plus_one", "self._stream_generation += 2",
+        "toolloop_fsm/pump/inner.py", "EventPump._wind_down", "int_plus_one",
+        "self._stream_generation += 1", "self._stream_generation += 2",
         "the generation only ever grows and is only compared for equality with one a read "
         "captured earlier: a step of two makes every captured value stale just as one does",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", 594, "drop_call", "pass",
+        "toolloop_fsm/pump/inner.py", "EventPump._carry_out", "drop_call",
+        "self._timers.remove(entry)", "pass",
         "a cleared deadline's timer is cancelled first, so left in the list it never fires "
         "and is never found again (tokens are unique); the list is dropped at wind-down",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", 100, "drop_call", "pass",
+        "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._cancel_timers", "drop_call",
+        "self._timers.clear()", "pass",
         "the timers were just cancelled and the run is over; nothing reads the list again",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", 82, "comparison", "if effect.first_seconds is None:",
+        "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._deadline_fired", "comparison",
+        "if effect.first_seconds is not None:", "if effect.first_seconds is None:",
         "every rolling deadline is the pass's stream deadline (it has `first_seconds`); the "
         "machine reads a stream deadline after the first chunk as the inactivity deadline "
         "either way",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", 94, "drop_call", "pass",
+        "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._deadline_fired", "drop_call",
+        "self._timers.remove(entry)", "pass",
         "a fired timer left in the list is never found again (tokens are unique) and a "
         "later clear of it cancels a handle that already ran",
     ),
     Equivalent(
-        "toolloop_fsm/pump/outer.py", 315, "reason_literal", "if inner.state != 'ready_x':",
+        "toolloop_fsm/pump/outer.py", "GenerationPump._run_attempt", "reason_literal",
+        "if inner.state != \"ready\":", "if inner.state != 'ready_x':",
         "the attempt's run starts before the unreachable watcher can fire (the report is "
         "checked before the attempt starts), so the inner machine is never still `ready`",
     ),
     Equivalent(
-        "toolloop_fsm/states/delivery.py", 103, "boolean_operator",
+        "toolloop_fsm/states/delivery.py", "discard_buffer", "boolean_operator",
+        "if draft is not None and turn.policy.drafting:",
         "if draft is not None or turn.policy.drafting:",
         "a draft exists whenever drafting is on; with the tool checkpoint alone the text "
         "discarded is written to the draft but read only with drafting on (the result's "
         "undelivered text, a resumed drafting turn)",
     ),
     Equivalent(
-        "toolloop_fsm/generation.py", 154, "swap_transitions",
+        "toolloop_fsm/generation.py", "", "swap_transitions",
+        '_t("advance", "finishing", "follow_up_interrupt", '
+        "when=outcome_is_follow_up_interrupt),",
         '_t("advance", "finishing", "timeout", when=outcome_is_timeout),',
         "the two guards test one status for two different values: at most one holds, so "
         "their order cannot matter",
     ),
     Equivalent(
-        "toolloop_fsm/pump/outer.py", 309, "drop_call", "pass",
+        "toolloop_fsm/pump/outer.py", "GenerationPump._run_attempt", "drop_call",
+        "unreachable.cancel()", "pass",
         "`unreachable` is a bare future awaited only by the attempt's wait, which has "
         "returned, and the listener that could set it was removed the line before: left "
         "pending it has no callback and is dropped with the attempt",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", 52, "drop_branch", "pass",
+        "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._arm", "drop_branch",
+        "self._last_activity = now", "pass",
         "the only rolling deadline is armed in the same batch as its `StartStream`, which "
         "already set the last activity to the same instant",
     ),
@@ -371,6 +401,7 @@ class _Site:
 
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def _walk(tree: ast.Module) -> Iterator[tuple[ast.AST, _Site]]:
@@ -469,6 +500,7 @@ class _Enumerator:
             operator=operator,
             original_line="",
             mutated_line="",
+            scope=".".join(parent.name for parent in site.parents if isinstance(parent, _SCOPES)),
             edits=tuple(edits),
             span=span or (line, node.end_lineno),  # type: ignore[attr-defined]
             module_level=not site.in_function,
@@ -1177,7 +1209,10 @@ def _print_listing(mutants: list[Mutant]) -> None:
         print(f"  {count:5d}  {name}: {OPERATORS[name]}")
     stale = [e for e in EQUIVALENT if not any(e.matches(m) for m in mutants)]
     for entry in stale:
-        print(f"stale EQUIVALENT entry (no such mutant now): {entry.file}:{entry.line}")
+        print(
+            f"stale EQUIVALENT entry (no such mutant now): {entry.file} "
+            f"{entry.scope or '(module)'}: {entry.original_line}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

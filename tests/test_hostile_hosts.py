@@ -476,6 +476,48 @@ async def test_a_reconciled_payment_is_reused_on_a_fallback_without_asking_again
     )
 
 
+async def test_a_payment_nobody_could_settle_is_not_run_again_on_a_fallback() -> None:
+    # the hook cannot tell: the call stays in doubt, and the backup model asking for the same
+    # payment is handed the same unknown outcome instead of paying a second time
+    clock, channel, stragglers, _ = outer_world()
+    policy = TurnPolicy(
+        loop=LoopPolicy(tool_timeout=10, cancel_grace=2, host_call_timeout=30,
+                        delivery_flush_chars=1)
+    )  # fmt: skip
+    asked: list[int] = []
+    runs: list[int] = []
+
+    async def pay(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        runs.append(ctx.dispatch)
+        await stragglers.ignore_cancellation(f"tool pay (dispatch {ctx.dispatch})")
+        raise AssertionError("released only after the turn returned")
+
+    async def cannot_tell(_arguments: dict[str, Any], ctx: ToolContext) -> None:
+        asked.append(ctx.dispatch)
+
+    tool = Tool("pay", "pay", {"type": "object"}, pay, reconcile=cannot_tell)
+    first = ScriptedProvider([[PAYMENT], [Fail(server_error())]], clock=clock)
+    second = ScriptedProvider(
+        [[FunctionCall("pay", {"amount": 30}, "other_id")], [TextDelta("It may have gone.")]],
+        clock=clock,
+    )
+
+    result = await generate(
+        [Attempt(first, label="primary"), Attempt(second, label="backup")], channel, clock,
+        stragglers, policy=policy, tools=[tool],
+    )  # fmt: skip
+
+    assert result.status is TurnStatus.COMPLETED
+    assert runs == [1] and asked == [1]  # neither run nor asked again by the backup
+    assert result.tool_dispatches == 0
+    reused = result.history[0].response
+    assert not reused.success
+    assert reused.reason is not None and reused.reason.startswith("the outcome of pay is unknown")
+    assert result.in_doubt_calls == (
+        InDoubtCall("pay", 1, "call_pay", InDoubtCause.ABANDONED, reconciled=False),
+    )
+
+
 class QuotaExhausted(BaseException):
     """A host library's own BaseException subclass (as some SDKs define)."""
 

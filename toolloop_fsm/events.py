@@ -142,6 +142,9 @@ class ToolFinished:
     expression: str | None = None
     context_restart: ContextRestart | None = None
     error: str | None = None
+    #: the call was cut off mid-run and nobody could tell what it did (docs/behaviour.md §3.9):
+    #: a failure that may have taken effect, so a replay reuses it instead of running it again
+    in_doubt: bool = False
 
 
 @frozen

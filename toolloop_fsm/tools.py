@@ -151,6 +151,7 @@ def unknown_outcome(tool: str, cut_off: str) -> ToolFinished:
             f"the outcome of {tool} is unknown: {cut_off}; it was not run again, so it may or "
             "may not have taken effect"
         ),
+        in_doubt=True,
     )
 
 

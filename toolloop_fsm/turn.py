@@ -112,6 +112,8 @@ class ToolOutcome:
     #: the tool checkpoint's reviewer rejected the call: it did not run, and it counts as
     #: no failure (no failure notice, no error counted)
     rejected: bool = False
+    #: a failure whose call may have taken effect (§3.9): reused on a replay, never rerun
+    in_doubt: bool = False
 
     @classmethod
     def from_event(cls, event: ToolFinished) -> ToolOutcome:
@@ -134,13 +136,15 @@ class ToolOutcome:
             message=event.message,
             reason=reason,
             expression=event.expression if event.kind is ToolOutcomeKind.FAILED else None,
+            in_doubt=event.in_doubt,
         )
 
 
 @frozen
 class LedgerEntry:
     """A completed call recorded in the turn-scoped ledger, under its occurrence key. Failed
-    calls are recorded too (so that occurrences line up); only a success is reused."""
+    calls are recorded too (so that occurrences line up); only a success, or a call in doubt,
+    is reused."""
 
     call_key: str
     outcome: ToolOutcome

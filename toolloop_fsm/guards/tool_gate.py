@@ -59,8 +59,9 @@ def call_outside_allowlist(turn: TurnState) -> bool:
 def call_already_recorded(turn: TurnState) -> bool:
     """A replay: this call is the n-th identical call of its scope (the attempt, or the
     passes since a context restart), and the n-th identical call recorded earlier in the
-    turn succeeded — reuse it, never run it twice. A tool marked ``replay="rerun"`` always
-    runs; a deliberate repeat inside one scope is a new occurrence and runs."""
+    turn succeeded, or is in doubt (it may have taken effect, §3.9) — reuse it, never run
+    it twice. A tool marked ``replay="rerun"`` always runs; a deliberate repeat inside one
+    scope is a new occurrence and runs."""
     call = turn.pending_call
     if call is None or not turn.ledger:
         return False
@@ -68,7 +69,7 @@ def call_already_recorded(turn: TurnState) -> bool:
     if tool is not None and tool.replay == "rerun":
         return False
     entry = turn.ledger.get(next_occurrence(turn, call_key_of_pending(turn, call)))
-    return entry is not None and entry.outcome.success
+    return entry is not None and (entry.outcome.success or entry.outcome.in_doubt)
 
 
 def allowed_tool_names(turn: TurnState) -> tuple[str, ...]:

@@ -75,9 +75,9 @@ def refuse_outside_allowlist(turn: TurnState, _event: Any = None) -> None:
 
 
 def reuse_recorded_outcome(turn: TurnState, _event: Any = None) -> None:
-    """A replayed call whose recorded occurrence succeeded: reuse its outcome instead of
-    running the tool again. A reused restart does not restart (its context is already
-    there)."""
+    """A replayed call whose recorded occurrence succeeded, or is in doubt: reuse its outcome
+    instead of running the tool again. A reused restart does not restart (its context is
+    already there)."""
     close_pass_with_call(turn)
     call = turn.pending_call
     assert call is not None
@@ -88,6 +88,8 @@ def reuse_recorded_outcome(turn: TurnState, _event: Any = None) -> None:
         success=recorded.success,
         data=recorded.data,
         message=recorded.message,
+        reason=recorded.reason,
+        in_doubt=recorded.in_doubt,
         end_turn=recorded.end_turn,
         delivered=recorded.delivered,
         expression=recorded.expression,
