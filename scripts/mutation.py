@@ -314,6 +314,18 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "pending it has no callback and is dropped with the attempt",
     ),
     Equivalent(
+        "toolloop_fsm/guards/attempts.py", "key_candidates", "drop_branch", "return []", "pass",
+        "every caller passes a model of the chain: `next_model` iterates the chain's range and "
+        "`state.model` is the running model's index; the bound is defensive",
+    ),
+    Equivalent(
+        "toolloop_fsm/pump/inner.py", "EventPump._wind_down", "drop_call",
+        "self._cancel_timers()", "pass",
+        "`run`'s `finally` cancels every timer again once the children are joined; a timer "
+        "that fires in between finds the pump finished (`_feed` ignores it) or abandons a "
+        "straggler the join would abandon, named once either way",
+    ),
+    Equivalent(
         "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._arm", "drop_branch",
         "self._last_activity = now", "pass",
         "the only rolling deadline is armed in the same batch as its `StartStream`, which "

@@ -121,6 +121,24 @@ async def test_a_long_turn_with_context_restarts_estimates_every_pass_from_its_w
     assert_each_estimate_read_its_whole_request(result, requests)
 
 
+async def test_messages_without_text_add_nothing_to_the_estimate() -> None:
+    # a host's context carries the model's earlier tool-call messages (``content`` None) and
+    # image-only parts: they give the model no text to read, so they add no characters
+    tool_call_message = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+    context = [*USER, *[tool_call_message] * 8, image, {"role": "user", "content": "go on"}]
+    turn = scripted_turn([[FunctionCall("lookup", {"q": "x"})], [TextDelta("Done.")]])
+    tools = [make_tool("lookup", turn.executions, turn.clock)]
+
+    result = await run_turn(turn, tools, policy=LONG, request=TurnRequest(context))
+
+    assert result.status is TurnStatus.COMPLETED
+    assert_each_estimate_read_its_whole_request(result, turn.provider.requests)
+    assert full_read_characters(turn.provider.requests[0]) == full_read_characters(
+        attrs.evolve(turn.provider.requests[0], context=(*USER, context[-1]))
+    )
+
+
 async def test_an_estimate_after_a_revision_reads_the_history_without_the_cleared_narration() -> (
     None
 ):
