@@ -124,9 +124,14 @@ async def test_a_long_turn_with_context_restarts_estimates_every_pass_from_its_w
 async def test_messages_without_text_add_nothing_to_the_estimate() -> None:
     # a host's context carries the model's earlier tool-call messages (``content`` None) and
     # image-only parts: they give the model no text to read, so they add no characters
-    tool_call_message = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}
-    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
-    context = [*USER, *[tool_call_message] * 8, image, {"role": "user", "content": "go on"}]
+    tool_call_message: dict[str, Any] = {
+        "role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]
+    }  # fmt: skip
+    image: dict[str, Any] = {
+        "role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]
+    }  # fmt: skip
+    go_on: dict[str, Any] = {"role": "user", "content": "go on"}
+    context = [*USER, *[tool_call_message] * 8, image, go_on]
     turn = scripted_turn([[FunctionCall("lookup", {"q": "x"})], [TextDelta("Done.")]])
     tools = [make_tool("lookup", turn.executions, turn.clock)]
 
@@ -135,7 +140,7 @@ async def test_messages_without_text_add_nothing_to_the_estimate() -> None:
     assert result.status is TurnStatus.COMPLETED
     assert_each_estimate_read_its_whole_request(result, turn.provider.requests)
     assert full_read_characters(turn.provider.requests[0]) == full_read_characters(
-        attrs.evolve(turn.provider.requests[0], context=(*USER, context[-1]))
+        attrs.evolve(turn.provider.requests[0], context=(*USER, go_on))
     )
 
 
