@@ -326,6 +326,12 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "straggler the join would abandon, named once either way",
     ),
     Equivalent(
+        "toolloop_fsm/pump/deliveries.py", "wait_bounded", "drop_branch", "expired.cancel()",
+        "pass",
+        "`expired` is a bare future only this wait awaited, and its timer was just "
+        "cancelled: left pending it has no callback and is dropped on return",
+    ),
+    Equivalent(
         "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._arm", "drop_branch",
         "self._last_activity = now", "pass",
         "the only rolling deadline is armed in the same batch as its `StartStream`, which "

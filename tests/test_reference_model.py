@@ -859,6 +859,20 @@ def test_a_stop_during_a_review_is_predicted_to_send_nothing_held() -> None:
     assert ending.undelivered_text == "Almost."
 
 
+def test_narration_whose_delivery_times_out_while_its_call_is_reviewed_ends_host_timeout() -> None:
+    # the checkpoint reviews the call while the narration before it is still on its way; the
+    # channel never returns, and the host-call budget runs out during the review
+    script = TurnScript(
+        passes=((TextDelta("Checking. "), LIMA), (TextDelta("3 °C."),)),
+        reviews=(Slow(30.0, Pass()),),
+        sends=(ChannelAct.HANG,),
+    )
+    policy = attrs.evolve(CHECKPOINT, host_call_timeout=5.0, review_timeout=60.0)
+    ending = predicted_and_run(script, policy)
+    assert (ending.status, ending.reason) == (TurnStatus.ERROR, "host_timeout")
+    assert ending.tool_dispatches == 0
+
+
 def test_a_follow_up_is_predicted_to_interrupt_a_reply_under_review_but_not_a_call() -> None:
     follow_up = (TimedSignal(1.0, "follow_up"),)
     reply = TurnScript(passes=((TextDelta("Almost."),),), reviews=(Hang(),), signals=follow_up)
