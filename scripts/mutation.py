@@ -332,6 +332,16 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "cancelled: left pending it has no callback and is dropped on return",
     ),
     Equivalent(
+        "toolloop_fsm/pump/redaction.py", "StreamMask._masked_chunk", "drop_branch",
+        "return chunk", "pass",
+        "a call with nothing masked falls through to the function's last line, which returns "
+        "the chunk itself too (a call is none of the text kinds tested in between)",
+    ),
+    Equivalent(
+        "toolloop_fsm/states/drafting.py", "_reject", "true_false", "dispatched=False,",
+        "dispatched=True,", _REFUSED_CALL_KEY,
+    ),
+    Equivalent(
         "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._arm", "drop_branch",
         "self._last_activity = now", "pass",
         "the only rolling deadline is armed in the same batch as its `StartStream`, which "

@@ -29,6 +29,7 @@ from toolloop_fsm import (
     GenerationTurnResult,
     LoopPolicy,
     TextDelta,
+    ThoughtDelta,
     Tool,
     ToolContext,
     ToolResult,
@@ -570,6 +571,21 @@ async def test_short_keys_echoed_just_before_a_chunk_ends_are_masked_once_each()
     seen = "".join([chunk.text async for chunk in secrets.masked(source())])
 
     assert seen == secrets.mask("Hi qzw qzw and more") == "Hi [REDACTED] [REDACTED] and more"
+
+
+async def test_a_key_split_over_unsigned_thought_chunks_is_masked_as_one() -> None:
+    """Thoughts without a signature stream like text: a key split over two of them is masked
+    as one key, not its first characters let through before the rest is seen."""
+    secrets = Secrets((KEY,))
+    pieces = ("I recall " + KEY[:5], KEY[5:] + " is the key")
+
+    async def source() -> AsyncIterator[Any]:
+        for piece in pieces:
+            yield ThoughtDelta(piece)
+
+    seen = "".join([chunk.text async for chunk in secrets.masked(source())])
+
+    assert seen == secrets.mask("".join(pieces)) == "I recall [REDACTED] is the key"
 
 
 def test_the_result_look_finds_a_key_that_holds_the_text_separator() -> None:

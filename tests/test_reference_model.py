@@ -859,6 +859,42 @@ def test_a_stop_during_a_review_is_predicted_to_send_nothing_held() -> None:
     assert ending.undelivered_text == "Almost."
 
 
+def test_a_held_expression_takes_no_room_under_the_held_prose_ceiling() -> None:
+    # the sticker is held first; the reply that follows fills the ceiling exactly
+    script = TurnScript(
+        passes=((LIMA,), (TextDelta("Hello"),)),
+        tool_plan=(("get_weather", (ToolBehaviour(ToolAction.SUCCEED, expression="sun"),)),),
+        reviews=(Pass(),),
+    )
+    ending = predicted_and_run(script, attrs.evolve(DRAFTING, held_prose_max_bytes=5))
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "draft_passed")
+    assert ending.delivered == (("expression", "sun"), ("text", "Hello"))
+
+
+def test_an_end_turn_call_without_narration_ends_with_no_final_text() -> None:
+    # docs/behaviour.md §4.4: the final text is the ending pass's own pre-tool text (none
+    # here), not the narration of an earlier pass
+    script = TurnScript(
+        passes=(
+            (TextDelta("Let me look. "), LIMA),
+            (FunctionCall("get_weather", {"city": "Oslo"}),),
+        ),
+        tool_plan=(
+            (
+                "get_weather",
+                (
+                    ToolBehaviour(ToolAction.SUCCEED),
+                    ToolBehaviour(ToolAction.SUCCEED, end_turn=True),
+                ),
+            ),
+        ),
+    )
+    ending = predicted_and_run(script, EAGER)
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "end_turn")
+    assert ending.final_text == ""
+    assert ending.delivered == (("text", "Let me look. "),)
+
+
 def test_narration_whose_delivery_times_out_while_its_call_is_reviewed_ends_host_timeout() -> None:
     # the checkpoint reviews the call while the narration before it is still on its way; the
     # channel never returns, and the host-call budget runs out during the review
