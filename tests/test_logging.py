@@ -306,3 +306,23 @@ async def test_without_logging_configured_nothing_is_printed(
             root.addHandler(handler)
     await asyncio.sleep(0)
     assert capsys.readouterr().err == ""
+
+
+async def test_deliveries_that_do_not_settle_are_a_host_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = VirtualClock()
+    provider = ScriptedProvider([[TextDelta("Hello"), Pause(100)]], clock=clock)
+    channel = RecordingChannel(clock=clock, delivery_delay=50.0)
+    policy = LoopPolicy(
+        inactivity_timeout=2, abandoned_stream_settle=1, host_call_timeout=60,
+        delivery_flush_chars=1,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="toolloop_fsm"):
+        result = await run_tool_loop(provider, [], channel, REQUEST, clock=clock, policy=policy)
+    assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
+    [record] = [
+        r for r in records_of(caplog, "toolloop_fsm.turn") if "did not settle" in r.getMessage()
+    ]
+    assert record.getMessage() == ("deliveries still in flight did not settle; they were abandoned")
+    assert record.failure == "host"  # type: ignore[attr-defined]
