@@ -342,6 +342,12 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "dispatched=True,", _REFUSED_CALL_KEY,
     ),
     Equivalent(
+        "toolloop_fsm/states/delivery.py", "hold_text", "comparison", "elif room > 0:",
+        "elif room >= 0:",
+        "with no room left the slice keeps nothing and `if kept` holds nothing (the room is "
+        "never negative: nothing is held past the ceiling)",
+    ),
+    Equivalent(
         "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._arm", "drop_branch",
         "self._last_activity = now", "pass",
         "the only rolling deadline is armed in the same batch as its `StartStream`, which "
