@@ -348,6 +348,11 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "never negative: nothing is held past the ceiling)",
     ),
     Equivalent(
+        "toolloop_fsm/pump/redaction.py", "StreamMask._let_through", "comparison",
+        "if spans and spans[-1][1] > cut:", "if spans and spans[-1][1] >= cut:",
+        "when the last span ends at the cut, the branch sets the cut to the value it has",
+    ),
+    Equivalent(
         "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._arm", "drop_branch",
         "self._last_activity = now", "pass",
         "the only rolling deadline is armed in the same batch as its `StartStream`, which "

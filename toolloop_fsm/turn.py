@@ -112,7 +112,8 @@ class ToolOutcome:
     #: the tool checkpoint's reviewer rejected the call: it did not run, and it counts as
     #: no failure (no failure notice, no error counted)
     rejected: bool = False
-    #: a failure whose call may have taken effect (§3.9): reused on a replay, never rerun
+    #: a failure whose call may have taken effect (docs/behaviour.md §3.9): reused on a
+    #: replay, never rerun
     in_doubt: bool = False
 
     @classmethod
