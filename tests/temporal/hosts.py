@@ -88,8 +88,14 @@ SAMPLED_TEXT: tuple[PassScript, ...] = (
      TextDelta("a ship came in."), UsageReport(10, 11)),
     (TextDelta("Once upon "), TextDelta("a stormy night."), UsageReport(10, 5)),
 )  # fmt: skip
+#: A pass whose last delivery is shorter than the flush size (it is sent as the stream ends).
+SAMPLED_ENDING: tuple[PassScript, ...] = (
+    (TextDelta("The lighthouse "), TextDelta("keeper."), UsageReport(10, 4)),
+    (TextDelta("In the bustling "), TextDelta("port city."), UsageReport(10, 5)),
+)
 SAMPLED_SCRIPTS: dict[str, tuple[tuple[PassScript, ...], ...]] = {
     "sampled": (SAMPLED_TEXT,),
+    "sampled-ending": (SAMPLED_ENDING,),
     "sampled-tool": (
         ((TextDelta("Noting it. "), FunctionCall("record", {"note": "n1"}, "c1"),
           UsageReport(10, 6)),),

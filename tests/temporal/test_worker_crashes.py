@@ -300,3 +300,17 @@ async def test_an_unkeyed_channel_misses_at_most_the_delivery_being_sent_when_th
     assert result.delivered_text == SAMPLED_RETRY
     assert user_text(tmp_path) == SAMPLED_RETRY.replace("keeper, a man ", "", 1)
     assert pass_prefills(tmp_path, 0) == [None, "The lighthouse keeper, a man "]
+
+
+async def test_a_pass_whose_worker_died_at_its_closing_delivery_adds_no_text_after_it(
+    client: Client, workers: WorkerProcesses, tmp_path: Path
+) -> None:
+    # the closing delivery (shorter than the flush size: the stream had ended) was shown when
+    # the worker died; the retried model writes more, but the pass had already said all it
+    # says, and no key is used again for other text
+    result = await killed_at_a_delivery(client, workers, tmp_path, "sampled-ending", "files", "2")
+
+    assert result.status is TurnStatus.COMPLETED
+    assert user_text(tmp_path) == result.delivered_text == "The lighthouse keeper."
+    assert pass_prefills(tmp_path, 0) == [None, "The lighthouse keeper."]
+    assert keys_reused_for_other_text(tmp_path) == []

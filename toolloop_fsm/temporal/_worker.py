@@ -382,6 +382,7 @@ class _Pass:
         self.buffered = 0  # text not yet delivered, as the machine counts it
         self.unsent: list[str] = []
         self.prefix = ""  # what a lost try delivered
+        self.text_closed = False  # the lost try's stream had ended: no more text is the pass's
 
     def replay(self, recorded: tuple[PassDelivery, ...]) -> None:
         """Take what the lost tries recorded as delivered: the pass's first chunks, under the
@@ -391,6 +392,10 @@ class _Pass:
             self.delivered.append(delivery)
             self.prefix += delivery.text
             self.seq = delivery.seq + 1
+        # a delivery shorter than the flush size is only ever made as the stream ends: the
+        # pass had said all it says, and more text would join it in the machine's buffer
+        # (one delivery under its number, with other text than the one recorded)
+        self.text_closed = bool(recorded) and len(recorded[-1].text) < self.spec.flush_chars
 
     def progress(self) -> Any:
         return converter.unstructure(PassProgress(self.started_at))
@@ -498,6 +503,8 @@ class _Pass:
         return True
 
     def _keep(self, chunk: Chunk) -> None:
+        if self.text_closed and isinstance(chunk, TextDelta):
+            return
         if not isinstance(chunk, TextDelta):
             self._close_run()
             self.chunks.append(chunk)
