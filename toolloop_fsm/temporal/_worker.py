@@ -1,10 +1,11 @@
 """The worker side of a durable turn: the host's registries (providers, tools, channels by
 name) and the activities that use them — describing a turn's chain and tools, streaming one
 provider pass (masking the turn's keys out of it, delivering its text as it streams, with
-idempotency keys, heartbeating what it delivered), running one tool call (its outcome
-masked), and one call into the channel — and `TurnWorker`, the Temporal worker that runs
-them beside the turn's workflow. The masking is the in-process pumps' (`Secrets`,
-`StreamMask`): the workflow, its history and the result only ever see masked values."""
+idempotency keys, each delivery recorded in the workflow before it is sent), running one
+tool call (its outcome masked), and one call into the channel — and `TurnWorker`, the
+Temporal worker that runs them beside the turn's workflow. The masking is the in-process
+pumps' (`Secrets`, `StreamMask`): the workflow, its history and the result only ever see
+masked values."""
 
 from __future__ import annotations
 
