@@ -6,8 +6,14 @@ a real host's external services would), and the worker process the crash tests k
   per-process counter: a fresh process continues the same turn), continues after a prefill
   (a retried pass skips the text it already delivered), writes every request it gets, and
   stops at a `Gate` until the test creates the gate's file (writing that it waits there).
+* `SamplingProvider` writes different words on every try of a pass (as a model sampling at a
+  temperature does): the try is counted in the requests file, so a fresh process writes a
+  new variant; after a prefill it writes its variant as the continuation.
 * `FileChannel` writes every delivery with its idempotency key and drops a key it already
-  accepted, across processes (Discord's ``nonce`` with ``enforce_nonce`` does this).
+  accepted, across processes (Discord's ``nonce`` with ``enforce_nonce`` does this);
+  `UnkeyedFileChannel` takes no keys. Both kill their own worker process (SIGKILL) at the
+  text delivery a ``kill-at`` file names, right after (or, ``N before``, right before) they
+  write it: the kill instant is the channel's, never a heartbeat's.
 * ``record`` writes each execution; ``charge``, ``pay`` and ``lookup`` (idempotent) write
   that they started, then wait at a gate; ``pay``'s reconcile hook writes each time it is
   asked and answers that the payment went through.
@@ -20,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
@@ -71,6 +79,29 @@ LOOKUP_SCRIPT: tuple[PassScript, ...] = (
 )
 #: A turn whose first pass stops at a gate (stopped while no worker is alive).
 STOP_SCRIPT: tuple[PassScript, ...] = ((TextDelta("Thinking about it "), Gate("never")),)
+#: The sampled turns: per pass, the variant each try writes (try n writes variant n, the last
+#: one from then on); with a flush size of 8 every text chunk is a delivery of its own.
+SAMPLED_TEXT: tuple[PassScript, ...] = (
+    (TextDelta("The lighthouse "), TextDelta("keeper, a man "), TextDelta("named Jameson, "),
+     TextDelta("kept the lamp lit."), UsageReport(10, 12)),
+    (TextDelta("In the bustling "), TextDelta("port city of Sydney, "),
+     TextDelta("a ship came in."), UsageReport(10, 11)),
+    (TextDelta("Once upon "), TextDelta("a stormy night."), UsageReport(10, 5)),
+)  # fmt: skip
+#: A pass whose last delivery is shorter than the flush size (it is sent as the stream ends).
+SAMPLED_ENDING: tuple[PassScript, ...] = (
+    (TextDelta("The lighthouse "), TextDelta("keeper."), UsageReport(10, 4)),
+    (TextDelta("In the bustling "), TextDelta("port city."), UsageReport(10, 5)),
+)
+SAMPLED_SCRIPTS: dict[str, tuple[tuple[PassScript, ...], ...]] = {
+    "sampled": (SAMPLED_TEXT,),
+    "sampled-ending": (SAMPLED_ENDING,),
+    "sampled-tool": (
+        ((TextDelta("Noting it. "), FunctionCall("record", {"note": "n1"}, "c1"),
+          UsageReport(10, 6)),),
+        SAMPLED_TEXT,
+    ),
+}  # fmt: skip
 SCRIPTS = {
     "crash": CRASH_SCRIPT,
     "charge": CHARGE_SCRIPT,
@@ -128,6 +159,49 @@ class StagedProvider:
             yield item
 
 
+class SamplingProvider:
+    """Different words on every try of a pass: ``variants[pass][try]`` (the last variant for
+    any later try), the try counted from the requests file (shared by worker processes)."""
+
+    name = "sampling"
+    tool_calling = "native"
+    continuation_style = False
+
+    def __init__(self, directory: Path, variants: Sequence[Sequence[PassScript]]) -> None:
+        self.directory = directory
+        self.variants = variants
+
+    def stream(self, request: ProviderRequest) -> AsyncIterator[Any]:
+        index = len(request.history)
+        requests = self.directory / "requests.jsonl"
+        tried = sum(1 for r in read_records(requests) if r["pass"] == index)
+        _append(requests, {"pass": index, "prefill": request.prefill})
+        variants = self.variants[index] if index < len(self.variants) else ((),)
+        return self._play(variants[min(tried, len(variants) - 1)])
+
+    async def _play(self, items: PassScript) -> AsyncIterator[Any]:
+        for item in items:
+            if not isinstance(item, Gate):
+                yield item
+
+
+def kill_instant(directory: Path, sent: int) -> str | None:
+    """``"after"`` or ``"before"`` when this worker is to die at its text delivery number
+    ``sent`` (1-based, counted in the log across processes), once: the file is removed."""
+    order = directory / "kill-at"
+    if not order.exists():
+        return None
+    at, _, when = order.read_text(encoding="utf-8").partition(" ")
+    if int(at) != sent:
+        return None
+    order.unlink()
+    return when.strip() or "after"
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class FileChannel:
     """Deliveries, notices and stop messages written to files in ``directory``."""
 
@@ -145,14 +219,32 @@ class FileChannel:
         self._write(idempotency_key, expression=expression)
 
     def _write(self, key: str | None, **delivery: str) -> None:
+        instant = None
+        if "text" in delivery:
+            sent = 1 + sum(1 for r in read_records(self.log) if "text" in r)
+            instant = kill_instant(self.directory, sent)
+        if instant == "before":
+            die()
         accepted = key is None or key not in self._accepted()
         _append(self.log, {"key": key, "accepted": accepted, **delivery})
+        if instant == "after":
+            die()
 
     async def send_notice(self, notice: Notice) -> None:
         _append(self.directory / "notices.jsonl", {"key": notice.key})
 
     async def queue_front(self, stop_message: str) -> None:
         _append(self.directory / "queued.jsonl", {"stop_message": stop_message})
+
+
+class UnkeyedFileChannel(FileChannel):
+    """A `FileChannel` that takes no idempotency keys: it shows whatever it is sent."""
+
+    async def send_text(self, text: str) -> None:  # type: ignore[override]
+        self._write(None, text=text)
+
+    async def send_expression(self, expression: str) -> None:  # type: ignore[override]
+        self._write(None, expression=expression)
 
 
 def user_text(directory: Path) -> str:
@@ -201,7 +293,12 @@ def host_providers(directory: Path) -> dict[str, Attempt]:
     def staged(script: Sequence[PassScript]) -> Attempt:
         return Attempt(lambda key: StagedProvider(directory, script))
 
-    return {name: attrs.evolve(staged(script), label=name) for name, script in SCRIPTS.items()}
+    def sampling(variants: Sequence[Sequence[PassScript]]) -> Attempt:
+        return Attempt(lambda key: SamplingProvider(directory, variants))
+
+    staged_ones = {name: attrs.evolve(staged(s), label=name) for name, s in SCRIPTS.items()}
+    sampled = {name: attrs.evolve(sampling(v), label=name) for name, v in SAMPLED_SCRIPTS.items()}
+    return {**staged_ones, **sampled}
 
 
 async def _serve(address: str, task_queue: str, directory: Path) -> None:
@@ -212,7 +309,8 @@ async def _serve(address: str, task_queue: str, directory: Path) -> None:
     client = await Client.connect(address, data_converter=DATA_CONVERTER)
     worker = TurnWorker(
         client, task_queue, providers=host_providers(directory),
-        tools=host_tools(directory), channels={"files": FileChannel(directory)},
+        tools=host_tools(directory),
+        channels={"files": FileChannel(directory), "unkeyed": UnkeyedFileChannel(directory)},
         # a workflow task left on a killed worker's sticky queue moves on after this
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
     )  # fmt: skip

@@ -54,9 +54,11 @@ async def recorded(path: Path) -> None:
         await asyncio.sleep(LOOK_AGAIN)
 
 
-async def start(client: Client, workers: WorkerProcesses, chain: str, turn_id: str) -> TurnHandle:
+async def start(
+    client: Client, workers: WorkerProcesses, chain: str, turn_id: str, channel: str = "files"
+) -> TurnHandle:
     return await start_generation_turn(
-        client, task_queue=workers.task_queue, attempts=[chain], channel="files",
+        client, task_queue=workers.task_queue, attempts=[chain], channel=channel,
         request=TurnRequest(REQUEST.context, turn_id=turn_id),
         tools=["record", "charge", "pay", "lookup"], policy=POLICY, heartbeat_timeout=HEARTBEAT,
     )  # fmt: skip
@@ -73,15 +75,10 @@ def comparable(result: GenerationTurnResult) -> Any:
     return strip(converter.unstructure(result))
 
 
-async def heartbeat_holds(handle: TurnHandle, text: str) -> None:
-    """Wait until the server holds a heartbeat of the running pass that names ``text`` (what
-    a retried pass continues from)."""
-    while True:
-        described = await handle.handle.describe()
-        for pending in described.raw_description.pending_activities:
-            details = b"".join(p.data for p in pending.heartbeat_details.payloads)
-            if text.encode() in details:
-                return
+async def channel_shows(directory: Path, text: str) -> None:
+    """Wait until the channel has shown ``text`` (each delivery is recorded in the workflow
+    before it is sent: what a retried pass continues from)."""
+    while text not in user_text(directory):
         await asyncio.sleep(LOOK_AGAIN)
 
 
@@ -104,7 +101,7 @@ async def test_a_worker_killed_while_the_next_pass_streams_loses_nothing(
     handle = await start(client, workers, "crash", "crash-turn")
     async with real_time_limit(LIMIT):
         await appears(tmp_path / "go.waiting")  # the tool ran; the next pass is streaming
-        await heartbeat_holds(handle, "is saved")  # its two deliveries are on record
+        await channel_shows(tmp_path, "is saved")  # its two deliveries are on record
         workers.kill(first)
         (tmp_path / "go").touch()
         workers.start()
@@ -114,9 +111,14 @@ async def test_a_worker_killed_while_the_next_pass_streams_loses_nothing(
     executions = read_records(tmp_path / "executions.jsonl")
     assert executions == [{"tool": "record", "note": "n1"}]  # the tool ran exactly once
     log = read_records(tmp_path / "deliveries.jsonl")
-    sent_keys = [record["key"] for record in log]
-    # nothing was sent twice: the retried pass continued after what it had delivered
-    assert len(sent_keys) == len(set(sent_keys))
+    shown_keys = [record["key"] for record in log if record["accepted"]]
+    # nothing was shown twice: the retried pass continued after what it had recorded, and
+    # sent only the last recorded delivery again, under its own key (the channel dropped it)
+    assert len(shown_keys) == len(set(shown_keys))
+    assert [r for r in log if not r["accepted"]] == [
+        {"key": "crash-turn:1:2", "accepted": False, "text": "is saved"}
+    ]
+    assert keys_reused_for_other_text(tmp_path) == []
     assert user_text(tmp_path) == user_text(reference_dir) == result.delivered_text
     assert user_text(tmp_path) == "Noting it. The note is saved and filed."
     retried = [r for r in read_records(tmp_path / "requests.jsonl") if r["pass"] == 1]
@@ -211,3 +213,104 @@ async def test_a_stop_sent_while_no_worker_is_alive_is_honoured_when_one_returns
         {"stop_message": "Stopped while you were away."}
     ]
     assert user_text(tmp_path) == "Thinking about it "
+
+
+async def killed_at_a_delivery(
+    client: Client, workers: WorkerProcesses, directory: Path, chain: str, channel: str,
+    kill_at: str,
+) -> GenerationTurnResult:  # fmt: skip
+    """Run ``chain`` on ``channel`` with the first worker killing itself at the text delivery
+    ``kill_at`` names (``"N"``: right after the channel wrote it; ``"N before"``: right
+    before), so no heartbeat after it could carry it; a second worker takes over."""
+    (directory / "kill-at").write_text(kill_at, encoding="utf-8")
+    first = workers.start()
+    handle = await start(client, workers, chain, f"{chain}-{channel}-turn", channel)
+    async with real_time_limit(LIMIT):
+        await asyncio.to_thread(first.wait)  # it died at the channel's hand
+        workers.start()
+        return await handle.result()
+
+
+def pass_prefills(directory: Path, index: int) -> list[str | None]:
+    return [r["prefill"] for r in read_records(directory / "requests.jsonl") if r["pass"] == index]
+
+
+def keys_reused_for_other_text(directory: Path) -> list[str]:
+    texts: dict[str, set[str]] = {}
+    for record in read_records(directory / "deliveries.jsonl"):
+        if record["key"] is not None and "text" in record:
+            texts.setdefault(record["key"], set()).add(record["text"])
+    return [key for key, sent in texts.items() if len(sent) > 1]
+
+
+SAMPLED_RETRY = "The lighthouse keeper, a man In the bustling port city of Sydney, a ship came in."
+
+
+@pytest.mark.parametrize("channel", ["files", "unkeyed"])
+async def test_a_pass_retried_after_its_worker_died_at_a_delivery_continues_from_what_the_user_read(
+    client: Client, workers: WorkerProcesses, tmp_path: Path, channel: str
+) -> None:
+    # the worker dies right after the channel showed the second delivery, before any
+    # heartbeat could carry it; the model writes other words on the retry
+    result = await killed_at_a_delivery(client, workers, tmp_path, "sampled", channel, "2")
+
+    assert result.status is TurnStatus.COMPLETED
+    assert user_text(tmp_path) == result.delivered_text == SAMPLED_RETRY
+    # the retry continued from exactly what the channel showed
+    assert pass_prefills(tmp_path, 0) == [None, "The lighthouse keeper, a man "]
+    assert keys_reused_for_other_text(tmp_path) == []
+
+
+@pytest.mark.parametrize("channel", ["files", "unkeyed"])
+async def test_a_pass_after_a_tool_round_retried_after_its_worker_died_continues_from_the_user_text(
+    client: Client, workers: WorkerProcesses, tmp_path: Path, channel: str
+) -> None:
+    # deliveries: "Noting it. " (the tool round's), then two of the next pass; the worker
+    # dies right after the third
+    result = await killed_at_a_delivery(client, workers, tmp_path, "sampled-tool", channel, "3")
+
+    assert result.status is TurnStatus.COMPLETED
+    assert read_records(tmp_path / "executions.jsonl") == [{"tool": "record", "note": "n1"}]
+    assert user_text(tmp_path) == result.delivered_text == "Noting it. " + SAMPLED_RETRY
+    assert pass_prefills(tmp_path, 1) == [None, "The lighthouse keeper, a man "]
+    assert keys_reused_for_other_text(tmp_path) == []
+
+
+async def test_a_delivery_its_worker_died_before_sending_reaches_a_keyed_channel_on_the_retry(
+    client: Client, workers: WorkerProcesses, tmp_path: Path
+) -> None:
+    # the worker dies after recording the second delivery, before the channel got it: the
+    # retry sends it again under its own key, so the channel holds exactly the result's text
+    result = await killed_at_a_delivery(client, workers, tmp_path, "sampled", "files", "2 before")
+
+    assert result.status is TurnStatus.COMPLETED
+    assert user_text(tmp_path) == result.delivered_text == SAMPLED_RETRY
+    assert pass_prefills(tmp_path, 0) == [None, "The lighthouse keeper, a man "]
+    assert keys_reused_for_other_text(tmp_path) == []
+
+
+async def test_an_unkeyed_channel_misses_at_most_the_delivery_being_sent_when_the_worker_died(
+    client: Client, workers: WorkerProcesses, tmp_path: Path
+) -> None:
+    # the documented window: an unkeyed channel cannot drop a repeat, so the delivery being
+    # sent when the worker died is counted delivered and never sent again
+    result = await killed_at_a_delivery(client, workers, tmp_path, "sampled", "unkeyed", "2 before")
+
+    assert result.status is TurnStatus.COMPLETED
+    assert result.delivered_text == SAMPLED_RETRY
+    assert user_text(tmp_path) == SAMPLED_RETRY.replace("keeper, a man ", "", 1)
+    assert pass_prefills(tmp_path, 0) == [None, "The lighthouse keeper, a man "]
+
+
+async def test_a_pass_whose_worker_died_at_its_closing_delivery_adds_no_text_after_it(
+    client: Client, workers: WorkerProcesses, tmp_path: Path
+) -> None:
+    # the closing delivery (shorter than the flush size: the stream had ended) was shown when
+    # the worker died; the retried model writes more, but the pass had already said all it
+    # says, and no key is used again for other text
+    result = await killed_at_a_delivery(client, workers, tmp_path, "sampled-ending", "files", "2")
+
+    assert result.status is TurnStatus.COMPLETED
+    assert user_text(tmp_path) == result.delivered_text == "The lighthouse keeper."
+    assert pass_prefills(tmp_path, 0) == [None, "The lighthouse keeper."]
+    assert keys_reused_for_other_text(tmp_path) == []

@@ -44,6 +44,8 @@ WORKFLOW_NAME = "toolloop_fsm.GenerationTurn"
 #: The names of the turn's signals.
 STOP_SIGNAL = "stop"
 FOLLOW_UP_SIGNAL = "follow_up"
+#: The signal a pass sends (and awaits) before each delivery it makes.
+DELIVERY_INTENT_SIGNAL = "delivery_intent"
 #: The activities' names, as the workflow schedules them.
 DESCRIBE_TURN = "toolloop_fsm.describe_turn"
 STREAM_PASS = "toolloop_fsm.stream_pass"
@@ -104,12 +106,27 @@ class Catalogue:
 
 # --------------------------------------------------------------------------- a provider pass
 @frozen
+class PassDelivery:
+    """A delivery the pass made (or tried: ``error`` says why it failed)."""
+
+    seq: int
+    text: str
+    error: str | None = None
+    timed_out: bool = False
+
+
+@frozen
 class PassInput:
     """One provider pass: which provider (by name, and the index of its key), which channel,
     the request, and what the pass needs to deliver exactly as the machine will: the
     delivery key prefix, the sequence number of the pass's first delivery, the flush size
     and whether text is suppressed; and the turn's chain by name, whose keys (with the
-    provider's own) the worker masks out of the stream before it delivers or reports it."""
+    provider's own) the worker masks out of the stream before it delivers or reports it.
+
+    ``pass_id`` names the pass in the deliveries it records (`DeliveryIntent`) before it
+    sends them. A try after a lost one carries what the tries before it recorded
+    (``recorded``, the text the channel may have shown: it is the pass's first chunks and
+    the prefill) and when the first try began (``started_at``, its budgets count from it)."""
 
     provider: str
     key_index: int | None
@@ -125,25 +142,28 @@ class PassInput:
     host_call_timeout: float
     heartbeat_every: float
     chain: tuple[str, ...] = ()
+    pass_id: str = ""
+    recorded: tuple[PassDelivery, ...] = ()
+    started_at: float | None = None
 
 
 @frozen
-class PassDelivery:
-    """A delivery the pass made (or tried: ``error`` says why it failed)."""
+class DeliveryIntent:
+    """A delivery a pass is about to make, recorded in the workflow's history before the
+    channel is sent it: what a lost pass's next try continues from."""
 
+    pass_id: str
     seq: int
     text: str
-    error: str | None = None
-    timed_out: bool = False
 
 
 @frozen
 class PassProgress:
-    """What a pass heartbeats: when it began and what it delivered, so that a retried pass
-    continues from it (the delivered text becomes the prefill) instead of sending it again."""
+    """What a pass heartbeats, for liveness only: when its first try began. What it
+    delivered is recorded before each send (`DeliveryIntent`), never in a heartbeat, which
+    the SDK throttles."""
 
     started_at: float
-    delivered: tuple[PassDelivery, ...] = ()
 
 
 #: How a pass ended: its stream ran out, failed, missed a deadline, was cancelled (a stop or

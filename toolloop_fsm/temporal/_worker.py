@@ -1,10 +1,11 @@
 """The worker side of a durable turn: the host's registries (providers, tools, channels by
 name) and the activities that use them — describing a turn's chain and tools, streaming one
 provider pass (masking the turn's keys out of it, delivering its text as it streams, with
-idempotency keys, heartbeating what it delivered), running one tool call (its outcome
-masked), and one call into the channel — and `TurnWorker`, the Temporal worker that runs
-them beside the turn's workflow. The masking is the in-process pumps' (`Secrets`,
-`StreamMask`): the workflow, its history and the result only ever see masked values."""
+idempotency keys, each delivery recorded in the workflow before it is sent), running one
+tool call (its outcome masked), and one call into the channel — and `TurnWorker`, the
+Temporal worker that runs them beside the turn's workflow. The masking is the in-process
+pumps' (`Secrets`, `StreamMask`): the workflow, its history and the result only ever see
+masked values."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from toolloop_fsm.pump.redaction import Secrets, StreamMask
 from toolloop_fsm.result import Notice
 from toolloop_fsm.temporal._values import (
     CALL_CHANNEL,
+    DELIVERY_INTENT_SIGNAL,
     DESCRIBE_TURN,
     RECONCILE_TOOL,
     RUN_TOOL,
@@ -49,6 +51,7 @@ from toolloop_fsm.temporal._values import (
     CatalogueRequest,
     ChannelAnswer,
     ChannelCall,
+    DeliveryIntent,
     PassDelivery,
     PassInput,
     PassOutcome,
@@ -193,15 +196,14 @@ class TurnActivities:
     async def stream_pass(self, spec: PassInput) -> PassOutcome:
         """Stream one pass, delivering its text as the machine will (a delivery each time
         ``flush_chars`` are buffered, the rest when the stream ends), each delivery keyed
-        ``prefix:seq``. A retried pass starts from what the lost try delivered: that text is
+        ``prefix:seq`` and recorded in the workflow before it is sent. A try after a lost
+        one starts from what the tries before it recorded (``spec.recorded``): that text is
         replayed as the pass's first chunks and becomes the provider's prefill."""
-        details = activity.info().heartbeat_details
-        progress = converter.structure(details[0], PassProgress) if details else None
         secrets = self._chain_secrets(spec.chain, spec.provider)
         run = _Pass(spec, self.channels[spec.channel])
-        if progress is not None:
-            run.started_at = progress.started_at
-            run.replay(progress.delivered)
+        if spec.started_at is not None:
+            run.started_at = spec.started_at
+        run.replay(spec.recorded)
         ticker = asyncio.create_task(run.heartbeat_every(spec.heartbeat_every))
         try:
             try:
@@ -381,18 +383,23 @@ class _Pass:
         self.buffered = 0  # text not yet delivered, as the machine counts it
         self.unsent: list[str] = []
         self.prefix = ""  # what a lost try delivered
+        self.text_closed = False  # the lost try's stream had ended: no more text is the pass's
 
-    def replay(self, delivered: tuple[PassDelivery, ...]) -> None:
-        for delivery in delivered:
-            if delivery.error is not None:
-                break
+    def replay(self, recorded: tuple[PassDelivery, ...]) -> None:
+        """Take what the lost tries recorded as delivered: the pass's first chunks, under the
+        same numbers (the machine matches them), and the prefill the provider continues."""
+        for delivery in recorded:
             self.chunks.append(TextDelta(delivery.text))
             self.delivered.append(delivery)
             self.prefix += delivery.text
             self.seq = delivery.seq + 1
+        # a delivery shorter than the flush size is only ever made as the stream ends: the
+        # pass had said all it says, and more text would join it in the machine's buffer
+        # (one delivery under its number, with other text than the one recorded)
+        self.text_closed = bool(recorded) and len(recorded[-1].text) < self.spec.flush_chars
 
     def progress(self) -> Any:
-        return converter.unstructure(PassProgress(self.started_at, tuple(self.delivered)))
+        return converter.unstructure(PassProgress(self.started_at))
 
     async def heartbeat_every(self, seconds: float) -> None:
         await _heartbeat_every(seconds, self.progress)
@@ -428,6 +435,8 @@ class _Pass:
         # the pass's budgets count from its first try (a retry continues the same pass)
         begun = loop.time() - max(0.0, time.time() - self.started_at)
         total_due = begun + spec.max_pass_duration if spec.max_pass_duration else None
+        if not await self._resend_last_recorded():
+            return self.outcome("delivery_failed")
         try:
             stream = provider.stream(request)
         except Exception as err:
@@ -495,6 +504,8 @@ class _Pass:
         return True
 
     def _keep(self, chunk: Chunk) -> None:
+        if self.text_closed and isinstance(chunk, TextDelta):
+            return
         if not isinstance(chunk, TextDelta):
             self._close_run()
             self.chunks.append(chunk)
@@ -516,24 +527,74 @@ class _Pass:
             return True
         seq = self.seq
         self.seq += 1
+        refused = await self._record(seq, undelivered)
+        if refused is None:
+            refused = await self._send(seq, undelivered)
+        if refused is not None:
+            self.delivered.append(refused)
+            return False
+        self.delivered.append(PassDelivery(seq, undelivered))
+        return True
+
+    async def _record(self, seq: int, text: str) -> PassDelivery | None:
+        """Record the delivery in the workflow before it is sent: once the signal call
+        returns, the server holds it, and a lost try's next one continues from it (and the
+        key is never used for other text). The refused delivery if it could not be."""
         spec = self.spec
-        key = f"{spec.keys_prefix}:{seq}" if spec.keys_prefix is not None else None
+        info = activity.info()
+        flow = activity.client().get_workflow_handle(
+            info.workflow_id or "", run_id=info.workflow_run_id
+        )
+        intent = DeliveryIntent(spec.pass_id, seq, text)
         try:
             await asyncio.wait_for(
-                _send(self.channel, undelivered, None, key), spec.host_call_timeout
+                flow.signal(DELIVERY_INTENT_SIGNAL, intent), spec.host_call_timeout
             )
         except TimeoutError:
-            message = f"channel.send_text did not return within {spec.host_call_timeout:g} s"
-            self.delivered.append(PassDelivery(seq, undelivered, message, timed_out=True))
-            return False
+            message = (
+                f"the delivery could not be recorded within {spec.host_call_timeout:g} s, "
+                "so it was not sent"
+            )
+            return PassDelivery(seq, text, message, timed_out=True)
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            self.delivered.append(PassDelivery(seq, undelivered, f"{type(err).__name__}: {err}"))
-            return False
-        self.delivered.append(PassDelivery(seq, undelivered))
-        activity.heartbeat(self.progress())
-        return True
+            message = f"the delivery could not be recorded, so it was not sent: {err}"
+            return PassDelivery(seq, text, message)
+        return None
+
+    async def _send(self, seq: int, text: str) -> PassDelivery | None:
+        """Send a recorded delivery under its key; the refused delivery if the channel
+        refused it or did not return in time."""
+        spec = self.spec
+        key = f"{spec.keys_prefix}:{seq}" if spec.keys_prefix is not None else None
+        try:
+            await asyncio.wait_for(_send(self.channel, text, None, key), spec.host_call_timeout)
+        except TimeoutError:
+            message = f"channel.send_text did not return within {spec.host_call_timeout:g} s"
+            return PassDelivery(seq, text, message, timed_out=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            return PassDelivery(seq, text, f"{type(err).__name__}: {err}")
+        return None
+
+    async def _resend_last_recorded(self) -> bool:
+        """A lost try's last recorded delivery is the only one that may not have reached the
+        channel: a channel that takes keys is sent it again under its own key (it drops it
+        if it has it). An unkeyed channel cannot tell, so it is counted delivered and not
+        sent again. False when the channel refused it."""
+        recorded = self.spec.recorded
+        if not recorded or self.spec.keys_prefix is None:
+            return True
+        if not takes_idempotency_keys(self.channel):
+            return True
+        last = recorded[-1]
+        refused = await self._send(last.seq, last.text)
+        if refused is None:
+            return True
+        self.delivered[-1] = refused
+        return False
 
 
 class TurnWorker:

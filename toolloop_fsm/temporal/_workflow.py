@@ -72,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from toolloop_fsm.temporal._values import (
         CALL_CHANNEL,
+        DELIVERY_INTENT_SIGNAL,
         DESCRIBE_TURN,
         FOLLOW_UP_SIGNAL,
         RECONCILE_TOOL,
@@ -83,6 +84,7 @@ with workflow.unsafe.imports_passed_through():
         CatalogueRequest,
         ChannelAnswer,
         ChannelCall,
+        DeliveryIntent,
         PassDelivery,
         PassInput,
         PassOutcome,
@@ -94,8 +96,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from toolloop_fsm.tools import unknown_outcome
 
-#: A lost pass is tried again this many times in all (each try continues from what the
-#: tries before it delivered).
+#: A pass is tried this many times in all while its workers are lost (each try continues
+#: from what the tries before it recorded).
 PASS_TRIES = 50
 #: How long one call into the channel may wait for a worker to take it, at most.
 _CHANNEL_CALL_TRIES = 5
@@ -136,6 +138,17 @@ class GenerationTurnWorkflow:
         self.stop_requested = False
         self.stop_message: str | None = None
         self.follow_ups = 0
+        #: per pass, the deliveries its tries recorded before sending them, in order
+        self.intents: dict[str, list[PassDelivery]] = {}
+
+    @workflow.signal(name=DELIVERY_INTENT_SIGNAL)
+    def delivery_intent(self, intent: DeliveryIntent) -> None:
+        """A pass is about to send a delivery: from here on it is what a lost try's next one
+        continues from (the channel may have shown it)."""
+        recorded = self.intents.setdefault(intent.pass_id, [])
+        if recorded and recorded[-1].seq >= intent.seq:
+            return  # a try never records a number twice; a repeat changes nothing
+        recorded.append(PassDelivery(intent.seq, intent.text))
 
     @workflow.signal(name=STOP_SIGNAL)
     def stop(self, stop_message: str | None = None) -> None:
@@ -316,6 +329,10 @@ class _AttemptShell:
         self.abandoned: list[str] = []  # the attempt's calls given up on
         self.in_doubt: list[InDoubtCall] = []  # its calls whose worker was lost (§3.9)
         self.tool_spec: ToolInput | None = None  # the running tool's call, to reconcile it
+        self.passes = 0  # the attempt's passes started, naming each (`PassInput.pass_id`)
+        self.pass_spec: PassInput | None = None  # the running pass's first try
+        self.pass_began = 0.0  # when its first try was started, by the workflow's clock
+        self.pass_tries = 0
 
     # ------------------------------------------------------------------ running
     async def run(self) -> GenerationTurnResult:
@@ -512,20 +529,48 @@ class _AttemptShell:
             host_call_timeout=policy.host_call_timeout,
             heartbeat_every=beat / 3,
             chain=self.turn.attempts,
+            pass_id=f"{self.keys_prefix}/{self.passes}",
         )
-        total = policy.max_pass_duration
+        self.passes += 1
+        self.pass_spec = spec
+        self.pass_began = workflow.time()
+        self.pass_tries = 0
+        self.try_pass(spec)
+
+    def try_pass(self, spec: PassInput) -> bool:
+        """Start a try of the pass, within what is left of its total budget (counted from its
+        first try, with room for a lost worker to be noticed); False when nothing is left.
+        The workflow, not the SDK, tries a lost pass again, so that the next try is given
+        what the lost one recorded before sending it."""
+        beat = self.turn.heartbeat_timeout
+        total = self.policy.max_pass_duration
+        budget: timedelta | None = None
+        if total is not None:
+            left = total + 2 * beat - (workflow.time() - self.pass_began)
+            if left <= 0:
+                return False
+            budget = _seconds(left)
+        self.pass_tries += 1
         self.running = workflow.start_activity(
             STREAM_PASS, spec, result_type=PassOutcome,
             # the pass times its own budgets; this bounds a pass whose workers keep dying
-            schedule_to_close_timeout=None if total is None else _seconds(total + 2 * beat),
+            schedule_to_close_timeout=budget,
             heartbeat_timeout=_seconds(beat),
-            retry_policy=RetryPolicy(
-                initial_interval=_seconds(min(0.5, beat)), maximum_interval=_seconds(beat),
-                maximum_attempts=PASS_TRIES,
-            ),
+            retry_policy=RetryPolicy(maximum_attempts=1),
             cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )  # fmt: skip
         self.running_kind = "pass"
+        return True
+
+    def try_lost_pass_again(self) -> bool:
+        """After a try was lost: the next one, continuing from exactly the deliveries the
+        tries so far recorded (the text the channel may have shown); False when the pass is
+        out of tries or of time."""
+        spec = self.pass_spec
+        if spec is None or self.pass_tries >= PASS_TRIES:
+            return False
+        recorded = tuple(self.flow.intents.get(spec.pass_id, ()))
+        return self.try_pass(attrs.evolve(spec, recorded=recorded, started_at=self.pass_began))
 
     def start_tool(self, effect: RunTool) -> None:
         policy = self.policy
@@ -566,6 +611,10 @@ class _AttemptShell:
                 outcome: PassOutcome = handle.result()
             except ActivityError as err:
                 if _timed_out(err):  # every try of the pass together outlived its budget
+                    self.stream_expired(DeadlineKind.PASS_DURATION)
+                elif self.try_lost_pass_again():
+                    return
+                elif self.pass_tries < PASS_TRIES:  # the budget ran out between tries
                     self.stream_expired(DeadlineKind.PASS_DURATION)
                 else:
                     message = f"the pass was lost on every try: {_cause(err)}"
