@@ -20,15 +20,13 @@ Two profiles are registered here:
 ``HYPOTHESIS_PROFILE`` picks a profile by name; when it is unset (on CI or anywhere else)
 ``ci`` is loaded.
 
-The suite runs on every core (pytest-xdist, ``-n auto --dist loadgroup`` in pyproject.toml);
-the tests that share one real server are kept on one worker, so that server starts once.
+The suite runs on every core (pytest-xdist, ``-n auto --dist loadfile`` in pyproject.toml).
 """
 
 from __future__ import annotations
 
 import os
 
-import pytest
 from hypothesis import HealthCheck, settings
 
 #: Examples per property test under the ci profile (see the module docstring).
@@ -54,15 +52,3 @@ settings.register_profile(
 
 # `CI` needs no special case: ci is what loads unless a profile is named explicitly.
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
-
-
-#: The markers of the tests that share a session's server (started by their conftest).
-SERVER_SUITES = ("temporal", "interop")
-
-
-@pytest.hookimpl(trylast=True)  # after tests/temporal/conftest.py has marked its tests
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        for suite in SERVER_SUITES:
-            if item.get_closest_marker(suite) is not None:
-                item.add_marker(pytest.mark.xdist_group(suite))

@@ -123,14 +123,20 @@ def _rich_fired(policy: LoopPolicy, turns: int, seed: int) -> set[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafting", [False, True], ids=["plain", "drafting"])
-def test_the_compact_path_fires_every_transition_the_rich_path_fires(drafting: bool) -> None:
+@pytest.mark.parametrize(
+    ("drafting", "examples"), [(False, 3000), (True, 8000)], ids=["plain", "drafting"]
+)
+def test_the_compact_path_fires_every_transition_the_rich_path_fires(
+    drafting: bool, examples: int
+) -> None:
+    # (the plain machine's transitions are all reached by 3,000 compact turns; the drafting
+    # ones need 8,000: at 4,000 two are still missing)
     policy = LoopPolicy()
     rich = _rich_fired(
         attrs.evolve(policy, drafting=True, review_tool_calls=True) if drafting else policy,
         turns=1500,
         seed=0,
     )
-    compact = fuzz(policy, examples=8000, seed=5, drafting=drafting)
+    compact = fuzz(policy, examples=examples, seed=5, drafting=drafting)
     assert compact.failure is None
     assert rich - compact.fired == set()

@@ -55,6 +55,10 @@ EXAMPLE_TIME_LIMIT = 5.0
 #: The limit while shrinking an example that hung (each shrink step would otherwise wait out
 #: the whole limit).
 HUNG_SHRINK_LIMIT = 0.2
+#: How many shrink steps may hang again before shrinking stops at the smallest turn found to
+#: hang so far (each such step costs the shrink limit: a policy that always hangs would make
+#: shrinking take half a minute).
+HUNG_SHRINK_STEPS = 30
 
 
 def load_policy(spec: str, tier: str) -> LoopPolicy | TurnPolicy:
@@ -234,6 +238,8 @@ def fuzz(
 
     def run_turn(case: Any, turn: int, batch: int) -> None:
         ticker.tick()
+        if len(hung) > HUNG_SHRINK_STEPS:
+            return  # not run: the smallest turn that hung so far is the one reported
         value = tier_run.expand(case)
         steps: list[TraceStep] = []
         # once one turn hung, shrinking needs only to see which ones still reach the hang
