@@ -438,7 +438,12 @@ async def test_a_reconcile_that_cannot_tell_leaves_the_call_in_doubt_and_the_mod
     assert turn.clock.now() <= 10 + 2 + 5 + EPSILON
 
 
-async def test_a_reconciled_payment_is_reused_on_a_fallback_without_asking_again() -> None:
+async def pay_then_fall_back(
+    answer: ToolResult | None, backup_says: str
+) -> tuple[GenerationTurnResult, list[int], list[int]]:
+    """A payment that ignores its cancellation past its deadline, settled by a reconcile hook
+    answering ``answer``; the primary model then fails and the backup asks for the same
+    payment. Returns the result, the dispatches run and those the hook was asked about."""
     clock, channel, stragglers, _ = outer_world()
     policy = TurnPolicy(
         loop=LoopPolicy(tool_timeout=10, cancel_grace=2, host_call_timeout=30,
@@ -452,20 +457,25 @@ async def test_a_reconciled_payment_is_reused_on_a_fallback_without_asking_again
         await stragglers.ignore_cancellation(f"tool pay (dispatch {ctx.dispatch})")
         raise AssertionError("released only after the turn returned")
 
-    async def look_up(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    async def look_up(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult | None:
         asked.append(ctx.dispatch)
-        return ToolResult(data={"payment": "settled"})
+        return answer
 
     tool = Tool("pay", "pay", {"type": "object"}, pay, reconcile=look_up)
     first = ScriptedProvider([[PAYMENT], [Fail(server_error())]], clock=clock)
     second = ScriptedProvider(
-        [[FunctionCall("pay", {"amount": 30}, "other_id")], [TextDelta("Paid.")]], clock=clock
+        [[FunctionCall("pay", {"amount": 30}, "other_id")], [TextDelta(backup_says)]],
+        clock=clock,
     )
-
     result = await generate(
         [Attempt(first, label="primary"), Attempt(second, label="backup")], channel, clock,
         stragglers, policy=policy, tools=[tool],
     )  # fmt: skip
+    return result, runs, asked
+
+
+async def test_a_reconciled_payment_is_reused_on_a_fallback_without_asking_again() -> None:
+    result, runs, asked = await pay_then_fall_back(ToolResult(data={"payment": "settled"}), "Paid.")
 
     assert result.status is TurnStatus.COMPLETED
     assert runs == [1] and asked == [1]  # neither run nor asked again by the backup
@@ -479,33 +489,7 @@ async def test_a_reconciled_payment_is_reused_on_a_fallback_without_asking_again
 async def test_a_payment_nobody_could_settle_is_not_run_again_on_a_fallback() -> None:
     # the hook cannot tell: the call stays in doubt, and the backup model asking for the same
     # payment is handed the same unknown outcome instead of paying a second time
-    clock, channel, stragglers, _ = outer_world()
-    policy = TurnPolicy(
-        loop=LoopPolicy(tool_timeout=10, cancel_grace=2, host_call_timeout=30,
-                        delivery_flush_chars=1)
-    )  # fmt: skip
-    asked: list[int] = []
-    runs: list[int] = []
-
-    async def pay(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        runs.append(ctx.dispatch)
-        await stragglers.ignore_cancellation(f"tool pay (dispatch {ctx.dispatch})")
-        raise AssertionError("released only after the turn returned")
-
-    async def cannot_tell(_arguments: dict[str, Any], ctx: ToolContext) -> None:
-        asked.append(ctx.dispatch)
-
-    tool = Tool("pay", "pay", {"type": "object"}, pay, reconcile=cannot_tell)
-    first = ScriptedProvider([[PAYMENT], [Fail(server_error())]], clock=clock)
-    second = ScriptedProvider(
-        [[FunctionCall("pay", {"amount": 30}, "other_id")], [TextDelta("It may have gone.")]],
-        clock=clock,
-    )
-
-    result = await generate(
-        [Attempt(first, label="primary"), Attempt(second, label="backup")], channel, clock,
-        stragglers, policy=policy, tools=[tool],
-    )  # fmt: skip
+    result, runs, asked = await pay_then_fall_back(None, "It may have gone.")
 
     assert result.status is TurnStatus.COMPLETED
     assert runs == [1] and asked == [1]  # neither run nor asked again by the backup
