@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 #: Examples per property test under the ci profile (see the module docstring).
@@ -52,3 +53,14 @@ settings.register_profile(
 
 # `CI` needs no special case: ci is what loads unless a profile is named explicitly.
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the summaries tests recorded (``record_property("…_summary", text)``): the crash
+    campaign's counts, whichever xdist worker ran it."""
+    for outcome in ("passed", "failed"):
+        for report in terminalreporter.getreports(outcome):
+            for name, value in getattr(report, "user_properties", ()):
+                if name.endswith("_summary"):
+                    terminalreporter.write_sep("-", name.removesuffix("_summary"))
+                    terminalreporter.write_line(str(value))

@@ -250,3 +250,23 @@ def test_a_tool_is_not_idempotent_unless_marked_so() -> None:
     assert charge.idempotent is False
     with pytest.raises(TypeError, match="idempotent"):
         Tool("t", "d", {}, charge.handler, idempotent="yes")  # type: ignore[arg-type]
+
+
+def test_a_decorated_tool_carries_its_reconcile_hook_and_idempotence() -> None:
+    async def look_the_payment_up(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        return ToolResult(data={"paid": arguments["cents"]})
+
+    @tool(reconcile=look_the_payment_up)
+    async def pay(cents: int) -> ToolResult:
+        """Pays a bill."""
+        return ToolResult(data={"paid": cents})
+
+    @tool(idempotent=True)
+    async def find_city(city: str) -> ToolResult:
+        """Finds a city."""
+        return ToolResult(data=city)
+
+    assert pay.reconcile is look_the_payment_up
+    assert (pay.idempotent, find_city.idempotent, find_city.reconcile) == (False, True, None)
+    with pytest.raises(TypeError, match=r"Tool 'pay': reconcile must be a function"):
+        tool(reconcile=5)(pay.handler)  # type: ignore[call-overload]

@@ -456,6 +456,7 @@ def tool(
     replay: str = "reuse",
     redact: Redactor | None = None,
     idempotent: bool = False,
+    reconcile: ToolReconciler | None = None,
 ) -> Callable[[_Function], Tool]: ...
 
 
@@ -471,6 +472,7 @@ def tool(
     replay: str = "reuse",
     redact: Redactor | None = None,
     idempotent: bool = False,
+    reconcile: ToolReconciler | None = None,
 ) -> Tool | Callable[[_Function], Tool]:
     """Build a `Tool` from a function: ``@tool`` or ``@tool(name=..., ...)``.
 
@@ -482,9 +484,19 @@ def tool(
     ``schema`` is given — plus the `ToolContext` for a parameter annotated ``ToolContext``.
     An ``async def`` runs on the event loop, a plain ``def`` in a worker thread.
     ``idempotent=True`` lets a durable turn run the tool again when its worker is lost.
+    ``reconcile`` is the tool's reconcile hook (`Tool.reconcile`, docs/behaviour.md §3.9): it
+    is called as any hook is, with the arguments as the model sent them and the context.
     """
     options = _ToolOptions(
-        name, description, schema, timeout, requires_follow_up, replay, redact, idempotent
+        name,
+        description,
+        schema,
+        timeout,
+        requires_follow_up,
+        replay,
+        redact,
+        idempotent,
+        reconcile,
     )
     if function is None:
         return functools.partial(_build_tool, options=options)
@@ -501,6 +513,7 @@ class _ToolOptions:
     replay: str
     redact: Redactor | None
     idempotent: bool = False
+    reconcile: ToolReconciler | None = None
 
 
 def _build_tool(function: _Function, *, options: _ToolOptions) -> Tool:
@@ -544,6 +557,7 @@ def _build_tool(function: _Function, *, options: _ToolOptions) -> Tool:
         redact=options.redact,
         replay=options.replay,
         idempotent=options.idempotent,
+        reconcile=options.reconcile,
     )
 
 

@@ -11,12 +11,18 @@ a real host's external services would), and the worker process the crash tests k
   new variant; after a prefill it writes its variant as the continuation.
 * `FileChannel` writes every delivery with its idempotency key and drops a key it already
   accepted, across processes (Discord's ``nonce`` with ``enforce_nonce`` does this);
-  `UnkeyedFileChannel` takes no keys. Both kill their own worker process (SIGKILL) at the
-  text delivery a ``kill-at`` file names, right after (or, ``N before``, right before) they
-  write it: the kill instant is the channel's, never a heartbeat's.
+  `UnkeyedFileChannel` takes no keys.
+* A ``kill-plan`` file (`KillPlan`) names the instant the worker kills itself (SIGKILL): a
+  text delivery (right before or right after the channel writes it), a provider chunk, a
+  tool's start or end, at once or a ``delay`` later from a timer thread while the worker
+  goes on. The instant is the host's, never a heartbeat's.
 * ``record`` writes each execution; ``charge``, ``pay`` and ``lookup`` (idempotent) write
   that they started, then wait at a gate; ``pay``'s reconcile hook writes each time it is
   asked and answers that the payment went through.
+* The crash campaign's turn (`CampaignProvider`, ``campaign*`` chains): four passes whose
+  words differ on every try, and three tools that take a moment — ``save_note`` (no hook),
+  ``find_city`` (idempotent) and ``pay_bill``, whose hook looks the payment up in the
+  executions file and answers what really happened.
 
 Run as ``python -m tests.temporal.hosts ADDRESS TASK_QUEUE DIRECTORY [FLUSH]`` it is a worker
 process with these registries.
@@ -29,6 +35,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -39,11 +46,13 @@ from attrs import frozen
 
 from toolloop_fsm import Attempt, Tool, ToolContext, ToolResult
 from toolloop_fsm.events import Chunk, FunctionCall, TextDelta, UsageReport
-from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
 from toolloop_fsm.result import Notice
 
 #: How often a waiting gate looks for its file (in the worker process, never in a test).
 GATE_POLL = 0.02
+#: How long a campaign tool works (in the worker process): long enough to be cut off mid-run.
+TOOL_WORK = 0.05
 
 
 @frozen
@@ -102,6 +111,44 @@ SAMPLED_SCRIPTS: dict[str, tuple[tuple[PassScript, ...], ...]] = {
         SAMPLED_TEXT,
     ),
 }  # fmt: skip
+
+#: The campaign's turn: per pass, three variants of the words (the calls the same in each);
+#: with a flush size of 8 every text chunk is a delivery of its own.
+CAMPAIGN_TEXT: tuple[tuple[PassScript, ...], ...] = (
+    tuple(
+        (TextDelta(a), TextDelta(b), FunctionCall("save_note", {"note": "milk"}, "n1"),
+         UsageReport(10, 6))
+        for a, b in (("Let me note ", "that down. "), ("I will write ", "it down now. "),
+                     ("Noting this ", "for you. "))
+    ),
+    tuple(
+        (TextDelta(a), TextDelta(b), FunctionCall("find_city", {"city": "Oslo"}, "f1"),
+         UsageReport(20, 6))
+        for a, b in (("Now the city ", "itself. "), ("Looking up ", "where it is. "),
+                     ("Finding the ", "place first. "))
+    ),
+    tuple(
+        (TextDelta(a), FunctionCall("pay_bill", {"cents": 900}, "p1"), UsageReport(30, 4))
+        for a in ("Paying the bill. ", "Settling what you owe. ", "Sending the payment. ")
+    ),
+    tuple(
+        (TextDelta(a), TextDelta(b), TextDelta(c), UsageReport(40, 9))
+        for a, b, c in (("All done: ", "the note is ", "saved, Oslo found."),
+                        ("That is it: ", "your note, the city ", "and the bill."),
+                        ("Finished. ", "Everything you ", "asked for is done."))
+    ),
+)  # fmt: skip
+#: The campaign's chains: one model; a model that fails mid-pass, then the fallback; a key
+#: that is rate limited mid-pass, then the next key of the same model.
+CAMPAIGN_CHAINS: dict[str, tuple[str, ...]] = {
+    "plain": ("campaign",),
+    "fallback": ("campaign-flaky", "campaign"),
+    "rotation": ("campaign-keys",),
+}
+#: Where the failing model or key fails: (pass, after how many chunks)
+CAMPAIGN_FAILS_AT = (1, 1)
+LIMITED_KEY = "k-limited"
+
 SCRIPTS = {
     "crash": CRASH_SCRIPT,
     "charge": CHARGE_SCRIPT,
@@ -185,17 +232,70 @@ class SamplingProvider:
                 yield item
 
 
-def kill_instant(directory: Path, sent: int) -> str | None:
-    """``"after"`` or ``"before"`` when this worker is to die at its text delivery number
-    ``sent`` (1-based, counted in the log across processes), once: the file is removed."""
-    order = directory / "kill-at"
-    if not order.exists():
-        return None
-    at, _, when = order.read_text(encoding="utf-8").partition(" ")
-    if int(at) != sent:
-        return None
-    order.unlink()
-    return when.strip() or "after"
+class CampaignProvider(SamplingProvider):
+    """A `SamplingProvider` that writes each chunk it yields to ``chunks.jsonl`` with its
+    ``tag``, dies before the chunk a kill plan names, and, given ``failure``, raises it at
+    `CAMPAIGN_FAILS_AT` (as a failing model or a rate-limited key would)."""
+
+    def __init__(
+        self, directory: Path, variants: Sequence[Sequence[PassScript]], tag: str,
+        failure: ProviderError | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(directory, variants)
+        self.tag = tag
+        self.failure = failure
+        self.pass_index = 0
+
+    def stream(self, request: ProviderRequest) -> AsyncIterator[Any]:
+        self.pass_index = len(request.history)
+        return super().stream(request)
+
+    async def _play(self, items: PassScript) -> AsyncIterator[Any]:
+        chunks = self.directory / "chunks.jsonl"
+        for played, item in enumerate(item for item in items if not isinstance(item, Gate)):
+            if self.failure is not None and (self.pass_index, played) == CAMPAIGN_FAILS_AT:
+                raise self.failure
+            die_if_planned(self.directory, at="chunk", n=1 + len(read_records(chunks)))
+            _append(chunks, {"tag": self.tag, "pass": self.pass_index})
+            yield item
+
+
+#: The file a `KillPlan` is written to, in the worker's directory.
+KILL_PLAN = "kill-plan"
+
+
+@frozen
+class KillPlan:
+    """Where a worker kills itself: ``at`` ``"delivery"`` (the ``n``-th text delivery of the
+    turn, ``when`` ``"before"`` or ``"after"`` the channel writes it), ``"chunk"`` (before the
+    ``n``-th provider chunk of the turn is yielded) or ``"tool"`` (``tool``'s ``when``
+    ``"start"`` or ``"end"``); ``delay`` seconds after that instant (0: then and there)."""
+
+    at: str
+    n: int = 0
+    when: str = ""
+    tool: str = ""
+    delay: float = 0.0
+
+    def write(self, directory: Path) -> None:
+        (directory / KILL_PLAN).write_text(json.dumps(attrs.asdict(self)), encoding="utf-8")
+
+
+def die_if_planned(directory: Path, **instant: Any) -> None:
+    """Kill this process if the kill plan names ``instant`` (its fields), once: the plan is
+    removed first, so the worker that takes over lives."""
+    path = directory / KILL_PLAN
+    if not path.exists():
+        return
+    plan = json.loads(path.read_text(encoding="utf-8"))
+    if any(plan[field] != value for field, value in instant.items()):
+        return
+    path.unlink()
+    if plan["delay"] <= 0:
+        die()
+    timer = threading.Timer(plan["delay"], die)
+    timer.daemon = True
+    timer.start()
 
 
 def die() -> None:
@@ -219,16 +319,13 @@ class FileChannel:
         self._write(idempotency_key, expression=expression)
 
     def _write(self, key: str | None, **delivery: str) -> None:
-        instant = None
+        sent = 1 + sum(1 for r in read_records(self.log) if "text" in r)
         if "text" in delivery:
-            sent = 1 + sum(1 for r in read_records(self.log) if "text" in r)
-            instant = kill_instant(self.directory, sent)
-        if instant == "before":
-            die()
+            die_if_planned(self.directory, at="delivery", n=sent, when="before")
         accepted = key is None or key not in self._accepted()
         _append(self.log, {"key": key, "accepted": accepted, **delivery})
-        if instant == "after":
-            die()
+        if "text" in delivery:
+            die_if_planned(self.directory, at="delivery", n=sent, when="after")
 
     async def send_notice(self, notice: Notice) -> None:
         _append(self.directory / "notices.jsonl", {"key": notice.key})
@@ -279,6 +376,35 @@ def host_tools(directory: Path) -> list[Tool]:
         await wait_for_file(directory / "release")
         return ToolResult(data={"latitude": 59.9})
 
+    async def save_note(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        await working("save_note", ctx)
+        return ToolResult(data={"noted": arguments.get("note")})
+
+    async def find_city(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        await working("find_city", ctx)
+        return ToolResult(data={"city": arguments.get("city"), "latitude": 59.9})
+
+    async def pay_bill(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        await working("pay_bill", ctx)
+        return ToolResult(data={"paid": arguments.get("cents")})
+
+    async def working(tool: str, ctx: ToolContext) -> None:
+        """Write that ``tool`` started, take a moment, write that it finished (its effect):
+        a kill plan can cut it off at either end or in between."""
+        _append(executions, {"tool": tool, "dispatch": ctx.dispatch, "phase": "started"})
+        die_if_planned(directory, at="tool", tool=tool, when="start")
+        await asyncio.sleep(TOOL_WORK)
+        _append(executions, {"tool": tool, "dispatch": ctx.dispatch, "phase": "finished"})
+        die_if_planned(directory, at="tool", tool=tool, when="end")
+
+    async def look_the_bill_up(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        # the turn pays one bill: its lookup is whether that payment was made
+        _append(directory / "reconciles.jsonl", {"tool": "pay_bill", "dispatch": ctx.dispatch})
+        finished = [r for r in read_records(executions) if r.get("phase") == "finished"]
+        if any(r["tool"] == "pay_bill" for r in finished):
+            return ToolResult(data={"paid": arguments.get("cents"), "found_by": "lookup"})
+        return ToolResult(success=False, message="no such payment was made")
+
     notes = {"type": "object", "properties": {"note": {"type": "string"}}}
     cents = {"type": "object", "properties": {"cents": {"type": "integer"}}}
     return [
@@ -286,6 +412,9 @@ def host_tools(directory: Path) -> list[Tool]:
         Tool("charge", "Charges the user's card.", cents, charge),
         Tool("pay", "Pays a bill.", cents, pay, reconcile=look_payment_up),
         Tool("lookup", "Looks a city up.", {"type": "object"}, lookup, idempotent=True),
+        Tool("save_note", "Saves a note.", notes, save_note),
+        Tool("find_city", "Finds a city.", {"type": "object"}, find_city, idempotent=True),
+        Tool("pay_bill", "Pays a bill.", cents, pay_bill, reconcile=look_the_bill_up),
     ]
 
 
@@ -296,9 +425,26 @@ def host_providers(directory: Path) -> dict[str, Attempt]:
     def sampling(variants: Sequence[Sequence[PassScript]]) -> Attempt:
         return Attempt(lambda key: SamplingProvider(directory, variants))
 
+    def campaign(key: str | None, tag: str, failure: ProviderError | None) -> Provider:
+        return CampaignProvider(directory, CAMPAIGN_TEXT, tag, failure)
+
     staged_ones = {name: attrs.evolve(staged(s), label=name) for name, s in SCRIPTS.items()}
     sampled = {name: attrs.evolve(sampling(v), label=name) for name, v in SAMPLED_SCRIPTS.items()}
-    return {**staged_ones, **sampled}
+    down = ProviderError("the model is overloaded", kind="server", retryable=True,
+                         status_code=503)  # fmt: skip
+    limited = ProviderError("rate limited", kind="rate_limit", retryable=True, status_code=429)
+    campaigns = {
+        "campaign": Attempt(lambda key: campaign(key, "main", None), label="campaign"),
+        "campaign-flaky": Attempt(
+            lambda key: campaign(key, "failing", down), label="campaign-flaky"
+        ),
+        "campaign-keys": Attempt(
+            lambda key: campaign(key, *(("failing", limited) if key == LIMITED_KEY
+                                        else ("main", None))),
+            keys=(LIMITED_KEY, "k-good"), label="campaign-keys",
+        ),
+    }  # fmt: skip
+    return {**staged_ones, **sampled, **campaigns}
 
 
 async def _serve(address: str, task_queue: str, directory: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.temporal.conftest import WorkerProcesses
-from tests.temporal.hosts import read_records, user_text
+from tests.temporal.hosts import KillPlan, read_records, user_text
 from toolloop_fsm import LoopPolicy, TurnPolicy, TurnRequest, TurnStatus
 from toolloop_fsm.result import (
     GenerationTurnResult,
@@ -55,12 +55,13 @@ async def recorded(path: Path) -> None:
 
 
 async def start(
-    client: Client, workers: WorkerProcesses, chain: str, turn_id: str, channel: str = "files"
-) -> TurnHandle:
+    client: Client, workers: WorkerProcesses, chain: str, turn_id: str, channel: str = "files",
+    *, policy: TurnPolicy = POLICY, heartbeat: float = HEARTBEAT,
+) -> TurnHandle:  # fmt: skip
     return await start_generation_turn(
         client, task_queue=workers.task_queue, attempts=[chain], channel=channel,
         request=TurnRequest(REQUEST.context, turn_id=turn_id),
-        tools=["record", "charge", "pay", "lookup"], policy=POLICY, heartbeat_timeout=HEARTBEAT,
+        tools=["record", "charge", "pay", "lookup"], policy=policy, heartbeat_timeout=heartbeat,
     )  # fmt: skip
 
 
@@ -222,7 +223,8 @@ async def killed_at_a_delivery(
     """Run ``chain`` on ``channel`` with the first worker killing itself at the text delivery
     ``kill_at`` names (``"N"``: right after the channel wrote it; ``"N before"``: right
     before), so no heartbeat after it could carry it; a second worker takes over."""
-    (directory / "kill-at").write_text(kill_at, encoding="utf-8")
+    at, _, when = kill_at.partition(" ")
+    KillPlan("delivery", n=int(at), when=when or "after").write(directory)
     first = workers.start()
     handle = await start(client, workers, chain, f"{chain}-{channel}-turn", channel)
     async with real_time_limit(LIMIT):
@@ -313,4 +315,44 @@ async def test_a_pass_whose_worker_died_at_its_closing_delivery_adds_no_text_aft
     assert result.status is TurnStatus.COMPLETED
     assert user_text(tmp_path) == result.delivered_text == "The lighthouse keeper."
     assert pass_prefills(tmp_path, 0) == [None, "The lighthouse keeper."]
+    assert keys_reused_for_other_text(tmp_path) == []
+
+
+async def history_shows(client: Client, workflow_id: str, event_type: int) -> None:
+    """Wait until the workflow's history holds an event of ``event_type``."""
+    handle = client.get_workflow_handle(workflow_id)
+    while not [e async for e in handle.fetch_history_events() if e.event_type == event_type]:
+        await asyncio.sleep(LOOK_AGAIN)
+
+
+@pytest.mark.parametrize(("channel", "kill_at"), [("files", "2"), ("files", "2 before"),
+                                                  ("unkeyed", "2")])  # fmt: skip
+async def test_a_pass_given_up_after_its_worker_died_keeps_what_the_user_read(
+    client: Client, workers: WorkerProcesses, tmp_path: Path, channel: str, kill_at: str
+) -> None:
+    # the worker dies at the second delivery; no worker is alive until the pass's budget
+    # (0.4 s, and two heartbeats of room for a lost worker) has run out, so the pass is not
+    # tried again: what its lost try recorded is what the user read, and the result says so
+    from temporalio.api.enums.v1 import EventType
+
+    at, _, when = kill_at.partition(" ")
+    KillPlan("delivery", n=int(at), when=when or "after").write(tmp_path)
+    policy = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8, max_pass_duration=0.4))
+    first = workers.start()
+    handle = await start(client, workers, "sampled", f"given-up-{channel}", channel,
+                         policy=policy, heartbeat=0.5)  # fmt: skip
+    async with real_time_limit(LIMIT):
+        await asyncio.to_thread(first.wait)
+        # the lost try was noticed (0.5 s), then the workflow task left the dead worker's
+        # queue (1 s): the pass began more than its budget and room (1.4 s) ago
+        await history_shows(
+            client, handle.workflow_id, EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
+        )
+        workers.start()
+        result = await handle.result()
+
+    assert result.status is TurnStatus.TIMEOUT
+    assert pass_prefills(tmp_path, 0) == [None]  # never tried again
+    assert result.delivered_text == "The lighthouse keeper, a man "
+    assert user_text(tmp_path) == result.delivered_text
     assert keys_reused_for_other_text(tmp_path) == []

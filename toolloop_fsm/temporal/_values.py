@@ -102,6 +102,8 @@ class Catalogue:
     #: per attempt: whether its provider is continuation-style
     continuation: tuple[bool, ...] = ()
     problem: str | None = None
+    #: the channel takes idempotency keys (it drops a delivery sent again under its key)
+    keyed_channel: bool = False
 
 
 # --------------------------------------------------------------------------- a provider pass

@@ -164,7 +164,10 @@ class TurnActivities:
             bool(getattr(self.attempts[name].provider, "continuation_style", False))
             for name in ask.attempts
         )
-        return Catalogue(tuple(plans), tuple(tools), continuation=continuation)
+        return Catalogue(
+            tuple(plans), tuple(tools), continuation=continuation,
+            keyed_channel=takes_idempotency_keys(self.channels[ask.channel]),
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ the turn's keys
     def _chain_secrets(self, chain: Iterable[str], running: str | None) -> Secrets:

@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         StopRequested,
         StreamEnded,
         StreamFailed,
+        TextDelta,
         ToolFinished,
         ToolOutcomeKind,
     )
@@ -572,6 +573,19 @@ class _AttemptShell:
         recorded = tuple(self.flow.intents.get(spec.pass_id, ()))
         return self.try_pass(attrs.evolve(spec, recorded=recorded, started_at=self.pass_began))
 
+    def keep_lost_deliveries(self) -> None:
+        """A pass given up on after its try was lost (out of time or of tries): what its
+        tries recorded before sending is what the channel may have shown, so it is the pass's
+        delivered text, as the next try would have continued from it. A channel that takes
+        keys is sent the last of them again under its key (it drops it if it has it), as the
+        next try would have; an unkeyed one is not (docs/behaviour.md §16)."""
+        spec = self.pass_spec
+        recorded = self.flow.intents.get(spec.pass_id, []) if spec is not None else []
+        for n, delivery in enumerate(recorded, 1):
+            if n < len(recorded) or not self.outer.catalogue.keyed_channel:
+                self.records[delivery.seq] = delivery
+            self.events.append(TextDelta(delivery.text))
+
     def start_tool(self, effect: RunTool) -> None:
         policy = self.policy
         beat = self.turn.heartbeat_timeout
@@ -610,11 +624,12 @@ class _AttemptShell:
             try:
                 outcome: PassOutcome = handle.result()
             except ActivityError as err:
-                if _timed_out(err):  # every try of the pass together outlived its budget
-                    self.stream_expired(DeadlineKind.PASS_DURATION)
-                elif self.try_lost_pass_again():
+                if not _timed_out(err) and self.try_lost_pass_again():
                     return
-                elif self.pass_tries < PASS_TRIES:  # the budget ran out between tries
+                self.keep_lost_deliveries()
+                if _timed_out(err) or self.pass_tries < PASS_TRIES:
+                    # every try together outlived the pass's budget, or it ran out between
+                    # tries
                     self.stream_expired(DeadlineKind.PASS_DURATION)
                 else:
                     message = f"the pass was lost on every try: {_cause(err)}"
