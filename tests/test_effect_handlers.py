@@ -1,0 +1,42 @@
+"""The effect-handler contract: a table missing a handler for an effect class of its tier, or
+holding one for a class the tier never emits, is refused as it is built, naming the classes;
+the tiers together cover every `Effect` class."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from toolloop_fsm.effect_handlers import INNER_EFFECTS, OUTER_EFFECTS, EffectHandlers, handled
+from toolloop_fsm.effects import Deliver, Effect, Finish, StartAttempt
+
+
+def test_the_two_tiers_cover_every_effect_class() -> None:
+    assert set(INNER_EFFECTS) | set(OUTER_EFFECTS) == set(typing.get_args(Effect))
+
+
+def test_a_table_missing_a_handler_is_refused_naming_the_classes() -> None:
+    entries = [handled(cls, lambda effect: None) for cls in INNER_EFFECTS if cls is not Deliver]
+    with pytest.raises(TypeError, match=r"^the test shell has no handler for Deliver$"):
+        EffectHandlers("the test shell", INNER_EFFECTS, entries)
+
+
+def test_a_table_with_a_handler_its_tier_never_emits_is_refused() -> None:
+    entries = [handled(cls, lambda effect: None) for cls in INNER_EFFECTS]
+    entries.append(handled(StartAttempt, lambda effect: None))
+    with pytest.raises(TypeError, match=r"handlers for StartAttempt, which its tier never"):
+        EffectHandlers("the test shell", INNER_EFFECTS, entries)
+
+
+def test_a_table_carries_out_each_effect_by_its_own_handler() -> None:
+    done: list[str] = []
+
+    def note(effect: object) -> None:
+        done.append(type(effect).__name__)
+
+    entries = [handled(cls, note) for cls in OUTER_EFFECTS]
+    table = EffectHandlers("the test shell", OUTER_EFFECTS, entries)
+    table(Finish(result=typing.cast(typing.Any, None)))
+    assert done == ["Finish"]
+    assert table.handles() == frozenset(OUTER_EFFECTS)

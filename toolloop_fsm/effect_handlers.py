@@ -1,0 +1,92 @@
+"""The one contract by which every shell carries out the machines' effects: a table with one
+handler per `Effect` class of the tier the shell drives, checked whole when it is built.
+
+The inner pump, the outer pump, the Temporal workflow's two shells and the test kit's
+simulated world each build an `EffectHandlers` from `handled(...)` entries. A shell that
+lacks a handler for an effect class of its tier (or names one its tier never emits) fails as
+it is built, with the classes named, so a new effect cannot be added to a machine without
+every shell saying what it does with it. Dispatch is one dict lookup by the effect's exact
+class (the effects are final, frozen values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+from toolloop_fsm.effects import (
+    ArmDeadline,
+    AskAdmission,
+    CancelReview,
+    CancelStream,
+    CancelTool,
+    ClearDeadline,
+    CutStream,
+    Deliver,
+    Finish,
+    OfferSnapshot,
+    PostNotice,
+    QueueStopResponse,
+    RequestReview,
+    RunTool,
+    StartAttempt,
+    StartStream,
+    SupersedeAttempt,
+    UpdateKeyHealth,
+)
+
+__all__ = ["INNER_EFFECTS", "OUTER_EFFECTS", "EffectHandlers", "handled"]
+
+#: Every effect class `ToolLoopMachine` emits.
+INNER_EFFECTS: tuple[type, ...] = (
+    StartStream, CancelStream, CutStream, RequestReview, CancelReview, RunTool, CancelTool,
+    Deliver, PostNotice, QueueStopResponse, ArmDeadline, ClearDeadline, Finish, OfferSnapshot,
+)  # fmt: skip
+#: Every effect class `GenerationTurnMachine` emits.
+OUTER_EFFECTS: tuple[type, ...] = (
+    StartAttempt, AskAdmission, SupersedeAttempt, UpdateKeyHealth, PostNotice,
+    QueueStopResponse, Finish,
+)  # fmt: skip
+
+E = TypeVar("E")
+R = TypeVar("R")
+
+
+def handled(effect_class: type[E], handler: Callable[[E], R]) -> tuple[type, Callable[[Any], R]]:
+    """One entry of a table: ``handler`` carries out effects of ``effect_class`` (mypy
+    checks that it takes that class)."""
+    return effect_class, handler
+
+
+class EffectHandlers(Generic[R]):
+    """A shell's handlers, one per effect class of its tier (``tier``: `INNER_EFFECTS` or
+    `OUTER_EFFECTS`); calling the table carries out one effect."""
+
+    __slots__ = ("_handlers", "shell")
+
+    def __init__(
+        self, shell: str, tier: Iterable[type], entries: Iterable[tuple[type, Callable[[Any], R]]]
+    ) -> None:
+        handlers: dict[type, Callable[[Any], R]] = {}
+        for effect_class, handler in entries:
+            if effect_class in handlers:
+                raise TypeError(f"{shell} has two handlers for {effect_class.__name__}")
+            handlers[effect_class] = handler
+        expected = tuple(tier)
+        missing = [cls.__name__ for cls in expected if cls not in handlers]
+        foreign = [cls.__name__ for cls in handlers if cls not in expected]
+        if missing or foreign:
+            problems = []
+            if missing:
+                problems.append(f"no handler for {', '.join(missing)}")
+            if foreign:
+                problems.append(f"handlers for {', '.join(foreign)}, which its tier never emits")
+            raise TypeError(f"{shell} has {'; '.join(problems)}")
+        self.shell = shell
+        self._handlers = handlers
+
+    def __call__(self, effect: object) -> R:
+        return self._handlers[type(effect)](effect)
+
+    def handles(self) -> frozenset[type]:
+        return frozenset(self._handlers)
