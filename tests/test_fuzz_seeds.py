@@ -24,7 +24,7 @@ from tests.fuzz_policies import BROKEN
 from toolloop_fsm.events import FunctionCall, TextDelta
 from toolloop_fsm.fuzz import fuzz
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.runner import Coverage
+from toolloop_fsm.stepping import Coverage
 from toolloop_fsm.testing import loop_policies, run_script, turn_scripts
 from toolloop_fsm.testing.seeds import SeedReader, case_from_seed, turn_from_seed
 from toolloop_fsm.testing.strategies import KNOWN_TOOLS, TurnScript

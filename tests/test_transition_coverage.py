@@ -40,7 +40,7 @@ from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import TRANSITIONS, ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.review import Finding, FindingCategory, Revise, Unavailable
-from toolloop_fsm.runner import Coverage
+from toolloop_fsm.stepping import Coverage
 from toolloop_fsm.testing import TurnScript, loop_policies, turn_scripts
 
 #: Measured: 400 turns plus 300 driven machines already fire every declared transition;

@@ -38,7 +38,7 @@ from attrs import define, field, frozen
 
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.result import TraceStep
-from toolloop_fsm.runner import Coverage
+from toolloop_fsm.stepping import Coverage
 
 
 class FuzzSetupError(Exception):

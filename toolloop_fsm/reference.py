@@ -23,7 +23,7 @@ from transitions import Machine, MachineError
 
 from toolloop_fsm.declaration import Action, Ending, Guard, MachineDeclaration
 from toolloop_fsm.result import TraceStep
-from toolloop_fsm.runner import ModelT, Runner, Taken
+from toolloop_fsm.stepping import ModelT, Runner, Taken
 
 _TAKEN = "taken"  # the keyword each trigger carries: where the taken transition is reported
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from attrs import define, frozen
@@ -194,7 +194,10 @@ class _ChainProvider(ScriptedProvider):
 
 @define(repr=False)
 class ChainRun:
-    """One finished simulated generation turn and every witness the checker uses."""
+    """One finished simulated generation turn and every witness the checker uses.
+
+    A plain record: `check_chain_invariants(run)` (`toolloop_fsm.testing.chains.invariants`)
+    reads it, and the record knows nothing of the checker."""
 
     script: ChainScript
     #: the policy the turn ran under (the script's, unless `run_chain` was given another)
@@ -216,12 +219,6 @@ class ChainRun:
     #: every time the reviewer was asked, in order, by whichever attempt (drafting, the
     #: tool checkpoint)
     reviews_asked: tuple[ReviewAsked, ...] = ()
-
-    def check(self, *, skip: Collection[str] = ()) -> None:
-        """Run `check_chain_invariants`; raises `ChainInvariantViolation`."""
-        from toolloop_fsm.testing.chains.invariants import check_chain_invariants
-
-        check_chain_invariants(self, skip=skip)
 
     def __repr__(self) -> str:
         # short on purpose: asyncio reprs a finished task's result, and the script is long
