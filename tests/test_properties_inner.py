@@ -8,9 +8,10 @@ Three groups:
   channel, tools, signals and provider misbehave in every way the kit knows, where it also
   ends as the reference model predicts (`check_ending`, invariant 10);
 * the sans-IO `ToolLoopMachine`, driven without the pump by random event sequences that are
-  legal in its current state (a tiny simulator reads the effects: `StartStream` lets chunks
-  come, `RunTool` lets its `ToolFinished` come, `ArmDeadline` lets that token expire,
-  `Deliver` lets that delivery be recorded or fail), is deterministic, keeps the invariants
+  legal in its current state (the kit's world model, `toolloop_fsm.testing.world.World`,
+  reads the effects: `StartStream` lets chunks come, `RunTool` lets its `ToolFinished`
+  come, `ArmDeadline` lets that token expire, `Deliver` lets that delivery be recorded or
+  fail), is deterministic, keeps the invariants
   a machine alone can show, and rejects illegal events with `InvalidEvent` naming the state
   and the event — without changing anything;
 * the invariant checker itself catches doctored results (it is not vacuous).
@@ -34,42 +35,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolloop_fsm.effects import (
-    ArmDeadline,
-    CancelReview,
-    CancelStream,
-    CancelTool,
-    ClearDeadline,
-    CutStream,
-    Deliver,
     Effect,
     Finish,
-    RequestReview,
-    RunTool,
-    StartStream,
 )
 from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.events import (
-    ContextRestart,
-    DeadlineExpired,
-    DeadlineKind,
-    DeliveryFailed,
-    DeliveryRecorded,
-    FollowUpArrived,
     FunctionCall,
-    ReviewReturned,
-    StopRequested,
-    StreamEnded,
-    StreamFailed,
     TextDelta,
-    ToolFinished,
-    ToolOutcomeKind,
     UsageReport,
 )
 from toolloop_fsm.host import ToolRegistry, TurnRequest, TurnSignals
 from toolloop_fsm.machine import CHUNK_TRIGGERS, ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import TraceStep, TurnStatus
-from toolloop_fsm.review import Finding, FindingCategory, Pass, Revise, Unavailable
 from toolloop_fsm.testing import (
     PROVIDER_KEYS,
     InvariantViolation,
@@ -81,13 +59,13 @@ from toolloop_fsm.testing import (
     build_tools,
     check_ending,
     check_invariants,
-    chunks,
     loop_policies,
     run_script,
     turn_scripts,
 )
 from toolloop_fsm.testing.hostile import HANG_GUARD_SECONDS
 from toolloop_fsm.testing.strategies import _ARGUMENTS, KNOWN_TOOLS
+from toolloop_fsm.testing.world import World
 from toolloop_fsm.turn import (
     LedgerEntry,
     ToolOutcome,
@@ -155,196 +133,8 @@ HOSTILE_REAL_TIMEOUT = HANG_GUARD_SECONDS
 
 
 # =========================================================================== the sans-IO machine
-_CHUNKS = chunks()
-_TOOL_RESULTS: tuple[dict[str, Any], ...] = (
-    {},
-    {"message": "done", "data": {"t": 3}},
-    {"end_turn": True},
-    {"delivered": True},
-    {"expression": "sticker:wave"},
-    {"context_restart": ContextRestart({"role": "system", "content": "more"}, ("memory",))},
-    {"expression": "👍", "end_turn": True},
-)
-_OUTCOMES = st.sampled_from(
-    (
-        ToolOutcomeKind.SUCCEEDED,
-        ToolOutcomeKind.SUCCEEDED,
-        ToolOutcomeKind.FAILED,
-        ToolOutcomeKind.RAISED,
-    )
-)
-_RESULT_FIELDS = st.sampled_from(_TOOL_RESULTS)
-_STOP_MESSAGES = st.sampled_from((None, "stop it"))
 _ALLOWLISTS = st.sampled_from((None, None, frozenset({"get_weather", "send_sticker"}), frozenset()))
-_VERDICTS = st.sampled_from(
-    (
-        Pass(),
-        Revise((Finding(FindingCategory.VOICE, "The reply sounds flat.", "Answer warmly."),)),
-        Unavailable("refusal"),
-    )
-)
 MAX_STEPS = 120
-
-
-@attrs.define
-class Simulator:
-    """What the outside world may report next, read from the machine's effects alone."""
-
-    stream_open: bool = False
-    armed: dict[DeadlineKind, int] = attrs.field(factory=dict)
-    running: int | None = None
-    last_dispatch: int = 0
-    in_flight: list[int] = attrs.field(factory=list)
-    recorded: list[int] = attrs.field(factory=list)
-    finished: bool = False
-    #: the review being asked (drafting, the tool checkpoint), by its number
-    reviewing: int | None = None
-    #: the pass reached the held-prose ceiling: its stream ends before anything else happens
-    cut: bool = False
-
-    def take(self, effects: Sequence[Effect]) -> None:
-        for effect in effects:
-            if isinstance(effect, StartStream):
-                self.stream_open = True
-            elif isinstance(effect, CancelStream):
-                self.stream_open = False
-            elif isinstance(effect, CutStream):
-                self.cut = True
-            elif isinstance(effect, RequestReview):
-                self.reviewing = effect.review
-            elif isinstance(effect, CancelReview):
-                self.reviewing = None
-            elif isinstance(effect, ArmDeadline):
-                self.armed[effect.kind] = effect.token
-            elif isinstance(effect, ClearDeadline):
-                if self.armed.get(effect.kind) == effect.token:
-                    del self.armed[effect.kind]
-            elif isinstance(effect, RunTool):
-                self.running = self.last_dispatch = effect.dispatch
-            elif isinstance(effect, CancelTool):
-                self.running = None
-            elif isinstance(effect, Deliver):
-                self.in_flight.append(effect.seq)
-            elif isinstance(effect, Finish):
-                self.finished = True
-
-    def fed(self, event: object) -> None:
-        if isinstance(event, StreamEnded | StreamFailed):
-            self.stream_open = False
-            self.cut = False
-        elif isinstance(event, ReviewReturned):
-            self.reviewing = None
-        elif isinstance(event, DeadlineExpired):
-            self.armed.pop(event.kind, None)
-            if event.kind is DeadlineKind.REVIEW:
-                self.reviewing = None
-        elif isinstance(event, ToolFinished):
-            self.running = None
-        elif isinstance(event, DeliveryRecorded | DeliveryFailed) and event.seq is not None:
-            self.in_flight.remove(event.seq)
-            self.recorded.append(event.seq)
-
-    def legal_kinds(self) -> list[str]:
-        """The kinds of event the world may send now, weighted toward progress (chunks, the
-        end of the stream, the tool's result) so that turns get past their first pass: the
-        ways a turn is cut short (a failure, an expired deadline, a signal) share a small
-        weight each. Hypothesis shrinks toward the front of the list. A pass cut at the
-        held-prose ceiling ends before anything else can happen (the shell stops reading and
-        reports the end at once)."""
-        if self.cut:
-            return ["stream_ended"]
-        kinds: list[str] = []
-        if self.stream_open:
-            kinds += ["chunk"] * 8 + ["stream_ended"] * 4
-        if self.running is not None:
-            kinds += ["tool_finished"] * 8
-        if self.in_flight:
-            kinds += ["delivery_recorded"] * 3
-        if self.reviewing is not None:
-            kinds += ["review_returned"] * 8
-        kinds += ["signal", "failure"]
-        return kinds
-
-    def draw_event(self, data: st.DataObject) -> object:
-        kind = data.draw(st.sampled_from(self.legal_kinds()), label="event")
-        if kind == "signal":
-            kind = data.draw(st.sampled_from(("follow_up", "follow_up", "stop")), label="signal")
-        elif kind == "failure":
-            failures = ["notice_failed"]
-            if self.stream_open:
-                failures.append("stream_failed")
-            if self.armed:
-                failures += ["deadline", "deadline"]
-            if self.in_flight:
-                failures.append("delivery_failed")
-            kind = data.draw(st.sampled_from(failures), label="failure")
-        return self._event(kind, data)
-
-    def _event(self, kind: str, data: st.DataObject) -> object:
-        if kind == "chunk":
-            return data.draw(_CHUNKS, label="chunk")
-        if kind == "stream_ended":
-            return StreamEnded()
-        if kind == "stream_failed":
-            return StreamFailed("connection reset", kind="connection", retryable=True)
-        if kind == "tool_finished":
-            assert self.running is not None
-            fields = data.draw(_RESULT_FIELDS, label="tool result")
-            return ToolFinished(
-                self.running, data.draw(_OUTCOMES, label="outcome"), error="it broke", **fields
-            )
-        if kind == "deadline":
-            deadline = data.draw(st.sampled_from(sorted(self.armed)), label="deadline")
-            return DeadlineExpired(deadline, self.armed[deadline])
-        if kind == "delivery_recorded":
-            return DeliveryRecorded(data.draw(st.sampled_from(self.in_flight), label="seq"))
-        if kind == "review_returned":
-            assert self.reviewing is not None
-            return ReviewReturned(self.reviewing, data.draw(_VERDICTS, label="verdict"))
-        if kind == "delivery_failed":
-            seq = data.draw(st.sampled_from(self.in_flight), label="seq")
-            return DeliveryFailed(seq, "ConnectionError: channel refused")
-        if kind == "follow_up":
-            return FollowUpArrived()
-        if kind == "notice_failed":
-            return DeliveryFailed(None, "ConnectionError: notice refused")
-        return StopRequested(data.draw(_STOP_MESSAGES, label="stop message"))
-
-    def illegal_events(self, state: str) -> list[object]:
-        """Events the machine must refuse in ``state``: stale or unknown tokens, dispatches
-        and deliveries, chunks outside a stream, anything after the end, non-events."""
-        events: list[object] = [
-            DeadlineExpired(DeadlineKind.TOOL, 10_000),
-            DeadlineExpired(DeadlineKind.SETTLE, 10_001),
-            ToolFinished(10_000, ToolOutcomeKind.SUCCEEDED),
-            DeliveryRecorded(10_000),
-            "a string is not an event",
-        ]
-        # a delivery reported twice would be claimed twice in the result
-        events += [DeliveryRecorded(seq) for seq in self.recorded[-1:]]
-        if state in ("awaiting_first_token", "streaming"):
-            events.append(ToolFinished(self.last_dispatch, ToolOutcomeKind.SUCCEEDED))
-        if state in ("executing_tool", "settling"):
-            events += [
-                TextDelta("late"),
-                FunctionCall("get_weather", {}),
-                StreamEnded(),
-                StreamFailed("late failure"),
-                UsageReport(1, 1),
-            ]
-        if state == "settling":
-            events.append(ToolFinished(self.last_dispatch, ToolOutcomeKind.SUCCEEDED))
-        if state in ("reviewing_draft", "reviewing_call"):
-            # a verdict for a review that is not the one asked, and chunks after the pass
-            events += [ReviewReturned(10_000, Pass()), TextDelta("late"), StreamEnded()]
-        if state in FINAL_STATES:
-            events += [
-                StopRequested(),
-                FollowUpArrived(),
-                TextDelta("after the end"),
-                StreamEnded(),
-            ]
-        return events
 
 
 def _machine_tools() -> ToolRegistry:
@@ -376,26 +166,26 @@ def drive_machine(policy: LoopPolicy, data: st.DataObject, *, probe: bool = True
     # an earlier attempt's ledger, as the outer tier carries it: a replayed call is reused
     ledger = data.draw(st.sampled_from((None, CARRIED_LEDGER)), label="carried ledger")
     machine = ToolLoopMachine(policy, tools=TOOLS)
-    sim = Simulator()
+    world = World()
     log: list[list[Effect]] = [
         machine.start(request, continuation_style=continuation, ledger=ledger)
     ]
-    sim.take(log[0])
+    world.take(log[0])
     events: list[object] = []
     for _ in range(MAX_STEPS):
         if machine.is_finished:
             break
         if probe and data.draw(st.integers(0, 4), label="probe?") == 0:
-            _probe_illegal(machine, sim, data)
-        event = sim.draw_event(data)
+            _probe_illegal(machine, world, data)
+        event = world.draw_event(data)
         effects = machine.feed(event)
-        sim.fed(event)
-        sim.take(effects)
+        world.fed(event)
+        world.take(effects)
         events.append(event)
         log.append(effects)
     if machine.is_finished:
-        assert sim.finished
-        _probe_illegal(machine, sim, data)
+        assert world.finished
+        _probe_illegal(machine, world, data)
         check_invariants(machine.result, policy=policy, request=request)
     # determinism: the same events give the same effects, step by step, and the illegal
     # probes above changed nothing
@@ -438,10 +228,10 @@ def _phase_effects(log: Sequence[Sequence[Effect]]) -> list[list[object]]:
     ]
 
 
-def _probe_illegal(machine: ToolLoopMachine, sim: Simulator, data: st.DataObject) -> None:
+def _probe_illegal(machine: ToolLoopMachine, world: World, data: st.DataObject) -> None:
     state = machine.state
     steps = len(machine.trace)
-    event = data.draw(st.sampled_from(sim.illegal_events(state)), label="illegal event")
+    event = data.draw(st.sampled_from(world.illegal_events(state)), label="illegal event")
     with pytest.raises(InvalidEvent) as raised:
         machine.feed(event)
     message = str(raised.value)

@@ -1,5 +1,6 @@
 """The public test kit: scripted providers, a recording channel, a virtual clock, hostile
-host behaviours, a scripted reviewer, Hypothesis strategies and the invariant checker."""
+host behaviours, a scripted reviewer, Hypothesis strategies, the invariant checker, and the
+world model that drives a sans-IO machine (`World`, `toolloop_fsm.testing.world`)."""
 
 from __future__ import annotations
 
@@ -246,7 +247,20 @@ __all__ += [
 ]
 
 
+# ---- the world model around a sans-IO tool-loop machine (needs Hypothesis: imported on
+# first use)
+if TYPE_CHECKING:
+    from toolloop_fsm.testing.world import Happening, World
+
+_WORLD_NAMES = frozenset({"Happening", "World"})
+__all__ += ["Happening", "World"]
+
+
 def __getattr__(name: str) -> Any:
+    if name in _WORLD_NAMES:
+        from toolloop_fsm.testing import world
+
+        return getattr(world, name)
     if name in _REFERENCE_NAMES:
         from toolloop_fsm.testing import reference_model
 

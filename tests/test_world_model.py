@@ -1,0 +1,141 @@
+"""The kit's world model (`toolloop_fsm.testing.world`): every event it says may come is one
+the machine takes, its draws stay inside its finite alphabet, and a tool cut off at its
+deadline still owes its outcome — the timeout, or in doubt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toolloop_fsm.effects import CancelTool, RunTool, StartStream
+from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.events import (
+    CHUNK_TYPES,
+    DeadlineExpired,
+    DeadlineKind,
+    FunctionCall,
+    StreamEnded,
+    ToolFinished,
+)
+from toolloop_fsm.host import (
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    ToolResult,
+    TurnRequest,
+    TurnSignals,
+)
+from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.testing import TurnScript, VirtualClock, build_tools, loop_policies
+from toolloop_fsm.testing.world import CHUNK_KINDS, Happening, World
+
+TOOLS = build_tools(TurnScript(), clock=VirtualClock(), signals=TurnSignals(), executions=[])
+REQUEST = TurnRequest([{"role": "user", "content": "hello"}])
+#: How deep the exhaustive walk goes: every sequence of this many moves from the start.
+DEPTH = 3
+
+
+def _replayed(policy: LoopPolicy, events: list[object], tools: ToolRegistry = TOOLS) -> Any:
+    machine = ToolLoopMachine(policy, tools=tools)
+    world = World()
+    world.take(machine.start(REQUEST))
+    for event in events:
+        effects = machine.feed(event)  # raises InvalidEvent if the world offered it wrongly
+        world.fed(event)
+        world.take(effects)
+    return machine, world
+
+
+def test_every_move_the_world_offers_is_one_the_machine_takes_to_three_moves_deep() -> None:
+    """An exhaustive walk over the finite alphabet: each path is replayed on a fresh
+    machine, so a move the machine refuses fails the test with its path."""
+    for policy in (
+        LoopPolicy(),
+        LoopPolicy(delivery_flush_chars=1, max_function_call_iterations=1),
+    ):
+        paths: list[list[object]] = [[]]
+        walked = 0
+        for _ in range(DEPTH):
+            longer = []
+            for path in paths:
+                machine, world = _replayed(policy, path)
+                if machine.is_finished:
+                    continue
+                longer += [[*path, move] for move in world.moves()]
+            for path in longer:
+                try:
+                    _replayed(policy, path)
+                except InvalidEvent as refused:
+                    raise AssertionError(f"the world offered a refused move: {path}") from refused
+            walked += len(longer)
+            paths = longer
+        assert walked > 1_000, walked  # the walk is not vacuous
+
+
+def test_the_world_s_copy_moves_on_alone() -> None:
+    world = World()
+    world.take([RunTool(1, "get_weather", {}, "k")])
+    branch = world.copy()
+    branch.take([CancelTool(1)])
+    assert Happening.TOOL_FINISHED in world.enabled()
+    assert Happening.TOOL_FINISHED not in branch.enabled()
+
+
+@given(policy=loop_policies(), data=st.data())
+def test_every_drawn_event_is_one_the_world_names_among_its_moves(
+    policy: LoopPolicy, data: st.DataObject
+) -> None:
+    machine = ToolLoopMachine(policy, tools=TOOLS)
+    world = World()
+    world.take(machine.start(REQUEST))
+    for _ in range(60):
+        if machine.is_finished:
+            break
+        enabled = world.enabled()
+        moves = world.moves()
+        event = world.draw_event(data)
+        if isinstance(event, CHUNK_TYPES):
+            # chunks come from the kit's wider `chunks()` menu; their kinds are the alphabet's
+            assert Happening.CHUNK in enabled
+            assert type(event) in {type(chunk) for chunk in CHUNK_KINDS.values()}
+        else:
+            assert event in moves, (event, enabled)
+        effects = machine.feed(event)
+        world.fed(event)
+        world.take(effects)
+
+
+def test_a_tool_cut_off_at_its_deadline_owes_its_outcome_and_may_end_in_doubt() -> None:
+    def pay(_arguments: dict[str, Any], _context: ToolContext) -> ToolResult:
+        raise AssertionError("the machine never runs a handler")
+
+    def look_up(_arguments: dict[str, Any], _context: ToolContext) -> None:
+        return None  # nobody can tell
+
+    tools = ToolRegistry([Tool("pay", "pay", {"type": "object"}, pay, reconcile=look_up)])
+    policy = LoopPolicy()
+    call = FunctionCall("pay", {})
+    machine, world = _replayed(policy, [call, StreamEnded()], tools)
+    assert machine.state == "executing_tool"
+    token = world.armed[DeadlineKind.TOOL]
+    effects = machine.feed(DeadlineExpired(DeadlineKind.TOOL, token))
+    world.fed(DeadlineExpired(DeadlineKind.TOOL, token))
+    world.take(effects)
+    assert any(isinstance(e, CancelTool) and e.cut_off for e in effects), effects
+    assert Happening.TOOL_FINISHED in world.enabled()  # the cut-off call still owes it
+    timed_out, in_doubt = world.events(Happening.TOOL_FINISHED)
+    assert isinstance(timed_out, ToolFinished) and isinstance(in_doubt, ToolFinished)
+    assert (timed_out.in_doubt, timed_out.error) == (False, "timed out after 300 s")
+    assert in_doubt.in_doubt
+    effects = machine.feed(in_doubt)
+    world.fed(in_doubt)
+    world.take(effects)
+    # the machine takes it and goes on: the model is told the call failed, a pass streams
+    assert machine.state == "awaiting_first_token"
+    (start,) = [e for e in effects if isinstance(e, StartStream)]
+    (entry,) = start.request.history
+    assert entry.call.name == "pay" and not entry.response.success
+    assert Happening.TOOL_FINISHED not in world.enabled()
