@@ -29,7 +29,6 @@ from toolloop_fsm import (
     TextDelta,
     Tool,
     ToolContext,
-    ToolLoopMachine,
     ToolResult,
     TurnPolicy,
     TurnRequest,
@@ -39,6 +38,7 @@ from toolloop_fsm import (
 )
 from toolloop_fsm.effects import CancelStream, CancelTool, RunTool
 from toolloop_fsm.events import Chunk, FollowUpArrived, StopRequested, StreamEnded
+from toolloop_fsm.sansio import ToolLoopMachine
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
 
 EAGER = LoopPolicy(delivery_flush_chars=1)

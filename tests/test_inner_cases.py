@@ -24,15 +24,12 @@ from toolloop_fsm import (
     FinishKind,
     FinishReason,
     FunctionCall,
-    InvalidEvent,
     LoopClock,
     LoopPolicy,
-    Notice,
     ProviderError,
     TextDelta,
     ThoughtDelta,
     ToolContext,
-    ToolLoopMachine,
     ToolResult,
     TurnRequest,
     TurnSignals,
@@ -42,7 +39,15 @@ from toolloop_fsm import (
     result_to_json,
     run_tool_loop,
 )
-from toolloop_fsm.sansio import Chunk, StreamEnded, ToolFinished, ToolOutcomeKind
+from toolloop_fsm.sansio import (
+    Chunk,
+    InvalidEvent,
+    Notice,
+    StreamEnded,
+    ToolFinished,
+    ToolLoopMachine,
+    ToolOutcomeKind,
+)
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider
 
 

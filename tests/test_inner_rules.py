@@ -14,11 +14,9 @@ import pytest
 from tests.inner_kit import USER, Executions, make_tool, run_turn, scripted_turn, succeeds
 from toolloop_fsm import (
     FunctionCall,
-    InvalidEvent,
     LoopPolicy,
     TextDelta,
     ThoughtDelta,
-    ToolLoopMachine,
     TurnRequest,
     TurnSignals,
     TurnStatus,
@@ -29,7 +27,7 @@ from toolloop_fsm.effects import CancelStream, Deliver
 from toolloop_fsm.events import DeliveryFailed
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import TraceStep
-from toolloop_fsm.sansio import FollowUpArrived, StreamEnded
+from toolloop_fsm.sansio import FollowUpArrived, InvalidEvent, StreamEnded, ToolLoopMachine
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
 
 EAGER = LoopPolicy(delivery_flush_chars=1)

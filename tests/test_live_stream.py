@@ -25,13 +25,13 @@ from toolloop_fsm import (
     Tool,
     ToolContext,
     ToolResult,
-    TraceStep,
     TurnRequest,
     TurnStatus,
     UsageReport,
     run_tool_loop,
 )
 from toolloop_fsm.observation import TurnObserver
+from toolloop_fsm.sansio import TraceStep
 from toolloop_fsm.stream import (
     AttemptEnded,
     AttemptStarted,

@@ -465,11 +465,75 @@ def test_sans_io_modules_do_not_pull_in_io_transitively() -> None:
     assert not bad, "\n".join(bad.values())
 
 
+#: The root's names: what a host names to run turns — what it calls, builds, implements
+#: (tools, channels, providers, reviewers) and compares a result with (docs/design.md §2).
+#: A name added here or taken away is a decision about the public API, made on purpose.
+ROOT_NAMES = frozenset(
+    {
+        # running, resuming, durable turns
+        "run_tool_loop", "run_generation_turn", "resume_tool_loop", "resume_generation_turn",
+        "TurnSnapshot", "snapshot_to_json", "snapshot_from_json",
+        # what a host builds
+        "TurnRequest", "TurnSignals", "LoopPolicy", "TurnPolicy", "Attempt", "SharedRoute",
+        "LoopClock", "tool", "Tool", "ToolContext", "ToolRegistry", "ToolResult",
+        "ContextRestart",
+        # what it implements: a channel, a provider and the chunks it yields, a reviewer
+        "Channel", "DestinationUnreachable",
+        "Provider", "ProviderError", "ProviderRequest", "ToolSpec",
+        "TextDelta", "ThoughtDelta", "FunctionCall", "UsageReport", "FinishReason",
+        "FinishKind", "SceneMetadata",
+        "Reviewer", "ReviewPacket", "Pass", "Revise", "Unavailable", "Finding",
+        "ModelReviewer",
+        # what it reads a result by
+        "GenerationTurnResult", "TurnStatus", "InDoubtCause", "result_to_json",
+        "result_from_json",
+    }
+)  # fmt: skip
+#: Where each name that left the root lives: what only a driver of the machines needs is
+#: in `toolloop_fsm.sansio`; a record a host only reads lives with its kind.
+MOVED_FROM_THE_ROOT = {
+    "ToolLoopMachine": "toolloop_fsm.sansio",
+    "GenerationTurnMachine": "toolloop_fsm.sansio",
+    "InvalidEvent": "toolloop_fsm.sansio",
+    "TraceStep": "toolloop_fsm.sansio",
+    "Notice": "toolloop_fsm.sansio",
+    "KeyBook": "toolloop_fsm.sansio",
+    "AttemptRecord": "toolloop_fsm.result",
+    "Delivered": "toolloop_fsm.result",
+    "InDoubtCall": "toolloop_fsm.result",
+    "ToolHistoryEntry": "toolloop_fsm.result",
+    "UsageLedger": "toolloop_fsm.result",
+    "ExitView": "toolloop_fsm.policy",
+    "AdmissionRequest": "toolloop_fsm.attempts",
+    "Clock": "toolloop_fsm.host",
+}
+
+
+def test_the_package_root_exports_exactly_the_pinned_host_names_and_at_most_45() -> None:
+    import toolloop_fsm
+
+    assert len(ROOT_NAMES) <= 45
+    names = set(toolloop_fsm.__all__)
+    assert len(toolloop_fsm.__all__) == len(names)
+    assert names == ROOT_NAMES, (
+        f"added: {sorted(names - ROOT_NAMES)}, taken away: {sorted(ROOT_NAMES - names)}"
+    )
+
+
+def test_every_name_that_left_the_root_is_importable_from_its_new_home() -> None:
+    import toolloop_fsm
+
+    for name, home in MOVED_FROM_THE_ROOT.items():
+        assert not hasattr(toolloop_fsm, name), f"{name} is still at the root"
+        assert hasattr(importlib.import_module(home), name), f"{name} is not in {home}"
+        if home == "toolloop_fsm.sansio":
+            assert name in importlib.import_module(home).__all__, name
+
+
 def test_the_package_root_holds_what_a_host_needs_and_sansio_the_rest() -> None:
     import toolloop_fsm
     import toolloop_fsm.sansio as sansio
 
-    assert len(toolloop_fsm.__all__) <= 57
     # reviewing: the protocol, what it is shown, what it answers, and the ready reviewer
     reviewing = {"Reviewer", "ReviewPacket", "Pass", "Revise", "Unavailable", "Finding",
                  "ModelReviewer"}  # fmt: skip

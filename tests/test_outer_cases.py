@@ -13,7 +13,6 @@ import pytest
 
 from tests.inner_kit import USER, Executions, make_tool
 from toolloop_fsm import (
-    AdmissionRequest,
     Attempt,
     DestinationUnreachable,
     FunctionCall,
@@ -33,7 +32,7 @@ from toolloop_fsm import (
     result_to_json,
     run_generation_turn,
 )
-from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.attempts import AdmissionRequest, KeyHealth
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.scaffolding import is_verbatim_scaffolding
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock

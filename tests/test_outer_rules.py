@@ -14,7 +14,6 @@ from tests.test_outer_cases import SECRET_KEYS, KeyedProviders, generate, server
 from toolloop_fsm import (
     Attempt,
     FunctionCall,
-    InvalidEvent,
     LoopPolicy,
     Provider,
     ProviderError,
@@ -29,6 +28,7 @@ from toolloop_fsm.events import AttemptFinished
 from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.pump import RedactedError
 from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.sansio import InvalidEvent
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
 
 

@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 
 from toolloop_fsm import (
     Attempt,
-    KeyBook,
     SharedRoute,
     Tool,
     ToolContext,
@@ -46,6 +45,7 @@ from toolloop_fsm.host import ToolRegistry, TurnSignals
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.sansio import KeyBook
 from toolloop_fsm.testing import (
     Fail,
     Pause,

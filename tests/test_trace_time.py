@@ -16,7 +16,6 @@ from toolloop_fsm import (
     TextDelta,
     Tool,
     ToolContext,
-    ToolLoopMachine,
     ToolResult,
     TurnRequest,
     result_from_json,
@@ -25,7 +24,7 @@ from toolloop_fsm import (
     run_tool_loop,
 )
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.sansio import DeliveryRecorded, StreamEnded
+from toolloop_fsm.sansio import DeliveryRecorded, StreamEnded, ToolLoopMachine
 from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
 
 REQUEST = TurnRequest([{"role": "user", "content": "what's the weather?"}])

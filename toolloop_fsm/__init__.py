@@ -1,18 +1,26 @@
 """toolloop-fsm: one LLM generation turn — stream, dispatch tools, restart, fall back,
 assemble — as an explicit finite-state machine.
 
-The root holds what a host needs to run turns: the two run functions (and the two that
-resume a turn from a `TurnSnapshot`, with the snapshot's JSON form), the tool and host
-types, the policies, attempts, results, the provider contract, the chunk events a provider
-yields, the reviewer protocol with its packet and verdicts and the ready `ModelReviewer`, the
-two machines and `InvalidEvent`. Hosts that drive the machines themselves find
-every event and effect in `toolloop_fsm.sansio`; the test kit lives in `toolloop_fsm.testing`.
+The root holds what a host names to run turns: the run functions (and the two that resume a
+turn from a `TurnSnapshot`, with the snapshot's JSON form); what it builds — the request, the
+signals, the policies, attempts and the shared route, tools (`tool`, `Tool`, the registry,
+what a tool returns), the real clock; what it implements — a channel, a provider (the chunk
+events it yields, its request, its error), a reviewer (its packet and verdicts, and the ready
+`ModelReviewer`); and what it reads a result by — the result, its status, the cause of an
+in-doubt call, the result's JSON form.
+
+The records a host only reads, off a result or as a callback's argument, are reached as
+attributes and live with their kind: `toolloop_fsm.result` (`TraceStep`, `Delivered`,
+`Notice`, `ToolHistoryEntry`, `InDoubtCall`, `AttemptRecord`, `UsageLedger`),
+`toolloop_fsm.policy` (`ExitView`), `toolloop_fsm.attempts` (`AdmissionRequest`, `KeyBook`),
+`toolloop_fsm.host` (the `Clock` protocol). Hosts that drive the machines themselves find the
+two machines, `InvalidEvent` and every event and effect in `toolloop_fsm.sansio`; the test kit
+lives in `toolloop_fsm.testing`.
 """
 
 import logging as _logging
 
-from toolloop_fsm.attempts import AdmissionRequest, Attempt, KeyBook, SharedRoute
-from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.attempts import Attempt, SharedRoute
 from toolloop_fsm.events import (
     ContextRestart,
     FinishKind,
@@ -23,10 +31,8 @@ from toolloop_fsm.events import (
     ThoughtDelta,
     UsageReport,
 )
-from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.host import (
     Channel,
-    Clock,
     DestinationUnreachable,
     LoopClock,
     Tool,
@@ -36,9 +42,8 @@ from toolloop_fsm.host import (
     TurnRequest,
     TurnSignals,
 )
-from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.model_reviewer import ModelReviewer
-from toolloop_fsm.policy import ExitView, LoopPolicy, TurnPolicy
+from toolloop_fsm.policy import LoopPolicy, TurnPolicy
 from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.pump import (
     resume_generation_turn,
@@ -47,16 +52,9 @@ from toolloop_fsm.pump import (
     run_tool_loop,
 )
 from toolloop_fsm.result import (
-    AttemptRecord,
-    Delivered,
     GenerationTurnResult,
-    InDoubtCall,
     InDoubtCause,
-    Notice,
-    ToolHistoryEntry,
-    TraceStep,
     TurnStatus,
-    UsageLedger,
     result_from_json,
     result_to_json,
 )
@@ -69,29 +67,19 @@ from toolloop_fsm.tools import tool
 _logging.getLogger("toolloop_fsm").addHandler(_logging.NullHandler())
 
 __all__ = [
-    "AdmissionRequest",
     "Attempt",
-    "AttemptRecord",
     "Channel",
-    "Clock",
     "ContextRestart",
-    "Delivered",
     "DestinationUnreachable",
-    "ExitView",
     "Finding",
     "FinishKind",
     "FinishReason",
     "FunctionCall",
-    "GenerationTurnMachine",
     "GenerationTurnResult",
-    "InDoubtCall",
     "InDoubtCause",
-    "InvalidEvent",
-    "KeyBook",
     "LoopClock",
     "LoopPolicy",
     "ModelReviewer",
-    "Notice",
     "Pass",
     "Provider",
     "ProviderError",
@@ -105,19 +93,15 @@ __all__ = [
     "ThoughtDelta",
     "Tool",
     "ToolContext",
-    "ToolHistoryEntry",
-    "ToolLoopMachine",
     "ToolRegistry",
     "ToolResult",
     "ToolSpec",
-    "TraceStep",
     "TurnPolicy",
     "TurnRequest",
     "TurnSignals",
     "TurnSnapshot",
     "TurnStatus",
     "Unavailable",
-    "UsageLedger",
     "UsageReport",
     "result_from_json",
     "result_to_json",

@@ -10,7 +10,7 @@ exactly as it would without this module. Chunks reach an observer only when it a
 
 Every text in these events that the library wrote from something that failed (an error
 message) has been redacted of the turn's API keys, as results are. Times (``at``) are the
-turn's clock (`toolloop_fsm.Clock`), the same as the trace's.
+turn's clock (`toolloop_fsm.host.Clock`), the same as the trace's.
 """
 
 from __future__ import annotations

@@ -2,15 +2,18 @@
 
 `ToolLoopMachine` (one attempt's tool loop) and `GenerationTurnMachine` (the attempts of a
 generation turn) take events and return effects; they do no I/O, read no clock and never
-await. A host that runs its own event loop (or none) feeds them the events below and carries
-out the effects; `toolloop_fsm.run_tool_loop` and `run_generation_turn` are the library's
-own asyncio pump doing exactly that. `ReferenceRunner` runs a declaration on `transitions`
-itself, for debugging a turn step by step against the compiled tables. A machine built with
-``snapshots=True`` offers an `OfferSnapshot` at each stable point, and ``resume`` continues a
-turn from one (`toolloop_fsm.snapshot`).
+await; an event the current state cannot take raises `InvalidEvent`. A host that runs its
+own event loop (or none) feeds them the events below and carries out the effects (a
+`PostNotice` carries a `Notice`; the machines' ``trace`` is of `TraceStep`;
+`GenerationTurnMachine.start` takes the key health as a `KeyBook`);
+`toolloop_fsm.run_tool_loop` and `run_generation_turn` are the library's own asyncio pump
+doing exactly that. `ReferenceRunner` runs a declaration on `transitions` itself, for
+debugging a turn step by step against the compiled tables. A machine built with
+``snapshots=True`` offers an `OfferSnapshot` at each stable point, and ``resume`` continues
+a turn from one (`toolloop_fsm.snapshot`).
 """
 
-from toolloop_fsm.attempts import AttemptPlan, KeyHealth
+from toolloop_fsm.attempts import AttemptPlan, KeyBook, KeyHealth
 from toolloop_fsm.effects import (
     ArmDeadline,
     AskAdmission,
@@ -62,6 +65,7 @@ from toolloop_fsm.events import (
 from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.reference import ReferenceRunner
+from toolloop_fsm.result import Notice, TraceStep
 
 __all__ = [
     "AdmissionDecided",
@@ -90,7 +94,9 @@ __all__ = [
     "FunctionCall",
     "GenerationTurnMachine",
     "InvalidEvent",
+    "KeyBook",
     "KeyHealth",
+    "Notice",
     "OfferSnapshot",
     "PostNotice",
     "QueueStopResponse",
@@ -110,6 +116,7 @@ __all__ = [
     "ToolFinished",
     "ToolLoopMachine",
     "ToolOutcomeKind",
+    "TraceStep",
     "UnreachableReported",
     "UpdateKeyHealth",
     "UsageReport",

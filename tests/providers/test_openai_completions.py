@@ -15,7 +15,6 @@ import pytest
 from tests.providers.replay import collect
 from tests.providers.wire_server import Scripted, WireServer
 from toolloop_fsm import (
-    Delivered,
     FinishKind,
     FinishReason,
     LoopClock,
@@ -29,7 +28,7 @@ from toolloop_fsm import (
 )
 from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
 from toolloop_fsm.providers import ContinuationSession, OpenAICompletionsProvider
-from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
+from toolloop_fsm.result import Delivered, ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
 from toolloop_fsm.testing import RecordingChannel
 
 API_KEY = "sk-test-completions-0123456789-SECRET"
