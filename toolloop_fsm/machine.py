@@ -99,10 +99,12 @@ from toolloop_fsm.guards.tool_gate import (
     cut_off_call_is_settled,
 )
 from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
+from toolloop_fsm.ledger import LedgerEntry
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus
-from toolloop_fsm.runner import DeclaredMachine
-from toolloop_fsm.snapshot import LoopSnapshot, restore_loop
+from toolloop_fsm.runner import CompiledRunner, DeclaredMachine
+from toolloop_fsm.snapshot import LoopSnapshot
+from toolloop_fsm.snapshot_capture import restore_loop
 from toolloop_fsm.states.build_result import (
     abandon_in_flight,
     begin_settling,
@@ -169,7 +171,7 @@ from toolloop_fsm.states.tool_dispatch import (
     take_tool_outcome,
     time_out_tool,
 )
-from toolloop_fsm.turn import DraftState, LedgerEntry, TurnState
+from toolloop_fsm.turn import DraftState, TurnState
 
 # --------------------------------------------------------------------------- states
 FINAL_STATES: tuple[str, ...] = (
@@ -590,6 +592,15 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         return effects
 
     # ------------------------------------------------------------------ internals
+    def _fresh(self) -> ToolLoopMachine:
+        return ToolLoopMachine(
+            self.policy,
+            tools=self.tools,
+            reference=not isinstance(self._runner, CompiledRunner),
+            on_step=self._runner.on_step,
+            snapshots=self.snapshots,
+        )
+
     def _confirm_delivery(self, event: DeliveryRecorded, now: float | None) -> list[Effect]:
         """A delivery confirmed where it is only recorded (streaming, running a tool): one
         plain step, checked as every event is, without the general trigger's loop. Anywhere

@@ -8,19 +8,19 @@ turn-scoped tool ledger, and collects the effects of the step being processed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from attrs import define, field, frozen
+from attrs import define, field
 
-from toolloop_fsm.events import (
-    DeadlineKind,
-    FinishKind,
-    FunctionCall,
-    ToolFinished,
-    ToolOutcomeKind,
-)
+from toolloop_fsm.events import DeadlineKind, FinishKind, FunctionCall
+from toolloop_fsm.fork import ITEMS_SHARED, SHARED
+
+# the ledger's values are read from here too (by the shells and tests)
+from toolloop_fsm.ledger import LedgerEntry as LedgerEntry
+from toolloop_fsm.ledger import ToolOutcome as ToolOutcome
+from toolloop_fsm.ledger import canonical_call_key as canonical_call_key
+from toolloop_fsm.ledger import occurrence_key as occurrence_key
 from toolloop_fsm.result import (
     AttemptFailure,
     AttemptRecord,
@@ -42,23 +42,6 @@ if TYPE_CHECKING:
     from toolloop_fsm.provider import ProviderRequest, ToolSpec
 
 
-def canonical_call_key(name: str, arguments: Any) -> str:
-    """The engine's own identity of a call: name + canonical JSON arguments.
-
-    A model's call ids change between attempts, so they cannot identify a call.
-    """
-    try:
-        canonical = _CANONICAL_JSON.encode(arguments)
-    except (TypeError, ValueError):
-        canonical = repr(arguments)
-    return f"{name}:{canonical}"
-
-
-#: What `json.dumps` builds on every call when given options, built once (it keeps no state
-#: between calls): a call key is computed for every tool call
-_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def call_key_of_pending(turn: TurnState, call: FunctionCall) -> str:
     """`canonical_call_key` of the turn's pending ``call``, computed once per call: the
     replay gate and the dispatch that follows it both ask. A provider's call is a value the
@@ -69,13 +52,6 @@ def call_key_of_pending(turn: TurnState, call: FunctionCall) -> str:
     key = canonical_call_key(call.name, call.arguments)
     turn.pending_call_key = (call, key)
     return key
-
-
-def occurrence_key(call_key: str, occurrence: int) -> str:
-    """The ledger's key for the ``occurrence``-th identical call (1-based) of a replay scope:
-    the n-th identical call of an attempt, or of the passes after a context restart, matches
-    the n-th one recorded earlier in the turn."""
-    return f"{call_key}#{occurrence}"
 
 
 def next_occurrence(turn: TurnState, call_key: str) -> str:
@@ -92,63 +68,6 @@ def take_occurrence(turn: TurnState, call_key: str) -> str:
     seen = occurrences.get(call_key, 0) + 1
     occurrences[call_key] = seen
     return occurrence_key(call_key, seen)
-
-
-@frozen
-class ToolOutcome:
-    """A tool's outcome as the loop sees it (a real dispatch, a reuse, or a refusal)."""
-
-    success: bool
-    data: Any = None
-    message: str | None = None
-    reason: str | None = None
-    end_turn: bool = False
-    delivered: bool = False
-    expression: str | None = None
-    restart_item: Mapping[str, Any] | None = None
-    restart_kinds: tuple[str, ...] = ()
-    dispatched: bool = True
-    reused: bool = False
-    #: the tool checkpoint's reviewer rejected the call: it did not run, and it counts as
-    #: no failure (no failure notice, no error counted)
-    rejected: bool = False
-    #: a failure whose call may have taken effect (docs/behaviour.md §3.9): reused on a
-    #: replay, never rerun
-    in_doubt: bool = False
-
-    @classmethod
-    def from_event(cls, event: ToolFinished) -> ToolOutcome:
-        if event.kind is ToolOutcomeKind.SUCCEEDED:
-            restart = event.context_restart
-            return cls(
-                success=True,
-                data=event.data,
-                message=event.message,
-                end_turn=event.end_turn,
-                delivered=event.delivered,
-                expression=event.expression,
-                restart_item=restart.item if restart is not None else None,
-                restart_kinds=restart.disable_kinds if restart is not None else (),
-            )
-        reason = event.error or event.message or "the tool reported a failure"
-        return cls(
-            success=False,
-            data=event.data,
-            message=event.message,
-            reason=reason,
-            expression=event.expression if event.kind is ToolOutcomeKind.FAILED else None,
-            in_doubt=event.in_doubt,
-        )
-
-
-@frozen
-class LedgerEntry:
-    """A completed call recorded in the turn-scoped ledger, under its occurrence key. Failed
-    calls are recorded too (so that occurrences line up); only a success, or a call in doubt,
-    is reused."""
-
-    call_key: str
-    outcome: ToolOutcome
 
 
 @define(slots=True)
@@ -248,9 +167,10 @@ class ReadCount:
 class TurnState:
     """Mutable state of one run of the inner machine (the `transitions` model)."""
 
-    policy: LoopPolicy
-    registry: ToolRegistry
-    request: TurnRequest
+    # the configuration: read-only, shared by a fork (`toolloop_fsm.fork`)
+    policy: LoopPolicy = field(metadata=SHARED)
+    registry: ToolRegistry = field(metadata=SHARED)
+    request: TurnRequest = field(metadata=SHARED)
     state: str = "ready"
     continuation_style: bool = False
     hold_timeout_notice: bool = False
@@ -261,7 +181,7 @@ class TurnState:
     occurrences: dict[str, int] | None = None
 
     # the conversation as the next pass will see it
-    context: list[Mapping[str, Any]] = field(factory=list)
+    context: list[Mapping[str, Any]] = field(factory=list, metadata=ITEMS_SHARED)
     history: list[ToolHistoryEntry] | None = None
     prefill: str | None = None
     # immutable until something is disabled: most turns never disable anything
@@ -352,10 +272,12 @@ class TurnState:
 class GenerationState:
     """Mutable state of one run of the outer machine (its `transitions` model)."""
 
-    policy: TurnPolicy
-    request: TurnRequest
-    tool_specs: tuple[ToolSpec, ...]
-    plans: list[AttemptPlan]
+    # the configuration: read-only, shared by a fork (`toolloop_fsm.fork`)
+    policy: TurnPolicy = field(metadata=SHARED)
+    request: TurnRequest = field(metadata=SHARED)
+    tool_specs: tuple[ToolSpec, ...] = field(metadata=SHARED)
+    # the chain: grows by the shared route's plans once admitted (run state)
+    plans: list[AttemptPlan] = field(metadata=ITEMS_SHARED)
     shared_plans: tuple[AttemptPlan, ...] = ()
     health: dict[tuple[str, int], KeyHealth] = field(factory=dict)
     state: str = "ready"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolloop_fsm.turn import LedgerEntry, TurnState
+from toolloop_fsm.ledger import LedgerEntry
+from toolloop_fsm.turn import TurnState
 
 
 def apply_context_restart(turn: TurnState, _event: Any = None) -> None:

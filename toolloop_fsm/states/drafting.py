@@ -16,6 +16,7 @@ from toolloop_fsm.events import DeadlineKind, DeliveryFailed, StopRequested
 from toolloop_fsm.guards.ceilings import continuation_retries_exhausted
 from toolloop_fsm.guards.drafting import call_identity
 from toolloop_fsm.guards.exit_policy import pass_has_text, tool_asked_to_end_turn
+from toolloop_fsm.ledger import ToolOutcome
 from toolloop_fsm.result import Notice, UsageEntry
 from toolloop_fsm.review import (
     CandidateStatus,
@@ -41,7 +42,7 @@ from toolloop_fsm.states.delivery import (
 )
 from toolloop_fsm.states.stream_once import close_pass, close_pass_with_call, queue_stop_message
 from toolloop_fsm.states.tool_dispatch import start_dispatch
-from toolloop_fsm.turn import DraftState, ToolOutcome, TurnState
+from toolloop_fsm.turn import DraftState, TurnState
 
 
 def _draft(turn: TurnState) -> DraftState:

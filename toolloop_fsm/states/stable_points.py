@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolloop_fsm.effects import Deliver, OfferSnapshot
-from toolloop_fsm.snapshot import capture_loop
+from toolloop_fsm.snapshot_capture import capture_loop
 from toolloop_fsm.turn import TurnState
 
 

@@ -24,6 +24,7 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.guards.tool_gate import offered_tools
+from toolloop_fsm.ledger import canonical_call_key
 from toolloop_fsm.provider import ProviderRequest, ToolSpec
 from toolloop_fsm.result import (
     Notice,
@@ -39,7 +40,7 @@ from toolloop_fsm.states.delivery import (
     flush_buffer,
     post_notice,
 )
-from toolloop_fsm.turn import ReadCount, TurnState, canonical_call_key
+from toolloop_fsm.turn import ReadCount, TurnState
 
 Item = TypeVar("Item")
 

@@ -11,6 +11,7 @@ from typing import Any
 from toolloop_fsm.effects import CancelTool, RunTool
 from toolloop_fsm.events import DeadlineKind, FollowUpArrived, StopRequested, ToolFinished
 from toolloop_fsm.guards.tool_gate import allowed_tool_names
+from toolloop_fsm.ledger import LedgerEntry, ToolOutcome
 from toolloop_fsm.result import (
     REVIEW_REJECTED_STATUS,
     Notice,
@@ -26,13 +27,7 @@ from toolloop_fsm.states.delivery import (
     post_notice,
 )
 from toolloop_fsm.states.stream_once import close_pass_with_call, queue_stop_message
-from toolloop_fsm.turn import (
-    LedgerEntry,
-    ToolOutcome,
-    TurnState,
-    call_key_of_pending,
-    take_occurrence,
-)
+from toolloop_fsm.turn import TurnState, call_key_of_pending, take_occurrence
 
 TRUNCATED_ARGUMENTS_REASON = (
     "The provider truncated the arguments of this call before they were complete; "
