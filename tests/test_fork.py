@@ -79,10 +79,20 @@ def test_feeding_the_original_after_forking_leaves_the_fork_as_it_was() -> None:
     machine.start(_REQUEST)
     machine.feed(TextDelta("Hello"))
     fork = machine.fork()
-    before = (fork.state, fork.trace, list(fork.turn.pass_text), dict(fork.turn.in_flight))
+    before = (
+        fork.state,
+        fork.trace,
+        list(fork.turn.pass_text),
+        dict(fork.turn.deliveries.in_flight),
+    )
     machine.feed(TextDelta(", world"))
     machine.feed(StreamEnded())
-    assert (fork.state, fork.trace, list(fork.turn.pass_text), dict(fork.turn.in_flight)) == before
+    assert (
+        fork.state,
+        fork.trace,
+        list(fork.turn.pass_text),
+        dict(fork.turn.deliveries.in_flight),
+    ) == before
     # and the fork goes on as the original would have
     fork.feed(TextDelta(", world"))
     fork.feed(StreamEnded())

@@ -611,7 +611,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
             turn is None
             or self._result is not None
             or malformation(_SHAPES, event) is not None
-            or (event.seq is not None and event.seq not in turn.in_flight)
+            or (event.seq is not None and event.seq not in turn.deliveries.in_flight)
         ):
             return self._feed_trigger(event, now)
         previous = turn.step_time
@@ -664,7 +664,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         elif (
             isinstance(event, DeliveryRecorded | DeliveryFailed)
             and event.seq is not None
-            and event.seq not in turn.in_flight
+            and event.seq not in turn.deliveries.in_flight
         ):
             detail = f"delivery {event.seq} is not in flight"
             raise InvalidEvent(self.name, turn.state, event, detail)

@@ -33,6 +33,7 @@ from toolloop_fsm.result import (
     TurnStatus,
     UsageEntry,
 )
+from toolloop_fsm.review import Finding, ReviewRecord
 
 if TYPE_CHECKING:
     from toolloop_fsm.attempts import AttemptPlan, KeyHealth
@@ -46,11 +47,12 @@ def call_key_of_pending(turn: TurnState, call: FunctionCall) -> str:
     """`canonical_call_key` of the turn's pending ``call``, computed once per call: the
     replay gate and the dispatch that follows it both ask. A provider's call is a value the
     engine never changes, so the same object has the same key."""
-    cached = turn.pending_call_key
+    tool_round = turn.tool_round
+    cached = tool_round.pending_call_key
     if cached is not None and cached[0] is call:
         return cached[1]
     key = canonical_call_key(call.name, call.arguments)
-    turn.pending_call_key = (call, key)
+    tool_round.pending_call_key = (call, key)
     return key
 
 
@@ -89,7 +91,7 @@ class DraftState:
     # function history, carried to a next attempt with it
     committed_segments: int = 0
     # the function history a next attempt starts from (set only on a carried state)
-    history: list[Any] = field(factory=list)
+    history: list[ToolHistoryEntry] = field(factory=list)
     # the ceiling counts everything held in the turn, across passes and revisions
     held_bytes: int = 0
     held_segments: int = 0
@@ -103,7 +105,7 @@ class DraftState:
     reviews: int = 0
     revisions: int = 0
     reviewer_unavailable: bool = False
-    last_findings: tuple[Any, ...] = ()
+    last_findings: tuple[Finding, ...] = ()
     # the review being waited for (its number), and what it is about
     review_seq: int = 0
     tool_reviews: int = 0
@@ -112,14 +114,14 @@ class DraftState:
     reviewing_correction: bool = False
     reviewing_identity: str | None = None
     # identity (SHA-256 of name and canonical arguments) -> the rejection shown
-    rejected_calls: dict[str, Any] = field(factory=dict)
+    rejected_calls: dict[str, ToolOutcome] = field(factory=dict)
     rejected_names: set[str] = field(factory=set)
-    records: list[Any] = field(factory=list)
+    records: list[ReviewRecord] = field(factory=list)
 
     def held_text(self) -> str:
         return "".join(segment.text for segment in self.segments if segment.text is not None)
 
-    def carried(self, history: Iterable[Any] = ()) -> DraftState:
+    def carried(self, history: Iterable[ToolHistoryEntry] = ()) -> DraftState:
         """The state a next attempt continues with: the function history (``history``, the
         attempt's tool rounds) with the narration held before them, the budgets, rejections
         and records. The failed pass's own held text is dropped: the next model writes it."""
@@ -164,6 +166,60 @@ class ReadCount:
 
 
 @define(slots=True)
+class PassRecord:
+    """The pass being streamed, beyond its text: its thoughts, how it finished, its usage,
+    what it asked and whether any chunk answered it (a pass the provider answered without
+    a usage report is recorded with an estimate), and the calls it ignored. Lists a turn
+    may never need are made on first use: a turn waiting on its provider stays small."""
+
+    thoughts: list[str] | None = None
+    finish: FinishKind | None = None
+    usage: UsageEntry | None = None
+    request: ProviderRequest | None = None
+    answered: bool = False
+    ignored_calls: list[str] | None = None
+
+
+@define(slots=True)
+class ToolRound:
+    """The tool round in progress: its one call (a round runs one), the call's key (computed
+    once: the replay gate and the dispatch both need it, kept while the call is the same
+    object), its ledger key once dispatched, and its outcome."""
+
+    pending_call: FunctionCall | None = None
+    pending_call_key: tuple[FunctionCall, str] | None = None
+    current_call_key: str | None = None
+    outcome: ToolOutcome | None = None
+
+
+@define(slots=True)
+class Deliveries:
+    """What the turn handed its channel: the next sequence number, the deliveries in flight
+    (by sequence number) and those confirmed, and whether visible text was delivered."""
+
+    next_seq: int = 0
+    in_flight: dict[int, Delivered] = field(factory=dict)
+    delivered: list[Delivered] | None = None
+    visible_text_delivered: bool = False
+
+
+@define(slots=True)
+class Produced:
+    """What the turn produced so far, for its result: each pass's stream result and usage,
+    the notices posted and the one held, the last thoughts and text, the scene metadata,
+    and the stale follow-ups cleared while a tool ran."""
+
+    stream_results: list[StreamResult] | None = None
+    usage: list[UsageEntry] | None = None
+    notices: list[Notice] | None = None
+    held_notice: Notice | None = None
+    thought_log: str = ""
+    last_text: str = ""
+    scene_metadata: list[str] | None = None
+    follow_ups_cleared: int = 0
+
+
+@define(slots=True)
 class TurnState:
     """Mutable state of one run of the inner machine (the `transitions` model)."""
 
@@ -197,45 +253,29 @@ class TurnState:
     last_tool: str | None = None
     tool_response_delivered: bool = False
 
-    # the current pass (lists a turn may never need are made on first use: a turn waiting
-    # on its provider stays small)
+    # the current pass's text and undelivered buffer, which every text chunk reads and
+    # writes, stay on the state itself (one attribute each on the per-chunk path): the
+    # undelivered buffer is pass_text[buffer_start:] (one list, one append per chunk); what
+    # was flushed before it is there as the flushed texts themselves
     pass_text: list[str] = field(factory=list)
-    pass_thoughts: list[str] | None = None
-    # the undelivered buffer is pass_text[buffer_start:] (one list, one append per chunk);
-    # what was flushed before it is there as the flushed texts themselves
     buffer_start: int = 0
     buffer_len: int = 0
     flush_chars: int = 200
-    pass_finish: FinishKind | None = None
-    pass_usage: UsageEntry | None = None
-    # what the pass asked, and whether any chunk answered it: a pass the provider answered
-    # without a usage report is recorded with an estimate
-    pass_request: ProviderRequest | None = None
-    pass_answered: bool = False
-    pending_call: FunctionCall | None = None
-    ignored_calls: list[str] | None = None
-    scene_metadata: list[str] | None = None
-
-    # the current tool round
+    # the rest of the current pass, and the tool round in progress (neither is in a
+    # snapshot: a resumed turn restarts the pass)
+    current_pass: PassRecord = field(factory=PassRecord)
+    tool_round: ToolRound = field(factory=ToolRound)
+    # the narration before the round's call (kept: it decides how the round ends)
     pre_tool_text: str | None = None
-    current_call_key: str | None = None
-    outcome: ToolOutcome | None = None
 
-    # deadlines and deliveries
+    # deadlines: the token of each armed kind (the tool's included)
     next_token: int = 0
     armed: dict[DeadlineKind, int] = field(factory=dict)
-    next_seq: int = 0
-    in_flight: dict[int, Delivered] = field(factory=dict)
-    delivered: list[Delivered] | None = None
-    visible_text_delivered: bool = False
+    deliveries: Deliveries = field(factory=Deliveries)
 
-    # what the turn produced
-    stream_results: list[StreamResult] | None = None
-    usage: list[UsageEntry] | None = None
-    notices: list[Notice] | None = None
-    held_notice: Notice | None = None
-    thought_log: str = ""
-    last_text: str = ""
+    # what the turn produced, and how it ends (the ending's fields are set by the
+    # declaration's endings, on both machines' states alike)
+    produced: Produced = field(factory=Produced)
     status: TurnStatus | None = None
     reason: str | None = None
     stop_message: str | None = None
@@ -244,7 +284,6 @@ class TurnState:
     provider_error_retryable: bool | None = None
     provider_retry_after: float | None = None
     settle_started: bool = False
-    follow_ups_cleared: int = 0
     # drafting and the tool checkpoint (``None`` when both are off: today's loop exactly)
     draft: DraftState | None = None
     # offer a snapshot at each stable point (the host passed ``on_snapshot``)
@@ -256,10 +295,8 @@ class TurnState:
     step_time: float | None = None
     effects: list[Effect] = field(factory=list)
     trace: list[TraceStep] = field(factory=list)
-    # computed once, kept while what they derive from is the same object: the pending call's
-    # key (the gate and the dispatch both need it), and the tools the turn offers (each pass
-    # and each call's gate), until `disabled_tools` is replaced
-    pending_call_key: tuple[FunctionCall, str] | None = None
+    # computed once, kept while what they derive from is the same object: the tools the turn
+    # offers (each pass and each call's gate), until `disabled_tools` is replaced
     allowed_tools: tuple[frozenset[str], tuple[str, ...]] | None = None
     # the specs of those tools, kept while the names are the same tuple; and the running
     # count of what the requests gave the model to read (the usage estimate of a pass

@@ -11,18 +11,20 @@ from toolloop_fsm.turn import DraftState, HeldSegment, TurnState
 
 
 def deliver_text(turn: TurnState, text: str) -> None:
-    seq = turn.next_seq
-    turn.next_seq = seq + 1
-    turn.in_flight[seq] = Delivered(seq, text=text, iteration=turn.iterations)
+    seq = turn.deliveries.next_seq
+    turn.deliveries.next_seq = seq + 1
+    turn.deliveries.in_flight[seq] = Delivered(seq, text=text, iteration=turn.iterations)
     if text.strip():
-        turn.visible_text_delivered = True
+        turn.deliveries.visible_text_delivered = True
     turn.effects.append(Deliver(seq, text=text))
 
 
 def deliver_expression(turn: TurnState, expression: str) -> None:
-    seq = turn.next_seq
-    turn.next_seq = seq + 1
-    turn.in_flight[seq] = Delivered(seq, expression=expression, iteration=turn.iterations)
+    seq = turn.deliveries.next_seq
+    turn.deliveries.next_seq = seq + 1
+    turn.deliveries.in_flight[seq] = Delivered(
+        seq, expression=expression, iteration=turn.iterations
+    )
     turn.expression_delivered = True
     turn.effects.append(Deliver(seq, expression=expression))
 
@@ -107,17 +109,17 @@ def discard_buffer(turn: TurnState) -> None:
 
 
 def record_delivery(turn: TurnState, event: DeliveryRecorded) -> None:
-    delivered = turn.in_flight.pop(event.seq, None)
+    delivered = turn.deliveries.in_flight.pop(event.seq, None)
     if delivered is not None:
-        if turn.delivered is None:
-            turn.delivered = []
-        turn.delivered.append(delivered)
+        if turn.deliveries.delivered is None:
+            turn.deliveries.delivered = []
+        turn.deliveries.delivered.append(delivered)
 
 
 def post_notice(turn: TurnState, notice: Notice) -> None:
-    if turn.notices is None:
-        turn.notices = []
-    turn.notices.append(notice)
+    if turn.produced.notices is None:
+        turn.produced.notices = []
+    turn.produced.notices.append(notice)
     turn.effects.append(PostNotice(notice))
 
 

@@ -21,5 +21,5 @@ def resend_in_flight(turn: TurnState, _event: Any = None) -> None:
     """A resumed turn first sends again what was in flight when its snapshot was taken,
     under the same sequence numbers: a channel that takes idempotency keys drops what it
     already showed, and a confirmation is recorded like any other."""
-    for seq, item in sorted(turn.in_flight.items()):
+    for seq, item in sorted(turn.deliveries.in_flight.items()):
         turn.effects.append(Deliver(seq, text=item.text, expression=item.expression))
