@@ -19,7 +19,7 @@ from tests.test_properties_inner import MAX_STEPS, TOOLS, Simulator
 from tests.test_properties_outer import _REQUEST as CHAIN_REQUEST
 from tests.test_properties_outer import drive_generation_machine
 from toolloop_fsm.effects import Effect
-from toolloop_fsm.events import StreamEnded, TextDelta
+from toolloop_fsm.events import DeliveryRecorded, StreamEnded, TextDelta
 from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import ToolLoopMachine
@@ -113,6 +113,31 @@ def test_a_fork_shares_the_configuration_and_the_compiled_tables() -> None:
     # a stream reader holding the fork's chunk handlers gets the fork's own current ones
     assert fork.chunk_handlers is not machine.chunk_handlers
     assert dict(fork.chunk_handlers) == dict(machine.chunk_handlers)
+
+
+def test_a_fork_of_a_reference_machine_runs_on_transitions_too_and_goes_on_alike() -> None:
+    machine = ToolLoopMachine(tools=TOOLS, reference=True)
+    machine.start(_REQUEST)
+    machine.feed(TextDelta("Hello"))
+    fork = machine.fork()
+    assert type(fork._runner) is type(machine._runner)
+    events = [TextDelta(", world"), StreamEnded(), DeliveryRecorded(0)]
+    assert _feed_all(fork, events) == _feed_all(machine, events)
+    assert fork.trace == machine.trace
+    assert fork.result == machine.result
+
+
+def test_a_fork_of_a_finished_machine_is_finished_with_the_same_result() -> None:
+    machine = ToolLoopMachine(tools=TOOLS)
+    machine.start(_REQUEST)
+    machine.feed(TextDelta("Hello"))
+    machine.feed(StreamEnded())
+    machine.feed(DeliveryRecorded(0))
+    assert machine.is_finished
+    fork = machine.fork()
+    assert fork.is_finished
+    assert fork.result == machine.result
+    assert fork.trace == machine.trace
 
 
 def test_a_fork_of_a_machine_not_started_is_not_started_either() -> None:

@@ -2,8 +2,13 @@
 machine (`GenerationState`) remember.
 
 `TurnState` is the model object the `transitions` declaration drives (it carries the
-``state`` attribute). It holds history, counters, accumulators, the delivery record and the
-turn-scoped tool ledger, and collects the effects of the step being processed.
+``state`` attribute). Its configuration (policy, tools, request: marked `SHARED`, which a
+fork shares) stands apart from the run state, which is grouped in small records: the
+current pass (`PassRecord`; its text and buffer stay on the state, read by every chunk), the
+tool round in progress (`ToolRound`), the deliveries (`Deliveries`), what the turn produced
+(`Produced`) and the draft (`DraftState`); the ledger, the conversation, the counters, the
+ending and the step bookkeeping are fields of their own. docs/design.md §2 says which of
+them a snapshot holds.
 """
 
 from __future__ import annotations
@@ -165,7 +170,7 @@ class ReadCount:
     tools_characters: int = 0
 
 
-@define(slots=True)
+@define(slots=True, weakref_slot=False)
 class PassRecord:
     """The pass being streamed, beyond its text: its thoughts, how it finished, its usage,
     what it asked and whether any chunk answered it (a pass the provider answered without
@@ -180,7 +185,7 @@ class PassRecord:
     ignored_calls: list[str] | None = None
 
 
-@define(slots=True)
+@define(slots=True, weakref_slot=False)
 class ToolRound:
     """The tool round in progress: its one call (a round runs one), the call's key (computed
     once: the replay gate and the dispatch both need it, kept while the call is the same
@@ -192,7 +197,7 @@ class ToolRound:
     outcome: ToolOutcome | None = None
 
 
-@define(slots=True)
+@define(slots=True, weakref_slot=False)
 class Deliveries:
     """What the turn handed its channel: the next sequence number, the deliveries in flight
     (by sequence number) and those confirmed, and whether visible text was delivered."""
@@ -203,7 +208,7 @@ class Deliveries:
     visible_text_delivered: bool = False
 
 
-@define(slots=True)
+@define(slots=True, weakref_slot=False)
 class Produced:
     """What the turn produced so far, for its result: each pass's stream result and usage,
     the notices posted and the one held, the last thoughts and text, the scene metadata,
