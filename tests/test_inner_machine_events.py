@@ -132,7 +132,7 @@ def _current(machine: ToolLoopMachine) -> dict[str, int]:
     turn = machine.turn
     return {
         "dispatch": turn.dispatches,
-        "token": next(iter(turn.armed.values()), 1),
+        "token": next(iter(turn.armed.values()), turn.tool_round.deadline or 1),
         "seq": next(iter(turn.deliveries.in_flight), 1),
     }
 

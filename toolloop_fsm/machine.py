@@ -122,7 +122,7 @@ from toolloop_fsm.states.build_result import (
     settle_delivery,
 )
 from toolloop_fsm.states.context_restart import apply_context_restart
-from toolloop_fsm.states.delivery import record_delivery
+from toolloop_fsm.states.delivery import armed_token, record_delivery
 from toolloop_fsm.states.drafting import (
     begin_revision,
     close_cut_pass,
@@ -634,7 +634,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
             raise InvalidEvent(self.name, turn.state, event, problem)
         if isinstance(event, DeadlineExpired):
             trigger, armed = expired_deadline(event, turn.state)
-            token = turn.armed.get(armed)
+            token = armed_token(turn, armed)
             if token != event.token:
                 raise InvalidEvent(
                     self.name, turn.state, event,

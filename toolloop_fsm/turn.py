@@ -189,12 +189,14 @@ class PassRecord:
 class ToolRound:
     """The tool round in progress: its one call (a round runs one), the call's key (computed
     once: the replay gate and the dispatch both need it, kept while the call is the same
-    object), its ledger key once dispatched, and its outcome."""
+    object), its ledger key once dispatched, its deadline's token and its outcome."""
 
     pending_call: FunctionCall | None = None
     pending_call_key: tuple[FunctionCall, str] | None = None
     current_call_key: str | None = None
     outcome: ToolOutcome | None = None
+    #: the token of the running tool's deadline while it is armed
+    deadline: int | None = None
 
 
 @define(slots=True, weakref_slot=False)
@@ -273,7 +275,7 @@ class TurnState:
     # the narration before the round's call (kept: it decides how the round ends)
     pre_tool_text: str | None = None
 
-    # deadlines: the token of each armed kind (the tool's included)
+    # deadlines: the token of each armed kind but the tool's (its round keeps that one)
     next_token: int = 0
     armed: dict[DeadlineKind, int] = field(factory=dict)
     deliveries: Deliveries = field(factory=Deliveries)

@@ -134,11 +134,28 @@ def arm_deadline(
 ) -> None:
     turn.next_token += 1
     token = turn.next_token
-    turn.armed[kind] = token
+    if kind is DeadlineKind.TOOL:
+        turn.tool_round.deadline = token
+    else:
+        turn.armed[kind] = token
     turn.effects.append(ArmDeadline(kind, token, seconds, rolling, first_seconds, total_seconds))
 
 
 def clear_deadline(turn: TurnState, kind: DeadlineKind) -> None:
-    token = turn.armed.pop(kind, None)
+    token = disarm_deadline(turn, kind)
     if token is not None:
         turn.effects.append(ClearDeadline(kind, token))
+
+
+def armed_token(turn: TurnState, kind: DeadlineKind) -> int | None:
+    """The token of the armed deadline of ``kind``: the running tool's is kept by its round
+    (`ToolRound.deadline`), every other kind's by the turn (`TurnState.armed`)."""
+    return turn.tool_round.deadline if kind is DeadlineKind.TOOL else turn.armed.get(kind)
+
+
+def disarm_deadline(turn: TurnState, kind: DeadlineKind) -> int | None:
+    """Forget the armed deadline of ``kind`` (it expired, or is cleared); its token."""
+    if kind is DeadlineKind.TOOL:
+        token, turn.tool_round.deadline = turn.tool_round.deadline, None
+        return token
+    return turn.armed.pop(kind, None)

@@ -23,6 +23,7 @@ from toolloop_fsm.states.delivery import (
     arm_deadline,
     clear_deadline,
     deliver_expression,
+    disarm_deadline,
     hold_expression,
     post_notice,
 )
@@ -122,7 +123,7 @@ def take_tool_outcome(turn: TurnState, event: ToolFinished) -> None:
 
 
 def time_out_tool(turn: TurnState, _event: Any = None) -> None:
-    turn.armed.pop(DeadlineKind.TOOL, None)
+    disarm_deadline(turn, DeadlineKind.TOOL)
     turn.effects.append(CancelTool(turn.dispatches))
     turn.tool_round.outcome = ToolOutcome(success=False, reason=timed_out_reason(turn))
 
@@ -131,7 +132,7 @@ def cut_off_tool(turn: TurnState, _event: Any = None) -> None:
     """§3.9 rule 2: the deadline of a tool with a reconcile hook passed. It is cancelled and
     the machine waits for its outcome: the timeout (``cut_off``) if it stops within its
     grace, else what the hook says really happened, or that nobody can tell."""
-    turn.armed.pop(DeadlineKind.TOOL, None)
+    disarm_deadline(turn, DeadlineKind.TOOL)
     turn.effects.append(CancelTool(turn.dispatches, cut_off=timed_out_reason(turn)))
 
 
