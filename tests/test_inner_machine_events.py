@@ -83,7 +83,7 @@ def _settling() -> ToolLoopMachine:
 
 def _completed() -> ToolLoopMachine:
     machine = _settling()
-    for seq in list(machine.turn.in_flight):
+    for seq in list(machine.turn.deliveries.in_flight):
         machine.feed(DeliveryRecorded(seq))
     return machine
 
@@ -120,7 +120,7 @@ PARKED: dict[str, Callable[[], ToolLoopMachine]] = {
 def test_each_parked_machine_waits_in_the_state_it_is_named_for() -> None:
     for name, park in PARKED.items():
         assert park().state == name
-    assert _settling().turn.in_flight, "settling waits for a delivery in flight"
+    assert _settling().turn.deliveries.in_flight, "settling waits for a delivery in flight"
 
 
 # --------------------------------------------------------------------------- malformed events
@@ -132,8 +132,8 @@ def _current(machine: ToolLoopMachine) -> dict[str, int]:
     turn = machine.turn
     return {
         "dispatch": turn.dispatches,
-        "token": next(iter(turn.armed.values()), 1),
-        "seq": next(iter(turn.in_flight), 1),
+        "token": next(iter(turn.armed.values()), turn.tool_round.deadline or 1),
+        "seq": next(iter(turn.deliveries.in_flight), 1),
     }
 
 

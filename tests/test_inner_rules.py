@@ -286,7 +286,7 @@ def test_a_follow_up_that_cannot_interrupt_is_counted_as_cleared_and_the_turn_go
     machine.feed(FollowUpArrived())
     machine.feed(FollowUpArrived())
     assert machine.state == waiting_in  # not interrupted: the follow-up waits for its turn
-    assert machine.turn.follow_ups_cleared == 2
+    assert machine.turn.produced.follow_ups_cleared == 2
 
 
 # --------------------------------------------------------------------------- the sans-IO contract

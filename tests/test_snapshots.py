@@ -517,21 +517,24 @@ def test_the_readmes_resume_example_runs_as_written(tmp_path: Path) -> None:
     ]
 
 
-#: What a snapshot leaves out of the machines' state, each for a reason: the current pass's
-#: accumulators and the tool round in progress (a resumed turn restarts the pass), the step
-#: bookkeeping, the ending (a stable point is not an ending), and what the host passes again
-#: (policy, tools, plans). A field added to the state must be captured or listed here.
+#: What a snapshot leaves out of the machines' state, each for a reason: the current pass
+#: (its text and buffer, and its record) and the tool round in progress (a resumed turn
+#: restarts the pass), the deadlines, the step bookkeeping, the ending (a stable point is not
+#: an ending), and what the host passes again (policy, tools, plans). A field added to the
+#: state must be captured or listed here; a record the snapshot holds flat (`_LOOP_FLAT`) has
+#: every field captured.
 _LOOP_LEFT_OUT = {
-    "armed", "buffer_len", "buffer_start", "current_call_key", "current_event", "effects",
-    "error_message", "flush_chars", "ignored_calls", "next_token", "outcome", "pass_answered",
-    "pass_finish", "pass_request", "pass_text", "pass_thoughts", "pass_usage", "pending_call",
-    "policy", "provider_error_kind", "provider_error_retryable", "provider_retry_after",
-    "reason", "registry", "settle_started", "snapshots", "state", "status", "step_time",
-    "stop_message",
-    # caches the engine rebuilds on first use: the pending call's key, the offered tools and
-    # their specs, the usage estimate's running count (a resumed turn counts afresh)
-    "pending_call_key", "allowed_tools", "offered_specs", "read_count",
+    "armed", "buffer_len", "buffer_start", "current_event", "current_pass", "effects",
+    "error_message", "flush_chars", "next_token", "pass_text", "policy", "provider_error_kind",
+    "provider_error_retryable", "provider_retry_after", "reason", "registry",
+    "settle_started", "snapshots", "state", "status", "step_time", "stop_message",
+    "tool_round",
+    # caches the engine rebuilds on first use: the offered tools and their specs, the usage
+    # estimate's running count (a resumed turn counts afresh)
+    "allowed_tools", "offered_specs", "read_count",
 }  # fmt: skip
+#: The run state's records a snapshot holds field by field, under the fields' own names.
+_LOOP_FLAT = {"deliveries", "produced"}
 _CHAIN_LEFT_OUT = {
     "current_event", "effects", "last", "plans", "policy", "reason", "shared_plans", "state",
     "status", "step_time", "stop_message", "tool_specs", "unreachable",
@@ -542,13 +545,15 @@ def test_a_snapshot_captures_every_field_of_the_state_it_does_not_leave_out_on_p
     import attrs
 
     from toolloop_fsm.snapshot import ChainSnapshot, DraftSnapshot, LoopSnapshot
-    from toolloop_fsm.turn import DraftState, GenerationState, TurnState
+    from toolloop_fsm.turn import Deliveries, DraftState, GenerationState, Produced, TurnState
 
     def names(cls: type) -> set[str]:
         return {f.name for f in attrs.fields(cls)}
 
     assert names(DraftState) - names(DraftSnapshot) == set()
-    assert names(TurnState) - names(LoopSnapshot) == _LOOP_LEFT_OUT
+    assert names(TurnState) - names(LoopSnapshot) == _LOOP_LEFT_OUT | _LOOP_FLAT
+    for record in (Deliveries, Produced):
+        assert names(record) - names(LoopSnapshot) == set(), record
     assert names(GenerationState) - names(ChainSnapshot) == _CHAIN_LEFT_OUT
 
 

@@ -131,6 +131,6 @@ def test_each_delivery_confirmed_while_streaming_is_a_step_at_its_time() -> None
                  if s.event == "delivery_recorded"]  # fmt: skip
     assert confirmed == [("streaming", "streaming", 3.0)] * 2 + [("streaming", "streaming", 4.5)]
     assert machine.state == "streaming"
-    assert [d.seq for d in machine.turn.delivered or ()] == [0, 1, 2]
+    assert [d.seq for d in machine.turn.deliveries.delivered or ()] == [0, 1, 2]
     with pytest.raises(InvalidEvent, match="delivery 0 is not in flight"):
         machine.feed(DeliveryRecorded(0), now=6.0)

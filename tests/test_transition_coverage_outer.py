@@ -32,7 +32,7 @@ from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.declaration import declared_transition_ids
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-from toolloop_fsm.snapshot import capture_chain
+from toolloop_fsm.snapshot_capture import capture_chain
 from toolloop_fsm.stepping import Coverage
 from toolloop_fsm.testing.chains import (
     AttemptScript,

@@ -56,11 +56,13 @@ from toolloop_fsm.guards.outcome import (
     outcome_is_timeout,
 )
 from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.ledger import LedgerEntry
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.result import RETRYABLE_STATUSES, GenerationTurnResult, TraceStep, TurnStatus
-from toolloop_fsm.runner import DeclaredMachine
-from toolloop_fsm.snapshot import ChainSnapshot, restore_chain
+from toolloop_fsm.runner import CompiledRunner, DeclaredMachine
+from toolloop_fsm.snapshot import ChainSnapshot
+from toolloop_fsm.snapshot_capture import restore_chain
 from toolloop_fsm.states.attempts import (
     admit_shared_route,
     ask_admission,
@@ -77,7 +79,7 @@ from toolloop_fsm.states.attempts import (
     supersede_attempt,
     take_attempt_result,
 )
-from toolloop_fsm.turn import DraftState, GenerationState, LedgerEntry
+from toolloop_fsm.turn import DraftState, GenerationState
 
 FINAL_STATES: tuple[str, ...] = (
     "completed",
@@ -288,6 +290,16 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
                 f"attempt {event.attempt} is not the running one ({state.attempts})",
             )  # fmt: skip
         return self._fire(trigger, event, now)
+
+    def _fresh(self) -> GenerationTurnMachine:
+        return GenerationTurnMachine(
+            self.policy,
+            plans=self.plans,
+            shared=self.shared,
+            tools=self.tool_specs,
+            reference=not isinstance(self._runner, CompiledRunner),
+            on_step=self._runner.on_step,
+        )
 
     def _build_result(self, model: GenerationState) -> GenerationTurnResult:
         return build_generation_result(model)

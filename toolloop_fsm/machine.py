@@ -99,10 +99,12 @@ from toolloop_fsm.guards.tool_gate import (
     cut_off_call_is_settled,
 )
 from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
+from toolloop_fsm.ledger import LedgerEntry
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus
-from toolloop_fsm.runner import DeclaredMachine
-from toolloop_fsm.snapshot import LoopSnapshot, restore_loop
+from toolloop_fsm.runner import CompiledRunner, DeclaredMachine
+from toolloop_fsm.snapshot import LoopSnapshot
+from toolloop_fsm.snapshot_capture import restore_loop
 from toolloop_fsm.states.build_result import (
     abandon_in_flight,
     begin_settling,
@@ -120,7 +122,7 @@ from toolloop_fsm.states.build_result import (
     settle_delivery,
 )
 from toolloop_fsm.states.context_restart import apply_context_restart
-from toolloop_fsm.states.delivery import record_delivery
+from toolloop_fsm.states.delivery import armed_token, record_delivery
 from toolloop_fsm.states.drafting import (
     begin_revision,
     close_cut_pass,
@@ -169,7 +171,7 @@ from toolloop_fsm.states.tool_dispatch import (
     take_tool_outcome,
     time_out_tool,
 )
-from toolloop_fsm.turn import DraftState, LedgerEntry, TurnState
+from toolloop_fsm.turn import DraftState, TurnState
 
 # --------------------------------------------------------------------------- states
 FINAL_STATES: tuple[str, ...] = (
@@ -590,6 +592,15 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         return effects
 
     # ------------------------------------------------------------------ internals
+    def _fresh(self) -> ToolLoopMachine:
+        return ToolLoopMachine(
+            self.policy,
+            tools=self.tools,
+            reference=not isinstance(self._runner, CompiledRunner),
+            on_step=self._runner.on_step,
+            snapshots=self.snapshots,
+        )
+
     def _confirm_delivery(self, event: DeliveryRecorded, now: float | None) -> list[Effect]:
         """A delivery confirmed where it is only recorded (streaming, running a tool): one
         plain step, checked as every event is, without the general trigger's loop. Anywhere
@@ -600,7 +611,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
             turn is None
             or self._result is not None
             or malformation(_SHAPES, event) is not None
-            or (event.seq is not None and event.seq not in turn.in_flight)
+            or (event.seq is not None and event.seq not in turn.deliveries.in_flight)
         ):
             return self._feed_trigger(event, now)
         previous = turn.step_time
@@ -623,7 +634,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
             raise InvalidEvent(self.name, turn.state, event, problem)
         if isinstance(event, DeadlineExpired):
             trigger, armed = expired_deadline(event, turn.state)
-            token = turn.armed.get(armed)
+            token = armed_token(turn, armed)
             if token != event.token:
                 raise InvalidEvent(
                     self.name, turn.state, event,
@@ -653,7 +664,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         elif (
             isinstance(event, DeliveryRecorded | DeliveryFailed)
             and event.seq is not None
-            and event.seq not in turn.in_flight
+            and event.seq not in turn.deliveries.in_flight
         ):
             detail = f"delivery {event.seq} is not in flight"
             raise InvalidEvent(self.name, turn.state, event, detail)

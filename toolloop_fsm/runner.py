@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import cache
-from typing import Any, Generic
+from typing import Any, Generic, Self
 
 from attrs import frozen
 
 from toolloop_fsm.declaration import Action, Ending, Guard, MachineDeclaration
 from toolloop_fsm.effects import Finish
 from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.fork import forked
 from toolloop_fsm.result import GenerationTurnResult, TraceStep
 from toolloop_fsm.stepping import NO_HANDLERS, ModelT, Runner, Taken
 
@@ -210,6 +211,22 @@ class DeclaredMachine(Generic[ModelT]):
     @property
     def trace(self) -> tuple[TraceStep, ...]:
         return tuple(self._model.trace) if self._model is not None else ()
+
+    def fork(self) -> Self:
+        """A machine that goes on from where this one stands, on its own: a copy of the run
+        state (`toolloop_fsm.fork`), sharing the configuration and the compiled tables, and
+        the ``on_step`` observer. Feeding one never changes the other."""
+        twin = self._fresh()
+        model = self._model
+        if model is not None:
+            twin._model = forked(model)
+            twin._runner.fast.update(twin._runner.fast_handlers(model.state))
+        twin._result = self._result
+        return twin
+
+    def _fresh(self) -> Self:
+        """A new machine of the same configuration, not started (what `fork` fills)."""
+        raise NotImplementedError
 
     def _build_result(self, model: ModelT) -> GenerationTurnResult:
         raise NotImplementedError

@@ -2,25 +2,30 @@
 machine (`GenerationState`) remember.
 
 `TurnState` is the model object the `transitions` declaration drives (it carries the
-``state`` attribute). It holds history, counters, accumulators, the delivery record and the
-turn-scoped tool ledger, and collects the effects of the step being processed.
+``state`` attribute). Its configuration (policy, tools, request: marked `SHARED`, which a
+fork shares) stands apart from the run state, which is grouped in small records: the
+current pass (`PassRecord`; its text and buffer stay on the state, read by every chunk), the
+tool round in progress (`ToolRound`), the deliveries (`Deliveries`), what the turn produced
+(`Produced`) and the draft (`DraftState`); the ledger, the conversation, the counters, the
+ending and the step bookkeeping are fields of their own. docs/design.md §2 says which of
+them a snapshot holds.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from attrs import define, field, frozen
+from attrs import define, field
 
-from toolloop_fsm.events import (
-    DeadlineKind,
-    FinishKind,
-    FunctionCall,
-    ToolFinished,
-    ToolOutcomeKind,
-)
+from toolloop_fsm.events import DeadlineKind, FinishKind, FunctionCall
+from toolloop_fsm.fork import ITEMS_SHARED, SHARED
+
+# the ledger's values are read from here too (by the shells and tests)
+from toolloop_fsm.ledger import LedgerEntry as LedgerEntry
+from toolloop_fsm.ledger import ToolOutcome as ToolOutcome
+from toolloop_fsm.ledger import canonical_call_key as canonical_call_key
+from toolloop_fsm.ledger import occurrence_key as occurrence_key
 from toolloop_fsm.result import (
     AttemptFailure,
     AttemptRecord,
@@ -33,6 +38,7 @@ from toolloop_fsm.result import (
     TurnStatus,
     UsageEntry,
 )
+from toolloop_fsm.review import Finding, ReviewRecord
 
 if TYPE_CHECKING:
     from toolloop_fsm.attempts import AttemptPlan, KeyHealth
@@ -42,40 +48,17 @@ if TYPE_CHECKING:
     from toolloop_fsm.provider import ProviderRequest, ToolSpec
 
 
-def canonical_call_key(name: str, arguments: Any) -> str:
-    """The engine's own identity of a call: name + canonical JSON arguments.
-
-    A model's call ids change between attempts, so they cannot identify a call.
-    """
-    try:
-        canonical = _CANONICAL_JSON.encode(arguments)
-    except (TypeError, ValueError):
-        canonical = repr(arguments)
-    return f"{name}:{canonical}"
-
-
-#: What `json.dumps` builds on every call when given options, built once (it keeps no state
-#: between calls): a call key is computed for every tool call
-_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def call_key_of_pending(turn: TurnState, call: FunctionCall) -> str:
     """`canonical_call_key` of the turn's pending ``call``, computed once per call: the
     replay gate and the dispatch that follows it both ask. A provider's call is a value the
     engine never changes, so the same object has the same key."""
-    cached = turn.pending_call_key
+    tool_round = turn.tool_round
+    cached = tool_round.pending_call_key
     if cached is not None and cached[0] is call:
         return cached[1]
     key = canonical_call_key(call.name, call.arguments)
-    turn.pending_call_key = (call, key)
+    tool_round.pending_call_key = (call, key)
     return key
-
-
-def occurrence_key(call_key: str, occurrence: int) -> str:
-    """The ledger's key for the ``occurrence``-th identical call (1-based) of a replay scope:
-    the n-th identical call of an attempt, or of the passes after a context restart, matches
-    the n-th one recorded earlier in the turn."""
-    return f"{call_key}#{occurrence}"
 
 
 def next_occurrence(turn: TurnState, call_key: str) -> str:
@@ -92,63 +75,6 @@ def take_occurrence(turn: TurnState, call_key: str) -> str:
     seen = occurrences.get(call_key, 0) + 1
     occurrences[call_key] = seen
     return occurrence_key(call_key, seen)
-
-
-@frozen
-class ToolOutcome:
-    """A tool's outcome as the loop sees it (a real dispatch, a reuse, or a refusal)."""
-
-    success: bool
-    data: Any = None
-    message: str | None = None
-    reason: str | None = None
-    end_turn: bool = False
-    delivered: bool = False
-    expression: str | None = None
-    restart_item: Mapping[str, Any] | None = None
-    restart_kinds: tuple[str, ...] = ()
-    dispatched: bool = True
-    reused: bool = False
-    #: the tool checkpoint's reviewer rejected the call: it did not run, and it counts as
-    #: no failure (no failure notice, no error counted)
-    rejected: bool = False
-    #: a failure whose call may have taken effect (docs/behaviour.md §3.9): reused on a
-    #: replay, never rerun
-    in_doubt: bool = False
-
-    @classmethod
-    def from_event(cls, event: ToolFinished) -> ToolOutcome:
-        if event.kind is ToolOutcomeKind.SUCCEEDED:
-            restart = event.context_restart
-            return cls(
-                success=True,
-                data=event.data,
-                message=event.message,
-                end_turn=event.end_turn,
-                delivered=event.delivered,
-                expression=event.expression,
-                restart_item=restart.item if restart is not None else None,
-                restart_kinds=restart.disable_kinds if restart is not None else (),
-            )
-        reason = event.error or event.message or "the tool reported a failure"
-        return cls(
-            success=False,
-            data=event.data,
-            message=event.message,
-            reason=reason,
-            expression=event.expression if event.kind is ToolOutcomeKind.FAILED else None,
-            in_doubt=event.in_doubt,
-        )
-
-
-@frozen
-class LedgerEntry:
-    """A completed call recorded in the turn-scoped ledger, under its occurrence key. Failed
-    calls are recorded too (so that occurrences line up); only a success, or a call in doubt,
-    is reused."""
-
-    call_key: str
-    outcome: ToolOutcome
 
 
 @define(slots=True)
@@ -170,7 +96,7 @@ class DraftState:
     # function history, carried to a next attempt with it
     committed_segments: int = 0
     # the function history a next attempt starts from (set only on a carried state)
-    history: list[Any] = field(factory=list)
+    history: list[ToolHistoryEntry] = field(factory=list)
     # the ceiling counts everything held in the turn, across passes and revisions
     held_bytes: int = 0
     held_segments: int = 0
@@ -184,7 +110,7 @@ class DraftState:
     reviews: int = 0
     revisions: int = 0
     reviewer_unavailable: bool = False
-    last_findings: tuple[Any, ...] = ()
+    last_findings: tuple[Finding, ...] = ()
     # the review being waited for (its number), and what it is about
     review_seq: int = 0
     tool_reviews: int = 0
@@ -193,14 +119,14 @@ class DraftState:
     reviewing_correction: bool = False
     reviewing_identity: str | None = None
     # identity (SHA-256 of name and canonical arguments) -> the rejection shown
-    rejected_calls: dict[str, Any] = field(factory=dict)
+    rejected_calls: dict[str, ToolOutcome] = field(factory=dict)
     rejected_names: set[str] = field(factory=set)
-    records: list[Any] = field(factory=list)
+    records: list[ReviewRecord] = field(factory=list)
 
     def held_text(self) -> str:
         return "".join(segment.text for segment in self.segments if segment.text is not None)
 
-    def carried(self, history: Iterable[Any] = ()) -> DraftState:
+    def carried(self, history: Iterable[ToolHistoryEntry] = ()) -> DraftState:
         """The state a next attempt continues with: the function history (``history``, the
         attempt's tool rounds) with the narration held before them, the budgets, rejections
         and records. The failed pass's own held text is dropped: the next model writes it."""
@@ -244,13 +170,70 @@ class ReadCount:
     tools_characters: int = 0
 
 
+@define(slots=True, weakref_slot=False)
+class PassRecord:
+    """The pass being streamed, beyond its text: its thoughts, how it finished, its usage,
+    what it asked and whether any chunk answered it (a pass the provider answered without
+    a usage report is recorded with an estimate), and the calls it ignored. Lists a turn
+    may never need are made on first use: a turn waiting on its provider stays small."""
+
+    thoughts: list[str] | None = None
+    finish: FinishKind | None = None
+    usage: UsageEntry | None = None
+    request: ProviderRequest | None = None
+    answered: bool = False
+    ignored_calls: list[str] | None = None
+
+
+@define(slots=True, weakref_slot=False)
+class ToolRound:
+    """The tool round in progress: its one call (a round runs one), the call's key (computed
+    once: the replay gate and the dispatch both need it, kept while the call is the same
+    object), its ledger key once dispatched, its deadline's token and its outcome."""
+
+    pending_call: FunctionCall | None = None
+    pending_call_key: tuple[FunctionCall, str] | None = None
+    current_call_key: str | None = None
+    outcome: ToolOutcome | None = None
+    #: the token of the running tool's deadline while it is armed
+    deadline: int | None = None
+
+
+@define(slots=True, weakref_slot=False)
+class Deliveries:
+    """What the turn handed its channel: the next sequence number, the deliveries in flight
+    (by sequence number) and those confirmed, and whether visible text was delivered."""
+
+    next_seq: int = 0
+    in_flight: dict[int, Delivered] = field(factory=dict)
+    delivered: list[Delivered] | None = None
+    visible_text_delivered: bool = False
+
+
+@define(slots=True, weakref_slot=False)
+class Produced:
+    """What the turn produced so far, for its result: each pass's stream result and usage,
+    the notices posted and the one held, the last thoughts and text, the scene metadata,
+    and the stale follow-ups cleared while a tool ran."""
+
+    stream_results: list[StreamResult] | None = None
+    usage: list[UsageEntry] | None = None
+    notices: list[Notice] | None = None
+    held_notice: Notice | None = None
+    thought_log: str = ""
+    last_text: str = ""
+    scene_metadata: list[str] | None = None
+    follow_ups_cleared: int = 0
+
+
 @define(slots=True)
 class TurnState:
     """Mutable state of one run of the inner machine (the `transitions` model)."""
 
-    policy: LoopPolicy
-    registry: ToolRegistry
-    request: TurnRequest
+    # the configuration: read-only, shared by a fork (`toolloop_fsm.fork`)
+    policy: LoopPolicy = field(metadata=SHARED)
+    registry: ToolRegistry = field(metadata=SHARED)
+    request: TurnRequest = field(metadata=SHARED)
     state: str = "ready"
     continuation_style: bool = False
     hold_timeout_notice: bool = False
@@ -261,7 +244,7 @@ class TurnState:
     occurrences: dict[str, int] | None = None
 
     # the conversation as the next pass will see it
-    context: list[Mapping[str, Any]] = field(factory=list)
+    context: list[Mapping[str, Any]] = field(factory=list, metadata=ITEMS_SHARED)
     history: list[ToolHistoryEntry] | None = None
     prefill: str | None = None
     # immutable until something is disabled: most turns never disable anything
@@ -277,45 +260,29 @@ class TurnState:
     last_tool: str | None = None
     tool_response_delivered: bool = False
 
-    # the current pass (lists a turn may never need are made on first use: a turn waiting
-    # on its provider stays small)
+    # the current pass's text and undelivered buffer, which every text chunk reads and
+    # writes, stay on the state itself (one attribute each on the per-chunk path): the
+    # undelivered buffer is pass_text[buffer_start:] (one list, one append per chunk); what
+    # was flushed before it is there as the flushed texts themselves
     pass_text: list[str] = field(factory=list)
-    pass_thoughts: list[str] | None = None
-    # the undelivered buffer is pass_text[buffer_start:] (one list, one append per chunk);
-    # what was flushed before it is there as the flushed texts themselves
     buffer_start: int = 0
     buffer_len: int = 0
     flush_chars: int = 200
-    pass_finish: FinishKind | None = None
-    pass_usage: UsageEntry | None = None
-    # what the pass asked, and whether any chunk answered it: a pass the provider answered
-    # without a usage report is recorded with an estimate
-    pass_request: ProviderRequest | None = None
-    pass_answered: bool = False
-    pending_call: FunctionCall | None = None
-    ignored_calls: list[str] | None = None
-    scene_metadata: list[str] | None = None
-
-    # the current tool round
+    # the rest of the current pass, and the tool round in progress (neither is in a
+    # snapshot: a resumed turn restarts the pass)
+    current_pass: PassRecord = field(factory=PassRecord)
+    tool_round: ToolRound = field(factory=ToolRound)
+    # the narration before the round's call (kept: it decides how the round ends)
     pre_tool_text: str | None = None
-    current_call_key: str | None = None
-    outcome: ToolOutcome | None = None
 
-    # deadlines and deliveries
+    # deadlines: the token of each armed kind but the tool's (its round keeps that one)
     next_token: int = 0
     armed: dict[DeadlineKind, int] = field(factory=dict)
-    next_seq: int = 0
-    in_flight: dict[int, Delivered] = field(factory=dict)
-    delivered: list[Delivered] | None = None
-    visible_text_delivered: bool = False
+    deliveries: Deliveries = field(factory=Deliveries)
 
-    # what the turn produced
-    stream_results: list[StreamResult] | None = None
-    usage: list[UsageEntry] | None = None
-    notices: list[Notice] | None = None
-    held_notice: Notice | None = None
-    thought_log: str = ""
-    last_text: str = ""
+    # what the turn produced, and how it ends (the ending's fields are set by the
+    # declaration's endings, on both machines' states alike)
+    produced: Produced = field(factory=Produced)
     status: TurnStatus | None = None
     reason: str | None = None
     stop_message: str | None = None
@@ -324,7 +291,6 @@ class TurnState:
     provider_error_retryable: bool | None = None
     provider_retry_after: float | None = None
     settle_started: bool = False
-    follow_ups_cleared: int = 0
     # drafting and the tool checkpoint (``None`` when both are off: today's loop exactly)
     draft: DraftState | None = None
     # offer a snapshot at each stable point (the host passed ``on_snapshot``)
@@ -336,10 +302,8 @@ class TurnState:
     step_time: float | None = None
     effects: list[Effect] = field(factory=list)
     trace: list[TraceStep] = field(factory=list)
-    # computed once, kept while what they derive from is the same object: the pending call's
-    # key (the gate and the dispatch both need it), and the tools the turn offers (each pass
-    # and each call's gate), until `disabled_tools` is replaced
-    pending_call_key: tuple[FunctionCall, str] | None = None
+    # computed once, kept while what they derive from is the same object: the tools the turn
+    # offers (each pass and each call's gate), until `disabled_tools` is replaced
     allowed_tools: tuple[frozenset[str], tuple[str, ...]] | None = None
     # the specs of those tools, kept while the names are the same tuple; and the running
     # count of what the requests gave the model to read (the usage estimate of a pass
@@ -352,10 +316,12 @@ class TurnState:
 class GenerationState:
     """Mutable state of one run of the outer machine (its `transitions` model)."""
 
-    policy: TurnPolicy
-    request: TurnRequest
-    tool_specs: tuple[ToolSpec, ...]
-    plans: list[AttemptPlan]
+    # the configuration: read-only, shared by a fork (`toolloop_fsm.fork`)
+    policy: TurnPolicy = field(metadata=SHARED)
+    request: TurnRequest = field(metadata=SHARED)
+    tool_specs: tuple[ToolSpec, ...] = field(metadata=SHARED)
+    # the chain: grows by the shared route's plans once admitted (run state)
+    plans: list[AttemptPlan] = field(metadata=ITEMS_SHARED)
     shared_plans: tuple[AttemptPlan, ...] = ()
     health: dict[tuple[str, int], KeyHealth] = field(factory=dict)
     state: str = "ready"

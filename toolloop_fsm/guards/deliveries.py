@@ -11,7 +11,7 @@ def must_settle_deliveries(turn: TurnState) -> bool:
     """Deliveries are in flight and the turn is not being killed and its channel did not
     fail: wait for them (bounded)."""
     return (
-        bool(turn.in_flight)
+        bool(turn.deliveries.in_flight)
         and not turn.settle_started
         and turn.status is not TurnStatus.STOPPED_BY_USER
         and turn.reason not in ("host_error", "host_timeout")
@@ -22,9 +22,9 @@ def all_deliveries_recorded(turn: TurnState) -> bool:
     """The delivery being recorded now is the last one in flight."""
     event = turn.current_event
     if isinstance(event, DeliveryRecorded):
-        in_flight = turn.in_flight
+        in_flight = turn.deliveries.in_flight
         return not in_flight or (len(in_flight) == 1 and event.seq in in_flight)
-    return not turn.in_flight
+    return not turn.deliveries.in_flight
 
 
 def delivery_timed_out(turn: TurnState) -> bool:

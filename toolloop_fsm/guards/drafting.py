@@ -104,7 +104,7 @@ def revision_left(turn: TurnState) -> bool:
 # --------------------------------------------------------------------------- the checkpoint
 def _call_under_checkpoint(turn: TurnState) -> tuple[DraftState, str] | None:
     draft = turn.draft
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     if draft is None or call is None or not turn.policy.review_tool_calls:
         return None
     return draft, str(call.name)
@@ -116,7 +116,7 @@ def call_rejected_before(turn: TurnState) -> bool:
     if under is None:
         return False
     draft, name = under
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     assert call is not None
     return call_identity(name, call.arguments) in draft.rejected_calls
 

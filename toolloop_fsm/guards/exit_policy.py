@@ -14,12 +14,12 @@ _CUT_FINISHES = frozenset(
 
 def tool_requested_context_restart(turn: TurnState) -> bool:
     """The successful outcome carries a context-enrichment signal (docs/behaviour.md §5)."""
-    outcome = turn.outcome
+    outcome = turn.tool_round.outcome
     return outcome is not None and outcome.success and outcome.restart_item is not None
 
 
 def tool_asked_to_end_turn(turn: TurnState) -> bool:
-    outcome = turn.outcome
+    outcome = turn.tool_round.outcome
     return outcome is not None and outcome.success and outcome.end_turn
 
 
@@ -45,7 +45,7 @@ def should_end_after_pre_tool_text(turn: TurnState) -> bool:
     registered. Other members, and on continuation-style providers any tool, end it only when
     they need no follow-up; a host that leaves the memory tool out of the set opts out.
     """
-    outcome = turn.outcome
+    outcome = turn.tool_round.outcome
     if outcome is None or not outcome.success:
         return False
     if turn.pre_tool_text is None or not turn.pre_tool_text.strip():
@@ -74,11 +74,11 @@ def is_settled_after_tool(turn: TurnState) -> bool:
     pending continuation fragment) and either a tool already delivered its own response
     (a message it sent, an expression), or visible text or an expression was delivered and
     the last tool needs no follow-up."""
-    if turn.pass_finish in _CUT_FINISHES:
+    if turn.current_pass.finish in _CUT_FINISHES:
         return False
     if turn.tool_response_delivered:
         return True
-    if not (turn.visible_text_delivered or turn.expression_delivered):
+    if not (turn.deliveries.visible_text_delivered or turn.expression_delivered):
         return False
     if turn.last_tool is None:
         return False

@@ -14,21 +14,21 @@ if TYPE_CHECKING:
 
 def call_pending(turn: TurnState) -> bool:
     """The pass ended with a tool call."""
-    return turn.pending_call is not None
+    return turn.tool_round.pending_call is not None
 
 
 def cut_off_call_is_settled(turn: TurnState) -> bool:
     """The running call's tool has a reconcile hook: cut off at its deadline, it gets its
     grace to stop, and one that does not is settled by the hook before the loop goes on
     (docs/behaviour.md §3.9 rule 2)."""
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     tool = turn.registry.get(call.name) if call is not None else None
     return tool is not None and tool.reconcile is not None
 
 
 def call_is_malformed(turn: TurnState) -> bool:
     """No name, a blank name, or (parsed) arguments that are not an object."""
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     if call is None:
         return False
     if not isinstance(call.name, str) or not call.name.strip():
@@ -40,17 +40,20 @@ def call_is_malformed(turn: TurnState) -> bool:
 
 def call_arguments_truncated(turn: TurnState) -> bool:
     """The adapter had to repair a cut-off JSON payload (docs/behaviour.md §3.2)."""
-    return turn.pending_call is not None and turn.pending_call.truncated
+    return turn.tool_round.pending_call is not None and turn.tool_round.pending_call.truncated
 
 
 def call_arguments_unparseable(turn: TurnState) -> bool:
     """The arguments were malformed (not truncated) JSON: a failure shown to the model."""
-    return turn.pending_call is not None and turn.pending_call.parse_error is not None
+    return (
+        turn.tool_round.pending_call is not None
+        and turn.tool_round.pending_call.parse_error is not None
+    )
 
 
 def call_outside_allowlist(turn: TurnState) -> bool:
     """Unknown tool, a tool outside the turn's allowlist, or one disabled for the turn."""
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     if call is None:
         return False
     return call.name not in allowed_tool_names(turn)
@@ -62,7 +65,7 @@ def call_already_recorded(turn: TurnState) -> bool:
     turn succeeded, or is in doubt (it may have taken effect, §3.9) — reuse it, never run
     it twice. A tool marked ``replay="rerun"`` always runs; a deliberate repeat inside one
     scope is a new occurrence and runs."""
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     if call is None or not turn.ledger:
         return False
     tool = turn.registry.get(call.name)

@@ -564,7 +564,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 DeadlineKind.REVIEW: policy.review_timeout,
             }.get(event.kind)
             if event.kind is DeadlineKind.TOOL:
-                call = self.machine.turn.pending_call
+                call = self.machine.turn.tool_round.pending_call
                 tool = self.registry.get(str(call.name)) if call is not None else None
                 has_own = tool is not None and tool.timeout is not None
                 seconds = tool.timeout if tool is not None and has_own else policy.tool_timeout
@@ -889,12 +889,12 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._tool_name = f"tool {effect.name} (dispatch {effect.dispatch})"
         observation = self._observation
         if observation is not None:
-            call = self.machine.turn.pending_call
+            call = self.machine.turn.tool_round.pending_call
             call_id = call.call_id if call is not None else None
             observation.tool_started(effect, call_id if isinstance(call_id, str) else None)
         task = self._tool_task = self._spawn(self._call_tool(effect), self._tool_name)
         # what the task runs, should it be abandoned: then the call is in doubt (§3.9)
-        call = self.machine.turn.pending_call
+        call = self.machine.turn.tool_round.pending_call
         call_id = call.call_id if call is not None and isinstance(call.call_id, str) else None
         calls = self._tool_calls
         if calls is None:
@@ -940,7 +940,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             event = ToolFinished(dispatch, ToolOutcomeKind.RAISED, error=cut_off)
         else:
             in_doubt = self._abandon(task, task.get_name())
-            call = self.machine.turn.pending_call
+            call = self.machine.turn.tool_round.pending_call
             tool = self.registry.get(str(call.name)) if call is not None else None
             answer: ToolFinished | None = None
             if tool is not None and call is not None and isinstance(call.arguments, Mapping):

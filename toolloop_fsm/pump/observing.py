@@ -244,17 +244,21 @@ class Observation:
         outcome, error, finish = _CANCELLED, None, None
         usage = None
         if turn is not None:
-            for recorded in reversed(turn.stream_results or ()):
+            for recorded in reversed(turn.produced.stream_results or ()):
                 if recorded.iteration == iteration:
                     outcome, error = recorded.outcome, recorded.error
                     finish = recorded.finish.value if recorded.finish is not None else None
                     break
-            for entry in reversed(turn.usage or ()):
+            for entry in reversed(turn.produced.usage or ()):
                 if entry.iteration == iteration:
                     usage = entry
                     break
-            if usage is None and turn.pass_usage is not None and turn.iterations == iteration:
-                usage = turn.pass_usage
+            if (
+                usage is None
+                and turn.current_pass.usage is not None
+                and turn.iterations == iteration
+            ):
+                usage = turn.current_pass.usage
         event = PassEnded(
             self.attempt,
             iteration,

@@ -71,8 +71,8 @@ from toolloop_fsm.snapshot import (
     LoopSnapshot,
     SnapshotError,
     TurnSnapshot,
-    capture_chain,
 )
+from toolloop_fsm.snapshot_capture import capture_chain
 from toolloop_fsm.turn import DraftState
 
 

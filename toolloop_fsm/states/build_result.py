@@ -36,7 +36,7 @@ def complete_after_pre_tool_text(turn: TurnState, _event: Any = None) -> None:
 
 
 def _final_text_is_pre_tool_text(turn: TurnState) -> None:
-    turn.last_text = turn.pre_tool_text or ""
+    turn.produced.last_text = turn.pre_tool_text or ""
 
 
 def end_iteration_ceiling(turn: TurnState, _event: Any = None) -> None:
@@ -66,7 +66,7 @@ def _fail_delivery(turn: TurnState, event: DeliveryFailed) -> None:
     """Host code failed: the turn ends ``error`` (no fallback; the ending is declared) and
     nothing else runs."""
     if event.seq is not None:
-        turn.in_flight.pop(event.seq, None)
+        turn.deliveries.in_flight.pop(event.seq, None)
     if event.timed_out:
         turn.error_message = f"the host's channel did not return: {event.error}"
     else:
@@ -88,7 +88,7 @@ def begin_settling(turn: TurnState, _event: Any = None) -> None:
 
 def settle_delivery(turn: TurnState, event: DeliveryRecorded) -> None:
     record_delivery(turn, event)
-    if not turn.in_flight:
+    if not turn.deliveries.in_flight:
         clear_deadline(turn, DeadlineKind.SETTLE)
 
 
@@ -105,7 +105,7 @@ def kill_while_settling(turn: TurnState, event: StopRequested) -> None:
 
 
 def ignore_follow_up_while_settling(turn: TurnState, _event: Any = None) -> None:
-    turn.follow_ups_cleared += 1
+    turn.produced.follow_ups_cleared += 1
 
 
 # --------------------------------------------------------------------------- the result
@@ -131,16 +131,16 @@ def build_result(
         undelivered_text=undelivered_text,
         details_text=details,
         history=tuple(turn.history or ()),
-        stream_results=tuple(turn.stream_results or ()),
-        usage=UsageLedger(tuple(turn.usage or ())),
+        stream_results=tuple(turn.produced.stream_results or ()),
+        usage=UsageLedger(tuple(turn.produced.usage or ())),
         iterations=turn.iterations,
         tool_dispatches=turn.dispatches,
         tool_response_delivered=turn.tool_response_delivered,
-        thought_log=turn.thought_log,
+        thought_log=turn.produced.thought_log,
         thought_log_owner=turn.request.thought_log_owner,
-        delivered=tuple(sorted(turn.delivered or (), key=lambda d: d.seq)),
-        notices=tuple(turn.notices or ()),
-        held_notice=turn.held_notice,
+        delivered=tuple(sorted(turn.deliveries.delivered or (), key=lambda d: d.seq)),
+        notices=tuple(turn.produced.notices or ()),
+        held_notice=turn.produced.held_notice,
         stop_message=turn.stop_message,
         error_message=turn.error_message,
         provider_error_kind=turn.provider_error_kind,
@@ -161,12 +161,12 @@ def count_late_deliveries(
     other, so they are recorded, and the result's deliveries, final text and undelivered text
     count them. The ending itself stands."""
     for seq in seqs:
-        if seq in turn.in_flight:
+        if seq in turn.deliveries.in_flight:
             record_delivery(turn, DeliveryRecorded(seq))
     final_text, undelivered_text = _result_texts(turn, result.status)
     return attrs.evolve(
         result,
-        delivered=tuple(sorted(turn.delivered or (), key=lambda d: d.seq)),
+        delivered=tuple(sorted(turn.deliveries.delivered or (), key=lambda d: d.seq)),
         final_text=final_text,
         undelivered_text=undelivered_text,
     )
@@ -175,8 +175,8 @@ def count_late_deliveries(
 def _result_texts(turn: TurnState, status: TurnStatus) -> tuple[str, str]:
     """The final text (with the scene metadata block, if any) and the undelivered text."""
     final_text, undelivered_text = _final_and_undelivered_text(turn, status)
-    if turn.scene_metadata:
-        final_text = f"{final_text}\n\n[Scene Metadata]\n" + "\n".join(turn.scene_metadata)
+    if turn.produced.scene_metadata:
+        final_text = f"{final_text}\n\n[Scene Metadata]\n" + "\n".join(turn.produced.scene_metadata)
     return final_text, undelivered_text
 
 
@@ -192,7 +192,7 @@ def _final_and_undelivered_text(turn: TurnState, status: TurnStatus) -> tuple[st
     if draft is not None and turn.policy.drafting:
         return _drafted_texts(turn, status)
     by_pass: dict[int, list[str]] = {}
-    for item in sorted(turn.delivered or (), key=lambda d: d.seq):
+    for item in sorted(turn.deliveries.delivered or (), key=lambda d: d.seq):
         if item.text is not None:
             by_pass.setdefault(item.iteration, []).append(item.text)
     confirmed_now = "".join(by_pass.get(turn.iterations, ()))
@@ -201,7 +201,7 @@ def _final_and_undelivered_text(turn: TurnState, status: TurnStatus) -> tuple[st
     seen = streamed.startswith(confirmed_now)
     undelivered = streamed[len(confirmed_now) :] if seen else streamed
     if status is TurnStatus.COMPLETED:
-        return turn.last_text, undelivered
+        return turn.produced.last_text, undelivered
     final = ""
     for iteration in sorted(by_pass, reverse=True):
         text = "".join(by_pass[iteration])
@@ -220,13 +220,13 @@ def _drafted_texts(turn: TurnState, status: TurnStatus) -> tuple[str, str]:
     assert draft is not None
     confirmed = "".join(
         item.text
-        for item in sorted(turn.delivered or (), key=lambda d: d.seq)
+        for item in sorted(turn.deliveries.delivered or (), key=lambda d: d.seq)
         if item.text is not None
     )
     unsent = [draft.held_text(), draft.discarded]
-    unsent.extend(item.text for _, item in sorted(turn.in_flight.items()) if item.text)
+    unsent.extend(item.text for _, item in sorted(turn.deliveries.in_flight.items()) if item.text)
     unsent.append("".join(turn.pass_text[turn.buffer_start :]))
     undelivered = "".join(unsent)
     if status is TurnStatus.COMPLETED:
-        return turn.last_text, undelivered
+        return turn.produced.last_text, undelivered
     return confirmed, undelivered

@@ -11,18 +11,20 @@ from toolloop_fsm.turn import DraftState, HeldSegment, TurnState
 
 
 def deliver_text(turn: TurnState, text: str) -> None:
-    seq = turn.next_seq
-    turn.next_seq = seq + 1
-    turn.in_flight[seq] = Delivered(seq, text=text, iteration=turn.iterations)
+    seq = turn.deliveries.next_seq
+    turn.deliveries.next_seq = seq + 1
+    turn.deliveries.in_flight[seq] = Delivered(seq, text=text, iteration=turn.iterations)
     if text.strip():
-        turn.visible_text_delivered = True
+        turn.deliveries.visible_text_delivered = True
     turn.effects.append(Deliver(seq, text=text))
 
 
 def deliver_expression(turn: TurnState, expression: str) -> None:
-    seq = turn.next_seq
-    turn.next_seq = seq + 1
-    turn.in_flight[seq] = Delivered(seq, expression=expression, iteration=turn.iterations)
+    seq = turn.deliveries.next_seq
+    turn.deliveries.next_seq = seq + 1
+    turn.deliveries.in_flight[seq] = Delivered(
+        seq, expression=expression, iteration=turn.iterations
+    )
     turn.expression_delivered = True
     turn.effects.append(Deliver(seq, expression=expression))
 
@@ -107,17 +109,17 @@ def discard_buffer(turn: TurnState) -> None:
 
 
 def record_delivery(turn: TurnState, event: DeliveryRecorded) -> None:
-    delivered = turn.in_flight.pop(event.seq, None)
+    delivered = turn.deliveries.in_flight.pop(event.seq, None)
     if delivered is not None:
-        if turn.delivered is None:
-            turn.delivered = []
-        turn.delivered.append(delivered)
+        if turn.deliveries.delivered is None:
+            turn.deliveries.delivered = []
+        turn.deliveries.delivered.append(delivered)
 
 
 def post_notice(turn: TurnState, notice: Notice) -> None:
-    if turn.notices is None:
-        turn.notices = []
-    turn.notices.append(notice)
+    if turn.produced.notices is None:
+        turn.produced.notices = []
+    turn.produced.notices.append(notice)
     turn.effects.append(PostNotice(notice))
 
 
@@ -132,11 +134,28 @@ def arm_deadline(
 ) -> None:
     turn.next_token += 1
     token = turn.next_token
-    turn.armed[kind] = token
+    if kind is DeadlineKind.TOOL:
+        turn.tool_round.deadline = token
+    else:
+        turn.armed[kind] = token
     turn.effects.append(ArmDeadline(kind, token, seconds, rolling, first_seconds, total_seconds))
 
 
 def clear_deadline(turn: TurnState, kind: DeadlineKind) -> None:
-    token = turn.armed.pop(kind, None)
+    token = disarm_deadline(turn, kind)
     if token is not None:
         turn.effects.append(ClearDeadline(kind, token))
+
+
+def armed_token(turn: TurnState, kind: DeadlineKind) -> int | None:
+    """The token of the armed deadline of ``kind``: the running tool's is kept by its round
+    (`ToolRound.deadline`), every other kind's by the turn (`TurnState.armed`)."""
+    return turn.tool_round.deadline if kind is DeadlineKind.TOOL else turn.armed.get(kind)
+
+
+def disarm_deadline(turn: TurnState, kind: DeadlineKind) -> int | None:
+    """Forget the armed deadline of ``kind`` (it expired, or is cleared); its token."""
+    if kind is DeadlineKind.TOOL:
+        token, turn.tool_round.deadline = turn.tool_round.deadline, None
+        return token
+    return turn.armed.pop(kind, None)

@@ -16,6 +16,7 @@ from toolloop_fsm.events import DeadlineKind, DeliveryFailed, StopRequested
 from toolloop_fsm.guards.ceilings import continuation_retries_exhausted
 from toolloop_fsm.guards.drafting import call_identity
 from toolloop_fsm.guards.exit_policy import pass_has_text, tool_asked_to_end_turn
+from toolloop_fsm.ledger import ToolOutcome
 from toolloop_fsm.result import Notice, UsageEntry
 from toolloop_fsm.review import (
     CandidateStatus,
@@ -41,7 +42,7 @@ from toolloop_fsm.states.delivery import (
 )
 from toolloop_fsm.states.stream_once import close_pass, close_pass_with_call, queue_stop_message
 from toolloop_fsm.states.tool_dispatch import start_dispatch
-from toolloop_fsm.turn import DraftState, ToolOutcome, TurnState
+from toolloop_fsm.turn import DraftState, TurnState
 
 
 def _draft(turn: TurnState) -> DraftState:
@@ -62,10 +63,10 @@ def hold_remaining_text(turn: TurnState, _event: Any = None) -> None:
 def close_cut_pass(turn: TurnState, _event: Any = None) -> None:
     """The pass stopped at the ceiling: it is closed as cut (usage estimated when none was
     reported); a call it may have begun is ignored (the reply is over)."""
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     if call is not None:
-        turn.pending_call = None
-        turn.ignored_calls = [str(call.name), *(turn.ignored_calls or ())]
+        turn.tool_round.pending_call = None
+        turn.current_pass.ignored_calls = [str(call.name), *(turn.current_pass.ignored_calls or ())]
     close_pass(turn, "cut_at_length_limit")
     _draft(turn).trigger = "length_limit"
 
@@ -112,7 +113,7 @@ def deliver_held_draft(turn: TurnState, _event: Any = None) -> None:
         elif segment.expression is not None:
             deliver_expression(turn, segment.expression)
             turn.tool_response_delivered = True
-    turn.last_text = "".join(text)
+    turn.produced.last_text = "".join(text)
     if draft.cut and not draft.cut_by_send_limit:
         post_notice(
             turn,
@@ -145,7 +146,7 @@ def begin_revision(turn: TurnState, _event: Any = None) -> None:
         turn.history = [attrs.evolve(entry, pre_tool_text=None) for entry in turn.history]
     turn.prefill = None
     turn.pre_tool_text = None
-    turn.last_text = ""
+    turn.produced.last_text = ""
     turn.occurrences = None
     turn.context.append({"role": "user", "content": revision_instruction(candidate, findings)})
 
@@ -206,7 +207,7 @@ def request_call_review(turn: TurnState, _event: Any = None) -> None:
     narration is held, or delivered when not drafting)."""
     close_pass_with_call(turn)
     draft = _draft(turn)
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     assert call is not None
     name = str(call.name)
     correction = name in draft.rejected_names
@@ -225,7 +226,7 @@ def run_approved_call(turn: TurnState, _event: Any = None) -> None:
     correction chain)."""
     draft = _draft(turn)
     _take_verdict(turn, draft)
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     assert call is not None
     if draft.reviewing_correction:
         draft.rejected_names.discard(str(call.name))
@@ -262,16 +263,16 @@ def repeat_rejection(turn: TurnState, _event: Any = None) -> None:
     """The identical call was rejected before: the same rejection, without a review."""
     close_pass_with_call(turn)
     draft = _draft(turn)
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     assert call is not None
-    turn.outcome = draft.rejected_calls[call_identity(str(call.name), call.arguments)]
+    turn.tool_round.outcome = draft.rejected_calls[call_identity(str(call.name), call.arguments)]
 
 
 def refuse_correction(turn: TurnState, _event: Any = None) -> None:
     """A correction with no correction left, or no reviewer to approve it: rejected."""
     close_pass_with_call(turn)
     draft = _draft(turn)
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     assert call is not None
     draft.reviewing_identity = call_identity(str(call.name), call.arguments)
     _reject(turn, draft, _NO_APPROVAL, ())
@@ -284,7 +285,7 @@ _NO_APPROVAL = (
 
 
 def _reject(turn: TurnState, draft: DraftState, reason: str, findings: tuple[Finding, ...]) -> None:
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     assert call is not None
     name = str(call.name)
     outcome = ToolOutcome(
@@ -304,7 +305,7 @@ def _reject(turn: TurnState, draft: DraftState, reason: str, findings: tuple[Fin
     draft.rejected_calls[identity] = outcome
     draft.rejected_names.add(name)
     draft.reviewing_correction = False
-    turn.outcome = outcome
+    turn.tool_round.outcome = outcome
 
 
 # --------------------------------------------------------------------------- shared
@@ -332,10 +333,10 @@ def _take_verdict(turn: TurnState, draft: DraftState) -> Any:
         _record(draft, turn, "unavailable", reason=reason)
     usage = getattr(verdict, "usage", None)
     if usage is not None:
-        if turn.usage is None:
-            turn.usage = []
+        if turn.produced.usage is None:
+            turn.produced.usage = []
         role = "decision" if turn.state == "reviewing_call" else "reviewer"
-        turn.usage.append(
+        turn.produced.usage.append(
             UsageEntry(
                 turn.iterations, usage.input_tokens, usage.output_tokens, usage.estimated, role
             )
@@ -363,7 +364,7 @@ def _record(
     reason: str | None = None,
 ) -> None:
     checkpoint = turn.state == "reviewing_call"
-    call = turn.pending_call if checkpoint else None
+    call = turn.tool_round.pending_call if checkpoint else None
     draft.records.append(
         ReviewRecord(
             kind=ReviewKind.TOOL_CALL if checkpoint else ReviewKind.RESPONSE,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolloop_fsm.effects import Deliver, OfferSnapshot
-from toolloop_fsm.snapshot import capture_loop
+from toolloop_fsm.snapshot_capture import capture_loop
 from toolloop_fsm.turn import TurnState
 
 
@@ -21,5 +21,5 @@ def resend_in_flight(turn: TurnState, _event: Any = None) -> None:
     """A resumed turn first sends again what was in flight when its snapshot was taken,
     under the same sequence numbers: a channel that takes idempotency keys drops what it
     already showed, and a confirmation is recorded like any other."""
-    for seq, item in sorted(turn.in_flight.items()):
+    for seq, item in sorted(turn.deliveries.in_flight.items()):
         turn.effects.append(Deliver(seq, text=item.text, expression=item.expression))

@@ -24,6 +24,7 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.guards.tool_gate import offered_tools
+from toolloop_fsm.ledger import canonical_call_key
 from toolloop_fsm.provider import ProviderRequest, ToolSpec
 from toolloop_fsm.result import (
     Notice,
@@ -39,7 +40,7 @@ from toolloop_fsm.states.delivery import (
     flush_buffer,
     post_notice,
 )
-from toolloop_fsm.turn import ReadCount, TurnState, canonical_call_key
+from toolloop_fsm.turn import PassRecord, ReadCount, ToolRound, TurnState
 
 Item = TypeVar("Item")
 
@@ -54,16 +55,9 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
         post_notice(turn, Notice("still_working", {"iteration": turn.iterations + 1}))
     turn.iterations += 1
     turn.pass_text.clear()
-    turn.pass_thoughts = None
     turn.buffer_start = 0
     turn.buffer_len = 0
-    turn.pass_finish = None
-    turn.pass_usage = None
-    turn.pass_answered = False
-    turn.pending_call = None
-    turn.ignored_calls = None
-    turn.outcome = None
-    turn.current_call_key = None
+    turn.tool_round = ToolRound()
     request = ProviderRequest(
         context=tuple(turn.context),
         tools=offered_tools(turn),
@@ -72,7 +66,7 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
         max_output=turn.request.max_output,
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
     )
-    turn.pass_request = request
+    turn.current_pass = PassRecord(request=request)
     turn.effects.append(StartStream(turn.iterations, request))
     # one deadline per pass: the first-token budget until the first chunk, then the rolling
     # inactivity budget (the pump measures both from the same timer)
@@ -98,9 +92,9 @@ def take_text(turn: TurnState, event: TextDelta) -> None:
 
 
 def take_thought(turn: TurnState, event: ThoughtDelta) -> None:
-    thoughts = turn.pass_thoughts
+    thoughts = turn.current_pass.thoughts
     if thoughts is None:
-        turn.pass_thoughts = [event.text]
+        turn.current_pass.thoughts = [event.text]
     else:
         thoughts.append(event.text)
 
@@ -117,13 +111,13 @@ def take_usage(turn: TurnState, event: UsageReport) -> None:
     problem = malformation(_USAGE_SHAPE, event)
     if problem is not None:
         raise ValueError(problem)
-    previous = turn.pass_usage
+    previous = turn.current_pass.usage
     if event.cumulative or previous is None:
-        turn.pass_usage = UsageEntry(
+        turn.current_pass.usage = UsageEntry(
             turn.iterations, event.input_tokens, event.output_tokens, event.estimated
         )
     else:
-        turn.pass_usage = UsageEntry(
+        turn.current_pass.usage = UsageEntry(
             turn.iterations,
             previous.input_tokens + event.input_tokens,
             previous.output_tokens + event.output_tokens,
@@ -134,25 +128,25 @@ def take_usage(turn: TurnState, event: UsageReport) -> None:
 def take_function_call(turn: TurnState, event: FunctionCall) -> None:
     """The first call of a pass is the one dispatched; later ones are recorded as ignored
     (one dispatch per pass keeps the history provider-valid and dispatches ≤ passes)."""
-    if turn.pending_call is None:
-        turn.pending_call = event
+    if turn.tool_round.pending_call is None:
+        turn.tool_round.pending_call = event
     else:
-        ignored = turn.ignored_calls
+        ignored = turn.current_pass.ignored_calls
         if ignored is None:
-            turn.ignored_calls = [str(event.name)]
+            turn.current_pass.ignored_calls = [str(event.name)]
         else:
             ignored.append(str(event.name))
 
 
 def take_finish_reason(turn: TurnState, event: FinishReason) -> None:
-    turn.pass_finish = event.kind
+    turn.current_pass.finish = event.kind
 
 
 def take_scene_metadata(turn: TurnState, event: SceneMetadata) -> None:
-    if turn.scene_metadata is None:
-        turn.scene_metadata = [event.text]
+    if turn.produced.scene_metadata is None:
+        turn.produced.scene_metadata = [event.text]
     else:
-        turn.scene_metadata.append(event.text)
+        turn.produced.scene_metadata.append(event.text)
 
 
 CHUNK_HANDLERS: dict[type, Callable[[TurnState, Any], None]] = {
@@ -169,7 +163,7 @@ def take_first_chunk(turn: TurnState, event: Any) -> None:
     """The first chunk: from here the pass's stream deadline is the rolling inactivity
     budget (the pump sees the chunk; the deadline need not be re-armed), and the pass was
     answered (its usage is recorded, estimated if the provider reports none)."""
-    turn.pass_answered = True
+    turn.current_pass.answered = True
     CHUNK_HANDLERS[type(event)](turn, event)
 
 
@@ -178,34 +172,34 @@ def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> st
     """Record the pass's stream result, usage and thoughts; returns the pass's text."""
     clear_deadline(turn, DeadlineKind.STREAM)
     text = "".join(turn.pass_text)
-    call = turn.pending_call
-    if turn.stream_results is None:
-        turn.stream_results = []
-    turn.stream_results.append(
+    call = turn.tool_round.pending_call
+    if turn.produced.stream_results is None:
+        turn.produced.stream_results = []
+    turn.produced.stream_results.append(
         StreamResult(
             iteration=turn.iterations,
             outcome=outcome,
             text=text,
-            finish=turn.pass_finish,
+            finish=turn.current_pass.finish,
             function_call=str(call.name) if call is not None else None,
-            ignored_calls=tuple(turn.ignored_calls or ()),
+            ignored_calls=tuple(turn.current_pass.ignored_calls or ()),
             error=error,
         )
     )
-    usage = turn.pass_usage
-    if usage is None and turn.pass_answered:
+    usage = turn.current_pass.usage
+    if usage is None and turn.current_pass.answered:
         usage = estimate_usage(turn, text)
     if usage is not None:
-        if turn.usage is None:
-            turn.usage = []
-        turn.usage.append(usage)
-        turn.pass_usage = None
-    if turn.pass_thoughts:
-        thoughts = "".join(turn.pass_thoughts)
+        if turn.produced.usage is None:
+            turn.produced.usage = []
+        turn.produced.usage.append(usage)
+        turn.current_pass.usage = None
+    if turn.current_pass.thoughts:
+        thoughts = "".join(turn.current_pass.thoughts)
         if thoughts.strip():
-            turn.thought_log = thoughts
+            turn.produced.thought_log = thoughts
     if text.strip():
-        turn.last_text = text
+        turn.produced.last_text = text
     return text
 
 
@@ -214,11 +208,11 @@ def estimate_usage(turn: TurnState, text: str) -> UsageEntry:
     report — characters / 4, rounded up, marked ``estimated``. Output: the text, thoughts
     and call the pass streamed; input: what the request gave the model to read, a running
     count over the turn's requests (`read_characters`)."""
-    written = len(text) + sum(len(thought) for thought in turn.pass_thoughts or ())
-    call = turn.pending_call
+    written = len(text) + sum(len(thought) for thought in turn.current_pass.thoughts or ())
+    call = turn.tool_round.pending_call
     if call is not None:
         written += len(canonical_call_key(str(call.name), call.arguments))
-    request = turn.pass_request
+    request = turn.current_pass.request
     read = 0
     if request is not None:
         count = turn.read_count
@@ -334,7 +328,7 @@ def end_empty_response(turn: TurnState, _event: Any = None) -> None:
 
 
 def end_malformed_call(turn: TurnState, _event: Any = None) -> None:
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     close_pass(turn, "function_call", error="malformed tool call")
     flush_buffer(turn)
     name = call.name if call is not None else None
@@ -391,6 +385,6 @@ def time_out_stream(turn: TurnState, _event: Any = None) -> None:
     discard_buffer(turn)
     notice = Notice("timeout", {"reason": reason})
     if turn.hold_timeout_notice:
-        turn.held_notice = notice
+        turn.produced.held_notice = notice
     else:
         post_notice(turn, notice)

@@ -11,6 +11,7 @@ from typing import Any
 from toolloop_fsm.effects import CancelTool, RunTool
 from toolloop_fsm.events import DeadlineKind, FollowUpArrived, StopRequested, ToolFinished
 from toolloop_fsm.guards.tool_gate import allowed_tool_names
+from toolloop_fsm.ledger import LedgerEntry, ToolOutcome
 from toolloop_fsm.result import (
     REVIEW_REJECTED_STATUS,
     Notice,
@@ -22,17 +23,12 @@ from toolloop_fsm.states.delivery import (
     arm_deadline,
     clear_deadline,
     deliver_expression,
+    disarm_deadline,
     hold_expression,
     post_notice,
 )
 from toolloop_fsm.states.stream_once import close_pass_with_call, queue_stop_message
-from toolloop_fsm.turn import (
-    LedgerEntry,
-    ToolOutcome,
-    TurnState,
-    call_key_of_pending,
-    take_occurrence,
-)
+from toolloop_fsm.turn import TurnState, call_key_of_pending, take_occurrence
 
 TRUNCATED_ARGUMENTS_REASON = (
     "The provider truncated the arguments of this call before they were complete; "
@@ -43,14 +39,16 @@ TRUNCATED_ARGUMENTS_REASON = (
 # --------------------------------------------------------------------------- the gate
 def refuse_truncated_call(turn: TurnState, _event: Any = None) -> None:
     close_pass_with_call(turn)
-    turn.outcome = ToolOutcome(success=False, reason=TRUNCATED_ARGUMENTS_REASON, dispatched=False)
+    turn.tool_round.outcome = ToolOutcome(
+        success=False, reason=TRUNCATED_ARGUMENTS_REASON, dispatched=False
+    )
 
 
 def refuse_unparseable_call(turn: TurnState, _event: Any = None) -> None:
     close_pass_with_call(turn)
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     detail = call.parse_error if call is not None else "unknown"
-    turn.outcome = ToolOutcome(
+    turn.tool_round.outcome = ToolOutcome(
         success=False,
         reason=f"The arguments were not valid JSON ({detail}); the tool was not run.",
         dispatched=False,
@@ -59,7 +57,7 @@ def refuse_unparseable_call(turn: TurnState, _event: Any = None) -> None:
 
 def refuse_outside_allowlist(turn: TurnState, _event: Any = None) -> None:
     close_pass_with_call(turn)
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     name = str(call.name) if call is not None else ""
     allowed = allowed_tool_names(turn)
     allowed_text = ", ".join(allowed) if allowed else "none"
@@ -71,7 +69,7 @@ def refuse_outside_allowlist(turn: TurnState, _event: Any = None) -> None:
         reason = (
             f"The tool {name!r} is not available in this turn. Tools you may call: {allowed_text}."
         )
-    turn.outcome = ToolOutcome(success=False, reason=reason, dispatched=False)
+    turn.tool_round.outcome = ToolOutcome(success=False, reason=reason, dispatched=False)
 
 
 def reuse_recorded_outcome(turn: TurnState, _event: Any = None) -> None:
@@ -79,12 +77,12 @@ def reuse_recorded_outcome(turn: TurnState, _event: Any = None) -> None:
     instead of running the tool again. A reused restart does not restart (its context is
     already there)."""
     close_pass_with_call(turn)
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     assert call is not None
     key = take_occurrence(turn, call_key_of_pending(turn, call))
     recorded = turn.ledger[key].outcome
-    turn.current_call_key = key
-    turn.outcome = ToolOutcome(
+    turn.tool_round.current_call_key = key
+    turn.tool_round.outcome = ToolOutcome(
         success=recorded.success,
         data=recorded.data,
         message=recorded.message,
@@ -106,13 +104,13 @@ def dispatch_tool(turn: TurnState, _event: Any = None) -> None:
 
 def start_dispatch(turn: TurnState) -> None:
     """Run the pending call under its deadline (the pass is already closed)."""
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     assert call is not None
     tool = turn.registry.get(call.name)
     assert tool is not None
     turn.dispatches += 1
     key = take_occurrence(turn, call_key_of_pending(turn, call))
-    turn.current_call_key = key
+    turn.tool_round.current_call_key = key
     turn.effects.append(RunTool(turn.dispatches, call.name, dict(call.arguments), key))
     timeout = tool.timeout if tool.timeout is not None else turn.policy.tool_timeout
     arm_deadline(turn, DeadlineKind.TOOL, timeout)
@@ -121,26 +119,26 @@ def start_dispatch(turn: TurnState) -> None:
 # --------------------------------------------------------------------------- while a tool runs
 def take_tool_outcome(turn: TurnState, event: ToolFinished) -> None:
     clear_deadline(turn, DeadlineKind.TOOL)
-    turn.outcome = ToolOutcome.from_event(event)
+    turn.tool_round.outcome = ToolOutcome.from_event(event)
 
 
 def time_out_tool(turn: TurnState, _event: Any = None) -> None:
-    turn.armed.pop(DeadlineKind.TOOL, None)
+    disarm_deadline(turn, DeadlineKind.TOOL)
     turn.effects.append(CancelTool(turn.dispatches))
-    turn.outcome = ToolOutcome(success=False, reason=timed_out_reason(turn))
+    turn.tool_round.outcome = ToolOutcome(success=False, reason=timed_out_reason(turn))
 
 
 def cut_off_tool(turn: TurnState, _event: Any = None) -> None:
     """§3.9 rule 2: the deadline of a tool with a reconcile hook passed. It is cancelled and
     the machine waits for its outcome: the timeout (``cut_off``) if it stops within its
     grace, else what the hook says really happened, or that nobody can tell."""
-    turn.armed.pop(DeadlineKind.TOOL, None)
+    disarm_deadline(turn, DeadlineKind.TOOL)
     turn.effects.append(CancelTool(turn.dispatches, cut_off=timed_out_reason(turn)))
 
 
 def timed_out_reason(turn: TurnState) -> str:
     """What the model is told of the running call when its deadline passed."""
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     tool = turn.registry.get(call.name) if call is not None else None
     seconds = tool.timeout if tool is not None and tool.timeout is not None else None
     if seconds is None:
@@ -157,14 +155,14 @@ def stop_during_tool(turn: TurnState, event: StopRequested) -> None:
 
 def clear_stale_follow_up(turn: TurnState, _event: FollowUpArrived) -> None:
     """A follow-up during a tool chain waits for the next turn; the chain continues."""
-    turn.follow_ups_cleared += 1
+    turn.produced.follow_ups_cleared += 1
 
 
 # --------------------------------------------------------------------------- after the outcome
 def announce_tool_outcome(turn: TurnState, _event: Any = None) -> None:
     """docs/behaviour.md §3.8: deliver the tool's expression (once per turn) and post the
     hidden failure notice with redacted arguments."""
-    outcome = turn.outcome
+    outcome = turn.tool_round.outcome
     assert outcome is not None
     if (
         outcome.success
@@ -183,7 +181,7 @@ def announce_tool_outcome(turn: TurnState, _event: Any = None) -> None:
 
 
 def tool_failure_notice(turn: TurnState, outcome: ToolOutcome) -> Notice:
-    call = turn.pending_call
+    call = turn.tool_round.pending_call
     name = str(call.name) if call is not None else "?"
     arguments: Any = {} if call is None or call.truncated else call.arguments
     tool = turn.registry.get(name)
@@ -203,8 +201,8 @@ def tool_failure_notice(turn: TurnState, outcome: ToolOutcome) -> Notice:
 def record_tool_outcome(turn: TurnState, _event: Any = None) -> None:
     """docs/behaviour.md §4.2: push the history entry, remember the tool, update
     the ledger and the error counters, and clear the prefill the entry now carries."""
-    outcome = turn.outcome
-    call = turn.pending_call
+    outcome = turn.tool_round.outcome
+    call = turn.tool_round.pending_call
     assert outcome is not None and call is not None
     name = str(call.name)
     arguments: Mapping[str, Any] = (
@@ -240,9 +238,11 @@ def record_tool_outcome(turn: TurnState, _event: Any = None) -> None:
         turn.draft.committed_segments = len(turn.draft.segments)
     if outcome.success and outcome.delivered:
         turn.tool_response_delivered = True
-    if outcome.dispatched and turn.current_call_key is not None:
+    if outcome.dispatched and turn.tool_round.current_call_key is not None:
         # failures are recorded too, so that occurrences line up; only a success is reused
-        turn.ledger[turn.current_call_key] = LedgerEntry(turn.current_call_key, outcome)
+        turn.ledger[turn.tool_round.current_call_key] = LedgerEntry(
+            turn.tool_round.current_call_key, outcome
+        )
     if outcome.success:
         turn.consecutive_tool_errors = 0
         turn.continuation_failures = 0

@@ -521,7 +521,7 @@ class _AttemptShell:
             channel=self.turn.channel,
             keys_prefix=self.keys_prefix,
             request=effect.request,
-            first_seq=turn.next_seq,
+            first_seq=turn.deliveries.next_seq,
             flush_chars=policy.delivery_flush_chars,
             suppress_text=turn.suppress_text,
             first_token_timeout=policy.effective_first_token_timeout,
@@ -640,7 +640,7 @@ class _AttemptShell:
         try:
             event: ToolFinished = handle.result()
         except ActivityError as err:
-            name = self.machine.turn.pending_call
+            name = self.machine.turn.tool_round.pending_call
             tool = str(name.name) if name is not None else "the tool"
             if self.tool_idempotent:
                 error = f"{tool} was lost on every try: {_cause(err)}"
@@ -661,7 +661,7 @@ class _AttemptShell:
         activity: its answer is in the history, so a replay never asks again) what really
         happened; otherwise, or if it cannot tell, the model is told the outcome is unknown."""
         dispatch = self.tool_dispatch
-        call = self.machine.turn.pending_call
+        call = self.machine.turn.tool_round.pending_call
         call_id = call.call_id if call is not None and isinstance(call.call_id, str) else None
         registered = self.outer.registry.get(tool)
         answer: ToolFinished | None = None

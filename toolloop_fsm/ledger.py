@@ -1,0 +1,98 @@
+"""The turn-scoped tool ledger's values: a call's identity (`canonical_call_key`), the key
+of its n-th occurrence, a tool's outcome as the loop sees it (`ToolOutcome`) and a recorded
+call (`LedgerEntry`).
+
+Plain values that depend on the events only: the machines' run state (`toolloop_fsm.turn`)
+and the snapshots (`toolloop_fsm.snapshot`) both hold them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from attrs import frozen
+
+from toolloop_fsm.events import ToolFinished, ToolOutcomeKind
+
+
+def canonical_call_key(name: str, arguments: Any) -> str:
+    """The engine's own identity of a call: name + canonical JSON arguments.
+
+    A model's call ids change between attempts, so they cannot identify a call.
+    """
+    try:
+        canonical = _CANONICAL_JSON.encode(arguments)
+    except (TypeError, ValueError):
+        canonical = repr(arguments)
+    return f"{name}:{canonical}"
+
+
+#: What `json.dumps` builds on every call when given options, built once (it keeps no state
+#: between calls): a call key is computed for every tool call
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def occurrence_key(call_key: str, occurrence: int) -> str:
+    """The ledger's key for the ``occurrence``-th identical call (1-based) of a replay scope:
+    the n-th identical call of an attempt, or of the passes after a context restart, matches
+    the n-th one recorded earlier in the turn."""
+    return f"{call_key}#{occurrence}"
+
+
+@frozen
+class ToolOutcome:
+    """A tool's outcome as the loop sees it (a real dispatch, a reuse, or a refusal)."""
+
+    success: bool
+    data: Any = None
+    message: str | None = None
+    reason: str | None = None
+    end_turn: bool = False
+    delivered: bool = False
+    expression: str | None = None
+    restart_item: Mapping[str, Any] | None = None
+    restart_kinds: tuple[str, ...] = ()
+    dispatched: bool = True
+    reused: bool = False
+    #: the tool checkpoint's reviewer rejected the call: it did not run, and it counts as
+    #: no failure (no failure notice, no error counted)
+    rejected: bool = False
+    #: a failure whose call may have taken effect (docs/behaviour.md §3.9): reused on a
+    #: replay, never rerun
+    in_doubt: bool = False
+
+    @classmethod
+    def from_event(cls, event: ToolFinished) -> ToolOutcome:
+        if event.kind is ToolOutcomeKind.SUCCEEDED:
+            restart = event.context_restart
+            return cls(
+                success=True,
+                data=event.data,
+                message=event.message,
+                end_turn=event.end_turn,
+                delivered=event.delivered,
+                expression=event.expression,
+                restart_item=restart.item if restart is not None else None,
+                restart_kinds=restart.disable_kinds if restart is not None else (),
+            )
+        reason = event.error or event.message or "the tool reported a failure"
+        return cls(
+            success=False,
+            data=event.data,
+            message=event.message,
+            reason=reason,
+            expression=event.expression if event.kind is ToolOutcomeKind.FAILED else None,
+            in_doubt=event.in_doubt,
+        )
+
+
+@frozen
+class LedgerEntry:
+    """A completed call recorded in the turn-scoped ledger, under its occurrence key. Failed
+    calls are recorded too (so that occurrences line up); only a success, or a call in doubt,
+    is reused."""
+
+    call_key: str
+    outcome: ToolOutcome
