@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 from toolloop_fsm.effects import (
@@ -10,18 +9,18 @@ from toolloop_fsm.effects import (
 )
 from toolloop_fsm.events import (
     DeadlineExpired,
-    DeadlineKind,
 )
 from toolloop_fsm.host import (
     Clock,
 )
+from toolloop_fsm.pass_rules import DUE_SLACK, stream_budget_due
 
 
 class StreamDeadlines:
     """The turn's deadlines as timers on its `Clock`: arming them, and working out, when one
     wakes, whether it is really due (a rolling budget counts from the last chunk or recorded
-    delivery, a pass's stream deadline from its first-token and total budgets) and which
-    `DeadlineExpired` it is."""
+    delivery; which budget of a pass's stream deadline runs out is
+    `toolloop_fsm.pass_rules.stream_budget_due`) and which `DeadlineExpired` it is."""
 
     if TYPE_CHECKING:
         # the state it works on belongs to the pump that mixes it in (`EventPump`)
@@ -66,31 +65,28 @@ class StreamDeadlines:
         kind = effect.kind
         if effect.rolling:
             now = self.clock.now()
-            total = effect.total_seconds
-            pass_due = self._stream_armed_at + total if total is not None else math.inf
-            if effect.first_seconds is not None and pass_due - now <= 1e-9:
-                # the pass's total budget is spent, however steadily it streams
-                kind = DeadlineKind.PASS_DURATION
+            last_chunk = self._last_chunk
+            # a rolling deadline counts from the last chunk or recorded delivery (chunks
+            # stamp _last_chunk only: one store per chunk on the hot path)
+            last = self._last_activity
+            if last_chunk is not None and last_chunk > last:
+                last = last_chunk
+            if effect.first_seconds is not None:
+                # the pass's stream deadline: the budget that runs out first (pass_rules)
+                kind, due = stream_budget_due(
+                    now, begun=self._stream_armed_at,
+                    answered_at=None if last_chunk is None else last,
+                    first_seconds=effect.first_seconds, inactivity_seconds=effect.seconds,
+                    total_seconds=effect.total_seconds,
+                )  # fmt: skip
+                # before the first chunk, wake again within one inactivity window, so that
+                # a first chunk arriving late is followed by the inactivity budget
+                wake = due if last_chunk is not None else min(due, now + effect.seconds)
             else:
-                if effect.first_seconds is not None and self._last_chunk is None:
-                    kind = DeadlineKind.FIRST_TOKEN  # no chunk yet in this pass
-                    due = self._stream_armed_at + effect.first_seconds
-                    # wake again within one inactivity window, so that a first chunk
-                    # arriving late is followed by the inactivity budget, not the first due
-                    wake = min(due, now + effect.seconds)
-                else:
-                    if effect.first_seconds is not None:
-                        kind = DeadlineKind.INACTIVITY
-                    # a rolling deadline counts from the last chunk or recorded delivery
-                    # (chunks stamp _last_chunk only: one store per chunk on the hot path)
-                    last = self._last_activity
-                    if self._last_chunk is not None and self._last_chunk > last:
-                        last = self._last_chunk
-                    due = wake = last + effect.seconds
-                if due - now > 1e-9:
-                    wake = min(wake, pass_due)
-                    entry[0] = self.clock.call_later(wake - now, self._deadline_fired, effect)
-                    return
+                due = wake = last + effect.seconds
+            if due - now > DUE_SLACK:
+                entry[0] = self.clock.call_later(wake - now, self._deadline_fired, effect)
+                return
         self._timers.remove(entry)
         self._feed(DeadlineExpired(kind, effect.token))
 
