@@ -261,7 +261,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "captured earlier: a step of two makes every captured value stale just as one does",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", "EventPump._carry_out", "drop_call",
+        "toolloop_fsm/pump/inner.py", "EventPump._clear_deadline", "drop_call",
         "self._timers.remove(entry)", "pass",
         "a cleared deadline's timer is cancelled first, so left in the list it never fires "
         "and is never found again (tokens are unique); the list is dropped at wind-down",

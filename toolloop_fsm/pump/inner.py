@@ -27,10 +27,11 @@ from collections.abc import (
     Iterable,
     Mapping,
 )
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
+from toolloop_fsm.effect_handlers import INNER_EFFECTS, ShellEffectHandlers, handled_by
 from toolloop_fsm.effects import (
     ArmDeadline,
     CancelReview,
@@ -126,8 +127,22 @@ _REPORTED = frozenset({StreamFailed, DeadlineExpired, DeliveryFailed})
 _NOT_RELEASING = frozenset({DeliveryRecorded, DeliveryFailed})
 
 
+@attrs.frozen
+class AttemptEnding:
+    """What the outer tier needs to know of how an attempt's run ended, besides its result:
+    whether the attempt took the host's stop (the turn then honoured it), and the provider's
+    last failure (named when the chain falls back)."""
+
+    stop_fed: bool
+    provider_failure: StreamFailed | None
+
+
 class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
     """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
+
+    #: How it carries out each effect class of the tool loop, one handler each (a handler
+    #: returns False when the batch it is part of ends there)
+    effect_handlers: ClassVar[ShellEffectHandlers[EventPump, bool | None]]
 
     __slots__ = (
         "_abandoned",
@@ -399,6 +414,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             raise failure
         return self._with_late_facts(result)
 
+    def ending(self) -> AttemptEnding:
+        """How the run that returned ended, for the tier that runs it as an attempt."""
+        return AttemptEnding(self._stop_fed, self._provider_failure)
+
     def _with_late_facts(self, result: GenerationTurnResult) -> GenerationTurnResult:
         """Add what happened after the machine finished but before the run returned: a
         delivery the channel confirmed (it is in the result, whatever the interleaving, and
@@ -598,45 +617,30 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 self._feed(outcomes.pop(0))
 
     def _carry_out(self, effects: Iterable[Effect]) -> None:
+        carry_out = self.effect_handlers
         for effect in effects:
             if self.on_effect is not None:
                 self.on_effect(effect)
-            kind = type(effect)
-            if kind is Deliver:
-                self._deliver(effect)  # type: ignore[arg-type]
-            elif kind is ArmDeadline:
-                self._arm(effect)  # type: ignore[arg-type]
-            elif kind is ClearDeadline:
-                entry = self._timer(effect.token)  # type: ignore[union-attr]
-                if entry is not None:
-                    entry[0].cancel()
-                    self._timers.remove(entry)
-            elif kind is StartStream:
-                self._start_stream(effect)  # type: ignore[arg-type]
-            elif kind is CancelStream:
-                self._cancel_stream()
-            elif kind is CutStream:
-                # the pass reached the held-prose ceiling: the read stops here (its stream is
-                # closed as the read unwinds, aborting the request), and the pass ends
-                self._cancel_stream()
-                self._report_later(StreamEnded())
-            elif kind is RequestReview:
-                self._ask_reviewer(effect)  # type: ignore[arg-type]
-            elif kind is CancelReview:
-                self._cancel_review()
-            elif kind is RunTool:
-                self._run_tool(effect)  # type: ignore[arg-type]
-            elif kind is CancelTool:
-                self._cancel_tool(effect)  # type: ignore[arg-type]
-            elif kind is PostNotice or kind is QueueStopResponse:
-                if self._host_calls is None:
-                    self._host_calls = []
-                self._host_calls.append(effect)  # type: ignore[arg-type]
-                self._ensure_host_worker()
-            elif kind is Finish:
-                self._finish(effect)  # type: ignore[arg-type]
-            elif kind is OfferSnapshot and not self._offer_snapshot(effect):  # type: ignore[arg-type]
-                return  # the host's hook failed: the turn ends with its exception
+            if carry_out(self, effect) is False:
+                return  # the host's snapshot hook failed: the turn ends with its exception
+
+    def _clear_deadline(self, effect: ClearDeadline) -> None:
+        entry = self._timer(effect.token)
+        if entry is not None:
+            entry[0].cancel()
+            self._timers.remove(entry)
+
+    def _cut_stream(self, effect: CutStream) -> None:
+        # the pass reached the held-prose ceiling: the read stops here (its stream is closed
+        # as the read unwinds, aborting the request), and the pass ends
+        self._cancel_stream()
+        self._report_later(StreamEnded())
+
+    def _queue_host_call(self, effect: PostNotice | QueueStopResponse) -> None:
+        if self._host_calls is None:
+            self._host_calls = []
+        self._host_calls.append(effect)
+        self._ensure_host_worker()
 
     def _offer_snapshot(self, effect: OfferSnapshot) -> bool:
         """Hand the host a snapshot, synchronously, before the pass it precedes starts. Like
@@ -717,7 +721,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._pending_stream = (effect.request, self._stream_generation)
         self._wake_up()
 
-    def _cancel_stream(self) -> None:
+    def _cancel_stream(self, effect: CancelStream | None = None) -> None:
         self._stream_generation += 1
         self._pending_stream = None
         self._interrupt_read()
@@ -835,7 +839,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         name = f"reviewer (review {effect.review})"
         self._review_task = self._spawn(self._review(effect), name)
 
-    def _cancel_review(self) -> None:
+    def _cancel_review(self, effect: CancelReview | None = None) -> None:
         self._review_seq = -1
         task = self._review_task
         if task is not None and not task.done():
@@ -1009,6 +1013,28 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             if self._observation is not None:
                 self._observation.tool_finished(event)
             self._feed(event)
+
+
+EventPump.effect_handlers = ShellEffectHandlers(
+    "EventPump",
+    INNER_EFFECTS,
+    [
+        handled_by(Deliver, EventPump._deliver),
+        handled_by(ArmDeadline, EventPump._arm),
+        handled_by(ClearDeadline, EventPump._clear_deadline),
+        handled_by(StartStream, EventPump._start_stream),
+        handled_by(CancelStream, EventPump._cancel_stream),
+        handled_by(CutStream, EventPump._cut_stream),
+        handled_by(RequestReview, EventPump._ask_reviewer),
+        handled_by(CancelReview, EventPump._cancel_review),
+        handled_by(RunTool, EventPump._run_tool),
+        handled_by(CancelTool, EventPump._cancel_tool),
+        handled_by(PostNotice, EventPump._queue_host_call),
+        handled_by(QueueStopResponse, EventPump._queue_host_call),
+        handled_by(Finish, EventPump._finish),
+        handled_by(OfferSnapshot, EventPump._offer_snapshot),
+    ],
+)
 
 
 def _own_copy(arguments: Mapping[str, Any]) -> dict[str, Any]:
