@@ -1,43 +1,39 @@
-"""The deadlines of one turn: timers on the turn's `Clock`, and which deadline expired."""
+"""The deadlines of one turn: timers on the turn's `Clock` by token, and which deadline
+expired when one wakes."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from toolloop_fsm.effects import (
-    ArmDeadline,
-)
-from toolloop_fsm.events import (
-    DeadlineExpired,
-)
-from toolloop_fsm.host import (
-    Clock,
-)
+from toolloop_fsm.effects import ArmDeadline
+from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.host import Clock
 from toolloop_fsm.pass_rules import DUE_SLACK, stream_budget_due
 
 
-class StreamDeadlines:
-    """The turn's deadlines as timers on its `Clock`: arming them, and working out, when one
-    wakes, whether it is really due (a rolling budget counts from the last chunk or recorded
-    delivery; which budget of a pass's stream deadline runs out is
-    `toolloop_fsm.pass_rules.stream_budget_due`) and which `DeadlineExpired` it is."""
+class Deadlines:
+    """The turn's deadlines as timers on its `Clock`: arming and clearing them by token, and
+    working out, when one wakes, whether it is really due (a rolling budget counts from the
+    last chunk or recorded delivery; which budget of a pass's stream deadline runs out is
+    `toolloop_fsm.pass_rules.stream_budget_due`) and which `DeadlineExpired` it is, handed
+    to ``expired``.
 
-    if TYPE_CHECKING:
-        # the state it works on belongs to the pump that mixes it in (`EventPump`)
-        clock: Clock
-        _timers: list[list[Any]]
-        _last_activity: float
-        _last_chunk: float | None
-        _stream_armed_at: float
-        _tool_grace: Any
-        _review_grace: Any
+    The pump stamps ``last_chunk`` as each chunk arrives (one store per chunk on the hot
+    path: nothing is rearmed) and ``last_activity`` as the channel confirms a delivery."""
 
-        def _feed(self, event: Any) -> None: ...
+    __slots__ = ("clock", "expired", "last_activity", "last_chunk", "stream_armed_at", "timers")
 
-    else:
-        __slots__ = ()
+    def __init__(self, clock: Clock, expired: Callable[[DeadlineExpired], None]) -> None:
+        self.clock = clock
+        self.expired = expired
+        # [handle, effect] per armed deadline: rarely more than two, so a list of pairs
+        self.timers: list[list[Any]] = []
+        self.last_activity = 0.0
+        self.last_chunk: float | None = None
+        self.stream_armed_at = 0.0
 
-    def _arm(self, effect: ArmDeadline) -> None:
+    def arm(self, effect: ArmDeadline) -> None:
         now = self.clock.now()
         seconds = effect.seconds
         if effect.first_seconds is not None:
@@ -45,36 +41,46 @@ class StreamDeadlines:
             seconds = min(seconds, effect.first_seconds)
             if effect.total_seconds is not None:
                 seconds = min(seconds, effect.total_seconds)
-            self._stream_armed_at = now
-            self._last_chunk = None
+            self.stream_armed_at = now
+            self.last_chunk = None
         if effect.rolling:
-            self._last_activity = now
-        handle = self.clock.call_later(seconds, self._deadline_fired, effect)
-        self._timers.append([handle, effect])
+            self.last_activity = now
+        handle = self.clock.call_later(seconds, self._fired, effect)
+        self.timers.append([handle, effect])
+
+    def clear(self, token: int) -> None:
+        entry = self._timer(token)
+        if entry is not None:
+            entry[0].cancel()
+            self.timers.remove(entry)
+
+    def cancel_all(self) -> None:
+        for handle, _ in self.timers:
+            handle.cancel()
+        self.timers.clear()
 
     def _timer(self, token: int) -> list[Any] | None:
-        for entry in self._timers:
+        for entry in self.timers:
             if entry[1].token == token:
                 return entry
         return None
 
-    def _deadline_fired(self, effect: ArmDeadline) -> None:
+    def _fired(self, effect: ArmDeadline) -> None:
         entry = self._timer(effect.token)
         if entry is None:
             return
         kind = effect.kind
         if effect.rolling:
             now = self.clock.now()
-            last_chunk = self._last_chunk
-            # a rolling deadline counts from the last chunk or recorded delivery (chunks
-            # stamp _last_chunk only: one store per chunk on the hot path)
-            last = self._last_activity
+            last_chunk = self.last_chunk
+            # a rolling deadline counts from the last chunk or recorded delivery
+            last = self.last_activity
             if last_chunk is not None and last_chunk > last:
                 last = last_chunk
             if effect.first_seconds is not None:
                 # the pass's stream deadline: the budget that runs out first (pass_rules)
                 kind, due = stream_budget_due(
-                    now, begun=self._stream_armed_at,
+                    now, begun=self.stream_armed_at,
                     answered_at=None if last_chunk is None else last,
                     first_seconds=effect.first_seconds, inactivity_seconds=effect.seconds,
                     total_seconds=effect.total_seconds,
@@ -85,16 +91,7 @@ class StreamDeadlines:
             else:
                 due = wake = last + effect.seconds
             if due - now > DUE_SLACK:
-                entry[0] = self.clock.call_later(wake - now, self._deadline_fired, effect)
+                entry[0] = self.clock.call_later(wake - now, self._fired, effect)
                 return
-        self._timers.remove(entry)
-        self._feed(DeadlineExpired(kind, effect.token))
-
-    def _cancel_timers(self) -> None:
-        for handle, _ in self._timers:
-            handle.cancel()
-        self._timers.clear()
-        for grace in (self._tool_grace, self._review_grace):
-            if grace is not None:
-                grace.cancel()
-        self._tool_grace = self._review_grace = None
+        self.timers.remove(entry)
+        self.expired(DeadlineExpired(kind, effect.token))

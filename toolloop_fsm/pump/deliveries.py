@@ -37,6 +37,7 @@ Outcome = DeliveryRecorded | DeliveryFailed | StreamEnded | ToolFinished
 if TYPE_CHECKING:
     from toolloop_fsm.machine import ToolLoopMachine
     from toolloop_fsm.policy import LoopPolicy
+    from toolloop_fsm.pump.deadlines import Deadlines
     from toolloop_fsm.result import GenerationTurnResult
 
 
@@ -56,7 +57,7 @@ class DeliveriesAndHostCalls:
         _host_calls: list[PostNotice | QueueStopResponse] | None
         _host_exception: BaseException | None
         _host_task: asyncio.Task[None] | None
-        _last_activity: float
+        _deadlines: Deadlines
         _outcomes: list[Outcome] | None
         _delivery_keys: str | None
         _pending_result: GenerationTurnResult | None
@@ -97,7 +98,7 @@ class DeliveriesAndHostCalls:
         try:
             waiting_on = coroutine.send(None)
         except StopIteration:
-            self._last_activity = self.clock.now()
+            self._deadlines.last_activity = self.clock.now()
             self._report_later(DeliveryRecorded(effect.seq))
             return
         except (KeyboardInterrupt, SystemExit) as err:
@@ -173,7 +174,7 @@ class DeliveriesAndHostCalls:
             if guard.expired:
                 guard.taken_back()  # it returned after all, before the grace ran out
             started = None
-            self._last_activity = self.clock.now()
+            self._deadlines.last_activity = self.clock.now()
             self._feed(DeliveryRecorded(seq))
             effect = deliveries.pop(0) if deliveries else None
 

@@ -81,7 +81,7 @@ from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import Provider, ProviderRequest
 from toolloop_fsm.providers._secrecy import provider_secrets
 from toolloop_fsm.pump.arguments import check_loop_arguments
-from toolloop_fsm.pump.deadlines import StreamDeadlines
+from toolloop_fsm.pump.deadlines import Deadlines
 from toolloop_fsm.pump.deliveries import (
     DeliveriesAndHostCalls,
     Outcome,
@@ -137,7 +137,7 @@ class AttemptEnding:
     provider_failure: StreamFailed | None
 
 
-class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
+class EventPump(DeliveriesAndHostCalls):
     """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
 
     #: How it carries out each effect class of the tool loop, one handler each (a handler
@@ -147,6 +147,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
     __slots__ = (
         "_abandoned",
         "_children",
+        "_deadlines",
         "_deliveries",
         "_delivery_keys",
         "_delivery_task",
@@ -160,8 +161,6 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_in_doubt",
         "_interrupted",
         "_iteration",
-        "_last_activity",
-        "_last_chunk",
         "_late_confirmed",
         "_main",
         "_masked",
@@ -181,9 +180,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_settling",
         "_signals_dirty",
         "_stop_fed",
-        "_stream_armed_at",
         "_stream_generation",
-        "_timers",
         "_tool_calls",
         "_tool_dispatch",
         "_tool_grace",
@@ -267,11 +264,8 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._tool_task: asyncio.Task[None] | None = None
         self._tool_dispatch = 0
         self._iteration = 0
-        # [handle, effect] per armed deadline: rarely more than two, so a list of pairs
-        self._timers: list[list[Any]] = []
-        self._last_activity = 0.0
-        self._last_chunk: float | None = None
-        self._stream_armed_at = 0.0
+        # the turn's deadlines, by token: what expires is fed to the machine
+        self._deadlines = Deadlines(self.clock, self._feed)
         self._signals_dirty = False
         self._stop_fed = False
         self._follow_ups_seen = 0
@@ -624,11 +618,19 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             if carry_out(self, effect) is False:
                 return  # the host's snapshot hook failed: the turn ends with its exception
 
+    def _arm_deadline(self, effect: ArmDeadline) -> None:
+        self._deadlines.arm(effect)
+
     def _clear_deadline(self, effect: ClearDeadline) -> None:
-        entry = self._timer(effect.token)
-        if entry is not None:
-            entry[0].cancel()
-            self._timers.remove(entry)
+        self._deadlines.clear(effect.token)
+
+    def _cancel_timers(self) -> None:
+        """Disarm every deadline, and the graces of a tool or reviewer being cancelled."""
+        self._deadlines.cancel_all()
+        for grace in (self._tool_grace, self._review_grace):
+            if grace is not None:
+                grace.cancel()
+        self._tool_grace = self._review_grace = None
 
     def _cut_stream(self, effect: CutStream) -> None:
         # the pass reached the held-prose ceiling: the read stops here (its stream is closed
@@ -717,7 +719,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
     def _start_stream(self, effect: StartStream) -> None:
         self._stream_generation += 1
         self._iteration = effect.iteration
-        self._last_activity = self.clock.now()
+        self._deadlines.last_activity = self.clock.now()
         self._pending_stream = (effect.request, self._stream_generation)
         self._wake_up()
 
@@ -758,9 +760,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         # what every chunk calls is held as a bound method: each costs every waiting turn)
         handler_for = machine.chunk_handlers.get
         now = self.clock.now
+        deadlines = self._deadlines
         try:
             async for chunk in stream:
-                self._last_chunk = now()
+                deadlines.last_chunk = now()
                 if mask is not None:
                     if mask.held:
                         self._take_released(mask.release_before(chunk))
@@ -775,7 +778,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                         handler(turn, chunk)
                         effects = machine.take_effects() if turn.effects else None
                     else:
-                        effects = machine.feed(chunk, now=self._last_chunk)
+                        effects = machine.feed(chunk, now=deadlines.last_chunk)
                 except BaseException as err:
                     self._chunk_raised(chunk, err)
                     return
@@ -1020,7 +1023,7 @@ EventPump.effect_handlers = ShellEffectHandlers(
     INNER_EFFECTS,
     [
         handled_by(Deliver, EventPump._deliver),
-        handled_by(ArmDeadline, EventPump._arm),
+        handled_by(ArmDeadline, EventPump._arm_deadline),
         handled_by(ClearDeadline, EventPump._clear_deadline),
         handled_by(StartStream, EventPump._start_stream),
         handled_by(CancelStream, EventPump._cancel_stream),
