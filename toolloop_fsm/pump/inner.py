@@ -61,15 +61,12 @@ from toolloop_fsm.events import (
     StopRequested,
     StreamEnded,
     StreamFailed,
-    ToolFinished,
-    ToolOutcomeKind,
 )
 from toolloop_fsm.host import (
     LOOP_CLOCK,
     Channel,
     Clock,
     Tool,
-    ToolContext,
     ToolRegistry,
     TurnRequest,
     TurnSignals,
@@ -91,11 +88,11 @@ from toolloop_fsm.pump.deliveries import (
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords
 from toolloop_fsm.pump.redaction import Secrets, StreamMask, masked_stream
-from toolloop_fsm.result import GenerationTurnResult, InDoubtCall, InDoubtCause, TraceStep
+from toolloop_fsm.pump.tool_calls import ToolCalls, ToolTurn
+from toolloop_fsm.result import GenerationTurnResult, InDoubtCall, TraceStep
 from toolloop_fsm.review import VERDICT_TYPES, Reviewer, ReviewPacket, Unavailable
 from toolloop_fsm.snapshot import LoopSnapshot, SnapshotError, TurnSnapshot
 from toolloop_fsm.states.build_result import count_late_deliveries
-from toolloop_fsm.tools import copy_arguments, reconcile_call, run_tool_handler, unknown_outcome
 from toolloop_fsm.turn import DraftState, LedgerEntry
 
 
@@ -158,7 +155,6 @@ class EventPump(DeliveriesAndHostCalls):
         "_host_calls",
         "_host_exception",
         "_host_task",
-        "_in_doubt",
         "_interrupted",
         "_iteration",
         "_late_confirmed",
@@ -177,15 +173,10 @@ class EventPump(DeliveriesAndHostCalls):
         "_review_seq",
         "_review_task",
         "_secrets",
-        "_settling",
         "_signals_dirty",
         "_stop_fed",
         "_stream_generation",
-        "_tool_calls",
-        "_tool_dispatch",
-        "_tool_grace",
-        "_tool_name",
-        "_tool_task",
+        "_tools",
         "_wake",
         "channel",
         "clock",
@@ -261,9 +252,8 @@ class EventPump(DeliveriesAndHostCalls):
         self._interrupted = False
         self._wake: asyncio.Future[None] | None = None
         self._stream_generation = 0
-        self._tool_task: asyncio.Task[None] | None = None
-        self._tool_dispatch = 0
         self._iteration = 0
+        self._tools: ToolCalls | None = None  # made for the turn's first tool call
         # the turn's deadlines, by token: what expires is fed to the machine
         self._deadlines = Deadlines(self.clock, self._feed)
         self._signals_dirty = False
@@ -280,15 +270,8 @@ class EventPump(DeliveriesAndHostCalls):
         self._host_task: asyncio.Task[None] | None = None
         self._host_exception: BaseException | None = None
         self.policy = machine.policy
-        self._tool_name = ""
-        self._tool_grace: Any = None
         # code that ignored its cancellation past the grace: named, never awaited again
         self._abandoned: list[str] | None = None
-        # each tool task still running, with what it runs (an abandoned one is in doubt), the
-        # calls in doubt, and the settling of a call cut off at its deadline (§3.9)
-        self._tool_calls: dict[asyncio.Task[None], InDoubtCall] | None = None
-        self._in_doubt: list[InDoubtCall] | None = None
-        self._settling: asyncio.Task[None] | None = None
         # deliveries the channel confirmed after the machine had already finished
         self._late_confirmed: list[int] | None = None
         # the result waits for the host's notices and stop message still on their way
@@ -422,8 +405,9 @@ class EventPump(DeliveriesAndHostCalls):
         changes: dict[str, Any] = {}
         if self._abandoned:
             changes["abandoned_calls"] = (*result.abandoned_calls, *self._abandoned)
-        if self._in_doubt:
-            changes["in_doubt_calls"] = (*result.in_doubt_calls, *self._in_doubt)
+        in_doubt = self._tools.in_doubt if self._tools is not None else None
+        if in_doubt:
+            changes["in_doubt_calls"] = (*result.in_doubt_calls, *in_doubt)
         return attrs.evolve(result, **changes) if changes else result
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -474,12 +458,8 @@ class EventPump(DeliveriesAndHostCalls):
         if self._abandoned is None:
             self._abandoned = []
         self._abandoned.append(name)
-        calls = self._tool_calls
-        in_doubt = calls.pop(task, None) if calls is not None else None
-        if in_doubt is not None:
-            if self._in_doubt is None:
-                self._in_doubt = []
-            self._in_doubt.append(in_doubt)
+        tools = self._tools
+        in_doubt = tools.abandoned(task) if tools is not None else None
         self._records.abandoned(name, self.policy.cancel_grace, in_doubt)
         return in_doubt
 
@@ -500,7 +480,9 @@ class EventPump(DeliveriesAndHostCalls):
         abandon deliveries still in flight, disarm every deadline."""
         self._stream_generation += 1
         self._pending_stream = None
-        for task in (self._tool_task, self._settling, self._delivery_task, self._review_task):
+        if self._tools is not None:
+            self._tools.stop()
+        for task in (self._delivery_task, self._review_task):
             if task is not None and not task.done():
                 task.cancel()
         if self._deliveries:
@@ -583,7 +565,7 @@ class EventPump(DeliveriesAndHostCalls):
                 seconds = tool.timeout if tool is not None and has_own else policy.tool_timeout
             records.deadline_expired(
                 event.kind, seconds, provider=self._provider_name(), iteration=self._iteration,
-                tool=self._tool_name,
+                tool=self._tools.name if self._tools is not None else "",
             )  # fmt: skip
 
     def _provider_name(self) -> str:
@@ -627,10 +609,11 @@ class EventPump(DeliveriesAndHostCalls):
     def _cancel_timers(self) -> None:
         """Disarm every deadline, and the graces of a tool or reviewer being cancelled."""
         self._deadlines.cancel_all()
-        for grace in (self._tool_grace, self._review_grace):
-            if grace is not None:
-                grace.cancel()
-        self._tool_grace = self._review_grace = None
+        if self._tools is not None:
+            self._tools.cancel_grace()
+        if self._review_grace is not None:
+            self._review_grace.cancel()
+        self._review_grace = None
 
     def _cut_stream(self, effect: CutStream) -> None:
         # the pass reached the held-prose ceiling: the read stops here (its stream is closed
@@ -892,130 +875,22 @@ class EventPump(DeliveriesAndHostCalls):
 
     # ------------------------------------------------------------------ tools
     def _run_tool(self, effect: RunTool) -> None:
-        self._tool_dispatch = effect.dispatch
-        self._tool_name = f"tool {effect.name} (dispatch {effect.dispatch})"
-        observation = self._observation
-        if observation is not None:
-            call = self.machine.turn.pending_call
-            call_id = call.call_id if call is not None else None
-            observation.tool_started(effect, call_id if isinstance(call_id, str) else None)
-        task = self._tool_task = self._spawn(self._call_tool(effect), self._tool_name)
-        # what the task runs, should it be abandoned: then the call is in doubt (§3.9)
-        call = self.machine.turn.pending_call
-        call_id = call.call_id if call is not None and isinstance(call.call_id, str) else None
-        calls = self._tool_calls
-        if calls is None:
-            calls = self._tool_calls = {}
-        calls[task] = InDoubtCall(effect.name, effect.dispatch, call_id, InDoubtCause.ABANDONED)
-        task.add_done_callback(lambda done: calls.pop(done, None))
+        self._tool_calls().run(effect, self._iteration)
 
     def _cancel_tool(self, effect: CancelTool) -> None:
-        if self._observation is not None:
-            self._observation.tool_cancelled(self._tool_dispatch)
-        self._tool_dispatch = -1
-        settling = self._settling
-        if settling is not None:  # a stop while a cut-off call is settled: it ends here
-            self._settling = None
-            settling.cancel()
-        task = self._tool_task
-        if task is not None and not task.done():
-            task.cancel()
-            if effect.cut_off is not None:
-                # its outcome is owed: the grace to stop, then settled (§3.9 rule 2)
-                name = f"settling {self._tool_name}"
-                self._settling = self._spawn(self._settle_cut_off(effect, task), name)
-                return
-            # a tool that ignores its cancellation is abandoned after the grace
-            self._tool_grace = self.clock.call_later(
-                self.policy.cancel_grace, self._abandon_unless_done, task, self._tool_name
-            )
-        elif effect.cut_off is not None:  # it had just returned: its deadline's outcome
-            failed = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error=effect.cut_off)
-            self._report_later(failed)
+        self._tool_calls().cancel(effect, self._iteration)
 
-    async def _settle_cut_off(self, effect: CancelTool, task: asyncio.Task[None]) -> None:
-        """docs/behaviour.md §3.9 rule 2: a call with a reconcile hook, cancelled at its
-        deadline, has the grace to stop (its outcome is then that timeout); one that does
-        not is abandoned, in doubt, and its hook asks what really happened before the
-        machine is told."""
-        dispatch = effect.dispatch
-        cut_off = effect.cut_off
-        assert cut_off is not None
-        policy = self.policy
-        event: ToolFinished
-        if not await wait_bounded(self.clock, (task,), policy.cancel_grace):
-            event = ToolFinished(dispatch, ToolOutcomeKind.RAISED, error=cut_off)
-        else:
-            in_doubt = self._abandon(task, task.get_name())
-            call = self.machine.turn.pending_call
-            tool = self.registry.get(str(call.name)) if call is not None else None
-            answer: ToolFinished | None = None
-            if tool is not None and call is not None and isinstance(call.arguments, Mapping):
-                ctx = ToolContext(
-                    tool.name, dispatch, self._iteration, self.clock,
-                    self.machine.turn.disabled_enrichment_kinds,
-                )  # fmt: skip
-                try:
-                    answer = await reconcile_call(
-                        tool, dispatch, _own_copy(call.arguments), ctx,
-                        budget=policy.host_call_timeout, clock=self.clock,
-                    )  # fmt: skip
-                except (KeyboardInterrupt, SystemExit) as err:
-                    self._fail(err)
-                    return
-            name = tool.name if tool is not None else "the tool"
-            if answer is None:
-                cause = (
-                    f"it {cut_off} and was cancelled, and it had not stopped "
-                    f"{policy.cancel_grace:g} s later"
+    def _tool_calls(self) -> ToolCalls:
+        tools = self._tools
+        if tools is None:
+            tools = self._tools = ToolCalls(
+                ToolTurn(
+                    self.machine, self.registry, self.clock, self.policy, self._observation,
+                    self._records, self._secrets, self._spawn, self._feed, self._fail,
+                    self._report_later, self._abandon,
                 )
-                event = attrs.evolve(unknown_outcome(name, cause), dispatch=dispatch)
-            else:
-                event = self._secrets.masked_outcome(answer)
-            if in_doubt is not None:
-                self._settled(in_doubt, reconciled=answer is not None)
-        if self._settling is asyncio.current_task():
-            self._settling = None
-            self._feed(event)
-
-    def _settled(self, call: InDoubtCall, *, reconciled: bool) -> None:
-        """Record how a call in doubt was settled, in its place in the list."""
-        settled = attrs.evolve(call, reconciled=reconciled)
-        listed = self._in_doubt
-        if listed is not None and call in listed:
-            listed[listed.index(call)] = settled
-        self._records.settled(settled)
-
-    async def _call_tool(self, effect: RunTool) -> None:
-        tool = self.registry.get(effect.name)
-        event: ToolFinished
-        if tool is None:  # the machine only dispatches registered tools; keep it a value
-            event = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
-        else:
-            arguments = _own_copy(effect.arguments)
-            ctx = ToolContext(
-                effect.name,
-                effect.dispatch,
-                self._iteration,
-                self.clock,
-                self.machine.turn.disabled_enrichment_kinds,
-            )
-            deadline = tool.timeout if tool.timeout is not None else self.policy.tool_timeout
-            try:
-                event = await run_tool_handler(
-                    tool, effect.dispatch, arguments, ctx, deadline=deadline
-                )
-            except (KeyboardInterrupt, SystemExit) as err:
-                # the process is going down: end the run with it, children cancelled first
-                self._fail(err)
-                return
-            # what the tool said may quote a key: masked before the observers and the
-            # machine (and so the history, the channel and the next request) see it
-            event = self._secrets.masked_outcome(event)
-        if effect.dispatch == self._tool_dispatch:
-            if self._observation is not None:
-                self._observation.tool_finished(event)
-            self._feed(event)
+            )  # fmt: skip
+        return tools
 
 
 EventPump.effect_handlers = ShellEffectHandlers(
@@ -1038,15 +913,6 @@ EventPump.effect_handlers = ShellEffectHandlers(
         handled_by(OfferSnapshot, EventPump._offer_snapshot),
     ],
 )
-
-
-def _own_copy(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """The tool's own copy of a call's arguments (`copy_arguments`); a host-built oddity
-    that cannot be deep-copied is copied shallowly."""
-    try:
-        return {key: copy_arguments(value) for key, value in arguments.items()}
-    except Exception:
-        return dict(arguments)
 
 
 async def _tapped(stream: AsyncIterator[Any], observation: Observation) -> AsyncIterator[Any]:
