@@ -322,7 +322,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "toolloop_fsm/pump/inner.py", "EventPump._wind_down", "drop_call",
         "self._cancel_timers()", "pass",
         "`run`'s `finally` cancels every timer again once the children are joined; a timer "
-        "that fires in between finds the pump finished (`_feed` ignores it) or abandons a "
+        "that fires in between finds the pump finished (`feed` ignores it) or abandons a "
         "straggler the join would abandon, named once either way",
     ),
     Equivalent(

@@ -80,8 +80,7 @@ from toolloop_fsm.providers._secrecy import provider_secrets
 from toolloop_fsm.pump.arguments import check_loop_arguments
 from toolloop_fsm.pump.deadlines import Deadlines
 from toolloop_fsm.pump.deliveries import (
-    DeliveriesAndHostCalls,
-    Outcome,
+    ChannelCalls,
     takes_idempotency_keys,
     wait_bounded,
 )
@@ -134,7 +133,7 @@ class AttemptEnding:
     provider_failure: StreamFailed | None
 
 
-class EventPump(DeliveriesAndHostCalls):
+class EventPump:
     """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
 
     #: How it carries out each effect class of the tool loop, one handler each (a handler
@@ -143,27 +142,19 @@ class EventPump(DeliveriesAndHostCalls):
 
     __slots__ = (
         "_abandoned",
+        "_calls",
         "_children",
         "_deadlines",
-        "_deliveries",
-        "_delivery_keys",
-        "_delivery_task",
         "_depth",
         "_failure",
         "_finished",
         "_follow_ups_seen",
-        "_host_calls",
-        "_host_exception",
-        "_host_task",
         "_interrupted",
         "_iteration",
         "_late_confirmed",
         "_main",
         "_masked",
-        "_notices",
         "_observation",
-        "_outcomes",
-        "_pending_result",
         "_pending_stream",
         "_provider_failure",
         "_reading",
@@ -209,10 +200,6 @@ class EventPump(DeliveriesAndHostCalls):
         notices: NoticeBudget | None = None,
     ) -> None:
         self.machine = machine
-        # the host-call budget the turn's notices share (the outer tier's, for an attempt)
-        self._notices = (
-            notices if notices is not None else NoticeBudget(machine.policy.host_call_timeout)
-        )
         # handed each snapshot the machine offers (it offers them when built with
         # ``snapshots=True``)
         self.on_snapshot = on_snapshot
@@ -224,9 +211,6 @@ class EventPump(DeliveriesAndHostCalls):
                 "(a toolloop_fsm.Reviewer, such as ModelReviewer)"
             )
         self.reviewer = reviewer
-        # the prefix of every delivery's idempotency key (``turn_id:attempt``), when the
-        # channel takes one
-        self._delivery_keys = delivery_keys if takes_idempotency_keys(channel) else None
         self._review_task: asyncio.Task[None] | None = None
         self._review_seq = 0
         self._review_grace: Any = None
@@ -255,27 +239,23 @@ class EventPump(DeliveriesAndHostCalls):
         self._iteration = 0
         self._tools: ToolCalls | None = None  # made for the turn's first tool call
         # the turn's deadlines, by token: what expires is fed to the machine
-        self._deadlines = Deadlines(self.clock, self._feed)
+        self._deadlines = Deadlines(self.clock, self.feed)
         self._signals_dirty = False
         self._stop_fed = False
         self._follow_ups_seen = 0
-        # deliveries waiting behind a send that suspended, and outcomes to report after the
-        # batch that caused them: made on first use, as the other lists a turn may not need
-        self._deliveries: list[Deliver] | None = None
-        self._delivery_task: asyncio.Task[None] | None = None
-        # made on first use, as the other lists a turn may never need
-        self._host_calls: list[PostNotice | QueueStopResponse] | None = None
-        self._outcomes: list[Outcome] | None = None
         self._depth = 0
-        self._host_task: asyncio.Task[None] | None = None
-        self._host_exception: BaseException | None = None
         self.policy = machine.policy
+        # the turn's calls into the channel: deliveries, notices, the stop message (sharing
+        # the host-call budget of the turn's notices: the outer tier's, for an attempt)
+        self._calls = ChannelCalls(
+            self, self._deadlines,
+            delivery_keys if takes_idempotency_keys(channel) else None,
+            notices if notices is not None else NoticeBudget(policy.host_call_timeout),
+        )  # fmt: skip
         # code that ignored its cancellation past the grace: named, never awaited again
         self._abandoned: list[str] | None = None
         # deliveries the channel confirmed after the machine had already finished
         self._late_confirmed: list[int] | None = None
-        # the result waits for the host's notices and stop message still on their way
-        self._pending_result: GenerationTurnResult | None = None
         # who watches the turn (``None``: nothing; checked at lifecycle points, never per
         # chunk), what its log records say, and the provider's last failure (the outer tier
         # names its HTTP status when it falls back)
@@ -410,7 +390,7 @@ class EventPump(DeliveriesAndHostCalls):
             changes["in_doubt_calls"] = (*result.in_doubt_calls, *in_doubt)
         return attrs.evolve(result, **changes) if changes else result
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    def spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Start a child task; ``name`` says what it runs (an abandoned child is named)."""
         task = asyncio.get_running_loop().create_task(coroutine, name=name)
         children = self._children
@@ -443,12 +423,12 @@ class EventPump(DeliveriesAndHostCalls):
                 budget += policy.host_call_timeout
             for straggler in await wait_bounded(self.clock, pending, budget):
                 straggler.cancel()
-                self._abandon(straggler, straggler.get_name())
+                self.abandon(straggler, straggler.get_name())
         for child in children:
             if child.done() and not child.cancelled() and child.exception() is not None:
                 raise child.exception()  # type: ignore[misc]
 
-    def _abandon(self, task: asyncio.Task[Any], name: str) -> InDoubtCall | None:
+    def abandon(self, task: asyncio.Task[Any], name: str) -> InDoubtCall | None:
         """Give up on a child that ignored its cancellation: it is named in the result and
         never awaited again. A tool so abandoned is in doubt (§3.9): returned, and listed."""
         children = self._children
@@ -463,7 +443,7 @@ class EventPump(DeliveriesAndHostCalls):
         self._records.abandoned(name, self.policy.cancel_grace, in_doubt)
         return in_doubt
 
-    def _give_up(self, name: str) -> None:
+    def give_up(self, name: str) -> None:
         """A call that overran its budget was given up on (and cancelled): it is named in the
         result, and ends nothing."""
         if self._abandoned is None:
@@ -473,7 +453,7 @@ class EventPump(DeliveriesAndHostCalls):
 
     def _abandon_unless_done(self, task: asyncio.Task[Any], name: str) -> None:
         if not task.done():
-            self._abandon(task, name)
+            self.abandon(task, name)
 
     def _wind_down(self) -> None:
         """The turn is over (or the caller was cancelled): stop the stream and the tool,
@@ -482,18 +462,18 @@ class EventPump(DeliveriesAndHostCalls):
         self._pending_stream = None
         if self._tools is not None:
             self._tools.stop()
-        for task in (self._delivery_task, self._review_task):
+        calls = self._calls
+        for task in (calls.task, self._review_task):
             if task is not None and not task.done():
                 task.cancel()
-        if self._deliveries:
-            self._deliveries.clear()
+        calls.drop_waiting()
         self._cancel_timers()
         self._finished = True
         if self._observation is not None:
             self._observation.turn_over()
 
     # ------------------------------------------------------------------ feeding
-    def _feed(self, event: Any) -> None:
+    def feed(self, event: Any) -> None:
         """Feed one event and carry out its effects; a failure ends the run with it."""
         if self._finished or self.machine.is_finished:
             if type(event) is DeliveryRecorded and event.seq is not None:
@@ -519,7 +499,7 @@ class EventPump(DeliveriesAndHostCalls):
         try:
             effects = self.machine.feed(event, now=self.clock.now())
         except BaseException as err:  # the machine rejected the event: surface it to run()
-            self._fail(err)
+            self.fail(err)
             return
         observation = self._observation
         if observation is not None:
@@ -540,7 +520,7 @@ class EventPump(DeliveriesAndHostCalls):
         observation = self._observation
         if observation is not None and observation.wants_chunks and observation.observes(chunk):
             observation.chunk(chunk)
-        self._feed(chunk)
+        self.feed(chunk)
 
     def _report(self, event: StreamFailed | DeadlineExpired | DeliveryFailed) -> None:
         """A WARNING record of a failure, as it is fed to the machine."""
@@ -572,7 +552,7 @@ class EventPump(DeliveriesAndHostCalls):
         name = getattr(self.provider, "name", None)
         return name if isinstance(name, str) and name else type(self.provider).__name__
 
-    def _fail(self, err: BaseException) -> None:
+    def fail(self, err: BaseException) -> None:
         if not self._finished:
             self._finished = True
             self._failure = err
@@ -585,12 +565,12 @@ class EventPump(DeliveriesAndHostCalls):
             self._carry_out(effects)
         finally:
             self._depth -= 1
-        outcomes = self._outcomes
+        outcomes = self._calls.outcomes
         if self._depth == 0 and outcomes:
             # deliveries that completed at once are reported after the batch that issued
             # them, so every effect of a step is carried out before the next event
             while outcomes:
-                self._feed(outcomes.pop(0))
+                self.feed(outcomes.pop(0))
 
     def _carry_out(self, effects: Iterable[Effect]) -> None:
         carry_out = self.effect_handlers
@@ -619,13 +599,13 @@ class EventPump(DeliveriesAndHostCalls):
         # the pass reached the held-prose ceiling: the read stops here (its stream is closed
         # as the read unwinds, aborting the request), and the pass ends
         self._cancel_stream()
-        self._report_later(StreamEnded())
+        self._calls.report_later(StreamEnded())
+
+    def _deliver(self, effect: Deliver) -> None:
+        self._calls.deliver(effect)
 
     def _queue_host_call(self, effect: PostNotice | QueueStopResponse) -> None:
-        if self._host_calls is None:
-            self._host_calls = []
-        self._host_calls.append(effect)
-        self._ensure_host_worker()
+        self._calls.queue(effect)
 
     def _offer_snapshot(self, effect: OfferSnapshot) -> bool:
         """Hand the host a snapshot, synchronously, before the pass it precedes starts. Like
@@ -638,7 +618,7 @@ class EventPump(DeliveriesAndHostCalls):
         try:
             hook(effect.snapshot)
         except BaseException as err:
-            self._fail(err)
+            self.fail(err)
             return False
         return True
 
@@ -646,21 +626,22 @@ class EventPump(DeliveriesAndHostCalls):
         if self._finished:
             return
         self._stream_generation += 1
-        if self._deliveries:
-            self._deliveries.clear()
-        host_task = self._host_task
+        calls = self._calls
+        calls.drop_waiting()
+        host_task = calls.host_task
         if host_task is not None and not host_task.done():
             # notices and the stop message are owed to the host: they finish first (each
             # bounded by the host-call budget), then the result is settled
-            self._pending_result = effect.result
+            calls.pending_result = effect.result
             return
-        self._settle_result(effect.result)
+        self.settle_result(effect.result)
 
-    def _settle_result(self, result: GenerationTurnResult) -> None:
+    def settle_result(self, result: GenerationTurnResult) -> None:
         if self._finished:
             return
-        if self._host_exception is not None:
-            result = attrs.evolve(result, exception=self._host_exception)
+        host_exception = self._calls.host_exception
+        if host_exception is not None:
+            result = attrs.evolve(result, exception=host_exception)
         self._finished = True
         self._result = result
         self._interrupt_read()
@@ -680,10 +661,10 @@ class EventPump(DeliveriesAndHostCalls):
             if self._finished or self.machine.is_finished:
                 return  # too late for this turn: the stop stays for the next one
             self._stop_fed = True
-            self._feed(StopRequested(signals.stop_message))
+            self.feed(StopRequested(signals.stop_message))
         if signals.follow_ups > self._follow_ups_seen:
             self._follow_ups_seen = signals.follow_ups
-            self._feed(FollowUpArrived())
+            self.feed(FollowUpArrived())
 
     # ------------------------------------------------------------------ the provider stream
     def _wake_up(self) -> None:
@@ -721,7 +702,7 @@ class EventPump(DeliveriesAndHostCalls):
         try:
             stream = self.provider.stream(request)
         except Exception as err:  # raised before any chunk: a failed pass all the same
-            self._feed(secrets.masked_failure(err))
+            self.feed(secrets.masked_failure(err))
             return
         # observers, the machine and all it makes see the masked stream: each chunk is
         # handed through the turn's mask as it is read (no iterator layer), or, when chunks
@@ -779,7 +760,7 @@ class EventPump(DeliveriesAndHostCalls):
             exhausted = True
         except Exception as err:  # a provider bug is a failed pass, not a crashed turn
             if generation == self._stream_generation:
-                self._feed(secrets.masked_failure(err))
+                self.feed(secrets.masked_failure(err))
             return
         finally:
             self._reading = False
@@ -790,7 +771,7 @@ class EventPump(DeliveriesAndHostCalls):
                 # caller cancelled the turn); a failure was observed as it was fed
                 observation.pass_ended(turn, None)
         if generation == self._stream_generation:
-            self._feed(StreamEnded())
+            self.feed(StreamEnded())
         if observation is not None:  # once: unless the end was fed, it is observed here
             observation.pass_ended(turn, None)
 
@@ -799,7 +780,7 @@ class EventPump(DeliveriesAndHostCalls):
         own. (A method rather than inline in the read: every turn waiting on its provider
         carries the read's frame, sized by its largest expression.)"""
         if type(chunk) not in CHUNK_TYPES:  # a provider bug: a failed pass
-            self._feed(
+            self.feed(
                 StreamFailed(
                     f"the provider yielded {type(chunk).__name__}, not a chunk event",
                     kind="protocol",
@@ -809,7 +790,7 @@ class EventPump(DeliveriesAndHostCalls):
         elif isinstance(err, InvalidEvent | ValueError | TypeError):
             # a chunk the machine refuses (a malformed field, non-finite usage) is the
             # provider's protocol failure, not a crash of the turn
-            self._feed(
+            self.feed(
                 StreamFailed(
                     f"the provider sent a malformed {type(chunk).__name__}: {err}",
                     kind="protocol",
@@ -817,13 +798,13 @@ class EventPump(DeliveriesAndHostCalls):
                 )
             )
         else:
-            self._fail(err)
+            self.fail(err)
 
     # ------------------------------------------------------------------ the reviewer
     def _ask_reviewer(self, effect: RequestReview) -> None:
         self._review_seq = effect.review
         name = f"reviewer (review {effect.review})"
-        self._review_task = self._spawn(self._review(effect), name)
+        self._review_task = self.spawn(self._review(effect), name)
 
     def _cancel_review(self, effect: CancelReview | None = None) -> None:
         self._review_seq = -1
@@ -852,7 +833,7 @@ class EventPump(DeliveriesAndHostCalls):
             except asyncio.CancelledError:
                 raise  # the review was cancelled (a stop, its deadline) or the turn's caller
             except (KeyboardInterrupt, SystemExit) as err:
-                self._fail(err)
+                self.fail(err)
                 return
             except BaseException as err:
                 # host code, as a tool is: anything it raises — a `BaseException` subclass
@@ -862,7 +843,7 @@ class EventPump(DeliveriesAndHostCalls):
             if not isinstance(verdict, VERDICT_TYPES):
                 verdict = Unavailable(f"not a verdict: {type(verdict).__name__}")
         if effect.review == self._review_seq:
-            self._feed(ReviewReturned(effect.review, verdict))
+            self.feed(ReviewReturned(effect.review, verdict))
 
     def _holds_secret(self, packet: ReviewPacket) -> bool:
         secrets = self._secrets
@@ -886,8 +867,8 @@ class EventPump(DeliveriesAndHostCalls):
             tools = self._tools = ToolCalls(
                 ToolTurn(
                     self.machine, self.registry, self.clock, self.policy, self._observation,
-                    self._records, self._secrets, self._spawn, self._feed, self._fail,
-                    self._report_later, self._abandon,
+                    self._records, self._secrets, self.spawn, self.feed, self.fail,
+                    self._calls.report_later, self.abandon,
                 )
             )  # fmt: skip
         return tools
