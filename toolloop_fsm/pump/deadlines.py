@@ -3,8 +3,7 @@ expired when one wakes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from toolloop_fsm.effects import ArmDeadline
 from toolloop_fsm.events import DeadlineExpired
@@ -12,21 +11,30 @@ from toolloop_fsm.host import Clock
 from toolloop_fsm.pass_rules import DUE_SLACK, stream_budget_due
 
 
+class DeadlineTurn(Protocol):
+    """What the deadlines need of the turn (`EventPump`): its clock, and feeding it what
+    expired."""
+
+    clock: Clock
+
+    def feed(self, event: Any) -> None: ...
+
+
 class Deadlines:
     """The turn's deadlines as timers on its `Clock`: arming and clearing them by token, and
     working out, when one wakes, whether it is really due (a rolling budget counts from the
     last chunk or recorded delivery; which budget of a pass's stream deadline runs out is
-    `toolloop_fsm.pass_rules.stream_budget_due`) and which `DeadlineExpired` it is, handed
-    to ``expired``.
+    `toolloop_fsm.pass_rules.stream_budget_due`) and which `DeadlineExpired` it is, fed to
+    the turn. (It holds the turn rather than its clock and a bound ``feed``: a waiting turn
+    keeps less.)
 
     The pump stamps ``last_chunk`` as each chunk arrives (one store per chunk on the hot
     path: nothing is rearmed) and ``last_activity`` as the channel confirms a delivery."""
 
-    __slots__ = ("clock", "expired", "last_activity", "last_chunk", "stream_armed_at", "timers")
+    __slots__ = ("last_activity", "last_chunk", "stream_armed_at", "timers", "turn")
 
-    def __init__(self, clock: Clock, expired: Callable[[DeadlineExpired], None]) -> None:
-        self.clock = clock
-        self.expired = expired
+    def __init__(self, turn: DeadlineTurn) -> None:
+        self.turn = turn
         # [handle, effect] per armed deadline: rarely more than two, so a list of pairs
         self.timers: list[list[Any]] = []
         self.last_activity = 0.0
@@ -34,7 +42,8 @@ class Deadlines:
         self.stream_armed_at = 0.0
 
     def arm(self, effect: ArmDeadline) -> None:
-        now = self.clock.now()
+        clock = self.turn.clock
+        now = clock.now()
         seconds = effect.seconds
         if effect.first_seconds is not None:
             # the pass's stream deadline: first wake at the earliest of its windows
@@ -45,7 +54,7 @@ class Deadlines:
             self.last_chunk = None
         if effect.rolling:
             self.last_activity = now
-        handle = self.clock.call_later(seconds, self._fired, effect)
+        handle = clock.call_later(seconds, self._fired, effect)
         self.timers.append([handle, effect])
 
     def clear(self, token: int) -> None:
@@ -71,7 +80,8 @@ class Deadlines:
             return
         kind = effect.kind
         if effect.rolling:
-            now = self.clock.now()
+            clock = self.turn.clock
+            now = clock.now()
             last_chunk = self.last_chunk
             # a rolling deadline counts from the last chunk or recorded delivery
             last = self.last_activity
@@ -91,7 +101,7 @@ class Deadlines:
             else:
                 due = wake = last + effect.seconds
             if due - now > DUE_SLACK:
-                entry[0] = self.clock.call_later(wake - now, self._fired, effect)
+                entry[0] = clock.call_later(wake - now, self._fired, effect)
                 return
         self.timers.remove(entry)
-        self.expired(DeadlineExpired(kind, effect.token))
+        self.turn.feed(DeadlineExpired(kind, effect.token))

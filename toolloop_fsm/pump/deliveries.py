@@ -82,14 +82,19 @@ class ChannelCalls:
     )
 
     def __init__(
-        self, turn: ChannelTurn, deadlines: Deadlines, keys: str | None, notices: NoticeBudget
+        self,
+        turn: ChannelTurn,
+        deadlines: Deadlines,
+        keys: str | None,
+        notices: NoticeBudget | None,
     ) -> None:
         self.turn = turn
         self.deadlines = deadlines  # a confirmed delivery restarts the inactivity budget
         # the prefix of every delivery's idempotency key (``turn_id:attempt``), when the
         # channel takes one
         self.keys = keys
-        # the host-call budget the turn's notices share (the outer tier's, for an attempt)
+        # the host-call budget the turn's notices share: the outer tier's, for an attempt,
+        # else made for the turn's first notice
         self.notices = notices
         # deliveries waiting behind a send that suspended, and outcomes to report after the
         # batch that caused them: made on first use, as the other lists a turn may not need
@@ -108,6 +113,12 @@ class ChannelCalls:
             self.host_calls = []
         self.host_calls.append(effect)
         self._ensure_host_worker()
+
+    def _notice_budget(self) -> NoticeBudget:
+        notices = self.notices
+        if notices is None:
+            notices = self.notices = NoticeBudget(self.turn.policy.host_call_timeout)
+        return notices
 
     def drop_waiting(self) -> None:
         """The turn ended: the deliveries still waiting are never sent."""
@@ -247,7 +258,7 @@ class ChannelCalls:
                         me.set_name(SEND_NOTICE)
                     self._notice_posted(
                         await post_notice(
-                            channel, effect.notice, self.notices, self.turn.clock,
+                            channel, effect.notice, self._notice_budget(), self.turn.clock,
                             self.turn.policy.cancel_grace,
                         )
                     )  # fmt: skip

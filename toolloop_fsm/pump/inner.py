@@ -239,7 +239,7 @@ class EventPump:
         self._iteration = 0
         self._tools: ToolCalls | None = None  # made for the turn's first tool call
         # the turn's deadlines, by token: what expires is fed to the machine
-        self._deadlines = Deadlines(self.clock, self.feed)
+        self._deadlines = Deadlines(self)
         self._signals_dirty = False
         self._stop_fed = False
         self._follow_ups_seen = 0
@@ -249,8 +249,7 @@ class EventPump:
         # the host-call budget of the turn's notices: the outer tier's, for an attempt)
         self._calls = ChannelCalls(
             self, self._deadlines,
-            delivery_keys if takes_idempotency_keys(channel) else None,
-            notices if notices is not None else NoticeBudget(policy.host_call_timeout),
+            delivery_keys if takes_idempotency_keys(channel) else None, notices,
         )  # fmt: skip
         # code that ignored its cancellation past the grace: named, never awaited again
         self._abandoned: list[str] | None = None
