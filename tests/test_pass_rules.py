@@ -1,7 +1,8 @@
 """The rules of one provider pass that the machine and every shell share
 (`toolloop_fsm.pass_rules`): which budget of a pass's stream deadline runs out, and when; when
 buffered text is delivered. Each rule lives there once: the machine, the in-process pump and
-the Temporal worker ask it rather than keep their own copy."""
+the Temporal worker ask it rather than keep their own copy (the machine's per-chunk handler
+inlines the flush rule, and a test here keeps it to the rule)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ import pytest
 
 import toolloop_fsm
 from tests.test_machine_structure import _imports, _violations
-from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.effects import Deliver
+from toolloop_fsm.events import DeadlineKind, TextDelta
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.pass_rules import flush_due, phase_budget, stream_budget_due
+from toolloop_fsm.policy import LoopPolicy
 
 PACKAGE = Path(toolloop_fsm.__file__).parent
 
@@ -60,6 +65,22 @@ def test_text_is_delivered_mid_stream_once_the_flush_size_is_buffered() -> None:
     assert flush_due(201, 200)
 
 
+@pytest.mark.parametrize("flush_chars", [1, 5, 8])
+def test_the_machine_delivers_mid_stream_exactly_when_the_flush_rule_says(flush_chars: int) -> None:
+    """The machine's chunk handler inlines `flush_due` (a call per chunk was a tenth of a
+    turn's CPU, bench_tool_loop.py): this keeps the copy to the rule."""
+    machine = ToolLoopMachine(LoopPolicy(delivery_flush_chars=flush_chars), tools=[])
+    machine.start(TurnRequest([{"role": "user", "content": "hi"}]), now=0.0)
+    buffered = 0
+    for piece in ["ab", "c", "defg", "h", "ijklmnop", "q"]:
+        buffered += len(piece)
+        effects = machine.feed(TextDelta(piece), now=1.0)
+        delivered = [effect for effect in effects if isinstance(effect, Deliver)]
+        assert bool(delivered) == flush_due(buffered, flush_chars), (piece, buffered)
+        if delivered:
+            buffered = 0
+
+
 def test_the_pass_rules_import_nothing_of_io() -> None:
     path = PACKAGE / "pass_rules.py"
     bad = [v for module, names in _imports(path) for v in _violations(module, names)]
@@ -72,7 +93,6 @@ def test_the_pass_rules_import_nothing_of_io() -> None:
         ("machine.py", "phase_budget"),
         ("pump/deadlines.py", "stream_budget_due"),
         ("temporal/_worker.py", "stream_budget_due"),
-        ("states/stream_once.py", "flush_due"),
         ("temporal/_worker.py", "flush_due"),
     ],
 )

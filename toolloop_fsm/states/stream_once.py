@@ -24,7 +24,6 @@ from toolloop_fsm.events import (
     UsageReport,
 )
 from toolloop_fsm.guards.tool_gate import offered_tools
-from toolloop_fsm.pass_rules import flush_due
 from toolloop_fsm.provider import ProviderRequest, ToolSpec
 from toolloop_fsm.result import (
     Notice,
@@ -94,7 +93,7 @@ def take_text(turn: TurnState, event: TextDelta) -> None:
     turn.pass_text.append(text)
     buffered = turn.buffer_len + len(text)
     turn.buffer_len = buffered
-    if flush_due(buffered, turn.flush_chars):
+    if buffered >= turn.flush_chars:  # pass_rules.flush_due, inlined: it runs per chunk
         flush_buffer(turn, mid_stream=True)
 
 
