@@ -17,7 +17,7 @@ exactly as an `EffectHandlers` is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from toolloop_fsm.effects import (
@@ -139,6 +139,12 @@ class ShellEffectHandlers(Generic[S, R]):
 
     def __call__(self, shell: S, effect: object) -> R:
         return self._handlers[type(effect)](shell, effect)
+
+    @property
+    def by_class(self) -> Mapping[type, Callable[[S, Any], R]]:
+        """The handlers by effect class, for a shell whose every effect counts (the inner
+        pump's batches): looked up there directly, without this table's own call."""
+        return self._handlers
 
     def handles(self) -> frozenset[type]:
         return frozenset(self._handlers)

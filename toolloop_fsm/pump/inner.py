@@ -572,11 +572,11 @@ class EventPump:
                 self.feed(outcomes.pop(0))
 
     def _carry_out(self, effects: Iterable[Effect]) -> None:
-        carry_out = self.effect_handlers
+        handlers = self.effect_handlers.by_class
         for effect in effects:
             if self.on_effect is not None:
                 self.on_effect(effect)
-            if carry_out(self, effect) is False:
+            if handlers[type(effect)](self, effect) is False:
                 return  # the host's snapshot hook failed: the turn ends with its exception
 
     def _arm_deadline(self, effect: ArmDeadline) -> None:
