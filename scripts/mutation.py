@@ -261,26 +261,26 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "captured earlier: a step of two makes every captured value stale just as one does",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", "EventPump._carry_out", "drop_call",
-        "self._timers.remove(entry)", "pass",
+        "toolloop_fsm/pump/deadlines.py", "Deadlines.clear", "drop_call",
+        "self.timers.remove(entry)", "pass",
         "a cleared deadline's timer is cancelled first, so left in the list it never fires "
         "and is never found again (tokens are unique); the list is dropped at wind-down",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._cancel_timers", "drop_call",
-        "self._timers.clear()", "pass",
+        "toolloop_fsm/pump/deadlines.py", "Deadlines.cancel_all", "drop_call",
+        "self.timers.clear()", "pass",
         "the timers were just cancelled and the run is over; nothing reads the list again",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._deadline_fired", "comparison",
+        "toolloop_fsm/pump/deadlines.py", "Deadlines._fired", "comparison",
         "if effect.first_seconds is not None:", "if effect.first_seconds is None:",
         "every rolling deadline is the pass's stream deadline (it has `first_seconds`); the "
         "machine reads a stream deadline after the first chunk as the inactivity deadline "
         "either way",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._deadline_fired", "drop_call",
-        "self._timers.remove(entry)", "pass",
+        "toolloop_fsm/pump/deadlines.py", "Deadlines._fired", "drop_call",
+        "self.timers.remove(entry)", "pass",
         "a fired timer left in the list is never found again (tokens are unique) and a "
         "later clear of it cancels a handle that already ran",
     ),
@@ -322,7 +322,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "toolloop_fsm/pump/inner.py", "EventPump._wind_down", "drop_call",
         "self._cancel_timers()", "pass",
         "`run`'s `finally` cancels every timer again once the children are joined; a timer "
-        "that fires in between finds the pump finished (`_feed` ignores it) or abandons a "
+        "that fires in between finds the pump finished (`feed` ignores it) or abandons a "
         "straggler the join would abandon, named once either way",
     ),
     Equivalent(
@@ -353,8 +353,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "when the last span ends at the cut, the branch sets the cut to the value it has",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", "StreamDeadlines._arm", "drop_branch",
-        "self._last_activity = now", "pass",
+        "toolloop_fsm/pump/deadlines.py", "Deadlines.arm", "drop_branch",
+        "self.last_activity = now", "pass",
         "the only rolling deadline is armed in the same batch as its `StartStream`, which "
         "already set the last activity to the same instant",
     ),

@@ -1,6 +1,7 @@
 """The effect-handler contract: a table missing a handler for an effect class of its tier, or
 holding one for a class the tier never emits, is refused as it is built, naming the classes;
-the tiers together cover every `Effect` class."""
+the tiers together cover every `Effect` class (each shell's own table is checked in
+tests/test_shell_tables.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import typing
 
 import pytest
 
-from toolloop_fsm.effect_handlers import INNER_EFFECTS, OUTER_EFFECTS, EffectHandlers, handled
+from toolloop_fsm.effect_handlers import (
+    INNER_EFFECTS,
+    OUTER_EFFECTS,
+    EffectHandlers,
+    ShellEffectHandlers,
+    handled,
+    handled_by,
+)
 from toolloop_fsm.effects import Deliver, Effect, Finish, StartAttempt
 
 
@@ -39,4 +47,27 @@ def test_a_table_carries_out_each_effect_by_its_own_handler() -> None:
     table = EffectHandlers("the test shell", OUTER_EFFECTS, entries)
     table(Finish(result=typing.cast(typing.Any, None)))
     assert done == ["Finish"]
+    assert table.handles() == frozenset(OUTER_EFFECTS)
+
+
+def test_a_shell_class_table_missing_a_handler_is_refused_naming_the_classes() -> None:
+    def note(shell: list[str], effect: object) -> None:
+        shell.append(type(effect).__name__)
+
+    entries = [handled_by(cls, note) for cls in OUTER_EFFECTS if cls is not StartAttempt]
+    with pytest.raises(TypeError, match=r"^the test shell has no handler for StartAttempt$"):
+        ShellEffectHandlers("the test shell", OUTER_EFFECTS, entries)
+
+
+def test_a_shell_class_table_carries_out_each_effect_by_the_shell_it_is_given() -> None:
+    def note(shell: list[str], effect: object) -> None:
+        shell.append(type(effect).__name__)
+
+    table = ShellEffectHandlers[list[str], None](
+        "the test shell", OUTER_EFFECTS, [handled_by(cls, note) for cls in OUTER_EFFECTS]
+    )
+    first: list[str] = []
+    second: list[str] = []
+    table(first, Finish(result=typing.cast(typing.Any, None)))
+    assert (first, second) == (["Finish"], [])
     assert table.handles() == frozenset(OUTER_EFFECTS)

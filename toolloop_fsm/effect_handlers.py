@@ -7,11 +7,17 @@ lacks a handler for an effect class of its tier (or names one its tier never emi
 it is built, with the classes named, so a new effect cannot be added to a machine without
 every shell saying what it does with it. Dispatch is one dict lookup by the effect's exact
 class (the effects are final, frozen values).
+
+A shell made many times over (the inner pump: one per turn, and thousands of turns may wait
+at once) builds its table once, for its class, from `handled_by(...)` entries naming its
+methods: a `ShellEffectHandlers`, called with the shell and the effect. (A table of bound
+methods per turn would be a quarter of the memory of a waiting turn.) It is checked whole
+exactly as an `EffectHandlers` is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from toolloop_fsm.effects import (
@@ -35,7 +41,14 @@ from toolloop_fsm.effects import (
     UpdateKeyHealth,
 )
 
-__all__ = ["INNER_EFFECTS", "OUTER_EFFECTS", "EffectHandlers", "handled"]
+__all__ = [
+    "INNER_EFFECTS",
+    "OUTER_EFFECTS",
+    "EffectHandlers",
+    "ShellEffectHandlers",
+    "handled",
+    "handled_by",
+]
 
 #: Every effect class `ToolLoopMachine` emits.
 INNER_EFFECTS: tuple[type, ...] = (
@@ -50,12 +63,43 @@ OUTER_EFFECTS: tuple[type, ...] = (
 
 E = TypeVar("E")
 R = TypeVar("R")
+S = TypeVar("S")
+H = TypeVar("H", bound=Callable[..., Any])
 
 
 def handled(effect_class: type[E], handler: Callable[[E], R]) -> tuple[type, Callable[[Any], R]]:
     """One entry of a table: ``handler`` carries out effects of ``effect_class`` (mypy
     checks that it takes that class)."""
     return effect_class, handler
+
+
+def handled_by(
+    effect_class: type[E], handler: Callable[[S, E], R]
+) -> tuple[type, Callable[[S, Any], R]]:
+    """One entry of a shell class's table: ``handler``, a method of the shell taken from its
+    class, carries out effects of ``effect_class`` (mypy checks that it takes that class)."""
+    return effect_class, handler
+
+
+def _checked(shell: str, tier: Iterable[type], entries: Iterable[tuple[type, H]]) -> dict[type, H]:
+    """The table of ``entries`` by effect class, refused unless it has exactly one handler for
+    each class of ``tier``."""
+    handlers: dict[type, H] = {}
+    for effect_class, handler in entries:
+        if effect_class in handlers:
+            raise TypeError(f"{shell} has two handlers for {effect_class.__name__}")
+        handlers[effect_class] = handler
+    expected = tuple(tier)
+    missing = [cls.__name__ for cls in expected if cls not in handlers]
+    foreign = [cls.__name__ for cls in handlers if cls not in expected]
+    if missing or foreign:
+        problems = []
+        if missing:
+            problems.append(f"no handler for {', '.join(missing)}")
+        if foreign:
+            problems.append(f"handlers for {', '.join(foreign)}, which its tier never emits")
+        raise TypeError(f"{shell} has {'; '.join(problems)}")
+    return handlers
 
 
 class EffectHandlers(Generic[R]):
@@ -67,26 +111,40 @@ class EffectHandlers(Generic[R]):
     def __init__(
         self, shell: str, tier: Iterable[type], entries: Iterable[tuple[type, Callable[[Any], R]]]
     ) -> None:
-        handlers: dict[type, Callable[[Any], R]] = {}
-        for effect_class, handler in entries:
-            if effect_class in handlers:
-                raise TypeError(f"{shell} has two handlers for {effect_class.__name__}")
-            handlers[effect_class] = handler
-        expected = tuple(tier)
-        missing = [cls.__name__ for cls in expected if cls not in handlers]
-        foreign = [cls.__name__ for cls in handlers if cls not in expected]
-        if missing or foreign:
-            problems = []
-            if missing:
-                problems.append(f"no handler for {', '.join(missing)}")
-            if foreign:
-                problems.append(f"handlers for {', '.join(foreign)}, which its tier never emits")
-            raise TypeError(f"{shell} has {'; '.join(problems)}")
         self.shell = shell
-        self._handlers = handlers
+        self._handlers = _checked(shell, tier, entries)
 
     def __call__(self, effect: object) -> R:
         return self._handlers[type(effect)](effect)
+
+    def handles(self) -> frozenset[type]:
+        return frozenset(self._handlers)
+
+
+class ShellEffectHandlers(Generic[S, R]):
+    """The handlers of a shell class, one per effect class of its tier, built once for every
+    instance; calling the table with a shell and an effect carries the effect out by that
+    shell."""
+
+    __slots__ = ("_handlers", "shell")
+
+    def __init__(
+        self,
+        shell: str,
+        tier: Iterable[type],
+        entries: Iterable[tuple[type, Callable[[S, Any], R]]],
+    ) -> None:
+        self.shell = shell
+        self._handlers = _checked(shell, tier, entries)
+
+    def __call__(self, shell: S, effect: object) -> R:
+        return self._handlers[type(effect)](shell, effect)
+
+    @property
+    def by_class(self) -> Mapping[type, Callable[[S, Any], R]]:
+        """The handlers by effect class, for a shell whose every effect counts (the inner
+        pump's batches): looked up there directly, without this table's own call."""
+        return self._handlers
 
     def handles(self) -> frozenset[type]:
         return frozenset(self._handlers)

@@ -100,6 +100,7 @@ from toolloop_fsm.guards.tool_gate import (
 )
 from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
 from toolloop_fsm.ledger import LedgerEntry
+from toolloop_fsm.pass_rules import STREAM_BUDGETS, phase_budget
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus
 from toolloop_fsm.runner import CompiledRunner, DeclaredMachine
@@ -416,10 +417,6 @@ _SIGNAL_TRIGGERS: dict[type, str] = {
     DeliveryFailed: "delivery_failed",
     ReviewReturned: "review_returned",
 }
-#: the budgets the pass's one stream deadline expires as
-_STREAM_BUDGETS = frozenset(
-    {DeadlineKind.FIRST_TOKEN, DeadlineKind.INACTIVITY, DeadlineKind.PASS_DURATION}
-)
 
 
 def trigger_for(event: object) -> str:
@@ -438,9 +435,8 @@ def expired_deadline(event: DeadlineExpired, state: str) -> tuple[str, DeadlineK
     inactivity budget after it."""
     kind = event.kind
     if kind is DeadlineKind.STREAM:
-        first = state == "awaiting_first_token"
-        kind = DeadlineKind.FIRST_TOKEN if first else DeadlineKind.INACTIVITY
-    armed = DeadlineKind.STREAM if kind in _STREAM_BUDGETS else kind
+        kind = phase_budget(answered=state != "awaiting_first_token")
+    armed = DeadlineKind.STREAM if kind in STREAM_BUDGETS else kind
     return f"{kind.value}_deadline", armed
 
 

@@ -1,9 +1,13 @@
 """The asyncio shell around the sans-IO machines.
 
 - `inner`: `EventPump` runs one `ToolLoopMachine` (the provider stream read by the turn's
-  own task, tool tasks, signals, the children it tracks) and `run_tool_loop`;
-- `deadlines`: the turn's timers and which deadline expired;
-- `deliveries`: deliveries, notices and the stop message, and every bounded host call;
+  own task, signals, the children it tracks, its effect-handler table) and `run_tool_loop`;
+  its parts are objects it makes and calls:
+- `deadlines`: `Deadlines`, the turn's timers by token and which deadline expired;
+- `tool_calls`: `ToolCalls`, the tool runner keyed by dispatch, its settling and the calls
+  in doubt;
+- `deliveries`: `ChannelCalls`, deliveries, notices and the stop message, and every bounded
+  host call;
 - `outer`: `GenerationPump` runs `GenerationTurnMachine` and `run_generation_turn`;
 - `redaction`: no key leaves the turn: masked out of the provider's stream, scrubbed from
   results, log records and observed events.

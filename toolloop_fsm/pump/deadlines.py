@@ -1,104 +1,107 @@
-"""The deadlines of one turn: timers on the turn's `Clock`, and which deadline expired."""
+"""The deadlines of one turn: timers on the turn's `Clock` by token, and which deadline
+expired when one wakes."""
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from toolloop_fsm.effects import (
-    ArmDeadline,
-)
-from toolloop_fsm.events import (
-    DeadlineExpired,
-    DeadlineKind,
-)
-from toolloop_fsm.host import (
-    Clock,
-)
+from toolloop_fsm.effects import ArmDeadline
+from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.host import Clock
+from toolloop_fsm.pass_rules import DUE_SLACK, stream_budget_due
 
 
-class StreamDeadlines:
-    """The turn's deadlines as timers on its `Clock`: arming them, and working out, when one
-    wakes, whether it is really due (a rolling budget counts from the last chunk or recorded
-    delivery, a pass's stream deadline from its first-token and total budgets) and which
-    `DeadlineExpired` it is."""
+class DeadlineTurn(Protocol):
+    """What the deadlines need of the turn (`EventPump`): its clock, and feeding it what
+    expired."""
 
-    if TYPE_CHECKING:
-        # the state it works on belongs to the pump that mixes it in (`EventPump`)
-        clock: Clock
-        _timers: list[list[Any]]
-        _last_activity: float
-        _last_chunk: float | None
-        _stream_armed_at: float
-        _tool_grace: Any
-        _review_grace: Any
+    clock: Clock
 
-        def _feed(self, event: Any) -> None: ...
+    def feed(self, event: Any) -> None: ...
 
-    else:
-        __slots__ = ()
 
-    def _arm(self, effect: ArmDeadline) -> None:
-        now = self.clock.now()
+class Deadlines:
+    """The turn's deadlines as timers on its `Clock`: arming and clearing them by token, and
+    working out, when one wakes, whether it is really due (a rolling budget counts from the
+    last chunk or recorded delivery; which budget of a pass's stream deadline runs out is
+    `toolloop_fsm.pass_rules.stream_budget_due`) and which `DeadlineExpired` it is, fed to
+    the turn. (It holds the turn rather than its clock and a bound ``feed``: a waiting turn
+    keeps less.)
+
+    The pump stamps ``last_chunk`` as each chunk arrives (one store per chunk on the hot
+    path: nothing is rearmed) and ``last_activity`` as the channel confirms a delivery."""
+
+    __slots__ = ("last_activity", "last_chunk", "stream_armed_at", "timers", "turn")
+
+    def __init__(self, turn: DeadlineTurn) -> None:
+        self.turn = turn
+        # [handle, effect] per armed deadline: rarely more than two, so a list of pairs
+        self.timers: list[list[Any]] = []
+        self.last_activity = 0.0
+        self.last_chunk: float | None = None
+        self.stream_armed_at = 0.0
+
+    def arm(self, effect: ArmDeadline) -> None:
+        clock = self.turn.clock
+        now = clock.now()
         seconds = effect.seconds
         if effect.first_seconds is not None:
             # the pass's stream deadline: first wake at the earliest of its windows
             seconds = min(seconds, effect.first_seconds)
             if effect.total_seconds is not None:
                 seconds = min(seconds, effect.total_seconds)
-            self._stream_armed_at = now
-            self._last_chunk = None
+            self.stream_armed_at = now
+            self.last_chunk = None
         if effect.rolling:
-            self._last_activity = now
-        handle = self.clock.call_later(seconds, self._deadline_fired, effect)
-        self._timers.append([handle, effect])
+            self.last_activity = now
+        handle = clock.call_later(seconds, self._fired, effect)
+        self.timers.append([handle, effect])
+
+    def clear(self, token: int) -> None:
+        entry = self._timer(token)
+        if entry is not None:
+            entry[0].cancel()
+            self.timers.remove(entry)
+
+    def cancel_all(self) -> None:
+        for handle, _ in self.timers:
+            handle.cancel()
+        self.timers.clear()
 
     def _timer(self, token: int) -> list[Any] | None:
-        for entry in self._timers:
+        for entry in self.timers:
             if entry[1].token == token:
                 return entry
         return None
 
-    def _deadline_fired(self, effect: ArmDeadline) -> None:
+    def _fired(self, effect: ArmDeadline) -> None:
         entry = self._timer(effect.token)
         if entry is None:
             return
         kind = effect.kind
         if effect.rolling:
-            now = self.clock.now()
-            total = effect.total_seconds
-            pass_due = self._stream_armed_at + total if total is not None else math.inf
-            if effect.first_seconds is not None and pass_due - now <= 1e-9:
-                # the pass's total budget is spent, however steadily it streams
-                kind = DeadlineKind.PASS_DURATION
+            clock = self.turn.clock
+            now = clock.now()
+            last_chunk = self.last_chunk
+            # a rolling deadline counts from the last chunk or recorded delivery
+            last = self.last_activity
+            if last_chunk is not None and last_chunk > last:
+                last = last_chunk
+            if effect.first_seconds is not None:
+                # the pass's stream deadline: the budget that runs out first (pass_rules)
+                kind, due = stream_budget_due(
+                    now, begun=self.stream_armed_at,
+                    answered_at=None if last_chunk is None else last,
+                    first_seconds=effect.first_seconds, inactivity_seconds=effect.seconds,
+                    total_seconds=effect.total_seconds,
+                )  # fmt: skip
+                # before the first chunk, wake again within one inactivity window, so that
+                # a first chunk arriving late is followed by the inactivity budget
+                wake = due if last_chunk is not None else min(due, now + effect.seconds)
             else:
-                if effect.first_seconds is not None and self._last_chunk is None:
-                    kind = DeadlineKind.FIRST_TOKEN  # no chunk yet in this pass
-                    due = self._stream_armed_at + effect.first_seconds
-                    # wake again within one inactivity window, so that a first chunk
-                    # arriving late is followed by the inactivity budget, not the first due
-                    wake = min(due, now + effect.seconds)
-                else:
-                    if effect.first_seconds is not None:
-                        kind = DeadlineKind.INACTIVITY
-                    # a rolling deadline counts from the last chunk or recorded delivery
-                    # (chunks stamp _last_chunk only: one store per chunk on the hot path)
-                    last = self._last_activity
-                    if self._last_chunk is not None and self._last_chunk > last:
-                        last = self._last_chunk
-                    due = wake = last + effect.seconds
-                if due - now > 1e-9:
-                    wake = min(wake, pass_due)
-                    entry[0] = self.clock.call_later(wake - now, self._deadline_fired, effect)
-                    return
-        self._timers.remove(entry)
-        self._feed(DeadlineExpired(kind, effect.token))
-
-    def _cancel_timers(self) -> None:
-        for handle, _ in self._timers:
-            handle.cancel()
-        self._timers.clear()
-        for grace in (self._tool_grace, self._review_grace):
-            if grace is not None:
-                grace.cancel()
-        self._tool_grace = self._review_grace = None
+                due = wake = last + effect.seconds
+            if due - now > DUE_SLACK:
+                entry[0] = clock.call_later(wake - now, self._fired, effect)
+                return
+        self.timers.remove(entry)
+        self.turn.feed(DeadlineExpired(kind, effect.token))

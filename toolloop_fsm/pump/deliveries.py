@@ -1,6 +1,7 @@
-"""Deliveries and the other calls into host code: bounded, ordered, abandoned when they ignore
-their cancellation (`_HostCallGuard`, `wait_bounded`); a notice posted within what is left
-of the turn's shared notice budget (`post_notice`, over `toolloop_fsm.notice_budget`)."""
+"""Deliveries and the other calls into host code (`ChannelCalls`, the part of the pump that owns
+them): bounded, ordered, abandoned when they ignore their cancellation (`_HostCallGuard`,
+`wait_bounded`); a notice posted within what is left of the turn's shared notice budget
+(`post_notice`, over `toolloop_fsm.notice_budget`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from collections.abc import (
     Iterable,
 )
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from toolloop_fsm.effects import Deliver, PostNotice, QueueStopResponse
 from toolloop_fsm.events import (
@@ -37,78 +38,130 @@ Outcome = DeliveryRecorded | DeliveryFailed | StreamEnded | ToolFinished
 if TYPE_CHECKING:
     from toolloop_fsm.machine import ToolLoopMachine
     from toolloop_fsm.policy import LoopPolicy
+    from toolloop_fsm.pump.deadlines import Deadlines
     from toolloop_fsm.result import GenerationTurnResult
 
 
-class DeliveriesAndHostCalls:
-    """Calls into the host's channel: deliveries in order, notices and the stop message in
-    order, each bounded by ``host_call_timeout`` and abandoned after ``cancel_grace`` if it
-    ignores its cancellation; what they report is fed back to the machine."""
+class ChannelTurn(Protocol):
+    """What the channel's calls need of the turn that makes them (`EventPump`): its channel,
+    clock, machine and policy, and its hands: feed an event, end the run with a failure,
+    settle its result, start a child task, give up on a child or a call."""
 
-    if TYPE_CHECKING:
-        # the state it works on belongs to the pump that mixes it in (`EventPump`)
-        channel: Channel
-        clock: Clock
-        machine: ToolLoopMachine
-        policy: LoopPolicy
-        _deliveries: list[Deliver] | None
-        _delivery_task: asyncio.Task[None] | None
-        _host_calls: list[PostNotice | QueueStopResponse] | None
-        _host_exception: BaseException | None
-        _host_task: asyncio.Task[None] | None
-        _last_activity: float
-        _outcomes: list[Outcome] | None
-        _delivery_keys: str | None
-        _pending_result: GenerationTurnResult | None
-        _notices: NoticeBudget
+    channel: Channel
+    clock: Clock
+    machine: ToolLoopMachine
+    policy: LoopPolicy
 
-        def _feed(self, event: Any) -> None: ...
-        def _fail(self, err: BaseException) -> None: ...
-        def _settle_result(self, result: GenerationTurnResult) -> None: ...
-        def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]: ...
-        def _abandon(self, task: asyncio.Task[Any], name: str) -> InDoubtCall | None: ...
-        def _give_up(self, name: str) -> None: ...
+    def feed(self, event: Any) -> None: ...
+    def fail(self, err: BaseException) -> None: ...
+    def settle_result(self, result: GenerationTurnResult) -> None: ...
+    def spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]: ...
+    def abandon(self, task: asyncio.Task[Any], name: str) -> InDoubtCall | None: ...
+    def give_up(self, name: str) -> None: ...
 
-    else:
-        __slots__ = ()
+
+class ChannelCalls:
+    """A turn's calls into the host's channel: deliveries in order, notices and the stop
+    message in order, each bounded by ``host_call_timeout`` and abandoned after
+    ``cancel_grace`` if it ignores its cancellation; what they report is fed back to the
+    machine — a delivery that completed at once after the batch of effects that made it
+    (`outcomes`, which the turn feeds)."""
+
+    __slots__ = (
+        "deadlines",
+        "host_calls",
+        "host_exception",
+        "host_task",
+        "keys",
+        "notices",
+        "outcomes",
+        "pending_result",
+        "task",
+        "turn",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        turn: ChannelTurn,
+        deadlines: Deadlines,
+        keys: str | None,
+        notices: NoticeBudget | None,
+    ) -> None:
+        self.turn = turn
+        self.deadlines = deadlines  # a confirmed delivery restarts the inactivity budget
+        # the prefix of every delivery's idempotency key (``turn_id:attempt``), when the
+        # channel takes one
+        self.keys = keys
+        # the host-call budget the turn's notices share: the outer tier's, for an attempt,
+        # else made for the turn's first notice
+        self.notices = notices
+        # deliveries waiting behind a send that suspended, and outcomes to report after the
+        # batch that caused them: made on first use, as the other lists a turn may not need
+        self.waiting: list[Deliver] | None = None
+        self.task: asyncio.Task[None] | None = None  # the send that suspended, finishing
+        self.host_calls: list[PostNotice | QueueStopResponse] | None = None
+        self.outcomes: list[Outcome] | None = None
+        self.host_task: asyncio.Task[None] | None = None  # the notices' worker
+        self.host_exception: BaseException | None = None  # what a failed host call raised
+        # the result waits for the host's notices and stop message still on their way
+        self.pending_result: GenerationTurnResult | None = None
+
+    def queue(self, effect: PostNotice | QueueStopResponse) -> None:
+        """A notice or the stop message, sent in order by the notices' worker."""
+        if self.host_calls is None:
+            self.host_calls = []
+        self.host_calls.append(effect)
+        self._ensure_host_worker()
+
+    def _notice_budget(self) -> NoticeBudget:
+        notices = self.notices
+        if notices is None:
+            notices = self.notices = NoticeBudget(self.turn.policy.host_call_timeout)
+        return notices
+
+    def drop_waiting(self) -> None:
+        """The turn ended: the deliveries still waiting are never sent."""
+        if self.waiting:
+            self.waiting.clear()
 
     def _send(self, effect: Deliver) -> Coroutine[Any, Any, None]:
-        prefix = self._delivery_keys
+        prefix = self.keys
         if prefix is None:  # the channel takes no idempotency key
             if effect.expression is not None:
-                return self.channel.send_expression(effect.expression)
-            return self.channel.send_text(effect.text or "")
+                return self.turn.channel.send_expression(effect.expression)
+            return self.turn.channel.send_text(effect.text or "")
         key = f"{prefix}:{effect.seq}"
         if effect.expression is not None:
-            return self.channel.send_expression(  # type: ignore[call-arg]
+            return self.turn.channel.send_expression(  # type: ignore[call-arg]
                 effect.expression, idempotency_key=key
             )
-        return self.channel.send_text(effect.text or "", idempotency_key=key)  # type: ignore[call-arg]
+        return self.turn.channel.send_text(effect.text or "", idempotency_key=key)  # type: ignore[call-arg]
 
-    def _deliver(self, effect: Deliver) -> None:
+    def deliver(self, effect: Deliver) -> None:
         """Start a delivery eagerly: a channel that does not need to wait (a buffer, a
         queue) completes here, without a task; one that waits is finished by a task, and
         later deliveries queue behind it, in order."""
-        task = self._delivery_task
-        if (task is not None and not task.done()) or self._deliveries or self._send_failed():
+        task = self.task
+        if (task is not None and not task.done()) or self.waiting or self._send_failed():
             self._waiting_deliveries().append(effect)
             return
         coroutine = self._send(effect)
         try:
             waiting_on = coroutine.send(None)
         except StopIteration:
-            self._last_activity = self.clock.now()
-            self._report_later(DeliveryRecorded(effect.seq))
+            self.deadlines.last_activity = self.turn.clock.now()
+            self.report_later(DeliveryRecorded(effect.seq))
             return
         except (KeyboardInterrupt, SystemExit) as err:
-            self._fail(err)
+            self.turn.fail(err)
             return
         except BaseException as err:  # any failure of host code is the turn's `host_error`
-            self._host_exception = err
-            self._report_later(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
+            self.host_exception = err
+            self.report_later(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
             return
         self._waiting_deliveries()  # the worker takes the deliveries queued behind this one
-        self._delivery_task = self._spawn(
+        self.task = self.turn.spawn(
             self._deliver_in_order(effect, _resume(coroutine, waiting_on)),
             "channel.send_expression" if effect.expression is not None else "channel.send_text",
         )
@@ -116,20 +169,20 @@ class DeliveriesAndHostCalls:
     def _send_failed(self) -> bool:
         """A send of this batch already failed (the turn is about to end ``error``): the
         deliveries after it wait in line, and are never sent."""
-        outcomes = self._outcomes
+        outcomes = self.outcomes
         return outcomes is not None and any(type(outcome) is DeliveryFailed for outcome in outcomes)
 
     def _waiting_deliveries(self) -> list[Deliver]:
-        deliveries = self._deliveries
+        deliveries = self.waiting
         if deliveries is None:
-            deliveries = self._deliveries = []
+            deliveries = self.waiting = []
         return deliveries
 
-    def _report_later(self, outcome: Outcome) -> None:
+    def report_later(self, outcome: Outcome) -> None:
         """Queue an outcome, fed once the batch of effects that caused it is carried out."""
-        outcomes = self._outcomes
+        outcomes = self.outcomes
         if outcomes is None:
-            self._outcomes = [outcome]
+            self.outcomes = [outcome]
         else:
             outcomes.append(outcome)
 
@@ -150,7 +203,7 @@ class DeliveriesAndHostCalls:
             if task is not None:
                 task.set_name(name)  # abandoned at the end, it is named by its call
             guard = _HostCallGuard(
-                self, name, on_abandon=partial(self._delivery_abandoned, seq, name)
+                self.turn, name, on_abandon=partial(self._delivery_abandoned, seq, name)
             )
             try:
                 await (started if started is not None else self._send(effect))
@@ -159,33 +212,33 @@ class DeliveriesAndHostCalls:
                     raise  # the turn is over, or its caller was cancelled
                 guard.taken_back()
                 deliveries.clear()
-                self._feed(DeliveryFailed(seq, self._overdue_message(name), timed_out=True))
+                self.turn.feed(DeliveryFailed(seq, self._overdue_message(name), timed_out=True))
                 return
             except (KeyboardInterrupt, SystemExit) as err:
-                self._fail(err)
+                self.turn.fail(err)
                 return
             except BaseException as err:
-                self._host_exception = err
-                self._feed(DeliveryFailed(seq, f"{type(err).__name__}: {err}"))
+                self.host_exception = err
+                self.turn.feed(DeliveryFailed(seq, f"{type(err).__name__}: {err}"))
                 return
             finally:
                 guard.disarm()
             if guard.expired:
                 guard.taken_back()  # it returned after all, before the grace ran out
             started = None
-            self._last_activity = self.clock.now()
-            self._feed(DeliveryRecorded(seq))
+            self.deadlines.last_activity = self.turn.clock.now()
+            self.turn.feed(DeliveryRecorded(seq))
             effect = deliveries.pop(0) if deliveries else None
 
     def _delivery_abandoned(self, seq: int, name: str) -> None:
-        self._feed(DeliveryFailed(seq, self._overdue_message(name), timed_out=True))
+        self.turn.feed(DeliveryFailed(seq, self._overdue_message(name), timed_out=True))
 
     def _overdue_message(self, name: str) -> str:
-        return f"{name} did not return within {self.policy.host_call_timeout:g} s"
+        return f"{name} did not return within {self.turn.policy.host_call_timeout:g} s"
 
     def _ensure_host_worker(self) -> None:
-        if self._host_task is None or self._host_task.done():
-            self._host_task = self._spawn(self._call_host_in_order(), "channel notices")
+        if self.host_task is None or self.host_task.done():
+            self.host_task = self.turn.spawn(self._call_host_in_order(), "channel notices")
 
     async def _call_host_in_order(self) -> None:
         """Post notices and the stop message in order. Notices share the turn's notice budget
@@ -193,20 +246,20 @@ class DeliveriesAndHostCalls:
         The stop message is bounded by the host-call budget. Either, failing (or the stop
         message not returning) while the turn runs, is a ``host_error``/``host_timeout``;
         after it, it is only named (a late call cannot change how the turn ended)."""
-        channel = self.channel
-        calls = self._host_calls
+        channel = self.turn.channel
+        calls = self.host_calls
         assert calls is not None  # the worker is started for a call
         me = asyncio.current_task()
         try:
-            while calls and self._host_task is me:
+            while calls and self.host_task is me:
                 effect = calls.pop(0)
                 if isinstance(effect, PostNotice):
                     if me is not None:
                         me.set_name(SEND_NOTICE)
                     self._notice_posted(
                         await post_notice(
-                            channel, effect.notice, self._notices, self.clock,
-                            self.policy.cancel_grace,
+                            channel, effect.notice, self._notice_budget(), self.turn.clock,
+                            self.turn.policy.cancel_grace,
                         )
                     )  # fmt: skip
                     continue
@@ -215,7 +268,7 @@ class DeliveriesAndHostCalls:
                 if me is not None:
                     me.set_name(name)  # a worker abandoned at the end is named by its call
                 guard = _HostCallGuard(
-                    self, name, on_abandon=partial(self._host_worker_abandoned, name)
+                    self.turn, name, on_abandon=partial(self._host_worker_abandoned, name)
                 )
                 failure: DeliveryFailed | None = None
                 try:
@@ -226,52 +279,52 @@ class DeliveriesAndHostCalls:
                     guard.taken_back()
                     failure = DeliveryFailed(None, self._overdue_message(name), timed_out=True)
                 except (KeyboardInterrupt, SystemExit) as err:
-                    self._fail(err)
+                    self.turn.fail(err)
                     return
                 except BaseException as err:
-                    self._host_exception = err
+                    self.host_exception = err
                     failure = DeliveryFailed(None, f"{type(err).__name__}: {err}")
                 finally:
                     guard.disarm()
                 if guard.expired and failure is None:
                     guard.taken_back()
-                if failure is not None and not self.machine.is_finished:
-                    self._feed(failure)
+                if failure is not None and not self.turn.machine.is_finished:
+                    self.turn.feed(failure)
         finally:
-            if self._host_task is me:
+            if self.host_task is me:
                 self._host_calls_done()
 
     def _notice_posted(self, outcome: NoticeOutcome | BaseException) -> None:
         """What a notice's call came to: one given up on is named, and ends nothing; one that
         raised while the turn runs is its ``host_error``."""
         if outcome is NoticeOutcome.GIVEN_UP:
-            self._give_up(SEND_NOTICE)
+            self.turn.give_up(SEND_NOTICE)
             return
         if isinstance(outcome, NoticeOutcome):
             return
         if isinstance(outcome, KeyboardInterrupt | SystemExit):
-            self._fail(outcome)
+            self.turn.fail(outcome)
             return
-        self._host_exception = outcome
-        if not self.machine.is_finished:
-            self._feed(DeliveryFailed(None, f"{type(outcome).__name__}: {outcome}"))
+        self.host_exception = outcome
+        if not self.turn.machine.is_finished:
+            self.turn.feed(DeliveryFailed(None, f"{type(outcome).__name__}: {outcome}"))
 
     def _host_worker_abandoned(self, name: str) -> None:
         """The host call in progress ignored its cancellation: it failed like one that did
         not return, and the worker carries on without it."""
-        self._host_task = None
-        if not self.machine.is_finished:
-            self._feed(DeliveryFailed(None, self._overdue_message(name), timed_out=True))
-        if self._host_calls:
+        self.host_task = None
+        if not self.turn.machine.is_finished:
+            self.turn.feed(DeliveryFailed(None, self._overdue_message(name), timed_out=True))
+        if self.host_calls:
             self._ensure_host_worker()
         else:
             self._host_calls_done()
 
     def _host_calls_done(self) -> None:
-        pending = self._pending_result
-        if pending is not None and not self._host_calls:
-            self._pending_result = None
-            self._settle_result(pending)
+        pending = self.pending_result
+        if pending is not None and not self.host_calls:
+            self.pending_result = None
+            self.turn.settle_result(pending)
 
 
 async def post_notice(
@@ -338,7 +391,7 @@ class _HostCallGuard:
 
     def __init__(
         self,
-        pump: DeliveriesAndHostCalls,
+        pump: ChannelTurn,
         name: str,
         *,
         on_abandon: Callable[[], None] | None = None,
@@ -360,7 +413,7 @@ class _HostCallGuard:
         self._handle = None
         task = self._task
         if task is not None and not task.done():
-            self._pump._abandon(task, self._name)
+            self._pump.abandon(task, self._name)
             if self._on_abandon is not None:
                 self._on_abandon()
 

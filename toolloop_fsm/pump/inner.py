@@ -27,10 +27,11 @@ from collections.abc import (
     Iterable,
     Mapping,
 )
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
+from toolloop_fsm.effect_handlers import INNER_EFFECTS, ShellEffectHandlers, handled_by
 from toolloop_fsm.effects import (
     ArmDeadline,
     CancelReview,
@@ -60,15 +61,12 @@ from toolloop_fsm.events import (
     StopRequested,
     StreamEnded,
     StreamFailed,
-    ToolFinished,
-    ToolOutcomeKind,
 )
 from toolloop_fsm.host import (
     LOOP_CLOCK,
     Channel,
     Clock,
     Tool,
-    ToolContext,
     ToolRegistry,
     TurnRequest,
     TurnSignals,
@@ -80,21 +78,20 @@ from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import Provider, ProviderRequest
 from toolloop_fsm.providers._secrecy import provider_secrets
 from toolloop_fsm.pump.arguments import check_loop_arguments
-from toolloop_fsm.pump.deadlines import StreamDeadlines
+from toolloop_fsm.pump.deadlines import Deadlines
 from toolloop_fsm.pump.deliveries import (
-    DeliveriesAndHostCalls,
-    Outcome,
+    ChannelCalls,
     takes_idempotency_keys,
     wait_bounded,
 )
 from toolloop_fsm.pump.observing import Observation, observe_turn
 from toolloop_fsm.pump.records import TurnRecords
 from toolloop_fsm.pump.redaction import Secrets, StreamMask, masked_stream
-from toolloop_fsm.result import GenerationTurnResult, InDoubtCall, InDoubtCause, TraceStep
+from toolloop_fsm.pump.tool_calls import ToolCalls, ToolTurn
+from toolloop_fsm.result import GenerationTurnResult, InDoubtCall, TraceStep
 from toolloop_fsm.review import VERDICT_TYPES, Reviewer, ReviewPacket, Unavailable
 from toolloop_fsm.snapshot import LoopSnapshot, SnapshotError, TurnSnapshot
 from toolloop_fsm.states.build_result import count_late_deliveries
-from toolloop_fsm.tools import copy_arguments, reconcile_call, run_tool_handler, unknown_outcome
 from toolloop_fsm.turn import DraftState, LedgerEntry
 
 
@@ -126,34 +123,38 @@ _REPORTED = frozenset({StreamFailed, DeadlineExpired, DeliveryFailed})
 _NOT_RELEASING = frozenset({DeliveryRecorded, DeliveryFailed})
 
 
-class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
+@attrs.frozen
+class AttemptEnding:
+    """What the outer tier needs to know of how an attempt's run ended, besides its result:
+    whether the attempt took the host's stop (the turn then honoured it), and the provider's
+    last failure (named when the chain falls back)."""
+
+    stop_fed: bool
+    provider_failure: StreamFailed | None
+
+
+class EventPump:
     """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
+
+    #: How it carries out each effect class of the tool loop, one handler each (a handler
+    #: returns False when the batch it is part of ends there)
+    effect_handlers: ClassVar[ShellEffectHandlers[EventPump, bool | None]]
 
     __slots__ = (
         "_abandoned",
+        "_calls",
         "_children",
-        "_deliveries",
-        "_delivery_keys",
-        "_delivery_task",
+        "_deadlines",
         "_depth",
         "_failure",
         "_finished",
         "_follow_ups_seen",
-        "_host_calls",
-        "_host_exception",
-        "_host_task",
-        "_in_doubt",
         "_interrupted",
         "_iteration",
-        "_last_activity",
-        "_last_chunk",
         "_late_confirmed",
         "_main",
         "_masked",
-        "_notices",
         "_observation",
-        "_outcomes",
-        "_pending_result",
         "_pending_stream",
         "_provider_failure",
         "_reading",
@@ -163,17 +164,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         "_review_seq",
         "_review_task",
         "_secrets",
-        "_settling",
         "_signals_dirty",
         "_stop_fed",
-        "_stream_armed_at",
         "_stream_generation",
-        "_timers",
-        "_tool_calls",
-        "_tool_dispatch",
-        "_tool_grace",
-        "_tool_name",
-        "_tool_task",
+        "_tools",
         "_wake",
         "channel",
         "clock",
@@ -206,10 +200,6 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         notices: NoticeBudget | None = None,
     ) -> None:
         self.machine = machine
-        # the host-call budget the turn's notices share (the outer tier's, for an attempt)
-        self._notices = (
-            notices if notices is not None else NoticeBudget(machine.policy.host_call_timeout)
-        )
         # handed each snapshot the machine offers (it offers them when built with
         # ``snapshots=True``)
         self.on_snapshot = on_snapshot
@@ -221,9 +211,6 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 "(a toolloop_fsm.Reviewer, such as ModelReviewer)"
             )
         self.reviewer = reviewer
-        # the prefix of every delivery's idempotency key (``turn_id:attempt``), when the
-        # channel takes one
-        self._delivery_keys = delivery_keys if takes_idempotency_keys(channel) else None
         self._review_task: asyncio.Task[None] | None = None
         self._review_seq = 0
         self._review_grace: Any = None
@@ -249,41 +236,25 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         self._interrupted = False
         self._wake: asyncio.Future[None] | None = None
         self._stream_generation = 0
-        self._tool_task: asyncio.Task[None] | None = None
-        self._tool_dispatch = 0
         self._iteration = 0
-        # [handle, effect] per armed deadline: rarely more than two, so a list of pairs
-        self._timers: list[list[Any]] = []
-        self._last_activity = 0.0
-        self._last_chunk: float | None = None
-        self._stream_armed_at = 0.0
+        self._tools: ToolCalls | None = None  # made for the turn's first tool call
+        # the turn's deadlines, by token: what expires is fed to the machine
+        self._deadlines = Deadlines(self)
         self._signals_dirty = False
         self._stop_fed = False
         self._follow_ups_seen = 0
-        # deliveries waiting behind a send that suspended, and outcomes to report after the
-        # batch that caused them: made on first use, as the other lists a turn may not need
-        self._deliveries: list[Deliver] | None = None
-        self._delivery_task: asyncio.Task[None] | None = None
-        # made on first use, as the other lists a turn may never need
-        self._host_calls: list[PostNotice | QueueStopResponse] | None = None
-        self._outcomes: list[Outcome] | None = None
         self._depth = 0
-        self._host_task: asyncio.Task[None] | None = None
-        self._host_exception: BaseException | None = None
         self.policy = machine.policy
-        self._tool_name = ""
-        self._tool_grace: Any = None
+        # the turn's calls into the channel: deliveries, notices, the stop message (sharing
+        # the host-call budget of the turn's notices: the outer tier's, for an attempt)
+        self._calls = ChannelCalls(
+            self, self._deadlines,
+            delivery_keys if takes_idempotency_keys(channel) else None, notices,
+        )  # fmt: skip
         # code that ignored its cancellation past the grace: named, never awaited again
         self._abandoned: list[str] | None = None
-        # each tool task still running, with what it runs (an abandoned one is in doubt), the
-        # calls in doubt, and the settling of a call cut off at its deadline (§3.9)
-        self._tool_calls: dict[asyncio.Task[None], InDoubtCall] | None = None
-        self._in_doubt: list[InDoubtCall] | None = None
-        self._settling: asyncio.Task[None] | None = None
         # deliveries the channel confirmed after the machine had already finished
         self._late_confirmed: list[int] | None = None
-        # the result waits for the host's notices and stop message still on their way
-        self._pending_result: GenerationTurnResult | None = None
         # who watches the turn (``None``: nothing; checked at lifecycle points, never per
         # chunk), what its log records say, and the provider's last failure (the outer tier
         # names its HTTP status when it falls back)
@@ -399,6 +370,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             raise failure
         return self._with_late_facts(result)
 
+    def ending(self) -> AttemptEnding:
+        """How the run that returned ended, for the tier that runs it as an attempt."""
+        return AttemptEnding(self._stop_fed, self._provider_failure)
+
     def _with_late_facts(self, result: GenerationTurnResult) -> GenerationTurnResult:
         """Add what happened after the machine finished but before the run returned: a
         delivery the channel confirmed (it is in the result, whatever the interleaving, and
@@ -409,11 +384,12 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         changes: dict[str, Any] = {}
         if self._abandoned:
             changes["abandoned_calls"] = (*result.abandoned_calls, *self._abandoned)
-        if self._in_doubt:
-            changes["in_doubt_calls"] = (*result.in_doubt_calls, *self._in_doubt)
+        in_doubt = self._tools.in_doubt if self._tools is not None else None
+        if in_doubt:
+            changes["in_doubt_calls"] = (*result.in_doubt_calls, *in_doubt)
         return attrs.evolve(result, **changes) if changes else result
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    def spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Start a child task; ``name`` says what it runs (an abandoned child is named)."""
         task = asyncio.get_running_loop().create_task(coroutine, name=name)
         children = self._children
@@ -446,12 +422,12 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 budget += policy.host_call_timeout
             for straggler in await wait_bounded(self.clock, pending, budget):
                 straggler.cancel()
-                self._abandon(straggler, straggler.get_name())
+                self.abandon(straggler, straggler.get_name())
         for child in children:
             if child.done() and not child.cancelled() and child.exception() is not None:
                 raise child.exception()  # type: ignore[misc]
 
-    def _abandon(self, task: asyncio.Task[Any], name: str) -> InDoubtCall | None:
+    def abandon(self, task: asyncio.Task[Any], name: str) -> InDoubtCall | None:
         """Give up on a child that ignored its cancellation: it is named in the result and
         never awaited again. A tool so abandoned is in doubt (§3.9): returned, and listed."""
         children = self._children
@@ -461,16 +437,12 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         if self._abandoned is None:
             self._abandoned = []
         self._abandoned.append(name)
-        calls = self._tool_calls
-        in_doubt = calls.pop(task, None) if calls is not None else None
-        if in_doubt is not None:
-            if self._in_doubt is None:
-                self._in_doubt = []
-            self._in_doubt.append(in_doubt)
+        tools = self._tools
+        in_doubt = tools.abandoned(task) if tools is not None else None
         self._records.abandoned(name, self.policy.cancel_grace, in_doubt)
         return in_doubt
 
-    def _give_up(self, name: str) -> None:
+    def give_up(self, name: str) -> None:
         """A call that overran its budget was given up on (and cancelled): it is named in the
         result, and ends nothing."""
         if self._abandoned is None:
@@ -480,25 +452,27 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
 
     def _abandon_unless_done(self, task: asyncio.Task[Any], name: str) -> None:
         if not task.done():
-            self._abandon(task, name)
+            self.abandon(task, name)
 
     def _wind_down(self) -> None:
         """The turn is over (or the caller was cancelled): stop the stream and the tool,
         abandon deliveries still in flight, disarm every deadline."""
         self._stream_generation += 1
         self._pending_stream = None
-        for task in (self._tool_task, self._settling, self._delivery_task, self._review_task):
+        if self._tools is not None:
+            self._tools.stop()
+        calls = self._calls
+        for task in (calls.task, self._review_task):
             if task is not None and not task.done():
                 task.cancel()
-        if self._deliveries:
-            self._deliveries.clear()
+        calls.drop_waiting()
         self._cancel_timers()
         self._finished = True
         if self._observation is not None:
             self._observation.turn_over()
 
     # ------------------------------------------------------------------ feeding
-    def _feed(self, event: Any) -> None:
+    def feed(self, event: Any) -> None:
         """Feed one event and carry out its effects; a failure ends the run with it."""
         if self._finished or self.machine.is_finished:
             if type(event) is DeliveryRecorded and event.seq is not None:
@@ -524,7 +498,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         try:
             effects = self.machine.feed(event, now=self.clock.now())
         except BaseException as err:  # the machine rejected the event: surface it to run()
-            self._fail(err)
+            self.fail(err)
             return
         observation = self._observation
         if observation is not None:
@@ -545,7 +519,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         observation = self._observation
         if observation is not None and observation.wants_chunks and observation.observes(chunk):
             observation.chunk(chunk)
-        self._feed(chunk)
+        self.feed(chunk)
 
     def _report(self, event: StreamFailed | DeadlineExpired | DeliveryFailed) -> None:
         """A WARNING record of a failure, as it is fed to the machine."""
@@ -570,14 +544,14 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 seconds = tool.timeout if tool is not None and has_own else policy.tool_timeout
             records.deadline_expired(
                 event.kind, seconds, provider=self._provider_name(), iteration=self._iteration,
-                tool=self._tool_name,
+                tool=self._tools.name if self._tools is not None else "",
             )  # fmt: skip
 
     def _provider_name(self) -> str:
         name = getattr(self.provider, "name", None)
         return name if isinstance(name, str) and name else type(self.provider).__name__
 
-    def _fail(self, err: BaseException) -> None:
+    def fail(self, err: BaseException) -> None:
         if not self._finished:
             self._finished = True
             self._failure = err
@@ -590,53 +564,47 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             self._carry_out(effects)
         finally:
             self._depth -= 1
-        outcomes = self._outcomes
+        outcomes = self._calls.outcomes
         if self._depth == 0 and outcomes:
             # deliveries that completed at once are reported after the batch that issued
             # them, so every effect of a step is carried out before the next event
             while outcomes:
-                self._feed(outcomes.pop(0))
+                self.feed(outcomes.pop(0))
 
     def _carry_out(self, effects: Iterable[Effect]) -> None:
+        handlers = self.effect_handlers.by_class
         for effect in effects:
             if self.on_effect is not None:
                 self.on_effect(effect)
-            kind = type(effect)
-            if kind is Deliver:
-                self._deliver(effect)  # type: ignore[arg-type]
-            elif kind is ArmDeadline:
-                self._arm(effect)  # type: ignore[arg-type]
-            elif kind is ClearDeadline:
-                entry = self._timer(effect.token)  # type: ignore[union-attr]
-                if entry is not None:
-                    entry[0].cancel()
-                    self._timers.remove(entry)
-            elif kind is StartStream:
-                self._start_stream(effect)  # type: ignore[arg-type]
-            elif kind is CancelStream:
-                self._cancel_stream()
-            elif kind is CutStream:
-                # the pass reached the held-prose ceiling: the read stops here (its stream is
-                # closed as the read unwinds, aborting the request), and the pass ends
-                self._cancel_stream()
-                self._report_later(StreamEnded())
-            elif kind is RequestReview:
-                self._ask_reviewer(effect)  # type: ignore[arg-type]
-            elif kind is CancelReview:
-                self._cancel_review()
-            elif kind is RunTool:
-                self._run_tool(effect)  # type: ignore[arg-type]
-            elif kind is CancelTool:
-                self._cancel_tool(effect)  # type: ignore[arg-type]
-            elif kind is PostNotice or kind is QueueStopResponse:
-                if self._host_calls is None:
-                    self._host_calls = []
-                self._host_calls.append(effect)  # type: ignore[arg-type]
-                self._ensure_host_worker()
-            elif kind is Finish:
-                self._finish(effect)  # type: ignore[arg-type]
-            elif kind is OfferSnapshot and not self._offer_snapshot(effect):  # type: ignore[arg-type]
-                return  # the host's hook failed: the turn ends with its exception
+            if handlers[type(effect)](self, effect) is False:
+                return  # the host's snapshot hook failed: the turn ends with its exception
+
+    def _arm_deadline(self, effect: ArmDeadline) -> None:
+        self._deadlines.arm(effect)
+
+    def _clear_deadline(self, effect: ClearDeadline) -> None:
+        self._deadlines.clear(effect.token)
+
+    def _cancel_timers(self) -> None:
+        """Disarm every deadline, and the graces of a tool or reviewer being cancelled."""
+        self._deadlines.cancel_all()
+        if self._tools is not None:
+            self._tools.cancel_grace()
+        if self._review_grace is not None:
+            self._review_grace.cancel()
+        self._review_grace = None
+
+    def _cut_stream(self, effect: CutStream) -> None:
+        # the pass reached the held-prose ceiling: the read stops here (its stream is closed
+        # as the read unwinds, aborting the request), and the pass ends
+        self._cancel_stream()
+        self._calls.report_later(StreamEnded())
+
+    def _deliver(self, effect: Deliver) -> None:
+        self._calls.deliver(effect)
+
+    def _queue_host_call(self, effect: PostNotice | QueueStopResponse) -> None:
+        self._calls.queue(effect)
 
     def _offer_snapshot(self, effect: OfferSnapshot) -> bool:
         """Hand the host a snapshot, synchronously, before the pass it precedes starts. Like
@@ -649,7 +617,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         try:
             hook(effect.snapshot)
         except BaseException as err:
-            self._fail(err)
+            self.fail(err)
             return False
         return True
 
@@ -657,21 +625,22 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         if self._finished:
             return
         self._stream_generation += 1
-        if self._deliveries:
-            self._deliveries.clear()
-        host_task = self._host_task
+        calls = self._calls
+        calls.drop_waiting()
+        host_task = calls.host_task
         if host_task is not None and not host_task.done():
             # notices and the stop message are owed to the host: they finish first (each
             # bounded by the host-call budget), then the result is settled
-            self._pending_result = effect.result
+            calls.pending_result = effect.result
             return
-        self._settle_result(effect.result)
+        self.settle_result(effect.result)
 
-    def _settle_result(self, result: GenerationTurnResult) -> None:
+    def settle_result(self, result: GenerationTurnResult) -> None:
         if self._finished:
             return
-        if self._host_exception is not None:
-            result = attrs.evolve(result, exception=self._host_exception)
+        host_exception = self._calls.host_exception
+        if host_exception is not None:
+            result = attrs.evolve(result, exception=host_exception)
         self._finished = True
         self._result = result
         self._interrupt_read()
@@ -691,10 +660,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             if self._finished or self.machine.is_finished:
                 return  # too late for this turn: the stop stays for the next one
             self._stop_fed = True
-            self._feed(StopRequested(signals.stop_message))
+            self.feed(StopRequested(signals.stop_message))
         if signals.follow_ups > self._follow_ups_seen:
             self._follow_ups_seen = signals.follow_ups
-            self._feed(FollowUpArrived())
+            self.feed(FollowUpArrived())
 
     # ------------------------------------------------------------------ the provider stream
     def _wake_up(self) -> None:
@@ -713,11 +682,11 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
     def _start_stream(self, effect: StartStream) -> None:
         self._stream_generation += 1
         self._iteration = effect.iteration
-        self._last_activity = self.clock.now()
+        self._deadlines.last_activity = self.clock.now()
         self._pending_stream = (effect.request, self._stream_generation)
         self._wake_up()
 
-    def _cancel_stream(self) -> None:
+    def _cancel_stream(self, effect: CancelStream | None = None) -> None:
         self._stream_generation += 1
         self._pending_stream = None
         self._interrupt_read()
@@ -732,7 +701,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         try:
             stream = self.provider.stream(request)
         except Exception as err:  # raised before any chunk: a failed pass all the same
-            self._feed(secrets.masked_failure(err))
+            self.feed(secrets.masked_failure(err))
             return
         # observers, the machine and all it makes see the masked stream: each chunk is
         # handed through the turn's mask as it is read (no iterator layer), or, when chunks
@@ -754,9 +723,10 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         # what every chunk calls is held as a bound method: each costs every waiting turn)
         handler_for = machine.chunk_handlers.get
         now = self.clock.now
+        deadlines = self._deadlines
         try:
             async for chunk in stream:
-                self._last_chunk = now()
+                deadlines.last_chunk = now()
                 if mask is not None:
                     if mask.held:
                         self._take_released(mask.release_before(chunk))
@@ -771,7 +741,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                         handler(turn, chunk)
                         effects = machine.take_effects() if turn.effects else None
                     else:
-                        effects = machine.feed(chunk, now=self._last_chunk)
+                        effects = machine.feed(chunk, now=deadlines.last_chunk)
                 except BaseException as err:
                     self._chunk_raised(chunk, err)
                     return
@@ -789,7 +759,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             exhausted = True
         except Exception as err:  # a provider bug is a failed pass, not a crashed turn
             if generation == self._stream_generation:
-                self._feed(secrets.masked_failure(err))
+                self.feed(secrets.masked_failure(err))
             return
         finally:
             self._reading = False
@@ -800,7 +770,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 # caller cancelled the turn); a failure was observed as it was fed
                 observation.pass_ended(turn, None)
         if generation == self._stream_generation:
-            self._feed(StreamEnded())
+            self.feed(StreamEnded())
         if observation is not None:  # once: unless the end was fed, it is observed here
             observation.pass_ended(turn, None)
 
@@ -809,7 +779,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         own. (A method rather than inline in the read: every turn waiting on its provider
         carries the read's frame, sized by its largest expression.)"""
         if type(chunk) not in CHUNK_TYPES:  # a provider bug: a failed pass
-            self._feed(
+            self.feed(
                 StreamFailed(
                     f"the provider yielded {type(chunk).__name__}, not a chunk event",
                     kind="protocol",
@@ -819,7 +789,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
         elif isinstance(err, InvalidEvent | ValueError | TypeError):
             # a chunk the machine refuses (a malformed field, non-finite usage) is the
             # provider's protocol failure, not a crash of the turn
-            self._feed(
+            self.feed(
                 StreamFailed(
                     f"the provider sent a malformed {type(chunk).__name__}: {err}",
                     kind="protocol",
@@ -827,15 +797,15 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
                 )
             )
         else:
-            self._fail(err)
+            self.fail(err)
 
     # ------------------------------------------------------------------ the reviewer
     def _ask_reviewer(self, effect: RequestReview) -> None:
         self._review_seq = effect.review
         name = f"reviewer (review {effect.review})"
-        self._review_task = self._spawn(self._review(effect), name)
+        self._review_task = self.spawn(self._review(effect), name)
 
-    def _cancel_review(self) -> None:
+    def _cancel_review(self, effect: CancelReview | None = None) -> None:
         self._review_seq = -1
         task = self._review_task
         if task is not None and not task.done():
@@ -862,7 +832,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             except asyncio.CancelledError:
                 raise  # the review was cancelled (a stop, its deadline) or the turn's caller
             except (KeyboardInterrupt, SystemExit) as err:
-                self._fail(err)
+                self.fail(err)
                 return
             except BaseException as err:
                 # host code, as a tool is: anything it raises — a `BaseException` subclass
@@ -872,7 +842,7 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
             if not isinstance(verdict, VERDICT_TYPES):
                 verdict = Unavailable(f"not a verdict: {type(verdict).__name__}")
         if effect.review == self._review_seq:
-            self._feed(ReviewReturned(effect.review, verdict))
+            self.feed(ReviewReturned(effect.review, verdict))
 
     def _holds_secret(self, packet: ReviewPacket) -> bool:
         secrets = self._secrets
@@ -885,139 +855,44 @@ class EventPump(StreamDeadlines, DeliveriesAndHostCalls):
 
     # ------------------------------------------------------------------ tools
     def _run_tool(self, effect: RunTool) -> None:
-        self._tool_dispatch = effect.dispatch
-        self._tool_name = f"tool {effect.name} (dispatch {effect.dispatch})"
-        observation = self._observation
-        if observation is not None:
-            call = self.machine.turn.tool_round.pending_call
-            call_id = call.call_id if call is not None else None
-            observation.tool_started(effect, call_id if isinstance(call_id, str) else None)
-        task = self._tool_task = self._spawn(self._call_tool(effect), self._tool_name)
-        # what the task runs, should it be abandoned: then the call is in doubt (§3.9)
-        call = self.machine.turn.tool_round.pending_call
-        call_id = call.call_id if call is not None and isinstance(call.call_id, str) else None
-        calls = self._tool_calls
-        if calls is None:
-            calls = self._tool_calls = {}
-        calls[task] = InDoubtCall(effect.name, effect.dispatch, call_id, InDoubtCause.ABANDONED)
-        task.add_done_callback(lambda done: calls.pop(done, None))
+        self._tool_calls().run(effect, self._iteration)
 
     def _cancel_tool(self, effect: CancelTool) -> None:
-        if self._observation is not None:
-            self._observation.tool_cancelled(self._tool_dispatch)
-        self._tool_dispatch = -1
-        settling = self._settling
-        if settling is not None:  # a stop while a cut-off call is settled: it ends here
-            self._settling = None
-            settling.cancel()
-        task = self._tool_task
-        if task is not None and not task.done():
-            task.cancel()
-            if effect.cut_off is not None:
-                # its outcome is owed: the grace to stop, then settled (§3.9 rule 2)
-                name = f"settling {self._tool_name}"
-                self._settling = self._spawn(self._settle_cut_off(effect, task), name)
-                return
-            # a tool that ignores its cancellation is abandoned after the grace
-            self._tool_grace = self.clock.call_later(
-                self.policy.cancel_grace, self._abandon_unless_done, task, self._tool_name
-            )
-        elif effect.cut_off is not None:  # it had just returned: its deadline's outcome
-            failed = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error=effect.cut_off)
-            self._report_later(failed)
+        self._tool_calls().cancel(effect, self._iteration)
 
-    async def _settle_cut_off(self, effect: CancelTool, task: asyncio.Task[None]) -> None:
-        """docs/behaviour.md §3.9 rule 2: a call with a reconcile hook, cancelled at its
-        deadline, has the grace to stop (its outcome is then that timeout); one that does
-        not is abandoned, in doubt, and its hook asks what really happened before the
-        machine is told."""
-        dispatch = effect.dispatch
-        cut_off = effect.cut_off
-        assert cut_off is not None
-        policy = self.policy
-        event: ToolFinished
-        if not await wait_bounded(self.clock, (task,), policy.cancel_grace):
-            event = ToolFinished(dispatch, ToolOutcomeKind.RAISED, error=cut_off)
-        else:
-            in_doubt = self._abandon(task, task.get_name())
-            call = self.machine.turn.tool_round.pending_call
-            tool = self.registry.get(str(call.name)) if call is not None else None
-            answer: ToolFinished | None = None
-            if tool is not None and call is not None and isinstance(call.arguments, Mapping):
-                ctx = ToolContext(
-                    tool.name, dispatch, self._iteration, self.clock,
-                    self.machine.turn.disabled_enrichment_kinds,
-                )  # fmt: skip
-                try:
-                    answer = await reconcile_call(
-                        tool, dispatch, _own_copy(call.arguments), ctx,
-                        budget=policy.host_call_timeout, clock=self.clock,
-                    )  # fmt: skip
-                except (KeyboardInterrupt, SystemExit) as err:
-                    self._fail(err)
-                    return
-            name = tool.name if tool is not None else "the tool"
-            if answer is None:
-                cause = (
-                    f"it {cut_off} and was cancelled, and it had not stopped "
-                    f"{policy.cancel_grace:g} s later"
+    def _tool_calls(self) -> ToolCalls:
+        tools = self._tools
+        if tools is None:
+            tools = self._tools = ToolCalls(
+                ToolTurn(
+                    self.machine, self.registry, self.clock, self.policy, self._observation,
+                    self._records, self._secrets, self.spawn, self.feed, self.fail,
+                    self._calls.report_later, self.abandon,
                 )
-                event = attrs.evolve(unknown_outcome(name, cause), dispatch=dispatch)
-            else:
-                event = self._secrets.masked_outcome(answer)
-            if in_doubt is not None:
-                self._settled(in_doubt, reconciled=answer is not None)
-        if self._settling is asyncio.current_task():
-            self._settling = None
-            self._feed(event)
-
-    def _settled(self, call: InDoubtCall, *, reconciled: bool) -> None:
-        """Record how a call in doubt was settled, in its place in the list."""
-        settled = attrs.evolve(call, reconciled=reconciled)
-        listed = self._in_doubt
-        if listed is not None and call in listed:
-            listed[listed.index(call)] = settled
-        self._records.settled(settled)
-
-    async def _call_tool(self, effect: RunTool) -> None:
-        tool = self.registry.get(effect.name)
-        event: ToolFinished
-        if tool is None:  # the machine only dispatches registered tools; keep it a value
-            event = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
-        else:
-            arguments = _own_copy(effect.arguments)
-            ctx = ToolContext(
-                effect.name,
-                effect.dispatch,
-                self._iteration,
-                self.clock,
-                self.machine.turn.disabled_enrichment_kinds,
-            )
-            deadline = tool.timeout if tool.timeout is not None else self.policy.tool_timeout
-            try:
-                event = await run_tool_handler(
-                    tool, effect.dispatch, arguments, ctx, deadline=deadline
-                )
-            except (KeyboardInterrupt, SystemExit) as err:
-                # the process is going down: end the run with it, children cancelled first
-                self._fail(err)
-                return
-            # what the tool said may quote a key: masked before the observers and the
-            # machine (and so the history, the channel and the next request) see it
-            event = self._secrets.masked_outcome(event)
-        if effect.dispatch == self._tool_dispatch:
-            if self._observation is not None:
-                self._observation.tool_finished(event)
-            self._feed(event)
+            )  # fmt: skip
+        return tools
 
 
-def _own_copy(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """The tool's own copy of a call's arguments (`copy_arguments`); a host-built oddity
-    that cannot be deep-copied is copied shallowly."""
-    try:
-        return {key: copy_arguments(value) for key, value in arguments.items()}
-    except Exception:
-        return dict(arguments)
+EventPump.effect_handlers = ShellEffectHandlers(
+    "EventPump",
+    INNER_EFFECTS,
+    [
+        handled_by(Deliver, EventPump._deliver),
+        handled_by(ArmDeadline, EventPump._arm_deadline),
+        handled_by(ClearDeadline, EventPump._clear_deadline),
+        handled_by(StartStream, EventPump._start_stream),
+        handled_by(CancelStream, EventPump._cancel_stream),
+        handled_by(CutStream, EventPump._cut_stream),
+        handled_by(RequestReview, EventPump._ask_reviewer),
+        handled_by(CancelReview, EventPump._cancel_review),
+        handled_by(RunTool, EventPump._run_tool),
+        handled_by(CancelTool, EventPump._cancel_tool),
+        handled_by(PostNotice, EventPump._queue_host_call),
+        handled_by(QueueStopResponse, EventPump._queue_host_call),
+        handled_by(Finish, EventPump._finish),
+        handled_by(OfferSnapshot, EventPump._offer_snapshot),
+    ],
+)
 
 
 async def _tapped(stream: AsyncIterator[Any], observation: Observation) -> AsyncIterator[Any]:

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from toolloop_fsm.attempts import AdmissionRequest, Attempt, KeyBook, SharedRoute
+from toolloop_fsm.effect_handlers import OUTER_EFFECTS, EffectHandlers, handled
 from toolloop_fsm.effects import (
     AskAdmission,
     Effect,
@@ -130,6 +131,22 @@ class GenerationPump:
         # log records and observed events are redacted with every key of the chain
         self.records = records if records is not None else TurnRecords(0, Secrets(self._keys))
         self.observation = observation
+        self._result: GenerationTurnResult | None = None  # the turn's, once it finished
+        # how it carries out each effect class of the chain: each handler returns the
+        # effects of the events it fed the machine
+        self.effect_handlers = EffectHandlers[Awaitable[list[Effect]]](
+            "GenerationPump",
+            OUTER_EFFECTS,
+            [
+                handled(StartAttempt, self._run_attempt),
+                handled(AskAdmission, self._ask_admission),
+                handled(PostNotice, self._post_notice),
+                handled(SupersedeAttempt, self._supersede_attempt),
+                handled(UpdateKeyHealth, self._update_key_health),
+                handled(QueueStopResponse, self._queue_stop_response),
+                handled(Finish, self._finish),
+            ],
+        )
 
     async def run(
         self, request: TurnRequest, *, resume_from: TurnSnapshot | None = None
@@ -149,63 +166,63 @@ class GenerationPump:
         else:
             opening = self.machine.start(request, health=self.key_book, now=self.clock.now())
         pending = collections.deque(opening)
+        carry_out = self.effect_handlers
         while pending:
-            effect = pending.popleft()
-            if isinstance(effect, Finish):
-                if self._stop_honoured or effect.result.status is TurnStatus.STOPPED_BY_USER:
-                    self.signals.consume_stop()  # the turn that honours a stop consumes it
-                result = effect.result
-                abandoned = [
-                    *(name for attempt in self.machine.generation.results for name in
-                      attempt.abandoned_calls),
-                    *self._abandoned,
-                ]  # fmt: skip
-                if abandoned:
-                    result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
-                result = with_attempts_in_doubt(result, self.machine.generation.results)
-                return self._redacted(result)
-            pending.extend(await self._carry_out(effect))
+            pending.extend(await carry_out(pending.popleft()))
+            if self._result is not None:
+                return self._result
         raise RuntimeError("the generation turn stopped without a result")
 
     def _feed(self, event: object) -> list[Effect]:
         """Feed the machine one event, at the clock's time (stamped on its trace steps)."""
         return self.machine.feed(event, now=self.clock.now())
 
-    async def _carry_out(self, effect: Effect) -> list[Effect]:
-        if isinstance(effect, StartAttempt):
-            return await self._run_attempt(effect)
-        if isinstance(effect, AskAdmission):
-            return await self._ask_admission(effect)
-        if isinstance(effect, PostNotice):  # a notice the host cannot show ends nothing
-            policy = self.machine.policy.loop
-            outcome = await post_notice(
-                self.channel, effect.notice, self._notices, self.clock, policy.cancel_grace
-            )
-            if outcome is NoticeOutcome.GIVEN_UP:
-                self._abandoned.append(SEND_NOTICE)
-                self.records.given_up(SEND_NOTICE, policy.host_call_timeout)
-            elif isinstance(outcome, KeyboardInterrupt | SystemExit):
-                raise outcome  # the process is going down
-            elif isinstance(outcome, BaseException):
-                self.records.host_call_failed(SEND_NOTICE, f"{type(outcome).__name__}: {outcome}")
-            return []
-        if isinstance(effect, SupersedeAttempt):
-            mark = getattr(self.channel, "attempt_superseded", None)
-            if mark is not None:
-                await self._call_host(
-                    mark(effect.attempt, effect.label, effect.delivered_text),
-                    "channel.attempt_superseded",
-                )
-            return []
-        if isinstance(effect, UpdateKeyHealth):
-            self.key_book[(effect.label, effect.key_index)] = effect.health
-            return []
-        if isinstance(effect, QueueStopResponse):
+    async def _finish(self, effect: Finish) -> list[Effect]:
+        if self._stop_honoured or effect.result.status is TurnStatus.STOPPED_BY_USER:
+            self.signals.consume_stop()  # the turn that honours a stop consumes it
+        result = effect.result
+        abandoned = [
+            *(name for attempt in self.machine.generation.results for name in
+              attempt.abandoned_calls),
+            *self._abandoned,
+        ]  # fmt: skip
+        if abandoned:
+            result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
+        result = with_attempts_in_doubt(result, self.machine.generation.results)
+        self._result = self._redacted(result)
+        return []
+
+    async def _post_notice(self, effect: PostNotice) -> list[Effect]:
+        """A notice the host cannot show ends nothing."""
+        policy = self.machine.policy.loop
+        outcome = await post_notice(
+            self.channel, effect.notice, self._notices, self.clock, policy.cancel_grace
+        )
+        if outcome is NoticeOutcome.GIVEN_UP:
+            self._abandoned.append(SEND_NOTICE)
+            self.records.given_up(SEND_NOTICE, policy.host_call_timeout)
+        elif isinstance(outcome, KeyboardInterrupt | SystemExit):
+            raise outcome  # the process is going down
+        elif isinstance(outcome, BaseException):
+            self.records.host_call_failed(SEND_NOTICE, f"{type(outcome).__name__}: {outcome}")
+        return []
+
+    async def _supersede_attempt(self, effect: SupersedeAttempt) -> list[Effect]:
+        mark = getattr(self.channel, "attempt_superseded", None)
+        if mark is not None:
             await self._call_host(
-                self.channel.queue_front(effect.stop_message), "channel.queue_front"
+                mark(effect.attempt, effect.label, effect.delivered_text),
+                "channel.attempt_superseded",
             )
-            return []
-        raise TypeError(f"the generation pump cannot carry out {type(effect).__name__}")
+        return []
+
+    async def _update_key_health(self, effect: UpdateKeyHealth) -> list[Effect]:
+        self.key_book[(effect.label, effect.key_index)] = effect.health
+        return []
+
+    async def _queue_stop_response(self, effect: QueueStopResponse) -> list[Effect]:
+        await self._call_host(self.channel.queue_front(effect.stop_message), "channel.queue_front")
+        return []
 
     async def _call_host(self, call: Awaitable[Any], name: str) -> Any:
         """Await host code that cannot end the turn (a notice, a hook), bounded by the
@@ -322,14 +339,15 @@ class GenerationPump:
                 skipped = GenerationTurnResult(TurnStatus.SKIPPED, "destination_unreachable")
                 observation.attempt_ended(effect.attempt, effect.label, partial or skipped, None)
             return self._feed(UnreachableReported(partial))
-        if pump._stop_fed:
-            self._stop_honoured = True
         result = run.result()
+        ending = pump.ending()
+        if ending.stop_fed:
+            self._stop_honoured = True
         ledger = inner.turn.ledger if inner.is_finished else {}
         draft = inner.turn.draft if inner.is_finished else None
         if draft is not None:
             draft.history = list(inner.turn.history or ())
-        failure = pump._provider_failure if result.reason == "provider_error" else None
+        failure = ending.provider_failure if result.reason == "provider_error" else None
         return self._attempt_ended(effect, result, ledger, failure, draft)
 
     def _snapshot_offer(

@@ -87,7 +87,7 @@ def take_text(turn: TurnState, event: TextDelta) -> None:
     turn.pass_text.append(text)
     buffered = turn.buffer_len + len(text)
     turn.buffer_len = buffered
-    if buffered >= turn.flush_chars:
+    if buffered >= turn.flush_chars:  # pass_rules.flush_due, inlined: it runs per chunk
         flush_buffer(turn, mid_stream=True)
 
 

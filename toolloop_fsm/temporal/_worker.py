@@ -28,7 +28,6 @@ from toolloop_fsm.attempts import Attempt
 from toolloop_fsm.events import (
     CHUNK_TYPES,
     Chunk,
-    DeadlineKind,
     StreamFailed,
     TextDelta,
     ToolFinished,
@@ -36,6 +35,7 @@ from toolloop_fsm.events import (
 )
 from toolloop_fsm.host import LOOP_CLOCK, Channel, Tool, ToolContext, ToolRegistry
 from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget, NoticeOutcome
+from toolloop_fsm.pass_rules import flush_due, stream_budget_due
 from toolloop_fsm.provider import Provider
 from toolloop_fsm.pump.deliveries import post_notice, takes_idempotency_keys
 from toolloop_fsm.pump.redaction import Secrets, StreamMask
@@ -399,7 +399,8 @@ class _Pass:
         # a delivery shorter than the flush size is only ever made as the stream ends: the
         # pass had said all it says, and more text would join it in the machine's buffer
         # (one delivery under its number, with other text than the one recorded)
-        self.text_closed = bool(recorded) and len(recorded[-1].text) < self.spec.flush_chars
+        closed = bool(recorded) and not flush_due(len(recorded[-1].text), self.spec.flush_chars)
+        self.text_closed = closed
 
     def progress(self) -> Any:
         return converter.unstructure(PassProgress(self.started_at))
@@ -437,7 +438,6 @@ class _Pass:
         loop = asyncio.get_running_loop()
         # the pass's budgets count from its first try (a retry continues the same pass)
         begun = loop.time() - max(0.0, time.time() - self.started_at)
-        total_due = begun + spec.max_pass_duration if spec.max_pass_duration else None
         if not await self._resend_last_recorded():
             return self.outcome("delivery_failed")
         try:
@@ -450,12 +450,12 @@ class _Pass:
         try:
             while True:
                 now = loop.time()
-                if answered:
-                    due, kind = last + spec.inactivity_timeout, DeadlineKind.INACTIVITY
-                else:
-                    due, kind = begun + spec.first_token_timeout, DeadlineKind.FIRST_TOKEN
-                if total_due is not None and total_due <= due:
-                    due, kind = total_due, DeadlineKind.PASS_DURATION
+                kind, due = stream_budget_due(
+                    now, begun=begun, answered_at=last if answered else None,
+                    first_seconds=spec.first_token_timeout,
+                    inactivity_seconds=spec.inactivity_timeout,
+                    total_seconds=spec.max_pass_duration or None,
+                )  # fmt: skip
                 try:
                     chunk = await asyncio.wait_for(anext(iterator), max(0.0, due - now))
                 except StopAsyncIteration:
@@ -502,7 +502,7 @@ class _Pass:
         """Keep ``chunk`` and deliver what is buffered once it reaches the flush size;
         False when the channel refused it."""
         self._keep(chunk)
-        if isinstance(chunk, TextDelta) and self.buffered >= self.spec.flush_chars:
+        if isinstance(chunk, TextDelta) and flush_due(self.buffered, self.spec.flush_chars):
             return await self._flush()
         return True
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Any
 
@@ -27,17 +28,27 @@ from temporalio.workflow import ActivityCancellationType, ActivityHandle
 with workflow.unsafe.imports_passed_through():
     import attrs
 
+    from toolloop_fsm.effect_handlers import (
+        INNER_EFFECTS,
+        OUTER_EFFECTS,
+        EffectHandlers,
+        handled,
+    )
     from toolloop_fsm.effects import (
         ArmDeadline,
         AskAdmission,
+        CancelReview,
         CancelStream,
         CancelTool,
         ClearDeadline,
+        CutStream,
         Deliver,
         Effect,
         Finish,
+        OfferSnapshot,
         PostNotice,
         QueueStopResponse,
+        RequestReview,
         RunTool,
         StartAttempt,
         StartStream,
@@ -102,6 +113,13 @@ with workflow.unsafe.imports_passed_through():
 PASS_TRIES = 50
 #: How long one call into the channel may wait for a worker to take it, at most.
 _CHANNEL_CALL_TRIES = 5
+
+
+async def _cannot_carry_out(effect: Effect) -> None:
+    """An effect of the tool loop a durable attempt never receives: a review and the cut of a
+    drafted pass (drafting and the tool checkpoint are refused as a durable turn is started),
+    a snapshot offer (its machine takes none: the workflow's history is its snapshot)."""
+    raise TypeError(f"the durable turn cannot carry out {type(effect).__name__}")
 
 
 def _seconds(value: float) -> timedelta:
@@ -200,60 +218,89 @@ class _TurnShell:
         # one budget for every notice of the turn, the attempts' and the closing ones
         self.notices = NoticeBudget(turn.policy.loop.host_call_timeout)
         self.abandoned: list[str] = []  # the outer tier's calls given up on
+        self.follow_ups_seen = 0  # the host's follow-ups the turn has been told of
+        self.result: GenerationTurnResult | None = None  # the turn's, once it finished
+        # how it carries out each effect class of the chain (as Temporal primitives): each
+        # handler returns the effects of the events it fed the machine
+        self.effect_handlers = EffectHandlers[Awaitable[list[Effect]]](
+            "the durable turn",
+            OUTER_EFFECTS,
+            [
+                handled(StartAttempt, self.run_attempt),
+                handled(AskAdmission, self.refuse_admission),
+                handled(PostNotice, self.post_attempts_notice),
+                handled(QueueStopResponse, self.queue_stop_message),
+                handled(SupersedeAttempt, self.mark_superseded),
+                handled(UpdateKeyHealth, self.update_key_health),
+                handled(Finish, self.finish),
+            ],
+        )
 
     async def run(self) -> GenerationTurnResult:
-        flow = self.flow
-        follow_ups_seen = flow.follow_ups
+        self.follow_ups_seen = self.flow.follow_ups
         pending: collections.deque[Effect] = collections.deque(
             self.machine.start(self.turn.request, health=self.key_book, now=workflow.time())
         )
+        carry_out = self.effect_handlers
         while pending:
-            effect = pending.popleft()
-            if isinstance(effect, Finish):
-                result = effect.result
-                abandoned = [
-                    *(name for attempt in self.machine.generation.results
-                      for name in attempt.abandoned_calls),
-                    *self.abandoned,
-                ]  # fmt: skip
-                if abandoned:
-                    result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
-                return with_attempts_in_doubt(result, self.machine.generation.results)
-            if isinstance(effect, StartAttempt):
-                shell = _AttemptShell(self, effect)
-                result = await shell.run()
-                if shell.stop_fed:
-                    self.stop_honoured = True
-                inner = shell.machine
-                ledger = dict(inner.turn.ledger) if inner.is_finished else {}
-                signals_pending = flow.stop_requested or flow.follow_ups > follow_ups_seen
-                finished = AttemptFinished(
-                    effect.attempt, result, ledger, workflow.time(), signals_pending
-                )
-                pending.extend(self.machine.feed(finished, now=workflow.time()))
-            elif isinstance(effect, AskAdmission):
-                # a durable turn has no shared route: nobody is admitted
-                decided = AdmissionDecided(False, workflow.time())
-                pending.extend(self.machine.feed(decided, now=workflow.time()))
-            elif isinstance(effect, PostNotice):  # a notice the host cannot show ends nothing
-                answer = await self.post_notice(effect.notice)
-                if answer is not None and answer.given_up:
-                    self.abandoned.append(SEND_NOTICE)
-            elif isinstance(effect, QueueStopResponse):
-                await self.call_channel(
-                    ChannelCall(self.turn.channel, "queue_front", text=effect.stop_message)
-                )
-            elif isinstance(effect, SupersedeAttempt):
-                await self.call_channel(
-                    ChannelCall(self.turn.channel, "attempt_superseded",
-                                text=effect.delivered_text, attempt=effect.attempt,
-                                label=effect.label)
-                )  # fmt: skip
-            elif isinstance(effect, UpdateKeyHealth):
-                self.key_book[(effect.label, effect.key_index)] = effect.health
-            else:
-                raise TypeError(f"the durable turn cannot carry out {type(effect).__name__}")
+            pending.extend(await carry_out(pending.popleft()))
+            if self.result is not None:
+                return self.result
         raise RuntimeError("the generation turn stopped without a result")
+
+    async def finish(self, effect: Finish) -> list[Effect]:
+        result = effect.result
+        abandoned = [
+            *(name for attempt in self.machine.generation.results
+              for name in attempt.abandoned_calls),
+            *self.abandoned,
+        ]  # fmt: skip
+        if abandoned:
+            result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
+        self.result = with_attempts_in_doubt(result, self.machine.generation.results)
+        return []
+
+    async def run_attempt(self, effect: StartAttempt) -> list[Effect]:
+        flow = self.flow
+        shell = _AttemptShell(self, effect)
+        result = await shell.run()
+        if shell.stop_fed:
+            self.stop_honoured = True
+        inner = shell.machine
+        ledger = dict(inner.turn.ledger) if inner.is_finished else {}
+        signals_pending = flow.stop_requested or flow.follow_ups > self.follow_ups_seen
+        finished = AttemptFinished(effect.attempt, result, ledger, workflow.time(), signals_pending)
+        return self.machine.feed(finished, now=workflow.time())
+
+    async def refuse_admission(self, effect: AskAdmission) -> list[Effect]:
+        # a durable turn has no shared route: nobody is admitted
+        decided = AdmissionDecided(False, workflow.time())
+        return self.machine.feed(decided, now=workflow.time())
+
+    async def post_attempts_notice(self, effect: PostNotice) -> list[Effect]:
+        """A notice the host cannot show ends nothing."""
+        answer = await self.post_notice(effect.notice)
+        if answer is not None and answer.given_up:
+            self.abandoned.append(SEND_NOTICE)
+        return []
+
+    async def queue_stop_message(self, effect: QueueStopResponse) -> list[Effect]:
+        await self.call_channel(
+            ChannelCall(self.turn.channel, "queue_front", text=effect.stop_message)
+        )
+        return []
+
+    async def mark_superseded(self, effect: SupersedeAttempt) -> list[Effect]:
+        await self.call_channel(
+            ChannelCall(self.turn.channel, "attempt_superseded",
+                        text=effect.delivered_text, attempt=effect.attempt,
+                        label=effect.label)
+        )  # fmt: skip
+        return []
+
+    async def update_key_health(self, effect: UpdateKeyHealth) -> list[Effect]:
+        self.key_book[(effect.label, effect.key_index)] = effect.health
+        return []
 
     async def post_notice(self, notice: Notice) -> ChannelAnswer | None:
         """Post ``notice`` within what is left of the turn's notice budget, both tiers' (as
@@ -334,6 +381,28 @@ class _AttemptShell:
         self.pass_spec: PassInput | None = None  # the running pass's first try
         self.pass_began = 0.0  # when its first try was started, by the workflow's clock
         self.pass_tries = 0
+        # how it carries out each effect class of the tool loop (as Temporal primitives); a
+        # durable attempt does not draft, cut a stream or take snapshots, and says so
+        self.effect_handlers = EffectHandlers[Awaitable[None]](
+            "the durable attempt",
+            INNER_EFFECTS,
+            [
+                handled(Deliver, self.deliver),
+                handled(ArmDeadline, self.arm_deadline),
+                handled(ClearDeadline, self.clear_deadline),
+                handled(StartStream, self.start_pass),
+                handled(CancelStream, self.cancel_stream),
+                handled(CancelTool, self.cancel_tool),
+                handled(RunTool, self.start_tool),
+                handled(PostNotice, self.post_notice),
+                handled(QueueStopResponse, self.queue_stop_message),
+                handled(Finish, self.finish),
+                handled(RequestReview, _cannot_carry_out),
+                handled(CancelReview, _cannot_carry_out),
+                handled(CutStream, _cannot_carry_out),
+                handled(OfferSnapshot, _cannot_carry_out),
+            ],
+        )
 
     # ------------------------------------------------------------------ running
     async def run(self) -> GenerationTurnResult:
@@ -442,36 +511,31 @@ class _AttemptShell:
 
     # ------------------------------------------------------------------ effects
     async def carry_out(self, effects: list[Effect]) -> None:
+        carry_out = self.effect_handlers
         for effect in effects:
-            if isinstance(effect, Deliver):
-                await self.deliver(effect)
-            elif isinstance(effect, ArmDeadline):
-                self.armed[effect.token] = (effect, workflow.time())
-                if effect.kind is DeadlineKind.STREAM:
-                    self.stream_token = effect.token
-            elif isinstance(effect, ClearDeadline):
-                self.armed.pop(effect.token, None)
-            elif isinstance(effect, StartStream):
-                self.start_pass(effect)
-            elif isinstance(effect, CancelStream | CancelTool):
-                self.cancel_running()
-                if isinstance(effect, CancelTool) and effect.cut_off is not None:
-                    # past its deadline: the activity is cancelled (a worker that is lost
-                    # meanwhile is not waited for), so the deadline's failure is its outcome
-                    failed = ToolFinished(
-                        effect.dispatch, ToolOutcomeKind.RAISED, error=effect.cut_off
-                    )
-                    self.events.append(failed)
-            elif isinstance(effect, RunTool):
-                self.start_tool(effect)
-            elif isinstance(effect, PostNotice):
-                await self.post_notice(effect.notice)
-            elif isinstance(effect, QueueStopResponse):
-                await self.queue_stop_message(effect.stop_message)
-            elif isinstance(effect, Finish):
-                self.result = effect.result
-            else:
-                raise TypeError(f"the durable turn cannot carry out {type(effect).__name__}")
+            await carry_out(effect)
+
+    async def arm_deadline(self, effect: ArmDeadline) -> None:
+        self.armed[effect.token] = (effect, workflow.time())
+        if effect.kind is DeadlineKind.STREAM:
+            self.stream_token = effect.token
+
+    async def clear_deadline(self, effect: ClearDeadline) -> None:
+        self.armed.pop(effect.token, None)
+
+    async def cancel_stream(self, effect: CancelStream) -> None:
+        self.cancel_running()
+
+    async def cancel_tool(self, effect: CancelTool) -> None:
+        self.cancel_running()
+        if effect.cut_off is not None:
+            # past its deadline: the activity is cancelled (a worker that is lost meanwhile
+            # is not waited for), so the deadline's failure is its outcome
+            failed = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error=effect.cut_off)
+            self.events.append(failed)
+
+    async def finish(self, effect: Finish) -> None:
+        self.result = effect.result
 
     async def deliver(self, effect: Deliver) -> None:
         """A delivery the pass already made is recorded as made; any other (a tool's
@@ -493,10 +557,10 @@ class _AttemptShell:
         else:
             self.outcomes.append(DeliveryFailed(effect.seq, answer.error, answer.timed_out))
 
-    async def post_notice(self, notice: Notice) -> None:
+    async def post_notice(self, effect: PostNotice) -> None:
         """A notice, within the turn's notice budget: one given up on is named and ends
         nothing; one that raised while the attempt runs is its ``host_error``."""
-        answer = await self.outer.post_notice(notice)
+        answer = await self.outer.post_notice(effect.notice)
         if answer is None:
             return
         if answer.given_up:
@@ -504,14 +568,14 @@ class _AttemptShell:
         elif answer.error is not None and not self.machine.is_finished:
             self.outcomes.append(DeliveryFailed(None, answer.error))
 
-    async def queue_stop_message(self, stop_message: str) -> None:
+    async def queue_stop_message(self, effect: QueueStopResponse) -> None:
         """The stop message: failing, or not returning, while the attempt runs ends it."""
-        call = ChannelCall(self.turn.channel, "queue_front", text=stop_message)
+        call = ChannelCall(self.turn.channel, "queue_front", text=effect.stop_message)
         answer = await self.outer.call_channel(call)
         if answer.error is not None and not self.machine.is_finished:
             self.outcomes.append(DeliveryFailed(None, answer.error, answer.timed_out))
 
-    def start_pass(self, effect: StartStream) -> None:
+    async def start_pass(self, effect: StartStream) -> None:
         policy = self.policy
         beat = self.turn.heartbeat_timeout
         turn = self.machine.turn
@@ -586,7 +650,7 @@ class _AttemptShell:
                 self.records[delivery.seq] = delivery
             self.events.append(TextDelta(delivery.text))
 
-    def start_tool(self, effect: RunTool) -> None:
+    async def start_tool(self, effect: RunTool) -> None:
         policy = self.policy
         beat = self.turn.heartbeat_timeout
         tool = self.outer.registry.get(effect.name)
