@@ -198,10 +198,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     ),
     Equivalent(
         "toolloop_fsm/states/tool_dispatch.py", "refuse_truncated_call", "true_false",
-        "turn.outcome = ToolOutcome(success=False, reason=TRUNCATED_ARGUMENTS_REASON, "
-        "dispatched=False)",
-        "turn.outcome = ToolOutcome(success=False, reason=TRUNCATED_ARGUMENTS_REASON, "
-        "dispatched=True)",
+        "success=False, reason=TRUNCATED_ARGUMENTS_REASON, dispatched=False",
+        "success=False, reason=TRUNCATED_ARGUMENTS_REASON, dispatched=True",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
@@ -211,15 +209,16 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     ),
     Equivalent(
         "toolloop_fsm/states/tool_dispatch.py", "refuse_outside_allowlist", "true_false",
-        "turn.outcome = ToolOutcome(success=False, reason=reason, dispatched=False)",
-        "turn.outcome = ToolOutcome(success=False, reason=reason, dispatched=True)",
+        "turn.tool_round.outcome = ToolOutcome(success=False, reason=reason, dispatched=False)",
+        "turn.tool_round.outcome = ToolOutcome(success=False, reason=reason, dispatched=True)",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
         "toolloop_fsm/states/tool_dispatch.py", "time_out_tool", "drop_call",
-        "turn.armed.pop(DeadlineKind.TOOL, None)", "pass",
-        "the fired tool deadline's token is never read again: the next dispatch re-arms the "
-        "kind, and a stale token is refused by its value either way",
+        "disarm_deadline(turn, DeadlineKind.TOOL)", "pass",
+        "the fired tool deadline's token is never read again: the round's record is replaced "
+        "as the next pass begins, the next dispatch re-arms it, and a stale token is refused "
+        "by its value either way",
     ),
     Equivalent(
         "toolloop_fsm/generation.py", "", "swap_transitions",
