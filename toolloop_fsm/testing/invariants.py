@@ -467,28 +467,15 @@ def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
                 f"{ceiling}, and the turn went on",
             )
         if run == ceiling:
-            after = trace[index + 1] if index + 1 < len(trace) else None
-            stopped_while_settling = any(
-                s.state == "settling" and s.event == "stop_requested" for s in trace[index:]
-            )
-            ended = (
-                after is not None
-                and after.state == "recording_tool_outcome"
-                and after.next_state == "building_result"
-                and recorded == len(result.history)
-            )
-            status_ok = result.status is TurnStatus.ERROR or (
-                result.status is TurnStatus.STOPPED_BY_USER and stopped_while_settling
-            )
-            if not (ended and status_ok):
-                _fail(
-                    3,
-                    f"{run} tool failures in a row (the ceiling) at history entry "
-                    f"{recorded}, but the turn went on to "
-                    f"{after.next_state if after else 'nothing'} and ended "
-                    f"{result.status.value} ({result.reason}) with "
-                    f"{len(result.history)} entries",
-                )
+            _check_ceiling_ends_turn(result, trace, index, run, recorded)
+    _check_history_matches_run(result, recorded, run, ceiling)
+
+
+def _check_history_matches_run(
+    result: GenerationTurnResult, recorded: int, run: int, ceiling: int
+) -> None:
+    """Once the trace is replayed: the history holds every outcome it recorded, and a turn
+    that ended for consecutive tool errors ended on a run of exactly the ceiling."""
     if recorded != len(result.history):
         _fail(
             7,
@@ -497,6 +484,40 @@ def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
         )
     if result.reason == "consecutive_tool_errors" and run != ceiling:
         _fail(3, f"the turn ended for consecutive tool errors after a run of {run}, not {ceiling}")
+
+
+def _check_ceiling_ends_turn(
+    result: GenerationTurnResult,
+    trace: Sequence[TraceStep],
+    index: int,
+    run: int,
+    recorded: int,
+) -> None:
+    """The run of failures recorded at ``trace[index]`` reached the ceiling: the very next
+    step leaves for ``building_result`` with nothing more recorded, and the turn ends
+    ``error`` (or ``stopped_by_user`` when a stop arrived while it settled)."""
+    after = trace[index + 1] if index + 1 < len(trace) else None
+    stopped_while_settling = any(
+        s.state == "settling" and s.event == "stop_requested" for s in trace[index:]
+    )
+    ended = (
+        after is not None
+        and after.state == "recording_tool_outcome"
+        and after.next_state == "building_result"
+        and recorded == len(result.history)
+    )
+    status_ok = result.status is TurnStatus.ERROR or (
+        result.status is TurnStatus.STOPPED_BY_USER and stopped_while_settling
+    )
+    if not (ended and status_ok):
+        _fail(
+            3,
+            f"{run} tool failures in a row (the ceiling) at history entry "
+            f"{recorded}, but the turn went on to "
+            f"{after.next_state if after else 'nothing'} and ended "
+            f"{result.status.value} ({result.reason}) with "
+            f"{len(result.history)} entries",
+        )
 
 
 # --------------------------------------------------------------------------- 4
@@ -879,44 +900,73 @@ def _check_entries(
     ids: dict[str, int] = {}
     passes: set[int] = set()
     for position, entry in enumerate(history):
-        call, response = entry.call, entry.response
-        label = f"{where}, entry {position} ({call.name!r}, pass {entry.iteration})"
-        if not isinstance(call.name, str) or not call.name.strip():
-            _fail(7, f"{label}: a call without a name")
-        if not isinstance(call.arguments, Mapping):
-            _fail(7, f"{label}: arguments {call.arguments!r} are not an object")
-        if response.tool_name is not None and response.tool_name != call.name:
-            _fail(7, f"{label}: the response names {response.tool_name!r}")
-        if not response.success and (
-            response.status not in failed_statuses or not (response.reason or "").strip()
-        ):
-            _fail(
-                7,
-                f"{label}: a failed response needs status "
-                f"{' or '.join(map(repr, failed_statuses))} and a reason, got "
-                f"{response.status!r} / {response.reason!r}",
-            )
-        if call.call_id is not None:
-            if call.call_id in ids:
-                _fail(
-                    7,
-                    f"{label}: call id {call.call_id!r} already answered at entry "
-                    f"{ids[call.call_id]}",
-                )
-            ids[call.call_id] = position
-        if entry.iteration in passes:
-            _fail(7, f"{label}: two calls answered for the same pass")
-        passes.add(entry.iteration)
-        text = entry.pre_tool_text
-        if text is not None and not text.strip():
-            _fail(7, f"{label}: whitespace-only pre-tool text {text!r} (should be none)")
-        expected = _pass_text(entry.iteration, result, streamed)
-        if entry.iteration <= erased and text is None:
-            continue  # a revision took the model's words out of the history
-        if expected is not None:
-            wanted = expected if expected.strip() else None
-            if text != wanted:
-                _fail(7, f"{label}: pre-tool text {text!r}, but the pass streamed {expected!r}")
+        label = f"{where}, entry {position} ({entry.call.name!r}, pass {entry.iteration})"
+        _check_entry_form(entry, label, failed_statuses)
+        _check_entry_answered_once(entry, position, label, ids, passes)
+        _check_entry_pre_tool_text(entry, label, result, streamed, erased)
+
+
+def _check_entry_form(
+    entry: ToolHistoryEntry, label: str, failed_statuses: tuple[str, ...]
+) -> None:
+    """A named call with object arguments, a response naming the same tool, and a failure
+    that says which kind it is and why."""
+    call, response = entry.call, entry.response
+    if not isinstance(call.name, str) or not call.name.strip():
+        _fail(7, f"{label}: a call without a name")
+    if not isinstance(call.arguments, Mapping):
+        _fail(7, f"{label}: arguments {call.arguments!r} are not an object")
+    if response.tool_name is not None and response.tool_name != call.name:
+        _fail(7, f"{label}: the response names {response.tool_name!r}")
+    if not response.success and (
+        response.status not in failed_statuses or not (response.reason or "").strip()
+    ):
+        _fail(
+            7,
+            f"{label}: a failed response needs status "
+            f"{' or '.join(map(repr, failed_statuses))} and a reason, got "
+            f"{response.status!r} / {response.reason!r}",
+        )
+
+
+def _check_entry_answered_once(
+    entry: ToolHistoryEntry,
+    position: int,
+    label: str,
+    ids: dict[str, int],
+    passes: set[int],
+) -> None:
+    """No call id answered twice, no pass with two answered calls (``ids`` and ``passes``
+    gather what the entries before this one answered)."""
+    call_id = entry.call.call_id
+    if call_id is not None:
+        if call_id in ids:
+            _fail(7, f"{label}: call id {call_id!r} already answered at entry {ids[call_id]}")
+        ids[call_id] = position
+    if entry.iteration in passes:
+        _fail(7, f"{label}: two calls answered for the same pass")
+    passes.add(entry.iteration)
+
+
+def _check_entry_pre_tool_text(
+    entry: ToolHistoryEntry,
+    label: str,
+    result: GenerationTurnResult,
+    streamed: Sequence[Sequence[object]] | None,
+    erased: int,
+) -> None:
+    """The pre-tool text is what the pass streamed (none for whitespace), unless a revision
+    took it out of the history."""
+    text = entry.pre_tool_text
+    if text is not None and not text.strip():
+        _fail(7, f"{label}: whitespace-only pre-tool text {text!r} (should be none)")
+    expected = _pass_text(entry.iteration, result, streamed)
+    if entry.iteration <= erased and text is None:
+        return  # a revision took the model's words out of the history
+    if expected is not None:
+        wanted = expected if expected.strip() else None
+        if text != wanted:
+            _fail(7, f"{label}: pre-tool text {text!r}, but the pass streamed {expected!r}")
 
 
 def _pass_text(
@@ -1172,6 +1222,30 @@ def _check_held_until_reviewed(
         for step in _loop_trace(result)
         if (step.state, step.event) in _DELIVERING and step.next_state == "building_result"
     ]
+    _check_nothing_shown_unreviewed(result, delivered, steps, reviews_asked, ending)
+    texts = "".join(text for text, _ in delivered if text is not None)
+    replies = [a for a in reviews_asked or () if a.kind is ReviewKind.RESPONSE]
+    after_review = bool(steps) and steps[-1].state == "reviewing_draft"
+    if after_review and replies and not replies[-1].candidate.startswith(texts):
+        _fail(
+            11,
+            f"the reviewer last saw {replies[-1].candidate!r}, but {texts!r} was delivered "
+            f"({ending})",
+        )
+    _check_held_prose_ceiling(policy, delivered, replies, texts, after_review, ending)
+    if steps and result.status is TurnStatus.COMPLETED and channel is not None:
+        _check_final_text_is_draft(result, channel)
+
+
+def _check_nothing_shown_unreviewed(
+    result: GenerationTurnResult,
+    delivered: Sequence[tuple[str | None, object]],
+    steps: Sequence[TraceStep],
+    reviews_asked: Sequence[ReviewAsked] | None,
+    ending: str,
+) -> None:
+    """Deliveries only as the held draft (``steps``: the loop's delivering steps), never
+    after a stop or a follow-up, and nothing on the channel before a review is asked."""
     if delivered and not steps:
         _fail(
             11,
@@ -1189,15 +1263,18 @@ def _check_held_until_reviewed(
                 f"the channel had confirmed {asked.delivered_before} and begun "
                 f"{asked.sends_before} deliveries: something held was shown before its review",
             )
-    texts = "".join(text for text, _ in delivered if text is not None)
-    replies = [a for a in reviews_asked or () if a.kind is ReviewKind.RESPONSE]
-    after_review = bool(steps) and steps[-1].state == "reviewing_draft"
-    if after_review and replies and not replies[-1].candidate.startswith(texts):
-        _fail(
-            11,
-            f"the reviewer last saw {replies[-1].candidate!r}, but {texts!r} was delivered "
-            f"({ending})",
-        )
+
+
+def _check_held_prose_ceiling(
+    policy: LoopPolicy,
+    delivered: Sequence[tuple[str | None, object]],
+    replies: Sequence[ReviewAsked],
+    texts: str,
+    after_review: bool,
+    ending: str,
+) -> None:
+    """The drafts the reviewer saw and the one delivered fit the held-prose ceiling, in
+    bytes and in segments."""
     limit = policy.held_prose_max_bytes
     if policy.send_message_limit is not None:
         limit = min(limit, policy.send_message_limit)
@@ -1216,15 +1293,18 @@ def _check_held_until_reviewed(
             f"{len(delivered)} held segments delivered, above held_prose_max_segments="
             f"{policy.held_prose_max_segments}",
         )
-    if steps and result.status is TurnStatus.COMPLETED and channel is not None:
-        final = result.final_text.partition(_SCENE_BLOCK)[0]
-        shown = channel.delivered_text + (result.undelivered_text or "")
-        if final != shown:
-            _fail(
-                11,
-                f"a completed drafted turn's final text is {final!r}, but the draft it "
-                f"delivered is {shown!r} (confirmed, then still in flight)",
-            )
+
+
+def _check_final_text_is_draft(result: GenerationTurnResult, channel: RecordingChannel) -> None:
+    """A completed drafted turn's final text is the draft it delivered."""
+    final = result.final_text.partition(_SCENE_BLOCK)[0]
+    shown = channel.delivered_text + (result.undelivered_text or "")
+    if final != shown:
+        _fail(
+            11,
+            f"a completed drafted turn's final text is {final!r}, but the draft it "
+            f"delivered is {shown!r} (confirmed, then still in flight)",
+        )
 
 
 # --------------------------------------------------------------------------- 9
