@@ -539,20 +539,40 @@ def _check_tool_runs(
     inside one scope is a new occurrence and runs.
     """
     for execution in executions:
-        if execution.stop_requested:
-            _fail(
-                4,
-                f"tool {execution.name!r} (dispatch {execution.dispatch}) started at "
-                f"t={execution.started_at:g} after a stop was requested",
-            )
-        if registry is not None and registry.get(execution.name) is None:
-            _fail(4, f"unregistered tool {execution.name!r} ran")
-        allowed = request.tools_allowed if request is not None else None
-        if allowed is not None and execution.name not in allowed:
-            _fail(4, f"tool {execution.name!r} ran although the turn allows only {sorted(allowed)}")
+        _check_run_allowed(execution, registry, request)
     if any(execution.iteration is None for execution in executions):
         return  # without the pass of each run, occurrences cannot be told apart
-    scope_of = _scope_of_each_pass(result)
+    ran = _one_run_a_pass(executions)
+    for entry in result.history:
+        found = ran.get(entry.iteration)
+        if entry.response.status == REVIEW_REJECTED_STATUS and found is not None:
+            _fail(
+                4,
+                f"the checkpoint rejected {entry.call.name!r} in pass {entry.iteration}, yet "
+                f"it ran (dispatch {found.dispatch}): a rejected call never runs",
+            )
+    _check_no_replay(result, ran, registry)
+
+
+def _check_run_allowed(
+    execution: ToolExecution, registry: ToolRegistry | None, request: TurnRequest | None
+) -> None:
+    """The run started before any stop, of a registered tool the turn allows."""
+    if execution.stop_requested:
+        _fail(
+            4,
+            f"tool {execution.name!r} (dispatch {execution.dispatch}) started at "
+            f"t={execution.started_at:g} after a stop was requested",
+        )
+    if registry is not None and registry.get(execution.name) is None:
+        _fail(4, f"unregistered tool {execution.name!r} ran")
+    allowed = request.tools_allowed if request is not None else None
+    if allowed is not None and execution.name not in allowed:
+        _fail(4, f"tool {execution.name!r} ran although the turn allows only {sorted(allowed)}")
+
+
+def _one_run_a_pass(executions: Sequence[ToolExecution]) -> dict[int, ToolExecution]:
+    """The run of each pass (every run knows its pass); a pass that ran two fails."""
     ran: dict[int, ToolExecution] = {}
     for execution in executions:
         assert execution.iteration is not None
@@ -564,14 +584,16 @@ def _check_tool_runs(
                 f"{twice.dispatch} and {execution.dispatch}): one call, one run",
             )
         ran[execution.iteration] = execution
-    for entry in result.history:
-        found = ran.get(entry.iteration)
-        if entry.response.status == REVIEW_REJECTED_STATUS and found is not None:
-            _fail(
-                4,
-                f"the checkpoint rejected {entry.call.name!r} in pass {entry.iteration}, yet "
-                f"it ran (dispatch {found.dispatch}): a rejected call never runs",
-            )
+    return ran
+
+
+def _check_no_replay(
+    result: GenerationTurnResult, ran: Mapping[int, ToolExecution], registry: ToolRegistry | None
+) -> None:
+    """Occurrence by occurrence in each scope (see `_check_tool_runs`): a call whose
+    occurrence succeeded before is reused, not run again (unless its tool reruns), and a
+    reused one had an occurrence that succeeded."""
+    scope_of = _scope_of_each_pass(result)
     reused = {
         entry.iteration
         for entry in result.history
@@ -695,11 +717,43 @@ def _check_time(
 ) -> None:
     if provider is None and streamed is None:
         return  # without the chunk counts there is no finite bound to check against
+    deliveries = max(len(result.delivered), len(channel.delivered) if channel else 0)
+    passes_bound = _pass_waits(result, policy, provider, streamed, deliveries)
+    tools_bound = _tool_waits(result, policy, executions, registry, channel)
+    host_bound = _host_call_waits(policy, channel)
+    reviews_bound = _review_waits(result, policy, reviews_asked)
+    settle = max(policy.inactivity_timeout, policy.abandoned_stream_settle)
+    bound = passes_bound + tools_bound + host_bound + reviews_bound + settle
+    if elapsed > bound + _EPSILON:
+        first, inactivity = policy.effective_first_token_timeout, policy.inactivity_timeout
+        budget, host, grace = (
+            policy.max_pass_duration, policy.host_call_timeout, policy.cancel_grace,
+        )  # fmt: skip
+        _fail(
+            6,
+            f"the run took {elapsed:g} virtual s, above the bound {bound:g} s "
+            f"(passes {passes_bound:g} + tools {tools_bound:g} + host calls "
+            f"{host_bound:g} + reviews {reviews_bound:g} + settle {settle:g}; "
+            f"F={first:g}, I={inactivity:g}, "
+            f"M={budget:g}, H={host:g}, G={grace:g}, {result.iterations} passes, "
+            f"{result.tool_dispatches} dispatches, {deliveries} deliveries; status "
+            f"{result.status.value}, reason {result.reason})",
+        )
+
+
+def _pass_waits(
+    result: GenerationTurnResult,
+    policy: LoopPolicy,
+    provider: ScriptedProvider | None,
+    streamed: Sequence[Sequence[object]] | None,
+    deliveries: int,
+) -> float:
+    """How long the turn may have spent in its passes: each one its script's pauses, at
+    most its first-token and inactivity budgets over the chunks and deliveries, at most the
+    pass budget."""
     first = policy.effective_first_token_timeout
     inactivity = policy.inactivity_timeout
-    budget = policy.max_pass_duration
-    deliveries = max(len(result.delivered), len(channel.delivered) if channel else 0)
-    passes_bound = 0.0
+    bound = 0.0
     for k in range(result.iterations):
         pauses = math.inf
         if isinstance(provider, HostileProvider):
@@ -712,7 +766,20 @@ def _check_time(
             chunks = sum(1 for item in provider.passes[k] if not isinstance(item, Pause | Fail))
         else:
             chunks = 0
-        passes_bound += min(pauses, first + inactivity * (chunks + deliveries), budget)
+        bound += min(pauses, first + inactivity * (chunks + deliveries), policy.max_pass_duration)
+    return bound
+
+
+def _tool_waits(
+    result: GenerationTurnResult,
+    policy: LoopPolicy,
+    executions: Sequence[ToolExecution] | None,
+    registry: ToolRegistry | None,
+    channel: RecordingChannel | None,
+) -> float:
+    """How long the turn may have waited for its tools: each run until its deadline (and the
+    grace, when it ignored its cancellation), or until it finished, when the channel's
+    timings are known; every dispatch not seen run, the longest deadline."""
     timeouts = [policy.tool_timeout]
     if registry is not None:
         timeouts.extend(t.timeout for t in registry if t.timeout is not None)
@@ -724,43 +791,35 @@ def _check_time(
             return worst_tool
         return tool.timeout if tool.timeout is not None else policy.tool_timeout
 
-    grace = policy.cancel_grace
-    host = policy.host_call_timeout
     timed = isinstance(channel, HostileChannel)  # every host call's timing is known
     runs = list(executions) if executions is not None else []
-    tools_bound = 0.0
+    bound = 0.0
     for run in runs:
         deadline = deadline_of(run.name)
         if run.cancel_ignored:
-            tools_bound += deadline + grace
+            bound += deadline + policy.cancel_grace
         elif timed and run.finished_at is not None:
-            tools_bound += min(deadline, run.finished_at - run.started_at)
+            bound += min(deadline, run.finished_at - run.started_at)
         else:
-            tools_bound += deadline
-    tools_bound += max(0, result.tool_dispatches - len(runs)) * worst_tool
-    host_bound = 0.0
+            bound += deadline
+    return bound + max(0, result.tool_dispatches - len(runs)) * worst_tool
+
+
+def _host_call_waits(policy: LoopPolicy, channel: RecordingChannel | None) -> float:
+    """How long the turn may have waited for a hostile channel's calls (each one until it
+    ended, bounded by the host call timeout, and the grace when it ignored its
+    cancellation); no bound of their own for another channel."""
+    host = policy.host_call_timeout
+    bound = 0.0
     if isinstance(channel, HostileChannel):
         for call in channel.calls:
             if call.cancel_ignored:
-                host_bound += host + grace
+                bound += host + policy.cancel_grace
             elif call.finished_at is not None and call.outcome in ("confirmed", "raised"):
-                host_bound += min(host, call.finished_at - call.started_at)
+                bound += min(host, call.finished_at - call.started_at)
             else:
-                host_bound += host
-    reviews_bound = _review_waits(result, policy, reviews_asked)
-    settle = max(inactivity, policy.abandoned_stream_settle)
-    bound = passes_bound + tools_bound + host_bound + reviews_bound + settle
-    if elapsed > bound + _EPSILON:
-        _fail(
-            6,
-            f"the run took {elapsed:g} virtual s, above the bound {bound:g} s "
-            f"(passes {passes_bound:g} + tools {tools_bound:g} + host calls "
-            f"{host_bound:g} + reviews {reviews_bound:g} + settle {settle:g}; "
-            f"F={first:g}, I={inactivity:g}, "
-            f"M={budget:g}, H={host:g}, G={grace:g}, {result.iterations} passes, "
-            f"{result.tool_dispatches} dispatches, {deliveries} deliveries; status "
-            f"{result.status.value}, reason {result.reason})",
-        )
+                bound += host
+    return bound
 
 
 def _review_waits(
@@ -1022,6 +1081,28 @@ def _check_usage(
         # a reviewer's verdict carries its own usage, entered beside the pass it followed
         if entry.source == "author":
             by_pass.setdefault(entry.iteration, []).append(entry)
+    _check_ledger_entries(result, by_pass)
+    passes: Sequence[Sequence[object]] | None = streamed
+    if passes is None and provider is not None:
+        passes = provider.passes
+    if passes is None:
+        return
+    for k in range(result.iterations):
+        _check_pass_usage(
+            k + 1,
+            passes[k] if k < len(passes) else (),
+            by_pass.get(k + 1, []),
+            result,
+            exact=streamed is not None,
+        )
+    total_in = sum(e.input_tokens for e in result.usage.entries)
+    if total_in != result.usage.input_tokens:
+        _fail(8, "the ledger's input total is not the sum of its entries")
+
+
+def _check_ledger_entries(result: GenerationTurnResult, by_pass: Mapping[int, list[Any]]) -> None:
+    """No more reviewer entries than reviews, whole figures, and at most one entry for each
+    pass the turn made (``by_pass``: the model's own entries, by pass)."""
     reviews = len(result.reviews)
     asked = sum(1 for e in result.usage.entries if e.source != "author")
     if asked > reviews:
@@ -1039,55 +1120,55 @@ def _check_usage(
             _fail(8, f"pass {iteration} has {len(entries)} ledger entries")
         if not 1 <= iteration <= result.iterations:
             _fail(8, f"a ledger entry for pass {iteration}, of {result.iterations} passes")
-    passes: Sequence[Sequence[object]] | None = streamed
-    exact = streamed is not None
-    if passes is None and provider is not None:
-        passes = provider.passes
-    if passes is None:
+
+
+def _check_pass_usage(
+    iteration: int,
+    chunks: Sequence[object],
+    entries: Sequence[Any],
+    result: GenerationTurnResult,
+    *,
+    exact: bool,
+) -> None:
+    """The pass's ledger entry is what its provider reported (``exact``: the chunks are the
+    ones it streamed), a running total of the reports, or, without any, an estimate."""
+    reported = [c for c in chunks if isinstance(c, UsageReport)]
+    reports = [r for r in reported if _whole(r.input_tokens) and _whole(r.output_tokens)]
+    folds = _usage_folds(reports)
+    got = (
+        (entries[0].input_tokens, entries[0].output_tokens, entries[0].estimated)
+        if entries
+        else None
+    )
+    if not reported:
+        _check_estimate(iteration, chunks, got, result, exact=exact)
         return
-    for k in range(result.iterations):
-        chunks = passes[k] if k < len(passes) else ()
-        reported = [c for c in chunks if isinstance(c, UsageReport)]
-        reports = [r for r in reported if _whole(r.input_tokens) and _whole(r.output_tokens)]
-        folds = _usage_folds(reports)
-        entries = by_pass.get(k + 1, [])
-        got = (
-            (entries[0].input_tokens, entries[0].output_tokens, entries[0].estimated)
-            if entries
-            else None
-        )
-        if not reported:
-            _check_estimate(k + 1, chunks, got, result, exact=exact)
-            continue
-        if len(reports) < len(reported):
-            # a report that is no usage figure (NaN, infinite) may end the pass as a
-            # protocol failure: the ledger then holds a running total of the good ones, or
-            # an estimate when none was taken
-            if got is not None and got not in folds and not _marked_estimate(got, chunks):
-                _fail(
-                    8,
-                    f"pass {k + 1}: ledger entry {got} is no running total of the "
-                    f"well-formed reports among {_usage_text(reported)}",
-                )
-        elif exact:
-            want = folds[-1] if folds else None
-            if got != want:
-                _fail(
-                    8,
-                    f"pass {k + 1}: the provider reported {_usage_text(reports)} "
-                    f"(total {want}) but the ledger holds {got} (status "
-                    f"{result.status.value}, reason {result.reason})",
-                )
-        elif got is not None and got not in folds and not _marked_estimate(got, chunks):
-            # (the pass may have ended before its first report: then it is estimated)
+    if len(reports) < len(reported):
+        # a report that is no usage figure (NaN, infinite) may end the pass as a
+        # protocol failure: the ledger then holds a running total of the good ones, or
+        # an estimate when none was taken
+        if got is not None and got not in folds and not _marked_estimate(got, chunks):
             _fail(
                 8,
-                f"pass {k + 1}: ledger entry {got} is no running total of the scripted "
-                f"reports {_usage_text(reports)}",
+                f"pass {iteration}: ledger entry {got} is no running total of the "
+                f"well-formed reports among {_usage_text(reported)}",
             )
-    total_in = sum(e.input_tokens for e in result.usage.entries)
-    if total_in != result.usage.input_tokens:
-        _fail(8, "the ledger's input total is not the sum of its entries")
+    elif exact:
+        want = folds[-1] if folds else None
+        if got != want:
+            _fail(
+                8,
+                f"pass {iteration}: the provider reported {_usage_text(reports)} "
+                f"(total {want}) but the ledger holds {got} (status "
+                f"{result.status.value}, reason {result.reason})",
+            )
+    elif got is not None and got not in folds and not _marked_estimate(got, chunks):
+        # (the pass may have ended before its first report: then it is estimated)
+        _fail(
+            8,
+            f"pass {iteration}: ledger entry {got} is no running total of the scripted "
+            f"reports {_usage_text(reports)}",
+        )
 
 
 # how a pass can end once its stream ended normally: every chunk it streamed was taken
