@@ -514,6 +514,22 @@ def render_dot(
     column = {"group": "run"} if exits else {}
     drawn_states = [s for s in decl.state_names if not (exits and decl.state(s).final)]
     out += ["  " + _dot_node(decl, s, marks, **column) for s in drawn_states if s not in boxed]
+    clusters, boxes = _dot_boxes(decl, drawn, marks, column)
+    out += boxes
+    out += ["", f"  {_q('__initial__')} -> {_q(decl.initial)}"]
+    back = _back_edges(drawn) if exits else set()
+    for edge in drawn.edges:
+        out += _dot_edge(edge, marks, exits=exits, clusters=clusters, back=back)
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def _dot_boxes(
+    decl: MachineDeclaration, drawn: Diagram, marks: _Marks, column: dict[str, str]
+) -> tuple[dict[tuple[str, ...], str], list[str]]:
+    """The dashed boxes: one per group of states exits are declared from (the cluster each
+    group is drawn in, returned to let its exits leave the box), then the settle step's."""
+    out: list[str] = []
     clusters: dict[tuple[str, ...], str] = {}
     for index, group in enumerate(drawn.exit_groups):
         clusters[group] = f"cluster_exits_{index}"
@@ -528,38 +544,47 @@ def render_dot(
         )
         out += ["    " + _dot_node(decl, state, marks) for state in drawn.settle_group]
         out.append("  }")
-    out += ["", f"  {_q('__initial__')} -> {_q(decl.initial)}"]
-    back = _back_edges(drawn) if exits else set()
-    for edge in drawn.edges:
-        attributes = {"label": "\n".join(_line_text(line, marks) for line in edge.lines)}
-        taken = any(marks.takes(line) for line in edge.lines)
-        source, dest = edge.sources[-1], edge.dests[0]
-        if exits and edge.kind == "exit":
-            # one box for the terminal states the ending names; the one reached is marked
-            dest = _terminal(edge)
-            names = [TAKEN + d if taken and d in marks.finals else d for d in edge.dests]
-            terminal = {"label": "\n".join(names), "shape": "box", "peripheries": "2",
-                        "fontsize": "10"}  # fmt: skip
-            if taken:
-                terminal.update(fillcolor=_TRACE_FILL, color=_TRACE_STROKE, penwidth="2")
-            out.append(f"  {_q(dest)} {_attrs(**terminal)}")
-            label = "".join(_exit_rows(line, marks) for line in edge.lines)
-            attributes["label"] = _RAW + label
-            if edge.sources in clusters:
-                attributes["ltail"] = clusters[edge.sources]
-        elif exits:
-            attributes.update(color=_FLOW, fontcolor=_FLOW)
-            if edge.kind == "settle":
-                attributes["style"] = "dashed"
-            if (source, dest) in back:
-                attributes["constraint"] = "false"
-            elif edge.kind == "flow":
-                attributes["weight"] = "20"
+    return clusters, out
+
+
+def _dot_edge(
+    edge: DrawnEdge,
+    marks: _Marks,
+    *,
+    exits: bool,
+    clusters: dict[tuple[str, ...], str],
+    back: set[tuple[str, str]],
+) -> list[str]:
+    """The dot lines of one drawn edge (in the exits view, an exit's terminal box first)."""
+    out: list[str] = []
+    attributes = {"label": "\n".join(_line_text(line, marks) for line in edge.lines)}
+    taken = any(marks.takes(line) for line in edge.lines)
+    source, dest = edge.sources[-1], edge.dests[0]
+    if exits and edge.kind == "exit":
+        # one box for the terminal states the ending names; the one reached is marked
+        dest = _terminal(edge)
+        names = [TAKEN + d if taken and d in marks.finals else d for d in edge.dests]
+        terminal = {"label": "\n".join(names), "shape": "box", "peripheries": "2",
+                    "fontsize": "10"}  # fmt: skip
         if taken:
-            attributes.update(color=_TRACE_STROKE, fontcolor=_TRACE_STROKE, penwidth="2.5")
-        out.append(f"  {_q(source)} -> {_q(dest)} {_attrs(**attributes)}")
-    out.append("}")
-    return "\n".join(out) + "\n"
+            terminal.update(fillcolor=_TRACE_FILL, color=_TRACE_STROKE, penwidth="2")
+        out.append(f"  {_q(dest)} {_attrs(**terminal)}")
+        label = "".join(_exit_rows(line, marks) for line in edge.lines)
+        attributes["label"] = _RAW + label
+        if edge.sources in clusters:
+            attributes["ltail"] = clusters[edge.sources]
+    elif exits:
+        attributes.update(color=_FLOW, fontcolor=_FLOW)
+        if edge.kind == "settle":
+            attributes["style"] = "dashed"
+        if (source, dest) in back:
+            attributes["constraint"] = "false"
+        elif edge.kind == "flow":
+            attributes["weight"] = "20"
+    if taken:
+        attributes.update(color=_TRACE_STROKE, fontcolor=_TRACE_STROKE, penwidth="2.5")
+    out.append(f"  {_q(source)} -> {_q(dest)} {_attrs(**attributes)}")
+    return out
 
 
 def _dot_program() -> str:

@@ -47,56 +47,75 @@ def _finite(value: float) -> bool:
     return type(value) is not bool and math.isfinite(value)
 
 
+# the scalar types a field may be declared as: the classes taken, the refinement, the wording
+_SCALARS: dict[type, tuple[tuple[type, ...], Accepts | None, str]] = {
+    bool: ((bool,), None, "a bool"),
+    int: ((int,), _not_bool, "an int"),
+    float: ((int, float), _finite, "a finite number"),
+}
+
+
 def _field_check(name: str, hint: Any) -> FieldCheck | None:
     """The check of a field declared ``hint`` (``None``: it accepts anything)."""
     if hint is Any:
         return None
     if typing.get_origin(hint) is typing.Annotated:
-        base, *extras = typing.get_args(hint)
-        check = _field_check(name, base)
-        for extra in extras:
-            if isinstance(extra, AtLeast) and check is not None:
-                check = _bounded(check, extra.minimum)
-        return check
+        return _annotated_check(name, hint)
     if hint is None or hint is type(None):
         return FieldCheck(name, (type(None),), None, "None")
     origin = typing.get_origin(hint)
     if origin is typing.Union or origin is types.UnionType:
-        options = [_field_check(name, arg) for arg in typing.get_args(hint)]
-        members = [option for option in options if option is not None]
-        if len(members) < len(options):
-            return None
-        classes = tuple(cls for member in members for cls in member.classes)
-        refine: Accepts | None = None
-        if any(member.refine is not None for member in members):
-
-            def refine(value: object) -> bool:
-                return any(member.accepts(value) for member in members)
-
-        return FieldCheck(name, classes, refine, " or ".join(m.described for m in members))
-    if hint is bool:
-        return FieldCheck(name, (bool,), None, "a bool")
-    if hint is int:
-        return FieldCheck(name, (int,), _not_bool, "an int")
-    if hint is float:
-        return FieldCheck(name, (int, float), _finite, "a finite number")
+        return _union_check(name, hint)
+    if isinstance(hint, type) and hint in _SCALARS:
+        return FieldCheck(name, *_SCALARS[hint])
     if origin is not None and isinstance(origin, type) and issubclass(origin, Mapping):
-        keys, items = (_field_check(name, arg) for arg in typing.get_args(hint))
-
-        def entries(value: Mapping[Any, Any]) -> bool:
-            return all(
-                (keys is None or keys.accepts(key)) and (items is None or items.accepts(item))
-                for key, item in value.items()
-            )
-
-        key_type = keys.described if keys is not None else "anything"
-        item_type = items.described if items is not None else "anything"
-        return FieldCheck(name, (Mapping,), entries, f"a mapping of {key_type} to {item_type}")
+        return _mapping_check(name, hint)
     if origin is tuple:
         return FieldCheck(name, (tuple,), None, "a tuple")
     if isinstance(hint, type):
         return FieldCheck(name, (hint,), None, f"a {hint.__name__}")
     raise TypeError(f"an event field of type {hint!r} cannot be checked")
+
+
+def _annotated_check(name: str, hint: Any) -> FieldCheck | None:
+    """``Annotated[base, ...]``: the check of ``base``, bounded by each `AtLeast` it carries."""
+    base, *extras = typing.get_args(hint)
+    check = _field_check(name, base)
+    for extra in extras:
+        if isinstance(extra, AtLeast) and check is not None:
+            check = _bounded(check, extra.minimum)
+    return check
+
+
+def _union_check(name: str, hint: Any) -> FieldCheck | None:
+    """``A | B``: what any member accepts (anything, when one member accepts anything)."""
+    options = [_field_check(name, arg) for arg in typing.get_args(hint)]
+    members = [option for option in options if option is not None]
+    if len(members) < len(options):
+        return None
+    classes = tuple(cls for member in members for cls in member.classes)
+    refine: Accepts | None = None
+    if any(member.refine is not None for member in members):
+
+        def refine(value: object) -> bool:
+            return any(member.accepts(value) for member in members)
+
+    return FieldCheck(name, classes, refine, " or ".join(m.described for m in members))
+
+
+def _mapping_check(name: str, hint: Any) -> FieldCheck:
+    """``Mapping[K, V]``: a mapping whose every key and item its own check accepts."""
+    keys, items = (_field_check(name, arg) for arg in typing.get_args(hint))
+
+    def entries(value: Mapping[Any, Any]) -> bool:
+        return all(
+            (keys is None or keys.accepts(key)) and (items is None or items.accepts(item))
+            for key, item in value.items()
+        )
+
+    key_type = keys.described if keys is not None else "anything"
+    item_type = items.described if items is not None else "anything"
+    return FieldCheck(name, (Mapping,), entries, f"a mapping of {key_type} to {item_type}")
 
 
 def _bounded(check: FieldCheck, minimum: int) -> FieldCheck:

@@ -65,6 +65,18 @@ def load_policy(spec: str, tier: str) -> LoopPolicy | TurnPolicy:
     """``module:attr`` → the policy it names (an instance, or a factory called without
     arguments). The inner tier takes a `LoopPolicy` (or a `TurnPolicy`'s ``loop``); the outer
     tier takes a `TurnPolicy` (a `LoopPolicy` is wrapped in one)."""
+    value = _named_value(spec)
+    as_tier = _as_inner_policy if tier == "inner" else _as_outer_policy
+    policy = as_tier(value)
+    if policy is None:
+        raise FuzzSetupError(
+            f"{spec} is a {type(value).__name__}, not a LoopPolicy or TurnPolicy (or a factory)"
+        )
+    return policy
+
+
+def _named_value(spec: str) -> Any:
+    """What ``module:attr`` names, imported as ``python -m`` would, a factory called."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise FuzzSetupError(f"--policy takes module:attr, got {spec!r}")
@@ -83,19 +95,21 @@ def load_policy(spec: str, tier: str) -> LoopPolicy | TurnPolicy:
         raise FuzzSetupError(f"{module_name!r} has no attribute {attr!r}") from None
     if callable(value) and not isinstance(value, LoopPolicy | TurnPolicy):
         value = value()
-    if tier == "inner":
-        if isinstance(value, TurnPolicy):
-            return value.loop
-        if isinstance(value, LoopPolicy):
-            return value
-    else:
-        if isinstance(value, LoopPolicy):
-            return TurnPolicy(loop=value)
-        if isinstance(value, TurnPolicy):
-            return value
-    raise FuzzSetupError(
-        f"{spec} is a {type(value).__name__}, not a LoopPolicy or TurnPolicy (or a factory)"
-    )
+    return value
+
+
+def _as_inner_policy(value: object) -> LoopPolicy | None:
+    """The inner tier's policy: a `LoopPolicy`, or a `TurnPolicy`'s ``loop``."""
+    if isinstance(value, TurnPolicy):
+        return value.loop
+    return value if isinstance(value, LoopPolicy) else None
+
+
+def _as_outer_policy(value: object) -> TurnPolicy | None:
+    """The outer tier's policy: a `TurnPolicy`, or a `LoopPolicy` wrapped in one."""
+    if isinstance(value, LoopPolicy):
+        return TurnPolicy(loop=value)
+    return value if isinstance(value, TurnPolicy) else None
 
 
 @frozen
@@ -200,67 +214,37 @@ def fuzz(
     ``drafting`` switches drafting and the tool checkpoint on in ``policy`` (its review
     budgets kept) and draws the reviewer's answers; a policy that has either on already is
     fuzzed with drawn answers either way."""
-    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
-        raise FuzzSetupError(f"--examples takes a whole number of at least 1, got {examples!r}")
-    if not time_limit > 0 or time_limit == float("inf"):
-        raise FuzzSetupError(f"--time-limit takes a positive number of seconds, got {time_limit!r}")
+    _check_run_settings(examples, time_limit)
     try:
         from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import seed as seeded
     except ImportError:
         raise FuzzSetupError('fuzzing needs Hypothesis: pip install "toolloop-fsm[test]"') from None
-    if tier == "inner":
-        from toolloop_fsm import machine
-
-        assert isinstance(policy, LoopPolicy)
-        declared = machine.DECLARATION.transition_ids
-        if drafting:
-            policy = attrs.evolve(policy, drafting=True, review_tool_calls=True)
-        tier_run = _inner(policy)
-    elif tier == "outer":
-        from toolloop_fsm import generation
-
-        assert isinstance(policy, TurnPolicy)
-        declared = generation.DECLARATION.transition_ids
-        if drafting:
-            reviewed = attrs.evolve(policy.loop, drafting=True, review_tool_calls=True)
-            policy = attrs.evolve(policy, loop=reviewed)
-        tier_run = _outer(policy)
-    else:
-        raise FuzzSetupError(f"--tier is inner or outer, got {tier!r}")
+    declared, tier_run = _tier_under(policy, tier, drafting)
 
     ticker = _Progress(progress)
-    failures: list[FuzzFailure] = []
-    hung: list[str] = []
+    findings = _Findings()
     loop = asyncio.new_event_loop()
     fired: set[str] = set()
     previous = Coverage.fired
 
     def run_turn(case: Any, turn: int, batch: int) -> None:
         ticker.tick()
-        if len(hung) > HUNG_SHRINK_STEPS:
+        if findings.stopped_shrinking:
             return  # not run: the smallest turn that hung so far is the one reported
         value = tier_run.expand(case)
         steps: list[TraceStep] = []
-        # once one turn hung, shrinking needs only to see which ones still reach the hang
-        limit = time_limit if not hung else min(time_limit, HUNG_SHRINK_LIMIT)
         try:
-            with _time_limit(limit):
+            with _time_limit(findings.time_limit(time_limit)):
                 loop.run_until_complete(tier_run.run(value, steps.append))
         except Exception as err:
-            message = str(err)
-            if isinstance(err, ExampleTimeLimitExceeded):
-                hung.append(message)
-                message = hung[0]  # the first report names the full limit
-            failures.append(
-                FuzzFailure(
-                    f"{type(err).__name__}: {message}",
-                    tuple(steps),
-                    tier_run.describe(case, value),
-                    seed=case if isinstance(case, bytes) else None,
-                    turn=turn,
-                    batch=batch,
-                )
+            findings.note(
+                err,
+                tuple(steps),
+                tier_run.describe(case, value),
+                seed=case if isinstance(case, bytes) else None,
+                turn=turn,
+                batch=batch,
             )
             raise
 
@@ -280,7 +264,7 @@ def fuzz(
             # the turns run in order; the first that fails fails the batch (and Hypothesis
             # shrinks the batch to it). Shrinking replays batches whatever the budget.
             for turn, case in enumerate(batch, 1):
-                if ticker.count >= examples and not failures:
+                if ticker.count >= examples and not findings.failures:
                     return
                 run_turn(case, turn, len(batch))
 
@@ -289,23 +273,10 @@ def fuzz(
     started = time.perf_counter()
     Coverage.fired = fired
     failure: FuzzFailure | None = None
-    rounds = 0
     try:
-        # A batch carries 1 to `tier_run.most` turns (as many as half that on average), so
-        # the batches one run of Hypothesis needs are only estimated: a round that falls
-        # short of the examples asked for is followed by another, seeded from the same seed.
-        while ticker.count < examples:
-            before = ticker.count
-            batches = -(-(examples - before) // tier_run.mean) + 1
-            one_round(seed if rounds == 0 else f"{seed}/{rounds}", batches)
-            rounds += 1
-            if ticker.count == before:
-                break
+        _run_rounds(one_round, ticker, examples, seed, tier_run.mean)
     except Exception as err:
-        if not failures:
-            raise FuzzSetupError(f"the fuzz run itself failed: {err!r}") from err
-        # Hypothesis replays the shortest failing example last
-        failure = failures[-1]
+        failure = findings.shortest(err)
     finally:
         Coverage.fired = previous
         loop.close()
@@ -318,6 +289,107 @@ def fuzz(
         failure=failure,
         batch_size=tier_run.most,
     )
+
+
+@define
+class _Findings:
+    """What the turns run so far found: each failure in the order it was found, and the
+    reports of the turns that hung."""
+
+    failures: list[FuzzFailure] = field(factory=list)
+    hung: list[str] = field(factory=list)
+
+    @property
+    def stopped_shrinking(self) -> bool:
+        """Too many shrink steps hung again: the smallest turn that hung so far stands."""
+        return len(self.hung) > HUNG_SHRINK_STEPS
+
+    def time_limit(self, limit: float) -> float:
+        # once one turn hung, shrinking needs only to see which ones still reach the hang
+        return limit if not self.hung else min(limit, HUNG_SHRINK_LIMIT)
+
+    def note(
+        self,
+        err: Exception,
+        trace: tuple[TraceStep, ...],
+        example: str,
+        *,
+        seed: bytes | None,
+        turn: int,
+        batch: int,
+    ) -> None:
+        message = str(err)
+        if isinstance(err, ExampleTimeLimitExceeded):
+            self.hung.append(message)
+            message = self.hung[0]  # the first report names the full limit
+        self.failures.append(
+            FuzzFailure(
+                f"{type(err).__name__}: {message}",
+                trace,
+                example,
+                seed=seed,
+                turn=turn,
+                batch=batch,
+            )
+        )
+
+    def shortest(self, err: Exception) -> FuzzFailure:
+        """The failure to report once Hypothesis raised ``err``: it replays the shortest
+        failing example last (no failure: the fuzz run itself failed)."""
+        if not self.failures:
+            raise FuzzSetupError(f"the fuzz run itself failed: {err!r}") from err
+        return self.failures[-1]
+
+
+def _check_run_settings(examples: int, time_limit: float) -> None:
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+        raise FuzzSetupError(f"--examples takes a whole number of at least 1, got {examples!r}")
+    if not time_limit > 0 or time_limit == float("inf"):
+        raise FuzzSetupError(f"--time-limit takes a positive number of seconds, got {time_limit!r}")
+
+
+def _tier_under(
+    policy: LoopPolicy | TurnPolicy, tier: str, drafting: bool
+) -> tuple[tuple[str, ...], _TierRun]:
+    """The tier's declared transitions, and how it is fuzzed under ``policy`` (with drafting
+    and the tool checkpoint switched on, for ``drafting``)."""
+    if tier == "inner":
+        from toolloop_fsm import machine
+
+        assert isinstance(policy, LoopPolicy)
+        if drafting:
+            policy = attrs.evolve(policy, drafting=True, review_tool_calls=True)
+        return machine.DECLARATION.transition_ids, _inner(policy)
+    if tier == "outer":
+        from toolloop_fsm import generation
+
+        assert isinstance(policy, TurnPolicy)
+        if drafting:
+            reviewed = attrs.evolve(policy.loop, drafting=True, review_tool_calls=True)
+            policy = attrs.evolve(policy, loop=reviewed)
+        return generation.DECLARATION.transition_ids, _outer(policy)
+    raise FuzzSetupError(f"--tier is inner or outer, got {tier!r}")
+
+
+def _run_rounds(
+    one_round: Callable[[Hashable, int], None],
+    ticker: _Progress,
+    examples: int,
+    seed: int,
+    mean: int,
+) -> None:
+    """Run Hypothesis until ``examples`` turns ran (or a round ran none). A batch carries 1
+    to `_TierRun.most` turns (as many as half that on average), so the batches one run of
+    Hypothesis needs are only estimated: a round that falls short of the examples asked for
+    is followed by another, seeded from the same seed."""
+    rounds = 0
+    while ticker.count < examples:
+        before = ticker.count
+        batches = -(-(examples - before) // mean) + 1
+        one_round(seed if rounds == 0 else f"{seed}/{rounds}", batches)
+        rounds += 1
+        if ticker.count == before:
+            break
 
 
 @frozen

@@ -314,34 +314,42 @@ def _strict_collection(kind: Any, converter: cattrs.Converter) -> Any:
     """The structure hook of a collection read strictly: a JSON array (list) for a sequence
     or a set, a JSON object (dict) for a mapping, anything else refused as a whole; at most
     `STRICT_PROBLEMS_PER_COLLECTION` element failures, each noted with its index or key."""
-    origin = typing.get_origin(kind)
-    arguments = typing.get_args(kind)
-    if origin in _MAPPINGS:
-        key_type, value_type = arguments
-        structure_key = converter.get_structure_hook(key_type)
-        structure_value = converter.get_structure_hook(value_type)
+    if typing.get_origin(kind) in _MAPPINGS:
+        return _strict_mapping(kind, converter)
+    return _strict_sequence(kind, converter)
 
-        def structure_mapping(value: Any, _type: Any) -> dict[Any, Any]:
-            if not isinstance(value, dict):
-                raise TypeError(f"expected an object, got {type(value).__name__}")
-            built: dict[Any, Any] = {}
-            problems: list[Exception] = []
-            for key, item in value.items():
-                try:
-                    built[structure_key(key, key_type)] = structure_value(item, value_type)
-                except Exception as err:
-                    err.add_note(cattrs.IterableValidationNote("mapping value", key, value_type))
-                    problems.append(err)
-                    if len(problems) == STRICT_PROBLEMS_PER_COLLECTION:
-                        problems.append(_stopped(len(built) + len(problems), len(value)))
-                        break
-            if problems:
-                raise cattrs.IterableValidationError(f"While structuring {kind}", problems, kind)
-            return built
 
-        return structure_mapping
-    gather = _SEQUENCES[origin]
-    element_type = arguments[0]
+def _strict_mapping(kind: Any, converter: cattrs.Converter) -> Any:
+    """The strict structure hook of a mapping: a JSON object, each key and value read."""
+    key_type, value_type = typing.get_args(kind)
+    structure_key = converter.get_structure_hook(key_type)
+    structure_value = converter.get_structure_hook(value_type)
+
+    def structure_mapping(value: Any, _type: Any) -> dict[Any, Any]:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object, got {type(value).__name__}")
+        built: dict[Any, Any] = {}
+        problems: list[Exception] = []
+        for key, item in value.items():
+            try:
+                built[structure_key(key, key_type)] = structure_value(item, value_type)
+            except Exception as err:
+                err.add_note(cattrs.IterableValidationNote("mapping value", key, value_type))
+                problems.append(err)
+                if len(problems) == STRICT_PROBLEMS_PER_COLLECTION:
+                    problems.append(_stopped(len(built) + len(problems), len(value)))
+                    break
+        if problems:
+            raise cattrs.IterableValidationError(f"While structuring {kind}", problems, kind)
+        return built
+
+    return structure_mapping
+
+
+def _strict_sequence(kind: Any, converter: cattrs.Converter) -> Any:
+    """The strict structure hook of a sequence or a set: a JSON array, each element read."""
+    gather = _SEQUENCES[typing.get_origin(kind)]
+    element_type = typing.get_args(kind)[0]
     structure_element = converter.get_structure_hook(element_type)
 
     def structure_sequence(value: Any, _type: Any) -> Any:

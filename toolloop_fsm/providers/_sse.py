@@ -186,20 +186,14 @@ class SSEDecoder:
             self._gather_bad(chunk)
             return []
         if self._skip_lf:
-            # The previous chunk ended in CR; an LF starting this one belongs to that CRLF.
-            self._skip_lf = False
-            if chunk[:1] == b"\n":
-                chunk = chunk[1:]
-                if not chunk:
-                    return []
+            chunk = self._past_crlf(chunk)
+            if not chunk:
+                return []
         buffer = self._pending + chunk if self._pending else chunk
         if not self._started:
-            if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
-                self._pending = buffer
+            buffer = self._past_bom(buffer)
+            if not self._started:
                 return []
-            self._started = True
-            if buffer.startswith(_BOM):
-                buffer = buffer[len(_BOM) :]
         lines = buffer.splitlines(keepends=True)
         if not lines:
             self._pending = b""
@@ -209,8 +203,27 @@ class SSEDecoder:
             self._pending = b""
             self._skip_lf = last[-1:] == b"\r"
         else:
-            self._pending = last
+            self._pending = last  # an unterminated line: the next read completes it
             lines.pop()
+        return self._events_of(lines)
+
+    def _past_crlf(self, chunk: bytes) -> bytes:
+        """The previous chunk ended in CR; an LF starting this one belongs to that CRLF."""
+        self._skip_lf = False
+        return chunk[1:] if chunk[:1] == b"\n" else chunk
+
+    def _past_bom(self, buffer: bytes) -> bytes:
+        """The stream's first bytes without their BOM; while they may still be the start of
+        one, they are kept back (and the stream is not started yet)."""
+        if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
+            self._pending = buffer
+            return b""
+        self._started = True
+        return buffer[len(_BOM) :] if buffer.startswith(_BOM) else buffer
+
+    def _events_of(self, lines: list[bytes]) -> list[RawEvent]:
+        """The events that ``lines`` complete (the one still open gathers their data); at a
+        line that is no SSE field, the rest is kept for the error's quote."""
         events: list[RawEvent] = []
         data = self._data
         for index, raw in enumerate(lines):

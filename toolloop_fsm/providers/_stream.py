@@ -118,17 +118,23 @@ async def decode_stream(
         else:
             failure = _run_events(events.finish_raw(), decoder, out) or events.error
     if failure is None:
-        if not decoder.finished:
-            failure = unfinished_stream(provider, decoder.finish_marker)
-        else:
-            try:
-                decoder.finish(out)
-            except ProviderError as error:
-                failure = error
+        failure = _body_ended(decoder, out, provider)
     for chunk in out:
         yield chunk
     if failure is not None:
         raise failure
+
+
+def _body_ended(decoder: StreamDecoder, out: list[Chunk], provider: str) -> ProviderError | None:
+    """The body ended with nothing wrong so far: the decoder's last chunks go to ``out``,
+    unless it never saw its finish marker (`unfinished_stream`); the error it raised, if any."""
+    if not decoder.finished:
+        return unfinished_stream(provider, decoder.finish_marker)
+    try:
+        decoder.finish(out)
+    except ProviderError as error:
+        return error
+    return None
 
 
 def _run_events(

@@ -90,6 +90,55 @@ def _tool_spec(tool: ToolSpec) -> dict[str, Any]:
     return {"name": tool.name, "description": tool.description, "input_schema": schema}
 
 
+def _add_context_message(
+    system: list[str], messages: list[dict[str, Any]], message: Mapping[str, Any]
+) -> None:
+    """A system message's text joins the top-level ``system``; any other is a user or an
+    assistant turn."""
+    role = str(message.get("role", "user"))
+    content = message.get("content", "")
+    if role != "system":
+        _append(messages, "assistant" if role == "assistant" else "user", _text_blocks(content))
+    elif isinstance(content, str):
+        if content:
+            system.append(content)
+    else:
+        system.extend(b.get("text", "") for b in _text_blocks(content))
+
+
+def _add_tool_round(messages: list[dict[str, Any]], entry: ToolHistoryEntry, position: int) -> None:
+    """One answered call: the assistant's ``tool_use`` (after its thinking and pre-tool
+    text), then the user's ``tool_result``."""
+    call_id = _tool_use_id(entry, position)
+    assistant: list[dict[str, Any]] = []
+    # Thinking blocks must go back unchanged, before the tool_use they led to (§4.2).
+    data = entry.call.provider_data or {}
+    assistant.extend(dict(block) for block in data.get("anthropic_thinking", ()))
+    if entry.pre_tool_text:
+        assistant.append({"type": "text", "text": entry.pre_tool_text})
+    assistant.append(
+        {
+            "type": "tool_use",
+            "id": call_id,
+            "name": entry.call.name,
+            "input": dict(entry.call.arguments),
+        }
+    )
+    _append(messages, "assistant", assistant)
+    _append(
+        messages,
+        "user",
+        [
+            {
+                "type": "tool_result",
+                "tool_use_id": call_id,
+                "content": tool_response_json(entry.response),
+                "is_error": not entry.response.success,
+            }
+        ],
+    )
+
+
 def build_anthropic_body(
     request: ProviderRequest, *, model: str, max_tokens: int
 ) -> dict[str, Any]:
@@ -97,46 +146,9 @@ def build_anthropic_body(
     system: list[str] = []
     messages: list[dict[str, Any]] = []
     for message in request.context:
-        role = str(message.get("role", "user"))
-        content = message.get("content", "")
-        if role == "system":
-            if isinstance(content, str):
-                if content:
-                    system.append(content)
-            else:
-                system.extend(b.get("text", "") for b in _text_blocks(content))
-            continue
-        _append(messages, "assistant" if role == "assistant" else "user", _text_blocks(content))
-
+        _add_context_message(system, messages, message)
     for position, entry in enumerate(request.history):
-        call_id = _tool_use_id(entry, position)
-        assistant: list[dict[str, Any]] = []
-        # Thinking blocks must go back unchanged, before the tool_use they led to (§4.2).
-        data = entry.call.provider_data or {}
-        assistant.extend(dict(block) for block in data.get("anthropic_thinking", ()))
-        if entry.pre_tool_text:
-            assistant.append({"type": "text", "text": entry.pre_tool_text})
-        assistant.append(
-            {
-                "type": "tool_use",
-                "id": call_id,
-                "name": entry.call.name,
-                "input": dict(entry.call.arguments),
-            }
-        )
-        _append(messages, "assistant", assistant)
-        _append(
-            messages,
-            "user",
-            [
-                {
-                    "type": "tool_result",
-                    "tool_use_id": call_id,
-                    "content": tool_response_json(entry.response),
-                    "is_error": not entry.response.success,
-                }
-            ],
-        )
+        _add_tool_round(messages, entry, position)
 
     if request.prefill:
         # Anthropic continues a trailing assistant turn natively, but rejects one that ends in

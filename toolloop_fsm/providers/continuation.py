@@ -77,14 +77,35 @@ _CUT_FINISHES = frozenset({FinishKind.LENGTH, FinishKind.CONTINUATION_PENDING})
 class _Fragment:
     """What one fragment streamed, as far as the session's decisions need it."""
 
-    __slots__ = ("called", "characters", "finish", "text_characters", "usage")
+    __slots__ = ("called", "characters", "finish", "text", "text_characters", "usage")
 
     def __init__(self) -> None:
         self.characters = 0
         self.text_characters = 0
+        self.text: list[str] = []
         self.usage: UsageReport | None = None
         self.finish: FinishReason | None = None
         self.called = False
+
+    def read(self, chunk: Chunk, before: UsageReport) -> Chunk | None:
+        """Note what ``chunk`` tells of the fragment; what the pass streams in its place: the
+        pass's usage so far for a usage report, nothing for a finish (the session decides
+        on that once the fragment ends), else the chunk itself."""
+        if isinstance(chunk, TextDelta):
+            self.characters += len(chunk.text)
+            self.text_characters += len(chunk.text)
+            self.text.append(chunk.text)
+        elif isinstance(chunk, ThoughtDelta):
+            self.characters += len(chunk.text)
+        elif isinstance(chunk, UsageReport):
+            self.take_usage(chunk)
+            return self.pass_usage(before)
+        elif isinstance(chunk, FinishReason):
+            self.finish = chunk
+            return None
+        elif isinstance(chunk, FunctionCall):
+            self.called = True
+        return chunk
 
     def take_usage(self, report: UsageReport) -> None:
         previous = self.usage
@@ -170,24 +191,12 @@ class ContinuationSession:
             )
             try:
                 async for chunk in chunks:
-                    if isinstance(chunk, TextDelta):
-                        fragment.characters += len(chunk.text)
-                        fragment.text_characters += len(chunk.text)
-                        text.append(chunk.text)
-                    elif isinstance(chunk, ThoughtDelta):
-                        fragment.characters += len(chunk.text)
-                    elif isinstance(chunk, UsageReport):
-                        fragment.take_usage(chunk)
-                        yield fragment.pass_usage(before)
-                        continue
-                    elif isinstance(chunk, FinishReason):
-                        fragment.finish = chunk
-                        continue
-                    elif isinstance(chunk, FunctionCall):
-                        fragment.called = True
-                    yield chunk
+                    streamed = fragment.read(chunk, before)
+                    if streamed is not None:
+                        yield streamed
             finally:
                 await _close(chunks)
+            text += fragment.text
 
             if fragment.usage is None and fragment.characters:
                 fragment.estimate_usage()
@@ -195,17 +204,27 @@ class ContinuationSession:
             if fragment.usage is not None:
                 before = fragment.pass_usage(before)
 
-            finish = fragment.finish
-            if fragment.called or finish is None or finish.kind not in _CUT_FINISHES:
-                if finish is not None:
-                    yield finish
+            ends, finish = self._ending(fragment, before, fragments)
+            if finish is not None:
+                yield finish
+            if ends:
                 return
-            if before.output_tokens >= self.max_total_output:
-                yield FinishReason(FinishKind.LENGTH, finish.raw)
-                return
-            if fragments >= self.max_fragments or not fragment.text_characters:
-                yield FinishReason(FinishKind.CONTINUATION_PENDING, finish.raw)
-                return
+
+    def _ending(
+        self, fragment: _Fragment, before: UsageReport, fragments: int
+    ) -> tuple[bool, FinishReason | None]:
+        """Whether the pass ends after its ``fragments``-th fragment (``before``: the pass's
+        usage by then), and the finish it ends with: the fragment's own, unless a cut one
+        asks for the next fragment; then the budget spent ends it (``length``), and so do the
+        last fragment allowed and a cut fragment without text (``continuation_pending``)."""
+        finish = fragment.finish
+        if fragment.called or finish is None or finish.kind not in _CUT_FINISHES:
+            return True, finish
+        if before.output_tokens >= self.max_total_output:
+            return True, FinishReason(FinishKind.LENGTH, finish.raw)
+        if fragments >= self.max_fragments or not fragment.text_characters:
+            return True, FinishReason(FinishKind.CONTINUATION_PENDING, finish.raw)
+        return False, None
 
 
 async def _close(chunks: AsyncIterator[Any]) -> None:

@@ -204,8 +204,14 @@ class ToolCallAccumulator:
         if not isinstance(function, Mapping):
             function = {}
         name = function.get("name") or None
-        arguments = function.get("arguments")
+        call = self._call_joined(index, call_id, name)
+        self._fill(call, index, call_id, name, function.get("arguments"))
 
+    def _call_joined(
+        self, index: int | None, call_id: str | None, name: str | None
+    ) -> _PendingCall:
+        """The call a fragment joins: the one with its index (unless a new id reused it), else
+        the one with its id, else, for a bare continuation, the latest; else a new call."""
         call = self._by_index.get(index) if index is not None else None
         if call is not None and call_id and call.call_id and call.call_id != call_id:
             call = None  # the index was reused by a new call
@@ -216,6 +222,18 @@ class ToolCallAccumulator:
         if call is None:
             call = _PendingCall(index)
             self._calls.append(call)
+        return call
+
+    def _fill(
+        self,
+        call: _PendingCall,
+        index: int | None,
+        call_id: str | None,
+        name: str | None,
+        arguments: Any,
+    ) -> None:
+        """What the fragment tells of ``call``: the index, id and name it did not know yet
+        (a real one never overwritten), and more of its arguments."""
         if index is not None and (call.index is None or index not in self._by_index):
             call.index = index
             self._by_index[index] = call
@@ -248,6 +266,12 @@ class ToolCallAccumulator:
         self._by_index.clear()
         self._by_id.clear()
         return calls
+
+
+def _groq_usage(chunk: dict[str, Any]) -> Any:
+    """Groq reports usage under ``x_groq`` instead."""
+    x_groq = chunk.get("x_groq")
+    return x_groq.get("usage") if isinstance(x_groq, dict) else None
 
 
 class ChatStreamDecoder:
@@ -307,46 +331,52 @@ class ChatStreamDecoder:
                 if choice.get("index", 0) == 0:
                     self._choice(choice, out)
                     break
-        usage = chunk.get("usage")
-        if not usage:
-            x_groq = chunk.get("x_groq")
-            usage = x_groq.get("usage") if isinstance(x_groq, dict) else None
+        usage = chunk.get("usage") or _groq_usage(chunk)
         if usage and isinstance(usage, dict):
             self._usage(usage, out)
 
     def _choice(self, choice: dict[str, Any], out: list[Chunk]) -> None:
         delta = choice.get("delta")
         if delta:
-            content = delta.get("content")
-            if content:
-                if type(content) is str:
-                    self._text_seen = True
-                    out.append(TextDelta(content))
-                elif isinstance(content, list):
-                    self._content_parts(content, out)
-            reasoning = delta.get("reasoning")
-            if reasoning is None:
-                reasoning = delta.get("reasoning_content")
-            if reasoning and isinstance(reasoning, str):
-                out.append(ThoughtDelta(reasoning))
-            refusal = delta.get("refusal")
-            if refusal and isinstance(refusal, str):
-                if not self._text_seen:
-                    self._refusal_only = True
-                out.append(TextDelta(refusal))
-            tool_calls = delta.get("tool_calls")
-            if tool_calls and not self._calls_emitted:
-                for fragment in tool_calls:
-                    if isinstance(fragment, dict):
-                        self._calls.add(fragment)
+            self._delta(delta, out)
         finish = choice.get("finish_reason")
         if finish and self._finish is None:
-            self._finish = str(finish)
-            self._emit_calls(out)
-            kind = FINISH_KINDS.get(self._finish, FinishKind.OTHER)
-            if kind is FinishKind.STOP and self._refusal_only and not self._text_seen:
-                kind = FinishKind.REFUSAL
-            out.append(FinishReason(kind, self._finish))
+            self._finished(str(finish), out)
+
+    def _delta(self, delta: dict[str, Any], out: list[Chunk]) -> None:
+        """A choice's delta: text (a string, or Mistral's content parts), reasoning, a
+        refusal's text, tool-call fragments (until the calls were emitted)."""
+        content = delta.get("content")
+        if content and type(content) is str:
+            self._text_seen = True
+            out.append(TextDelta(content))
+        elif content and isinstance(content, list):
+            self._content_parts(content, out)
+        reasoning = delta.get("reasoning")
+        if reasoning is None:
+            reasoning = delta.get("reasoning_content")
+        if reasoning and isinstance(reasoning, str):
+            out.append(ThoughtDelta(reasoning))
+        refusal = delta.get("refusal")
+        if refusal and isinstance(refusal, str):
+            if not self._text_seen:
+                self._refusal_only = True
+            out.append(TextDelta(refusal))
+        tool_calls = delta.get("tool_calls")
+        if tool_calls and not self._calls_emitted:
+            for fragment in tool_calls:
+                if isinstance(fragment, dict):
+                    self._calls.add(fragment)
+
+    def _finished(self, finish: str, out: list[Chunk]) -> None:
+        """The first finish reason: the assembled calls go out, then the finish (a stop after
+        nothing but a refusal is a refusal)."""
+        self._finish = finish
+        self._emit_calls(out)
+        kind = FINISH_KINDS.get(finish, FinishKind.OTHER)
+        if kind is FinishKind.STOP and self._refusal_only and not self._text_seen:
+            kind = FinishKind.REFUSAL
+        out.append(FinishReason(kind, finish))
 
     def _content_parts(self, parts: list[Any], out: list[Chunk]) -> None:
         """Mistral's content array: ``thinking`` parts (themselves text-part lists) and ``text``."""

@@ -30,8 +30,8 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 from toolloop_fsm.events import (
     Chunk,
@@ -160,59 +160,75 @@ class ResponsesStreamDecoder:
             data, what=f"{self._provider}: stream event", secrets=self._secrets
         )
         kind = payload.get("type") or name
-        if kind == "response.output_text.delta" or kind == "response.refusal.delta":
-            delta = payload.get("delta")
-            if delta and isinstance(delta, str):
-                out.append(TextDelta(delta))
-        elif kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
-            delta = payload.get("delta")
-            if delta and isinstance(delta, str):
-                out.append(ThoughtDelta(delta))
-        elif kind == "response.function_call_arguments.delta":
-            call = self._open.get(str(payload.get("item_id")))
-            delta = payload.get("delta")
-            if call is not None and isinstance(delta, str):
-                call.parts.append(delta)
-        elif kind == "response.function_call_arguments.done":
-            call = self._open.get(str(payload.get("item_id")))
-            arguments = payload.get("arguments")
-            if call is not None and isinstance(arguments, str):
-                call.arguments = arguments
-        elif kind == "response.output_item.added":
-            self._item_added(payload.get("item"))
-        elif kind == "response.output_item.done":
-            self._item_done(payload.get("item"), out)
-        elif kind == "response.completed":
-            self._terminal(payload.get("response"), out, cut=False)
-            out.append(
-                FinishReason(
-                    FinishKind.TOOL_CALLS if self._calls_made else FinishKind.STOP, "completed"
-                )
-            )
-        elif kind == "response.incomplete":
-            response = payload.get("response")
-            self._terminal(response, out, cut=True)
-            reason = None
-            if isinstance(response, dict) and isinstance(response.get("incomplete_details"), dict):
-                reason = response["incomplete_details"].get("reason")
-            out.append(
-                FinishReason(
-                    _INCOMPLETE_KINDS.get(str(reason), FinishKind.OTHER),
-                    str(reason) if reason else "incomplete",
-                )
-            )
-        elif kind == "error" or name == "error":
-            raise error_from_payload(payload, provider=self._provider, secrets=self._secrets)
-        elif kind == "response.failed":
-            response = payload.get("response")
-            error = response.get("error") if isinstance(response, dict) else None
-            raise error_from_payload(
-                {"error": error or {"message": "response failed"}},
-                provider=self._provider,
-                secrets=self._secrets,
-            )
+        if name == "error" and kind == "response.failed":
+            kind = "error"  # an event named error carries its error itself, whatever its type
+        read = self._READERS.get(kind) if isinstance(kind, str) else None
+        if read is not None:
+            read(self, payload, out)
+        elif name == "error":
+            self._error(payload, out)
 
-    def _item_added(self, item: Any) -> None:
+    def _text_delta(self, payload: dict[str, Any], out: list[Chunk]) -> None:
+        """Output text, or a refusal's: both are the reply's text."""
+        delta = payload.get("delta")
+        if delta and isinstance(delta, str):
+            out.append(TextDelta(delta))
+
+    def _reasoning_delta(self, payload: dict[str, Any], out: list[Chunk]) -> None:
+        delta = payload.get("delta")
+        if delta and isinstance(delta, str):
+            out.append(ThoughtDelta(delta))
+
+    def _arguments_delta(self, payload: dict[str, Any], out: list[Chunk]) -> None:
+        call = self._open.get(str(payload.get("item_id")))
+        delta = payload.get("delta")
+        if call is not None and isinstance(delta, str):
+            call.parts.append(delta)
+
+    def _arguments_done(self, payload: dict[str, Any], out: list[Chunk]) -> None:
+        """The call's full arguments text, which wins over the deltas."""
+        call = self._open.get(str(payload.get("item_id")))
+        arguments = payload.get("arguments")
+        if call is not None and isinstance(arguments, str):
+            call.arguments = arguments
+
+    def _completed(self, payload: dict[str, Any], out: list[Chunk]) -> None:
+        self._terminal(payload.get("response"), out, cut=False)
+        out.append(
+            FinishReason(
+                FinishKind.TOOL_CALLS if self._calls_made else FinishKind.STOP, "completed"
+            )
+        )
+
+    def _incomplete(self, payload: dict[str, Any], out: list[Chunk]) -> None:
+        """Cut off: the calls still open go out as cut, then the finish its reason names."""
+        response = payload.get("response")
+        self._terminal(response, out, cut=True)
+        reason = None
+        if isinstance(response, dict) and isinstance(response.get("incomplete_details"), dict):
+            reason = response["incomplete_details"].get("reason")
+        out.append(
+            FinishReason(
+                _INCOMPLETE_KINDS.get(str(reason), FinishKind.OTHER),
+                str(reason) if reason else "incomplete",
+            )
+        )
+
+    def _error(self, payload: dict[str, Any], out: list[Chunk]) -> None:
+        raise error_from_payload(payload, provider=self._provider, secrets=self._secrets)
+
+    def _failed(self, payload: dict[str, Any], out: list[Chunk]) -> None:
+        response = payload.get("response")
+        error = response.get("error") if isinstance(response, dict) else None
+        raise error_from_payload(
+            {"error": error or {"message": "response failed"}},
+            provider=self._provider,
+            secrets=self._secrets,
+        )
+
+    def _item_added(self, payload: dict[str, Any], out: list[Chunk]) -> None:
+        """A function call opens (other items are read when they are done)."""
+        item = payload.get("item")
         if not isinstance(item, dict) or item.get("type") != "function_call":
             return
         call_id = item.get("call_id") or None
@@ -222,7 +238,9 @@ class ResponsesStreamDecoder:
             call.parts.append(arguments)
         self._open[str(item.get("id"))] = call
 
-    def _item_done(self, item: Any, out: list[Chunk]) -> None:
+    def _item_done(self, payload: dict[str, Any], out: list[Chunk]) -> None:
+        """A reasoning item is kept for the next call; a function call goes out."""
+        item = payload.get("item")
         if not isinstance(item, dict):
             return
         if item.get("type") == "reasoning":
@@ -238,6 +256,24 @@ class ResponsesStreamDecoder:
         call.name = call.name or str(item.get("name") or "")
         call.call_id = call.call_id or (str(item["call_id"]) if item.get("call_id") else None)
         self._emit(call, out, cut=False, item_id=item.get("id"))
+
+    # how each kind of event is read (any other kind is ignored, unless it is named "error")
+    _READERS: ClassVar[
+        Mapping[str, Callable[[ResponsesStreamDecoder, dict[str, Any], list[Chunk]], None]]
+    ] = {
+        "response.output_text.delta": _text_delta,
+        "response.refusal.delta": _text_delta,
+        "response.reasoning_summary_text.delta": _reasoning_delta,
+        "response.reasoning_text.delta": _reasoning_delta,
+        "response.function_call_arguments.delta": _arguments_delta,
+        "response.function_call_arguments.done": _arguments_done,
+        "response.output_item.added": _item_added,
+        "response.output_item.done": _item_done,
+        "response.completed": _completed,
+        "response.incomplete": _incomplete,
+        "error": _error,
+        "response.failed": _failed,
+    }
 
     def _emit(self, call: _OpenCall, out: list[Chunk], *, cut: bool, item_id: Any) -> None:
         text = call.arguments if call.arguments is not None else "".join(call.parts)

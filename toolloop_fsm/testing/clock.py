@@ -156,11 +156,7 @@ class VirtualClock:
         idle = 0
         held_since: float | None = None
         warned = False
-        while True:
-            while self._timers and self._timers[0].cancelled:
-                heapq.heappop(self._timers)
-            if not self._timers:
-                return
+        while self._live_timers():
             await asyncio.sleep(0)
             if _work_ready(loop):
                 idle = 0
@@ -177,24 +173,33 @@ class VirtualClock:
                     held_since, warned = loop.time(), False
                 if not warned and wake_at - held_since >= self.real_hold_warning:
                     warned = True
-                    _log.warning(
-                        "VirtualClock holds virtual time still for %.3g real seconds or more: "
-                        "the loop has %d real timer(s) pending (%s); code under a "
-                        "VirtualClock should wait on the clock, and a watchdog should be made "
-                        "with real_time_limit() or watchdog_timer()",
-                        wake_at - held_since, len(holding), _describe(holding),
-                    )  # fmt: skip
+                    _warn_held_still(wake_at - held_since, holding)
                 # in short slices: the timer may be cancelled early (the reply came in)
                 await _sleep_until(loop, min(wake_at, loop.time() + _REAL_HOLD_SLICE))
                 continue
             held_since = None
-            while self._timers and self._timers[0].cancelled:
-                heapq.heappop(self._timers)
-            if not self._timers:
+            if not self._live_timers():
                 return
             timer = heapq.heappop(self._timers)
             self._now = max(self._now, timer.when)
             timer.callback(*timer.args)
+
+    def _live_timers(self) -> bool:
+        """Whether a timer is still to fire (the cancelled ones at the front are dropped)."""
+        while self._timers and self._timers[0].cancelled:
+            heapq.heappop(self._timers)
+        return bool(self._timers)
+
+
+def _warn_held_still(seconds: float, holding: list[asyncio.TimerHandle]) -> None:
+    """Tell the test's author that real timers have held virtual time still this long."""
+    _log.warning(
+        "VirtualClock holds virtual time still for %.3g real seconds or more: "
+        "the loop has %d real timer(s) pending (%s); code under a "
+        "VirtualClock should wait on the clock, and a watchdog should be made "
+        "with real_time_limit() or watchdog_timer()",
+        seconds, len(holding), _describe(holding),
+    )  # fmt: skip
 
 
 def _work_ready(loop: asyncio.AbstractEventLoop) -> bool:

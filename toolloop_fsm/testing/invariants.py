@@ -467,28 +467,15 @@ def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
                 f"{ceiling}, and the turn went on",
             )
         if run == ceiling:
-            after = trace[index + 1] if index + 1 < len(trace) else None
-            stopped_while_settling = any(
-                s.state == "settling" and s.event == "stop_requested" for s in trace[index:]
-            )
-            ended = (
-                after is not None
-                and after.state == "recording_tool_outcome"
-                and after.next_state == "building_result"
-                and recorded == len(result.history)
-            )
-            status_ok = result.status is TurnStatus.ERROR or (
-                result.status is TurnStatus.STOPPED_BY_USER and stopped_while_settling
-            )
-            if not (ended and status_ok):
-                _fail(
-                    3,
-                    f"{run} tool failures in a row (the ceiling) at history entry "
-                    f"{recorded}, but the turn went on to "
-                    f"{after.next_state if after else 'nothing'} and ended "
-                    f"{result.status.value} ({result.reason}) with "
-                    f"{len(result.history)} entries",
-                )
+            _check_ceiling_ends_turn(result, trace, index, run, recorded)
+    _check_history_matches_run(result, recorded, run, ceiling)
+
+
+def _check_history_matches_run(
+    result: GenerationTurnResult, recorded: int, run: int, ceiling: int
+) -> None:
+    """Once the trace is replayed: the history holds every outcome it recorded, and a turn
+    that ended for consecutive tool errors ended on a run of exactly the ceiling."""
     if recorded != len(result.history):
         _fail(
             7,
@@ -497,6 +484,40 @@ def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
         )
     if result.reason == "consecutive_tool_errors" and run != ceiling:
         _fail(3, f"the turn ended for consecutive tool errors after a run of {run}, not {ceiling}")
+
+
+def _check_ceiling_ends_turn(
+    result: GenerationTurnResult,
+    trace: Sequence[TraceStep],
+    index: int,
+    run: int,
+    recorded: int,
+) -> None:
+    """The run of failures recorded at ``trace[index]`` reached the ceiling: the very next
+    step leaves for ``building_result`` with nothing more recorded, and the turn ends
+    ``error`` (or ``stopped_by_user`` when a stop arrived while it settled)."""
+    after = trace[index + 1] if index + 1 < len(trace) else None
+    stopped_while_settling = any(
+        s.state == "settling" and s.event == "stop_requested" for s in trace[index:]
+    )
+    ended = (
+        after is not None
+        and after.state == "recording_tool_outcome"
+        and after.next_state == "building_result"
+        and recorded == len(result.history)
+    )
+    status_ok = result.status is TurnStatus.ERROR or (
+        result.status is TurnStatus.STOPPED_BY_USER and stopped_while_settling
+    )
+    if not (ended and status_ok):
+        _fail(
+            3,
+            f"{run} tool failures in a row (the ceiling) at history entry "
+            f"{recorded}, but the turn went on to "
+            f"{after.next_state if after else 'nothing'} and ended "
+            f"{result.status.value} ({result.reason}) with "
+            f"{len(result.history)} entries",
+        )
 
 
 # --------------------------------------------------------------------------- 4
@@ -518,20 +539,40 @@ def _check_tool_runs(
     inside one scope is a new occurrence and runs.
     """
     for execution in executions:
-        if execution.stop_requested:
-            _fail(
-                4,
-                f"tool {execution.name!r} (dispatch {execution.dispatch}) started at "
-                f"t={execution.started_at:g} after a stop was requested",
-            )
-        if registry is not None and registry.get(execution.name) is None:
-            _fail(4, f"unregistered tool {execution.name!r} ran")
-        allowed = request.tools_allowed if request is not None else None
-        if allowed is not None and execution.name not in allowed:
-            _fail(4, f"tool {execution.name!r} ran although the turn allows only {sorted(allowed)}")
+        _check_run_allowed(execution, registry, request)
     if any(execution.iteration is None for execution in executions):
         return  # without the pass of each run, occurrences cannot be told apart
-    scope_of = _scope_of_each_pass(result)
+    ran = _one_run_a_pass(executions)
+    for entry in result.history:
+        found = ran.get(entry.iteration)
+        if entry.response.status == REVIEW_REJECTED_STATUS and found is not None:
+            _fail(
+                4,
+                f"the checkpoint rejected {entry.call.name!r} in pass {entry.iteration}, yet "
+                f"it ran (dispatch {found.dispatch}): a rejected call never runs",
+            )
+    _check_no_replay(result, ran, registry)
+
+
+def _check_run_allowed(
+    execution: ToolExecution, registry: ToolRegistry | None, request: TurnRequest | None
+) -> None:
+    """The run started before any stop, of a registered tool the turn allows."""
+    if execution.stop_requested:
+        _fail(
+            4,
+            f"tool {execution.name!r} (dispatch {execution.dispatch}) started at "
+            f"t={execution.started_at:g} after a stop was requested",
+        )
+    if registry is not None and registry.get(execution.name) is None:
+        _fail(4, f"unregistered tool {execution.name!r} ran")
+    allowed = request.tools_allowed if request is not None else None
+    if allowed is not None and execution.name not in allowed:
+        _fail(4, f"tool {execution.name!r} ran although the turn allows only {sorted(allowed)}")
+
+
+def _one_run_a_pass(executions: Sequence[ToolExecution]) -> dict[int, ToolExecution]:
+    """The run of each pass (every run knows its pass); a pass that ran two fails."""
     ran: dict[int, ToolExecution] = {}
     for execution in executions:
         assert execution.iteration is not None
@@ -543,14 +584,16 @@ def _check_tool_runs(
                 f"{twice.dispatch} and {execution.dispatch}): one call, one run",
             )
         ran[execution.iteration] = execution
-    for entry in result.history:
-        found = ran.get(entry.iteration)
-        if entry.response.status == REVIEW_REJECTED_STATUS and found is not None:
-            _fail(
-                4,
-                f"the checkpoint rejected {entry.call.name!r} in pass {entry.iteration}, yet "
-                f"it ran (dispatch {found.dispatch}): a rejected call never runs",
-            )
+    return ran
+
+
+def _check_no_replay(
+    result: GenerationTurnResult, ran: Mapping[int, ToolExecution], registry: ToolRegistry | None
+) -> None:
+    """Occurrence by occurrence in each scope (see `_check_tool_runs`): a call whose
+    occurrence succeeded before is reused, not run again (unless its tool reruns), and a
+    reused one had an occurrence that succeeded."""
+    scope_of = _scope_of_each_pass(result)
     reused = {
         entry.iteration
         for entry in result.history
@@ -674,11 +717,43 @@ def _check_time(
 ) -> None:
     if provider is None and streamed is None:
         return  # without the chunk counts there is no finite bound to check against
+    deliveries = max(len(result.delivered), len(channel.delivered) if channel else 0)
+    passes_bound = _pass_waits(result, policy, provider, streamed, deliveries)
+    tools_bound = _tool_waits(result, policy, executions, registry, channel)
+    host_bound = _host_call_waits(policy, channel)
+    reviews_bound = _review_waits(result, policy, reviews_asked)
+    settle = max(policy.inactivity_timeout, policy.abandoned_stream_settle)
+    bound = passes_bound + tools_bound + host_bound + reviews_bound + settle
+    if elapsed > bound + _EPSILON:
+        first, inactivity = policy.effective_first_token_timeout, policy.inactivity_timeout
+        budget, host, grace = (
+            policy.max_pass_duration, policy.host_call_timeout, policy.cancel_grace,
+        )  # fmt: skip
+        _fail(
+            6,
+            f"the run took {elapsed:g} virtual s, above the bound {bound:g} s "
+            f"(passes {passes_bound:g} + tools {tools_bound:g} + host calls "
+            f"{host_bound:g} + reviews {reviews_bound:g} + settle {settle:g}; "
+            f"F={first:g}, I={inactivity:g}, "
+            f"M={budget:g}, H={host:g}, G={grace:g}, {result.iterations} passes, "
+            f"{result.tool_dispatches} dispatches, {deliveries} deliveries; status "
+            f"{result.status.value}, reason {result.reason})",
+        )
+
+
+def _pass_waits(
+    result: GenerationTurnResult,
+    policy: LoopPolicy,
+    provider: ScriptedProvider | None,
+    streamed: Sequence[Sequence[object]] | None,
+    deliveries: int,
+) -> float:
+    """How long the turn may have spent in its passes: each one its script's pauses, at
+    most its first-token and inactivity budgets over the chunks and deliveries, at most the
+    pass budget."""
     first = policy.effective_first_token_timeout
     inactivity = policy.inactivity_timeout
-    budget = policy.max_pass_duration
-    deliveries = max(len(result.delivered), len(channel.delivered) if channel else 0)
-    passes_bound = 0.0
+    bound = 0.0
     for k in range(result.iterations):
         pauses = math.inf
         if isinstance(provider, HostileProvider):
@@ -691,7 +766,20 @@ def _check_time(
             chunks = sum(1 for item in provider.passes[k] if not isinstance(item, Pause | Fail))
         else:
             chunks = 0
-        passes_bound += min(pauses, first + inactivity * (chunks + deliveries), budget)
+        bound += min(pauses, first + inactivity * (chunks + deliveries), policy.max_pass_duration)
+    return bound
+
+
+def _tool_waits(
+    result: GenerationTurnResult,
+    policy: LoopPolicy,
+    executions: Sequence[ToolExecution] | None,
+    registry: ToolRegistry | None,
+    channel: RecordingChannel | None,
+) -> float:
+    """How long the turn may have waited for its tools: each run until its deadline (and the
+    grace, when it ignored its cancellation), or until it finished, when the channel's
+    timings are known; every dispatch not seen run, the longest deadline."""
     timeouts = [policy.tool_timeout]
     if registry is not None:
         timeouts.extend(t.timeout for t in registry if t.timeout is not None)
@@ -703,43 +791,35 @@ def _check_time(
             return worst_tool
         return tool.timeout if tool.timeout is not None else policy.tool_timeout
 
-    grace = policy.cancel_grace
-    host = policy.host_call_timeout
     timed = isinstance(channel, HostileChannel)  # every host call's timing is known
     runs = list(executions) if executions is not None else []
-    tools_bound = 0.0
+    bound = 0.0
     for run in runs:
         deadline = deadline_of(run.name)
         if run.cancel_ignored:
-            tools_bound += deadline + grace
+            bound += deadline + policy.cancel_grace
         elif timed and run.finished_at is not None:
-            tools_bound += min(deadline, run.finished_at - run.started_at)
+            bound += min(deadline, run.finished_at - run.started_at)
         else:
-            tools_bound += deadline
-    tools_bound += max(0, result.tool_dispatches - len(runs)) * worst_tool
-    host_bound = 0.0
+            bound += deadline
+    return bound + max(0, result.tool_dispatches - len(runs)) * worst_tool
+
+
+def _host_call_waits(policy: LoopPolicy, channel: RecordingChannel | None) -> float:
+    """How long the turn may have waited for a hostile channel's calls (each one until it
+    ended, bounded by the host call timeout, and the grace when it ignored its
+    cancellation); no bound of their own for another channel."""
+    host = policy.host_call_timeout
+    bound = 0.0
     if isinstance(channel, HostileChannel):
         for call in channel.calls:
             if call.cancel_ignored:
-                host_bound += host + grace
+                bound += host + policy.cancel_grace
             elif call.finished_at is not None and call.outcome in ("confirmed", "raised"):
-                host_bound += min(host, call.finished_at - call.started_at)
+                bound += min(host, call.finished_at - call.started_at)
             else:
-                host_bound += host
-    reviews_bound = _review_waits(result, policy, reviews_asked)
-    settle = max(inactivity, policy.abandoned_stream_settle)
-    bound = passes_bound + tools_bound + host_bound + reviews_bound + settle
-    if elapsed > bound + _EPSILON:
-        _fail(
-            6,
-            f"the run took {elapsed:g} virtual s, above the bound {bound:g} s "
-            f"(passes {passes_bound:g} + tools {tools_bound:g} + host calls "
-            f"{host_bound:g} + reviews {reviews_bound:g} + settle {settle:g}; "
-            f"F={first:g}, I={inactivity:g}, "
-            f"M={budget:g}, H={host:g}, G={grace:g}, {result.iterations} passes, "
-            f"{result.tool_dispatches} dispatches, {deliveries} deliveries; status "
-            f"{result.status.value}, reason {result.reason})",
-        )
+                bound += host
+    return bound
 
 
 def _review_waits(
@@ -879,44 +959,73 @@ def _check_entries(
     ids: dict[str, int] = {}
     passes: set[int] = set()
     for position, entry in enumerate(history):
-        call, response = entry.call, entry.response
-        label = f"{where}, entry {position} ({call.name!r}, pass {entry.iteration})"
-        if not isinstance(call.name, str) or not call.name.strip():
-            _fail(7, f"{label}: a call without a name")
-        if not isinstance(call.arguments, Mapping):
-            _fail(7, f"{label}: arguments {call.arguments!r} are not an object")
-        if response.tool_name is not None and response.tool_name != call.name:
-            _fail(7, f"{label}: the response names {response.tool_name!r}")
-        if not response.success and (
-            response.status not in failed_statuses or not (response.reason or "").strip()
-        ):
-            _fail(
-                7,
-                f"{label}: a failed response needs status "
-                f"{' or '.join(map(repr, failed_statuses))} and a reason, got "
-                f"{response.status!r} / {response.reason!r}",
-            )
-        if call.call_id is not None:
-            if call.call_id in ids:
-                _fail(
-                    7,
-                    f"{label}: call id {call.call_id!r} already answered at entry "
-                    f"{ids[call.call_id]}",
-                )
-            ids[call.call_id] = position
-        if entry.iteration in passes:
-            _fail(7, f"{label}: two calls answered for the same pass")
-        passes.add(entry.iteration)
-        text = entry.pre_tool_text
-        if text is not None and not text.strip():
-            _fail(7, f"{label}: whitespace-only pre-tool text {text!r} (should be none)")
-        expected = _pass_text(entry.iteration, result, streamed)
-        if entry.iteration <= erased and text is None:
-            continue  # a revision took the model's words out of the history
-        if expected is not None:
-            wanted = expected if expected.strip() else None
-            if text != wanted:
-                _fail(7, f"{label}: pre-tool text {text!r}, but the pass streamed {expected!r}")
+        label = f"{where}, entry {position} ({entry.call.name!r}, pass {entry.iteration})"
+        _check_entry_form(entry, label, failed_statuses)
+        _check_entry_answered_once(entry, position, label, ids, passes)
+        _check_entry_pre_tool_text(entry, label, result, streamed, erased)
+
+
+def _check_entry_form(
+    entry: ToolHistoryEntry, label: str, failed_statuses: tuple[str, ...]
+) -> None:
+    """A named call with object arguments, a response naming the same tool, and a failure
+    that says which kind it is and why."""
+    call, response = entry.call, entry.response
+    if not isinstance(call.name, str) or not call.name.strip():
+        _fail(7, f"{label}: a call without a name")
+    if not isinstance(call.arguments, Mapping):
+        _fail(7, f"{label}: arguments {call.arguments!r} are not an object")
+    if response.tool_name is not None and response.tool_name != call.name:
+        _fail(7, f"{label}: the response names {response.tool_name!r}")
+    if not response.success and (
+        response.status not in failed_statuses or not (response.reason or "").strip()
+    ):
+        _fail(
+            7,
+            f"{label}: a failed response needs status "
+            f"{' or '.join(map(repr, failed_statuses))} and a reason, got "
+            f"{response.status!r} / {response.reason!r}",
+        )
+
+
+def _check_entry_answered_once(
+    entry: ToolHistoryEntry,
+    position: int,
+    label: str,
+    ids: dict[str, int],
+    passes: set[int],
+) -> None:
+    """No call id answered twice, no pass with two answered calls (``ids`` and ``passes``
+    gather what the entries before this one answered)."""
+    call_id = entry.call.call_id
+    if call_id is not None:
+        if call_id in ids:
+            _fail(7, f"{label}: call id {call_id!r} already answered at entry {ids[call_id]}")
+        ids[call_id] = position
+    if entry.iteration in passes:
+        _fail(7, f"{label}: two calls answered for the same pass")
+    passes.add(entry.iteration)
+
+
+def _check_entry_pre_tool_text(
+    entry: ToolHistoryEntry,
+    label: str,
+    result: GenerationTurnResult,
+    streamed: Sequence[Sequence[object]] | None,
+    erased: int,
+) -> None:
+    """The pre-tool text is what the pass streamed (none for whitespace), unless a revision
+    took it out of the history."""
+    text = entry.pre_tool_text
+    if text is not None and not text.strip():
+        _fail(7, f"{label}: whitespace-only pre-tool text {text!r} (should be none)")
+    expected = _pass_text(entry.iteration, result, streamed)
+    if entry.iteration <= erased and text is None:
+        return  # a revision took the model's words out of the history
+    if expected is not None:
+        wanted = expected if expected.strip() else None
+        if text != wanted:
+            _fail(7, f"{label}: pre-tool text {text!r}, but the pass streamed {expected!r}")
 
 
 def _pass_text(
@@ -972,6 +1081,28 @@ def _check_usage(
         # a reviewer's verdict carries its own usage, entered beside the pass it followed
         if entry.source == "author":
             by_pass.setdefault(entry.iteration, []).append(entry)
+    _check_ledger_entries(result, by_pass)
+    passes: Sequence[Sequence[object]] | None = streamed
+    if passes is None and provider is not None:
+        passes = provider.passes
+    if passes is None:
+        return
+    for k in range(result.iterations):
+        _check_pass_usage(
+            k + 1,
+            passes[k] if k < len(passes) else (),
+            by_pass.get(k + 1, []),
+            result,
+            exact=streamed is not None,
+        )
+    total_in = sum(e.input_tokens for e in result.usage.entries)
+    if total_in != result.usage.input_tokens:
+        _fail(8, "the ledger's input total is not the sum of its entries")
+
+
+def _check_ledger_entries(result: GenerationTurnResult, by_pass: Mapping[int, list[Any]]) -> None:
+    """No more reviewer entries than reviews, whole figures, and at most one entry for each
+    pass the turn made (``by_pass``: the model's own entries, by pass)."""
     reviews = len(result.reviews)
     asked = sum(1 for e in result.usage.entries if e.source != "author")
     if asked > reviews:
@@ -989,55 +1120,55 @@ def _check_usage(
             _fail(8, f"pass {iteration} has {len(entries)} ledger entries")
         if not 1 <= iteration <= result.iterations:
             _fail(8, f"a ledger entry for pass {iteration}, of {result.iterations} passes")
-    passes: Sequence[Sequence[object]] | None = streamed
-    exact = streamed is not None
-    if passes is None and provider is not None:
-        passes = provider.passes
-    if passes is None:
+
+
+def _check_pass_usage(
+    iteration: int,
+    chunks: Sequence[object],
+    entries: Sequence[Any],
+    result: GenerationTurnResult,
+    *,
+    exact: bool,
+) -> None:
+    """The pass's ledger entry is what its provider reported (``exact``: the chunks are the
+    ones it streamed), a running total of the reports, or, without any, an estimate."""
+    reported = [c for c in chunks if isinstance(c, UsageReport)]
+    reports = [r for r in reported if _whole(r.input_tokens) and _whole(r.output_tokens)]
+    folds = _usage_folds(reports)
+    got = (
+        (entries[0].input_tokens, entries[0].output_tokens, entries[0].estimated)
+        if entries
+        else None
+    )
+    if not reported:
+        _check_estimate(iteration, chunks, got, result, exact=exact)
         return
-    for k in range(result.iterations):
-        chunks = passes[k] if k < len(passes) else ()
-        reported = [c for c in chunks if isinstance(c, UsageReport)]
-        reports = [r for r in reported if _whole(r.input_tokens) and _whole(r.output_tokens)]
-        folds = _usage_folds(reports)
-        entries = by_pass.get(k + 1, [])
-        got = (
-            (entries[0].input_tokens, entries[0].output_tokens, entries[0].estimated)
-            if entries
-            else None
-        )
-        if not reported:
-            _check_estimate(k + 1, chunks, got, result, exact=exact)
-            continue
-        if len(reports) < len(reported):
-            # a report that is no usage figure (NaN, infinite) may end the pass as a
-            # protocol failure: the ledger then holds a running total of the good ones, or
-            # an estimate when none was taken
-            if got is not None and got not in folds and not _marked_estimate(got, chunks):
-                _fail(
-                    8,
-                    f"pass {k + 1}: ledger entry {got} is no running total of the "
-                    f"well-formed reports among {_usage_text(reported)}",
-                )
-        elif exact:
-            want = folds[-1] if folds else None
-            if got != want:
-                _fail(
-                    8,
-                    f"pass {k + 1}: the provider reported {_usage_text(reports)} "
-                    f"(total {want}) but the ledger holds {got} (status "
-                    f"{result.status.value}, reason {result.reason})",
-                )
-        elif got is not None and got not in folds and not _marked_estimate(got, chunks):
-            # (the pass may have ended before its first report: then it is estimated)
+    if len(reports) < len(reported):
+        # a report that is no usage figure (NaN, infinite) may end the pass as a
+        # protocol failure: the ledger then holds a running total of the good ones, or
+        # an estimate when none was taken
+        if got is not None and got not in folds and not _marked_estimate(got, chunks):
             _fail(
                 8,
-                f"pass {k + 1}: ledger entry {got} is no running total of the scripted "
-                f"reports {_usage_text(reports)}",
+                f"pass {iteration}: ledger entry {got} is no running total of the "
+                f"well-formed reports among {_usage_text(reported)}",
             )
-    total_in = sum(e.input_tokens for e in result.usage.entries)
-    if total_in != result.usage.input_tokens:
-        _fail(8, "the ledger's input total is not the sum of its entries")
+    elif exact:
+        want = folds[-1] if folds else None
+        if got != want:
+            _fail(
+                8,
+                f"pass {iteration}: the provider reported {_usage_text(reports)} "
+                f"(total {want}) but the ledger holds {got} (status "
+                f"{result.status.value}, reason {result.reason})",
+            )
+    elif got is not None and got not in folds and not _marked_estimate(got, chunks):
+        # (the pass may have ended before its first report: then it is estimated)
+        _fail(
+            8,
+            f"pass {iteration}: ledger entry {got} is no running total of the scripted "
+            f"reports {_usage_text(reports)}",
+        )
 
 
 # how a pass can end once its stream ended normally: every chunk it streamed was taken
@@ -1172,6 +1303,30 @@ def _check_held_until_reviewed(
         for step in _loop_trace(result)
         if (step.state, step.event) in _DELIVERING and step.next_state == "building_result"
     ]
+    _check_nothing_shown_unreviewed(result, delivered, steps, reviews_asked, ending)
+    texts = "".join(text for text, _ in delivered if text is not None)
+    replies = [a for a in reviews_asked or () if a.kind is ReviewKind.RESPONSE]
+    after_review = bool(steps) and steps[-1].state == "reviewing_draft"
+    if after_review and replies and not replies[-1].candidate.startswith(texts):
+        _fail(
+            11,
+            f"the reviewer last saw {replies[-1].candidate!r}, but {texts!r} was delivered "
+            f"({ending})",
+        )
+    _check_held_prose_ceiling(policy, delivered, replies, texts, after_review, ending)
+    if steps and result.status is TurnStatus.COMPLETED and channel is not None:
+        _check_final_text_is_draft(result, channel)
+
+
+def _check_nothing_shown_unreviewed(
+    result: GenerationTurnResult,
+    delivered: Sequence[tuple[str | None, object]],
+    steps: Sequence[TraceStep],
+    reviews_asked: Sequence[ReviewAsked] | None,
+    ending: str,
+) -> None:
+    """Deliveries only as the held draft (``steps``: the loop's delivering steps), never
+    after a stop or a follow-up, and nothing on the channel before a review is asked."""
     if delivered and not steps:
         _fail(
             11,
@@ -1189,15 +1344,18 @@ def _check_held_until_reviewed(
                 f"the channel had confirmed {asked.delivered_before} and begun "
                 f"{asked.sends_before} deliveries: something held was shown before its review",
             )
-    texts = "".join(text for text, _ in delivered if text is not None)
-    replies = [a for a in reviews_asked or () if a.kind is ReviewKind.RESPONSE]
-    after_review = bool(steps) and steps[-1].state == "reviewing_draft"
-    if after_review and replies and not replies[-1].candidate.startswith(texts):
-        _fail(
-            11,
-            f"the reviewer last saw {replies[-1].candidate!r}, but {texts!r} was delivered "
-            f"({ending})",
-        )
+
+
+def _check_held_prose_ceiling(
+    policy: LoopPolicy,
+    delivered: Sequence[tuple[str | None, object]],
+    replies: Sequence[ReviewAsked],
+    texts: str,
+    after_review: bool,
+    ending: str,
+) -> None:
+    """The drafts the reviewer saw and the one delivered fit the held-prose ceiling, in
+    bytes and in segments."""
     limit = policy.held_prose_max_bytes
     if policy.send_message_limit is not None:
         limit = min(limit, policy.send_message_limit)
@@ -1216,15 +1374,18 @@ def _check_held_until_reviewed(
             f"{len(delivered)} held segments delivered, above held_prose_max_segments="
             f"{policy.held_prose_max_segments}",
         )
-    if steps and result.status is TurnStatus.COMPLETED and channel is not None:
-        final = result.final_text.partition(_SCENE_BLOCK)[0]
-        shown = channel.delivered_text + (result.undelivered_text or "")
-        if final != shown:
-            _fail(
-                11,
-                f"a completed drafted turn's final text is {final!r}, but the draft it "
-                f"delivered is {shown!r} (confirmed, then still in flight)",
-            )
+
+
+def _check_final_text_is_draft(result: GenerationTurnResult, channel: RecordingChannel) -> None:
+    """A completed drafted turn's final text is the draft it delivered."""
+    final = result.final_text.partition(_SCENE_BLOCK)[0]
+    shown = channel.delivered_text + (result.undelivered_text or "")
+    if final != shown:
+        _fail(
+            11,
+            f"a completed drafted turn's final text is {final!r}, but the draft it "
+            f"delivered is {shown!r} (confirmed, then still in flight)",
+        )
 
 
 # --------------------------------------------------------------------------- 9

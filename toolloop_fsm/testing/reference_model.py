@@ -137,7 +137,7 @@ import functools
 import json
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import fastjsonschema
@@ -742,6 +742,9 @@ def _after_tool_call(
 
 
 # =========================================================================== the simulation
+_Timer = tuple[float, Callable[[], None]]  # when it fires, and what happens then
+
+
 class _Simulation:
     """One run of the rules along one order of coinciding timers."""
 
@@ -890,24 +893,8 @@ class _Simulation:
 
     def next_timer(self) -> None:
         """Move the clock to the earliest timer and fire it (in every order, at a tie)."""
-        due: list[tuple[float, Callable[[], None]]] = []
-        if self.phase == "streaming":
-            if self.current.resumes_at is not None:
-                due.append((self.current.resumes_at, self.stream_resumes))
-            due.append((self._stream_due(), self.stream_budget_expires))
-        elif self.phase == "tool":
-            assert self.tool is not None
-            if self.tool.done_at is not None:
-                due.append((self.tool.done_at, self.tool_returns))
-            due.append((self.tool.deadline_at, self.tool_deadline_expires))
-        elif self.phase == "settling":
-            due.append((self.settle_due, self.settle_window_ends))
-        elif self.phase == "review":
-            review = self.review
-            assert review is not None
-            if review.answer_at is not None:
-                due.append((review.answer_at, self.review_answers))
-            due.append((review.deadline_at, self.review_deadline_expires))
+        phase_timers = self._PHASE_TIMERS.get(self.phase)
+        due = phase_timers(self) if phase_timers is not None else []
         if self.send_call is not None:
             due.append((self.send_call.due, self.delivery_done))
         if self.notice_call is not None:
@@ -923,6 +910,45 @@ class _Simulation:
         fire = ready[self.choices.pick(len(ready))] if len(ready) > 1 else ready[0]
         self.now = max(self.now, first)
         fire()
+
+    def _streaming_timers(self) -> list[_Timer]:
+        """A paused stream resumes; the pass's budget runs out."""
+        due: list[_Timer] = []
+        if self.current.resumes_at is not None:
+            due.append((self.current.resumes_at, self.stream_resumes))
+        due.append((self._stream_due(), self.stream_budget_expires))
+        return due
+
+    def _tool_timers(self) -> list[_Timer]:
+        """The tool returns; its deadline passes."""
+        assert self.tool is not None
+        due: list[_Timer] = []
+        if self.tool.done_at is not None:
+            due.append((self.tool.done_at, self.tool_returns))
+        due.append((self.tool.deadline_at, self.tool_deadline_expires))
+        return due
+
+    def _settling_timers(self) -> list[_Timer]:
+        """The settle window ends."""
+        return [(self.settle_due, self.settle_window_ends)]
+
+    def _review_timers(self) -> list[_Timer]:
+        """The reviewer answers; the review's deadline passes."""
+        review = self.review
+        assert review is not None
+        due: list[_Timer] = []
+        if review.answer_at is not None:
+            due.append((review.answer_at, self.review_answers))
+        due.append((review.deadline_at, self.review_deadline_expires))
+        return due
+
+    # the timers each phase runs, besides a delivery, a notice and a signal in flight
+    _PHASE_TIMERS: ClassVar[Mapping[str, Callable[[_Simulation], list[_Timer]]]] = {
+        "streaming": _streaming_timers,
+        "tool": _tool_timers,
+        "settling": _settling_timers,
+        "review": _review_timers,
+    }
 
     # ------------------------------------------------------------------ stream once
     def start_pass(self) -> None:
@@ -977,14 +1003,7 @@ class _Simulation:
                 if self.phase != "streaming":
                     return
         if isinstance(item, Trickle):
-            if item.count is None or item.count > 0:
-                rest = Trickle(
-                    item.share, item.text, None if item.count is None else item.count - 1
-                )
-                interval = item.share * self.policy.inactivity_timeout
-                current.items[current.position : current.position] = [
-                    Pause(interval), TextDelta(item.text), rest,
-                ]  # fmt: skip
+            self._unroll_trickle(current, item)
         elif isinstance(item, Pause):
             self.reading = False
             current.resumes_at = self.now + item.seconds
@@ -996,6 +1015,17 @@ class _Simulation:
             self.end_stream(TurnStatus.ERROR, "provider_error")
         else:
             self.take_chunk(item)
+
+    def _unroll_trickle(self, current: _Pass, item: Trickle) -> None:
+        """One more beat of a trickle (unless it has run out): a pause of its share of the
+        inactivity budget, its text, then the rest of it, next in the stream."""
+        if item.count is not None and item.count <= 0:
+            return
+        rest = Trickle(item.share, item.text, None if item.count is None else item.count - 1)
+        interval = item.share * self.policy.inactivity_timeout
+        current.items[current.position : current.position] = [
+            Pause(interval), TextDelta(item.text), rest,
+        ]  # fmt: skip
 
     def hold_key_start(self, chunk: TextDelta) -> TextDelta | None:
         """docs/behaviour.md §9.12 rule 2: the text is let through after what was held, but
@@ -1207,14 +1237,7 @@ class _Simulation:
             self.ledger[self.occurrence] = outcome  # §3.5: every run is recorded, failures too
         if _shows_expression(outcome, self.expression_taken):  # §3.8 rule 1
             assert outcome.expression is not None
-            self.expression_taken = True
-            if self.drafting:
-                self.expression_in_draft = True
-                self.hold_expression(outcome.expression)  # §14.2: held in its place
-            else:
-                self.expression_delivered = True
-                self.tool_response_delivered = True  # it answered the user itself (§2.5)
-                self.hand_over(_Delivery(expression=outcome.expression))
+            self.show_expression(outcome.expression)
         if _posts_failure_notice(outcome):  # §3.8 rule 2
             self.post("tool_failed")
         continuation_style = self.script.continuation_style
@@ -1253,6 +1276,19 @@ class _Simulation:
             self.decide(TurnStatus.COMPLETED, decided)
 
     # ------------------------------------------------------------------ drafting
+
+    def show_expression(self, expression: str) -> None:
+        """§3.8 rule 1: the turn's one expression — held in its place in a draft (§14.2),
+        else handed over at once, answering the user itself (§2.5)."""
+        self.expression_taken = True
+        if self.drafting:
+            self.expression_in_draft = True
+            self.hold_expression(expression)
+        else:
+            self.expression_delivered = True
+            self.tool_response_delivered = True
+            self.hand_over(_Delivery(expression=expression))
+
     def hold_text(self, text: str, *, mid_stream: bool) -> None:
         """Hold a flush of text within the held-prose ceiling: the turn's bytes (the smaller
         of the ceiling and the host's send limit) and segments, across passes and
