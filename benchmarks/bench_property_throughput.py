@@ -57,8 +57,14 @@ def rich_rate(turns: int, seed_value: int) -> float:
     loop = asyncio.new_event_loop()
 
     @seed(seed_value)
-    @settings(max_examples=turns, database=None, deadline=None, derandomize=False,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=turns,
+        database=None,
+        deadline=None,
+        derandomize=False,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(turn_scripts())
     def run(script: TurnScript) -> None:
         loop.run_until_complete(run_script(script, policy)).check()
@@ -76,9 +82,14 @@ def split(turns: int, seed_value: int) -> dict[str, float]:
     seeds: list[bytes] = []
 
     @seed(seed_value)
-    @settings(max_examples=max(1, turns * 2 // BATCH_TURNS), database=None, deadline=None,
-              derandomize=False, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=max(1, turns * 2 // BATCH_TURNS),
+        database=None,
+        deadline=None,
+        derandomize=False,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(seed_batches(BATCH_TURNS))
     def collect(batch: tuple[bytes, ...]) -> None:
         seeds.extend(batch)
@@ -150,8 +161,10 @@ def main() -> None:
             if median >= TARGET
             else f"below the 2,000/s target ({median / TARGET:.2f}x of it)"
         )
-        print(f"{label:>22}: {median:7.0f} /s (rounds {min(values):.0f}–{max(values):.0f})"
-              f" — {verdict}")  # fmt: skip
+        print(
+            f"{label:>22}: {median:7.0f} /s (rounds {min(values):.0f}–{max(values):.0f})"
+            f" — {verdict}"
+        )
     print(
         f"fuzz inner / rich strategies, same round: {statistics.median(ratios):.1f}x "
         f"(rounds {min(ratios):.1f}–{max(ratios):.1f})"

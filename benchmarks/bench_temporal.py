@@ -46,10 +46,14 @@ from toolloop_fsm import (
 from toolloop_fsm.result import Notice
 
 PASSES: tuple[tuple[Any, ...], ...] = (
-    (TextDelta("Let me look "), TextDelta("that up. "), FunctionCall("lookup", {"q": "x"}, "c1"),
-     UsageReport(40, 9)),
+    (
+        TextDelta("Let me look "),
+        TextDelta("that up. "),
+        FunctionCall("lookup", {"q": "x"}, "c1"),
+        UsageReport(40, 9),
+    ),
     (TextDelta("Found it: "), TextDelta("the answer "), TextDelta("is 42."), UsageReport(60, 7)),
-)  # fmt: skip
+)
 
 
 class StatelessScript:
@@ -121,9 +125,12 @@ async def durable(
     async def one(index: int) -> float:
         began = time.perf_counter()
         handle = await start_generation_turn(
-            client, task_queue=task_queue, attempts=["bench"], channel="count",
+            client,
+            task_queue=task_queue,
+            attempts=["bench"],
+            channel="count",
             request=_request(index),
-        )  # fmt: skip
+        )
         result = await handle.result()
         assert result.final_text == "Found it: the answer is 42.", result
         return time.perf_counter() - began
@@ -144,11 +151,16 @@ async def serve(address: str, task_queue: str) -> None:
 
     client = await Client.connect(address, data_converter=DATA_CONVERTER)
     worker = TurnWorker(
-        client, task_queue, providers={"bench": ATTEMPT}, tools=TOOLS,
+        client,
+        task_queue,
+        providers={"bench": ATTEMPT},
+        tools=TOOLS,
         channels={"count": CountingChannel()},
-        max_concurrent_activities=200, max_concurrent_workflow_tasks=200,
-        max_concurrent_workflow_task_polls=16, max_concurrent_activity_task_polls=16,
-    )  # fmt: skip
+        max_concurrent_activities=200,
+        max_concurrent_workflow_tasks=200,
+        max_concurrent_workflow_task_polls=16,
+        max_concurrent_activity_task_polls=16,
+    )
     stopped = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
     async with worker:  # a SIGTERM shuts the worker down cleanly

@@ -496,10 +496,17 @@ async def main(turns: int, rounds: int) -> None:
         for label, script in (("T1", t1_script()), ("T5", t5_script()), ("T10", t10_script())):
             await compare(label, floor, script, turns, rounds)
     print("T1 over a channel that suspends on every send (asyncio.sleep(0) a send):")
-    quiet = await compare("T1, quiet channel     ", handwritten_same_work_turn, t1_script(),
-                          turns, rounds)  # fmt: skip
-    suspending = await compare("T1, suspending channel", handwritten_same_work_turn,
-                               t1_script(), turns, rounds, SuspendingChannel)  # fmt: skip
+    quiet = await compare(
+        "T1, quiet channel     ", handwritten_same_work_turn, t1_script(), turns, rounds
+    )
+    suspending = await compare(
+        "T1, suspending channel",
+        handwritten_same_work_turn,
+        t1_script(),
+        turns,
+        rounds,
+        SuspendingChannel,
+    )
     print(
         f"  suspending sends add {suspending[0] - quiet[0]:+.1f} µs a turn to the floor, "
         f"{suspending[1] - quiet[1]:+.1f} µs to run_tool_loop"

@@ -224,9 +224,10 @@ async def main(turns: int, rounds: int) -> None:
     for _ in range(rounds):
         for usage in (True, False):
             for name, runner in CONTENDERS.items():
-                cost = {size: await cpu_per_turn(runner, scripts[usage, size],
-                                                 turns_at(size, turns))
-                        for size in SIZES}  # fmt: skip
+                cost = {
+                    size: await cpu_per_turn(runner, scripts[usage, size], turns_at(size, turns))
+                    for size in SIZES
+                }
                 at10 = (cost[10] - cost[0]) / 10
                 at99 = (cost[99] - cost[0]) / 99
                 late = (cost[99] - cost[10]) / 89

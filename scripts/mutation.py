@@ -178,57 +178,80 @@ _REFUSED_CALL_KEY = (
 )
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
-        "toolloop_fsm/guards/attempts.py", "destination_unreachable", "drop_branch",
-        "return True", "pass",
+        "toolloop_fsm/guards/attempts.py",
+        "destination_unreachable",
+        "drop_branch",
+        "return True",
+        "pass",
         "dead branch: `unreachable` is set only by `skip_unreachable`, whose transitions go "
         "straight to `finishing`; `judging_attempt` never sees it set",
     ),
     Equivalent(
-        "toolloop_fsm/states/attempts.py", "ask_admission", "true_false",
-        "state.admission_asked = True", "state.admission_asked = False",
+        "toolloop_fsm/states/attempts.py",
+        "ask_admission",
+        "true_false",
+        "state.admission_asked = True",
+        "state.admission_asked = False",
         "admission is asked only while the credential source is the user's; an admitted turn "
         "switches it to shared and a refused or stopped one finishes, so the flag is never "
         "read again",
     ),
     Equivalent(
-        "toolloop_fsm/states/build_result.py", "abandon_in_flight", "drop_call",
-        "turn.armed.pop(DeadlineKind.SETTLE, None)", "pass",
+        "toolloop_fsm/states/build_result.py",
+        "abandon_in_flight",
+        "drop_call",
+        "turn.armed.pop(DeadlineKind.SETTLE, None)",
+        "pass",
         "the settle deadline has fired and the turn goes straight to its terminal state; no "
         "later step reads the armed deadlines",
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", "refuse_truncated_call", "true_false",
+        "toolloop_fsm/states/tool_dispatch.py",
+        "refuse_truncated_call",
+        "true_false",
         "success=False, reason=TRUNCATED_ARGUMENTS_REASON, dispatched=False",
         "success=False, reason=TRUNCATED_ARGUMENTS_REASON, dispatched=True",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", "refuse_unparseable_call", "true_false",
-        "dispatched=False,", "dispatched=True,",
+        "toolloop_fsm/states/tool_dispatch.py",
+        "refuse_unparseable_call",
+        "true_false",
+        "dispatched=False,",
+        "dispatched=True,",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", "refuse_outside_allowlist", "true_false",
+        "toolloop_fsm/states/tool_dispatch.py",
+        "refuse_outside_allowlist",
+        "true_false",
         "turn.tool_round.outcome = ToolOutcome(success=False, reason=reason, dispatched=False)",
         "turn.tool_round.outcome = ToolOutcome(success=False, reason=reason, dispatched=True)",
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py", "time_out_tool", "drop_call",
-        "disarm_deadline(turn, DeadlineKind.TOOL)", "pass",
+        "toolloop_fsm/states/tool_dispatch.py",
+        "time_out_tool",
+        "drop_call",
+        "disarm_deadline(turn, DeadlineKind.TOOL)",
+        "pass",
         "the fired tool deadline's token is never read again: the round's record is replaced "
         "as the next pass begins, the next dispatch re-arms it, and a stale token is refused "
         "by its value either way",
     ),
     Equivalent(
-        "toolloop_fsm/generation.py", "", "swap_transitions",
-        "_t(\"advance\", \"finishing\", \"error\", when=outcome_is_error),",
+        "toolloop_fsm/generation.py",
+        "",
+        "swap_transitions",
+        '_t("advance", "finishing", "error", when=outcome_is_error),',
         '_t("advance", "finishing", "empty_response", when=outcome_is_empty_response),',
         "the two guards test one status for two different values: at most one holds, so "
         "their order cannot matter",
     ),
     Equivalent(
-        "toolloop_fsm/machine.py", "", "swap_transitions",
+        "toolloop_fsm/machine.py",
+        "",
+        "swap_transitions",
         '_t("advance", "building_result", "follow_up_interrupt", '
         "when=outcome_is_follow_up_interrupt),",
         '_t("advance", "building_result", "timeout", when=outcome_is_timeout),',
@@ -236,61 +259,90 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "their order cannot matter",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", "EventPump.__init__", "true_false",
-        "self._reading = False", "self._reading = True",
+        "toolloop_fsm/pump/inner.py",
+        "EventPump.__init__",
+        "true_false",
+        "self._reading = False",
+        "self._reading = True",
         "the first read starts in the same step as the turn (no await between `start` and "
         "the read setting the flag), so no callback can see the initial value",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", "EventPump._join_children", "drop_branch",
-        "raise child.exception()  # type: ignore[misc]", "pass  # type: ignore[misc]",
+        "toolloop_fsm/pump/inner.py",
+        "EventPump._join_children",
+        "drop_branch",
+        "raise child.exception()  # type: ignore[misc]",
+        "pass  # type: ignore[misc]",
         "no child can fail: the tool, delivery and host-call tasks turn every exception into "
         "an event, so there is never a child exception to raise",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", "EventPump._wind_down", "int_minus_one",
-        "self._stream_generation += 1", "self._stream_generation += 0",
+        "toolloop_fsm/pump/inner.py",
+        "EventPump._wind_down",
+        "int_minus_one",
+        "self._stream_generation += 1",
+        "self._stream_generation += 0",
         "at wind-down no stream can be read any more: a finished turn already moved the "
         "generation on, and a failed or cancelled one has interrupted its read",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", "EventPump._wind_down", "int_plus_one",
-        "self._stream_generation += 1", "self._stream_generation += 2",
+        "toolloop_fsm/pump/inner.py",
+        "EventPump._wind_down",
+        "int_plus_one",
+        "self._stream_generation += 1",
+        "self._stream_generation += 2",
         "the generation only ever grows and is only compared for equality with one a read "
         "captured earlier: a step of two makes every captured value stale just as one does",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", "Deadlines.clear", "drop_call",
-        "self.timers.remove(entry)", "pass",
+        "toolloop_fsm/pump/deadlines.py",
+        "Deadlines.clear",
+        "drop_call",
+        "self.timers.remove(entry)",
+        "pass",
         "a cleared deadline's timer is cancelled first, so left in the list it never fires "
         "and is never found again (tokens are unique); the list is dropped at wind-down",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", "Deadlines.cancel_all", "drop_call",
-        "self.timers.clear()", "pass",
+        "toolloop_fsm/pump/deadlines.py",
+        "Deadlines.cancel_all",
+        "drop_call",
+        "self.timers.clear()",
+        "pass",
         "the timers were just cancelled and the run is over; nothing reads the list again",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", "Deadlines._fired", "comparison",
-        "if effect.first_seconds is not None:", "if effect.first_seconds is None:",
+        "toolloop_fsm/pump/deadlines.py",
+        "Deadlines._fired",
+        "comparison",
+        "if effect.first_seconds is not None:",
+        "if effect.first_seconds is None:",
         "every rolling deadline is the pass's stream deadline (it has `first_seconds`); the "
         "machine reads a stream deadline after the first chunk as the inactivity deadline "
         "either way",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", "Deadlines._fired", "drop_call",
-        "self.timers.remove(entry)", "pass",
+        "toolloop_fsm/pump/deadlines.py",
+        "Deadlines._fired",
+        "drop_call",
+        "self.timers.remove(entry)",
+        "pass",
         "a fired timer left in the list is never found again (tokens are unique) and a "
         "later clear of it cancels a handle that already ran",
     ),
     Equivalent(
-        "toolloop_fsm/pump/outer.py", "GenerationPump._run_attempt", "reason_literal",
-        "if inner.state != \"ready\":", "if inner.state != 'ready_x':",
+        "toolloop_fsm/pump/outer.py",
+        "GenerationPump._run_attempt",
+        "reason_literal",
+        'if inner.state != "ready":',
+        "if inner.state != 'ready_x':",
         "the attempt's run starts before the unreachable watcher can fire (the report is "
         "checked before the attempt starts), so the inner machine is never still `ready`",
     ),
     Equivalent(
-        "toolloop_fsm/states/delivery.py", "discard_buffer", "boolean_operator",
+        "toolloop_fsm/states/delivery.py",
+        "discard_buffer",
+        "boolean_operator",
         "if draft is not None and turn.policy.drafting:",
         "if draft is not None or turn.policy.drafting:",
         "a draft exists whenever drafting is on; with the tool checkpoint alone the text "
@@ -298,66 +350,96 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "undelivered text, a resumed drafting turn)",
     ),
     Equivalent(
-        "toolloop_fsm/generation.py", "", "swap_transitions",
-        '_t("advance", "finishing", "follow_up_interrupt", '
-        "when=outcome_is_follow_up_interrupt),",
+        "toolloop_fsm/generation.py",
+        "",
+        "swap_transitions",
+        '_t("advance", "finishing", "follow_up_interrupt", when=outcome_is_follow_up_interrupt),',
         '_t("advance", "finishing", "timeout", when=outcome_is_timeout),',
         "the two guards test one status for two different values: at most one holds, so "
         "their order cannot matter",
     ),
     Equivalent(
-        "toolloop_fsm/pump/outer.py", "GenerationPump._run_attempt", "drop_call",
-        "unreachable.cancel()", "pass",
+        "toolloop_fsm/pump/outer.py",
+        "GenerationPump._run_attempt",
+        "drop_call",
+        "unreachable.cancel()",
+        "pass",
         "`unreachable` is a bare future awaited only by the attempt's wait, which has "
         "returned, and the listener that could set it was removed the line before: left "
         "pending it has no callback and is dropped with the attempt",
     ),
     Equivalent(
-        "toolloop_fsm/guards/attempts.py", "key_candidates", "drop_branch", "return []", "pass",
+        "toolloop_fsm/guards/attempts.py",
+        "key_candidates",
+        "drop_branch",
+        "return []",
+        "pass",
         "every caller passes a model of the chain: `next_model` iterates the chain's range and "
         "`state.model` is the running model's index; the bound is defensive",
     ),
     Equivalent(
-        "toolloop_fsm/pump/inner.py", "EventPump._wind_down", "drop_call",
-        "self._cancel_timers()", "pass",
+        "toolloop_fsm/pump/inner.py",
+        "EventPump._wind_down",
+        "drop_call",
+        "self._cancel_timers()",
+        "pass",
         "`run`'s `finally` cancels every timer again once the children are joined; a timer "
         "that fires in between finds the pump finished (`feed` ignores it) or abandons a "
         "straggler the join would abandon, named once either way",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deliveries.py", "wait_bounded", "drop_branch", "expired.cancel()",
+        "toolloop_fsm/pump/deliveries.py",
+        "wait_bounded",
+        "drop_branch",
+        "expired.cancel()",
         "pass",
         "`expired` is a bare future only this wait awaited, and its timer was just "
         "cancelled: left pending it has no callback and is dropped on return",
     ),
     Equivalent(
-        "toolloop_fsm/pump/redaction.py", "StreamMask._masked_chunk", "drop_branch",
-        "return chunk", "pass",
+        "toolloop_fsm/pump/redaction.py",
+        "StreamMask._masked_chunk",
+        "drop_branch",
+        "return chunk",
+        "pass",
         "a call with nothing masked falls through to the function's last line, which returns "
         "the chunk itself too (a call is none of the text kinds tested in between)",
     ),
     Equivalent(
-        "toolloop_fsm/states/drafting.py", "_reject", "true_false", "dispatched=False,",
-        "dispatched=True,", _REFUSED_CALL_KEY,
+        "toolloop_fsm/states/drafting.py",
+        "_reject",
+        "true_false",
+        "dispatched=False,",
+        "dispatched=True,",
+        _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/states/delivery.py", "hold_text", "comparison", "elif room > 0:",
+        "toolloop_fsm/states/delivery.py",
+        "hold_text",
+        "comparison",
+        "elif room > 0:",
         "elif room >= 0:",
         "with no room left the slice keeps nothing and `if kept` holds nothing (the room is "
         "never negative: nothing is held past the ceiling)",
     ),
     Equivalent(
-        "toolloop_fsm/pump/redaction.py", "StreamMask._let_through", "comparison",
-        "if spans and spans[-1][1] > cut:", "if spans and spans[-1][1] >= cut:",
+        "toolloop_fsm/pump/redaction.py",
+        "StreamMask._let_through",
+        "comparison",
+        "if spans and spans[-1][1] > cut:",
+        "if spans and spans[-1][1] >= cut:",
         "when the last span ends at the cut, the branch sets the cut to the value it has",
     ),
     Equivalent(
-        "toolloop_fsm/pump/deadlines.py", "Deadlines.arm", "drop_branch",
-        "self.last_activity = now", "pass",
+        "toolloop_fsm/pump/deadlines.py",
+        "Deadlines.arm",
+        "drop_branch",
+        "self.last_activity = now",
+        "pass",
         "the only rolling deadline is armed in the same batch as its `StartStream`, which "
         "already set the last activity to the same instant",
     ),
-)  # fmt: skip
+)
 
 _COMPARISON_FLIPS: dict[type[ast.cmpop], tuple[type[ast.cmpop], str, str]] = {
     ast.Lt: (ast.LtE, r"<", "<="),

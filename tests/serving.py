@@ -29,9 +29,16 @@ def serving(cwd: Path, env: dict[str, str]) -> Iterator[str]:
     # a background job (`pytest &`) inherits SIGINT ignored, and Python then never installs
     # its KeyboardInterrupt handler: give the server the default disposition back, so that
     # the clean stop on SIGINT is what is tested wherever the suite runs
-    with subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, encoding="utf-8",
-                          preexec_fn=_default_sigint) as proc:  # fmt: skip
+    with subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+        preexec_fn=_default_sigint,
+    ) as proc:
         try:
             assert proc.stdout is not None
             first = proc.stdout.readline()

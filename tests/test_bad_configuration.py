@@ -412,18 +412,26 @@ def _loop_call(**changes: Any) -> Callable[[], Any]:
     """A `run_tool_loop` call with ``changes`` (each test's own event loop and clock)."""
     provider = ScriptedProvider([[TextDelta("Hello.")]], clock=VirtualClock())
     fields: dict[str, Any] = {
-        "provider": provider, "tools": [], "channel": RecordingChannel(),
-        "request": TurnRequest(USER), "clock": VirtualClock(), **changes,
-    }  # fmt: skip
+        "provider": provider,
+        "tools": [],
+        "channel": RecordingChannel(),
+        "request": TurnRequest(USER),
+        "clock": VirtualClock(),
+        **changes,
+    }
     return lambda: asyncio.run(run_tool_loop(**fields))
 
 
 def _chain_call(**changes: Any) -> Callable[[], Any]:
     provider = ScriptedProvider([[TextDelta("Hello.")]], clock=VirtualClock())
     fields: dict[str, Any] = {
-        "attempts": [Attempt(provider)], "tools": [], "channel": RecordingChannel(),
-        "request": TurnRequest(USER), "clock": VirtualClock(), **changes,
-    }  # fmt: skip
+        "attempts": [Attempt(provider)],
+        "tools": [],
+        "channel": RecordingChannel(),
+        "request": TurnRequest(USER),
+        "clock": VirtualClock(),
+        **changes,
+    }
     return lambda: asyncio.run(run_generation_turn(**fields))
 
 

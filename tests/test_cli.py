@@ -318,9 +318,16 @@ def test_the_readme_example_completes_against_toolloop_fsm_serve(
     assert "http://127.0.0.1:8765/v1" in example  # the README points at `serve`'s default
     script = tmp_path / "example.py"
     script.write_text(example.replace("http://127.0.0.1:8765/v1", served), encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=TIMEOUT,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "°C" in proc.stdout  # the model's answer, delivered through the example's channel
     assert " completed " in proc.stdout, proc.stdout
@@ -337,9 +344,16 @@ def test_the_readme_drafting_example_revises_once_against_toolloop_fsm_serve(
     assert "http://127.0.0.1:8765/v1" in example
     script = tmp_path / "drafting.py"
     script.write_text(example.replace("http://127.0.0.1:8765/v1", served), encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=TIMEOUT,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "Good news" in out and "Let me check" not in out  # only the replacement was shown
@@ -351,9 +365,16 @@ def test_the_readme_example_prints_why_a_turn_failed(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     script = tmp_path / "example.py"
     script.write_text(_readme_example().replace("http://127.0.0.1:8765/v1", url), encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=TIMEOUT,
+        check=False,
+    )
     assert " error provider_error " in proc.stdout, proc.stdout + proc.stderr
     assert "connect" in proc.stdout.lower(), proc.stdout  # the error message, not just a status
 
@@ -396,8 +417,11 @@ def test_highlight_colours_the_states_the_saved_turn_visited(
     saved_demo: tuple[subprocess.CompletedProcess[str], Path],
 ) -> None:
     _proc, path = saved_demo
-    visited = {s for step in result_from_json(path.read_text()).trace
-               for s in (step.state, step.next_state)}  # fmt: skip
+    visited = {
+        s
+        for step in result_from_json(path.read_text()).trace
+        for s in (step.state, step.next_state)
+    }
     proc = run("diagram", "outer", "--highlight", str(path))
     assert proc.returncode == 0, proc.stderr
     assert "classDef s_trace" in proc.stdout
@@ -426,8 +450,11 @@ def test_highlight_error_names_the_file(tmp_path: Path) -> None:
 def test_json_that_is_not_a_trace_is_a_clean_error(command: str, tmp_path: Path) -> None:
     bad = tmp_path / "numbers.json"
     bad.write_text("[1, 2]\n", encoding="utf-8")
-    args = ("diagram", "outer", "--highlight", str(bad)) if command == "diagram" else (
-        "trace", str(bad))  # fmt: skip
+    args = (
+        ("diagram", "outer", "--highlight", str(bad))
+        if command == "diagram"
+        else ("trace", str(bad))
+    )
     assert_clean_error(run(*args), command)
 
 
@@ -442,18 +469,23 @@ def test_an_object_that_is_not_a_saved_result_is_a_clean_error(
 ) -> None:
     bad = tmp_path / "object.json"
     bad.write_text(content, encoding="utf-8")
-    args = ("diagram", "outer", "--highlight", str(bad)) if command == "diagram" else (
-        "trace", str(bad))  # fmt: skip
+    args = (
+        ("diagram", "outer", "--highlight", str(bad))
+        if command == "diagram"
+        else ("trace", str(bad))
+    )
     line = assert_clean_error(run(*args), command)
     assert str(bad) in line
 
 
 @pytest.mark.parametrize(
     "args",
-    [("diagram", "inner", "-o", "{missing}/inner.mmd"),
-     ("demo", "--scripted", "--save-trace", "{missing}/result.json")],
+    [
+        ("diagram", "inner", "-o", "{missing}/inner.mmd"),
+        ("demo", "--scripted", "--save-trace", "{missing}/result.json"),
+    ],
     ids=["diagram-output", "demo-save-trace"],
-)  # fmt: skip
+)
 def test_writing_into_a_missing_directory_is_a_clean_error(
     args: tuple[str, ...], tmp_path: Path
 ) -> None:
@@ -473,8 +505,9 @@ def test_scripted_demo_saves_its_result_too(tmp_path: Path) -> None:
 
 def test_output_piped_into_a_closed_reader_ends_quietly() -> None:
     command = [sys.executable, "-m", "toolloop_fsm", "demo", "--scripted"]
-    with subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE) as proc:  # fmt: skip
+    with subprocess.Popen(
+        command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         proc.stdout.readline()  # like `| head -1`: read one line, then hang up
         proc.stdout.close()
@@ -572,8 +605,16 @@ def test_the_printed_reproduce_command_fails_the_same_way(
     broken: subprocess.CompletedProcess[str],
 ) -> None:
     command = _reproduce_command(broken.stdout)
-    proc = subprocess.run(command, cwd=REPO, env=_env(PYTHONPATH=str(REPO)), capture_output=True,
-                          text=True, encoding="utf-8", timeout=TIMEOUT, check=False)  # fmt: skip
+    proc = subprocess.run(
+        command,
+        cwd=REPO,
+        env=_env(PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=TIMEOUT,
+        check=False,
+    )
     assert proc.returncode == broken.returncode == 1, proc.stdout + proc.stderr
     assert _failure_report(proc.stdout) == _failure_report(broken.stdout)
 
@@ -581,23 +622,40 @@ def test_the_printed_reproduce_command_fails_the_same_way(
 def test_the_printed_reproduce_command_works_verbatim(
     broken: subprocess.CompletedProcess[str],
 ) -> None:
-    proc = subprocess.run(_reproduce_command(broken.stdout), cwd=REPO, env=_env(),
-                          capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        _reproduce_command(broken.stdout),
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=TIMEOUT,
+        check=False,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
 def test_fuzz_takes_a_policy_factory(broken: subprocess.CompletedProcess[str]) -> None:
-    proc = run("fuzz", "--policy", "tests.fuzz_policies:make_broken", "--examples", "200",
-               "--seed", "1")  # fmt: skip
+    proc = run(
+        "fuzz", "--policy", "tests.fuzz_policies:make_broken", "--examples", "200", "--seed", "1"
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert _failure_report(proc.stdout) == _failure_report(broken.stdout)
     assert "--policy tests.fuzz_policies:make_broken" in proc.stdout
 
 
 def test_fuzz_names_a_policy_that_hangs_instead_of_hanging_itself() -> None:
-    proc = run("fuzz", "--policy", "tests.fuzz_policies:HANGS", "--examples", "30",
-               "--seed", "1", "--time-limit", "0.5")  # fmt: skip
+    proc = run(
+        "fuzz",
+        "--policy",
+        "tests.fuzz_policies:HANGS",
+        "--examples",
+        "30",
+        "--seed",
+        "1",
+        "--time-limit",
+        "0.5",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     failed = proc.stdout[proc.stdout.index("FAILED") :].splitlines()[0]

@@ -61,9 +61,13 @@ def faces(result: Any) -> list[int]:
 # --------------------------------------------------------------------------- 1. replay identity
 async def test_a_deliberate_repeat_inside_one_attempt_runs_again() -> None:
     turn = scripted_turn(
-        [[FunctionCall("roll", {})], [FunctionCall("roll", {})], [FunctionCall("roll", {})],
-         [TextDelta("You rolled three dice.")]]
-    )  # fmt: skip
+        [
+            [FunctionCall("roll", {})],
+            [FunctionCall("roll", {})],
+            [FunctionCall("roll", {})],
+            [TextDelta("You rolled three dice.")],
+        ]
+    )
     result = await run_turn(turn, [die(turn.executions, turn.clock)])
     assert result.status is TurnStatus.COMPLETED
     assert turn.executions.names() == ["roll", "roll", "roll"]
@@ -72,17 +76,22 @@ async def test_a_deliberate_repeat_inside_one_attempt_runs_again() -> None:
 
 async def test_a_restarted_pass_reuses_the_nth_recorded_call_and_runs_a_new_occurrence() -> None:
     turn = scripted_turn(
-        [[FunctionCall("roll", {})],
-         [FunctionCall("enrich", {})],
-         # the restarted pass asks again: its 1st roll replays the recorded 1st roll, its
-         # 2nd roll is a new occurrence and runs
-         [FunctionCall("roll", {})], [FunctionCall("roll", {})],
-         [TextDelta("done")]]
-    )  # fmt: skip
+        [
+            [FunctionCall("roll", {})],
+            [FunctionCall("enrich", {})],
+            # the restarted pass asks again: its 1st roll replays the recorded 1st roll, its
+            # 2nd roll is a new occurrence and runs
+            [FunctionCall("roll", {})],
+            [FunctionCall("roll", {})],
+            [TextDelta("done")],
+        ]
+    )
     enrich = make_tool(
-        "enrich", turn.executions, turn.clock,
+        "enrich",
+        turn.executions,
+        turn.clock,
         succeeds(context_restart=ContextRestart({"role": "system", "content": "x"})),
-    )  # fmt: skip
+    )
     result = await run_turn(turn, [die(turn.executions, turn.clock), enrich])
     assert result.status is TurnStatus.COMPLETED
     assert turn.executions.names() == ["roll", "enrich", "roll"]
@@ -93,15 +102,22 @@ async def test_a_repeat_across_a_model_fallback_reuses_outcomes_by_occurrence() 
     clock = VirtualClock()
     executions = Executions()
     first = ScriptedProvider(
-        [[FunctionCall("roll", {}, "a1")], [FunctionCall("roll", {}, "a2")],
-         [Fail(ProviderError("503", kind="server", retryable=True, status_code=503))]],
+        [
+            [FunctionCall("roll", {}, "a1")],
+            [FunctionCall("roll", {}, "a2")],
+            [Fail(ProviderError("503", kind="server", retryable=True, status_code=503))],
+        ],
         clock=clock,
-    )  # fmt: skip
+    )
     second = ScriptedProvider(
-        [[FunctionCall("roll", {}, "b1")], [FunctionCall("roll", {}, "b2")],
-         [FunctionCall("roll", {}, "b3")], [TextDelta("three rolls")]],
+        [
+            [FunctionCall("roll", {}, "b1")],
+            [FunctionCall("roll", {}, "b2")],
+            [FunctionCall("roll", {}, "b3")],
+            [TextDelta("three rolls")],
+        ],
         clock=clock,
-    )  # fmt: skip
+    )
     result = await run_generation_turn(
         [Attempt(first, label="first"), Attempt(second, label="second")],
         [die(executions, clock)],
@@ -120,10 +136,12 @@ async def test_a_tool_marked_rerun_runs_again_even_on_replay() -> None:
     clock = VirtualClock()
     executions = Executions()
     first = ScriptedProvider(
-        [[FunctionCall("now", {})],
-         [Fail(ProviderError("503", kind="server", retryable=True, status_code=503))]],
+        [
+            [FunctionCall("now", {})],
+            [Fail(ProviderError("503", kind="server", retryable=True, status_code=503))],
+        ],
         clock=clock,
-    )  # fmt: skip
+    )
     second = ScriptedProvider([[FunctionCall("now", {})], [TextDelta("it is late")]], clock=clock)
     result = await run_generation_turn(
         [Attempt(first, label="first"), Attempt(second, label="second")],
@@ -145,11 +163,13 @@ def test_a_tool_with_an_unknown_replay_mode_is_refused_at_construction() -> None
 # --------------------------------------------------------------------------- 2. suppression
 async def test_continuation_suppression_is_lifted_after_a_successful_tool() -> None:
     turn = scripted_turn(
-        [[TextDelta("One. "), FunctionCall("flaky", {})],
-         [TextDelta("Two. "), FunctionCall("lookup", {})],
-         [TextDelta("Three, final.")]],
+        [
+            [TextDelta("One. "), FunctionCall("flaky", {})],
+            [TextDelta("Two. "), FunctionCall("lookup", {})],
+            [TextDelta("Three, final.")],
+        ],
         continuation_style=True,
-    )  # fmt: skip
+    )
     tools = [
         make_tool("flaky", turn.executions, turn.clock, fails("flaky is down")),
         make_tool("lookup", turn.executions, turn.clock),
@@ -218,15 +238,23 @@ async def test_a_stop_is_consumed_by_the_generation_turn_that_honours_it() -> No
     signals.request_stop()
     provider = ScriptedProvider([[TextDelta("never")]], clock=clock)
     stopped = await run_generation_turn(
-        [Attempt(provider)], [], RecordingChannel(clock=clock), TurnRequest(USER),
-        signals=signals, clock=clock,
-    )  # fmt: skip
+        [Attempt(provider)],
+        [],
+        RecordingChannel(clock=clock),
+        TurnRequest(USER),
+        signals=signals,
+        clock=clock,
+    )
     assert stopped.status is TurnStatus.STOPPED_BY_USER
     provider = ScriptedProvider([[TextDelta("answered")]], clock=clock)
     answered = await run_generation_turn(
-        [Attempt(provider)], [], RecordingChannel(clock=clock), TurnRequest(USER),
-        signals=signals, clock=clock,
-    )  # fmt: skip
+        [Attempt(provider)],
+        [],
+        RecordingChannel(clock=clock),
+        TurnRequest(USER),
+        signals=signals,
+        clock=clock,
+    )
     assert answered.status is TurnStatus.COMPLETED
 
 
@@ -244,8 +272,7 @@ async def test_final_text_holds_only_what_the_user_saw(ending: str, status: Turn
     # 12 characters are flushed (the batch size), the rest stays buffered
     tail: list[Any] = [TextDelta(" and more"), Pause(5)]
     if ending == "fail":
-        tail = [TextDelta(" and more"), Fail(ProviderError("boom", kind="server",
-                                                               retryable=True))]  # fmt: skip
+        tail = [TextDelta(" and more"), Fail(ProviderError("boom", kind="server", retryable=True))]
     elif ending == "stall":
         tail = [TextDelta(" and more"), Pause(1000)]
     turn = scripted_turn([[TextDelta("Seen by you."), *tail]])
@@ -254,10 +281,11 @@ async def test_final_text_holds_only_what_the_user_saw(ending: str, status: Turn
         "follow_up": [(1.0, lambda s: s.follow_up())],
     }
     result = await run_turn(
-        turn, [],
+        turn,
+        [],
         policy=LoopPolicy(delivery_flush_chars=12, inactivity_timeout=10),
         at=actions.get(ending, []),
-    )  # fmt: skip
+    )
     assert result.status is status
     assert turn.channel.text == "Seen by you."
     assert result.final_text == "Seen by you."
@@ -320,9 +348,11 @@ async def test_the_memory_tool_built_the_ordinary_way_ends_the_turn_after_visibl
     """docs/behaviour.md §4.6: a memory update is silent, whatever ``requires_follow_up``
     says: the model is not asked again and its extra text never reaches the user."""
     turn = scripted_turn(
-        [[TextDelta("Noted. "), FunctionCall("update_short_term_memory", {"note": "x"})],
-         [TextDelta("Anything else?")]]
-    )  # fmt: skip
+        [
+            [TextDelta("Noted. "), FunctionCall("update_short_term_memory", {"note": "x"})],
+            [TextDelta("Anything else?")],
+        ]
+    )
     memory = make_tool("update_short_term_memory", turn.executions, turn.clock)
     assert memory.requires_follow_up  # the default: the rule does not read it
     result = await run_turn(turn, [memory], policy=EAGER)
@@ -334,9 +364,11 @@ async def test_the_memory_tool_built_the_ordinary_way_ends_the_turn_after_visibl
 
 async def test_a_renamed_memory_tool_in_the_suppress_set_ends_the_turn_after_visible_text() -> None:
     turn = scripted_turn(
-        [[TextDelta("Noted. "), FunctionCall("remember", {"note": "x"})],
-         [TextDelta("Anything else?")]]
-    )  # fmt: skip
+        [
+            [TextDelta("Noted. "), FunctionCall("remember", {"note": "x"})],
+            [TextDelta("Anything else?")],
+        ]
+    )
     memory = make_tool("remember", turn.executions, turn.clock)
     policy = LoopPolicy(
         memory_tool_name="remember", suppress_followup_after_pre_tool_text={"remember"}
@@ -349,9 +381,11 @@ async def test_a_renamed_memory_tool_in_the_suppress_set_ends_the_turn_after_vis
 async def test_a_memory_tool_left_out_of_the_suppress_set_is_followed_up() -> None:
     """docs/behaviour.md §4.6: emptying the set is how a host opts out of the memory rule."""
     turn = scripted_turn(
-        [[TextDelta("Noted. "), FunctionCall("update_short_term_memory", {"note": "x"})],
-         [TextDelta("Anything else?")]]
-    )  # fmt: skip
+        [
+            [TextDelta("Noted. "), FunctionCall("update_short_term_memory", {"note": "x"})],
+            [TextDelta("Anything else?")],
+        ]
+    )
     memory = make_tool("update_short_term_memory", turn.executions, turn.clock)
     policy = LoopPolicy(suppress_followup_after_pre_tool_text=())
     result = await run_turn(turn, [memory], policy=policy)
@@ -362,9 +396,11 @@ async def test_a_memory_tool_left_out_of_the_suppress_set_is_followed_up() -> No
 
 async def test_another_suppress_set_tool_that_requires_a_follow_up_does_not_end_the_turn() -> None:
     turn = scripted_turn(
-        [[TextDelta("Noted. "), FunctionCall("log_mood", {"mood": "calm"})],
-         [TextDelta("Anything else?")]]
-    )  # fmt: skip
+        [
+            [TextDelta("Noted. "), FunctionCall("log_mood", {"mood": "calm"})],
+            [TextDelta("Anything else?")],
+        ]
+    )
     mood = make_tool("log_mood", turn.executions, turn.clock, requires_follow_up=True)
     policy = LoopPolicy(
         suppress_followup_after_pre_tool_text={"update_short_term_memory", "log_mood"}
@@ -377,11 +413,14 @@ async def test_another_suppress_set_tool_that_requires_a_follow_up_does_not_end_
 
 async def test_a_silent_memory_tool_after_text_still_ends_the_turn() -> None:
     turn = scripted_turn(
-        [[TextDelta("Noted. "), FunctionCall("update_short_term_memory", {"note": "x"})],
-         [TextDelta("never asked for")]]
-    )  # fmt: skip
-    memory = make_tool("update_short_term_memory", turn.executions, turn.clock,
-                       requires_follow_up=False)  # fmt: skip
+        [
+            [TextDelta("Noted. "), FunctionCall("update_short_term_memory", {"note": "x"})],
+            [TextDelta("never asked for")],
+        ]
+    )
+    memory = make_tool(
+        "update_short_term_memory", turn.executions, turn.clock, requires_follow_up=False
+    )
     result = await run_turn(turn, [memory])
     assert result.status is TurnStatus.COMPLETED
     assert result.iterations == 1
@@ -415,15 +454,20 @@ async def test_both_error_counters_reset_on_a_context_restart() -> None:
     )
     tools = [
         make_tool("flaky", turn.executions, turn.clock, fails("down"), requires_follow_up=True),
-        make_tool("enrich", turn.executions, turn.clock,
-                  succeeds(context_restart=ContextRestart({"role": "system", "content": "x"}))),
-    ]  # fmt: skip
+        make_tool(
+            "enrich",
+            turn.executions,
+            turn.clock,
+            succeeds(context_restart=ContextRestart({"role": "system", "content": "x"})),
+        ),
+    ]
     # with threshold 3 and ceiling 3, four failures with a restart between the second and the
     # third end neither by the retry rule nor by the error loop
     result = await run_turn(
-        turn, tools,
+        turn,
+        tools,
         policy=LoopPolicy(max_consecutive_tool_errors=3, continuation_tool_failure_threshold=3),
-    )  # fmt: skip
+    )
     assert result.status is TurnStatus.COMPLETED
     assert result.reason is None
     assert turn.executions.names().count("flaky") == 4
@@ -437,9 +481,14 @@ async def test_the_held_timeout_notice_is_not_posted_when_a_later_attempt_is_sto
     clock.call_later(330.0, signals.request_stop)
     channel = RecordingChannel(clock=clock)
     result = await run_generation_turn(
-        [Attempt(stalled, label="slow"), Attempt(stopped, label="next")], [], channel,
-        TurnRequest(USER), policy=TurnPolicy(loop=EAGER), signals=signals, clock=clock,
-    )  # fmt: skip
+        [Attempt(stalled, label="slow"), Attempt(stopped, label="next")],
+        [],
+        channel,
+        TurnRequest(USER),
+        policy=TurnPolicy(loop=EAGER),
+        signals=signals,
+        clock=clock,
+    )
     assert result.status is TurnStatus.STOPPED_BY_USER
     assert [n.key for n in channel.notices if n.key == "timeout"] == []
 
@@ -459,9 +508,13 @@ async def test_unreachable_reported_between_attempts_builds_no_further_provider(
             signals.report_unreachable()
 
     result = await run_generation_turn(
-        [Attempt(failing, keys=("k1-aaaaaaaa", "k2-bbbbbbbb"), label="m")], [],
-        Channel(clock=clock), TurnRequest(USER), signals=signals, clock=clock,
-    )  # fmt: skip
+        [Attempt(failing, keys=("k1-aaaaaaaa", "k2-bbbbbbbb"), label="m")],
+        [],
+        Channel(clock=clock),
+        TurnRequest(USER),
+        signals=signals,
+        clock=clock,
+    )
     assert result.status is TurnStatus.SKIPPED
     assert built == ["k1-aaaaaaaa"]
 
@@ -491,9 +544,10 @@ def test_a_stop_emits_cancel_stream_and_cancel_tool_from_the_sansio_machine() ->
 async def test_a_kill_during_a_hung_tool_ends_stopped_and_consumes_the_stop() -> None:
     turn = scripted_turn([[FunctionCall("lookup", {})], [TextDelta("never")]])
     result = await run_turn(
-        turn, [make_tool("lookup", turn.executions, turn.clock, hang)],
+        turn,
+        [make_tool("lookup", turn.executions, turn.clock, hang)],
         at=[(2.0, lambda s: s.request_stop())],
-    )  # fmt: skip
+    )
     assert result.status is TurnStatus.STOPPED_BY_USER
     assert result.reason == "stopped_during_tool"
     assert not turn.signals.stop_requested

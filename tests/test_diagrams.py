@@ -478,10 +478,11 @@ def test_highlight_marks_exactly_the_states_edges_and_guards_of_a_recorded_trace
     assert unmarked == set(decl.state_names) - _visited(trace)
     # each line taken, with the guard that fired: one per step of the trace
     taken = [
-        s.event + (" [internal]" if s.state == s.next_state else "")
+        s.event
+        + (" [internal]" if s.state == s.next_state else "")
         + (f" [{s.guard}]" if s.guard else "")
         for s in trace
-    ]  # fmt: skip
+    ]
     assert sorted(_marked_lines(text)) == sorted(taken)
     assert "advance [pass_has_text]" in _marked_lines(text)
     assert "advance [is_settled_after_tool]" not in _marked_lines(text)
@@ -558,8 +559,9 @@ def test_highlight_marks_exactly_the_walked_states_and_lines(
     trace = data.draw(_walks(decl))
     text = render_mermaid(decl, highlight=trace)
     assert _mermaid_marked(text) == _visited(trace)
-    assert len(_marked_lines(text)) == len({(s.state, s.event, s.next_state, s.guard)
-                                             for s in trace})  # fmt: skip
+    assert len(_marked_lines(text)) == len(
+        {(s.state, s.event, s.next_state, s.guard) for s in trace}
+    )
     nodes, edges = _dot_marked(render_dot(decl, highlight=trace))
     assert nodes == _visited(trace)
     assert edges == {(s.state, s.next_state) for s in trace}
@@ -678,9 +680,10 @@ def test_regenerating_from_an_installed_package_never_writes_beside_site_package
     site = tmp_path / "site-packages"
     monkeypatch.setattr(diagrams_module, "COMMITTED_DIR", site.parent / "diagrams")
     monkeypatch.setattr(
-        diagrams_module, "source_checkout_diagrams",
+        diagrams_module,
+        "source_checkout_diagrams",
         lambda directory=site.parent / "diagrams": None,
-    )  # fmt: skip
+    )
     assert diagrams_module.main(["--no-svg"]) == 2
     assert "name the DIRECTORY" in capsys.readouterr().err
     assert not (tmp_path / "diagrams").exists()

@@ -35,8 +35,16 @@ DOCS = ROOT / "docs"
 
 #: Folders and top-level files whose text is checked; recorded provider streams are copied
 #: byte for byte from elsewhere and cite nothing, so only their provenance file is read.
-_CHECKED = ("README.md", "pyproject.toml", ".ci", "docs", "toolloop_fsm", "tests", "benchmarks",
-            "diagrams")  # fmt: skip
+_CHECKED = (
+    "README.md",
+    "pyproject.toml",
+    ".ci",
+    "docs",
+    "toolloop_fsm",
+    "tests",
+    "benchmarks",
+    "diagrams",
+)
 _CAPTURES = ROOT / "tests" / "data" / "wire"
 
 #: Citations of documents that are not in this repository. Each pattern is written so that
@@ -65,8 +73,11 @@ def _listed() -> tuple[Path, ...]:
     try:
         out = subprocess.run(
             ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-            cwd=ROOT, capture_output=True, check=True, timeout=30,
-        ).stdout  # fmt: skip
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+            timeout=30,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return tuple(p for p in ROOT.rglob("*") if p.is_file() and ".git" not in p.parts)
     return tuple(ROOT / name for name in out.decode().split("\0") if name)
@@ -291,9 +302,14 @@ def test_each_reference_is_attributed_to_the_document_it_cites() -> None:
 
 def test_the_foreign_citation_pattern_finds_what_it_must() -> None:
     # (pieced together, so that this file's own scan does not read them as citations)
-    cited = ["SP" + "EC \u00a72.2", "D" + "ESIGN" + ".md", "S" + "TYLE" + ".md",
-             "W" + "IRE-FORMATS \u00a74", "../sh" + "ared/x",
-             "D" + "ESIGN invariant 9"]  # fmt: skip
+    cited = [
+        "SP" + "EC \u00a72.2",
+        "D" + "ESIGN" + ".md",
+        "S" + "TYLE" + ".md",
+        "W" + "IRE-FORMATS \u00a74",
+        "../sh" + "ared/x",
+        "D" + "ESIGN invariant 9",
+    ]
     assert [bool(_FOREIGN.search(text)) for text in cited] == [True] * len(cited)
     # an identifier that merely starts with the word is not a citation
     assert _FOREIGN.search("SP" + "EC_GUARD_ORDER") is None

@@ -84,9 +84,17 @@ class Everything(TurnObserver):
 
     def __getattribute__(self, name: str) -> Any:
         if name in {
-            "turn_started", "turn_ended", "turn_aborted", "attempt_started", "attempt_ended",
-            "pass_started", "pass_ended", "tool_started", "tool_ended", "chunk",
-        }:  # fmt: skip
+            "turn_started",
+            "turn_ended",
+            "turn_aborted",
+            "attempt_started",
+            "attempt_ended",
+            "pass_started",
+            "pass_ended",
+            "tool_started",
+            "tool_ended",
+            "chunk",
+        }:
             return lambda event: object.__getattribute__(self, "seen").append(repr(event))
         return object.__getattribute__(self, name)
 
@@ -162,8 +170,14 @@ def call_echo() -> list[list[ScriptItem]]:
 
 
 def drafted_echo() -> list[list[ScriptItem]]:
-    return [[TextDelta("Here it is: "), TextDelta(f"{KEY[:5]}"), TextDelta(f"{KEY[5:]}."),
-             UsageReport(5, 5)]]  # fmt: skip
+    return [
+        [
+            TextDelta("Here it is: "),
+            TextDelta(f"{KEY[:5]}"),
+            TextDelta(f"{KEY[5:]}."),
+            UsageReport(5, 5),
+        ]
+    ]
 
 
 SCRIPTS = {"whole": whole_echo, "split": split_echo, "tool call": call_echo}
@@ -176,9 +190,14 @@ async def test_a_key_the_model_echoes_reaches_nothing_a_tool_loop_hands_out(echo
     seen = Witnesses(clock)
     provider = KeyedProvider(SCRIPTS[echo](), clock=clock)
     result = await run_tool_loop(
-        provider, [seen.lookup()], seen.channel, REQUEST, clock=clock,
-        observer=seen.observer, on_snapshot=seen.take_snapshot,
-    )  # fmt: skip
+        provider,
+        [seen.lookup()],
+        seen.channel,
+        REQUEST,
+        clock=clock,
+        observer=seen.observer,
+        on_snapshot=seen.take_snapshot,
+    )
     assert result.status is TurnStatus.COMPLETED
     seen.assert_nothing_holds_the_key(result)
     assert "[REDACTED]" in seen.channel.text + repr(seen.tool_arguments)
@@ -201,9 +220,12 @@ async def test_the_tool_receives_the_echoed_key_masked() -> None:
     clock = VirtualClock()
     seen = Witnesses(clock)
     await run_tool_loop(
-        KeyedProvider(call_echo(), clock=clock), [seen.lookup()], seen.channel, REQUEST,
+        KeyedProvider(call_echo(), clock=clock),
+        [seen.lookup()],
+        seen.channel,
+        REQUEST,
         clock=clock,
-    )  # fmt: skip
+    )
     assert seen.tool_arguments == [{"q": "owner of [REDACTED]", "keys": ["[REDACTED]"]}]
 
 
@@ -224,9 +246,15 @@ async def test_a_drafted_reply_holding_a_key_is_reviewed_masked_and_delivered_ma
     reviewer = ScriptedReviewer(clock=clock)
     policy = LoopPolicy(drafting=True)
     result = await run_tool_loop(
-        KeyedProvider(drafted_echo(), clock=clock), [], seen.channel, REQUEST, clock=clock,
-        policy=policy, reviewer=reviewer, observer=seen.observer,
-    )  # fmt: skip
+        KeyedProvider(drafted_echo(), clock=clock),
+        [],
+        seen.channel,
+        REQUEST,
+        clock=clock,
+        policy=policy,
+        reviewer=reviewer,
+        observer=seen.observer,
+    )
     # the reviewer was asked (not refused the packet) and saw the reply masked
     assert [packet.candidate for packet in reviewer.packets] == ["Here it is: [REDACTED]."]
     assert [review.verdict for review in result.reviews] == ["pass"]
@@ -249,9 +277,14 @@ async def test_a_key_the_model_echoes_reaches_nothing_a_generation_turn_hands_ou
     clock = VirtualClock()
     seen = Witnesses(clock)
     result = await run_generation_turn(
-        [keyed_attempt(SCRIPTS[echo](), clock)], [seen.lookup()], seen.channel, REQUEST,
-        clock=clock, observer=seen.observer, on_snapshot=seen.take_snapshot,
-    )  # fmt: skip
+        [keyed_attempt(SCRIPTS[echo](), clock)],
+        [seen.lookup()],
+        seen.channel,
+        REQUEST,
+        clock=clock,
+        observer=seen.observer,
+        on_snapshot=seen.take_snapshot,
+    )
     assert result.status is TurnStatus.COMPLETED
     assert seen.snapshots  # one as the attempt started, one at each stable point
     seen.assert_nothing_holds_the_key(result)
@@ -283,10 +316,16 @@ async def test_a_drafted_reply_of_a_generation_turn_is_reviewed_and_delivered_ma
     seen = Witnesses(clock)
     reviewer = ScriptedReviewer(clock=clock)
     result = await run_generation_turn(
-        [keyed_attempt(drafted_echo(), clock)], [], seen.channel, REQUEST, clock=clock,
-        policy=TurnPolicy(loop=LoopPolicy(drafting=True)), reviewer=reviewer,
-        observer=seen.observer, on_snapshot=seen.take_snapshot,
-    )  # fmt: skip
+        [keyed_attempt(drafted_echo(), clock)],
+        [],
+        seen.channel,
+        REQUEST,
+        clock=clock,
+        policy=TurnPolicy(loop=LoopPolicy(drafting=True)),
+        reviewer=reviewer,
+        observer=seen.observer,
+        on_snapshot=seen.take_snapshot,
+    )
     assert [packet.candidate for packet in reviewer.packets] == ["Here it is: [REDACTED]."]
     assert seen.channel.text == "Here it is: [REDACTED]."
     seen.assert_nothing_holds_the_key(result, ("the reviewer", repr(reviewer.packets)))
@@ -316,9 +355,13 @@ async def test_a_key_echoed_over_http_reaches_neither_the_user_nor_the_result(
     seen = Witnesses(clock)
     provider = OpenAICompatibleProvider(wire_server.url, "test-model", api_key=KEY)
     result = await run_tool_loop(
-        provider, [seen.lookup()], seen.channel, REQUEST,
-        observer=seen.observer, on_snapshot=seen.take_snapshot,
-    )  # fmt: skip
+        provider,
+        [seen.lookup()],
+        seen.channel,
+        REQUEST,
+        observer=seen.observer,
+        on_snapshot=seen.take_snapshot,
+    )
     assert result.status is TurnStatus.COMPLETED
     # (the adapter's secrets include its credential header, ``Bearer <key>``: the space
     # before the key is a piece of that one)
@@ -356,9 +399,14 @@ async def test_text_held_back_as_a_possible_key_start_is_kept_when_the_stream_st
     stalled: list[list[ScriptItem]] = [[TextDelta("Partial answer, see sk-"), Pause(60.0)]]
     policy = LoopPolicy(inactivity_timeout=2.0)
     result = await run_tool_loop(
-        KeyedProvider(stalled, clock=clock), [], seen.channel, REQUEST, clock=clock,
-        policy=policy, observer=seen.observer,
-    )  # fmt: skip
+        KeyedProvider(stalled, clock=clock),
+        [],
+        seen.channel,
+        REQUEST,
+        clock=clock,
+        policy=policy,
+        observer=seen.observer,
+    )
     assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
     assert result.stream_results[-1].text == "Partial answer, see sk-"
     assert any("see sk-" in event or "'sk-'" in event for event in seen.observer.seen)
@@ -418,9 +466,14 @@ async def test_a_key_a_tool_quotes_reaches_nothing_a_tool_loop_hands_out() -> No
     seen = Witnesses(clock)
     provider = KeyedProvider(tool_quotes(), clock=clock)
     result = await run_tool_loop(
-        provider, quoting_tools(seen), seen.channel, REQUEST, clock=clock,
-        observer=seen.observer, on_snapshot=seen.take_snapshot,
-    )  # fmt: skip
+        provider,
+        quoting_tools(seen),
+        seen.channel,
+        REQUEST,
+        clock=clock,
+        observer=seen.observer,
+        on_snapshot=seen.take_snapshot,
+    )
     assert result.status is TurnStatus.COMPLETED
     assert len(provider.requests) == 5 and len(seen.snapshots) >= 4
     assert leaked_runs([KEY], tool_quote_places(seen, result, provider)) == []
@@ -428,9 +481,10 @@ async def test_a_key_a_tool_quotes_reaches_nothing_a_tool_loop_hands_out() -> No
     # what the tool said is kept, masked, not dropped
     quoted = result.history[0].response
     assert quoted.data == {
-        "owner": "[REDACTED]", "[REDACTED]": ["a [REDACTED]", {"deep": "[REDACTED]"}],
+        "owner": "[REDACTED]",
+        "[REDACTED]": ["a [REDACTED]", {"deep": "[REDACTED]"}],
         "count": 2,
-    }  # fmt: skip
+    }
     assert quoted.message == "found [REDACTED]"
     assert [d.expression for d in seen.channel.delivered if d.expression] == ["sticker:[REDACTED]"]
     assert result.history[1].response.reason == "[REDACTED] is revoked"
@@ -449,9 +503,14 @@ async def test_a_key_a_tool_quotes_reaches_nothing_a_generation_turn_hands_out()
     provider = ScriptedProvider(tool_quotes(), clock=clock)
     attempt = Attempt(lambda key: provider, keys=(KEY,), label="main")
     result = await run_generation_turn(
-        [attempt], quoting_tools(seen), seen.channel, REQUEST, clock=clock,
-        observer=seen.observer, on_snapshot=seen.take_snapshot,
-    )  # fmt: skip
+        [attempt],
+        quoting_tools(seen),
+        seen.channel,
+        REQUEST,
+        clock=clock,
+        observer=seen.observer,
+        on_snapshot=seen.take_snapshot,
+    )
     assert result.status is TurnStatus.COMPLETED
     assert len(provider.requests) == 5 and seen.snapshots
     assert leaked_runs([KEY], tool_quote_places(seen, result, provider)) == []
@@ -483,8 +542,10 @@ async def test_tool_data_of_other_types_is_kept_as_it_is_by_a_generation_turn_wi
 
     assert (result.status, result.final_text) == (TurnStatus.COMPLETED, "Done.")
     assert result.history[0].response.data == {
-        "at": at, "rate": decimal.Decimal("1.5"), "owner": "[REDACTED]"
-    }  # fmt: skip
+        "at": at,
+        "rate": decimal.Decimal("1.5"),
+        "owner": "[REDACTED]",
+    }
 
 
 async def test_live_events_never_show_a_key_a_tool_quotes() -> None:

@@ -105,8 +105,14 @@ def _rich_fired(policy: LoopPolicy, turns: int, seed: int) -> set[str]:
     loop = asyncio.new_event_loop()
     reviewed = policy.drafting or policy.review_tool_calls
 
-    @settings(max_examples=turns, database=None, deadline=None, derandomize=False,
-              phases=(Phase.generate,), suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=turns,
+        database=None,
+        deadline=None,
+        derandomize=False,
+        phases=(Phase.generate,),
+        suppress_health_check=list(HealthCheck),
+    )
     @seeded(seed)
     @given(turn_scripts(drafting=reviewed))
     def run(script: TurnScript) -> None:

@@ -108,9 +108,11 @@ async def guarded(
     running = channel.running if isinstance(channel, HostileChannel) else list
     try:
         return await returns_within(
-            run_turn(turn, tools, policy=policy, at=at), GUARD, stragglers=stragglers,
+            run_turn(turn, tools, policy=policy, at=at),
+            GUARD,
+            stragglers=stragglers,
             running=lambda: [call.label for call in running()],
-        )  # fmt: skip
+        )
     finally:
         stragglers.release()
 
@@ -143,9 +145,7 @@ async def test_two_hanging_notices_delay_the_turn_by_one_host_call_budget_not_tw
     # the tool fails (a hidden tool_failed notice) and that is one failure too many (the
     # tool_error_loop notice): both notices hang; the second is never waited for
     policy = LoopPolicy(max_consecutive_tool_errors=1, host_call_timeout=30, cancel_grace=2)
-    turn, channel, stragglers = hostile_turn(
-        [[WEATHER]], policy, notices=(hanging, hanging)
-    )  # fmt: skip
+    turn, channel, stragglers = hostile_turn([[WEATHER]], policy, notices=(hanging, hanging))
     weather = make_tool("get_weather", turn.executions, turn.clock, fails("no station"))
 
     result = await guarded(turn, [weather], stragglers, policy=policy)
@@ -163,9 +163,10 @@ async def test_a_notice_that_overran_mid_turn_is_given_up_on_and_the_turn_goes_o
     # and the turn completes, the hung notice named and nothing else waited for
     policy = LoopPolicy(host_call_timeout=30, tool_timeout=60, delivery_flush_chars=1)
     turn, channel, stragglers = hostile_turn(
-        [[WEATHER], [WEATHER], [TextDelta("No weather today.")]], policy,
+        [[WEATHER], [WEATHER], [TextDelta("No weather today.")]],
+        policy,
         notices=(ChannelAct.HANG, ChannelAct.HANG),
-    )  # fmt: skip
+    )
     weather = make_tool("get_weather", turn.executions, turn.clock, fails("no station"))
 
     result = await guarded(turn, [weather], stragglers, policy=policy)
@@ -199,13 +200,18 @@ async def test_a_delivery_confirmed_while_a_notice_holds_up_the_turn_counts_as_r
     # but the timeout notice hangs (until the 30-second host-call budget) and the channel
     # confirms "Hello" at 4 s, before the turn returns: the user read it.
     policy = LoopPolicy(
-        inactivity_timeout=2, first_token_timeout=2, abandoned_stream_settle=1,
-        host_call_timeout=30, delivery_flush_chars=1,
-    )  # fmt: skip
+        inactivity_timeout=2,
+        first_token_timeout=2,
+        abandoned_stream_settle=1,
+        host_call_timeout=30,
+        delivery_flush_chars=1,
+    )
     turn, channel, stragglers = hostile_turn(
-        [[TextDelta("Hello"), Pause(100)]], policy, notices=(ChannelAct.HANG,),
+        [[TextDelta("Hello"), Pause(100)]],
+        policy,
+        notices=(ChannelAct.HANG,),
         delivery_delay=4.0,
-    )  # fmt: skip
+    )
 
     result = await guarded(turn, [], stragglers, policy=policy)
 
@@ -446,9 +452,10 @@ async def pay_then_fall_back(
     payment. Returns the result, the dispatches run and those the hook was asked about."""
     clock, channel, stragglers, _ = outer_world()
     policy = TurnPolicy(
-        loop=LoopPolicy(tool_timeout=10, cancel_grace=2, host_call_timeout=30,
-                        delivery_flush_chars=1)
-    )  # fmt: skip
+        loop=LoopPolicy(
+            tool_timeout=10, cancel_grace=2, host_call_timeout=30, delivery_flush_chars=1
+        )
+    )
     asked: list[int] = []
     runs: list[int] = []
 
@@ -468,9 +475,13 @@ async def pay_then_fall_back(
         clock=clock,
     )
     result = await generate(
-        [Attempt(first, label="primary"), Attempt(second, label="backup")], channel, clock,
-        stragglers, policy=policy, tools=[tool],
-    )  # fmt: skip
+        [Attempt(first, label="primary"), Attempt(second, label="backup")],
+        channel,
+        clock,
+        stragglers,
+        policy=policy,
+        tools=[tool],
+    )
     return result, runs, asked
 
 
@@ -635,9 +646,11 @@ async def test_a_stop_requested_from_another_thread_stops_the_turn_at_that_insta
 # --------------------------------------------------------------------------- the provider
 async def test_a_stream_that_trickles_forever_ends_timeout_at_the_pass_budget() -> None:
     policy = LoopPolicy(
-        inactivity_timeout=10, first_token_timeout=10, max_pass_duration=60,
+        inactivity_timeout=10,
+        first_token_timeout=10,
+        max_pass_duration=60,
         delivery_flush_chars=1,
-    )  # fmt: skip
+    )
     clock_turn, channel, stragglers = hostile_turn([], policy)
     provider = HostileProvider(
         [[TextDelta("Thinking"), Trickle()]], clock=clock_turn.clock, inactivity_timeout=10
@@ -698,13 +711,18 @@ async def generate(
     try:
         return await returns_within(
             run_generation_turn(
-                attempts, tools, channel, TurnRequest(USER), policy=policy, clock=clock,
+                attempts,
+                tools,
+                channel,
+                TurnRequest(USER),
+                policy=policy,
+                clock=clock,
                 shared_route=shared_route,
             ),
             GUARD,
             stragglers=stragglers,
             running=lambda: [call.label for call in channel.running()],
-        )  # fmt: skip
+        )
     finally:
         stragglers.release()
 
@@ -732,8 +750,9 @@ def failing_then_answering(clock: VirtualClock) -> list[Attempt]:
 async def test_a_superseded_mark_that_never_returns_does_not_keep_the_turn_from_returning() -> None:
     clock, channel, stragglers, policy = outer_world(hooks=(ChannelAct.HANG,))
 
-    result = await generate(failing_then_answering(clock), channel, clock, stragglers,
-                            policy=policy)  # fmt: skip
+    result = await generate(
+        failing_then_answering(clock), channel, clock, stragglers, policy=policy
+    )
 
     assert result.status is TurnStatus.COMPLETED
     assert channel.text == "The answer is 42."
@@ -757,9 +776,13 @@ async def test_an_admission_policy_that_never_answers_does_not_keep_the_turn_fro
 
     primary = ScriptedProvider([[Fail(server_error())]], clock=clock)
     result = await generate(
-        [Attempt(primary, label="primary")], channel, clock, stragglers, policy=policy,
+        [Attempt(primary, label="primary")],
+        channel,
+        clock,
+        stragglers,
+        policy=policy,
         shared_route=SharedRoute((Attempt(shared, label="shared"),), admit),
-    )  # fmt: skip
+    )
 
     assert len(asked) == 1
     assert result.status is TurnStatus.ERROR  # no answer is no admission
@@ -785,12 +808,18 @@ async def test_an_admission_call_still_running_when_the_user_stops_the_turn_is_c
     primary = ScriptedProvider([[Fail(server_error())]], clock=clock)
     result = await returns_within(
         run_generation_turn(
-            [Attempt(primary, label="primary")], [], channel, TurnRequest(USER), policy=policy,
-            clock=clock, signals=signals,
+            [Attempt(primary, label="primary")],
+            [],
+            channel,
+            TurnRequest(USER),
+            policy=policy,
+            clock=clock,
+            signals=signals,
             shared_route=SharedRoute((Attempt(shared, label="shared"),), admit),
         ),
-        GUARD, stragglers=stragglers,
-    )  # fmt: skip
+        GUARD,
+        stragglers=stragglers,
+    )
 
     assert result.status is TurnStatus.STOPPED_BY_USER
     assert cancelled == [pytest.approx(5)]  # the host's call was cancelled at the stop
@@ -802,8 +831,9 @@ async def test_an_admission_call_still_running_when_the_user_stops_the_turn_is_c
 async def test_a_notice_that_never_returns_does_not_keep_a_generation_turn_from_returning() -> None:
     clock, channel, stragglers, policy = outer_world(notices=(ChannelAct.HANG,))
 
-    result = await generate(failing_then_answering(clock), channel, clock, stragglers,
-                            policy=policy)  # fmt: skip
+    result = await generate(
+        failing_then_answering(clock), channel, clock, stragglers, policy=policy
+    )
 
     assert result.status is TurnStatus.COMPLETED
     assert channel.text == "The answer is 42."
@@ -848,12 +878,14 @@ class _RefusingProvider:
 @pytest.mark.parametrize(
     ("error", "kind"),
     [
-        (ProviderError("no such model", kind="not_found", retryable=False, status_code=404),
-         "not_found"),
+        (
+            ProviderError("no such model", kind="not_found", retryable=False, status_code=404),
+            "not_found",
+        ),
         (RuntimeError("the client was closed"), "provider_error"),
     ],
     ids=["provider-error", "plain-exception"],
-)  # fmt: skip
+)
 async def test_a_provider_whose_stream_raises_at_once_fails_the_pass_not_the_turn(
     error: Exception, kind: str
 ) -> None:

@@ -344,24 +344,44 @@ def _seconds(value: object) -> bool:
 ACCEPTS: dict[type, dict[str, Callable[[object], bool]]] = {
     TextDelta: {"text": _text},
     ThoughtDelta: {"text": _text, "signature": _optional(_text)},
-    UsageReport: {"input_tokens": _count, "output_tokens": _count, "cumulative": _flag,
-                  "estimated": _flag},
-    FunctionCall: {"name": _text, "call_id": _optional(_text), "truncated": _flag,
-                   "parse_error": _optional(_text),
-                   "provider_data": _optional(lambda v: isinstance(v, dict) and all(
-                       isinstance(k, str) for k in v))},
+    UsageReport: {
+        "input_tokens": _count,
+        "output_tokens": _count,
+        "cumulative": _flag,
+        "estimated": _flag,
+    },
+    FunctionCall: {
+        "name": _text,
+        "call_id": _optional(_text),
+        "truncated": _flag,
+        "parse_error": _optional(_text),
+        "provider_data": _optional(
+            lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v)
+        ),
+    },
     FinishReason: {"kind": lambda v: isinstance(v, FinishKind), "raw": _optional(_text)},
     SceneMetadata: {"text": _text},
-    StreamFailed: {"message": _text, "kind": _text, "retryable": _flag,
-                   "status_code": _optional(_int), "retry_after": _optional(_seconds)},
-    ToolFinished: {"dispatch": _int, "kind": lambda v: isinstance(v, ToolOutcomeKind),
-                   "message": _optional(_text), "end_turn": _flag, "delivered": _flag,
-                   "expression": _optional(_text), "error": _optional(_text)},
+    StreamFailed: {
+        "message": _text,
+        "kind": _text,
+        "retryable": _flag,
+        "status_code": _optional(_int),
+        "retry_after": _optional(_seconds),
+    },
+    ToolFinished: {
+        "dispatch": _int,
+        "kind": lambda v: isinstance(v, ToolOutcomeKind),
+        "message": _optional(_text),
+        "end_turn": _flag,
+        "delivered": _flag,
+        "expression": _optional(_text),
+        "error": _optional(_text),
+    },
     DeadlineExpired: {"kind": lambda v: isinstance(v, DeadlineKind), "token": _int},
     StopRequested: {"stop_message": _optional(_text)},
     DeliveryRecorded: {"seq": _int},
     DeliveryFailed: {"seq": _optional(_int), "error": _text},
-}  # fmt: skip
+}
 
 
 @st.composite

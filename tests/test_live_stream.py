@@ -353,9 +353,13 @@ async def test_a_turn_that_raises_raises_from_the_iteration_after_its_events() -
     seen: list[Any] = []
     with pytest.raises(RuntimeError, match="step hook broke"):
         async with stream_tool_loop(
-            provider, [], RecordingChannel(clock=clock), REQUEST, clock=clock,
+            provider,
+            [],
+            RecordingChannel(clock=clock),
+            REQUEST,
+            clock=clock,
             on_step=broken_hook,
-        ) as events:  # fmt: skip
+        ) as events:
             async for event in events:
                 seen.append(summary(event))
     assert seen[:3] == [("TurnStarted", "tool_loop"), ("PassStarted", 1), ("TextDelta", "Hello.")]
@@ -369,8 +373,12 @@ def test_the_readme_example_runs_and_prints_tokens_tools_and_the_ending() -> Non
     assert found is not None
     done = subprocess.run(
         [sys.executable, "-c", found.group(1)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == (
         "Let me look. \n[calling get_weather]\n[get_weather: succeeded]\n\n"

@@ -44,9 +44,12 @@ KEYS = ("sk-live-0123456789abcdefSECRET", "sk-live-fedcba9876543210SECRET")
 
 def rate_limited(retry_after: float | None = 30.0) -> ProviderError:
     return ProviderError(
-        "429 too many requests", kind="rate_limit", retryable=True, status_code=429,
+        "429 too many requests",
+        kind="rate_limit",
+        retryable=True,
+        status_code=429,
         retry_after=retry_after,
-    )  # fmt: skip
+    )
 
 
 def records_of(caplog: pytest.LogCaptureFixture, logger: str) -> list[logging.LogRecord]:
@@ -315,9 +318,11 @@ async def test_deliveries_that_do_not_settle_are_a_host_warning(
     provider = ScriptedProvider([[TextDelta("Hello"), Pause(100)]], clock=clock)
     channel = RecordingChannel(clock=clock, delivery_delay=50.0)
     policy = LoopPolicy(
-        inactivity_timeout=2, abandoned_stream_settle=1, host_call_timeout=60,
+        inactivity_timeout=2,
+        abandoned_stream_settle=1,
+        host_call_timeout=60,
         delivery_flush_chars=1,
-    )  # fmt: skip
+    )
     with caplog.at_level(logging.WARNING, logger="toolloop_fsm"):
         result = await run_tool_loop(provider, [], channel, REQUEST, clock=clock, policy=policy)
     assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")

@@ -283,9 +283,10 @@ def test_every_way_into_the_settle_step_declares_its_ending(decl: MachineDeclara
     settle = decl.settle_states
     assert settle, f"{decl.name} declares no settle step"
     undeclared = [
-        e.ident for e in decl.edges()
+        e.ident
+        for e in decl.edges()
         if e.dest in settle and e.source not in settle and e.transition.ends is None
-    ]  # fmt: skip
+    ]
     assert not undeclared, f"{decl.name}: into the settle step without an ending: {undeclared}"
     astray = [e.ident for e in decl.edges() if e.transition.ends and e.dest not in settle]
     assert not astray, f"{decl.name}: an ending that skips the settle step: {astray}"
@@ -471,24 +472,56 @@ def test_sans_io_modules_do_not_pull_in_io_transitively() -> None:
 ROOT_NAMES = frozenset(
     {
         # running, resuming, durable turns
-        "run_tool_loop", "run_generation_turn", "resume_tool_loop", "resume_generation_turn",
-        "TurnSnapshot", "snapshot_to_json", "snapshot_from_json",
+        "run_tool_loop",
+        "run_generation_turn",
+        "resume_tool_loop",
+        "resume_generation_turn",
+        "TurnSnapshot",
+        "snapshot_to_json",
+        "snapshot_from_json",
         # what a host builds
-        "TurnRequest", "TurnSignals", "LoopPolicy", "TurnPolicy", "Attempt", "SharedRoute",
-        "LoopClock", "tool", "Tool", "ToolContext", "ToolRegistry", "ToolResult",
+        "TurnRequest",
+        "TurnSignals",
+        "LoopPolicy",
+        "TurnPolicy",
+        "Attempt",
+        "SharedRoute",
+        "LoopClock",
+        "tool",
+        "Tool",
+        "ToolContext",
+        "ToolRegistry",
+        "ToolResult",
         "ContextRestart",
         # what it implements: a channel, a provider and the chunks it yields, a reviewer
-        "Channel", "DestinationUnreachable",
-        "Provider", "ProviderError", "ProviderRequest", "ToolSpec",
-        "TextDelta", "ThoughtDelta", "FunctionCall", "UsageReport", "FinishReason",
-        "FinishKind", "SceneMetadata",
-        "Reviewer", "ReviewPacket", "Pass", "Revise", "Unavailable", "Finding",
+        "Channel",
+        "DestinationUnreachable",
+        "Provider",
+        "ProviderError",
+        "ProviderRequest",
+        "ToolSpec",
+        "TextDelta",
+        "ThoughtDelta",
+        "FunctionCall",
+        "UsageReport",
+        "FinishReason",
+        "FinishKind",
+        "SceneMetadata",
+        "Reviewer",
+        "ReviewPacket",
+        "Pass",
+        "Revise",
+        "Unavailable",
+        "Finding",
         "ModelReviewer",
         # what it reads a result by
-        "GenerationTurnResult", "TurnStatus", "InDoubtCause", "result_to_json",
+        "GenerationTurnResult",
+        "TurnStatus",
+        "InDoubtCause",
+        "result_to_json",
         "result_from_json",
     }
-)  # fmt: skip
+)
 #: Where each name that left the root lives: what only a driver of the machines needs is
 #: in `toolloop_fsm.sansio`; a record a host only reads lives with its kind.
 MOVED_FROM_THE_ROOT = {
@@ -535,12 +568,24 @@ def test_the_package_root_holds_what_a_host_needs_and_sansio_the_rest() -> None:
     import toolloop_fsm.sansio as sansio
 
     # reviewing: the protocol, what it is shown, what it answers, and the ready reviewer
-    reviewing = {"Reviewer", "ReviewPacket", "Pass", "Revise", "Unavailable", "Finding",
-                 "ModelReviewer"}  # fmt: skip
+    reviewing = {
+        "Reviewer",
+        "ReviewPacket",
+        "Pass",
+        "Revise",
+        "Unavailable",
+        "Finding",
+        "ModelReviewer",
+    }
     assert reviewing <= set(toolloop_fsm.__all__), reviewing - set(toolloop_fsm.__all__)
     # durable turns: the snapshot, its JSON form, and the two ways to resume a turn
-    durable = {"TurnSnapshot", "snapshot_to_json", "snapshot_from_json", "resume_tool_loop",
-               "resume_generation_turn"}  # fmt: skip
+    durable = {
+        "TurnSnapshot",
+        "snapshot_to_json",
+        "snapshot_from_json",
+        "resume_tool_loop",
+        "resume_generation_turn",
+    }
     assert durable <= set(toolloop_fsm.__all__), durable - set(toolloop_fsm.__all__)
     assert {name for name in toolloop_fsm.__all__ if not hasattr(toolloop_fsm, name)} == set()
     assert {name for name in sansio.__all__ if not hasattr(sansio, name)} == set()
@@ -548,9 +593,13 @@ def test_the_package_root_holds_what_a_host_needs_and_sansio_the_rest() -> None:
     from toolloop_fsm import effects, events
 
     for module in (events, effects):
-        public = {name for name, value in vars(module).items()
-                  if isinstance(value, type) and value.__module__ == module.__name__
-                  and not name.startswith("_")}  # fmt: skip
+        public = {
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type)
+            and value.__module__ == module.__name__
+            and not name.startswith("_")
+        }
         assert public <= set(sansio.__all__), public - set(sansio.__all__)
 
 
@@ -578,7 +627,10 @@ def test_importing_the_package_loads_no_extra() -> None:
         "'opentelemetry')))"
     )
     loaded = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
         cwd=PACKAGE_DIR.parent,
-    ).stdout.strip()  # fmt: skip
+    ).stdout.strip()
     assert loaded == "[]"

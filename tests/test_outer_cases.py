@@ -42,9 +42,12 @@ SECRET_KEYS = ("sk-live-AAAA1111", "sk-live-BBBB2222", "sk-live-CCCC3333")
 
 def rate_limited(retry_after: float | None = None) -> ProviderError:
     return ProviderError(
-        "429 Too Many Requests", kind="rate_limit", retryable=True, status_code=429,
+        "429 Too Many Requests",
+        kind="rate_limit",
+        retryable=True,
+        status_code=429,
         retry_after=retry_after,
-    )  # fmt: skip
+    )
 
 
 def server_error() -> ProviderError:
@@ -106,8 +109,9 @@ async def generate(
 # --------------------------------------------------------------------------- continuation
 async def test_fallback_after_partial_delivery_continues_from_the_delivered_text() -> None:
     clock = VirtualClock()
-    first = ScriptedProvider([[TextDelta("The capital "), TextDelta("of France "),
-                               Fail(server_error())]], clock=clock)  # fmt: skip
+    first = ScriptedProvider(
+        [[TextDelta("The capital "), TextDelta("of France "), Fail(server_error())]], clock=clock
+    )
     second = ScriptedProvider([[TextDelta("is Paris.")]], clock=clock)
     result, channel = await generate(
         [Attempt(first, label="primary"), Attempt(second, label="backup")], clock
@@ -307,10 +311,18 @@ async def test_no_key_material_anywhere_in_results_traces_notices_logs_or_errors
     def leaky_factory(key: str | None) -> Provider:
         # a careless provider that puts its key into its error message
         return ScriptedProvider(
-            [[TextDelta("partial "), Fail(ProviderError(f"bad key {key}", kind="auth",
-                                                        retryable=False, status_code=401))]],
+            [
+                [
+                    TextDelta("partial "),
+                    Fail(
+                        ProviderError(
+                            f"bad key {key}", kind="auth", retryable=False, status_code=401
+                        )
+                    ),
+                ]
+            ],
             clock=clock,
-        )  # fmt: skip
+        )
 
     def raising_factory(key: str | None) -> Provider:
         raise RuntimeError(f"cannot build a client with {key}")
@@ -568,11 +580,14 @@ async def test_verbatim_scaffolding_added_for_verbatim_models_and_stripped_for_n
     )
     native_last = ScriptedProvider([[TextDelta("done")]], clock=clock, tool_calling="native")
     result, _ = await generate(
-        [Attempt(native_first, label="n1"), Attempt(verbatim, label="v"),
-         Attempt(native_last, label="n2")],
+        [
+            Attempt(native_first, label="n1"),
+            Attempt(verbatim, label="v"),
+            Attempt(native_last, label="n2"),
+        ],
         clock,
         tools=[tool],
-    )  # fmt: skip
+    )
     assert result.status is TurnStatus.COMPLETED
 
     def scaffolding(provider: ScriptedProvider) -> list[Any]:

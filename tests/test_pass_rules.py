@@ -27,9 +27,13 @@ def _due(
     now: float, answered_at: float | None, *, total: float | None = 900.0
 ) -> tuple[DeadlineKind, float]:
     return stream_budget_due(
-        now, begun=100.0, answered_at=answered_at, first_seconds=300.0,
-        inactivity_seconds=120.0, total_seconds=total,
-    )  # fmt: skip
+        now,
+        begun=100.0,
+        answered_at=answered_at,
+        first_seconds=300.0,
+        inactivity_seconds=120.0,
+        total_seconds=total,
+    )
 
 
 def test_a_pass_with_no_chunk_yet_runs_on_its_first_token_budget() -> None:

@@ -242,10 +242,14 @@ def _expect(number: int, run: ScriptRun, **changes: Any) -> None:
 
 def test_the_checker_catches_held_text_shown_early_a_broken_budget_and_a_swapped_draft() -> None:
     script = TurnScript(
-        passes=((TextDelta("Let me look. "), WEATHER), (TextDelta("It is 3 °C."),), (WEATHER,),
-                (TextDelta("Oslo: 3 °C, cold."),)),
+        passes=(
+            (TextDelta("Let me look. "), WEATHER),
+            (TextDelta("It is 3 °C."),),
+            (WEATHER,),
+            (TextDelta("Oslo: 3 °C, cold."),),
+        ),
         reviews=(Revise((FLAT,)), Pass()),
-    )  # fmt: skip
+    )
     run = run_drafted(script, DRAFTING)
     assert (run.result.status, run.result.reason) == (TurnStatus.COMPLETED, "draft_passed")
     assert run.channel.delivered_text == "Oslo: 3 °C, cold."

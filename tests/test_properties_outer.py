@@ -293,8 +293,9 @@ def _doctored_runs(chain: ChainRun) -> dict[str, ChainRun]:
     result = chain.result
     assert result is not None
     script = chain.script
-    keyed = attrs.evolve(script, models=(
-        attrs.evolve(script.models[0], keys=(KeyScript(_KEY),)), *script.models[1:]))  # fmt: skip
+    keyed = attrs.evolve(
+        script, models=(attrs.evolve(script.models[0], keys=(KeyScript(_KEY),)), *script.models[1:])
+    )
     stop = TimelineEntry(0.0, "signal", "stop", "halt")
     twice = ChainToolExecution("lookup", {}, call_identity("lookup", {}), 0.0, 1)
     records = list(result.attempts)
@@ -359,30 +360,44 @@ _REQUEST = TurnRequest([{"role": "user", "content": "hi"}])
 _OUTCOMES: tuple[dict[str, Any], ...] = (
     {"status": TurnStatus.COMPLETED},
     {"status": TurnStatus.ERROR, "reason": "provider_error", "provider_error_kind": "server"},
-    {"status": TurnStatus.ERROR, "reason": "provider_error", "provider_error_kind": "rate_limit",
-     "retry_after": 7.0},
+    {
+        "status": TurnStatus.ERROR,
+        "reason": "provider_error",
+        "provider_error_kind": "rate_limit",
+        "retry_after": 7.0,
+    },
     {"status": TurnStatus.ERROR, "reason": "provider_error", "provider_error_kind": "rate_limit"},
     {"status": TurnStatus.ERROR, "reason": "provider_error", "provider_error_kind": "auth"},
-    {"status": TurnStatus.ERROR, "reason": "provider_error",
-     "provider_error_kind": "bad_request"},
-    {"status": TurnStatus.ERROR, "reason": "provider_error",
-     "provider_error_kind": "connection"},
-    {"status": TurnStatus.TIMEOUT, "reason": "first_token_timeout",
-     "held_notice": Notice("timeout", {"reason": "first_token_timeout"})},
+    {"status": TurnStatus.ERROR, "reason": "provider_error", "provider_error_kind": "bad_request"},
+    {"status": TurnStatus.ERROR, "reason": "provider_error", "provider_error_kind": "connection"},
+    {
+        "status": TurnStatus.TIMEOUT,
+        "reason": "first_token_timeout",
+        "held_notice": Notice("timeout", {"reason": "first_token_timeout"}),
+    },
     {"status": TurnStatus.TIMEOUT, "reason": "iteration_ceiling"},
     {"status": TurnStatus.ERROR, "reason": "consecutive_tool_errors"},
     {"status": TurnStatus.ERROR, "reason": "host_error"},
-    {"status": TurnStatus.ERROR, "reason": "host_error",
-     "exception": DestinationUnreachable("the thread is gone")},
+    {
+        "status": TurnStatus.ERROR,
+        "reason": "host_error",
+        "exception": DestinationUnreachable("the thread is gone"),
+    },
     {"status": TurnStatus.STOPPED_BY_USER},
     {"status": TurnStatus.FOLLOW_UP_INTERRUPT},
     {"status": TurnStatus.EMPTY_RESPONSE},
-)  # fmt: skip
+)
 _DELIVERED = st.sampled_from(((), (Delivered(0, text="Partial "),), (Delivered(0, text="ü"),)))
 _HEALTH = st.sampled_from(
-    (None, None, None, KeyHealth(cooldown_until=15.0), KeyHealth(cooldown_until=1e9),
-     KeyHealth(retired=True))
-)  # fmt: skip
+    (
+        None,
+        None,
+        None,
+        KeyHealth(cooldown_until=15.0),
+        KeyHealth(cooldown_until=1e9),
+        KeyHealth(retired=True),
+    )
+)
 
 
 @st.composite
@@ -391,10 +406,13 @@ def machine_setups(
 ) -> tuple[TurnPolicy, list[AttemptPlan], list[AttemptPlan], dict[tuple[str, int], KeyHealth]]:
     """A chain as the machine sees it: plans, shared plans, the key book and the policy."""
     plans = [
-        AttemptPlan(f"m{i}", keys=draw(st.integers(0, 3)),
-                    tool_calling=draw(st.sampled_from(("native", "verbatim"))))
+        AttemptPlan(
+            f"m{i}",
+            keys=draw(st.integers(0, 3)),
+            tool_calling=draw(st.sampled_from(("native", "verbatim"))),
+        )
         for i in range(draw(st.integers(1, 4)))
-    ]  # fmt: skip
+    ]
     shared = [
         AttemptPlan(f"s{i}", keys=draw(st.integers(0, 2)), route="shared")
         for i in range(draw(st.integers(0, 2)))
@@ -464,16 +482,26 @@ def drive_generation_machine(
                     **fields, delivered=data.draw(_DELIVERED, label="delivered")
                 )
                 event = AttemptFinished(
-                    ask.attempt, result, {}, now,
+                    ask.attempt,
+                    result,
+                    {},
+                    now,
                     data.draw(st.sampled_from((False, False, True)), label="signals pending"),
-                )  # fmt: skip
+                )
         else:
             event = data.draw(
-                st.sampled_from((AdmissionDecided(True, now), AdmissionDecided(False, now),
-                                 AdmissionDecided(True, now), AdmissionDecided(False, now),
-                                 StopRequested("stop"), UnreachableReported())),
+                st.sampled_from(
+                    (
+                        AdmissionDecided(True, now),
+                        AdmissionDecided(False, now),
+                        AdmissionDecided(True, now),
+                        AdmissionDecided(False, now),
+                        StopRequested("stop"),
+                        UnreachableReported(),
+                    )
+                ),
                 label="admission",
-            )  # fmt: skip
+            )
         try:
             pending = machine.feed(event)
         except AssertionError:

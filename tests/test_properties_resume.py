@@ -111,8 +111,9 @@ def _loop_world(script: TurnScript, policy: LoopPolicy) -> LoopWorld:
     clock = VirtualClock()
     executions: list[ToolExecution] = []
     stragglers = Stragglers()
-    tools = build_tools(script, clock=clock, signals=TurnSignals(), executions=executions,
-                        stragglers=stragglers)  # fmt: skip
+    tools = build_tools(
+        script, clock=clock, signals=TurnSignals(), executions=executions, stragglers=stragglers
+    )
     channel = RecordingChannel(clock=clock, delivery_delay=script.delivery_delay)
     return LoopWorld(script, policy, channel, tools, executions, stragglers)
 
@@ -127,20 +128,35 @@ async def _run_loop(
     """One process's run: a fresh clock and provider, the world's tools and channel."""
     clock = VirtualClock()
     world.channel.clock = clock
-    provider = _Provider(world.script.passes, first_pass, clock=clock,
-                         continuation_style=world.script.continuation_style)  # fmt: skip
+    provider = _Provider(
+        world.script.passes,
+        first_pass,
+        clock=clock,
+        continuation_style=world.script.continuation_style,
+    )
     hook = None if on_snapshot is None else (lambda snapshot: on_snapshot(snapshot, provider))
     try:
         if resume is not None:
             return await resume_tool_loop(
-                resume, provider, world.tools, world.channel, policy=world.policy, clock=clock,
+                resume,
+                provider,
+                world.tools,
+                world.channel,
+                policy=world.policy,
+                clock=clock,
                 on_snapshot=hook,
-            )  # fmt: skip
+            )
         request = attrs.evolve(world.script.request(), turn_id="drawn-turn")
         return await run_tool_loop(
-            provider, world.tools, world.channel, request, policy=world.policy, clock=clock,
-            continuation_style=world.script.continuation_style, on_snapshot=hook,
-        )  # fmt: skip
+            provider,
+            world.tools,
+            world.channel,
+            request,
+            policy=world.policy,
+            clock=clock,
+            continuation_style=world.script.continuation_style,
+            on_snapshot=hook,
+        )
     finally:
         world.stragglers.release()
 
@@ -231,8 +247,9 @@ class _SlotProvider(ScriptedProvider):
     """One attempt's provider: serves its model and key's passes from where the world's
     earlier providers for them left off."""
 
-    def __init__(self, world: ChainWorld, slot: tuple[int, int | None], passes: Any,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self, world: ChainWorld, slot: tuple[int, int | None], passes: Any, **kwargs: Any
+    ) -> None:
         super().__init__(passes, **kwargs)
         self.world = world
         self.slot = slot
@@ -261,8 +278,11 @@ def _chain_tools(world: ChainWorld) -> list[Tool]:
         async def handler(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
             world.runs.append((name, arguments))
             expression = "sticker:wave" if name == "send_sticker" else None
-            return ToolResult(data={"tool": name, "args": arguments}, message=f"{name} done",
-                              expression=expression)  # fmt: skip
+            return ToolResult(
+                data={"tool": name, "args": arguments},
+                message=f"{name} done",
+                expression=expression,
+            )
 
         return Tool(name, f"the shared {name} tool", {"type": "object"}, handler)
 
@@ -308,9 +328,12 @@ async def _run_chain(
         )
     tools = _chain_tools(world)
     options: dict[str, Any] = {
-        "policy": script.policy, "clock": clock, "shared_route": shared_route,
-        "key_book": world.key_book, "on_snapshot": on_snapshot,
-    }  # fmt: skip
+        "policy": script.policy,
+        "clock": clock,
+        "shared_route": shared_route,
+        "key_book": world.key_book,
+        "on_snapshot": on_snapshot,
+    }
     if resume is not None:
         return await resume_generation_turn(resume, attempts, tools, world.channel, **options)
     request = attrs.evolve(script.request(), turn_id="drawn-chain")

@@ -284,10 +284,13 @@ def test_a_stop_keeps_only_the_delivered_text_and_reports_the_buffer_as_undelive
     ("tail", "status", "reason"),
     [
         ((Pause(1000.0),), TurnStatus.TIMEOUT, "inactivity_timeout"),
-        ((Fail(ProviderError("boom", kind="server", retryable=True)),), TurnStatus.ERROR,
-         "provider_error"),
+        (
+            (Fail(ProviderError("boom", kind="server", retryable=True)),),
+            TurnStatus.ERROR,
+            "provider_error",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_failed_or_stalled_stream_keeps_only_the_delivered_text(
     tail: tuple[Pause | Fail, ...], status: TurnStatus, reason: str
 ) -> None:
@@ -516,15 +519,13 @@ def test_first_token_and_inactivity_budgets_are_predicted_apart() -> None:
 
 def test_a_delivery_in_flight_is_predicted_to_be_awaited_unless_the_user_stops() -> None:
     stalled = (TextDelta("Hi"), Pause(400.0))
-    policy = LoopPolicy(delivery_flush_chars=1, inactivity_timeout=2.0,
-                        abandoned_stream_settle=5.0)  # fmt: skip
+    policy = LoopPolicy(delivery_flush_chars=1, inactivity_timeout=2.0, abandoned_stream_settle=5.0)
     # "Hi" takes 3 s to deliver; the stream times out at 2 s and the settle window waits
     settled = predict(TurnScript(passes=(stalled,), delivery_delay=3.0), policy)
     assert (settled.status, settled.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
     assert settled.final_text == "Hi"
     # a stop while waiting ends it at once, as stopped, and "Hi" is never confirmed
-    killed = TurnScript(passes=(stalled,), delivery_delay=3.0,
-                        signals=(TimedSignal(2.5, "stop"),))  # fmt: skip
+    killed = TurnScript(passes=(stalled,), delivery_delay=3.0, signals=(TimedSignal(2.5, "stop"),))
     ending = predict(killed, policy)
     assert (ending.status, ending.reason) == (TurnStatus.STOPPED_BY_USER, "stopped_while_settling")
     assert ending.final_text == "" and ending.delivered == ()
@@ -635,9 +636,11 @@ def test_a_tool_ignoring_its_cancellation_is_predicted_to_time_out_without_await
 def test_a_trickling_pass_is_predicted_to_time_out_at_the_pass_budget_keeping_every_chunk() -> None:
     script = TurnScript(passes=((TextDelta("Thinking"), Trickle()),))
     policy = LoopPolicy(
-        delivery_flush_chars=1, inactivity_timeout=10.0, first_token_timeout=10.0,
+        delivery_flush_chars=1,
+        inactivity_timeout=10.0,
+        first_token_timeout=10.0,
         max_pass_duration=60.0,
-    )  # fmt: skip
+    )
     ending = predict(script, policy)
     # a dot every 9 s never lets the 10-second inactivity budget run out; 60 s ends the pass
     assert (ending.status, ending.reason) == (TurnStatus.TIMEOUT, "pass_duration_timeout")
@@ -677,9 +680,11 @@ def test_a_generation_turn_is_predicted_to_hold_its_timeout_notice_until_the_end
     # timeout notice at once, and its raise ends the turn while "Hi" is still in flight; a
     # generation turn holds the notice until the attempt is over, so "Hi" is confirmed.
     script = TurnScript(
-        passes=((TextDelta("Hi"), Pause(100.0)),), notices=(ChannelAct.RAISE,),
-        delivery_delay=3.0, provider_key=provider_key,
-    )  # fmt: skip
+        passes=((TextDelta("Hi"), Pause(100.0)),),
+        notices=(ChannelAct.RAISE,),
+        delivery_delay=3.0,
+        provider_key=provider_key,
+    )
     policy = LoopPolicy(delivery_flush_chars=1, inactivity_timeout=2.0, first_token_timeout=2.0)
     ending = predict(script, policy)
     assert (ending.status, ending.reason, ending.final_text) == (status, reason, final_text)
@@ -709,13 +714,16 @@ def test_a_delivery_confirmed_while_a_notice_holds_up_the_turn_is_predicted_read
     # the settle window (1 s) gives up on "Hello" at 3 s, but the timeout notice hangs and
     # the channel confirms "Hello" at 4 s, before the turn returns
     script = TurnScript(
-        passes=((TextDelta("Hello"), Pause(100.0)),), notices=(ChannelAct.HANG,),
+        passes=((TextDelta("Hello"), Pause(100.0)),),
+        notices=(ChannelAct.HANG,),
         delivery_delay=4.0,
-    )  # fmt: skip
+    )
     policy = LoopPolicy(
-        delivery_flush_chars=1, inactivity_timeout=2.0, first_token_timeout=2.0,
+        delivery_flush_chars=1,
+        inactivity_timeout=2.0,
+        first_token_timeout=2.0,
         abandoned_stream_settle=1.0,
-    )  # fmt: skip
+    )
     ending = predict(script, policy)
     assert (ending.status, ending.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
     assert (ending.final_text, ending.undelivered_text) == ("Hello", "")
@@ -728,9 +736,11 @@ def test_a_trickle_coinciding_with_every_confirmation_is_predicted_without_givin
     # the same instant a hundred times, and the two orders of each lead to the same turn
     script = TurnScript(passes=((Trickle(),),), delivery_delay=9.0)
     policy = LoopPolicy(
-        delivery_flush_chars=1, inactivity_timeout=5.0, first_token_timeout=5.0,
+        delivery_flush_chars=1,
+        inactivity_timeout=5.0,
+        first_token_timeout=5.0,
         max_pass_duration=900.0,
-    )  # fmt: skip
+    )
     endings = predict_endings(script, policy)
     assert {(e.status, e.reason) for e in endings} == {
         (TurnStatus.TIMEOUT, "pass_duration_timeout")

@@ -70,11 +70,14 @@ def _collect(saved: list[str]) -> Callable[[TurnSnapshot], None]:
 def _tool_loop(saved: list[str]) -> None:
     asyncio.run(
         run_tool_loop(
-            ScriptedProvider(weather_passes()), [CountingTool().tool()], RecordingChannel(),
-            TurnRequest(USER, turn_id="fuzz-loop"), policy=SMALL_FLUSH,
+            ScriptedProvider(weather_passes()),
+            [CountingTool().tool()],
+            RecordingChannel(),
+            TurnRequest(USER, turn_id="fuzz-loop"),
+            policy=SMALL_FLUSH,
             on_snapshot=_collect(saved),
         )
-    )  # fmt: skip
+    )
 
 
 def _in_flight(saved: list[str]) -> None:
@@ -96,11 +99,15 @@ def _drafted(saved: list[str]) -> None:
     ]
     asyncio.run(
         run_tool_loop(
-            ScriptedProvider(passes), [CountingTool().tool()], RecordingChannel(),
-            TurnRequest(USER, turn_id="fuzz-drafted"), policy=LoopPolicy(drafting=True),
-            reviewer=ScriptedReviewer([Revise([voice]), Pass()]), on_snapshot=_collect(saved),
+            ScriptedProvider(passes),
+            [CountingTool().tool()],
+            RecordingChannel(),
+            TurnRequest(USER, turn_id="fuzz-drafted"),
+            policy=LoopPolicy(drafting=True),
+            reviewer=ScriptedReviewer([Revise([voice]), Pass()]),
+            on_snapshot=_collect(saved),
         )
-    )  # fmt: skip
+    )
 
 
 def _checkpoint(saved: list[str]) -> None:
@@ -112,12 +119,15 @@ def _checkpoint(saved: list[str]) -> None:
     ]
     asyncio.run(
         run_tool_loop(
-            ScriptedProvider(passes), [CountingTool().tool()], RecordingChannel(),
+            ScriptedProvider(passes),
+            [CountingTool().tool()],
+            RecordingChannel(),
             TurnRequest(USER, turn_id="fuzz-checkpoint"),
             policy=LoopPolicy(review_tool_calls=True),
-            reviewer=ScriptedReviewer([Revise([wrong_city])]), on_snapshot=_collect(saved),
+            reviewer=ScriptedReviewer([Revise([wrong_city])]),
+            on_snapshot=_collect(saved),
         )
-    )  # fmt: skip
+    )
 
 
 def _fallback(saved: list[str]) -> None:
@@ -134,23 +144,34 @@ def _fallback(saved: list[str]) -> None:
         Attempt(ScriptedProvider(answering), label="B"),
     ]
     asyncio.run(
-        run_generation_turn(chain, [CountingTool().tool()], RecordingChannel(),
-                            TurnRequest(USER, turn_id="fuzz-chain"), on_snapshot=_collect(saved))
-    )  # fmt: skip
+        run_generation_turn(
+            chain,
+            [CountingTool().tool()],
+            RecordingChannel(),
+            TurnRequest(USER, turn_id="fuzz-chain"),
+            on_snapshot=_collect(saved),
+        )
+    )
 
 
 def _cooling_key(saved: list[str]) -> None:
-    limited = [[Fail(ProviderError("slow down", kind="rate_limit", retryable=True,
-                                   retry_after=30.0))]]  # fmt: skip
+    limited = [
+        [Fail(ProviderError("slow down", kind="rate_limit", retryable=True, retry_after=30.0))]
+    ]
     chain = [
         Attempt(lambda _key: ScriptedProvider(limited), keys=("k-1", "k-2"), label="A"),
         Attempt(ScriptedProvider([[TextDelta("Hi")]]), label="B"),
     ]
     asyncio.run(
-        run_generation_turn(chain, [], RecordingChannel(), TurnRequest(USER),
-                            policy=TurnPolicy(max_key_attempts_per_model=2),
-                            on_snapshot=_collect(saved))
-    )  # fmt: skip
+        run_generation_turn(
+            chain,
+            [],
+            RecordingChannel(),
+            TurnRequest(USER),
+            policy=TurnPolicy(max_key_attempts_per_model=2),
+            on_snapshot=_collect(saved),
+        )
+    )
 
 
 @functools.cache
@@ -182,17 +203,23 @@ _RAW = "\x00raw\x00"
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=8,
-)  # fmt: skip
+)
 
 
 def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Every place in a JSON document (the root excluded), parents before children."""
     found: list[tuple[Any, ...]] = []
-    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(
-        value, list) else ()  # fmt: skip
+    children = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
     for key, child in children:
         found.append((*path, key))
         found.extend(_paths(child, (*path, key)))
@@ -219,10 +246,22 @@ def mutated_snapshots(draw: st.DrawFn) -> tuple[str | bytes, str]:
         path = draw(st.sampled_from(paths))
         parent, key = _at(document, path[:-1]), path[-1]
         value = parent[key]
-        kind = draw(st.sampled_from([
-            "drop", "duplicate", "retype", "text for list", "list for text", "record moved",
-            "deep nesting", "huge text", "huge number", "null",
-        ]))  # fmt: skip
+        kind = draw(
+            st.sampled_from(
+                [
+                    "drop",
+                    "duplicate",
+                    "retype",
+                    "text for list",
+                    "list for text",
+                    "record moved",
+                    "deep nesting",
+                    "huge text",
+                    "huge number",
+                    "null",
+                ]
+            )
+        )
         if kind == "drop":
             del parent[key]
         elif kind == "duplicate":

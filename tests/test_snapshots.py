@@ -77,10 +77,13 @@ async def _run_with_snapshots(
 ) -> tuple[GenerationTurnResult, list[str]]:
     saved: list[str] = []
     result = await run_tool_loop(
-        ScriptedProvider(passes), [weather.tool()], channel,
-        TurnRequest(USER, turn_id="turn-1"), policy=SMALL_FLUSH,
+        ScriptedProvider(passes),
+        [weather.tool()],
+        channel,
+        TurnRequest(USER, turn_id="turn-1"),
+        policy=SMALL_FLUSH,
         on_snapshot=lambda snapshot: saved.append(snapshot_to_json(snapshot)),
-    )  # fmt: skip
+    )
     return result, saved
 
 
@@ -117,9 +120,12 @@ def test_a_live_event_stream_takes_snapshots_too() -> None:
     async def watch() -> GenerationTurnResult | None:
         ended = None
         async with stream_tool_loop(
-            ScriptedProvider(weather_passes()), [weather.tool()], RecordingChannel(),
-            TurnRequest(USER), on_snapshot=saved.append,
-        ) as events:  # fmt: skip
+            ScriptedProvider(weather_passes()),
+            [weather.tool()],
+            RecordingChannel(),
+            TurnRequest(USER),
+            on_snapshot=saved.append,
+        ) as events:
             async for event in events:
                 if isinstance(event, TurnEnded):
                     ended = event.result
@@ -139,10 +145,13 @@ def test_a_turn_resumed_after_its_tool_ran_does_not_run_the_tool_again() -> None
     channel = RecordingChannel()
     resumed = asyncio.run(
         resume_tool_loop(
-            snapshot, ScriptedProvider(weather_passes()[1:]), [weather.tool()], channel,
+            snapshot,
+            ScriptedProvider(weather_passes()[1:]),
+            [weather.tool()],
+            channel,
             policy=SMALL_FLUSH,
         )
-    )  # fmt: skip
+    )
     assert len(weather.runs) == 1  # the ledger and the history hold its outcome
     assert (resumed.status, resumed.reason) == (first.status, first.reason)
     assert resumed.delivered_text == first.delivered_text
@@ -172,10 +181,13 @@ def test_a_turn_resumed_after_the_memory_tool_ran_keeps_it_disabled() -> None:
     saved: list[str] = []
     asyncio.run(
         run_tool_loop(
-            ScriptedProvider(passes), [memory, weather.tool()], RecordingChannel(),
-            TurnRequest(USER), on_snapshot=lambda s: saved.append(snapshot_to_json(s)),
+            ScriptedProvider(passes),
+            [memory, weather.tool()],
+            RecordingChannel(),
+            TurnRequest(USER),
+            on_snapshot=lambda s: saved.append(snapshot_to_json(s)),
         )
-    )  # fmt: skip
+    )
     assert memory_runs == [{"fact": "likes Oslo"}]  # once a turn
     snapshot = snapshot_from_json(saved[1])  # after the memory tool ran, before pass 2
     provider = ScriptedProvider(passes[1:])
@@ -202,17 +214,27 @@ def test_a_turn_resumed_after_a_checkpoint_rejection_keeps_the_rejection() -> No
     saved: list[str] = []
     asyncio.run(
         run_tool_loop(
-            ScriptedProvider(passes), [weather.tool()], RecordingChannel(), TurnRequest(USER),
-            policy=checkpoint, reviewer=ScriptedReviewer([Revise([no]), Pass()]),
+            ScriptedProvider(passes),
+            [weather.tool()],
+            RecordingChannel(),
+            TurnRequest(USER),
+            policy=checkpoint,
+            reviewer=ScriptedReviewer([Revise([no]), Pass()]),
             on_snapshot=lambda s: saved.append(snapshot_to_json(s)),
         )
-    )  # fmt: skip
+    )
     snapshot = snapshot_from_json(saved[1])  # after the rejection, before pass 2
     reviewer = ScriptedReviewer([Pass()])
     resumed = asyncio.run(
-        resume_tool_loop(snapshot, ScriptedProvider(passes[1:]), [weather.tool()],
-                         RecordingChannel(), policy=checkpoint, reviewer=reviewer)
-    )  # fmt: skip
+        resume_tool_loop(
+            snapshot,
+            ScriptedProvider(passes[1:]),
+            [weather.tool()],
+            RecordingChannel(),
+            policy=checkpoint,
+            reviewer=reviewer,
+        )
+    )
     assert reviewer.packets == []  # the identical call gets the same rejection, unreviewed
     assert weather.runs == []
     assert [e.response.status for e in resumed.history] == ["review_rejected"] * 2
@@ -242,10 +264,14 @@ def test_a_crash_mid_pass_resumed_with_a_keyed_channel_shows_no_text_twice() -> 
 
         channel.on_delivery = cut_when_pass_2_is_shown
         await run_tool_loop(
-            ScriptedProvider(passes, clock=clock), [weather.tool()], channel,
-            TurnRequest(USER, turn_id="turn-2"), policy=SMALL_FLUSH, clock=clock,
+            ScriptedProvider(passes, clock=clock),
+            [weather.tool()],
+            channel,
+            TurnRequest(USER, turn_id="turn-2"),
+            policy=SMALL_FLUSH,
+            clock=clock,
             on_snapshot=saved.append,
-        )  # fmt: skip
+        )
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(crash())
@@ -255,10 +281,14 @@ def test_a_crash_mid_pass_resumed_with_a_keyed_channel_shows_no_text_twice() -> 
     clock = VirtualClock()
     resumed = asyncio.run(
         resume_tool_loop(
-            snapshot, ScriptedProvider(passes[1:], clock=clock), [weather.tool()], channel,
-            policy=SMALL_FLUSH, clock=clock,
+            snapshot,
+            ScriptedProvider(passes[1:], clock=clock),
+            [weather.tool()],
+            channel,
+            policy=SMALL_FLUSH,
+            clock=clock,
         )
-    )  # fmt: skip
+    )
     assert channel.duplicates_dropped == 1
     assert channel.text == "It is sunny in Oslo today."
     assert resumed.delivered_text == "It is sunny in Oslo today."
@@ -292,10 +322,13 @@ def test_an_exception_from_on_snapshot_is_raised_from_the_run() -> None:
     with pytest.raises(StoreDown):
         asyncio.run(
             run_tool_loop(
-                ScriptedProvider(weather_passes()), [weather.tool()], RecordingChannel(),
-                TurnRequest(USER), on_snapshot=fail,
+                ScriptedProvider(weather_passes()),
+                [weather.tool()],
+                RecordingChannel(),
+                TurnRequest(USER),
+                on_snapshot=fail,
             )
-        )  # fmt: skip
+        )
     assert weather.runs == []  # the turn ended at its first stable point
 
 
@@ -304,9 +337,14 @@ def test_resume_refuses_a_host_that_no_longer_registers_a_tool_the_snapshot_name
     _, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
     with pytest.raises(SnapshotError, match=r"tools: .*get_weather"):
         asyncio.run(
-            resume_tool_loop(snapshot_from_json(saved[1]), ScriptedProvider([]), [],
-                             RecordingChannel(), policy=SMALL_FLUSH)
-        )  # fmt: skip
+            resume_tool_loop(
+                snapshot_from_json(saved[1]),
+                ScriptedProvider([]),
+                [],
+                RecordingChannel(),
+                policy=SMALL_FLUSH,
+            )
+        )
 
 
 def test_a_tool_loop_snapshot_is_refused_by_resume_generation_turn_and_back() -> None:
@@ -334,11 +372,15 @@ def test_a_drafted_turn_resumed_after_its_revision_keeps_the_review_state() -> N
     saved: list[str] = []
     first = asyncio.run(
         run_tool_loop(
-            ScriptedProvider(passes), [weather.tool()], RecordingChannel(), TurnRequest(USER),
-            policy=drafting, reviewer=ScriptedReviewer([Revise([voice]), Pass()]),
+            ScriptedProvider(passes),
+            [weather.tool()],
+            RecordingChannel(),
+            TurnRequest(USER),
+            policy=drafting,
+            reviewer=ScriptedReviewer([Revise([voice]), Pass()]),
             on_snapshot=lambda s: saved.append(snapshot_to_json(s)),
         )
-    )  # fmt: skip
+    )
     assert (first.status.value, first.reason) == ("completed", "draft_passed")
     cut = snapshot_from_json(saved[-1])  # before the revision's pass
     assert cut.loop is not None and cut.loop.draft is not None
@@ -347,9 +389,15 @@ def test_a_drafted_turn_resumed_after_its_revision_keeps_the_review_state() -> N
     channel = RecordingChannel()
     reviewer = ScriptedReviewer([Pass()])
     resumed = asyncio.run(
-        resume_tool_loop(cut, ScriptedProvider(passes[2:]), [weather.tool()], channel,
-                         policy=drafting, reviewer=reviewer)
-    )  # fmt: skip
+        resume_tool_loop(
+            cut,
+            ScriptedProvider(passes[2:]),
+            [weather.tool()],
+            channel,
+            policy=drafting,
+            reviewer=reviewer,
+        )
+    )
     assert (resumed.status, resumed.reason) == (first.status, first.reason)
     assert channel.texts == ["It is a lovely sunny day in Oslo!"]
     assert resumed.delivered_text == first.delivered_text
@@ -382,18 +430,26 @@ def test_a_generation_turn_resumed_in_its_fallback_attempt_keeps_the_chain_and_t
     saved: list[str] = []
     request = TurnRequest(USER, turn_id="turn-4")
     first = asyncio.run(
-        run_generation_turn(chain(), [weather.tool()], RecordingChannel(), request,
-                            on_snapshot=lambda s: saved.append(snapshot_to_json(s)))
-    )  # fmt: skip
+        run_generation_turn(
+            chain(),
+            [weather.tool()],
+            RecordingChannel(),
+            request,
+            on_snapshot=lambda s: saved.append(snapshot_to_json(s)),
+        )
+    )
     assert first.status.value == "completed" and len(weather.runs) == 1
     snapshots = [snapshot_from_json(text) for text in saved]
     assert all(s.tier == "generation" for s in snapshots)
     # B's own stable point after its (reused) tool round: attempt 2, one pass done
     cut = next(
-        s for s in snapshots
-        if s.chain is not None and s.chain.attempts == 2 and s.loop is not None
+        s
+        for s in snapshots
+        if s.chain is not None
+        and s.chain.attempts == 2
+        and s.loop is not None
         and s.loop.iterations == 1
-    )  # fmt: skip
+    )
     assert cut.chain is not None and [f.label for f in cut.chain.failures] == ["A"]
     resumed_chain = [
         Attempt(ScriptedProvider(failing), label="A"),
@@ -412,17 +468,23 @@ def test_a_generation_turn_resumed_in_its_fallback_attempt_keeps_the_chain_and_t
 def test_resume_generation_turn_refuses_a_different_chain() -> None:
     saved: list[TurnSnapshot] = []
     asyncio.run(
-        run_generation_turn([Attempt(ScriptedProvider([[TextDelta("Hi")]]), label="A")], [],
-                            RecordingChannel(), TurnRequest(USER), on_snapshot=saved.append)
-    )  # fmt: skip
+        run_generation_turn(
+            [Attempt(ScriptedProvider([[TextDelta("Hi")]]), label="A")],
+            [],
+            RecordingChannel(),
+            TurnRequest(USER),
+            on_snapshot=saved.append,
+        )
+    )
     other = [Attempt(ScriptedProvider([]), label="Z")]
     with pytest.raises(SnapshotError, match=r"chain\.labels"):
         asyncio.run(resume_generation_turn(saved[0], other, [], RecordingChannel()))
 
 
 def test_a_cooling_key_keeps_the_cooldown_it_had_left_on_the_resuming_clock() -> None:
-    rate_limited = [[Fail(ProviderError("slow down", kind="rate_limit", retryable=True,
-                                        retry_after=30.0))]]  # fmt: skip
+    rate_limited = [
+        [Fail(ProviderError("slow down", kind="rate_limit", retryable=True, retry_after=30.0))]
+    ]
     saved: list[TurnSnapshot] = []
 
     def chain(first: list[list[Any]]) -> list[Attempt]:
@@ -433,9 +495,15 @@ def test_a_cooling_key_keeps_the_cooldown_it_had_left_on_the_resuming_clock() ->
 
     policy = TurnPolicy(max_key_attempts_per_model=2)
     asyncio.run(
-        run_generation_turn(chain(rate_limited), [], RecordingChannel(), TurnRequest(USER),
-                            policy=policy, on_snapshot=saved.append)
-    )  # fmt: skip
+        run_generation_turn(
+            chain(rate_limited),
+            [],
+            RecordingChannel(),
+            TurnRequest(USER),
+            policy=policy,
+            on_snapshot=saved.append,
+        )
+    )
     cut = saved[-1]
     assert cut.chain is not None and cut.chain.attempts >= 2
     clock = VirtualClock()
@@ -444,9 +512,14 @@ def test_a_cooling_key_keeps_the_cooldown_it_had_left_on_the_resuming_clock() ->
     async def resume() -> GenerationTurnResult:
         await clock.sleep(1000.0)  # the resuming process's clock reads far later
         return await resume_generation_turn(
-            cut, chain([[TextDelta("Hi")]]), [], RecordingChannel(), policy=policy,
-            clock=clock, key_book=book,
-        )  # fmt: skip
+            cut,
+            chain([[TextDelta("Hi")]]),
+            [],
+            RecordingChannel(),
+            policy=policy,
+            clock=clock,
+            key_book=book,
+        )
 
     asyncio.run(resume())
     cooled = book[("A", 0)]
@@ -507,9 +580,16 @@ def test_the_readmes_resume_example_runs_as_written(tmp_path: Path) -> None:
     script = tmp_path / "resume.py"
     script.write_text(section[start : section.index("\n```", start)], encoding="utf-8")
     root = str(Path(__file__).resolve().parent.parent)
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, encoding="utf-8", timeout=120, check=False,
-                          env={**os.environ, "PYTHONPATH": root})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": root},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines() == [
         "get_weather('Oslo') ran",
@@ -524,21 +604,52 @@ def test_the_readmes_resume_example_runs_as_written(tmp_path: Path) -> None:
 #: state must be captured or listed here; a record the snapshot holds flat (`_LOOP_FLAT`) has
 #: every field captured.
 _LOOP_LEFT_OUT = {
-    "armed", "buffer_len", "buffer_start", "current_event", "current_pass", "effects",
-    "error_message", "flush_chars", "next_token", "pass_text", "policy", "provider_error_kind",
-    "provider_error_retryable", "provider_retry_after", "reason", "registry",
-    "settle_started", "snapshots", "state", "status", "step_time", "stop_message",
+    "armed",
+    "buffer_len",
+    "buffer_start",
+    "current_event",
+    "current_pass",
+    "effects",
+    "error_message",
+    "flush_chars",
+    "next_token",
+    "pass_text",
+    "policy",
+    "provider_error_kind",
+    "provider_error_retryable",
+    "provider_retry_after",
+    "reason",
+    "registry",
+    "settle_started",
+    "snapshots",
+    "state",
+    "status",
+    "step_time",
+    "stop_message",
     "tool_round",
     # caches the engine rebuilds on first use: the offered tools and their specs, the usage
     # estimate's running count (a resumed turn counts afresh)
-    "allowed_tools", "offered_specs", "read_count",
-}  # fmt: skip
+    "allowed_tools",
+    "offered_specs",
+    "read_count",
+}
 #: The run state's records a snapshot holds field by field, under the fields' own names.
 _LOOP_FLAT = {"deliveries", "produced"}
 _CHAIN_LEFT_OUT = {
-    "current_event", "effects", "last", "plans", "policy", "reason", "shared_plans", "state",
-    "status", "step_time", "stop_message", "tool_specs", "unreachable",
-}  # fmt: skip
+    "current_event",
+    "effects",
+    "last",
+    "plans",
+    "policy",
+    "reason",
+    "shared_plans",
+    "state",
+    "status",
+    "step_time",
+    "stop_message",
+    "tool_specs",
+    "unreachable",
+}
 
 
 def test_a_snapshot_captures_every_field_of_the_state_it_does_not_leave_out_on_purpose() -> None:
@@ -613,9 +724,11 @@ def test_many_wrong_elements_give_a_bounded_list_of_problems() -> None:
     assert len(message) <= MAX_SNAPSHOT_ERROR_CHARS
     # a document wrong everywhere: the first problems, and how many more there are
     document = _document()
-    wrong = ("iterations dispatches next_seq follow_ups_cleared consecutive_tool_errors "
-             "continuation_failures thought_log last_text suppress_text continuation_style "
-             "hold_timeout_notice prefill")  # fmt: skip
+    wrong = (
+        "iterations dispatches next_seq follow_ups_cleared consecutive_tool_errors "
+        "continuation_failures thought_log last_text suppress_text continuation_style "
+        "hold_timeout_notice prefill"
+    )
     for name in wrong.split():
         document["loop"][name] = [[["wrong"]]]
     with pytest.raises(SnapshotError, match=r"and 2 further problems not listed") as raised:
@@ -645,11 +758,15 @@ def _drafted_cut() -> tuple[TurnSnapshot, list[list[ScriptItem]]]:
     saved: list[TurnSnapshot] = []
     asyncio.run(
         run_tool_loop(
-            ScriptedProvider(passes), [CountingTool().tool()], RecordingChannel(),
-            TurnRequest(USER), policy=LoopPolicy(drafting=True), reviewer=ScriptedReviewer(),
+            ScriptedProvider(passes),
+            [CountingTool().tool()],
+            RecordingChannel(),
+            TurnRequest(USER),
+            policy=LoopPolicy(drafting=True),
+            reviewer=ScriptedReviewer(),
             on_snapshot=saved.append,
         )
-    )  # fmt: skip
+    )
     cut = snapshot_from_json(snapshot_to_json(saved[-1]))
     assert cut.loop is not None and cut.loop.draft is not None and cut.loop.draft.segments
     return cut, passes
@@ -662,9 +779,14 @@ def test_a_drafted_turn_resumed_with_a_policy_without_drafting_is_refused_naming
     channel = RecordingChannel()
     with pytest.raises(SnapshotError, match=r"policy\.drafting: .*True.*False"):
         asyncio.run(
-            resume_tool_loop(cut, ScriptedProvider(passes[1:]), [CountingTool().tool()],
-                             channel, policy=LoopPolicy())
-        )  # fmt: skip
+            resume_tool_loop(
+                cut,
+                ScriptedProvider(passes[1:]),
+                [CountingTool().tool()],
+                channel,
+                policy=LoopPolicy(),
+            )
+        )
     assert channel.texts == []  # refused before anything was sent
 
 
@@ -679,9 +801,16 @@ def test_resume_refuses_a_ceiling_or_budget_other_than_the_one_the_turn_counted_
         (attrs.evolve(SMALL_FLUSH, review_tool_calls=True), "review_tool_calls"),
     ]:
         with pytest.raises(SnapshotError, match=rf"policy\.{field}: "):
-            asyncio.run(resume_tool_loop(cut, ScriptedProvider([]), [weather.tool()],
-                                         RecordingChannel(), policy=changed,
-                                         reviewer=ScriptedReviewer()))  # fmt: skip
+            asyncio.run(
+                resume_tool_loop(
+                    cut,
+                    ScriptedProvider([]),
+                    [weather.tool()],
+                    RecordingChannel(),
+                    policy=changed,
+                    reviewer=ScriptedReviewer(),
+                )
+            )
 
 
 def test_resume_refuses_a_tool_whose_follow_up_or_replay_setting_changed() -> None:
@@ -693,8 +822,11 @@ def test_resume_refuses_a_tool_whose_follow_up_or_replay_setting_changed() -> No
         (attrs.evolve(weather.tool(), requires_follow_up=False), "requires_follow_up"),
     ]:
         with pytest.raises(SnapshotError, match=rf"tools\.get_weather\.{setting}: "):
-            asyncio.run(resume_tool_loop(cut, ScriptedProvider([]), [changed],
-                                         RecordingChannel(), policy=SMALL_FLUSH))  # fmt: skip
+            asyncio.run(
+                resume_tool_loop(
+                    cut, ScriptedProvider([]), [changed], RecordingChannel(), policy=SMALL_FLUSH
+                )
+            )
     assert len(weather.runs) == 1
 
 
@@ -704,17 +836,27 @@ def test_a_resume_with_longer_time_budgets_and_a_new_tool_continues_the_turn() -
     weather = CountingTool()
     first, saved = asyncio.run(_run_with_snapshots(weather_passes(), weather, RecordingChannel()))
     patient = attrs.evolve(
-        SMALL_FLUSH, tool_timeout=900.0, inactivity_timeout=600.0, host_call_timeout=90.0,
-        cancel_grace=5.0, max_pass_duration=1800.0, review_timeout=300.0,
-    )  # fmt: skip
+        SMALL_FLUSH,
+        tool_timeout=900.0,
+        inactivity_timeout=600.0,
+        host_call_timeout=90.0,
+        cancel_grace=5.0,
+        max_pass_duration=1800.0,
+        review_timeout=300.0,
+    )
     tools = [
         attrs.evolve(weather.tool(), timeout=60.0, description="The forecast for a city"),
         Tool("get_time", "The time", {"type": "object"}, lambda _a, _c: ToolResult(data="noon")),
     ]
     resumed = asyncio.run(
-        resume_tool_loop(snapshot_from_json(saved[1]), ScriptedProvider(weather_passes()[1:]),
-                         tools, RecordingChannel(), policy=patient)
-    )  # fmt: skip
+        resume_tool_loop(
+            snapshot_from_json(saved[1]),
+            ScriptedProvider(weather_passes()[1:]),
+            tools,
+            RecordingChannel(),
+            policy=patient,
+        )
+    )
     assert (resumed.status, resumed.reason) == (first.status, first.reason)
     assert resumed.final_text == "It is sunny in Oslo today."
     assert len(weather.runs) == 1
@@ -724,10 +866,16 @@ def test_a_generation_turn_resumed_with_another_turn_policy_is_refused_naming_th
     saved: list[TurnSnapshot] = []
     policy = TurnPolicy(loop=LoopPolicy(drafting=True))
     asyncio.run(
-        run_generation_turn([Attempt(ScriptedProvider([[TextDelta("Hi")]]), label="A")], [],
-                            RecordingChannel(), TurnRequest(USER), policy=policy,
-                            reviewer=ScriptedReviewer(), on_snapshot=saved.append)
-    )  # fmt: skip
+        run_generation_turn(
+            [Attempt(ScriptedProvider([[TextDelta("Hi")]]), label="A")],
+            [],
+            RecordingChannel(),
+            TurnRequest(USER),
+            policy=policy,
+            reviewer=ScriptedReviewer(),
+            on_snapshot=saved.append,
+        )
+    )
     for changed, field in [
         (TurnPolicy(), r"policy\.loop\.drafting"),
         (attrs.evolve(policy, max_key_attempts_per_model=1), "policy.max_key_attempts_per_model"),
@@ -736,15 +884,25 @@ def test_a_generation_turn_resumed_with_another_turn_policy_is_refused_naming_th
         for cut in saved:
             with pytest.raises(SnapshotError, match=rf"{field}: "):
                 asyncio.run(
-                    resume_generation_turn(cut, [Attempt(ScriptedProvider([]), label="A")], [],
-                                           RecordingChannel(), policy=changed,
-                                           reviewer=ScriptedReviewer())
-                )  # fmt: skip
+                    resume_generation_turn(
+                        cut,
+                        [Attempt(ScriptedProvider([]), label="A")],
+                        [],
+                        RecordingChannel(),
+                        policy=changed,
+                        reviewer=ScriptedReviewer(),
+                    )
+                )
     # the cooldowns are the resuming host's: a different one resumes
     cooler = attrs.evolve(policy, rate_limit_cooldown=5.0, failure_cooldown=10.0)
     resumed = asyncio.run(
-        resume_generation_turn(saved[-1], [Attempt(ScriptedProvider([[TextDelta("Hi")]]),
-                                                   label="A")], [], RecordingChannel(),
-                               policy=cooler, reviewer=ScriptedReviewer())
-    )  # fmt: skip
+        resume_generation_turn(
+            saved[-1],
+            [Attempt(ScriptedProvider([[TextDelta("Hi")]]), label="A")],
+            [],
+            RecordingChannel(),
+            policy=cooler,
+            reviewer=ScriptedReviewer(),
+        )
+    )
     assert resumed.status.value == "completed"

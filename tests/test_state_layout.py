@@ -23,9 +23,16 @@ VALUE_MODULES = (
     "toolloop_fsm.snapshot",
 )
 #: the run state and what reads or drives it: above every value
-ABOVE_VALUES = ("toolloop_fsm.turn", "toolloop_fsm.snapshot_capture", "toolloop_fsm.machine",
-                "toolloop_fsm.generation", "toolloop_fsm.runner", "toolloop_fsm.states",
-                "toolloop_fsm.guards", "toolloop_fsm.pump")  # fmt: skip
+ABOVE_VALUES = (
+    "toolloop_fsm.turn",
+    "toolloop_fsm.snapshot_capture",
+    "toolloop_fsm.machine",
+    "toolloop_fsm.generation",
+    "toolloop_fsm.runner",
+    "toolloop_fsm.states",
+    "toolloop_fsm.guards",
+    "toolloop_fsm.pump",
+)
 
 
 def _module_file(module: str) -> Path | None:

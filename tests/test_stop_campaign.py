@@ -38,9 +38,12 @@ FRAMES = 24
 TURN_GUARD = 10.0
 QUESTION = TurnRequest([{"role": "user", "content": "Count to twenty-four, slowly."}])
 POLICY = LoopPolicy(
-    first_token_timeout=5, inactivity_timeout=5, host_call_timeout=5, cancel_grace=1,
+    first_token_timeout=5,
+    inactivity_timeout=5,
+    host_call_timeout=5,
+    cancel_grace=1,
     delivery_flush_chars=1,
-)  # fmt: skip
+)
 
 
 def _frame(delta: dict[str, object], finish: str | None = None) -> bytes:
@@ -202,9 +205,12 @@ async def run_one(
     index: int, plan: TurnPlan, client: httpx.AsyncClient, transport: PacedTransport, url: str
 ) -> Outcome:
     provider = OpenAICompatibleProvider(
-        url + "/v1", "campaign-model", api_key="sk-campaign", client=client,
+        url + "/v1",
+        "campaign-model",
+        api_key="sk-campaign",
+        client=client,
         headers={"x-campaign-turn": str(index)},
-    )  # fmt: skip
+    )
     channel = ConfirmingChannel(plan.confirm_delays)
     signals = TurnSignals()
     loop = asyncio.get_running_loop()
@@ -225,9 +231,14 @@ async def run_one(
     try:
         async with asyncio.timeout(TURN_GUARD):
             result = await run_tool_loop(
-                provider, [], channel, QUESTION, policy=POLICY, signals=signals,
+                provider,
+                [],
+                channel,
+                QUESTION,
+                policy=POLICY,
+                signals=signals,
                 clock=LoopClock(),
-            )  # fmt: skip
+            )
     except TimeoutError:
         return Outcome(index, hung=True)
     finally:

@@ -127,8 +127,9 @@ def test_each_delivery_confirmed_while_streaming_is_a_step_at_its_time() -> None
     machine.feed(DeliveryRecorded(1), now=3.0)  # confirmed at the same time: a step of its own
     machine.feed(TextDelta("c"), now=4.0)  # the stream goes on as before
     machine.feed(DeliveryRecorded(2), now=4.5)
-    confirmed = [(s.state, s.next_state, s.at) for s in machine.trace
-                 if s.event == "delivery_recorded"]  # fmt: skip
+    confirmed = [
+        (s.state, s.next_state, s.at) for s in machine.trace if s.event == "delivery_recorded"
+    ]
     assert confirmed == [("streaming", "streaming", 3.0)] * 2 + [("streaming", "streaming", 4.5)]
     assert machine.state == "streaming"
     assert [d.seq for d in machine.turn.deliveries.delivered or ()] == [0, 1, 2]

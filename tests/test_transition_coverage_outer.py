@@ -77,12 +77,17 @@ def _shared(admit: bool, delay: float = 0.0) -> SharedRouteScript:
 #: No usable credentials at the start: every key cooling or retired in the key book.
 ALL_KEYS_COOLING = ChainScript(
     models=(
-        ModelScript("m0", keys=(KeyScript(_key(0), state=KeyState.COOLING),
-                                KeyScript(_key(1), state=KeyState.RETIRED))),
+        ModelScript(
+            "m0",
+            keys=(
+                KeyScript(_key(0), state=KeyState.COOLING),
+                KeyScript(_key(1), state=KeyState.RETIRED),
+            ),
+        ),
         ModelScript("m1", keys=(KeyScript(_key(2), state=KeyState.COOLING),)),
     ),
     policy=_POLICY,
-)  # fmt: skip
+)
 #: The host reports the destination unreachable while the first attempt streams.
 UNREACHABLE_WHILE_ATTEMPTING = ChainScript(
     models=(ModelScript("m0", keyless=_SLOW), ModelScript("m1", keyless=_ANSWERS)),
@@ -196,21 +201,35 @@ def test_the_outer_property_workload_fires_every_declared_transition() -> None:
 def test_each_rare_path_example_takes_the_transition_it_is_named_for() -> None:
     """The explicit examples are not decoration: each reaches its path through the pump."""
     expected: dict[str, tuple[ChainScript, str]] = {
-        "all keys cooling": (ALL_KEYS_COOLING,
-            "planning --advance[no_attempt_available]--> finishing"),
-        "unreachable while attempting": (UNREACHABLE_WHILE_ATTEMPTING,
-            "attempting --destination_unreachable--> finishing"),
-        "channel finds the destination gone": (CHANNEL_FINDS_DESTINATION_GONE,
-            "judging_attempt --advance[destination_unreachable]--> finishing"),
-        "factory raises": (FACTORY_RAISES,
-            "judging_attempt --advance[attempt_failed_in_host_code]--> finishing"),
-        "rotate, advance, admit": (ROTATE_ADVANCE_ADMIT,
-            "admitting_shared_route --admission_decided[admission_granted]--> advancing_model"),
-        "shared route refused": (SHARED_ROUTE_REFUSED,
-            "admitting_shared_route --admission_decided--> finishing"),
-        "stop while admitting": (STOP_WHILE_ADMITTING,
-            "admitting_shared_route --stop_requested--> finishing"),
-    }  # fmt: skip
+        "all keys cooling": (
+            ALL_KEYS_COOLING,
+            "planning --advance[no_attempt_available]--> finishing",
+        ),
+        "unreachable while attempting": (
+            UNREACHABLE_WHILE_ATTEMPTING,
+            "attempting --destination_unreachable--> finishing",
+        ),
+        "channel finds the destination gone": (
+            CHANNEL_FINDS_DESTINATION_GONE,
+            "judging_attempt --advance[destination_unreachable]--> finishing",
+        ),
+        "factory raises": (
+            FACTORY_RAISES,
+            "judging_attempt --advance[attempt_failed_in_host_code]--> finishing",
+        ),
+        "rotate, advance, admit": (
+            ROTATE_ADVANCE_ADMIT,
+            "admitting_shared_route --admission_decided[admission_granted]--> advancing_model",
+        ),
+        "shared route refused": (
+            SHARED_ROUTE_REFUSED,
+            "admitting_shared_route --admission_decided--> finishing",
+        ),
+        "stop while admitting": (
+            STOP_WHILE_ADMITTING,
+            "admitting_shared_route --stop_requested--> finishing",
+        ),
+    }
     declared = set(declared_transition_ids(generation.TRANSITIONS))
     for name, (script, ident) in expected.items():
         assert ident in declared, f"{ident} is not declared"

@@ -125,11 +125,14 @@ async def test_messages_without_text_add_nothing_to_the_estimate() -> None:
     # a host's context carries the model's earlier tool-call messages (``content`` None) and
     # image-only parts: they give the model no text to read, so they add no characters
     tool_call_message: dict[str, Any] = {
-        "role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]
-    }  # fmt: skip
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1"}],
+    }
     image: dict[str, Any] = {
-        "role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]
-    }  # fmt: skip
+        "role": "user",
+        "content": [{"type": "image_url", "image_url": {"url": "x"}}],
+    }
     go_on: dict[str, Any] = {"role": "user", "content": "go on"}
     context = [*USER, *[tool_call_message] * 8, image, go_on]
     turn = scripted_turn([[FunctionCall("lookup", {"q": "x"})], [TextDelta("Done.")]])
@@ -190,9 +193,14 @@ async def test_a_resumed_turn_estimates_its_passes_from_the_whole_history_it_res
     saved: list[TurnSnapshot] = []
     tool = make_tool("lookup", executions, clock)
     await run_tool_loop(
-        ScriptedProvider(passes, clock=clock), [tool], RecordingChannel(clock=clock),
-        TurnRequest(USER), policy=LONG, clock=clock, on_snapshot=saved.append,
-    )  # fmt: skip
+        ScriptedProvider(passes, clock=clock),
+        [tool],
+        RecordingChannel(clock=clock),
+        TurnRequest(USER),
+        policy=LONG,
+        clock=clock,
+        on_snapshot=saved.append,
+    )
     snapshot = snapshot_from_json(snapshot_to_json(saved[7]))  # 7 rounds in, before pass 8
     assert snapshot.loop is not None and len(snapshot.loop.history or ()) == 7
     provider = ScriptedProvider(passes[7:], clock=clock)

@@ -34,9 +34,13 @@ async def test_a_tool_awaiting_a_short_real_sleep_is_not_timed_out_by_virtual_ti
     tools = ToolRegistry([Tool("lookup", "look it up", {"type": "object"}, lookup)])
     channel = RecordingChannel(clock=clock)
     result = await run_tool_loop(
-        provider, tools, channel, TurnRequest([{"role": "user", "content": "hi"}]),
-        policy=LoopPolicy(), clock=clock,
-    )  # fmt: skip
+        provider,
+        tools,
+        channel,
+        TurnRequest([{"role": "user", "content": "hi"}]),
+        policy=LoopPolicy(),
+        clock=clock,
+    )
     assert result.status is TurnStatus.COMPLETED, result.error_message
     assert result.history[0].response.success, result.history[0].response
     assert result.final_text == "Here it is."

@@ -189,13 +189,17 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--seed", type=int, default=0, metavar="S")
     fuzz.add_argument("--tier", choices=("inner", "outer"), default="inner")
     fuzz.add_argument(
-        "--time-limit", type=float, default=5.0, metavar="SECONDS",
+        "--time-limit",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
         help="real seconds one example may run before it fails as hung (default 5)",
-    )  # fmt: skip
+    )
     fuzz.add_argument(
-        "--drafting", action="store_true",
+        "--drafting",
+        action="store_true",
         help="switch drafting and the tool checkpoint on; the reviewer's answers are drawn",
-    )  # fmt: skip
+    )
 
     trace = commands.add_parser("trace", help="print a saved result's trace as a table")
     trace.add_argument("file", metavar="FILE")
@@ -266,8 +270,9 @@ def _serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         sys.stdout.write("toolloop-fsm serve: stopped\n")
     except OSError as err:
-        sys.stderr.write(f"toolloop-fsm serve: cannot listen on 127.0.0.1:{args.port}: "
-                         f"{err.strerror}\n")  # fmt: skip
+        sys.stderr.write(
+            f"toolloop-fsm serve: cannot listen on 127.0.0.1:{args.port}: {err.strerror}\n"
+        )
         return 2
     return 0
 
@@ -367,9 +372,14 @@ def _fuzz(args: argparse.Namespace) -> int:
         else:
             policy = LoopPolicy() if args.tier == "inner" else TurnPolicy()
         report = fuzz(
-            policy, tier=args.tier, examples=args.examples, seed=args.seed, progress=progress,
-            time_limit=args.time_limit, drafting=args.drafting,
-        )  # fmt: skip
+            policy,
+            tier=args.tier,
+            examples=args.examples,
+            seed=args.seed,
+            progress=progress,
+            time_limit=args.time_limit,
+            drafting=args.drafting,
+        )
     except FuzzSetupError as err:
         sys.stderr.write(f"toolloop-fsm fuzz: {err}\n")
         return 2
@@ -378,8 +388,10 @@ def _fuzz(args: argparse.Namespace) -> int:
     sys.stderr.write("\r" + " " * 72 + "\r")
     fired, declared = report.coverage
     name = args.policy or "the default policy"
-    print(f"fuzzed {name} ({args.tier} tier): {report.examples} examples in "
-          f"{report.seconds:.1f} s, {report.rate:,.0f} examples/s")  # fmt: skip
+    print(
+        f"fuzzed {name} ({args.tier} tier): {report.examples} examples in "
+        f"{report.seconds:.1f} s, {report.rate:,.0f} examples/s"
+    )
     # an example here is a turn, not a Hypothesis example: say what the rate counts
     batching = (
         f"Hypothesis drew them as compact seeds, up to {report.batch_size} per Hypothesis example"
@@ -435,8 +447,12 @@ def _trace(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {
-        "demo": _demo, "serve": _serve, "diagram": _diagram, "fuzz": _fuzz, "trace": _trace,
-    }  # fmt: skip
+        "demo": _demo,
+        "serve": _serve,
+        "diagram": _diagram,
+        "fuzz": _fuzz,
+        "trace": _trace,
+    }
     try:
         return commands[args.command](args)
     except BrokenPipeError:

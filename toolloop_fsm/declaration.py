@@ -241,8 +241,11 @@ class MachineDeclaration:
             for source in t.sources
             if source not in known
         ]
-        problems += [f"{t.trigger} to {t.dest}" for t in self.transitions
-                     if t.dest is not None and t.dest not in known]  # fmt: skip
+        problems += [
+            f"{t.trigger} to {t.dest}"
+            for t in self.transitions
+            if t.dest is not None and t.dest not in known
+        ]
         problems += [f"the note {n.event} in {n.state}" for n in self.notes if n.state not in known]
         if self.initial not in known:
             problems.append(f"the initial state {self.initial}")

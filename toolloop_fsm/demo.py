@@ -128,9 +128,20 @@ def scripted_reply(messages: list[dict[str, Any]]) -> list[bytes]:
         }
     frames = [_chunk({"role": "assistant", "content": ""})]
     frames += [_chunk({"content": piece}) for piece in _words(text)]
-    frames.append(_chunk({"tool_calls": [{"index": 0, "id": f"call_{len(answered)}",
-                                          "type": "function", "function": {"name": call["name"],
-                                          "arguments": ""}}]}))  # fmt: skip
+    frames.append(
+        _chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": f"call_{len(answered)}",
+                        "type": "function",
+                        "function": {"name": call["name"], "arguments": ""},
+                    }
+                ]
+            }
+        )
+    )
     arguments = call["arguments"]
     for start in range(0, len(arguments), 12):  # arguments arrive in fragments, as on the wire
         frames.append(
@@ -148,8 +159,11 @@ def scripted_reply(messages: list[dict[str, Any]]) -> list[bytes]:
 
 def _closing_frames(prompt_tokens: int, completion_tokens: int) -> list[bytes]:
     """The usage chunk and the ``[DONE]`` line that end every scripted stream."""
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-             "total_tokens": 0}  # fmt: skip
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": 0,
+    }
     body = json.dumps({"id": "chatcmpl-demo", "choices": [], "usage": usage}).encode()
     return [b"data: " + body + b"\n\n", b"data: [DONE]\n\n"]
 
@@ -222,12 +236,18 @@ class DemoServer:
                 await writer.wait_closed()
 
     async def _answer(
-        self, method: str, path: str, headers: dict[str, str], body: bytes,
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
         writer: asyncio.StreamWriter,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if method == "GET" and path.rstrip("/").endswith("/v1/models"):
-            models = [{"id": name, "object": "model", "owned_by": "toolloop-fsm-demo"}
-                      for name in (RATE_LIMITED_MODEL, ANSWERING_MODEL)]  # fmt: skip
+            models = [
+                {"id": name, "object": "model", "owned_by": "toolloop-fsm-demo"}
+                for name in (RATE_LIMITED_MODEL, ANSWERING_MODEL)
+            ]
             await _respond(writer, 200, {"object": "list", "data": models})
             return
         if method != "POST" or not path.endswith("/chat/completions"):
@@ -236,8 +256,13 @@ class DemoServer:
         payload = json.loads(body or b"{}")
         self.requests.append(payload)
         if payload.get("model") == RATE_LIMITED_MODEL:
-            error = {"error": {"message": "Rate limit reached for requests", "type": "requests",
-                               "code": "rate_limit_exceeded"}}  # fmt: skip
+            error = {
+                "error": {
+                    "message": "Rate limit reached for requests",
+                    "type": "requests",
+                    "code": "rate_limit_exceeded",
+                }
+            }
             await _respond(writer, 429, error, extra={"retry-after": "20"})
             return
         writer.write(
@@ -272,13 +297,20 @@ def demo_tools(memory: list[str]) -> list[Tool]:
         return ToolResult(data={"saved": True})
 
     return [
-        Tool("get_weather", "Current weather for a city.",
-             {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-             get_weather),
-        Tool("update_short_term_memory", "Remember a short note about the user (silent).",
-             {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]},
-             update_short_term_memory, requires_follow_up=False),
-    ]  # fmt: skip
+        Tool(
+            "get_weather",
+            "Current weather for a city.",
+            {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            get_weather,
+        ),
+        Tool(
+            "update_short_term_memory",
+            "Remember a short note about the user (silent).",
+            {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]},
+            update_short_term_memory,
+            requires_follow_up=False,
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------- printing
@@ -408,10 +440,16 @@ async def run_demo(
 
     async def turn(attempts: list[Attempt]) -> GenerationTurnResult:
         return await run_generation_turn(
-            attempts, demo_tools(memory), channel, request, policy=turn_policy,
-            signals=TurnSignals(), on_step=trace.step, on_attempt_step=trace.attempt_step,
+            attempts,
+            demo_tools(memory),
+            channel,
+            request,
+            policy=turn_policy,
+            signals=TurnSignals(),
+            on_step=trace.step,
+            on_attempt_step=trace.attempt_step,
             reviewer=reviewer[0],
-        )  # fmt: skip
+        )
 
     def reviewer_at(url: str, name: str, key: str | None) -> PrintingReviewer:
         asked = OpenAICompatibleProvider(url, name, api_key=key)
@@ -443,11 +481,12 @@ async def run_demo(
 
             result = await turn(
                 [
-                    Attempt(model_at(RATE_LIMITED_MODEL), keys=("demo-key-1",),
-                            label=RATE_LIMITED_MODEL),
+                    Attempt(
+                        model_at(RATE_LIMITED_MODEL), keys=("demo-key-1",), label=RATE_LIMITED_MODEL
+                    ),
                     Attempt(model_at(ANSWERING_MODEL), keys=("demo-key-2",), label=ANSWERING_MODEL),
                 ]
-            )  # fmt: skip
+            )
     summary(result, out)
     if memory:
         out.write(f"  memory        {memory}\n")

@@ -199,10 +199,14 @@ def _full(decl: MachineDeclaration) -> Diagram:
         for edge in decl.edges()
     ]
     lines += [
-        ((note.state,), (note.state,), Line(note.event, (_note_id(note.state, note.event),)),
-         "flow")
+        (
+            (note.state,),
+            (note.state,),
+            Line(note.event, (_note_id(note.state, note.event),)),
+            "flow",
+        )
         for note in decl.notes
-    ]  # fmt: skip
+    ]
     return Diagram(decl, "full", _group(lines))
 
 
@@ -564,8 +568,7 @@ def _dot_edge(
         # one box for the terminal states the ending names; the one reached is marked
         dest = _terminal(edge)
         names = [TAKEN + d if taken and d in marks.finals else d for d in edge.dests]
-        terminal = {"label": "\n".join(names), "shape": "box", "peripheries": "2",
-                    "fontsize": "10"}  # fmt: skip
+        terminal = {"label": "\n".join(names), "shape": "box", "peripheries": "2", "fontsize": "10"}
         if taken:
             terminal.update(fillcolor=_TRACE_FILL, color=_TRACE_STROKE, penwidth="2")
         out.append(f"  {_q(dest)} {_attrs(**terminal)}")
@@ -737,9 +740,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Regenerate the committed state diagrams from the machine declarations.",
     )
     parser.add_argument(
-        "directory", nargs="?", type=Path, default=None,
+        "directory",
+        nargs="?",
+        type=Path,
+        default=None,
         help="where to write (default: the diagrams/ folder of a source checkout)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--check", action="store_true", help="only report stale diagrams (exit 1 if any)"
     )
@@ -754,8 +760,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.directory = source_checkout_diagrams()
         if args.directory is None:
             # an installed package: its parent is site-packages, never a place to write into
-            print(f"{parser.prog}: not run from a source checkout (no pyproject.toml beside "
-                  "the package); name the DIRECTORY to write into", file=sys.stderr)  # fmt: skip
+            print(
+                f"{parser.prog}: not run from a source checkout (no pyproject.toml beside "
+                "the package); name the DIRECTORY to write into",
+                file=sys.stderr,
+            )
             return 2
     if args.check:
         stale = stale_diagrams(args.directory, svg=args.svg)

@@ -286,9 +286,11 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
             raise InvalidEvent(self.name, state.state, event, problem)
         if isinstance(event, AttemptFinished) and event.attempt != state.attempts:
             raise InvalidEvent(
-                self.name, state.state, event,
+                self.name,
+                state.state,
+                event,
                 f"attempt {event.attempt} is not the running one ({state.attempts})",
-            )  # fmt: skip
+            )
         return self._fire(trigger, event, now)
 
     def _fresh(self) -> GenerationTurnMachine:

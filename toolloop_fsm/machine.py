@@ -633,9 +633,11 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
             token = armed_token(turn, armed)
             if token != event.token:
                 raise InvalidEvent(
-                    self.name, turn.state, event,
+                    self.name,
+                    turn.state,
+                    event,
                     f"deadline token {event.token} is not armed (armed: {token})",
-                )  # fmt: skip
+                )
             return self._fire(trigger, event, now)
         try:
             trigger = trigger_for(event)
@@ -648,9 +650,11 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         """Outcomes that belong to something already cancelled are a shell bug, not data."""
         if isinstance(event, ToolFinished) and event.dispatch != turn.dispatches:
             raise InvalidEvent(
-                self.name, turn.state, event,
+                self.name,
+                turn.state,
+                event,
                 f"dispatch {event.dispatch} is not the running one ({turn.dispatches})",
-            )  # fmt: skip
+            )
         elif isinstance(event, ReviewReturned) and (
             turn.draft is None or event.review != turn.draft.review_seq
         ):

@@ -207,9 +207,11 @@ class TracingObserver(TurnObserver):
         parent = self._turn
         context = trace.set_span_in_context(parent) if parent is not None else None
         self._attempt = self._tracer.start_span(
-            f"attempt {event.label}", context=context, kind=SpanKind.INTERNAL,
+            f"attempt {event.label}",
+            context=context,
+            kind=SpanKind.INTERNAL,
             attributes=attributes,
-        )  # fmt: skip
+        )
 
     def attempt_ended(self, event: AttemptEnded) -> None:
         span = self._attempt

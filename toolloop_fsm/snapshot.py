@@ -64,11 +64,20 @@ SNAPSHOT_VERSION = 2
 #: had left). Every other field — the switches, the ceilings and budgets the turn's counters
 #: count against, the delivery flush (which fixes the restarted pass's sequence numbers) —
 #: must be the one the snapshot records. The exit hook, host code, is not compared.
-RESUMABLE_POLICY_FIELDS = frozenset({
-    "inactivity_timeout", "first_token_timeout", "abandoned_stream_settle", "tool_timeout",
-    "host_call_timeout", "cancel_grace", "max_pass_duration", "review_timeout",
-    "rate_limit_cooldown", "failure_cooldown",
-})  # fmt: skip
+RESUMABLE_POLICY_FIELDS = frozenset(
+    {
+        "inactivity_timeout",
+        "first_token_timeout",
+        "abandoned_stream_settle",
+        "tool_timeout",
+        "host_call_timeout",
+        "cancel_grace",
+        "max_pass_duration",
+        "review_timeout",
+        "rate_limit_cooldown",
+        "failure_cooldown",
+    }
+)
 
 
 class SnapshotError(ValueError):
@@ -294,8 +303,10 @@ def check_tool_terms(recorded: Iterable[ToolTerms], registry: ToolRegistry) -> N
         for name in ("requires_follow_up", "replay"):
             was, now = getattr(terms, name), getattr(given, name)
             if was != now:
-                problems.append(f"tools.{terms.name}.{name}: the snapshot's turn ran with "
-                                f"{was!r}, the tool given has {now!r}")  # fmt: skip
+                problems.append(
+                    f"tools.{terms.name}.{name}: the snapshot's turn ran with "
+                    f"{was!r}, the tool given has {now!r}"
+                )
     if problems:
         raise SnapshotError(_listed(problems) + ": resume with the same tools")
 

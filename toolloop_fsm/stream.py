@@ -279,10 +279,18 @@ def stream_tool_loop(
 
     def run(live: TurnObserver) -> Awaitable[GenerationTurnResult]:
         return run_tool_loop(
-            provider, tools, channel, request, policy=policy, signals=signals, clock=clock,
-            continuation_style=continuation_style, on_step=on_step, observer=live,
+            provider,
+            tools,
+            channel,
+            request,
+            policy=policy,
+            signals=signals,
+            clock=clock,
+            continuation_style=continuation_style,
+            on_step=on_step,
+            observer=live,
             on_snapshot=on_snapshot,
-        )  # fmt: skip
+        )
 
     return TurnStream(run, observer)
 
@@ -308,10 +316,20 @@ def stream_generation_turn(
 
     def run(live: TurnObserver) -> Awaitable[GenerationTurnResult]:
         return run_generation_turn(
-            attempts, tools, channel, request, policy=policy, signals=signals, clock=clock,
-            shared_route=shared_route, key_book=key_book, on_step=on_step,
-            on_attempt_step=on_attempt_step, observer=live, on_snapshot=on_snapshot,
-        )  # fmt: skip
+            attempts,
+            tools,
+            channel,
+            request,
+            policy=policy,
+            signals=signals,
+            clock=clock,
+            shared_route=shared_route,
+            key_book=key_book,
+            on_step=on_step,
+            on_attempt_step=on_attempt_step,
+            observer=live,
+            on_snapshot=on_snapshot,
+        )
 
     return TurnStream(run, observer)
 

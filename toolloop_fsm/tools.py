@@ -104,17 +104,22 @@ async def run_tool_handler(
     except BaseException as err:
         _log.warning(
             "tool %s (dispatch %d) raised %s; the call failed and the model is told so",
-            tool.name, dispatch, type(err).__name__,
-            exc_info=err, extra={"tool": tool.name, "dispatch": dispatch},
-        )  # fmt: skip
+            tool.name,
+            dispatch,
+            type(err).__name__,
+            exc_info=err,
+            extra={"tool": tool.name, "dispatch": dispatch},
+        )
         return ToolFinished(dispatch, ToolOutcomeKind.RAISED, error=f"{type(err).__name__}: {err}")
     if not isinstance(result, ToolResult):
         _log.warning(
             "tool %s (dispatch %d) returned %s, not ToolResult; the call failed and the model "
             "is told so",
-            tool.name, dispatch, type(result).__name__,
+            tool.name,
+            dispatch,
+            type(result).__name__,
             extra={"tool": tool.name, "dispatch": dispatch},
-        )  # fmt: skip
+        )
         return ToolFinished(
             dispatch,
             ToolOutcomeKind.RAISED,
@@ -204,9 +209,11 @@ async def reconcile_call(
     if answer is None:
         _log.warning(
             "the reconcile hook of tool %s (dispatch %d) cannot tell what happened; the call "
-            "stays in doubt", tool.name, dispatch,
+            "stays in doubt",
+            tool.name,
+            dispatch,
             extra={"tool": tool.name, "dispatch": dispatch, "failure": "in_doubt"},
-        )  # fmt: skip
+        )
         return None
     if not isinstance(answer, ToolResult):
         return _cannot_tell(
@@ -221,9 +228,12 @@ def _cannot_tell(
     """``None``, the hook's answer when it failed, after a WARNING record saying how."""
     _log.warning(
         "the reconcile hook of tool %s (dispatch %d) %s; the call stays in doubt",
-        tool.name, dispatch, problem,
-        exc_info=err, extra={"tool": tool.name, "dispatch": dispatch, "failure": "in_doubt"},
-    )  # fmt: skip
+        tool.name,
+        dispatch,
+        problem,
+        exc_info=err,
+        extra={"tool": tool.name, "dispatch": dispatch, "failure": "in_doubt"},
+    )
     return None
 
 
@@ -342,25 +352,33 @@ def _check_arguments(tool: Tool, dispatch: int, arguments: dict[str, Any]) -> st
         _log.error(
             "tool %s (dispatch %d) has a parameters schema that does not compile (%s); the "
             "call failed and the model is told so",
-            tool.name, dispatch, validate.message,
+            tool.name,
+            dispatch,
+            validate.message,
             extra={"tool": tool.name, "dispatch": dispatch},
-        )  # fmt: skip
+        )
         return f"the tool's parameters schema is invalid, so it was not called: {validate.message}"
     try:
         validate(arguments)
     except fastjsonschema.JsonSchemaValueException as err:
         refusal = "; ".join(_violations(err))
         _log.debug(
-            "tool %s (dispatch %d): arguments refused (%s)", tool.name, dispatch, refusal,
+            "tool %s (dispatch %d): arguments refused (%s)",
+            tool.name,
+            dispatch,
+            refusal,
             extra={"tool": tool.name, "dispatch": dispatch},
-        )  # fmt: skip
+        )
         return refusal
     except Exception as err:  # a validator that breaks on a value is not the model's fault
         _log.warning(
             "tool %s (dispatch %d): checking the arguments raised %s; the call failed",
-            tool.name, dispatch, type(err).__name__,
-            exc_info=err, extra={"tool": tool.name, "dispatch": dispatch},
-        )  # fmt: skip
+            tool.name,
+            dispatch,
+            type(err).__name__,
+            exc_info=err,
+            extra={"tool": tool.name, "dispatch": dispatch},
+        )
         return f"the arguments could not be checked ({type(err).__name__}: {err})"
     return None
 

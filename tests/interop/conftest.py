@@ -52,14 +52,24 @@ def llmock_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLMockCo
     logs = tmp_path_factory.mktemp("llmock")
     server = ServerProcess(
         "LLMock",
-        [sys.executable, "-c", "from llmock.cli import app; app()", "serve",
-         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        [
+            sys.executable,
+            "-c",
+            "from llmock.cli import app; app()",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
         health_url=f"http://127.0.0.1:{port}/health",
         log_path=logs / "llmock.log",
         # answers are deterministic text; offered tools are called only when a test scripts it
         env={"LLMOCK_TOOL_MODE": "off", "LLMOCK_RESPONSE_STYLE": "static"},
         cwd=logs,
-    )  # fmt: skip
+    )
     server.start()
     try:
         yield LLMockControl(f"http://127.0.0.1:{port}")
@@ -123,8 +133,17 @@ def litellm_proxy(
     config.write_text(yaml.safe_dump(litellm_config(llmock_server.url)))
     server = ServerProcess(
         "LiteLLM proxy",
-        [sys.executable, "-c", "from litellm import run_server; run_server()",
-         "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+        [
+            sys.executable,
+            "-c",
+            "from litellm import run_server; run_server()",
+            "--config",
+            str(config),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
         health_url=f"http://127.0.0.1:{port}/health/liveliness",
         log_path=home / "litellm.log",
         env={
@@ -133,7 +152,7 @@ def litellm_proxy(
             "LITELLM_LOG": "ERROR",
         },
         cwd=home,
-    )  # fmt: skip
+    )
     server.start()
     try:
         yield LiteLLMProxy(f"http://127.0.0.1:{port}")

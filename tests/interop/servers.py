@@ -42,8 +42,10 @@ def interop_requirement(server: str, modules: Sequence[str], install_hint: str) 
         f"install it with: {install_hint}"
     )
     if os.environ.get(REQUIRED_VARIABLE, "").strip().lower() == "required":
-        pytest.fail(f"{message} — {REQUIRED_VARIABLE}=required, so the interop suite must run",
-                    pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"{message} — {REQUIRED_VARIABLE}=required, so the interop suite must run",
+            pytrace=False,
+        )
     pytest.skip(message)
 
 

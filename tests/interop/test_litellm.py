@@ -88,10 +88,13 @@ async def test_a_mocked_rate_limit_falls_back_to_the_next_model_and_the_user_rea
 ) -> None:
     await llmock.script({"type": "reply", "text": REPLY})
     chain = [
-        Attempt(on(adapter, MOCK_RATE_LIMITED_MODEL).factory(litellm_proxy.url),
-                keys=(PROXY_KEY,), label="limited"),
+        Attempt(
+            on(adapter, MOCK_RATE_LIMITED_MODEL).factory(litellm_proxy.url),
+            keys=(PROXY_KEY,),
+            label="limited",
+        ),
         Attempt(adapter.factory(litellm_proxy.url), keys=(PROXY_KEY,), label="upstream"),
-    ]  # fmt: skip
+    ]
 
     result = await generation_turn(chain)
 
@@ -108,10 +111,13 @@ async def test_a_mocked_server_error_is_retryable_and_the_next_model_answers(
 ) -> None:
     await llmock.script({"type": "reply", "text": REPLY})
     chain = [
-        Attempt(on(adapter, MOCK_SERVER_ERROR_MODEL).factory(litellm_proxy.url),
-                keys=(PROXY_KEY,), label="failing"),
+        Attempt(
+            on(adapter, MOCK_SERVER_ERROR_MODEL).factory(litellm_proxy.url),
+            keys=(PROXY_KEY,),
+            label="failing",
+        ),
         Attempt(adapter.factory(litellm_proxy.url), keys=(PROXY_KEY,), label="upstream"),
-    ]  # fmt: skip
+    ]
 
     result = await generation_turn(chain)
 

@@ -103,8 +103,9 @@ async def test_a_verbatim_call_is_replayed_where_the_model_wrote_it(
     adapter = next(a for a in LLMOCK_ADAPTERS if a.name == OPENAI_CHAT)
     weather = WeatherTool()
 
-    result = await loop_turn(VerbatimToolCalls(adapter.provider(llmock.url, KEYS[0])),
-                             weather.tools)  # fmt: skip
+    result = await loop_turn(
+        VerbatimToolCalls(adapter.provider(llmock.url, KEYS[0])), weather.tools
+    )
 
     assert result.final_text == "Clear and 21 °C in Paris."
     assert weather.runs == [{"city": "Paris"}]
@@ -198,8 +199,7 @@ async def test_a_connection_dropped_mid_reply_is_a_retryable_failure_keeping_wha
     channel = RecordingChannel()
     policy = LoopPolicy(first_token_timeout=30, inactivity_timeout=30, delivery_flush_chars=1)
 
-    result = await loop_turn(adapter.provider(llmock.url, KEYS[0]), policy=policy,
-                             channel=channel)  # fmt: skip
+    result = await loop_turn(adapter.provider(llmock.url, KEYS[0]), policy=policy, channel=channel)
 
     assert (result.status, result.provider_error_kind, result.retryable) == (
         TurnStatus.ERROR,

@@ -95,10 +95,16 @@ async def loop_turn(
 ) -> GenerationTurnResult:
     """One `run_tool_loop` turn on the real clock."""
     return await asyncio.wait_for(
-        run_tool_loop(provider, list(tools), channel or RecordingChannel(), QUESTION,
-                      policy=policy, clock=LoopClock()),
+        run_tool_loop(
+            provider,
+            list(tools),
+            channel or RecordingChannel(),
+            QUESTION,
+            policy=policy,
+            clock=LoopClock(),
+        ),
         TURN_LIMIT,
-    )  # fmt: skip
+    )
 
 
 async def generation_turn(
@@ -111,11 +117,17 @@ async def generation_turn(
 ) -> GenerationTurnResult:
     """One `run_generation_turn` turn on the real clock."""
     return await asyncio.wait_for(
-        run_generation_turn(list(attempts), list(tools), channel or RecordingChannel(),
-                            QUESTION, policy=TurnPolicy(loop=policy), clock=LoopClock(),
-                            key_book=key_book if key_book is not None else {}),
+        run_generation_turn(
+            list(attempts),
+            list(tools),
+            channel or RecordingChannel(),
+            QUESTION,
+            policy=TurnPolicy(loop=policy),
+            clock=LoopClock(),
+            key_book=key_book if key_book is not None else {},
+        ),
         TURN_LIMIT,
-    )  # fmt: skip
+    )
 
 
 def body_text(request: dict[str, Any]) -> str:

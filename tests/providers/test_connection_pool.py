@@ -40,9 +40,12 @@ TURNS_PER_ENDING = 4
 ENDINGS = ("stop", "follow_up", "deadline", "cancel", "cut")
 #: The turns' deadlines, on the virtual clock: they pass only when the campaign moves it.
 POLICY = LoopPolicy(
-    first_token_timeout=30, inactivity_timeout=30, host_call_timeout=5, cancel_grace=1,
+    first_token_timeout=30,
+    inactivity_timeout=30,
+    host_call_timeout=5,
+    cancel_grace=1,
     delivery_flush_chars=1,
-)  # fmt: skip
+)
 
 # One text event ("ok") in each adapter's framing: what a stalled or cut stream sends first.
 _FIRST_EVENT: dict[str, tuple[tuple[tuple[str, str], ...], bytes]] = {
@@ -173,9 +176,14 @@ async def test_turns_ended_every_way_under_pool_contention_give_every_connection
                 url = cutting.url if ending == "cut" else stalling.url
                 channel = _SignallingChannel(None if ending == "cut" else trigger)
                 run = run_tool_loop(
-                    _provider(kind, url, client), [], channel, QUESTION, policy=POLICY,
-                    signals=signal, clock=clock,
-                )  # fmt: skip
+                    _provider(kind, url, client),
+                    [],
+                    channel,
+                    QUESTION,
+                    policy=POLICY,
+                    signals=signal,
+                    clock=clock,
+                )
                 tasks.append(asyncio.ensure_future(run))
             async with asyncio.timeout(30):  # a hang guard only: nothing asserts the time
                 outcomes = await asyncio.gather(*tasks, return_exceptions=True)
@@ -187,9 +195,13 @@ async def test_turns_ended_every_way_under_pool_contention_give_every_connection
             stalling.serve(FINISHED_PASS[_wire_kind(kind)])
             async with asyncio.timeout(30):
                 after = await run_tool_loop(
-                    _provider(kind, stalling.url, client), [], RecordingChannel(), QUESTION,
-                    policy=POLICY, clock=VirtualClock(),
-                )  # fmt: skip
+                    _provider(kind, stalling.url, client),
+                    [],
+                    RecordingChannel(),
+                    QUESTION,
+                    policy=POLICY,
+                    clock=VirtualClock(),
+                )
             assert after.reason != "first_token_timeout"
             assert after.status is TurnStatus.COMPLETED, (after.status, after.reason)
             assert checked_out(transport) == []

@@ -158,9 +158,18 @@ def test_retry_delay_in_a_body_is_bounded(delays: list[str], expected: float | N
 
 @pytest.mark.parametrize(
     ("given_", "held"),
-    [(None, None), (3, 3.0), (2.5, 2.5), (math.nan, None), (math.inf, DAY), (-math.inf, 0.0),
-     (-4, 0.0), (10**400, DAY), (DAY + 1, DAY)],
-)  # fmt: skip
+    [
+        (None, None),
+        (3, 3.0),
+        (2.5, 2.5),
+        (math.nan, None),
+        (math.inf, DAY),
+        (-math.inf, 0.0),
+        (-4, 0.0),
+        (10**400, DAY),
+        (DAY + 1, DAY),
+    ],
+)
 def test_a_provider_error_only_ever_holds_a_usable_retry_after(
     given_: float | None, held: float | None
 ) -> None:

@@ -65,8 +65,12 @@ def text_stream(*pieces: str) -> tuple[bytes, ...]:
 
 def tool_call_stream(text: str, name: str, arguments: dict[str, Any]) -> tuple[bytes, ...]:
     encoded = json.dumps(arguments)
-    head = {"index": 0, "id": "call_1", "type": "function",
-            "function": {"name": name, "arguments": ""}}  # fmt: skip
+    head = {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": name, "arguments": ""},
+    }
     return (
         frame({"role": "assistant", "content": ""}),
         frame({"content": text}),
@@ -136,10 +140,11 @@ async def test_a_stall_after_a_slow_first_token_ends_one_inactivity_window_later
         provider = OpenAICompatibleProvider(wire_server.url + "/v1", "test-model", client=client)
         started = time.monotonic()
         result = await asyncio.wait_for(
-            run_tool_loop(provider, [], RecordingChannel(), QUESTION, policy=policy,
-                          clock=LoopClock()),
+            run_tool_loop(
+                provider, [], RecordingChannel(), QUESTION, policy=policy, clock=LoopClock()
+            ),
             timeout=10,
-        )  # fmt: skip
+        )
         elapsed = time.monotonic() - started
 
     assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
@@ -156,16 +161,19 @@ async def test_generation_turn_falls_back_after_a_429_and_runs_the_tool_once(
     rate_limited = Scripted(
         status=429,
         headers=(("content-type", "application/json"), ("retry-after", "3")),
-        chunks=(b'{"error": {"message": "Rate limit reached", "type": "requests",'
-                b' "code": "rate_limit_exceeded"}}',),
+        chunks=(
+            b'{"error": {"message": "Rate limit reached", "type": "requests",'
+            b' "code": "rate_limit_exceeded"}}',
+        ),
         framing="length",
-    )  # fmt: skip
+    )
     wire_server.serve(
         rate_limited,
-        Scripted(headers=SSE, chunks=tool_call_stream("Let me look. ", "get_weather",
-                                                      {"city": "Paris"})),
+        Scripted(
+            headers=SSE, chunks=tool_call_stream("Let me look. ", "get_weather", {"city": "Paris"})
+        ),
         Scripted(headers=SSE, chunks=text_stream("It is clear ", "and 21 °C.")),
-    )  # fmt: skip
+    )
     runs: list[dict[str, Any]] = []
 
     async def get_weather(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
@@ -188,10 +196,11 @@ async def test_generation_turn_falls_back_after_a_429_and_runs_the_tool_once(
 
     before = time.monotonic()
     result = await asyncio.wait_for(
-        run_generation_turn(attempts, tools, channel, QUESTION, policy=policy,
-                            clock=LoopClock(), key_book=key_book),
+        run_generation_turn(
+            attempts, tools, channel, QUESTION, policy=policy, clock=LoopClock(), key_book=key_book
+        ),
         timeout=10,
-    )  # fmt: skip
+    )
     after = time.monotonic()
 
     assert result.status is TurnStatus.COMPLETED
@@ -253,10 +262,16 @@ async def test_a_wild_retry_after_cools_the_key_at_most_a_day_and_the_result_sta
     key_book: dict[tuple[str, int], KeyHealth] = {}
     before = time.monotonic()
     result = await asyncio.wait_for(
-        run_generation_turn([Attempt(provider, keys=("sk-only-key",), label="only")], [],
-                            RecordingChannel(), QUESTION, clock=LoopClock(), key_book=key_book),
+        run_generation_turn(
+            [Attempt(provider, keys=("sk-only-key",), label="only")],
+            [],
+            RecordingChannel(),
+            QUESTION,
+            clock=LoopClock(),
+            key_book=key_book,
+        ),
         timeout=10,
-    )  # fmt: skip
+    )
 
     assert (result.status, result.provider_error_kind) == (TurnStatus.ERROR, "rate_limit")
     assert result.retry_after == retry_after

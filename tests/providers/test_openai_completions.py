@@ -334,11 +334,17 @@ async def test_stopping_a_continuation_turn_mid_fragment_closes_the_connection(
     channel = RecordingChannel(on_delivery=stop_after_creak)
     session = ContinuationSession(make(wire_server), max_total_output=50)
     result = await asyncio.wait_for(
-        run_tool_loop(session, [], channel, TurnRequest(STORY),
-                      policy=LoopPolicy(delivery_flush_chars=1), signals=signals,
-                      clock=LoopClock()),
+        run_tool_loop(
+            session,
+            [],
+            channel,
+            TurnRequest(STORY),
+            policy=LoopPolicy(delivery_flush_chars=1),
+            signals=signals,
+            clock=LoopClock(),
+        ),
         timeout=10,
-    )  # fmt: skip
+    )
 
     assert result.status is TurnStatus.STOPPED_BY_USER
     assert channel.delivered_text == " The door creaked"

@@ -815,9 +815,12 @@ async def test_text_written_after_a_verbatim_call_is_replayed_after_the_call() -
 
     tool = Tool("get_weather", "w", dict(GET_WEATHER.parameters), get_weather)
     result = await run_tool_loop(
-        VerbatimToolCalls(model), [tool], RecordingChannel(clock=clock),
-        TurnRequest([{"role": "user", "content": "Weather in Paris?"}]), clock=clock,
-    )  # fmt: skip
+        VerbatimToolCalls(model),
+        [tool],
+        RecordingChannel(clock=clock),
+        TurnRequest([{"role": "user", "content": "Weather in Paris?"}]),
+        clock=clock,
+    )
 
     assert result.final_text == "Clear and 21 °C."
     follow_up = model.requests[1].context

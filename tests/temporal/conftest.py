@@ -48,8 +48,10 @@ def _requirement() -> str:
         return cli
     message = f"missing {' and '.join(problems)}; install them with: {INSTALL_HINT}"
     if os.environ.get(REQUIRED_VARIABLE, "").strip().lower() == "required":
-        pytest.fail(f"{message} — {REQUIRED_VARIABLE}=required, so the Temporal suite must run",
-                    pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"{message} — {REQUIRED_VARIABLE}=required, so the Temporal suite must run",
+            pytrace=False,
+        )
     pytest.skip(message)
 
 
@@ -60,12 +62,24 @@ def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     logs = tmp_path_factory.mktemp("temporal")
     server = ServerProcess(
         "the Temporal dev server",
-        [cli, "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
-         "--http-port", str(http_port), "--headless", "--log-level", "error"],
+        [
+            cli,
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--http-port",
+            str(http_port),
+            "--headless",
+            "--log-level",
+            "error",
+        ],
         health_url=f"http://127.0.0.1:{http_port}/api/v1/namespaces/default",
         log_path=logs / "temporal.log",
         start_timeout=60.0,
-    )  # fmt: skip
+    )
     server.start()
     try:
         yield f"127.0.0.1:{port}"
@@ -100,10 +114,19 @@ class WorkerProcesses:
     def start(self) -> subprocess.Popen[bytes]:
         log = (self.directory / f"worker-{len(self.processes)}.log").open("wb")
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.temporal.hosts", self.address, self.task_queue,
-             str(self.directory)],
-            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tests.temporal.hosts",
+                self.address,
+                self.task_queue,
+                str(self.directory),
+            ],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
         self.processes.append(process)
         return process

@@ -68,9 +68,15 @@ PassScript = Sequence[Chunk | Gate]
 #: deliveries (with a flush size of 8).
 CRASH_SCRIPT: tuple[PassScript, ...] = (
     (TextDelta("Noting it. "), FunctionCall("record", {"note": "n1"}, "c1"), UsageReport(10, 6)),
-    (TextDelta("The note "), TextDelta("is saved"), Gate("go"), TextDelta(" and "),
-     TextDelta("filed."), UsageReport(30, 8)),
-)  # fmt: skip
+    (
+        TextDelta("The note "),
+        TextDelta("is saved"),
+        Gate("go"),
+        TextDelta(" and "),
+        TextDelta("filed."),
+        UsageReport(30, 8),
+    ),
+)
 #: A turn whose tool waits at a gate (the worker is killed while it runs).
 CHARGE_SCRIPT: tuple[PassScript, ...] = (
     (TextDelta("Charging. "), FunctionCall("charge", {"cents": 500}, "c1")),
@@ -91,12 +97,21 @@ STOP_SCRIPT: tuple[PassScript, ...] = ((TextDelta("Thinking about it "), Gate("n
 #: The sampled turns: per pass, the variant each try writes (try n writes variant n, the last
 #: one from then on); with a flush size of 8 every text chunk is a delivery of its own.
 SAMPLED_TEXT: tuple[PassScript, ...] = (
-    (TextDelta("The lighthouse "), TextDelta("keeper, a man "), TextDelta("named Jameson, "),
-     TextDelta("kept the lamp lit."), UsageReport(10, 12)),
-    (TextDelta("In the bustling "), TextDelta("port city of Sydney, "),
-     TextDelta("a ship came in."), UsageReport(10, 11)),
+    (
+        TextDelta("The lighthouse "),
+        TextDelta("keeper, a man "),
+        TextDelta("named Jameson, "),
+        TextDelta("kept the lamp lit."),
+        UsageReport(10, 12),
+    ),
+    (
+        TextDelta("In the bustling "),
+        TextDelta("port city of Sydney, "),
+        TextDelta("a ship came in."),
+        UsageReport(10, 11),
+    ),
     (TextDelta("Once upon "), TextDelta("a stormy night."), UsageReport(10, 5)),
-)  # fmt: skip
+)
 #: A pass whose last delivery is shorter than the flush size (it is sent as the stream ends).
 SAMPLED_ENDING: tuple[PassScript, ...] = (
     (TextDelta("The lighthouse "), TextDelta("keeper."), UsageReport(10, 4)),
@@ -106,26 +121,45 @@ SAMPLED_SCRIPTS: dict[str, tuple[tuple[PassScript, ...], ...]] = {
     "sampled": (SAMPLED_TEXT,),
     "sampled-ending": (SAMPLED_ENDING,),
     "sampled-tool": (
-        ((TextDelta("Noting it. "), FunctionCall("record", {"note": "n1"}, "c1"),
-          UsageReport(10, 6)),),
+        (
+            (
+                TextDelta("Noting it. "),
+                FunctionCall("record", {"note": "n1"}, "c1"),
+                UsageReport(10, 6),
+            ),
+        ),
         SAMPLED_TEXT,
     ),
-}  # fmt: skip
+}
 
 #: The campaign's turn: per pass, three variants of the words (the calls the same in each);
 #: with a flush size of 8 every text chunk is a delivery of its own.
 CAMPAIGN_TEXT: tuple[tuple[PassScript, ...], ...] = (
     tuple(
-        (TextDelta(a), TextDelta(b), FunctionCall("save_note", {"note": "milk"}, "n1"),
-         UsageReport(10, 6))
-        for a, b in (("Let me note ", "that down. "), ("I will write ", "it down now. "),
-                     ("Noting this ", "for you. "))
+        (
+            TextDelta(a),
+            TextDelta(b),
+            FunctionCall("save_note", {"note": "milk"}, "n1"),
+            UsageReport(10, 6),
+        )
+        for a, b in (
+            ("Let me note ", "that down. "),
+            ("I will write ", "it down now. "),
+            ("Noting this ", "for you. "),
+        )
     ),
     tuple(
-        (TextDelta(a), TextDelta(b), FunctionCall("find_city", {"city": "Oslo"}, "f1"),
-         UsageReport(20, 6))
-        for a, b in (("Now the city ", "itself. "), ("Looking up ", "where it is. "),
-                     ("Finding the ", "place first. "))
+        (
+            TextDelta(a),
+            TextDelta(b),
+            FunctionCall("find_city", {"city": "Oslo"}, "f1"),
+            UsageReport(20, 6),
+        )
+        for a, b in (
+            ("Now the city ", "itself. "),
+            ("Looking up ", "where it is. "),
+            ("Finding the ", "place first. "),
+        )
     ),
     tuple(
         (TextDelta(a), FunctionCall("pay_bill", {"cents": 900}, "p1"), UsageReport(30, 4))
@@ -133,11 +167,13 @@ CAMPAIGN_TEXT: tuple[tuple[PassScript, ...], ...] = (
     ),
     tuple(
         (TextDelta(a), TextDelta(b), TextDelta(c), UsageReport(40, 9))
-        for a, b, c in (("All done: ", "the note is ", "saved, Oslo found."),
-                        ("That is it: ", "your note, the city ", "and the bill."),
-                        ("Finished. ", "Everything you ", "asked for is done."))
+        for a, b, c in (
+            ("All done: ", "the note is ", "saved, Oslo found."),
+            ("That is it: ", "your note, the city ", "and the bill."),
+            ("Finished. ", "Everything you ", "asked for is done."),
+        )
     ),
-)  # fmt: skip
+)
 #: The campaign's chains: one model; a model that fails mid-pass, then the fallback; a key
 #: that is rate limited mid-pass, then the next key of the same model.
 CAMPAIGN_CHAINS: dict[str, tuple[str, ...]] = {
@@ -185,8 +221,7 @@ class StagedProvider:
 
     def stream(self, request: ProviderRequest) -> AsyncIterator[Any]:
         index = len(request.history)
-        _append(self.directory / "requests.jsonl",
-                {"pass": index, "prefill": request.prefill})  # fmt: skip
+        _append(self.directory / "requests.jsonl", {"pass": index, "prefill": request.prefill})
         items = self.script[index] if index < len(self.script) else ()
         return self._play(items, request.prefill or "")
 
@@ -238,9 +273,12 @@ class CampaignProvider(SamplingProvider):
     `CAMPAIGN_FAILS_AT` (as a failing model or a rate-limited key would)."""
 
     def __init__(
-        self, directory: Path, variants: Sequence[Sequence[PassScript]], tag: str,
+        self,
+        directory: Path,
+        variants: Sequence[Sequence[PassScript]],
+        tag: str,
         failure: ProviderError | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(directory, variants)
         self.tag = tag
         self.failure = failure
@@ -430,8 +468,7 @@ def host_providers(directory: Path) -> dict[str, Attempt]:
 
     staged_ones = {name: attrs.evolve(staged(s), label=name) for name, s in SCRIPTS.items()}
     sampled = {name: attrs.evolve(sampling(v), label=name) for name, v in SAMPLED_SCRIPTS.items()}
-    down = ProviderError("the model is overloaded", kind="server", retryable=True,
-                         status_code=503)  # fmt: skip
+    down = ProviderError("the model is overloaded", kind="server", retryable=True, status_code=503)
     limited = ProviderError("rate limited", kind="rate_limit", retryable=True, status_code=429)
     campaigns = {
         "campaign": Attempt(lambda key: campaign(key, "main", None), label="campaign"),
@@ -439,11 +476,13 @@ def host_providers(directory: Path) -> dict[str, Attempt]:
             lambda key: campaign(key, "failing", down), label="campaign-flaky"
         ),
         "campaign-keys": Attempt(
-            lambda key: campaign(key, *(("failing", limited) if key == LIMITED_KEY
-                                        else ("main", None))),
-            keys=(LIMITED_KEY, "k-good"), label="campaign-keys",
+            lambda key: campaign(
+                key, *(("failing", limited) if key == LIMITED_KEY else ("main", None))
+            ),
+            keys=(LIMITED_KEY, "k-good"),
+            label="campaign-keys",
         ),
-    }  # fmt: skip
+    }
     return {**staged_ones, **sampled, **campaigns}
 
 
@@ -454,12 +493,14 @@ async def _serve(address: str, task_queue: str, directory: Path) -> None:
 
     client = await Client.connect(address, data_converter=DATA_CONVERTER)
     worker = TurnWorker(
-        client, task_queue, providers=host_providers(directory),
+        client,
+        task_queue,
+        providers=host_providers(directory),
         tools=host_tools(directory),
         channels={"files": FileChannel(directory), "unkeyed": UnkeyedFileChannel(directory)},
         # a workflow task left on a killed worker's sticky queue moves on after this
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
-    )  # fmt: skip
+    )
     async with worker:
         (directory / f"worker-{task_queue}.ready").touch()
         await asyncio.Event().wait()  # until the test kills the process

@@ -72,9 +72,13 @@ NOT_IDEMPOTENT = ("save_note", "pay_bill")
 CHANNELS = ("files", "unkeyed")
 #: Where a kill lands; "anywhere" is one of the others, picked at random.
 INSTANTS = (
-    "between deliveries", "before a delivery", "after a delivery", "mid-tool",
-    "after a tool's end", "anywhere",
-)  # fmt: skip
+    "between deliveries",
+    "before a delivery",
+    "after a delivery",
+    "mid-tool",
+    "after a tool's end",
+    "anywhere",
+)
 #: The tools each chain's last attempt runs itself (the fallback and the rotated key reuse
 #: the note the first attempt saved).
 LAST_ATTEMPT_TOOLS = {
@@ -126,13 +130,19 @@ def text_deliveries(directory: Path) -> list[dict[str, Any]]:
     return [r for r in read_records(directory / "deliveries.jsonl") if "text" in r]
 
 
-async def start_turn(client: Client, workers: WorkerProcesses, chain: str, channel: str,
-                     turn_id: str) -> TurnHandle:  # fmt: skip
+async def start_turn(
+    client: Client, workers: WorkerProcesses, chain: str, channel: str, turn_id: str
+) -> TurnHandle:
     return await start_generation_turn(
-        client, task_queue=workers.task_queue, attempts=list(CAMPAIGN_CHAINS[chain]),
-        channel=channel, request=TurnRequest(REQUEST, turn_id=turn_id), tools=TOOLS,
-        policy=POLICY, heartbeat_timeout=HEARTBEAT,
-    )  # fmt: skip
+        client,
+        task_queue=workers.task_queue,
+        attempts=list(CAMPAIGN_CHAINS[chain]),
+        channel=channel,
+        request=TurnRequest(REQUEST, turn_id=turn_id),
+        tools=TOOLS,
+        policy=POLICY,
+        heartbeat_timeout=HEARTBEAT,
+    )
 
 
 async def uninterrupted(client: Client, address: str, chain: str, root: Path) -> Reference:
@@ -146,14 +156,16 @@ async def uninterrupted(client: Client, address: str, chain: str, root: Path) ->
             result = await handle.result()
     finally:
         workers.stop_all()
-    started = [r["tool"] for r in read_records(directory / "executions.jsonl")
-               if r["phase"] == "started"]  # fmt: skip
+    started = [
+        r["tool"] for r in read_records(directory / "executions.jsonl") if r["phase"] == "started"
+    ]
     assert started == ["save_note", "find_city", "pay_bill"], (chain, started)
     last = max(a.index for a in result.attempts)
     deliveries = tuple(
-        n for n, r in enumerate(text_deliveries(directory), 1)
+        n
+        for n, r in enumerate(text_deliveries(directory), 1)
         if int(r["key"].rsplit(":", 2)[1]) == last
-    )  # fmt: skip
+    )
     tags = [r["tag"] for r in read_records(directory / "chunks.jsonl")]
     chunks = tuple(n for n, tag in enumerate(tags, 1) if tag == "main")
     return Reference(ending(result), deliveries, chunks)
@@ -165,13 +177,16 @@ def kill_plan(rng: random.Random, instant: str, chain: str, reference: Reference
     if instant == "anywhere":
         instant = rng.choice(INSTANTS[:-1])
     if instant == "between deliveries":
-        return KillPlan("chunk", n=rng.choice(reference.chunks[:-1]),
-                        delay=rng.uniform(0.0, 0.03))  # fmt: skip
+        return KillPlan("chunk", n=rng.choice(reference.chunks[:-1]), delay=rng.uniform(0.0, 0.03))
     if instant == "before a delivery":
         return KillPlan("delivery", n=rng.choice(reference.deliveries), when="before")
     if instant == "after a delivery":
-        return KillPlan("delivery", n=rng.choice(reference.deliveries[:-1]), when="after",
-                        delay=rng.uniform(0.0, 0.03))  # fmt: skip
+        return KillPlan(
+            "delivery",
+            n=rng.choice(reference.deliveries[:-1]),
+            when="after",
+            delay=rng.uniform(0.0, 0.03),
+        )
     tool = rng.choice(LAST_ATTEMPT_TOOLS[chain])
     if instant == "mid-tool":
         return KillPlan("tool", tool=tool, when="start", delay=rng.uniform(0.0, TOOL_WORK))
@@ -181,12 +196,17 @@ def kill_plan(rng: random.Random, instant: str, chain: str, reference: Reference
 def campaign_cases(references: dict[str, Reference], seed: int) -> list[Case]:
     rng = random.Random(seed)
     return [
-        Case(f"{chain}-{channel}-{i}", chain, channel, instant,
-             kill_plan(rng, instant, chain, references[chain]))
+        Case(
+            f"{chain}-{channel}-{i}",
+            chain,
+            channel,
+            instant,
+            kill_plan(rng, instant, chain, references[chain]),
+        )
         for chain in CAMPAIGN_CHAINS
         for channel in CHANNELS
         for i, instant in enumerate(INSTANTS)
-    ]  # fmt: skip
+    ]
 
 
 async def crashed(client: Client, address: str, case: Case, root: Path) -> GenerationTurnResult:
@@ -228,13 +248,15 @@ def judged(case: Case, result: GenerationTurnResult, directory: Path, expected: 
     unkeyed_missing = 0
     if case.channel == "files":
         if "".join(shown) != result.delivered_text:
-            problems.append(f"the channel shows {''.join(shown)!r}, the result says "
-                            f"{result.delivered_text!r}")  # fmt: skip
+            problems.append(
+                f"the channel shows {''.join(shown)!r}, the result says {result.delivered_text!r}"
+            )
         texts: dict[str, set[str]] = collections.defaultdict(set)
         for record in log:
             texts[record["key"]].add(record["text"])
-        problems.extend(f"key {key} was sent {sorted(sent)!r}" for key, sent in texts.items()
-                        if len(sent) > 1)  # fmt: skip
+        problems.extend(
+            f"key {key} was sent {sorted(sent)!r}" for key, sent in texts.items() if len(sent) > 1
+        )
     elif shown != recorded:
         if one_missing(shown, recorded):
             unkeyed_missing = 1
@@ -244,8 +266,9 @@ def judged(case: Case, result: GenerationTurnResult, directory: Path, expected: 
     executions = read_records(directory / "executions.jsonl")
     started = collections.Counter(r["tool"] for r in executions if r["phase"] == "started")
     finished = {r["tool"] for r in executions if r["phase"] == "finished"}
-    problems.extend(f"{tool} started {started[tool]} times" for tool in NOT_IDEMPOTENT
-                    if started[tool] > 1)  # fmt: skip
+    problems.extend(
+        f"{tool} started {started[tool]} times" for tool in NOT_IDEMPOTENT if started[tool] > 1
+    )
     in_doubt = {call.tool: call for call in result.in_doubt_calls}
     for entry in result.history:
         tool, response = entry.call.name, entry.response
@@ -264,13 +287,14 @@ def judged(case: Case, result: GenerationTurnResult, directory: Path, expected: 
             problems.append(f"{call!r} was told to the model as {response!r}")
     problems.extend(f"{call!r} names no call of the history" for call in in_doubt.values())
     return Outcome(
-        case, tuple(problems),
+        case,
+        tuple(problems),
         in_doubt=len(result.in_doubt_calls),
         settled=sum(call.reconciled for call in result.in_doubt_calls),
         dropped_repeats=sum(not r["accepted"] for r in log),
         unkeyed_missing=unkeyed_missing,
         idempotent_reruns=max(0, started["find_city"] - 1),
-    )  # fmt: skip
+    )
 
 
 def summary(outcomes: Sequence[Outcome], seed: int) -> str:
@@ -279,26 +303,37 @@ def summary(outcomes: Sequence[Outcome], seed: int) -> str:
         return ", ".join(f"{n} {name}" for name, n in tally.items())
 
     total = len(outcomes)
-    return "\n".join([
-        f"crash campaign (seed {seed}): {total} turns, each worker killed once, "
-        f"{total - sum(bool(o.problems) for o in outcomes)} passed every check",
-        f"  kills: {counted('instant')}",
-        f"  chains: {counted('chain')}; channels: {counted('channel')}",
-        f"  calls in doubt: {sum(o.in_doubt for o in outcomes)} "
-        f"({sum(o.settled for o in outcomes)} settled by their hook); "
-        f"idempotent calls run again: {sum(o.idempotent_reruns for o in outcomes)}",
-        f"  repeats a keyed channel dropped: {sum(o.dropped_repeats for o in outcomes)}; "
-        f"unkeyed turns missing the delivery being sent: "
-        f"{sum(o.unkeyed_missing for o in outcomes)}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"crash campaign (seed {seed}): {total} turns, each worker killed once, "
+            f"{total - sum(bool(o.problems) for o in outcomes)} passed every check",
+            f"  kills: {counted('instant')}",
+            f"  chains: {counted('chain')}; channels: {counted('channel')}",
+            f"  calls in doubt: {sum(o.in_doubt for o in outcomes)} "
+            f"({sum(o.settled for o in outcomes)} settled by their hook); "
+            f"idempotent calls run again: {sum(o.idempotent_reruns for o in outcomes)}",
+            f"  repeats a keyed channel dropped: {sum(o.dropped_repeats for o in outcomes)}; "
+            f"unkeyed turns missing the delivery being sent: "
+            f"{sum(o.unkeyed_missing for o in outcomes)}",
+        ]
+    )
 
 
 async def test_every_crashed_turn_shows_the_user_what_its_result_says(
     client: Client, temporal_address: str, tmp_path: Path, record_property: Any
 ) -> None:
-    references = dict(zip(CAMPAIGN_CHAINS, await asyncio.gather(*(
-        uninterrupted(client, temporal_address, chain, tmp_path) for chain in CAMPAIGN_CHAINS
-    )), strict=True))  # fmt: skip
+    references = dict(
+        zip(
+            CAMPAIGN_CHAINS,
+            await asyncio.gather(
+                *(
+                    uninterrupted(client, temporal_address, chain, tmp_path)
+                    for chain in CAMPAIGN_CHAINS
+                )
+            ),
+            strict=True,
+        )
+    )
     cases = campaign_cases(references, SEED)
     assert len(cases) >= 30
     room = asyncio.Semaphore(AT_ONCE)
@@ -312,6 +347,9 @@ async def test_every_crashed_turn_shows_the_user_what_its_result_says(
     outcomes = await asyncio.gather(*(one(case) for case in cases))
     report = summary(outcomes, SEED)
     record_property("campaign_summary", report)
-    broken = [f"{o.case.name} ({o.case.instant}, {attrs.asdict(o.case.plan)}): {problem}"
-              for o in outcomes for problem in o.problems]  # fmt: skip
+    broken = [
+        f"{o.case.name} ({o.case.instant}, {attrs.asdict(o.case.plan)}): {problem}"
+        for o in outcomes
+        for problem in o.problems
+    ]
     assert broken == [], report + "\n" + "\n".join(broken)

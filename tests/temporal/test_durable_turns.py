@@ -53,10 +53,14 @@ LIMIT = 60.0
 POLICY = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8))
 REQUEST = TurnRequest([{"role": "user", "content": "What is 2 + 3?"}])
 TOOL_SCRIPT: list[list[ScriptItem]] = [
-    [TextDelta("Let me add "), TextDelta("that up. "), FunctionCall("add", {"a": 2, "b": 3}, "c1"),
-     UsageReport(12, 7)],
+    [
+        TextDelta("Let me add "),
+        TextDelta("that up. "),
+        FunctionCall("add", {"a": 2, "b": 3}, "c1"),
+        UsageReport(12, 7),
+    ],
     [TextDelta("The sum "), TextDelta("is 5."), UsageReport(30, 4)],
-]  # fmt: skip
+]
 UPSTREAM_503 = ProviderError("upstream 503", kind="server", retryable=True, status_code=503)
 FAILING: list[list[ScriptItem]] = [[TextDelta("Hel"), Fail(UPSTREAM_503)]]
 
@@ -66,10 +70,11 @@ async def _add(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
 
 
 ADD = Tool(
-    "add", "Adds two integers.",
+    "add",
+    "Adds two integers.",
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
     _add,
-)  # fmt: skip
+)
 
 
 def comparable(result: GenerationTurnResult) -> Any:
@@ -102,12 +107,18 @@ async def durable_turn(
     request: TurnRequest = REQUEST,
     policy: TurnPolicy = POLICY,
 ) -> GenerationTurnResult:
-    async with TurnWorker(client, task_queue, providers=providers, tools=[ADD],
-                          channels={"chat": channel}):  # fmt: skip
+    async with TurnWorker(
+        client, task_queue, providers=providers, tools=[ADD], channels={"chat": channel}
+    ):
         handle = await start_generation_turn(
-            client, task_queue=task_queue, attempts=chain, channel="chat", request=request,
-            policy=policy, heartbeat_timeout=2.0,
-        )  # fmt: skip
+            client,
+            task_queue=task_queue,
+            attempts=chain,
+            channel="chat",
+            request=request,
+            policy=policy,
+            heartbeat_timeout=2.0,
+        )
         async with real_time_limit(LIMIT):
             return await handle.result()
 
@@ -121,9 +132,12 @@ async def test_a_turn_with_tools_ends_as_the_in_process_turn_does(
     )
     local_channel = RecordingChannel()
     local = await run_generation_turn(
-        [Attempt(lambda key: ScriptedProvider(TOOL_SCRIPT), label="main")], [ADD],
-        local_channel, REQUEST, policy=POLICY,
-    )  # fmt: skip
+        [Attempt(lambda key: ScriptedProvider(TOOL_SCRIPT), label="main")],
+        [ADD],
+        local_channel,
+        REQUEST,
+        policy=POLICY,
+    )
     assert durable.status is TurnStatus.COMPLETED
     assert durable.final_text == "The sum is 5."
     assert comparable(durable) == comparable(local)
@@ -136,14 +150,22 @@ async def test_a_failing_model_falls_back_to_the_next_as_in_process(
 ) -> None:
     channel = RecordingChannel()
     durable = await durable_turn(
-        client, task_queue, {"flaky": scripted(FAILING), "main": scripted(TOOL_SCRIPT)},
-        ["flaky", "main"], channel,
-    )  # fmt: skip
+        client,
+        task_queue,
+        {"flaky": scripted(FAILING), "main": scripted(TOOL_SCRIPT)},
+        ["flaky", "main"],
+        channel,
+    )
     local = await run_generation_turn(
-        [Attempt(lambda key: ScriptedProvider(FAILING), label="flaky"),
-         Attempt(lambda key: ScriptedProvider(TOOL_SCRIPT), label="main")],
-        [ADD], RecordingChannel(), REQUEST, policy=POLICY,
-    )  # fmt: skip
+        [
+            Attempt(lambda key: ScriptedProvider(FAILING), label="flaky"),
+            Attempt(lambda key: ScriptedProvider(TOOL_SCRIPT), label="main"),
+        ],
+        [ADD],
+        RecordingChannel(),
+        REQUEST,
+        policy=POLICY,
+    )
     assert durable.status is TurnStatus.COMPLETED
     assert [a.label for a in durable.attempts] == ["flaky", "main"]
     assert comparable(durable) == comparable(local)
@@ -182,12 +204,18 @@ async def test_a_stop_signal_stops_the_streaming_pass_and_queues_the_stop_messag
 ) -> None:
     channel = RecordingChannel()
     provider = WaitingProvider()
-    async with TurnWorker(client, task_queue, providers={"main": provider},
-                          channels={"chat": channel}):  # fmt: skip
+    async with TurnWorker(
+        client, task_queue, providers={"main": provider}, channels={"chat": channel}
+    ):
         handle = await start_generation_turn(
-            client, task_queue=task_queue, attempts=["main"], channel="chat", request=REQUEST,
-            policy=POLICY, heartbeat_timeout=1.0,
-        )  # fmt: skip
+            client,
+            task_queue=task_queue,
+            attempts=["main"],
+            channel="chat",
+            request=REQUEST,
+            policy=POLICY,
+            heartbeat_timeout=1.0,
+        )
         async with real_time_limit(LIMIT):
             await _first_delivery(channel)
             await handle.stop("Stopped, as you asked.")
@@ -203,12 +231,18 @@ async def test_a_follow_up_signal_interrupts_the_streaming_pass(
     client: Client, task_queue: str
 ) -> None:
     channel = RecordingChannel()
-    async with TurnWorker(client, task_queue, providers={"main": WaitingProvider()},
-                          channels={"chat": channel}):  # fmt: skip
+    async with TurnWorker(
+        client, task_queue, providers={"main": WaitingProvider()}, channels={"chat": channel}
+    ):
         handle = await start_generation_turn(
-            client, task_queue=task_queue, attempts=["main"], channel="chat", request=REQUEST,
-            policy=POLICY, heartbeat_timeout=1.0,
-        )  # fmt: skip
+            client,
+            task_queue=task_queue,
+            attempts=["main"],
+            channel="chat",
+            request=REQUEST,
+            policy=POLICY,
+            heartbeat_timeout=1.0,
+        )
         async with real_time_limit(LIMIT):
             await _first_delivery(channel)
             await handle.follow_up()
@@ -254,21 +288,34 @@ async def test_two_hanging_notices_delay_a_durable_turn_by_one_host_call_budget_
     )
     stragglers = Stragglers()
     channel = HostileChannel(
-        clock=LOOP_CLOCK, host_call_timeout=budget, stragglers=stragglers,
+        clock=LOOP_CLOCK,
+        host_call_timeout=budget,
+        stragglers=stragglers,
         notices=(hanging, hanging),
-    )  # fmt: skip
+    )
     primary: list[list[ScriptItem]] = [
-        [FunctionCall("get_weather", {"city": "Paris"}, "c1")], [Fail(UPSTREAM_503)]
-    ]  # fmt: skip
+        [FunctionCall("get_weather", {"city": "Paris"}, "c1")],
+        [Fail(UPSTREAM_503)],
+    ]
     backup: list[list[ScriptItem]] = [[TextDelta("No weather today.")]]
     providers = {"primary": scripted(primary), "backup": scripted(backup)}
     try:
-        async with TurnWorker(client, task_queue, providers=providers, tools=[WEATHER_TOOL],
-                              channels={"chat": channel}):  # fmt: skip
+        async with TurnWorker(
+            client,
+            task_queue,
+            providers=providers,
+            tools=[WEATHER_TOOL],
+            channels={"chat": channel},
+        ):
             handle = await start_generation_turn(
-                client, task_queue=task_queue, attempts=["primary", "backup"], channel="chat",
-                request=REQUEST, policy=policy, heartbeat_timeout=2.0,
-            )  # fmt: skip
+                client,
+                task_queue=task_queue,
+                attempts=["primary", "backup"],
+                channel="chat",
+                request=REQUEST,
+                policy=policy,
+                heartbeat_timeout=2.0,
+            )
             async with real_time_limit(LIMIT):
                 result = await handle.result()
     finally:
@@ -305,9 +352,13 @@ async def test_drafting_and_the_tool_checkpoint_are_refused_by_name(
     policy = TurnPolicy(loop=loop)
     with pytest.raises(ValueError, match=f"LoopPolicy.{switch}"):
         await start_generation_turn(
-            client, task_queue=task_queue, attempts=["main"], channel="chat",
-            request=REQUEST, policy=policy,
-        )  # fmt: skip
+            client,
+            task_queue=task_queue,
+            attempts=["main"],
+            channel="chat",
+            request=REQUEST,
+            policy=policy,
+        )
 
 
 async def test_a_tool_outcome_that_is_not_json_is_a_failed_call_naming_why(
@@ -322,12 +373,22 @@ async def test_a_tool_outcome_that_is_not_json_is_a_failed_call_naming_why(
     ]
     clock_tool = Tool("clock", "Tells the time.", {"type": "object"}, clock)
     channel = RecordingChannel()
-    async with TurnWorker(client, task_queue, providers={"main": scripted(script)},
-                          tools=[clock_tool], channels={"chat": channel}):  # fmt: skip
+    async with TurnWorker(
+        client,
+        task_queue,
+        providers={"main": scripted(script)},
+        tools=[clock_tool],
+        channels={"chat": channel},
+    ):
         handle = await start_generation_turn(
-            client, task_queue=task_queue, attempts=["main"], channel="chat", request=REQUEST,
-            policy=POLICY, heartbeat_timeout=2.0,
-        )  # fmt: skip
+            client,
+            task_queue=task_queue,
+            attempts=["main"],
+            channel="chat",
+            request=REQUEST,
+            policy=POLICY,
+            heartbeat_timeout=2.0,
+        )
         async with real_time_limit(LIMIT):
             result = await handle.result()
     assert result.status is TurnStatus.COMPLETED
@@ -340,6 +401,10 @@ async def test_a_custom_exit_rule_is_refused_by_name(client: Client, task_queue:
     policy = TurnPolicy(loop=LoopPolicy(end_after_pre_tool_text=lambda view: True))
     with pytest.raises(ValueError, match=r"LoopPolicy\.end_after_pre_tool_text"):
         await start_generation_turn(
-            client, task_queue=task_queue, attempts=["main"], channel="chat",
-            request=REQUEST, policy=policy,
-        )  # fmt: skip
+            client,
+            task_queue=task_queue,
+            attempts=["main"],
+            channel="chat",
+            request=REQUEST,
+            policy=policy,
+        )

@@ -98,12 +98,18 @@ async def test_a_durable_turn_masks_echoed_keys_and_delivers_what_the_result_say
         "main": Attempt(lambda key: KeyedProvider(echoing_script()), keys=(KEY,)),
         "spare": Attempt(lambda key: ScriptedProvider([]), keys=(SPARE,)),
     }
-    async with TurnWorker(client, task_queue, providers=providers, tools=[lookup.tool()],
-                          channels={"chat": channel}):  # fmt: skip
+    async with TurnWorker(
+        client, task_queue, providers=providers, tools=[lookup.tool()], channels={"chat": channel}
+    ):
         handle = await start_generation_turn(
-            client, task_queue=task_queue, attempts=["main", "spare"], channel="chat",
-            request=REQUEST, policy=POLICY, heartbeat_timeout=2.0,
-        )  # fmt: skip
+            client,
+            task_queue=task_queue,
+            attempts=["main", "spare"],
+            channel="chat",
+            request=REQUEST,
+            policy=POLICY,
+            heartbeat_timeout=2.0,
+        )
         async with real_time_limit(LIMIT):
             result: GenerationTurnResult = await handle.result()
             history = await handle.handle.fetch_history()
@@ -140,8 +146,9 @@ async def test_a_pass_failing_after_a_possible_key_start_keeps_it_and_masks_the_
     stream then fails with an error quoting the key: the held text is let through to the
     machine before the failure, the failure is masked, and the durable turn ends as the
     in-process one does (the same result, the same deliveries)."""
-    failure = ProviderError(f"upstream rejected {KEY}", kind="server", retryable=True,
-                            status_code=503)  # fmt: skip
+    failure = ProviderError(
+        f"upstream rejected {KEY}", kind="server", retryable=True, status_code=503
+    )
     failing: list[list[ScriptItem]] = [[TextDelta("Partial answer, see sk-"), Fail(failure)]]
     answering: list[list[ScriptItem]] = [[TextDelta("Here you are."), UsageReport(5, 5)]]
     channel = RecordingChannel()
@@ -151,9 +158,14 @@ async def test_a_pass_failing_after_a_possible_key_start_keeps_it_and_masks_the_
     }
     async with TurnWorker(client, task_queue, providers=providers, channels={"chat": channel}):
         handle = await start_generation_turn(
-            client, task_queue=task_queue, attempts=["flaky", "main"], channel="chat",
-            request=REQUEST, policy=POLICY, heartbeat_timeout=2.0,
-        )  # fmt: skip
+            client,
+            task_queue=task_queue,
+            attempts=["flaky", "main"],
+            channel="chat",
+            request=REQUEST,
+            policy=POLICY,
+            heartbeat_timeout=2.0,
+        )
         async with real_time_limit(LIMIT):
             durable = await handle.result()
             history = await handle.handle.fetch_history()
@@ -162,10 +174,15 @@ async def test_a_pass_failing_after_a_possible_key_start_keeps_it_and_masks_the_
     )
     local_channel = RecordingChannel()
     local = await run_generation_turn(
-        [Attempt(lambda key: ScriptedProvider(failing), keys=(KEY,), label="flaky"),
-         Attempt(lambda key: ScriptedProvider(answering), keys=(SPARE,), label="main")],
-        [], local_channel, REQUEST, policy=POLICY,
-    )  # fmt: skip
+        [
+            Attempt(lambda key: ScriptedProvider(failing), keys=(KEY,), label="flaky"),
+            Attempt(lambda key: ScriptedProvider(answering), keys=(SPARE,), label="main"),
+        ],
+        [],
+        local_channel,
+        REQUEST,
+        policy=POLICY,
+    )
     assert durable.status is TurnStatus.COMPLETED
     assert channel.texts == ["Partial answer, see ", "Here you are."]
     # the failure the workflow was told of is masked, like everything else it recorded

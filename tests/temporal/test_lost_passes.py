@@ -29,9 +29,13 @@ from temporalio.client import Client
 
 
 async def killed_at_a_delivery(
-    client: Client, workers: WorkerProcesses, directory: Path, chain: str, channel: str,
+    client: Client,
+    workers: WorkerProcesses,
+    directory: Path,
+    chain: str,
+    channel: str,
     kill_at: str,
-) -> GenerationTurnResult:  # fmt: skip
+) -> GenerationTurnResult:
     """Run ``chain`` on ``channel`` with the first worker killing itself at the text delivery
     ``kill_at`` names (``"N"``: right after the channel wrote it; ``"N before"``: right
     before), so no heartbeat after it could carry it; a second worker takes over."""
@@ -129,8 +133,9 @@ async def history_shows(client: Client, workflow_id: str, event_type: int) -> No
         await asyncio.sleep(LOOK_AGAIN)
 
 
-@pytest.mark.parametrize(("channel", "kill_at"), [("files", "2"), ("files", "2 before"),
-                                                  ("unkeyed", "2")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("channel", "kill_at"), [("files", "2"), ("files", "2 before"), ("unkeyed", "2")]
+)
 async def test_a_pass_given_up_after_its_worker_died_keeps_what_the_user_read(
     client: Client, workers: WorkerProcesses, tmp_path: Path, channel: str, kill_at: str
 ) -> None:
@@ -143,8 +148,9 @@ async def test_a_pass_given_up_after_its_worker_died_keeps_what_the_user_read(
     KillPlan("delivery", n=int(at), when=when or "after").write(tmp_path)
     policy = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8, max_pass_duration=0.4))
     first = workers.start()
-    handle = await start(client, workers, "sampled", f"given-up-{channel}", channel,
-                         policy=policy, heartbeat=0.5)  # fmt: skip
+    handle = await start(
+        client, workers, "sampled", f"given-up-{channel}", channel, policy=policy, heartbeat=0.5
+    )
     async with real_time_limit(LIMIT):
         await asyncio.to_thread(first.wait)
         # the lost try was noticed (0.5 s), then the workflow task left the dead worker's

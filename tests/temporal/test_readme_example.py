@@ -47,9 +47,16 @@ def test_the_readme_temporal_example_completes(
         ),
         encoding="utf-8",
     )
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=TIMEOUT,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "°C" in proc.stdout  # the model's answer reached the example's channel
     assert " completed pre_tool_text_suffices" in proc.stdout, proc.stdout

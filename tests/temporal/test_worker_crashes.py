@@ -55,14 +55,25 @@ async def recorded(path: Path) -> None:
 
 
 async def start(
-    client: Client, workers: WorkerProcesses, chain: str, turn_id: str, channel: str = "files",
-    *, policy: TurnPolicy = POLICY, heartbeat: float = HEARTBEAT,
-) -> TurnHandle:  # fmt: skip
+    client: Client,
+    workers: WorkerProcesses,
+    chain: str,
+    turn_id: str,
+    channel: str = "files",
+    *,
+    policy: TurnPolicy = POLICY,
+    heartbeat: float = HEARTBEAT,
+) -> TurnHandle:
     return await start_generation_turn(
-        client, task_queue=workers.task_queue, attempts=[chain], channel=channel,
+        client,
+        task_queue=workers.task_queue,
+        attempts=[chain],
+        channel=channel,
         request=TurnRequest(REQUEST.context, turn_id=turn_id),
-        tools=["record", "charge", "pay", "lookup"], policy=policy, heartbeat_timeout=heartbeat,
-    )  # fmt: skip
+        tools=["record", "charge", "pay", "lookup"],
+        policy=policy,
+        heartbeat_timeout=heartbeat,
+    )
 
 
 def comparable(result: GenerationTurnResult) -> Any:

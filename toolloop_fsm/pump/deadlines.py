@@ -90,11 +90,13 @@ class Deadlines:
             if effect.first_seconds is not None:
                 # the pass's stream deadline: the budget that runs out first (pass_rules)
                 kind, due = stream_budget_due(
-                    now, begun=self.stream_armed_at,
+                    now,
+                    begun=self.stream_armed_at,
                     answered_at=None if last_chunk is None else last,
-                    first_seconds=effect.first_seconds, inactivity_seconds=effect.seconds,
+                    first_seconds=effect.first_seconds,
+                    inactivity_seconds=effect.seconds,
                     total_seconds=effect.total_seconds,
-                )  # fmt: skip
+                )
                 # before the first chunk, wake again within one inactivity window, so that
                 # a first chunk arriving late is followed by the inactivity budget
                 wake = due if last_chunk is not None else min(due, now + effect.seconds)

@@ -196,9 +196,11 @@ class ChannelCalls:
         effect: Deliver | None = first
         while effect is not None:
             seq = effect.seq
-            name = "channel.send_expression" if effect.expression is not None else (
-                "channel.send_text"
-            )  # fmt: skip
+            name = (
+                "channel.send_expression"
+                if effect.expression is not None
+                else ("channel.send_text")
+            )
             task = asyncio.current_task()
             if task is not None:
                 task.set_name(name)  # abandoned at the end, it is named by its call
@@ -258,10 +260,13 @@ class ChannelCalls:
                         me.set_name(SEND_NOTICE)
                     self._notice_posted(
                         await post_notice(
-                            channel, effect.notice, self._notice_budget(), self.turn.clock,
+                            channel,
+                            effect.notice,
+                            self._notice_budget(),
+                            self.turn.clock,
                             self.turn.policy.cancel_grace,
                         )
-                    )  # fmt: skip
+                    )
                     continue
                 name = "channel.queue_front"
                 call: Awaitable[None] = channel.queue_front(effect.stop_message)

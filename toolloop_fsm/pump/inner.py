@@ -248,9 +248,11 @@ class EventPump:
         # the turn's calls into the channel: deliveries, notices, the stop message (sharing
         # the host-call budget of the turn's notices: the outer tier's, for an attempt)
         self._calls = ChannelCalls(
-            self, self._deadlines,
-            delivery_keys if takes_idempotency_keys(channel) else None, notices,
-        )  # fmt: skip
+            self,
+            self._deadlines,
+            delivery_keys if takes_idempotency_keys(channel) else None,
+            notices,
+        )
         # code that ignored its cancellation past the grace: named, never awaited again
         self._abandoned: list[str] | None = None
         # deliveries the channel confirmed after the machine had already finished
@@ -543,9 +545,12 @@ class EventPump:
                 has_own = tool is not None and tool.timeout is not None
                 seconds = tool.timeout if tool is not None and has_own else policy.tool_timeout
             records.deadline_expired(
-                event.kind, seconds, provider=self._provider_name(), iteration=self._iteration,
+                event.kind,
+                seconds,
+                provider=self._provider_name(),
+                iteration=self._iteration,
                 tool=self._tools.name if self._tools is not None else "",
-            )  # fmt: skip
+            )
 
     def _provider_name(self) -> str:
         name = getattr(self.provider, "name", None)
@@ -865,11 +870,20 @@ class EventPump:
         if tools is None:
             tools = self._tools = ToolCalls(
                 ToolTurn(
-                    self.machine, self.registry, self.clock, self.policy, self._observation,
-                    self._records, self._secrets, self.spawn, self.feed, self.fail,
-                    self._calls.report_later, self.abandon,
+                    self.machine,
+                    self.registry,
+                    self.clock,
+                    self.policy,
+                    self._observation,
+                    self._records,
+                    self._secrets,
+                    self.spawn,
+                    self.feed,
+                    self.fail,
+                    self._calls.report_later,
+                    self.abandon,
                 )
-            )  # fmt: skip
+            )
         return tools
 
 
@@ -953,10 +967,20 @@ async def run_tool_loop(
     check_loop_arguments("run_tool_loop", provider, channel, policy)
     request = named_turn(request)
     return await _run_loop(
-        provider, tools, channel, request, None,
-        policy=policy, signals=signals, clock=clock, continuation_style=continuation_style,
-        on_step=on_step, observer=observer, reviewer=reviewer, on_snapshot=on_snapshot,
-    )  # fmt: skip
+        provider,
+        tools,
+        channel,
+        request,
+        None,
+        policy=policy,
+        signals=signals,
+        clock=clock,
+        continuation_style=continuation_style,
+        on_step=on_step,
+        observer=observer,
+        reviewer=reviewer,
+        on_snapshot=on_snapshot,
+    )
 
 
 def named_turn(request: TurnRequest) -> TurnRequest:
@@ -1011,10 +1035,20 @@ async def resume_tool_loop(
             "chain: this is a generation turn's snapshot: resume it with resume_generation_turn"
         )
     return await _run_loop(
-        provider, tools, channel, loop.request, loop,
-        policy=policy, signals=signals, clock=clock, continuation_style=None,
-        on_step=on_step, observer=observer, reviewer=reviewer, on_snapshot=on_snapshot,
-    )  # fmt: skip
+        provider,
+        tools,
+        channel,
+        loop.request,
+        loop,
+        policy=policy,
+        signals=signals,
+        clock=clock,
+        continuation_style=None,
+        on_step=on_step,
+        observer=observer,
+        reviewer=reviewer,
+        on_snapshot=on_snapshot,
+    )
 
 
 def _run_loop(

@@ -199,9 +199,14 @@ class Observation:
         else:
             self.for_provider(provider)
         event = AttemptStarted(
-            attempt, label, key_index, route, self.clock.now(),
-            self.provider or None, self.model,
-        )  # fmt: skip
+            attempt,
+            label,
+            key_index,
+            route,
+            self.clock.now(),
+            self.provider or None,
+            self.model,
+        )
         self._emit("attempt_started", event)
 
     def attempt_ended(
@@ -283,9 +288,13 @@ class Observation:
         except Exception:  # arguments come from JSON; a host-built oddity is shallow-copied
             arguments = dict(effect.arguments)
         event = ToolStarted(
-            self.attempt, effect.dispatch, effect.name, arguments, call_id,
+            self.attempt,
+            effect.dispatch,
+            effect.name,
+            arguments,
+            call_id,
             self.clock.now(),
-        )  # fmt: skip
+        )
         self.tool = event
         self._emit("tool_started", event)
 

@@ -182,10 +182,13 @@ class GenerationPump:
             self.signals.consume_stop()  # the turn that honours a stop consumes it
         result = effect.result
         abandoned = [
-            *(name for attempt in self.machine.generation.results for name in
-              attempt.abandoned_calls),
+            *(
+                name
+                for attempt in self.machine.generation.results
+                for name in attempt.abandoned_calls
+            ),
             *self._abandoned,
-        ]  # fmt: skip
+        ]
         if abandoned:
             result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
         result = with_attempts_in_doubt(result, self.machine.generation.results)
@@ -292,12 +295,19 @@ class GenerationPump:
                 effect.attempt, effect.label, effect.key_index, effect.route, provider
             )
         pump = EventPump(
-            inner, provider, self.channel, signals=self.signals, clock=self.clock,
-            consume_stop=False, observation=observation, records=records,
+            inner,
+            provider,
+            self.channel,
+            signals=self.signals,
+            clock=self.clock,
+            consume_stop=False,
+            observation=observation,
+            records=records,
             reviewer=self.reviewer,
             delivery_keys=f"{effect.request.turn_id}:{effect.attempt}",
-            on_snapshot=offer, notices=self._notices,
-        )  # fmt: skip
+            on_snapshot=offer,
+            notices=self._notices,
+        )
         run = asyncio.ensure_future(
             pump.run(
                 effect.request,
@@ -385,9 +395,13 @@ class GenerationPump:
         if clean.status in RETRYABLE_STATUSES:
             records = self.records
             records.attempt_failed(
-                effect.attempt, effect.label, effect.key_index, clean, failure,
+                effect.attempt,
+                effect.label,
+                effect.key_index,
+                clean,
+                failure,
                 _next_step(effects),
-            )  # fmt: skip
+            )
         return effects
 
     def _finished(
@@ -535,11 +549,22 @@ async def run_generation_turn(
     check_chain_arguments("run_generation_turn", channel, policy)
     request = named_turn(request)
     return await _run_chain(
-        attempts, tools, channel, request, None,
-        policy=policy, signals=signals, clock=clock, shared_route=shared_route,
-        key_book=key_book, on_step=on_step, on_attempt_step=on_attempt_step,
-        observer=observer, reviewer=reviewer, on_snapshot=on_snapshot,
-    )  # fmt: skip
+        attempts,
+        tools,
+        channel,
+        request,
+        None,
+        policy=policy,
+        signals=signals,
+        clock=clock,
+        shared_route=shared_route,
+        key_book=key_book,
+        on_step=on_step,
+        on_attempt_step=on_attempt_step,
+        observer=observer,
+        reviewer=reviewer,
+        on_snapshot=on_snapshot,
+    )
 
 
 async def resume_generation_turn(
@@ -578,11 +603,22 @@ async def resume_generation_turn(
             "chain: this is a tool loop's snapshot: resume it with resume_tool_loop"
         )
     return await _run_chain(
-        attempts, tools, channel, chain.request, snapshot,
-        policy=policy, signals=signals, clock=clock, shared_route=shared_route,
-        key_book=key_book, on_step=on_step, on_attempt_step=on_attempt_step,
-        observer=observer, reviewer=reviewer, on_snapshot=on_snapshot,
-    )  # fmt: skip
+        attempts,
+        tools,
+        channel,
+        chain.request,
+        snapshot,
+        policy=policy,
+        signals=signals,
+        clock=clock,
+        shared_route=shared_route,
+        key_book=key_book,
+        on_step=on_step,
+        on_attempt_step=on_attempt_step,
+        observer=observer,
+        reviewer=reviewer,
+        on_snapshot=on_snapshot,
+    )
 
 
 async def _run_chain(
@@ -612,9 +648,12 @@ async def _run_chain(
         for i, attempt in enumerate(shared_route.attempts if shared_route is not None else ())
     ]
     machine = GenerationTurnMachine(
-        policy, plans=plans, shared=shared, tools=[tool.spec() for tool in registry],
+        policy,
+        plans=plans,
+        shared=shared,
+        tools=[tool.spec() for tool in registry],
         on_step=records.logging_steps(GenerationTurnMachine.name, on_step),
-    )  # fmt: skip
+    )
     clock = clock if clock is not None else LOOP_CLOCK
     observation = observe_turn(observer, clock, records)
     pump = GenerationPump(

@@ -103,9 +103,14 @@ class TurnRecords:
         )
 
     def deadline_expired(
-        self, kind: DeadlineKind, seconds: float | None, *, provider: str, iteration: int,
+        self,
+        kind: DeadlineKind,
+        seconds: float | None,
+        *,
+        provider: str,
+        iteration: int,
         tool: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """A deadline expired: the provider's (first token, inactivity, pass duration), a
         tool's, a review's, or the settle window of deliveries in flight."""
         within = f" within {seconds:g} s" if seconds is not None else ""

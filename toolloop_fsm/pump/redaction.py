@@ -221,9 +221,16 @@ class StreamMask:
     that `release_before` returns goes first; then the one `admit` returns, if any."""
 
     __slots__ = (
-        "_leak", "_lengths", "_longest", "_secrets", "_shortest", "_starts", "context", "held",
+        "_leak",
+        "_lengths",
+        "_longest",
+        "_secrets",
+        "_shortest",
+        "_starts",
+        "context",
+        "held",
         "kind",
-    )  # fmt: skip
+    )
 
     def __init__(self, secrets: Secrets) -> None:
         self._secrets = secrets

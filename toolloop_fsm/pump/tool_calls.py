@@ -153,14 +153,21 @@ class ToolCalls:
             answer: ToolFinished | None = None
             if tool is not None and call is not None and isinstance(call.arguments, Mapping):
                 ctx = ToolContext(
-                    tool.name, dispatch, iteration, turn.clock,
+                    tool.name,
+                    dispatch,
+                    iteration,
+                    turn.clock,
                     turn.machine.turn.disabled_enrichment_kinds,
-                )  # fmt: skip
+                )
                 try:
                     answer = await reconcile_call(
-                        tool, dispatch, own_copy(call.arguments), ctx,
-                        budget=policy.host_call_timeout, clock=turn.clock,
-                    )  # fmt: skip
+                        tool,
+                        dispatch,
+                        own_copy(call.arguments),
+                        ctx,
+                        budget=policy.host_call_timeout,
+                        clock=turn.clock,
+                    )
                 except (KeyboardInterrupt, SystemExit) as err:
                     turn.fail(err)
                     return

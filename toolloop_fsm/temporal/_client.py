@@ -99,10 +99,14 @@ async def start_generation_turn(
         raise ValueError(f"attempts must name one provider or more, got {attempts!r}")
     if isinstance(tools, str):
         raise TypeError("tools is a collection of tool names, not one name")
-    if not (isinstance(heartbeat_timeout, int | float) and math.isfinite(heartbeat_timeout)
-            and heartbeat_timeout > 0):  # fmt: skip
-        raise ValueError(f"heartbeat_timeout must be a positive number of seconds, got "
-                         f"{heartbeat_timeout!r}")  # fmt: skip
+    if not (
+        isinstance(heartbeat_timeout, int | float)
+        and math.isfinite(heartbeat_timeout)
+        and heartbeat_timeout > 0
+    ):
+        raise ValueError(
+            f"heartbeat_timeout must be a positive number of seconds, got {heartbeat_timeout!r}"
+        )
     turn_id = request.turn_id or workflow_id
     if turn_id is None:
         import uuid
@@ -111,9 +115,13 @@ async def start_generation_turn(
     if request.turn_id != turn_id:
         request = attrs.evolve(request, turn_id=turn_id)
     turn = TurnInput(
-        request, attempts, channel, None if tools is None else tuple(tools), policy,
+        request,
+        attempts,
+        channel,
+        None if tools is None else tuple(tools),
+        policy,
         float(heartbeat_timeout),
-    )  # fmt: skip
+    )
     handle: WorkflowHandle[Any, GenerationTurnResult] = await with_turn_converter(
         client
     ).start_workflow(

@@ -261,9 +261,16 @@ def pack_chunks(chunks: list[Chunk]) -> tuple[tuple[Any, ...], ...]:
         elif isinstance(chunk, FunctionCall):
             data = dict(chunk.provider_data) if chunk.provider_data is not None else None
             packed.append(
-                ("c", chunk.name, chunk.arguments, chunk.call_id, chunk.truncated,
-                 chunk.parse_error, data)
-            )  # fmt: skip
+                (
+                    "c",
+                    chunk.name,
+                    chunk.arguments,
+                    chunk.call_id,
+                    chunk.truncated,
+                    chunk.parse_error,
+                    data,
+                )
+            )
         elif isinstance(chunk, FinishReason):
             packed.append(("f", chunk.kind.value, chunk.raw))
         elif isinstance(chunk, SceneMetadata):

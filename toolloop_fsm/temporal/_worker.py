@@ -109,8 +109,11 @@ class TurnActivities:
         self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.channels = dict(channels)
         for name, channel in self.channels.items():
-            missing = [m for m in ("send_text", "send_expression", "send_notice", "queue_front")
-                       if not callable(getattr(channel, m, None))]  # fmt: skip
+            missing = [
+                m
+                for m in ("send_text", "send_expression", "send_notice", "queue_front")
+                if not callable(getattr(channel, m, None))
+            ]
             if missing:
                 raise TypeError(f"channel {name!r} is not a Channel: it lacks {missing}")
         self._providers: collections.OrderedDict[tuple[str, str, int | None], Provider] = (
@@ -165,9 +168,11 @@ class TurnActivities:
             for name in ask.attempts
         )
         return Catalogue(
-            tuple(plans), tuple(tools), continuation=continuation,
+            tuple(plans),
+            tuple(tools),
+            continuation=continuation,
             keyed_channel=takes_idempotency_keys(self.channels[ask.channel]),
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ the turn's keys
     def _chain_secrets(self, chain: Iterable[str], running: str | None) -> Secrets:
@@ -233,9 +238,12 @@ class TurnActivities:
         if tool is None:
             return ToolFinished(spec.dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
         ctx = ToolContext(
-            spec.name, spec.dispatch, spec.iteration, LOOP_CLOCK,
+            spec.name,
+            spec.dispatch,
+            spec.iteration,
+            LOOP_CLOCK,
             frozenset(spec.disabled_enrichment_kinds),
-        )  # fmt: skip
+        )
         ticker = asyncio.create_task(_heartbeat_every(spec.heartbeat_every))
         try:
             event = await run_tool_handler(
@@ -266,9 +274,12 @@ class TurnActivities:
         if tool is None:
             return Reconciled()
         ctx = ToolContext(
-            spec.name, spec.dispatch, spec.iteration, LOOP_CLOCK,
+            spec.name,
+            spec.dispatch,
+            spec.iteration,
+            LOOP_CLOCK,
             frozenset(spec.disabled_enrichment_kinds),
-        )  # fmt: skip
+        )
         answer = await reconcile_call(
             tool, spec.dispatch, dict(spec.arguments), ctx, budget=spec.deadline, clock=LOOP_CLOCK
         )
@@ -280,8 +291,10 @@ class TurnActivities:
         except (TypeError, ValueError) as err:
             _log.warning(
                 "the reconcile hook of tool %s answered what cannot be recorded as JSON (%s); "
-                "the call stays in doubt", spec.name, err,
-            )  # fmt: skip
+                "the call stays in doubt",
+                spec.name,
+                err,
+            )
             return Reconciled()
         return Reconciled(answer)
 
@@ -451,11 +464,13 @@ class _Pass:
             while True:
                 now = loop.time()
                 kind, due = stream_budget_due(
-                    now, begun=begun, answered_at=last if answered else None,
+                    now,
+                    begun=begun,
+                    answered_at=last if answered else None,
                     first_seconds=spec.first_token_timeout,
                     inactivity_seconds=spec.inactivity_timeout,
                     total_seconds=spec.max_pass_duration or None,
-                )  # fmt: skip
+                )
                 try:
                     chunk = await asyncio.wait_for(anext(iterator), max(0.0, due - now))
                 except StopAsyncIteration:

@@ -195,9 +195,11 @@ class GenerationTurnWorkflow:
         )
         if catalogue.problem is not None:
             return GenerationTurnResult(
-                TurnStatus.ERROR, "host_error", error_message=catalogue.problem,
+                TurnStatus.ERROR,
+                "host_error",
+                error_message=catalogue.problem,
                 turn_id=turn.request.turn_id,
-            )  # fmt: skip
+            )
         return await _TurnShell(self, turn, catalogue).run()
 
 
@@ -251,10 +253,13 @@ class _TurnShell:
     async def finish(self, effect: Finish) -> list[Effect]:
         result = effect.result
         abandoned = [
-            *(name for attempt in self.machine.generation.results
-              for name in attempt.abandoned_calls),
+            *(
+                name
+                for attempt in self.machine.generation.results
+                for name in attempt.abandoned_calls
+            ),
             *self.abandoned,
-        ]  # fmt: skip
+        ]
         if abandoned:
             result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
         self.result = with_attempts_in_doubt(result, self.machine.generation.results)
@@ -292,10 +297,14 @@ class _TurnShell:
 
     async def mark_superseded(self, effect: SupersedeAttempt) -> list[Effect]:
         await self.call_channel(
-            ChannelCall(self.turn.channel, "attempt_superseded",
-                        text=effect.delivered_text, attempt=effect.attempt,
-                        label=effect.label)
-        )  # fmt: skip
+            ChannelCall(
+                self.turn.channel,
+                "attempt_superseded",
+                text=effect.delivered_text,
+                attempt=effect.attempt,
+                label=effect.label,
+            )
+        )
         return []
 
     async def update_key_health(self, effect: UpdateKeyHealth) -> list[Effect]:
@@ -311,9 +320,12 @@ class _TurnShell:
         if budget.spent:
             return None
         call = ChannelCall(
-            self.turn.channel, "send_notice", notice=notice, timeout=budget.remaining,
+            self.turn.channel,
+            "send_notice",
+            notice=notice,
+            timeout=budget.remaining,
             grace=self.turn.policy.loop.cancel_grace,
-        )  # fmt: skip
+        )
         started = workflow.time()
         answer = await self.call_channel(call)
         budget.spend(workflow.time() - started)
@@ -335,15 +347,18 @@ class _TurnShell:
             call = attrs.evolve(call, timeout=self.turn.policy.loop.host_call_timeout)
         try:
             answer: ChannelAnswer = await workflow.execute_activity(
-                CALL_CHANNEL, call, result_type=ChannelAnswer,
+                CALL_CHANNEL,
+                call,
+                result_type=ChannelAnswer,
                 start_to_close_timeout=overall or _seconds(call.timeout + beat),
                 schedule_to_close_timeout=overall,
                 retry_policy=RetryPolicy(maximum_attempts=_CHANNEL_CALL_TRIES),
-            )  # fmt: skip
+            )
             return answer
         except ActivityError as err:
-            return ChannelAnswer(error=f"channel.{call.method} was lost: {_cause(err)}",
-                                 timed_out=_timed_out(err))  # fmt: skip
+            return ChannelAnswer(
+                error=f"channel.{call.method} was lost: {_cause(err)}", timed_out=_timed_out(err)
+            )
 
 
 class _AttemptShell:
@@ -549,9 +564,14 @@ class _AttemptShell:
             return
         method = "send_expression" if effect.expression is not None else "send_text"
         answer = await self.outer.call_channel(
-            ChannelCall(self.turn.channel, method, text=effect.text,
-                        expression=effect.expression, key=f"{self.keys_prefix}:{effect.seq}")
-        )  # fmt: skip
+            ChannelCall(
+                self.turn.channel,
+                method,
+                text=effect.text,
+                expression=effect.expression,
+                key=f"{self.keys_prefix}:{effect.seq}",
+            )
+        )
         if answer.error is None:
             self.outcomes.append(DeliveryRecorded(effect.seq))
         else:
@@ -617,13 +637,15 @@ class _AttemptShell:
             budget = _seconds(left)
         self.pass_tries += 1
         self.running = workflow.start_activity(
-            STREAM_PASS, spec, result_type=PassOutcome,
+            STREAM_PASS,
+            spec,
+            result_type=PassOutcome,
             # the pass times its own budgets; this bounds a pass whose workers keep dying
             schedule_to_close_timeout=budget,
             heartbeat_timeout=_seconds(beat),
             retry_policy=RetryPolicy(maximum_attempts=1),
             cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-        )  # fmt: skip
+        )
         self.running_kind = "pass"
         return True
 
@@ -654,29 +676,39 @@ class _AttemptShell:
         policy = self.policy
         beat = self.turn.heartbeat_timeout
         tool = self.outer.registry.get(effect.name)
-        timeout = tool.timeout if tool is not None and tool.timeout is not None else (
-            policy.tool_timeout
-        )  # fmt: skip
+        timeout = (
+            tool.timeout if tool is not None and tool.timeout is not None else (policy.tool_timeout)
+        )
         idempotent = tool is not None and tool.idempotent
         spec = ToolInput(
-            effect.name, effect.dispatch, self.machine.turn.iterations, dict(effect.arguments),
-            frozenset(self.machine.turn.disabled_enrichment_kinds), timeout, beat / 3,
-            chain=self.turn.attempts, provider=self.provider, key_index=self.effect.key_index,
+            effect.name,
+            effect.dispatch,
+            self.machine.turn.iterations,
+            dict(effect.arguments),
+            frozenset(self.machine.turn.disabled_enrichment_kinds),
+            timeout,
+            beat / 3,
+            chain=self.turn.attempts,
+            provider=self.provider,
+            key_index=self.effect.key_index,
             keys_prefix=self.keys_prefix,
-        )  # fmt: skip
+        )
         # the tool's deadline is the machine's, on a workflow timer; the activity's own
         # timeout only catches a try that outlives it and its grace
         backstop = _seconds(timeout + policy.cancel_grace + beat)
         self.running = workflow.start_activity(
-            RUN_TOOL, spec, result_type=ToolFinished,
+            RUN_TOOL,
+            spec,
+            result_type=ToolFinished,
             start_to_close_timeout=backstop,
             schedule_to_close_timeout=backstop if idempotent else None,
             heartbeat_timeout=_seconds(beat),
             # a tool runs again after a lost worker only when running it twice is harmless
-            retry_policy=RetryPolicy(maximum_attempts=0 if idempotent else 1,
-                                     initial_interval=_seconds(min(0.5, beat))),
+            retry_policy=RetryPolicy(
+                maximum_attempts=0 if idempotent else 1, initial_interval=_seconds(min(0.5, beat))
+            ),
             cancellation_type=ActivityCancellationType.TRY_CANCEL,
-        )  # fmt: skip
+        )
         self.running_kind = "tool"
         self.tool_spec = spec
         self.tool_dispatch = effect.dispatch
@@ -735,13 +767,15 @@ class _AttemptShell:
             beat = self.turn.heartbeat_timeout
             try:
                 reconciled: Reconciled = await workflow.execute_activity(
-                    RECONCILE_TOOL, attrs.evolve(spec, deadline=budget),
+                    RECONCILE_TOOL,
+                    attrs.evolve(spec, deadline=budget),
                     result_type=Reconciled,
                     # the hook bounds itself by the budget; this catches a lost worker
                     start_to_close_timeout=_seconds(budget + beat),
-                    retry_policy=RetryPolicy(maximum_attempts=2,
-                                             initial_interval=_seconds(min(0.5, beat))),
-                )  # fmt: skip
+                    retry_policy=RetryPolicy(
+                        maximum_attempts=2, initial_interval=_seconds(min(0.5, beat))
+                    ),
+                )
                 answer = reconciled.finished
             except ActivityError:
                 answer = None

@@ -101,12 +101,28 @@ _HARNESS_NAMES = frozenset({"ScriptRun", "WitnessedReviewer", "build_tools", "ru
 #: module needs Hypothesis, a test dependency the rest of the kit does not need.
 _STRATEGY_NAMES = frozenset(
     {
-        "KNOWN_TOOLS", "MEMORY_TOOL", "PROVIDER_KEYS", "UNKNOWN_TOOLS", "TimedSignal",
-        "ToolAction", "ToolBehaviour", "ToolConfig", "TurnScript", "chunks", "function_calls",
-        "loop_policies", "provider_passes", "reviewer_acts", "reviewer_scripts",
-        "script_items", "text_deltas", "timed_signals", "tool_behaviours", "turn_scripts",
+        "KNOWN_TOOLS",
+        "MEMORY_TOOL",
+        "PROVIDER_KEYS",
+        "UNKNOWN_TOOLS",
+        "TimedSignal",
+        "ToolAction",
+        "ToolBehaviour",
+        "ToolConfig",
+        "TurnScript",
+        "chunks",
+        "function_calls",
+        "loop_policies",
+        "provider_passes",
+        "reviewer_acts",
+        "reviewer_scripts",
+        "script_items",
+        "text_deltas",
+        "timed_signals",
+        "tool_behaviours",
+        "turn_scripts",
     }
-)  # fmt: skip
+)
 
 __all__ += [
     "KNOWN_TOOLS",
@@ -175,15 +191,35 @@ if TYPE_CHECKING:
 #: Names served by `toolloop_fsm.testing.chains` (needs Hypothesis too: imported on first use).
 _CHAIN_NAMES = frozenset(
     {
-        "CHAIN_INVARIANTS", "REVIEW_CHAIN_INVARIANTS", "SHARED_TOOLS", "AttemptScript",
+        "CHAIN_INVARIANTS",
+        "REVIEW_CHAIN_INVARIANTS",
+        "SHARED_TOOLS",
+        "AttemptScript",
         "ChainChannel",
-        "ChainInvariantViolation", "ChainRun", "ChainScript", "ChainSignal",
-        "ChainToolExecution", "Ending", "ErrorKind", "FirstRequest", "KeyScript", "KeyState",
-        "KeyUse", "ModelScript", "SharedRouteScript", "TimelineEntry", "ToolStep",
-        "attempt_scripts", "chain_budget", "chain_signals", "check_chain_invariants",
-        "generation_chains", "run_chain", "turn_policies",
+        "ChainInvariantViolation",
+        "ChainRun",
+        "ChainScript",
+        "ChainSignal",
+        "ChainToolExecution",
+        "Ending",
+        "ErrorKind",
+        "FirstRequest",
+        "KeyScript",
+        "KeyState",
+        "KeyUse",
+        "ModelScript",
+        "SharedRouteScript",
+        "TimelineEntry",
+        "ToolStep",
+        "attempt_scripts",
+        "chain_budget",
+        "chain_signals",
+        "check_chain_invariants",
+        "generation_chains",
+        "run_chain",
+        "turn_policies",
     }
-)  # fmt: skip
+)
 __all__ += [
     "CHAIN_INVARIANTS",
     "REVIEW_CHAIN_INVARIANTS",
@@ -231,10 +267,16 @@ if TYPE_CHECKING:
 
 _REFERENCE_NAMES = frozenset(
     {
-        "AmbiguousEnding", "PredictedEnding", "check_ending", "describe_script", "difference",
-        "ending_of", "predict_ending", "predict_endings",
+        "AmbiguousEnding",
+        "PredictedEnding",
+        "check_ending",
+        "describe_script",
+        "difference",
+        "ending_of",
+        "predict_ending",
+        "predict_endings",
     }
-)  # fmt: skip
+)
 __all__ += [
     "AmbiguousEnding",
     "PredictedEnding",

@@ -198,8 +198,10 @@ def _warn_held_still(seconds: float, holding: list[asyncio.TimerHandle]) -> None
         "the loop has %d real timer(s) pending (%s); code under a "
         "VirtualClock should wait on the clock, and a watchdog should be made "
         "with real_time_limit() or watchdog_timer()",
-        seconds, len(holding), _describe(holding),
-    )  # fmt: skip
+        seconds,
+        len(holding),
+        _describe(holding),
+    )
 
 
 def _work_ready(loop: asyncio.AbstractEventLoop) -> bool:

@@ -468,9 +468,11 @@ async def run_script(
                 result = await turn
             else:
                 result = await returns_within(
-                    turn, real_timeout, stragglers=stragglers,
+                    turn,
+                    real_timeout,
+                    stragglers=stragglers,
                     running=lambda: _still_running(channel, executions),
-                )  # fmt: skip
+                )
         except TurnDidNotReturn as err:
             raise InvariantViolation(
                 6,
@@ -538,16 +540,31 @@ def _turn(
     """The turn's coroutine: the tool loop itself, or, for a provider holding a key, a
     generation turn of one model with that one key (the tier that is given keys)."""
     if script.provider_key is None:
-        return run_tool_loop(provider, tools, channel, request, policy=policy, signals=signals,
-                             clock=clock, continuation_style=script.continuation_style,
-                             on_step=on_step, reviewer=reviewer)  # fmt: skip
+        return run_tool_loop(
+            provider,
+            tools,
+            channel,
+            request,
+            policy=policy,
+            signals=signals,
+            clock=clock,
+            continuation_style=script.continuation_style,
+            on_step=on_step,
+            reviewer=reviewer,
+        )
     attempt = Attempt(lambda _key: provider, keys=(script.provider_key,), label="hostile")
     report = None if on_step is None else (lambda _attempt, step: on_step(step))
     return run_generation_turn(
-        [attempt], tools, channel, request,
+        [attempt],
+        tools,
+        channel,
+        request,
         policy=TurnPolicy(loop=policy, max_key_attempts_per_model=1),
-        signals=signals, clock=clock, on_attempt_step=report, reviewer=reviewer,
-    )  # fmt: skip
+        signals=signals,
+        clock=clock,
+        on_attempt_step=report,
+        reviewer=reviewer,
+    )
 
 
 def _still_running(channel: HostileChannel, executions: Sequence[ToolExecution]) -> list[str]:

@@ -254,15 +254,19 @@ class HostileChannel(RecordingChannel):
         on_delivery: Callable[[Delivered], None] | None = None,
     ) -> None:
         super().__init__(
-            clock=clock, delivery_delay=delivery_delay, fail_when=fail_when,
+            clock=clock,
+            delivery_delay=delivery_delay,
+            fail_when=fail_when,
             on_delivery=on_delivery,
-        )  # fmt: skip
+        )
         self.turn_clock = clock
         self.host_call_timeout = host_call_timeout
         self.stragglers = stragglers
         self.plans: dict[str, tuple[ChannelAct, ...]] = {
-            "send": tuple(sends), "notice": tuple(notices), "hook": tuple(hooks),
-        }  # fmt: skip
+            "send": tuple(sends),
+            "notice": tuple(notices),
+            "hook": tuple(hooks),
+        }
         self._counts = {"send": 0, "notice": 0, "hook": 0}
         self.calls: list[HostCall] = []
         self.superseded: list[tuple[int, str, str]] = []
@@ -340,9 +344,10 @@ class HostileChannel(RecordingChannel):
 
     async def attempt_superseded(self, attempt: int, label: str, delivered_text: str) -> None:
         await self._perform(
-            "attempt_superseded", "hook",
+            "attempt_superseded",
+            "hook",
             lambda: self.superseded.append((attempt, label, delivered_text)),
-        )  # fmt: skip
+        )
 
 
 # --------------------------------------------------------------------------- tools
@@ -403,18 +408,22 @@ class EchoKey:
 
     def error(self, key: str) -> Exception:
         if self.style is KeyEcho.WHOLE:
-            return ProviderError(f"401 invalid api key {key}", kind="auth", retryable=True,
-                                 status_code=401)  # fmt: skip
+            return ProviderError(
+                f"401 invalid api key {key}", kind="auth", retryable=True, status_code=401
+            )
         if self.style is KeyEcho.PREFIX:
             return ProviderError(
-                f"Incorrect API key provided: {key[:12]}{'*' * 8}", kind="auth",
-                retryable=True, status_code=401,
-            )  # fmt: skip
+                f"Incorrect API key provided: {key[:12]}{'*' * 8}",
+                kind="auth",
+                retryable=True,
+                status_code=401,
+            )
         if self.style is KeyEcho.QUERY:
             return ProviderError(
                 f"connection reset by https://provider.invalid/v1/stream?key={key}",
-                kind="connection", retryable=True,
-            )  # fmt: skip
+                kind="connection",
+                retryable=True,
+            )
         return RuntimeError(f"client closed while sending with credentials {key!r}")
 
 

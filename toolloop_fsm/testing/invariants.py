@@ -236,8 +236,17 @@ def check_invariants(
         _check_tool_runs(executions, registry, request, result)
     _check_deliveries(result, channel)
     if elapsed is not None:
-        _check_time(result, policy, elapsed, provider, streamed, executions, registry, channel,
-                    reviews_asked)  # fmt: skip
+        _check_time(
+            result,
+            policy,
+            elapsed,
+            provider,
+            streamed,
+            executions,
+            registry,
+            channel,
+            reviews_asked,
+        )
     _check_history(result, provider, streamed, request, executions, policy)
     _check_usage(result, provider, streamed)
     if keys:
@@ -381,15 +390,21 @@ def _check_review_budgets(
         ("reviews of a reply asked", len(asked_replies), policy.max_reviews, "max_reviews"),
         ("revisions", revisions, policy.max_revisions, "max_revisions"),
         ("reviews of a call recorded", len(calls), policy.max_tool_reviews, "max_tool_reviews"),
-        ("reviews of a call asked", len(asked_calls), policy.max_tool_reviews,
-         "max_tool_reviews"),
-        ("corrections shown to the reviewer", sum(1 for a in asked_calls if a.correction),
-         policy.max_tool_corrections, "max_tool_corrections"),
-    )  # fmt: skip
+        ("reviews of a call asked", len(asked_calls), policy.max_tool_reviews, "max_tool_reviews"),
+        (
+            "corrections shown to the reviewer",
+            sum(1 for a in asked_calls if a.correction),
+            policy.max_tool_corrections,
+            "max_tool_corrections",
+        ),
+    )
     for what, count, ceiling, name in counts:
         if count > ceiling:
-            _fail(2, f"{count} {what}, above {name}={ceiling} (status "
-                     f"{result.status.value}, reason {result.reason})")  # fmt: skip
+            _fail(
+                2,
+                f"{count} {what}, above {name}={ceiling} (status "
+                f"{result.status.value}, reason {result.reason})",
+            )
     revised = sum(1 for r in replies if r.verdict == "revise")
     if revisions > revised:
         _fail(2, f"{revisions} revisions but only {revised} reviews asked for one")
@@ -727,8 +742,10 @@ def _check_time(
     if elapsed > bound + _EPSILON:
         first, inactivity = policy.effective_first_token_timeout, policy.inactivity_timeout
         budget, host, grace = (
-            policy.max_pass_duration, policy.host_call_timeout, policy.cancel_grace,
-        )  # fmt: skip
+            policy.max_pass_duration,
+            policy.host_call_timeout,
+            policy.cancel_grace,
+        )
         _fail(
             6,
             f"the run took {elapsed:g} virtual s, above the bound {bound:g} s "
@@ -953,9 +970,11 @@ def _check_entries(
     """Each entry is well formed. ``checkpoint``: the tool checkpoint was on, so a failed
     call may be one its reviewer rejected (``review_rejected``). ``erased``: the passes up
     to this one had their pre-tool text taken out by a revision (it may be none)."""
-    failed_statuses = ("tool_execution_failed", REVIEW_REJECTED_STATUS) if checkpoint else (
-        "tool_execution_failed",
-    )  # fmt: skip
+    failed_statuses = (
+        ("tool_execution_failed", REVIEW_REJECTED_STATUS)
+        if checkpoint
+        else ("tool_execution_failed",)
+    )
     ids: dict[str, int] = {}
     passes: set[int] = set()
     for position, entry in enumerate(history):
@@ -1055,8 +1074,10 @@ def _check_arguments_as_sent(
     for execution in executions or ():
         if execution.iteration is not None and execution.iteration not in sent_by_pass:
             sent_by_pass[execution.iteration] = (
-                execution.name, execution.arguments, "the tool was handed",
-            )  # fmt: skip
+                execution.name,
+                execution.arguments,
+                "the tool was handed",
+            )
     for entry in result.history:
         sent = sent_by_pass.get(entry.iteration)
         if sent is None or sent[0] != entry.call.name or not isinstance(sent[1], Mapping):
@@ -1235,8 +1256,9 @@ def _written_characters(chunks: Sequence[object]) -> int:
         elif isinstance(chunk, FunctionCall) and not call_seen:
             call_seen = True
             try:
-                arguments = json.dumps(chunk.arguments, sort_keys=True, separators=(",", ":"),
-                                       ensure_ascii=False)  # fmt: skip
+                arguments = json.dumps(
+                    chunk.arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+                )
             except (TypeError, ValueError):
                 arguments = repr(chunk.arguments)
             written += len(str(chunk.name)) + 1 + len(arguments)
@@ -1277,9 +1299,12 @@ def _usage_text(reports: Sequence[UsageReport]) -> str:
 #: The steps that deliver the held draft: completing a reply without a review, or a review
 #: that ended (a verdict, or the review timeout).
 _DELIVERING = frozenset(
-    {("completing_response", "advance"), ("reviewing_draft", "review_returned"),
-     ("reviewing_draft", "review_deadline")}
-)  # fmt: skip
+    {
+        ("completing_response", "advance"),
+        ("reviewing_draft", "review_returned"),
+        ("reviewing_draft", "review_deadline"),
+    }
+)
 _SCENE_BLOCK = "\n\n[Scene Metadata]\n"
 
 
@@ -1334,8 +1359,11 @@ def _check_nothing_shown_unreviewed(
             f"its held draft ({ending}): drafting holds everything until it is reviewed",
         )
     if delivered and result.status in (TurnStatus.STOPPED_BY_USER, TurnStatus.FOLLOW_UP_INTERRUPT):
-        _fail(11, f"{len(delivered)} held deliveries reached the channel although the turn "
-                  f"ended {result.status.value}")  # fmt: skip
+        _fail(
+            11,
+            f"{len(delivered)} held deliveries reached the channel although the turn "
+            f"ended {result.status.value}",
+        )
     for asked in reviews_asked or ():
         if asked.delivered_before or asked.sends_before:
             _fail(

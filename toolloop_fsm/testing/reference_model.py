@@ -734,9 +734,13 @@ def _after_tool_call(
     if _continuation_retries_spent(counters, policy, continuation_style=continuation_style):
         return "continuation_retries_exhausted"
     if _visible_text_suffices(
-        name, outcome, shape, policy,
-        pre_tool_text=pre_tool_text, continuation_style=continuation_style,
-    ):  # fmt: skip
+        name,
+        outcome,
+        shape,
+        policy,
+        pre_tool_text=pre_tool_text,
+        continuation_style=continuation_style,
+    ):
         return "pre_tool_text_suffices"
     return _NEXT_PASS
 
@@ -847,10 +851,21 @@ class _Simulation:
             if name not in ("script", "policy", "tools", "choices", "passes")
         }
         passes = [
-            (p.number, p.started_at, p.items[p.position :], p.resumes_at, p.last_chunk_at,
-             p.last_confirmed_at, p.texts, p.buffer, p.confirmed, p.call, p.finish)
+            (
+                p.number,
+                p.started_at,
+                p.items[p.position :],
+                p.resumes_at,
+                p.last_chunk_at,
+                p.last_confirmed_at,
+                p.texts,
+                p.buffer,
+                p.confirmed,
+                p.call,
+                p.finish,
+            )
             for p in self.passes
-        ]  # fmt: skip
+        ]
         return repr((sorted(fields.items()), passes))
 
     # ------------------------------------------------------------------ the event loop
@@ -1024,8 +1039,10 @@ class _Simulation:
         rest = Trickle(item.share, item.text, None if item.count is None else item.count - 1)
         interval = item.share * self.policy.inactivity_timeout
         current.items[current.position : current.position] = [
-            Pause(interval), TextDelta(item.text), rest,
-        ]  # fmt: skip
+            Pause(interval),
+            TextDelta(item.text),
+            rest,
+        ]
 
     def hold_key_start(self, chunk: TextDelta) -> TextDelta | None:
         """docs/behaviour.md §9.12 rule 2: the text is let through after what was held, but
@@ -1243,9 +1260,11 @@ class _Simulation:
         continuation_style = self.script.continuation_style
         pre_tool_text = self.pre_tool_text is not None
         self.counters = _counted(
-            self.counters, outcome, continuation_style=continuation_style,
+            self.counters,
+            outcome,
+            continuation_style=continuation_style,
             pre_tool_text=pre_tool_text,
-        )  # fmt: skip
+        )
         self.last_tool = name  # §4.2 rule 3, §5 rule 3
         if _restarts_context(outcome):  # §4.1: §5 rules 3-6, no history entry
             self.occurrences = {}
@@ -1258,9 +1277,14 @@ class _Simulation:
         if _disables(name, outcome, self.policy):
             self.disabled.add(name)
         decided = _after_tool_call(
-            name, outcome, self.counters, self.tools.get(name), self.policy,
-            pre_tool_text=pre_tool_text, continuation_style=continuation_style,
-        )  # fmt: skip
+            name,
+            outcome,
+            self.counters,
+            self.tools.get(name),
+            self.policy,
+            pre_tool_text=pre_tool_text,
+            continuation_style=continuation_style,
+        )
         if decided == "consecutive_tool_errors":  # §4.3
             self.post("tool_error_loop")
             self.decide(TurnStatus.ERROR, decided)
@@ -1809,17 +1833,32 @@ def _acts_text(acts: Sequence[ChannelAct]) -> str:
 
 def _policy_text(policy: LoopPolicy) -> str:
     names: tuple[str, ...] = (
-        "max_function_call_iterations", "soft_warn_iteration", "max_consecutive_tool_errors",
-        "continuation_tool_failure_threshold", "inactivity_timeout", "first_token_timeout",
-        "abandoned_stream_settle", "tool_timeout", "delivery_flush_chars", "max_pass_duration",
-        "host_call_timeout", "cancel_grace",
-    )  # fmt: skip
+        "max_function_call_iterations",
+        "soft_warn_iteration",
+        "max_consecutive_tool_errors",
+        "continuation_tool_failure_threshold",
+        "inactivity_timeout",
+        "first_token_timeout",
+        "abandoned_stream_settle",
+        "tool_timeout",
+        "delivery_flush_chars",
+        "max_pass_duration",
+        "host_call_timeout",
+        "cancel_grace",
+    )
     if policy.drafting or policy.review_tool_calls:
         names += (
-            "drafting", "review_tool_calls", "held_prose_max_bytes", "held_prose_max_segments",
-            "send_message_limit", "max_reviews", "max_revisions", "max_tool_reviews",
-            "max_tool_corrections", "review_timeout",
-        )  # fmt: skip
+            "drafting",
+            "review_tool_calls",
+            "held_prose_max_bytes",
+            "held_prose_max_segments",
+            "send_message_limit",
+            "max_reviews",
+            "max_revisions",
+            "max_tool_reviews",
+            "max_tool_corrections",
+            "review_timeout",
+        )
     fields = [f"{name}={getattr(policy, name)!r}" for name in names]
     fields.append(f"suppress={sorted(policy.suppress_followup_after_pre_tool_text)}")
     return ", ".join(fields)
@@ -1846,9 +1885,11 @@ def _item_text(item: HostileItem) -> str:
 
 def _behaviour_text(behaviour: ToolBehaviour) -> str:
     fields: dict[str, Any] = {
-        "end_turn": behaviour.end_turn, "delivered": behaviour.delivered,
-        "expression": behaviour.expression, "restart": behaviour.context_restart is not None,
-    }  # fmt: skip
+        "end_turn": behaviour.end_turn,
+        "delivered": behaviour.delivered,
+        "expression": behaviour.expression,
+        "restart": behaviour.context_restart is not None,
+    }
     shown = ", ".join(f"{k}={v!r}" for k, v in fields.items() if v)
     delay = f" after {behaviour.delay:g}s" if behaviour.delay else ""
     return f"{behaviour.action.value}{delay}" + (f" ({shown})" if shown else "")

@@ -451,11 +451,25 @@ _BODY_ITEMS = _body_menu()
 _NON_FINITE: tuple[ScriptItem, ...] = (
     UsageReport(math.nan, 3),  # type: ignore[arg-type]
     UsageReport(4, math.inf),  # type: ignore[arg-type]
-    Fail(ProviderError("scripted rate limit", kind="rate_limit", retryable=True,
-                       status_code=429, retry_after=math.inf)),
-    Fail(ProviderError("scripted overload", kind="server", retryable=True, status_code=503,
-                       retry_after=math.nan)),
-)  # fmt: skip
+    Fail(
+        ProviderError(
+            "scripted rate limit",
+            kind="rate_limit",
+            retryable=True,
+            status_code=429,
+            retry_after=math.inf,
+        )
+    ),
+    Fail(
+        ProviderError(
+            "scripted overload",
+            kind="server",
+            retryable=True,
+            status_code=503,
+            retry_after=math.nan,
+        )
+    ),
+)
 _KEY_ECHOES: tuple[EchoKey, ...] = tuple(EchoKey(style) for style in KeyEcho)
 _HOSTILE_ONLY: tuple[HostileItem, ...] = (*_NON_FINITE, *_KEY_ECHOES, Trickle())
 #: Arguments with nested values, so that a tool mutating them in place reaches inside.
@@ -532,8 +546,9 @@ class _Drawn:
         key = (build, args, min_size, max_size)
         lists = _LISTS.get(key)
         if lists is None:
-            lists = _LISTS[key] = st.lists(built(build, *args), min_size=min_size,
-                                           max_size=max_size)  # fmt: skip
+            lists = _LISTS[key] = st.lists(
+                built(build, *args), min_size=min_size, max_size=max_size
+            )
         return self.draw(lists)
 
 
@@ -700,10 +715,16 @@ _FAILING = (None, None, None, None, None, None, None, 0, 1, 2, 4)
 _PREFILLS = (None, "Sure, ")
 #: What a channel call does, confirming most often (a hostile call cuts a turn short).
 _CHANNEL_ACTS = (
-    ChannelAct.CONFIRM, ChannelAct.CONFIRM, ChannelAct.CONFIRM, ChannelAct.CONFIRM,
-    ChannelAct.RAISE, ChannelAct.HANG, ChannelAct.SLOW_WITHIN, ChannelAct.SLOW_OVER,
+    ChannelAct.CONFIRM,
+    ChannelAct.CONFIRM,
+    ChannelAct.CONFIRM,
+    ChannelAct.CONFIRM,
+    ChannelAct.RAISE,
+    ChannelAct.HANG,
+    ChannelAct.SLOW_WITHIN,
+    ChannelAct.SLOW_OVER,
     ChannelAct.IGNORE_CANCELLATION,
-)  # fmt: skip
+)
 #: Fake API keys: no 8-character run of one occurs in any scripted text, so finding one
 #: anywhere is a leak.
 PROVIDER_KEYS: tuple[str, ...] = ("hk-7Qm2xZ9pLk4vR8tW3nB6", "hk-Jd5sYc1uHf8gTe2wKa9")
@@ -852,8 +873,14 @@ _ROUND_CALLS: tuple[FunctionCall, ...] = (
 #: How a tool chain ends once its rounds are over: closing text, or an empty pass.
 _CHAIN_ENDINGS: tuple[tuple[ScriptItem, ...], ...] = ((TextDelta("Done."),), ())
 #: A tool round's action: success and failure as often (a raise and a hang now and then).
-_ROUND_ACTIONS = (ToolAction.SUCCEED, ToolAction.FAIL, ToolAction.SUCCEED, ToolAction.FAIL,
-                  ToolAction.RAISE, ToolAction.HANG)  # fmt: skip
+_ROUND_ACTIONS = (
+    ToolAction.SUCCEED,
+    ToolAction.FAIL,
+    ToolAction.SUCCEED,
+    ToolAction.FAIL,
+    ToolAction.RAISE,
+    ToolAction.HANG,
+)
 
 
 def build_round(c: Choices) -> tuple[HostileItem, ...]:
@@ -1024,10 +1051,13 @@ def _reviewed_policies(
 #: policies of three; otherwise a ceiling of bytes or segments, or a host's send limit
 #: below the ceiling, small enough to cut a reply (each limit on its own, so a cut shrinks
 #: to the one that made it).
-_HELD_PROSE_LIMITS: tuple[tuple[int, int, int | None], ...] = (
-    ((65_536, 4_096, None),) * 16
-    + (
-        (24, 4_096, None), (8, 4_096, None), (1, 4_096, None), (65_536, 3, None),
-        (65_536, 1, None), (65_536, 4_096, 16), (65_536, 4_096, 6), (40, 4_096, 12),
-    )
-)  # fmt: skip
+_HELD_PROSE_LIMITS: tuple[tuple[int, int, int | None], ...] = ((65_536, 4_096, None),) * 16 + (
+    (24, 4_096, None),
+    (8, 4_096, None),
+    (1, 4_096, None),
+    (65_536, 3, None),
+    (65_536, 1, None),
+    (65_536, 4_096, 16),
+    (65_536, 4_096, 6),
+    (40, 4_096, 12),
+)

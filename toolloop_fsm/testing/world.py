@@ -322,8 +322,12 @@ class World:
 
     def copy(self) -> World:
         """An independent world in the same position (for one branch of a search)."""
-        return attrs.evolve(self, armed=dict(self.armed), in_flight=list(self.in_flight),
-                            recorded=list(self.recorded))  # fmt: skip
+        return attrs.evolve(
+            self,
+            armed=dict(self.armed),
+            in_flight=list(self.in_flight),
+            recorded=list(self.recorded),
+        )
 
     def _tool_outcomes(self) -> tuple[object, ...]:
         assert self.running is not None
@@ -384,10 +388,11 @@ class World:
         kind = data.draw(st.sampled_from(self.weighted()), label="event")
         if kind == "signal":
             kind = data.draw(
-                st.sampled_from((Happening.FOLLOW_UP.value, Happening.FOLLOW_UP.value,
-                                 Happening.STOP.value)),
+                st.sampled_from(
+                    (Happening.FOLLOW_UP.value, Happening.FOLLOW_UP.value, Happening.STOP.value)
+                ),
                 label="signal",
-            )  # fmt: skip
+            )
         elif kind == "failure":
             failures = [Happening.NOTICE_FAILED.value]
             if self.stream_open:

@@ -219,8 +219,10 @@ def _check_tool_once(run: ChainRun, result: GenerationTurnResult) -> None:
         model = models.get(record.label)
         if model is None:
             continue
-        steps = [call_identity(s.tool, s.arguments) for s in model.attempt_for(
-            record.key_index).tool_steps]  # fmt: skip
+        steps = [
+            call_identity(s.tool, s.arguments)
+            for s in model.attempt_for(record.key_index).tool_steps
+        ]
         reached = 0
         for execution in (e for e in run.executions if e.attempt == record.index):
             occurrence = steps[: execution.iteration].count(execution.key)
@@ -421,9 +423,13 @@ def _check_review_budgets(run: ChainRun, result: GenerationTurnResult) -> None:
         ("reviews of a reply", len(replies), loop.max_reviews, "max_reviews"),
         ("revisions", revisions, loop.max_revisions, "max_revisions"),
         ("reviews of a call", len(calls), loop.max_tool_reviews, "max_tool_reviews"),
-        ("corrections", sum(1 for a in calls if a.correction), loop.max_tool_corrections,
-         "max_tool_corrections"),
-    )  # fmt: skip
+        (
+            "corrections",
+            sum(1 for a in calls if a.correction),
+            loop.max_tool_corrections,
+            "max_tool_corrections",
+        ),
+    )
     spread = sorted({a.attempt for a in asked})
     for what, count, ceiling, name in counts:
         if count > ceiling:
@@ -449,9 +455,12 @@ def _check_review_budgets(run: ChainRun, result: GenerationTurnResult) -> None:
 
 #: The steps of an attempt that deliver its held draft.
 _DELIVERING = frozenset(
-    {("completing_response", "advance"), ("reviewing_draft", "review_returned"),
-     ("reviewing_draft", "review_deadline")}
-)  # fmt: skip
+    {
+        ("completing_response", "advance"),
+        ("reviewing_draft", "review_returned"),
+        ("reviewing_draft", "review_deadline"),
+    }
+)
 
 
 def _check_held_until_reviewed(run: ChainRun, result: GenerationTurnResult) -> None:
