@@ -27,23 +27,28 @@ from collections.abc import Callable
 from typing import Any
 
 from toolloop_fsm.attempts import AttemptPlan
-from toolloop_fsm.effects import Deliver, RequestReview, RunTool
-from toolloop_fsm.events import (
-    AttemptFinished,
-    DeliveryRecorded,
-    FunctionCall,
-    ReviewReturned,
-    StreamEnded,
-    TextDelta,
-    ToolFinished,
-    ToolOutcomeKind,
-    UsageReport,
-)
+from toolloop_fsm.effects import Deliver
+from toolloop_fsm.effects import RequestReview
+from toolloop_fsm.effects import RunTool
+from toolloop_fsm.events import AttemptFinished
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import ReviewReturned
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.events import UsageReport
 from toolloop_fsm.generation import GenerationTurnMachine
-from toolloop_fsm.host import Tool, ToolContext, ToolRegistry, ToolResult, TurnRequest
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import ToolResult
+from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.result import GenerationTurnResult, TurnStatus
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.review import Pass
 
 ROUNDS_BEFORE = 5

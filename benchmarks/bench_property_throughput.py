@@ -32,12 +32,21 @@ import statistics
 import time
 from collections.abc import Callable
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck
+from hypothesis import Phase
+from hypothesis import given
+from hypothesis import seed
+from hypothesis import settings
 
-from toolloop_fsm.fuzz import BATCH_TURNS, fuzz
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-from toolloop_fsm.testing import TurnScript, run_script, turn_scripts
-from toolloop_fsm.testing.seeds import seed_batches, turn_from_seed
+from toolloop_fsm.fuzz import BATCH_TURNS
+from toolloop_fsm.fuzz import fuzz
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
+from toolloop_fsm.testing import TurnScript
+from toolloop_fsm.testing import run_script
+from toolloop_fsm.testing import turn_scripts
+from toolloop_fsm.testing.seeds import seed_batches
+from toolloop_fsm.testing.seeds import turn_from_seed
 
 TARGET = 2000.0
 

@@ -27,30 +27,28 @@ import argparse
 import asyncio
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
-from bench_tool_loop import (
-    REQUEST,
-    TOOLS,
-    Chunk,
-    CountingChannel,
-    MemoryProvider,
-    t1_script,
-    t10_script,
-    text_chunks,
-)
+from bench_tool_loop import REQUEST
+from bench_tool_loop import TOOLS
+from bench_tool_loop import Chunk
+from bench_tool_loop import CountingChannel
+from bench_tool_loop import MemoryProvider
+from bench_tool_loop import t1_script
+from bench_tool_loop import t10_script
+from bench_tool_loop import text_chunks
 
-from toolloop_fsm import (
-    Attempt,
-    FunctionCall,
-    GenerationTurnResult,
-    TextDelta,
-    UsageReport,
-    run_generation_turn,
-)
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import GenerationTurnResult
+from toolloop_fsm import TextDelta
+from toolloop_fsm import UsageReport
+from toolloop_fsm import run_generation_turn
 from toolloop_fsm.providers._secrecy import fragment_pattern
-from toolloop_fsm.pump.redaction import Secrets, may_hold_key
+from toolloop_fsm.pump.redaction import Secrets
+from toolloop_fsm.pump.redaction import may_hold_key
 
 KEYS = ("sk-bench-4f9Qz2LmX8vTnR7c", "sk-bench-Hy3Wd6PaKs1JeB0u")
 

@@ -26,23 +26,22 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from toolloop_fsm import (
-    Attempt,
-    FunctionCall,
-    ProviderRequest,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnRequest,
-    UsageReport,
-    run_generation_turn,
-)
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import ProviderRequest
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import UsageReport
+from toolloop_fsm import run_generation_turn
 from toolloop_fsm.result import Notice
 
 PASSES: tuple[tuple[Any, ...], ...] = (
@@ -118,7 +117,8 @@ async def durable(
 ) -> tuple[float, list[float]]:
     from temporalio.client import Client
 
-    from toolloop_fsm.temporal import DATA_CONVERTER, start_generation_turn
+    from toolloop_fsm.temporal import DATA_CONVERTER
+    from toolloop_fsm.temporal import start_generation_turn
 
     client = await Client.connect(address, data_converter=DATA_CONVERTER)
 
@@ -147,7 +147,8 @@ async def serve(address: str, task_queue: str) -> None:
     """A worker process: runs until it is terminated."""
     from temporalio.client import Client
 
-    from toolloop_fsm.temporal import DATA_CONVERTER, TurnWorker
+    from toolloop_fsm.temporal import DATA_CONVERTER
+    from toolloop_fsm.temporal import TurnWorker
 
     client = await Client.connect(address, data_converter=DATA_CONVERTER)
     worker = TurnWorker(

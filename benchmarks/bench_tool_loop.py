@@ -33,26 +33,28 @@ import gc
 import statistics
 import time
 import tracemalloc
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
-from toolloop_fsm import (
-    FunctionCall,
-    LoopPolicy,
-    ProviderRequest,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolRegistry,
-    ToolResult,
-    TurnRequest,
-    TurnSignals,
-    UsageReport,
-    run_tool_loop,
-)
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import ProviderRequest
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolRegistry
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import UsageReport
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.host import LoopClock
 from toolloop_fsm.result import Notice
-from toolloop_fsm.stream import TurnEnded, stream_tool_loop
+from toolloop_fsm.stream import TurnEnded
+from toolloop_fsm.stream import stream_tool_loop
 
 Chunk = Any
 FLUSH_CHARS = LoopPolicy().delivery_flush_chars

@@ -31,31 +31,28 @@ import asyncio
 import json
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from typing import Any
 
-from bench_tool_loop import (
-    REQUEST,
-    SIGNALS,
-    Chunk,
-    CountingChannel,
-    MemoryProvider,
-    StreamWatchdog,
-    text_chunks,
-)
+from bench_tool_loop import REQUEST
+from bench_tool_loop import SIGNALS
+from bench_tool_loop import Chunk
+from bench_tool_loop import CountingChannel
+from bench_tool_loop import MemoryProvider
+from bench_tool_loop import StreamWatchdog
+from bench_tool_loop import text_chunks
 
-from toolloop_fsm import (
-    FunctionCall,
-    LoopPolicy,
-    ProviderRequest,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolRegistry,
-    ToolResult,
-    UsageReport,
-    run_tool_loop,
-)
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import ProviderRequest
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolRegistry
+from toolloop_fsm import ToolResult
+from toolloop_fsm import UsageReport
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.host import LoopClock
 from toolloop_fsm.result import estimate_tokens
 

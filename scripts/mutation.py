@@ -50,13 +50,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import pytest
-from attrs import evolve, frozen
+from attrs import evolve
+from attrs import frozen
 
 REPO = Path(__file__).resolve().parent.parent
 

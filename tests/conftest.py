@@ -28,7 +28,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
+from hypothesis import settings
 
 #: Examples per property test under the ci profile (see the module docstring).
 CI_MAX_EXAMPLES = 500

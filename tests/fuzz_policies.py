@@ -9,7 +9,8 @@ factory, the other form ``--policy`` accepts.
 
 from __future__ import annotations
 
-from toolloop_fsm.policy import ExitView, LoopPolicy
+from toolloop_fsm.policy import ExitView
+from toolloop_fsm.policy import LoopPolicy
 
 
 def second_word_ends_sentence(view: ExitView) -> bool:

@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
-from attrs import define, field
+from attrs import define
+from attrs import field
 
-from toolloop_fsm import (
-    GenerationTurnResult,
-    LoopPolicy,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnRequest,
-    TurnSignals,
-    run_tool_loop,
-)
-from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, ScriptItem, VirtualClock
+from toolloop_fsm import GenerationTurnResult
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptItem
+from toolloop_fsm.testing import VirtualClock
 
 USER = [{"role": "user", "content": "what's the weather in Paris?"}]
 

@@ -18,24 +18,25 @@ import attrs
 import pytest
 
 from tests.inner_kit import USER
-from toolloop_fsm import (
-    Attempt,
-    LoopPolicy,
-    SharedRoute,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolRegistry,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    run_generation_turn,
-    run_tool_loop,
-)
-from toolloop_fsm.attempts import AttemptPlan, KeyHealth
+from toolloop_fsm import Attempt
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import SharedRoute
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolRegistry
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm.attempts import AttemptPlan
+from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.pump import resume_tool_loop
 from toolloop_fsm.snapshot import TurnSnapshot
-from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 
 NOT_FINITE_OR_NEGATIVE = (math.nan, math.inf, -math.inf, -1)
 

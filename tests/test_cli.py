@@ -22,15 +22,20 @@ from pathlib import Path
 import pytest
 
 from tests.serving import serving
-from toolloop_fsm import TextDelta, TurnRequest, generation, machine, run_tool_loop
+from toolloop_fsm import TextDelta
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import generation
+from toolloop_fsm import machine
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.declaration import declared_transition_ids
-from toolloop_fsm.result import (
-    GenerationTurnResult,
-    TurnStatus,
-    result_from_json,
-    result_to_json,
-)
-from toolloop_fsm.testing import Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import result_from_json
+from toolloop_fsm.result import result_to_json
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 
 REPO = Path(__file__).resolve().parent.parent
 DIAGRAMS = REPO / "diagrams"

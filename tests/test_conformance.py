@@ -10,36 +10,41 @@ from typing import Any
 
 import pytest
 
-from tests.inner_kit import (
-    USER,
-    Executions,
-    fails,
-    hang,
-    make_tool,
-    run_turn,
-    scripted_turn,
-    succeeds,
-)
-from toolloop_fsm import (
-    Attempt,
-    ContextRestart,
-    FunctionCall,
-    LoopPolicy,
-    ProviderError,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    TurnSignals,
-    TurnStatus,
-    run_generation_turn,
-)
-from toolloop_fsm.effects import CancelStream, CancelTool, RunTool
-from toolloop_fsm.events import Chunk, FollowUpArrived, StopRequested, StreamEnded
+from tests.inner_kit import USER
+from tests.inner_kit import Executions
+from tests.inner_kit import fails
+from tests.inner_kit import hang
+from tests.inner_kit import make_tool
+from tests.inner_kit import run_turn
+from tests.inner_kit import scripted_turn
+from tests.inner_kit import succeeds
+from toolloop_fsm import Attempt
+from toolloop_fsm import ContextRestart
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import ProviderError
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm.effects import CancelStream
+from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.effects import RunTool
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FollowUpArrived
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import StreamEnded
 from toolloop_fsm.sansio import ToolLoopMachine
-from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 
 EAGER = LoopPolicy(delivery_flush_chars=1)
 
@@ -201,7 +206,8 @@ async def test_an_expression_only_reply_settles_an_empty_follow_up() -> None:
 
 
 async def test_an_empty_follow_up_cut_at_the_length_limit_does_not_settle() -> None:
-    from toolloop_fsm.events import FinishKind, FinishReason
+    from toolloop_fsm.events import FinishKind
+    from toolloop_fsm.events import FinishReason
 
     turn = scripted_turn([[FunctionCall("post_poll", {})], [FinishReason(FinishKind.LENGTH)]])
     tool = make_tool("post_poll", turn.executions, turn.clock, succeeds(delivered=True))

@@ -11,20 +11,22 @@ import sys
 import attrs
 import pytest
 
-from toolloop_fsm.declaration import (
-    DeclarationError,
-    Ending,
-    MachineDeclaration,
-    State,
-    Transition,
-)
-from toolloop_fsm.events import DeliveryRecorded, StreamEnded, TextDelta
+from toolloop_fsm.declaration import DeclarationError
+from toolloop_fsm.declaration import Ending
+from toolloop_fsm.declaration import MachineDeclaration
+from toolloop_fsm.declaration import State
+from toolloop_fsm.declaration import Transition
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import TextDelta
 from toolloop_fsm.generation import DECLARATION as OUTER
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import DECLARATION as INNER
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.reference import transitions_machine
-from toolloop_fsm.result import TurnStatus, result_from_json, result_to_json
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import result_from_json
+from toolloop_fsm.result import result_to_json
 
 
 def _declare(*transitions: Transition, states: tuple[State, ...] | None = None) -> None:

@@ -14,22 +14,22 @@ from typing import Any
 
 import pytest
 
-from toolloop_fsm import (
-    Attempt,
-    FunctionCall,
-    GenerationTurnResult,
-    ProviderError,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnRequest,
-    UsageReport,
-    cli,
-    run_generation_turn,
-)
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import GenerationTurnResult
+from toolloop_fsm import ProviderError
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import UsageReport
+from toolloop_fsm import cli
+from toolloop_fsm import run_generation_turn
 from toolloop_fsm.result import result_to_json
-from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 from toolloop_fsm.testing.scripted import Fail
 
 DOT_EDGE = re.compile(r'^\s*"(\w+)" -> "(\w+)"(?: \[(.*)\])?$')

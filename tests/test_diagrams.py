@@ -14,29 +14,33 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from toolloop_fsm import diagrams
 from toolloop_fsm.declaration import MachineDeclaration
-from toolloop_fsm.diagrams import (
-    DECLARATIONS,
-    VIEWS,
-    DiagramError,
-    DiagramToolMissing,
-    declaration,
-    render,
-    render_dot,
-    render_mermaid,
-    render_svg,
-    stale_diagrams,
-    write_committed_diagrams,
-)
-from toolloop_fsm.events import DeliveryRecorded, StreamEnded, TextDelta
+from toolloop_fsm.diagrams import DECLARATIONS
+from toolloop_fsm.diagrams import VIEWS
+from toolloop_fsm.diagrams import DiagramError
+from toolloop_fsm.diagrams import DiagramToolMissing
+from toolloop_fsm.diagrams import declaration
+from toolloop_fsm.diagrams import render
+from toolloop_fsm.diagrams import render_dot
+from toolloop_fsm.diagrams import render_mermaid
+from toolloop_fsm.diagrams import render_svg
+from toolloop_fsm.diagrams import stale_diagrams
+from toolloop_fsm.diagrams import write_committed_diagrams
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import TextDelta
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.result import TraceStep
-from toolloop_fsm.testing.chains import ChainScript, generation_chains, run_chain
+from toolloop_fsm.testing.chains import ChainScript
+from toolloop_fsm.testing.chains import generation_chains
+from toolloop_fsm.testing.chains import run_chain
 
 REPO_DIAGRAMS = Path(__file__).resolve().parent.parent / "diagrams"
 NAMES = sorted(DECLARATIONS)
@@ -693,7 +697,8 @@ def test_regenerating_from_an_installed_package_never_writes_beside_site_package
 
 
 def test_a_source_checkout_is_recognised_by_its_pyproject(tmp_path: Path) -> None:
-    from toolloop_fsm.diagrams import COMMITTED_DIR, source_checkout_diagrams
+    from toolloop_fsm.diagrams import COMMITTED_DIR
+    from toolloop_fsm.diagrams import source_checkout_diagrams
 
     assert source_checkout_diagrams() == COMMITTED_DIR  # the tests run from the checkout
     assert source_checkout_diagrams(tmp_path / "diagrams") is None

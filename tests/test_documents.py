@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 
 from toolloop_fsm.cli import build_parser
-from toolloop_fsm.diagrams import declaration, render
+from toolloop_fsm.diagrams import declaration
+from toolloop_fsm.diagrams import render
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -8,52 +8,58 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from tests.inner_kit import USER, Executions, Turn, make_tool, scripted_turn, succeeds
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm import (
-    Attempt,
-    GenerationTurnResult,
-    LoopPolicy,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    TurnSignals,
-    TurnStatus,
-    run_generation_turn,
-    run_tool_loop,
-)
-from toolloop_fsm.events import FunctionCall, TextDelta, UsageReport
+from tests.inner_kit import USER
+from tests.inner_kit import Executions
+from tests.inner_kit import Turn
+from tests.inner_kit import make_tool
+from tests.inner_kit import scripted_turn
+from tests.inner_kit import succeeds
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm import Attempt
+from toolloop_fsm import GenerationTurnResult
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import UsageReport
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.providers import OpenAICompatibleProvider
 from toolloop_fsm.providers._history import tool_response_payload
-from toolloop_fsm.review import (
-    CandidateStatus,
-    Finding,
-    Pass,
-    ReviewKind,
-    ReviewPacket,
-    ReviewUsage,
-    Revise,
-    Unavailable,
-    Verdict,
-)
-from toolloop_fsm.testing import (
-    Fail,
-    Pause,
-    RecordingChannel,
-    ScriptedProvider,
-    ScriptItem,
-    VirtualClock,
-)
+from toolloop_fsm.review import CandidateStatus
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import ReviewKind
+from toolloop_fsm.review import ReviewPacket
+from toolloop_fsm.review import ReviewUsage
+from toolloop_fsm.review import Revise
+from toolloop_fsm.review import Unavailable
+from toolloop_fsm.review import Verdict
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptItem
+from toolloop_fsm.testing import VirtualClock
 from toolloop_fsm.testing.hostile import RogueBaseException
-from toolloop_fsm.testing.reviewer import Hang, Raise, ReviewerAct, ScriptedReviewer
+from toolloop_fsm.testing.reviewer import Hang
+from toolloop_fsm.testing.reviewer import Raise
+from toolloop_fsm.testing.reviewer import ReviewerAct
+from toolloop_fsm.testing.reviewer import ScriptedReviewer
 
 DRAFTING = LoopPolicy(drafting=True)
 CHECKPOINT = LoopPolicy(review_tool_calls=True)

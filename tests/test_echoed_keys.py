@@ -13,53 +13,56 @@ import datetime
 import decimal
 import itertools
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from tests.providers.test_loop_over_http import text_stream, tool_call_stream
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm import (
-    Attempt,
-    ContextRestart,
-    FunctionCall,
-    GenerationTurnResult,
-    LoopPolicy,
-    TextDelta,
-    ThoughtDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    TurnStatus,
-    UsageReport,
-    result_to_json,
-    run_generation_turn,
-    run_tool_loop,
-)
+from tests.providers.test_loop_over_http import text_stream
+from tests.providers.test_loop_over_http import tool_call_stream
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm import Attempt
+from toolloop_fsm import ContextRestart
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import GenerationTurnResult
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TextDelta
+from toolloop_fsm import ThoughtDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import UsageReport
+from toolloop_fsm import result_to_json
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.providers._secrecy import fragment_pattern
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
-from toolloop_fsm.pump.redaction import Secrets, may_hold_key
-from toolloop_fsm.snapshot import TurnSnapshot, snapshot_to_json
-from toolloop_fsm.stream import stream_generation_turn, stream_tool_loop
-from toolloop_fsm.testing import (
-    EchoKey,
-    InvariantViolation,
-    KeyEcho,
-    Pause,
-    RecordingChannel,
-    ScriptedProvider,
-    ScriptItem,
-    TurnScript,
-    VirtualClock,
-    check_invariants,
-    run_script,
-)
+from toolloop_fsm.pump.redaction import Secrets
+from toolloop_fsm.pump.redaction import may_hold_key
+from toolloop_fsm.snapshot import TurnSnapshot
+from toolloop_fsm.snapshot import snapshot_to_json
+from toolloop_fsm.stream import stream_generation_turn
+from toolloop_fsm.stream import stream_tool_loop
+from toolloop_fsm.testing import EchoKey
+from toolloop_fsm.testing import InvariantViolation
+from toolloop_fsm.testing import KeyEcho
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptItem
+from toolloop_fsm.testing import TurnScript
+from toolloop_fsm.testing import VirtualClock
+from toolloop_fsm.testing import check_invariants
+from toolloop_fsm.testing import run_script
 from toolloop_fsm.testing.hostile import leaked_runs
 from toolloop_fsm.testing.reviewer import ScriptedReviewer
 

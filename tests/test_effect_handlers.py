@@ -9,15 +9,16 @@ import typing
 
 import pytest
 
-from toolloop_fsm.effect_handlers import (
-    INNER_EFFECTS,
-    OUTER_EFFECTS,
-    EffectHandlers,
-    ShellEffectHandlers,
-    handled,
-    handled_by,
-)
-from toolloop_fsm.effects import Deliver, Effect, Finish, StartAttempt
+from toolloop_fsm.effect_handlers import INNER_EFFECTS
+from toolloop_fsm.effect_handlers import OUTER_EFFECTS
+from toolloop_fsm.effect_handlers import EffectHandlers
+from toolloop_fsm.effect_handlers import ShellEffectHandlers
+from toolloop_fsm.effect_handlers import handled
+from toolloop_fsm.effect_handlers import handled_by
+from toolloop_fsm.effects import Deliver
+from toolloop_fsm.effects import Effect
+from toolloop_fsm.effects import Finish
+from toolloop_fsm.effects import StartAttempt
 
 
 def test_the_two_tiers_cover_every_effect_class() -> None:

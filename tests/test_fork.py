@@ -15,11 +15,14 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from tests.test_properties_inner import MAX_STEPS, TOOLS
+from tests.test_properties_inner import MAX_STEPS
+from tests.test_properties_inner import TOOLS
 from tests.test_properties_outer import _REQUEST as CHAIN_REQUEST
 from tests.test_properties_outer import drive_generation_machine
 from toolloop_fsm.effects import Effect
-from toolloop_fsm.events import DeliveryRecorded, StreamEnded, TextDelta
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import TextDelta
 from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import ToolLoopMachine

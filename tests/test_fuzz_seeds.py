@@ -16,18 +16,28 @@ import asyncio
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import HealthCheck
+from hypothesis import Phase
+from hypothesis import find
+from hypothesis import given
 from hypothesis import seed as seeded
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.fuzz_policies import BROKEN
-from toolloop_fsm.events import FunctionCall, TextDelta
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
 from toolloop_fsm.fuzz import fuzz
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.stepping import Coverage
-from toolloop_fsm.testing import loop_policies, run_script, turn_scripts
-from toolloop_fsm.testing.seeds import SeedReader, case_from_seed, turn_from_seed
-from toolloop_fsm.testing.strategies import KNOWN_TOOLS, TurnScript
+from toolloop_fsm.testing import loop_policies
+from toolloop_fsm.testing import run_script
+from toolloop_fsm.testing import turn_scripts
+from toolloop_fsm.testing.seeds import SeedReader
+from toolloop_fsm.testing.seeds import case_from_seed
+from toolloop_fsm.testing.seeds import turn_from_seed
+from toolloop_fsm.testing.strategies import KNOWN_TOOLS
+from toolloop_fsm.testing.strategies import TurnScript
 
 
 # ----------------------------------------------------------------------------- the expander

@@ -12,51 +12,55 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import pytest
 
-from tests.inner_kit import USER, Executions, Turn, fails, hang, make_tool, run_turn
-from toolloop_fsm import (
-    Attempt,
-    FunctionCall,
-    GenerationTurnResult,
-    LoopPolicy,
-    ProviderError,
-    SharedRoute,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    TurnSignals,
-    TurnStatus,
-    run_generation_turn,
-    run_tool_loop,
-)
+from tests.inner_kit import USER
+from tests.inner_kit import Executions
+from tests.inner_kit import Turn
+from tests.inner_kit import fails
+from tests.inner_kit import hang
+from tests.inner_kit import make_tool
+from tests.inner_kit import run_turn
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import GenerationTurnResult
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import ProviderError
+from toolloop_fsm import SharedRoute
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.attempts import AdmissionRequest
-from toolloop_fsm.result import InDoubtCall, InDoubtCause, result_from_json, result_to_json
-from toolloop_fsm.testing import (
-    Fail,
-    Pause,
-    RecordingChannel,
-    ScriptedProvider,
-    ScriptItem,
-    VirtualClock,
-    real_time_limit,
-)
-from toolloop_fsm.testing.hostile import (
-    ChannelAct,
-    HostileChannel,
-    HostileProvider,
-    Stragglers,
-    Trickle,
-    fire_from_thread,
-    returns_within,
-)
+from toolloop_fsm.result import InDoubtCall
+from toolloop_fsm.result import InDoubtCause
+from toolloop_fsm.result import result_from_json
+from toolloop_fsm.result import result_to_json
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptItem
+from toolloop_fsm.testing import VirtualClock
+from toolloop_fsm.testing import real_time_limit
+from toolloop_fsm.testing.hostile import ChannelAct
+from toolloop_fsm.testing.hostile import HostileChannel
+from toolloop_fsm.testing.hostile import HostileProvider
+from toolloop_fsm.testing.hostile import Stragglers
+from toolloop_fsm.testing.hostile import Trickle
+from toolloop_fsm.testing.hostile import fire_from_thread
+from toolloop_fsm.testing.hostile import returns_within
 
 #: Real seconds any one turn may take before the test calls it hung (a virtual-time turn
 #: takes milliseconds).

@@ -7,18 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 from tests.inner_kit import USER
-from toolloop_fsm import (
-    Attempt,
-    LoopPolicy,
-    TurnPolicy,
-    TurnRequest,
-    run_generation_turn,
-    run_tool_loop,
-)
+from toolloop_fsm import Attempt
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import Notice
-from toolloop_fsm.testing import Fail, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 
 SMALL_FLUSH = LoopPolicy(delivery_flush_chars=5)
 

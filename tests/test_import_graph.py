@@ -14,7 +14,8 @@ component); it is reported with one path around it.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
 from pathlib import Path
 
 import toolloop_fsm

@@ -9,46 +9,43 @@ from typing import Any
 
 import pytest
 
-from tests.inner_kit import (
-    USER,
-    Executions,
-    fails,
-    hang,
-    make_tool,
-    run_turn,
-    scripted_turn,
-    succeeds,
-)
-from toolloop_fsm import (
-    ContextRestart,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    LoopClock,
-    LoopPolicy,
-    ProviderError,
-    TextDelta,
-    ThoughtDelta,
-    ToolContext,
-    ToolResult,
-    TurnRequest,
-    TurnSignals,
-    TurnStatus,
-    UsageReport,
-    result_from_json,
-    result_to_json,
-    run_tool_loop,
-)
-from toolloop_fsm.sansio import (
-    Chunk,
-    InvalidEvent,
-    Notice,
-    StreamEnded,
-    ToolFinished,
-    ToolLoopMachine,
-    ToolOutcomeKind,
-)
-from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider
+from tests.inner_kit import USER
+from tests.inner_kit import Executions
+from tests.inner_kit import fails
+from tests.inner_kit import hang
+from tests.inner_kit import make_tool
+from tests.inner_kit import run_turn
+from tests.inner_kit import scripted_turn
+from tests.inner_kit import succeeds
+from toolloop_fsm import ContextRestart
+from toolloop_fsm import FinishKind
+from toolloop_fsm import FinishReason
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopClock
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import ProviderError
+from toolloop_fsm import TextDelta
+from toolloop_fsm import ThoughtDelta
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import UsageReport
+from toolloop_fsm import result_from_json
+from toolloop_fsm import result_to_json
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm.sansio import Chunk
+from toolloop_fsm.sansio import InvalidEvent
+from toolloop_fsm.sansio import Notice
+from toolloop_fsm.sansio import StreamEnded
+from toolloop_fsm.sansio import ToolFinished
+from toolloop_fsm.sansio import ToolLoopMachine
+from toolloop_fsm.sansio import ToolOutcomeKind
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
 
 
 def weather_call(city: str = "Paris", **kwargs: Any) -> FunctionCall:

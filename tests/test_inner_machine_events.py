@@ -16,38 +16,42 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from toolloop_fsm.effects import Deliver
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.events import (
-    AdmissionDecided,
-    AttemptFinished,
-    ContextRestart,
-    DeadlineExpired,
-    DeadlineKind,
-    DeliveryFailed,
-    DeliveryRecorded,
-    FinishKind,
-    FinishReason,
-    FollowUpArrived,
-    FunctionCall,
-    SceneMetadata,
-    StopRequested,
-    StreamEnded,
-    StreamFailed,
-    TextDelta,
-    ThoughtDelta,
-    ToolFinished,
-    ToolOutcomeKind,
-    UnreachableReported,
-    UsageReport,
-)
-from toolloop_fsm.host import Tool, ToolContext, ToolResult, TurnRequest
+from toolloop_fsm.events import AdmissionDecided
+from toolloop_fsm.events import AttemptFinished
+from toolloop_fsm.events import ContextRestart
+from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FollowUpArrived
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import SceneMetadata
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.events import UnreachableReported
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolResult
+from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.result import GenerationTurnResult, TurnStatus
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TurnStatus
 
 _POLICY = LoopPolicy(delivery_flush_chars=1)
 _REQUEST = TurnRequest([{"role": "user", "content": "what's the weather in Paris?"}])

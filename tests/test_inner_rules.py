@@ -6,29 +6,41 @@ virtual (`VirtualClock`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from tests.inner_kit import USER, Executions, make_tool, run_turn, scripted_turn, succeeds
-from toolloop_fsm import (
-    FunctionCall,
-    LoopPolicy,
-    TextDelta,
-    ThoughtDelta,
-    TurnRequest,
-    TurnSignals,
-    TurnStatus,
-    UsageReport,
-    run_tool_loop,
-)
-from toolloop_fsm.effects import CancelStream, Deliver
+from tests.inner_kit import USER
+from tests.inner_kit import Executions
+from tests.inner_kit import make_tool
+from tests.inner_kit import run_turn
+from tests.inner_kit import scripted_turn
+from tests.inner_kit import succeeds
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TextDelta
+from toolloop_fsm import ThoughtDelta
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import UsageReport
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm.effects import CancelStream
+from toolloop_fsm.effects import Deliver
 from toolloop_fsm.events import DeliveryFailed
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import TraceStep
-from toolloop_fsm.sansio import FollowUpArrived, InvalidEvent, StreamEnded, ToolLoopMachine
-from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.sansio import FollowUpArrived
+from toolloop_fsm.sansio import InvalidEvent
+from toolloop_fsm.sansio import StreamEnded
+from toolloop_fsm.sansio import ToolLoopMachine
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 
 EAGER = LoopPolicy(delivery_flush_chars=1)
 

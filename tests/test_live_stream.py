@@ -15,37 +15,37 @@ from typing import Any
 
 import pytest
 
-from toolloop_fsm import (
-    Attempt,
-    FunctionCall,
-    LoopPolicy,
-    ProviderError,
-    TextDelta,
-    ThoughtDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnRequest,
-    TurnStatus,
-    UsageReport,
-    run_tool_loop,
-)
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import ProviderError
+from toolloop_fsm import TextDelta
+from toolloop_fsm import ThoughtDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import UsageReport
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.sansio import TraceStep
-from toolloop_fsm.stream import (
-    AttemptEnded,
-    AttemptStarted,
-    LiveEvent,
-    PassEnded,
-    PassStarted,
-    ToolEnded,
-    ToolStarted,
-    TurnEnded,
-    TurnStarted,
-    stream_generation_turn,
-    stream_tool_loop,
-)
-from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.stream import AttemptEnded
+from toolloop_fsm.stream import AttemptStarted
+from toolloop_fsm.stream import LiveEvent
+from toolloop_fsm.stream import PassEnded
+from toolloop_fsm.stream import PassStarted
+from toolloop_fsm.stream import ToolEnded
+from toolloop_fsm.stream import ToolStarted
+from toolloop_fsm.stream import TurnEnded
+from toolloop_fsm.stream import TurnStarted
+from toolloop_fsm.stream import stream_generation_turn
+from toolloop_fsm.stream import stream_tool_loop
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 
 REQUEST = TurnRequest([{"role": "user", "content": "what's the weather in Paris?"}])
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,33 +10,29 @@ from typing import Any
 
 import pytest
 
-from toolloop_fsm import (
-    Attempt,
-    FunctionCall,
-    LoopPolicy,
-    Provider,
-    ProviderError,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    TurnStatus,
-    run_generation_turn,
-    run_tool_loop,
-)
-from toolloop_fsm.testing import (
-    EchoKey,
-    Fail,
-    HostileProvider,
-    KeyEcho,
-    Pause,
-    RecordingChannel,
-    ScriptedProvider,
-    VirtualClock,
-    leaked_runs,
-)
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import Provider
+from toolloop_fsm import ProviderError
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm.testing import EchoKey
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import HostileProvider
+from toolloop_fsm.testing import KeyEcho
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
+from toolloop_fsm.testing import leaked_runs
 
 REQUEST = TurnRequest([{"role": "user", "content": "hello"}])
 KEYS = ("sk-live-0123456789abcdefSECRET", "sk-live-fedcba9876543210SECRET")
@@ -273,7 +269,8 @@ async def test_no_key_in_any_record_when_the_provider_echoes_it(
 async def test_a_failing_observer_is_a_warning_and_the_turn_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from toolloop_fsm.observation import PassStarted, TurnObserver
+    from toolloop_fsm.observation import PassStarted
+    from toolloop_fsm.observation import TurnObserver
 
     class Broken(TurnObserver):
         def pass_started(self, event: PassStarted) -> None:

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from toolloop_fsm.declaration import MachineDeclaration
-from toolloop_fsm.diagrams import DECLARATIONS, declaration
+from toolloop_fsm.diagrams import DECLARATIONS
+from toolloop_fsm.diagrams import declaration
 from toolloop_fsm.result import TurnStatus
 
 PACKAGE_DIR = Path(inspect.getfile(importlib.import_module("toolloop_fsm"))).parent
@@ -590,7 +591,8 @@ def test_the_package_root_holds_what_a_host_needs_and_sansio_the_rest() -> None:
     assert {name for name in toolloop_fsm.__all__ if not hasattr(toolloop_fsm, name)} == set()
     assert {name for name in sansio.__all__ if not hasattr(sansio, name)} == set()
     # every event the machines take and every effect they return is in the sans-IO module
-    from toolloop_fsm import effects, events
+    from toolloop_fsm import effects
+    from toolloop_fsm import events
 
     for module in (events, effects):
         public = {

@@ -13,43 +13,49 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm import (
-    Finding,
-    ModelReviewer,
-    Pass,
-    ProviderError,
-    ProviderRequest,
-    Reviewer,
-    ReviewPacket,
-    Revise,
-    Unavailable,
-)
-from toolloop_fsm.demo import ANSWERING_MODEL, DEMO_FINDING, DemoServer
-from toolloop_fsm.events import Chunk, FinishKind, FinishReason, TextDelta, UsageReport
-from toolloop_fsm.model_reviewer import (
-    CUT_MARK,
-    MAX_ANSWER_CHARS,
-    REVIEW_MARKER,
-    VERDICT_SCHEMA,
-)
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm import Finding
+from toolloop_fsm import ModelReviewer
+from toolloop_fsm import Pass
+from toolloop_fsm import ProviderError
+from toolloop_fsm import ProviderRequest
+from toolloop_fsm import Reviewer
+from toolloop_fsm import ReviewPacket
+from toolloop_fsm import Revise
+from toolloop_fsm import Unavailable
+from toolloop_fsm.demo import ANSWERING_MODEL
+from toolloop_fsm.demo import DEMO_FINDING
+from toolloop_fsm.demo import DemoServer
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.model_reviewer import CUT_MARK
+from toolloop_fsm.model_reviewer import MAX_ANSWER_CHARS
+from toolloop_fsm.model_reviewer import REVIEW_MARKER
+from toolloop_fsm.model_reviewer import VERDICT_SCHEMA
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.result import estimate_tokens
-from toolloop_fsm.review import (
-    CandidateStatus,
-    FindingCategory,
-    ProposedCall,
-    ReviewedTool,
-    ReviewKind,
-    ReviewUsage,
-    RevisionInfo,
-)
-from toolloop_fsm.testing import Fail, Pause, ScriptedProvider, VirtualClock
+from toolloop_fsm.review import CandidateStatus
+from toolloop_fsm.review import FindingCategory
+from toolloop_fsm.review import ProposedCall
+from toolloop_fsm.review import ReviewedTool
+from toolloop_fsm.review import ReviewKind
+from toolloop_fsm.review import ReviewUsage
+from toolloop_fsm.review import RevisionInfo
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 from toolloop_fsm.testing.clock import real_time_limit
 from toolloop_fsm.testing.scripted import ScriptItem
 

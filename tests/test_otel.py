@@ -6,49 +6,50 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace import StatusCode
 
-from toolloop_fsm import (
-    Attempt,
-    FunctionCall,
-    Provider,
-    ProviderError,
-    ProviderRequest,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    TurnStatus,
-    UsageReport,
-    otel,
-    run_generation_turn,
-    run_tool_loop,
-)
-from toolloop_fsm.observation import PassStarted, TurnAborted, TurnStarted
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import Provider
+from toolloop_fsm import ProviderError
+from toolloop_fsm import ProviderRequest
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import UsageReport
+from toolloop_fsm import otel
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm.observation import PassStarted
+from toolloop_fsm.observation import TurnAborted
+from toolloop_fsm.observation import TurnStarted
 from toolloop_fsm.pump.observing import observe_turn
 from toolloop_fsm.pump.records import TurnRecords
-from toolloop_fsm.testing import (
-    EchoKey,
-    Fail,
-    HostileProvider,
-    KeyEcho,
-    Pause,
-    RecordingChannel,
-    ScriptedProvider,
-    VirtualClock,
-    leaked_runs,
-)
+from toolloop_fsm.testing import EchoKey
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import HostileProvider
+from toolloop_fsm.testing import KeyEcho
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
+from toolloop_fsm.testing import leaked_runs
 
 REQUEST = TurnRequest([{"role": "user", "content": "what's the weather in Paris?"}])
 KEYS = ("sk-live-0123456789abcdefSECRET", "sk-live-fedcba9876543210SECRET")

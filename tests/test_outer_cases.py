@@ -11,31 +11,36 @@ from typing import Any
 
 import pytest
 
-from tests.inner_kit import USER, Executions, make_tool
-from toolloop_fsm import (
-    Attempt,
-    DestinationUnreachable,
-    FunctionCall,
-    GenerationTurnResult,
-    LoopPolicy,
-    Provider,
-    ProviderError,
-    SharedRoute,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    TurnSignals,
-    TurnStatus,
-    result_to_json,
-    run_generation_turn,
-)
-from toolloop_fsm.attempts import AdmissionRequest, KeyHealth
+from tests.inner_kit import USER
+from tests.inner_kit import Executions
+from tests.inner_kit import make_tool
+from toolloop_fsm import Attempt
+from toolloop_fsm import DestinationUnreachable
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import GenerationTurnResult
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import Provider
+from toolloop_fsm import ProviderError
+from toolloop_fsm import SharedRoute
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import result_to_json
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm.attempts import AdmissionRequest
+from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.scaffolding import is_verbatim_scaffolding
-from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 
 SECRET_KEYS = ("sk-live-AAAA1111", "sk-live-BBBB2222", "sk-live-CCCC3333")
 

@@ -12,40 +12,42 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.effects import Finish
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.events import (
-    AdmissionDecided,
-    AttemptFinished,
-    DeadlineExpired,
-    DeadlineKind,
-    DeliveryFailed,
-    DeliveryRecorded,
-    FinishKind,
-    FinishReason,
-    FollowUpArrived,
-    FunctionCall,
-    StopRequested,
-    StreamEnded,
-    StreamFailed,
-    TextDelta,
-    ToolFinished,
-    ToolOutcomeKind,
-    UnreachableReported,
-    UsageReport,
-)
+from toolloop_fsm.events import AdmissionDecided
+from toolloop_fsm.events import AttemptFinished
+from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FollowUpArrived
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.events import UnreachableReported
+from toolloop_fsm.events import UsageReport
 from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.host import TurnRequest
-from toolloop_fsm.result import GenerationTurnResult, TurnStatus
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TurnStatus
 
 _REQUEST = TurnRequest([{"role": "user", "content": "hi"}])
 _COMPLETED = GenerationTurnResult(status=TurnStatus.COMPLETED, final_text="Hello.")

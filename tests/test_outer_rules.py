@@ -9,27 +9,34 @@ import asyncio
 
 import pytest
 
-from tests.inner_kit import USER, Executions, make_tool
-from tests.test_outer_cases import SECRET_KEYS, KeyedProviders, generate, server_error
-from toolloop_fsm import (
-    Attempt,
-    FunctionCall,
-    LoopPolicy,
-    Provider,
-    ProviderError,
-    TextDelta,
-    TurnPolicy,
-    TurnRequest,
-    TurnSignals,
-    TurnStatus,
-)
+from tests.inner_kit import USER
+from tests.inner_kit import Executions
+from tests.inner_kit import make_tool
+from tests.test_outer_cases import SECRET_KEYS
+from tests.test_outer_cases import KeyedProviders
+from tests.test_outer_cases import generate
+from tests.test_outer_cases import server_error
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import Provider
+from toolloop_fsm import ProviderError
+from toolloop_fsm import TextDelta
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import TurnStatus
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.events import AttemptFinished
 from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.pump import RedactedError
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.sansio import InvalidEvent
-from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 
 
 # --------------------------------------------------------------------------- rotation and fallback

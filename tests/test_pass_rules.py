@@ -12,12 +12,16 @@ from pathlib import Path
 import pytest
 
 import toolloop_fsm
-from tests.test_machine_structure import _imports, _violations
+from tests.test_machine_structure import _imports
+from tests.test_machine_structure import _violations
 from toolloop_fsm.effects import Deliver
-from toolloop_fsm.events import DeadlineKind, TextDelta
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import TextDelta
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import ToolLoopMachine
-from toolloop_fsm.pass_rules import flush_due, phase_budget, stream_budget_due
+from toolloop_fsm.pass_rules import flush_due
+from toolloop_fsm.pass_rules import phase_budget
+from toolloop_fsm.pass_rules import stream_budget_due
 from toolloop_fsm.policy import LoopPolicy
 
 PACKAGE = Path(toolloop_fsm.__file__).parent

@@ -32,35 +32,40 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 
-from toolloop_fsm.events import FunctionCall, TextDelta
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
 from toolloop_fsm.fuzz import fuzz
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.result import TurnStatus
-from toolloop_fsm.review import Finding, FindingCategory, Pass, ReviewKind, Revise
-from toolloop_fsm.testing import (
-    AttemptScript,
-    ChainInvariantViolation,
-    ChainRun,
-    ChainScript,
-    Ending,
-    Hang,
-    InvariantViolation,
-    ModelScript,
-    Pause,
-    ScriptRun,
-    TimedSignal,
-    ToolStep,
-    TurnScript,
-    check_chain_invariants,
-    check_invariants,
-    generation_chains,
-    loop_policies,
-    run_chain,
-    run_script,
-    turn_scripts,
-)
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import FindingCategory
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import ReviewKind
+from toolloop_fsm.review import Revise
+from toolloop_fsm.testing import AttemptScript
+from toolloop_fsm.testing import ChainInvariantViolation
+from toolloop_fsm.testing import ChainRun
+from toolloop_fsm.testing import ChainScript
+from toolloop_fsm.testing import Ending
+from toolloop_fsm.testing import Hang
+from toolloop_fsm.testing import InvariantViolation
+from toolloop_fsm.testing import ModelScript
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import ScriptRun
+from toolloop_fsm.testing import TimedSignal
+from toolloop_fsm.testing import ToolStep
+from toolloop_fsm.testing import TurnScript
+from toolloop_fsm.testing import check_chain_invariants
+from toolloop_fsm.testing import check_invariants
+from toolloop_fsm.testing import generation_chains
+from toolloop_fsm.testing import loop_policies
+from toolloop_fsm.testing import run_chain
+from toolloop_fsm.testing import run_script
+from toolloop_fsm.testing import turn_scripts
 from toolloop_fsm.testing.hostile import HANG_GUARD_SECONDS
 
 #: Examples per test under the ci profile: a drafted turn costs a little more to run than a

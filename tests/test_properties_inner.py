@@ -31,47 +31,45 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from toolloop_fsm.effects import (
-    Effect,
-    Finish,
-)
+from toolloop_fsm.effects import Effect
+from toolloop_fsm.effects import Finish
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.events import (
-    FunctionCall,
-    TextDelta,
-    UsageReport,
-)
-from toolloop_fsm.host import ToolRegistry, TurnRequest, TurnSignals
-from toolloop_fsm.machine import CHUNK_TRIGGERS, ToolLoopMachine
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.host import TurnSignals
+from toolloop_fsm.machine import CHUNK_TRIGGERS
+from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.result import TraceStep, TurnStatus
-from toolloop_fsm.testing import (
-    PROVIDER_KEYS,
-    InvariantViolation,
-    ScriptRun,
-    ToolAction,
-    ToolBehaviour,
-    TurnScript,
-    VirtualClock,
-    build_tools,
-    check_ending,
-    check_invariants,
-    loop_policies,
-    run_script,
-    turn_scripts,
-)
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.testing import PROVIDER_KEYS
+from toolloop_fsm.testing import InvariantViolation
+from toolloop_fsm.testing import ScriptRun
+from toolloop_fsm.testing import ToolAction
+from toolloop_fsm.testing import ToolBehaviour
+from toolloop_fsm.testing import TurnScript
+from toolloop_fsm.testing import VirtualClock
+from toolloop_fsm.testing import build_tools
+from toolloop_fsm.testing import check_ending
+from toolloop_fsm.testing import check_invariants
+from toolloop_fsm.testing import loop_policies
+from toolloop_fsm.testing import run_script
+from toolloop_fsm.testing import turn_scripts
 from toolloop_fsm.testing.hostile import HANG_GUARD_SECONDS
-from toolloop_fsm.testing.strategies import _ARGUMENTS, KNOWN_TOOLS
+from toolloop_fsm.testing.strategies import _ARGUMENTS
+from toolloop_fsm.testing.strategies import KNOWN_TOOLS
 from toolloop_fsm.testing.world import World
-from toolloop_fsm.turn import (
-    LedgerEntry,
-    ToolOutcome,
-    canonical_call_key,
-    occurrence_key,
-)
+from toolloop_fsm.turn import LedgerEntry
+from toolloop_fsm.turn import ToolOutcome
+from toolloop_fsm.turn import canonical_call_key
+from toolloop_fsm.turn import occurrence_key
 
 FINAL_STATES = frozenset(status.value for status in TurnStatus)
 

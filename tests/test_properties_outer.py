@@ -35,50 +35,52 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolloop_fsm.attempts import AttemptPlan, KeyHealth
-from toolloop_fsm.effects import AskAdmission, Effect, Finish, StartAttempt
+from toolloop_fsm.attempts import AttemptPlan
+from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.effects import AskAdmission
+from toolloop_fsm.effects import Effect
+from toolloop_fsm.effects import Finish
+from toolloop_fsm.effects import StartAttempt
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.events import (
-    AdmissionDecided,
-    AttemptFinished,
-    StopRequested,
-    UnreachableReported,
-)
-from toolloop_fsm.generation import FINAL_STATES, GenerationTurnMachine
-from toolloop_fsm.host import DestinationUnreachable, TurnRequest
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-from toolloop_fsm.result import (
-    Delivered,
-    GenerationTurnResult,
-    Notice,
-    TraceStep,
-    TurnStatus,
-    result_to_json,
-)
-from toolloop_fsm.testing import VirtualClock, call_identity
-from toolloop_fsm.testing.chains import (
-    CHAIN_INVARIANTS,
-    REVIEW_CHAIN_INVARIANTS,
-    AttemptScript,
-    ChainChannel,
-    ChainInvariantViolation,
-    ChainRun,
-    ChainScript,
-    ChainSignal,
-    ChainToolExecution,
-    Ending,
-    ErrorKind,
-    KeyScript,
-    KeyState,
-    KeyUse,
-    ModelScript,
-    SharedRouteScript,
-    TimelineEntry,
-    chain_budget,
-    check_chain_invariants,
-    generation_chains,
-    run_chain,
-)
+from toolloop_fsm.events import AdmissionDecided
+from toolloop_fsm.events import AttemptFinished
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import UnreachableReported
+from toolloop_fsm.generation import FINAL_STATES
+from toolloop_fsm.generation import GenerationTurnMachine
+from toolloop_fsm.host import DestinationUnreachable
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import result_to_json
+from toolloop_fsm.testing import VirtualClock
+from toolloop_fsm.testing import call_identity
+from toolloop_fsm.testing.chains import CHAIN_INVARIANTS
+from toolloop_fsm.testing.chains import REVIEW_CHAIN_INVARIANTS
+from toolloop_fsm.testing.chains import AttemptScript
+from toolloop_fsm.testing.chains import ChainChannel
+from toolloop_fsm.testing.chains import ChainInvariantViolation
+from toolloop_fsm.testing.chains import ChainRun
+from toolloop_fsm.testing.chains import ChainScript
+from toolloop_fsm.testing.chains import ChainSignal
+from toolloop_fsm.testing.chains import ChainToolExecution
+from toolloop_fsm.testing.chains import Ending
+from toolloop_fsm.testing.chains import ErrorKind
+from toolloop_fsm.testing.chains import KeyScript
+from toolloop_fsm.testing.chains import KeyState
+from toolloop_fsm.testing.chains import KeyUse
+from toolloop_fsm.testing.chains import ModelScript
+from toolloop_fsm.testing.chains import SharedRouteScript
+from toolloop_fsm.testing.chains import TimelineEntry
+from toolloop_fsm.testing.chains import chain_budget
+from toolloop_fsm.testing.chains import check_chain_invariants
+from toolloop_fsm.testing.chains import generation_chains
+from toolloop_fsm.testing.chains import run_chain
 
 ALL_BUT_SECRECY = frozenset(CHAIN_INVARIANTS) - {"key_secrecy"}
 

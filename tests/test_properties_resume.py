@@ -18,54 +18,54 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
-from hypothesis import assume, event, given, settings
+from hypothesis import assume
+from hypothesis import event
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from toolloop_fsm import (
-    Attempt,
-    SharedRoute,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnSnapshot,
-    resume_generation_turn,
-    resume_tool_loop,
-    run_generation_turn,
-    run_tool_loop,
-    snapshot_from_json,
-    snapshot_to_json,
-)
-from toolloop_fsm.attempts import AdmissionRequest, KeyHealth
+from toolloop_fsm import Attempt
+from toolloop_fsm import SharedRoute
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnSnapshot
+from toolloop_fsm import resume_generation_turn
+from toolloop_fsm import resume_tool_loop
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm import snapshot_from_json
+from toolloop_fsm import snapshot_to_json
+from toolloop_fsm.attempts import AdmissionRequest
+from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.events import CHUNK_TYPES
-from toolloop_fsm.host import ToolRegistry, TurnSignals
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import TurnSignals
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.sansio import KeyBook
-from toolloop_fsm.testing import (
-    Fail,
-    Pause,
-    RecordingChannel,
-    ScriptedProvider,
-    Stragglers,
-    ToolExecution,
-    TurnScript,
-    VirtualClock,
-    build_tools,
-    loop_policies,
-    turn_scripts,
-)
-from toolloop_fsm.testing.chains import (
-    SHARED_TOOLS,
-    ChainScript,
-    KeyState,
-    ModelScript,
-    generation_chains,
-)
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import Stragglers
+from toolloop_fsm.testing import ToolExecution
+from toolloop_fsm.testing import TurnScript
+from toolloop_fsm.testing import VirtualClock
+from toolloop_fsm.testing import build_tools
+from toolloop_fsm.testing import loop_policies
+from toolloop_fsm.testing import turn_scripts
+from toolloop_fsm.testing.chains import SHARED_TOOLS
+from toolloop_fsm.testing.chains import ChainScript
+from toolloop_fsm.testing.chains import KeyState
+from toolloop_fsm.testing.chains import ModelScript
+from toolloop_fsm.testing.chains import generation_chains
 
 KIND_ITEMS = (Fail, Pause, *CHUNK_TYPES)
 #: Each example runs a turn up to three times; kept small enough for the ci profile's

@@ -22,54 +22,61 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import Phase, given, settings
+from hypothesis import Phase
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 import toolloop_fsm.testing.reference_model as reference_model
-from toolloop_fsm.events import (
-    ContextRestart,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    SceneMetadata,
-    TextDelta,
-    UsageReport,
-)
+from toolloop_fsm.events import ContextRestart
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import SceneMetadata
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import UsageReport
 from toolloop_fsm.guards import exit_policy
-from toolloop_fsm.host import Tool, ToolContext, ToolRegistry, ToolResult
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import ToolResult
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import TurnStatus
-from toolloop_fsm.review import Finding, FindingCategory, Pass, Revise, Unavailable
-from toolloop_fsm.states import context_restart, tool_dispatch
-from toolloop_fsm.testing import (
-    PROVIDER_KEYS,
-    AmbiguousEnding,
-    ChannelAct,
-    EchoKey,
-    Fail,
-    Hang,
-    Pause,
-    PredictedEnding,
-    ScriptRun,
-    Slow,
-    TimedSignal,
-    ToolAction,
-    ToolBehaviour,
-    Trickle,
-    TurnScript,
-    check_ending,
-    describe_script,
-    difference,
-    ending_of,
-    loop_policies,
-    predict_ending,
-    predict_endings,
-    run_script,
-    turn_scripts,
-)
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import FindingCategory
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import Revise
+from toolloop_fsm.review import Unavailable
+from toolloop_fsm.states import context_restart
+from toolloop_fsm.states import tool_dispatch
+from toolloop_fsm.testing import PROVIDER_KEYS
+from toolloop_fsm.testing import AmbiguousEnding
+from toolloop_fsm.testing import ChannelAct
+from toolloop_fsm.testing import EchoKey
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Hang
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import PredictedEnding
+from toolloop_fsm.testing import ScriptRun
+from toolloop_fsm.testing import Slow
+from toolloop_fsm.testing import TimedSignal
+from toolloop_fsm.testing import ToolAction
+from toolloop_fsm.testing import ToolBehaviour
+from toolloop_fsm.testing import Trickle
+from toolloop_fsm.testing import TurnScript
+from toolloop_fsm.testing import check_ending
+from toolloop_fsm.testing import describe_script
+from toolloop_fsm.testing import difference
+from toolloop_fsm.testing import ending_of
+from toolloop_fsm.testing import loop_policies
+from toolloop_fsm.testing import predict_ending
+from toolloop_fsm.testing import predict_endings
+from toolloop_fsm.testing import run_script
+from toolloop_fsm.testing import turn_scripts
 from toolloop_fsm.testing.hostile import HANG_GUARD_SECONDS
-from toolloop_fsm.testing.strategies import DEFAULT_TOOLS, tool_chains
+from toolloop_fsm.testing.strategies import DEFAULT_TOOLS
+from toolloop_fsm.testing.strategies import tool_chains
 
 #: 300 examples under the ci profile (3/5 of its count); the explore profile scales it up.
 EXAMPLES = max(1, (settings.default or settings()).max_examples * 3 // 5)

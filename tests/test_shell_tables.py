@@ -12,15 +12,23 @@ from pathlib import Path
 import pytest
 
 import toolloop_fsm
-from toolloop_fsm.effect_handlers import INNER_EFFECTS, OUTER_EFFECTS
-from toolloop_fsm.effects import CancelReview, CutStream, StartAttempt
+from toolloop_fsm.effect_handlers import INNER_EFFECTS
+from toolloop_fsm.effect_handlers import OUTER_EFFECTS
+from toolloop_fsm.effects import CancelReview
+from toolloop_fsm.effects import CutStream
+from toolloop_fsm.effects import StartAttempt
 from toolloop_fsm.generation import GenerationTurnMachine
-from toolloop_fsm.host import Channel, ToolRegistry, TurnRequest
+from toolloop_fsm.host import Channel
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.pump.inner import EventPump
 from toolloop_fsm.pump.outer import GenerationPump
-from toolloop_fsm.temporal._values import Catalogue, TurnInput
-from toolloop_fsm.temporal._workflow import GenerationTurnWorkflow, _AttemptShell, _TurnShell
+from toolloop_fsm.temporal._values import Catalogue
+from toolloop_fsm.temporal._values import TurnInput
+from toolloop_fsm.temporal._workflow import GenerationTurnWorkflow
+from toolloop_fsm.temporal._workflow import _AttemptShell
+from toolloop_fsm.temporal._workflow import _TurnShell
 
 PACKAGE = Path(toolloop_fsm.__file__).parent
 SHELLS = ["pump/inner.py", "pump/outer.py", "temporal/_workflow.py"]

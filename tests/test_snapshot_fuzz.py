@@ -21,29 +21,39 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import event
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from tests.test_snapshots import SMALL_FLUSH, USER, CountingTool, weather_passes
-from toolloop_fsm import (
-    Attempt,
-    FunctionCall,
-    LoopPolicy,
-    TextDelta,
-    TurnPolicy,
-    TurnRequest,
-    TurnSnapshot,
-    run_generation_turn,
-    run_tool_loop,
-    snapshot_from_json,
-    snapshot_to_json,
-)
+from tests.test_snapshots import SMALL_FLUSH
+from tests.test_snapshots import USER
+from tests.test_snapshots import CountingTool
+from tests.test_snapshots import weather_passes
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TextDelta
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSnapshot
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm import snapshot_from_json
+from toolloop_fsm import snapshot_to_json
 from toolloop_fsm.events import StreamEnded
 from toolloop_fsm.provider import ProviderError
-from toolloop_fsm.review import Finding, Pass, Revise
-from toolloop_fsm.sansio import OfferSnapshot, ToolLoopMachine
-from toolloop_fsm.snapshot import MAX_SNAPSHOT_ERROR_CHARS, SnapshotError
-from toolloop_fsm.testing import Fail, RecordingChannel, ScriptedProvider, ScriptItem
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import Revise
+from toolloop_fsm.sansio import OfferSnapshot
+from toolloop_fsm.sansio import ToolLoopMachine
+from toolloop_fsm.snapshot import MAX_SNAPSHOT_ERROR_CHARS
+from toolloop_fsm.snapshot import SnapshotError
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptItem
 from toolloop_fsm.testing.reviewer import ScriptedReviewer
 
 #: Mutations per run under the ci profile: a few seconds on two shared cores.

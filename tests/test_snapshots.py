@@ -15,36 +15,36 @@ from typing import Any
 import attrs
 import pytest
 
-from toolloop_fsm import (
-    Attempt,
-    FunctionCall,
-    LoopPolicy,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    TurnSnapshot,
-    resume_generation_turn,
-    resume_tool_loop,
-    run_generation_turn,
-    run_tool_loop,
-    snapshot_from_json,
-    snapshot_to_json,
-)
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSnapshot
+from toolloop_fsm import resume_generation_turn
+from toolloop_fsm import resume_tool_loop
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm import snapshot_from_json
+from toolloop_fsm import snapshot_to_json
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import GenerationTurnResult
-from toolloop_fsm.sansio import Deliver, OfferSnapshot, ToolLoopMachine
-from toolloop_fsm.snapshot import MAX_SNAPSHOT_ERROR_CHARS, MAX_SNAPSHOT_SIZE, SnapshotError
-from toolloop_fsm.testing import (
-    Fail,
-    Pause,
-    RecordingChannel,
-    ScriptedProvider,
-    ScriptItem,
-    VirtualClock,
-)
+from toolloop_fsm.sansio import Deliver
+from toolloop_fsm.sansio import OfferSnapshot
+from toolloop_fsm.sansio import ToolLoopMachine
+from toolloop_fsm.snapshot import MAX_SNAPSHOT_ERROR_CHARS
+from toolloop_fsm.snapshot import MAX_SNAPSHOT_SIZE
+from toolloop_fsm.snapshot import SnapshotError
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptItem
+from toolloop_fsm.testing import VirtualClock
 from toolloop_fsm.testing.reviewer import ScriptedReviewer
 
 USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
@@ -112,7 +112,8 @@ def test_a_machine_not_asked_for_snapshots_offers_none() -> None:
 
 
 def test_a_live_event_stream_takes_snapshots_too() -> None:
-    from toolloop_fsm.stream import TurnEnded, stream_tool_loop
+    from toolloop_fsm.stream import TurnEnded
+    from toolloop_fsm.stream import stream_tool_loop
 
     weather = CountingTool()
     saved: list[TurnSnapshot] = []
@@ -203,7 +204,9 @@ def test_a_turn_resumed_after_the_memory_tool_ran_keeps_it_disabled() -> None:
 
 
 def test_a_turn_resumed_after_a_checkpoint_rejection_keeps_the_rejection() -> None:
-    from toolloop_fsm.review import Finding, Pass, Revise
+    from toolloop_fsm.review import Finding
+    from toolloop_fsm.review import Pass
+    from toolloop_fsm.review import Revise
     from toolloop_fsm.testing.reviewer import ScriptedReviewer
 
     checkpoint = LoopPolicy(review_tool_calls=True)
@@ -358,7 +361,9 @@ def test_a_tool_loop_snapshot_is_refused_by_resume_generation_turn_and_back() ->
 def test_a_drafted_turn_resumed_after_its_revision_keeps_the_review_state() -> None:
     """Cut right after the reviewer asked for a revision: the resumed turn writes the
     replacement, has it reviewed once more (the budget spent stands) and shows only it."""
-    from toolloop_fsm.review import Finding, Pass, Revise
+    from toolloop_fsm.review import Finding
+    from toolloop_fsm.review import Pass
+    from toolloop_fsm.review import Revise
     from toolloop_fsm.testing.reviewer import ScriptedReviewer
 
     drafting = LoopPolicy(drafting=True)
@@ -655,8 +660,14 @@ _CHAIN_LEFT_OUT = {
 def test_a_snapshot_captures_every_field_of_the_state_it_does_not_leave_out_on_purpose() -> None:
     import attrs
 
-    from toolloop_fsm.snapshot import ChainSnapshot, DraftSnapshot, LoopSnapshot
-    from toolloop_fsm.turn import Deliveries, DraftState, GenerationState, Produced, TurnState
+    from toolloop_fsm.snapshot import ChainSnapshot
+    from toolloop_fsm.snapshot import DraftSnapshot
+    from toolloop_fsm.snapshot import LoopSnapshot
+    from toolloop_fsm.turn import Deliveries
+    from toolloop_fsm.turn import DraftState
+    from toolloop_fsm.turn import GenerationState
+    from toolloop_fsm.turn import Produced
+    from toolloop_fsm.turn import TurnState
 
     def names(cls: type) -> set[str]:
         return {f.name for f in attrs.fields(cls)}

@@ -17,16 +17,23 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 import httpx
 import pytest
 from attrs import frozen
 
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm import LoopClock, LoopPolicy, TurnRequest, TurnSignals, run_tool_loop
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm import LoopClock
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
-from toolloop_fsm.result import Delivered, Notice
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import Notice
 
 pytestmark = pytest.mark.slow
 

@@ -6,13 +6,24 @@ from __future__ import annotations
 import datetime
 import sys
 import threading
-from typing import Annotated, Any, Literal
+from typing import Annotated
+from typing import Any
+from typing import Literal
 
 import pytest
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator
+from pydantic import BaseModel
+from pydantic import Field
 
-from tests.inner_kit import run_turn, scripted_turn
-from toolloop_fsm import FunctionCall, TextDelta, Tool, ToolContext, ToolResult, TurnStatus, tool
+from tests.inner_kit import run_turn
+from tests.inner_kit import scripted_turn
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import tool
 
 
 def answered_turn(arguments: dict[str, Any], name: str = "get_weather") -> Any:

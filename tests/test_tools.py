@@ -17,23 +17,20 @@ from typing import Any
 import fastjsonschema
 import pytest
 
-from tests.inner_kit import run_turn, scripted_turn
-from toolloop_fsm import (
-    FunctionCall,
-    LoopPolicy,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnStatus,
-)
-from toolloop_fsm.result import (
-    GenerationTurnResult,
-    InDoubtCall,
-    InDoubtCause,
-    make_converter,
-    result_to_json,
-)
+from tests.inner_kit import run_turn
+from tests.inner_kit import scripted_turn
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnStatus
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import InDoubtCall
+from toolloop_fsm.result import InDoubtCause
+from toolloop_fsm.result import make_converter
+from toolloop_fsm.result import result_to_json
 
 WEATHER_SCHEMA = {
     "type": "object",

@@ -8,24 +8,28 @@ from typing import Any
 
 import pytest
 
-from toolloop_fsm import (
-    Attempt,
-    FunctionCall,
-    LoopPolicy,
-    ProviderError,
-    TextDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnRequest,
-    result_from_json,
-    result_to_json,
-    run_generation_turn,
-    run_tool_loop,
-)
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import ProviderError
+from toolloop_fsm import TextDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import result_from_json
+from toolloop_fsm import result_to_json
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.sansio import DeliveryRecorded, StreamEnded, ToolLoopMachine
-from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.sansio import DeliveryRecorded
+from toolloop_fsm.sansio import StreamEnded
+from toolloop_fsm.sansio import ToolLoopMachine
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 
 REQUEST = TurnRequest([{"role": "user", "content": "what's the weather?"}])
 

@@ -17,31 +17,42 @@ known invariant bug cannot hide a coverage regression and vice versa.
 from __future__ import annotations
 
 import attrs
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from tests.test_properties_inner import TOOLS, drive_machine, run_turn
+from tests.test_properties_inner import TOOLS
+from tests.test_properties_inner import drive_machine
+from tests.test_properties_inner import run_turn
 from toolloop_fsm.declaration import declared_transition_ids
-from toolloop_fsm.effects import ArmDeadline, CancelTool, Effect, OfferSnapshot, RequestReview
-from toolloop_fsm.events import (
-    DeadlineExpired,
-    DeadlineKind,
-    DeliveryFailed,
-    FollowUpArrived,
-    FunctionCall,
-    ReviewReturned,
-    StopRequested,
-    StreamEnded,
-    TextDelta,
-    ToolFinished,
-    ToolOutcomeKind,
-)
+from toolloop_fsm.effects import ArmDeadline
+from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.effects import Effect
+from toolloop_fsm.effects import OfferSnapshot
+from toolloop_fsm.effects import RequestReview
+from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import FollowUpArrived
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import ReviewReturned
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import ToolOutcomeKind
 from toolloop_fsm.host import TurnRequest
-from toolloop_fsm.machine import TRANSITIONS, ToolLoopMachine
+from toolloop_fsm.machine import TRANSITIONS
+from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.review import Finding, FindingCategory, Revise, Unavailable
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import FindingCategory
+from toolloop_fsm.review import Revise
+from toolloop_fsm.review import Unavailable
 from toolloop_fsm.stepping import Coverage
-from toolloop_fsm.testing import TurnScript, loop_policies, turn_scripts
+from toolloop_fsm.testing import TurnScript
+from toolloop_fsm.testing import loop_policies
+from toolloop_fsm.testing import turn_scripts
 
 #: Measured: 400 turns plus 300 driven machines already fire every declared transition;
 #: these counts leave a margin of 2.5x and 1.7x (about 15 s together on one core).

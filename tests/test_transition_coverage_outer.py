@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from hypothesis import example, given, settings
+from hypothesis import example
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.test_properties_outer import drive_generation_machine
@@ -31,22 +33,21 @@ from toolloop_fsm import generation
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.declaration import declared_transition_ids
 from toolloop_fsm.host import TurnRequest
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.snapshot_capture import capture_chain
 from toolloop_fsm.stepping import Coverage
-from toolloop_fsm.testing.chains import (
-    AttemptScript,
-    ChainScript,
-    ChainSignal,
-    Ending,
-    ErrorKind,
-    KeyScript,
-    KeyState,
-    ModelScript,
-    SharedRouteScript,
-    generation_chains,
-    run_chain,
-)
+from toolloop_fsm.testing.chains import AttemptScript
+from toolloop_fsm.testing.chains import ChainScript
+from toolloop_fsm.testing.chains import ChainSignal
+from toolloop_fsm.testing.chains import Ending
+from toolloop_fsm.testing.chains import ErrorKind
+from toolloop_fsm.testing.chains import KeyScript
+from toolloop_fsm.testing.chains import KeyState
+from toolloop_fsm.testing.chains import ModelScript
+from toolloop_fsm.testing.chains import SharedRouteScript
+from toolloop_fsm.testing.chains import generation_chains
+from toolloop_fsm.testing.chains import run_chain
 
 #: Chains through the pump. Measured: 300 random chains fire 22 of the 25 transitions; the
 #: misses are no usable credentials at the start and a stop while admitting (the explicit

@@ -7,31 +7,43 @@ and each tool schema once, not once a pass. Time is virtual (`VirtualClock`)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from tests.inner_kit import USER, Executions, make_tool, run_turn, scripted_turn, succeeds
-from toolloop_fsm import (
-    ContextRestart,
-    FunctionCall,
-    LoopPolicy,
-    TextDelta,
-    ThoughtDelta,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnRequest,
-    TurnStatus,
-    resume_tool_loop,
-    run_tool_loop,
-)
+from tests.inner_kit import USER
+from tests.inner_kit import Executions
+from tests.inner_kit import make_tool
+from tests.inner_kit import run_turn
+from tests.inner_kit import scripted_turn
+from tests.inner_kit import succeeds
+from toolloop_fsm import ContextRestart
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TextDelta
+from toolloop_fsm import ThoughtDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import resume_tool_loop
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.provider import ProviderRequest
-from toolloop_fsm.result import GenerationTurnResult, estimate_tokens
-from toolloop_fsm.review import Finding, Pass, Revise
-from toolloop_fsm.snapshot import TurnSnapshot, snapshot_from_json, snapshot_to_json
-from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, ScriptItem, VirtualClock
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import estimate_tokens
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import Revise
+from toolloop_fsm.snapshot import TurnSnapshot
+from toolloop_fsm.snapshot import snapshot_from_json
+from toolloop_fsm.snapshot import snapshot_to_json
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptItem
+from toolloop_fsm.testing import VirtualClock
 from toolloop_fsm.testing.reviewer import ScriptedReviewer
 from toolloop_fsm.turn import canonical_call_key
 

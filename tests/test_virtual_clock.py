@@ -14,10 +14,19 @@ import time
 
 import pytest
 
-from toolloop_fsm import LoopPolicy, Tool, ToolRegistry, ToolResult, TurnRequest, run_tool_loop
-from toolloop_fsm.events import FunctionCall, TextDelta
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolRegistry
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
 from toolloop_fsm.result import TurnStatus
-from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, VirtualClock, real_time_limit
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
+from toolloop_fsm.testing import real_time_limit
 from toolloop_fsm.testing.hostile import returns_within
 
 
@@ -137,7 +146,9 @@ async def test_two_clocks_on_one_loop_both_jump() -> None:
 async def test_a_script_runs_on_a_loop_where_an_earlier_clock_still_has_timers() -> None:
     # the shape of a fuzzing host: many turns on one event loop, the earlier ones leaving
     # timers on their own clocks
-    from toolloop_fsm.testing import Pause, TurnScript, run_script
+    from toolloop_fsm.testing import Pause
+    from toolloop_fsm.testing import TurnScript
+    from toolloop_fsm.testing import run_script
 
     left_behind = VirtualClock()
     ticks: list[float] = []

@@ -9,28 +9,31 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolloop_fsm.effects import CancelTool, RunTool, StartStream
+from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.effects import RunTool
+from toolloop_fsm.effects import StartStream
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.events import (
-    CHUNK_TYPES,
-    DeadlineExpired,
-    DeadlineKind,
-    FunctionCall,
-    StreamEnded,
-    ToolFinished,
-)
-from toolloop_fsm.host import (
-    Tool,
-    ToolContext,
-    ToolRegistry,
-    ToolResult,
-    TurnRequest,
-    TurnSignals,
-)
+from toolloop_fsm.events import CHUNK_TYPES
+from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import ToolResult
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.host import TurnSignals
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.testing import TurnScript, VirtualClock, build_tools, loop_policies
-from toolloop_fsm.testing.world import CHUNK_KINDS, Happening, World
+from toolloop_fsm.testing import TurnScript
+from toolloop_fsm.testing import VirtualClock
+from toolloop_fsm.testing import build_tools
+from toolloop_fsm.testing import loop_policies
+from toolloop_fsm.testing.world import CHUNK_KINDS
+from toolloop_fsm.testing.world import Happening
+from toolloop_fsm.testing.world import World
 
 TOOLS = build_tools(TurnScript(), clock=VirtualClock(), signals=TurnSignals(), executions=[])
 REQUEST = TurnRequest([{"role": "user", "content": "hello"}])

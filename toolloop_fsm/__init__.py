@@ -20,46 +20,50 @@ lives in `toolloop_fsm.testing`.
 
 import logging as _logging
 
-from toolloop_fsm.attempts import Attempt, SharedRoute
-from toolloop_fsm.events import (
-    ContextRestart,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    SceneMetadata,
-    TextDelta,
-    ThoughtDelta,
-    UsageReport,
-)
-from toolloop_fsm.host import (
-    Channel,
-    DestinationUnreachable,
-    LoopClock,
-    Tool,
-    ToolContext,
-    ToolRegistry,
-    ToolResult,
-    TurnRequest,
-    TurnSignals,
-)
+from toolloop_fsm.attempts import Attempt
+from toolloop_fsm.attempts import SharedRoute
+from toolloop_fsm.events import ContextRestart
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import SceneMetadata
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.host import Channel
+from toolloop_fsm.host import DestinationUnreachable
+from toolloop_fsm.host import LoopClock
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import ToolResult
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.host import TurnSignals
 from toolloop_fsm.model_reviewer import ModelReviewer
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.pump import (
-    resume_generation_turn,
-    resume_tool_loop,
-    run_generation_turn,
-    run_tool_loop,
-)
-from toolloop_fsm.result import (
-    GenerationTurnResult,
-    InDoubtCause,
-    TurnStatus,
-    result_from_json,
-    result_to_json,
-)
-from toolloop_fsm.review import Finding, Pass, Reviewer, ReviewPacket, Revise, Unavailable
-from toolloop_fsm.snapshot import TurnSnapshot, snapshot_from_json, snapshot_to_json
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import ToolSpec
+from toolloop_fsm.pump import resume_generation_turn
+from toolloop_fsm.pump import resume_tool_loop
+from toolloop_fsm.pump import run_generation_turn
+from toolloop_fsm.pump import run_tool_loop
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import InDoubtCause
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import result_from_json
+from toolloop_fsm.result import result_to_json
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import Reviewer
+from toolloop_fsm.review import ReviewPacket
+from toolloop_fsm.review import Revise
+from toolloop_fsm.review import Unavailable
+from toolloop_fsm.snapshot import TurnSnapshot
+from toolloop_fsm.snapshot import snapshot_from_json
+from toolloop_fsm.snapshot import snapshot_to_json
 from toolloop_fsm.tools import tool
 
 # A library's records go where the host's logging configuration sends them; with none, they

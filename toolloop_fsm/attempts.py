@@ -3,21 +3,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
-from attrs import Attribute, field, frozen
+from attrs import Attribute
+from attrs import field
+from attrs import frozen
 from attrs import validators as check
 
-from toolloop_fsm.policy import (
-    as_tuple,
-    clock_time,
-    collection_of,
-    count,
-    flag,
-    name_text,
-    non_blank,
-)
+from toolloop_fsm.policy import as_tuple
+from toolloop_fsm.policy import clock_time
+from toolloop_fsm.policy import collection_of
+from toolloop_fsm.policy import count
+from toolloop_fsm.policy import flag
+from toolloop_fsm.policy import name_text
+from toolloop_fsm.policy import non_blank
 from toolloop_fsm.provider import Provider
 from toolloop_fsm.result import AttemptFailure
 

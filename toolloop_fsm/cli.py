@@ -10,12 +10,22 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any
+from typing import TextIO
 
-from toolloop_fsm.events import FunctionCall, TextDelta, ThoughtDelta, UsageReport
-from toolloop_fsm.host import Tool, ToolContext, ToolResult, TurnRequest
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolResult
+from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.pump import run_tool_loop
-from toolloop_fsm.result import Delivered, GenerationTurnResult, Notice, TraceStep
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import TraceStep
 
 
 class TracePrinter:
@@ -110,7 +120,8 @@ async def scripted_demo(out: TextIO) -> GenerationTurnResult:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version
 
     try:
         return version("toolloop-fsm")
@@ -207,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from toolloop_fsm.demo import run_demo, unreachable_message
+    from toolloop_fsm.demo import run_demo
+    from toolloop_fsm.demo import unreachable_message
 
     try:
         save_to = _writable(args.save_trace) if args.save_trace else None
@@ -327,7 +339,9 @@ def _read_json(path: str) -> Any:
 
 
 def _diagram(args: argparse.Namespace) -> int:
-    from toolloop_fsm.diagrams import DiagramError, declaration, render
+    from toolloop_fsm.diagrams import DiagramError
+    from toolloop_fsm.diagrams import declaration
+    from toolloop_fsm.diagrams import render
 
     try:
         output = _writable(args.output) if args.output else None
@@ -346,8 +360,12 @@ def _diagram(args: argparse.Namespace) -> int:
 
 
 def _fuzz(args: argparse.Namespace) -> int:
-    from toolloop_fsm.fuzz import FuzzSetupError, fuzz, load_policy, trace_table
-    from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+    from toolloop_fsm.fuzz import FuzzSetupError
+    from toolloop_fsm.fuzz import fuzz
+    from toolloop_fsm.fuzz import load_policy
+    from toolloop_fsm.fuzz import trace_table
+    from toolloop_fsm.policy import LoopPolicy
+    from toolloop_fsm.policy import TurnPolicy
 
     def progress(count: int, seconds: float) -> None:
         rate = count / seconds if seconds > 0 else 0.0

@@ -16,10 +16,14 @@ for what is still in flight and then takes the terminal state the ending names.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
-from attrs import field, frozen
+from attrs import field
+from attrs import frozen
 
 from toolloop_fsm.result import TurnStatus
 

@@ -17,18 +17,33 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any
+from typing import TextIO
 
-from attrs import define, field
+from attrs import define
+from attrs import field
 
 from toolloop_fsm.attempts import Attempt
-from toolloop_fsm.host import Tool, ToolContext, ToolResult, TurnRequest, TurnSignals
-from toolloop_fsm.model_reviewer import REVIEW_MARKER, ModelReviewer
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolResult
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.host import TurnSignals
+from toolloop_fsm.model_reviewer import REVIEW_MARKER
+from toolloop_fsm.model_reviewer import ModelReviewer
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.pump import run_generation_turn
-from toolloop_fsm.result import Delivered, GenerationTurnResult, Notice, TraceStep
-from toolloop_fsm.review import Reviewer, ReviewPacket, Revise, Unavailable, Verdict
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.review import Reviewer
+from toolloop_fsm.review import ReviewPacket
+from toolloop_fsm.review import Revise
+from toolloop_fsm.review import Unavailable
+from toolloop_fsm.review import Verdict
 
 RATE_LIMITED_MODEL = "swift-1"
 ANSWERING_MODEL = "steady-2"

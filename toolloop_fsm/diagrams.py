@@ -40,13 +40,16 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
 from attrs import frozen
 
-from toolloop_fsm.declaration import Edge, MachineDeclaration
+from toolloop_fsm.declaration import Edge
+from toolloop_fsm.declaration import MachineDeclaration
 
 __all__ = [
     "COMMITTED_DIR",

@@ -17,29 +17,31 @@ exactly as an `EffectHandlers` is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import Any
+from typing import Generic
+from typing import TypeVar
 
-from toolloop_fsm.effects import (
-    ArmDeadline,
-    AskAdmission,
-    CancelReview,
-    CancelStream,
-    CancelTool,
-    ClearDeadline,
-    CutStream,
-    Deliver,
-    Finish,
-    OfferSnapshot,
-    PostNotice,
-    QueueStopResponse,
-    RequestReview,
-    RunTool,
-    StartAttempt,
-    StartStream,
-    SupersedeAttempt,
-    UpdateKeyHealth,
-)
+from toolloop_fsm.effects import ArmDeadline
+from toolloop_fsm.effects import AskAdmission
+from toolloop_fsm.effects import CancelReview
+from toolloop_fsm.effects import CancelStream
+from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.effects import ClearDeadline
+from toolloop_fsm.effects import CutStream
+from toolloop_fsm.effects import Deliver
+from toolloop_fsm.effects import Finish
+from toolloop_fsm.effects import OfferSnapshot
+from toolloop_fsm.effects import PostNotice
+from toolloop_fsm.effects import QueueStopResponse
+from toolloop_fsm.effects import RequestReview
+from toolloop_fsm.effects import RunTool
+from toolloop_fsm.effects import StartAttempt
+from toolloop_fsm.effects import StartStream
+from toolloop_fsm.effects import SupersedeAttempt
+from toolloop_fsm.effects import UpdateKeyHealth
 
 __all__ = [
     "INNER_EFFECTS",

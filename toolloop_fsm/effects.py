@@ -7,7 +7,8 @@ executes them. Each effect names exactly one thing to do.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from attrs import frozen
 
@@ -15,7 +16,8 @@ from toolloop_fsm.events import DeadlineKind
 
 if TYPE_CHECKING:
     from toolloop_fsm.provider import ProviderRequest
-    from toolloop_fsm.result import GenerationTurnResult, Notice
+    from toolloop_fsm.result import GenerationTurnResult
+    from toolloop_fsm.result import Notice
     from toolloop_fsm.review import ReviewPacket
     from toolloop_fsm.snapshot import LoopSnapshot
 

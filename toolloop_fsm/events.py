@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
+from typing import Any
 
-from attrs import field, frozen
+from attrs import field
+from attrs import frozen
 
 from toolloop_fsm.event_checks import AtLeast
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
 import attrs
 

@@ -29,14 +29,20 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable
+from collections.abc import Hashable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
 import attrs
-from attrs import define, field, frozen
+from attrs import define
+from attrs import field
+from attrs import frozen
 
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.result import TraceStep
 from toolloop_fsm.stepping import Coverage
 
@@ -216,8 +222,11 @@ def fuzz(
     fuzzed with drawn answers either way."""
     _check_run_settings(examples, time_limit)
     try:
-        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import HealthCheck
+        from hypothesis import Phase
+        from hypothesis import given
         from hypothesis import seed as seeded
+        from hypothesis import settings
     except ImportError:
         raise FuzzSetupError('fuzzing needs Hypothesis: pip install "toolloop-fsm[test]"') from None
     declared, tier_run = _tier_under(policy, tier, drafting)
@@ -414,7 +423,8 @@ BATCH_TURNS = 64
 
 def _inner(policy: LoopPolicy) -> _TierRun:
     from toolloop_fsm.testing.harness import run_script
-    from toolloop_fsm.testing.seeds import seed_batches, turn_from_seed
+    from toolloop_fsm.testing.seeds import seed_batches
+    from toolloop_fsm.testing.seeds import turn_from_seed
 
     async def run_turn(script: Any, on_step: Callable[[TraceStep], None]) -> None:
         run = await run_script(script, policy, on_step=on_step)
@@ -437,7 +447,9 @@ def _inner(policy: LoopPolicy) -> _TierRun:
 
 
 def _outer(policy: TurnPolicy) -> _TierRun:
-    from toolloop_fsm.testing.chains import check_chain_invariants, generation_chains, run_chain
+    from toolloop_fsm.testing.chains import check_chain_invariants
+    from toolloop_fsm.testing.chains import generation_chains
+    from toolloop_fsm.testing.chains import run_chain
 
     async def run_turn(chain: Any, on_step: Callable[[TraceStep], None]) -> None:
         run = await run_chain(chain, policy=policy, on_step=on_step)

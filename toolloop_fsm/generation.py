@@ -20,66 +20,71 @@ nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
-from toolloop_fsm.attempts import AttemptPlan, KeyHealth
-from toolloop_fsm.declaration import Ending, MachineDeclaration, State, TraceNote
+from toolloop_fsm.attempts import AttemptPlan
+from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.declaration import Ending
+from toolloop_fsm.declaration import MachineDeclaration
+from toolloop_fsm.declaration import State
+from toolloop_fsm.declaration import TraceNote
 from toolloop_fsm.declaration import Transition as _t
 from toolloop_fsm.effects import Effect
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.event_checks import event_shapes, malformation
-from toolloop_fsm.events import (
-    AdmissionDecided,
-    AttemptFinished,
-    StopRequested,
-    UnreachableReported,
-)
-from toolloop_fsm.guards.attempts import (
-    admission_granted,
-    another_key_for_this_model,
-    another_model_in_chain,
-    attempt_failed_in_host_code,
-    attempt_is_final,
-    attempt_reason,
-    attempt_status,
-    destination_unreachable,
-    no_attempt_available,
-    shared_route_may_be_admitted,
-)
-from toolloop_fsm.guards.outcome import (
-    outcome_is_completed,
-    outcome_is_empty_response,
-    outcome_is_error,
-    outcome_is_follow_up_interrupt,
-    outcome_is_stopped_by_user,
-    outcome_is_timeout,
-)
+from toolloop_fsm.event_checks import event_shapes
+from toolloop_fsm.event_checks import malformation
+from toolloop_fsm.events import AdmissionDecided
+from toolloop_fsm.events import AttemptFinished
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import UnreachableReported
+from toolloop_fsm.guards.attempts import admission_granted
+from toolloop_fsm.guards.attempts import another_key_for_this_model
+from toolloop_fsm.guards.attempts import another_model_in_chain
+from toolloop_fsm.guards.attempts import attempt_failed_in_host_code
+from toolloop_fsm.guards.attempts import attempt_is_final
+from toolloop_fsm.guards.attempts import attempt_reason
+from toolloop_fsm.guards.attempts import attempt_status
+from toolloop_fsm.guards.attempts import destination_unreachable
+from toolloop_fsm.guards.attempts import no_attempt_available
+from toolloop_fsm.guards.attempts import shared_route_may_be_admitted
+from toolloop_fsm.guards.outcome import outcome_is_completed
+from toolloop_fsm.guards.outcome import outcome_is_empty_response
+from toolloop_fsm.guards.outcome import outcome_is_error
+from toolloop_fsm.guards.outcome import outcome_is_follow_up_interrupt
+from toolloop_fsm.guards.outcome import outcome_is_stopped_by_user
+from toolloop_fsm.guards.outcome import outcome_is_timeout
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.ledger import LedgerEntry
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.provider import ToolSpec
-from toolloop_fsm.result import RETRYABLE_STATUSES, GenerationTurnResult, TraceStep, TurnStatus
-from toolloop_fsm.runner import CompiledRunner, DeclaredMachine
+from toolloop_fsm.result import RETRYABLE_STATUSES
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.runner import CompiledRunner
+from toolloop_fsm.runner import DeclaredMachine
 from toolloop_fsm.snapshot import ChainSnapshot
 from toolloop_fsm.snapshot_capture import restore_chain
-from toolloop_fsm.states.attempts import (
-    admit_shared_route,
-    ask_admission,
-    begin_first_attempt,
-    begin_next_key,
-    begin_next_model,
-    build_generation_result,
-    exhaust_chain,
-    post_closing_notices,
-    refuse_shared_route,
-    resume_attempt,
-    skip_unreachable,
-    stop_while_admitting,
-    supersede_attempt,
-    take_attempt_result,
-)
-from toolloop_fsm.turn import DraftState, GenerationState
+from toolloop_fsm.states.attempts import admit_shared_route
+from toolloop_fsm.states.attempts import ask_admission
+from toolloop_fsm.states.attempts import begin_first_attempt
+from toolloop_fsm.states.attempts import begin_next_key
+from toolloop_fsm.states.attempts import begin_next_model
+from toolloop_fsm.states.attempts import build_generation_result
+from toolloop_fsm.states.attempts import exhaust_chain
+from toolloop_fsm.states.attempts import post_closing_notices
+from toolloop_fsm.states.attempts import refuse_shared_route
+from toolloop_fsm.states.attempts import resume_attempt
+from toolloop_fsm.states.attempts import skip_unreachable
+from toolloop_fsm.states.attempts import stop_while_admitting
+from toolloop_fsm.states.attempts import supersede_attempt
+from toolloop_fsm.states.attempts import take_attempt_result
+from toolloop_fsm.turn import DraftState
+from toolloop_fsm.turn import GenerationState
 
 FINAL_STATES: tuple[str, ...] = (
     "completed",

@@ -10,23 +10,30 @@ import difflib
 import json
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Protocol
+from typing import runtime_checkable
 
-from attrs import define, field, frozen
+from attrs import define
+from attrs import field
+from attrs import frozen
 from attrs import validators as check
 
 from toolloop_fsm.events import ContextRestart
-from toolloop_fsm.policy import (
-    as_optional_frozenset,
-    as_tuple,
-    collection_of,
-    flag,
-    name_text,
-    of_type,
-    positive_count,
-    positive_seconds,
-)
+from toolloop_fsm.policy import as_optional_frozenset
+from toolloop_fsm.policy import as_tuple
+from toolloop_fsm.policy import collection_of
+from toolloop_fsm.policy import flag
+from toolloop_fsm.policy import name_text
+from toolloop_fsm.policy import of_type
+from toolloop_fsm.policy import positive_count
+from toolloop_fsm.policy import positive_seconds
 from toolloop_fsm.provider import ToolSpec
 
 if TYPE_CHECKING:

@@ -14,7 +14,8 @@ from typing import Any
 
 from attrs import frozen
 
-from toolloop_fsm.events import ToolFinished, ToolOutcomeKind
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import ToolOutcomeKind
 
 
 def canonical_call_key(name: str, arguments: Any) -> str:

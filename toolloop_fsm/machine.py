@@ -22,157 +22,148 @@ changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
-from toolloop_fsm.declaration import MachineDeclaration, State
+from toolloop_fsm.declaration import MachineDeclaration
+from toolloop_fsm.declaration import State
 from toolloop_fsm.declaration import Transition as _t
 from toolloop_fsm.effects import Effect
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.event_checks import event_shapes, malformation
-from toolloop_fsm.events import (
-    DeadlineExpired,
-    DeadlineKind,
-    DeliveryFailed,
-    DeliveryRecorded,
-    FinishReason,
-    FollowUpArrived,
-    FunctionCall,
-    ReviewReturned,
-    SceneMetadata,
-    StopRequested,
-    StreamEnded,
-    StreamFailed,
-    TextDelta,
-    ThoughtDelta,
-    ToolFinished,
-    UsageReport,
-)
-from toolloop_fsm.guards.ceilings import (
-    consecutive_error_ceiling_reached,
-    continuation_retries_exhausted,
-    iteration_ceiling_reached,
-)
-from toolloop_fsm.guards.deliveries import (
-    all_deliveries_recorded,
-    delivery_timed_out,
-    must_settle_deliveries,
-)
-from toolloop_fsm.guards.drafting import (
-    call_needs_checkpoint,
-    call_rejected_before,
-    completes_held_draft,
-    correction_cannot_be_approved,
-    draft_cut_at_length_limit,
-    no_pending_prose,
-    reviewer_unavailable,
-    reviewing_correction,
-    reviews_exhausted,
-    revision_left,
-    tool_round_completes_held_draft,
-    verdict_passes,
-    verdict_revises,
-    verdict_unavailable,
-)
-from toolloop_fsm.guards.exit_policy import (
-    is_settled_after_tool,
-    pass_has_text,
-    should_end_after_pre_tool_text,
-    tool_asked_to_end_turn,
-    tool_requested_context_restart,
-)
-from toolloop_fsm.guards.outcome import (
-    outcome_is_completed,
-    outcome_is_error,
-    outcome_is_follow_up_interrupt,
-    outcome_is_stalled_stream,
-    outcome_is_stopped_by_user,
-    outcome_is_timeout,
-)
-from toolloop_fsm.guards.tool_gate import (
-    call_already_recorded,
-    call_arguments_truncated,
-    call_arguments_unparseable,
-    call_is_malformed,
-    call_outside_allowlist,
-    call_pending,
-    cut_off_call_is_settled,
-)
-from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
+from toolloop_fsm.event_checks import event_shapes
+from toolloop_fsm.event_checks import malformation
+from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FollowUpArrived
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import ReviewReturned
+from toolloop_fsm.events import SceneMetadata
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.guards.ceilings import consecutive_error_ceiling_reached
+from toolloop_fsm.guards.ceilings import continuation_retries_exhausted
+from toolloop_fsm.guards.ceilings import iteration_ceiling_reached
+from toolloop_fsm.guards.deliveries import all_deliveries_recorded
+from toolloop_fsm.guards.deliveries import delivery_timed_out
+from toolloop_fsm.guards.deliveries import must_settle_deliveries
+from toolloop_fsm.guards.drafting import call_needs_checkpoint
+from toolloop_fsm.guards.drafting import call_rejected_before
+from toolloop_fsm.guards.drafting import completes_held_draft
+from toolloop_fsm.guards.drafting import correction_cannot_be_approved
+from toolloop_fsm.guards.drafting import draft_cut_at_length_limit
+from toolloop_fsm.guards.drafting import no_pending_prose
+from toolloop_fsm.guards.drafting import reviewer_unavailable
+from toolloop_fsm.guards.drafting import reviewing_correction
+from toolloop_fsm.guards.drafting import reviews_exhausted
+from toolloop_fsm.guards.drafting import revision_left
+from toolloop_fsm.guards.drafting import tool_round_completes_held_draft
+from toolloop_fsm.guards.drafting import verdict_passes
+from toolloop_fsm.guards.drafting import verdict_revises
+from toolloop_fsm.guards.drafting import verdict_unavailable
+from toolloop_fsm.guards.exit_policy import is_settled_after_tool
+from toolloop_fsm.guards.exit_policy import pass_has_text
+from toolloop_fsm.guards.exit_policy import should_end_after_pre_tool_text
+from toolloop_fsm.guards.exit_policy import tool_asked_to_end_turn
+from toolloop_fsm.guards.exit_policy import tool_requested_context_restart
+from toolloop_fsm.guards.outcome import outcome_is_completed
+from toolloop_fsm.guards.outcome import outcome_is_error
+from toolloop_fsm.guards.outcome import outcome_is_follow_up_interrupt
+from toolloop_fsm.guards.outcome import outcome_is_stalled_stream
+from toolloop_fsm.guards.outcome import outcome_is_stopped_by_user
+from toolloop_fsm.guards.outcome import outcome_is_timeout
+from toolloop_fsm.guards.tool_gate import call_already_recorded
+from toolloop_fsm.guards.tool_gate import call_arguments_truncated
+from toolloop_fsm.guards.tool_gate import call_arguments_unparseable
+from toolloop_fsm.guards.tool_gate import call_is_malformed
+from toolloop_fsm.guards.tool_gate import call_outside_allowlist
+from toolloop_fsm.guards.tool_gate import call_pending
+from toolloop_fsm.guards.tool_gate import cut_off_call_is_settled
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.ledger import LedgerEntry
-from toolloop_fsm.pass_rules import STREAM_BUDGETS, phase_budget
+from toolloop_fsm.pass_rules import STREAM_BUDGETS
+from toolloop_fsm.pass_rules import phase_budget
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.result import GenerationTurnResult, TraceStep, TurnStatus
-from toolloop_fsm.runner import CompiledRunner, DeclaredMachine
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.runner import CompiledRunner
+from toolloop_fsm.runner import DeclaredMachine
 from toolloop_fsm.snapshot import LoopSnapshot
 from toolloop_fsm.snapshot_capture import restore_loop
-from toolloop_fsm.states.build_result import (
-    abandon_in_flight,
-    begin_settling,
-    build_result,
-    complete_after_pre_tool_text,
-    complete_end_turn,
-    complete_retry_exhausted,
-    end_iteration_ceiling,
-    end_tool_error_loop,
-    fail_delivery_during_tool,
-    fail_delivery_while_settling,
-    fail_delivery_while_streaming,
-    ignore_follow_up_while_settling,
-    kill_while_settling,
-    settle_delivery,
-)
+from toolloop_fsm.states.build_result import abandon_in_flight
+from toolloop_fsm.states.build_result import begin_settling
+from toolloop_fsm.states.build_result import build_result
+from toolloop_fsm.states.build_result import complete_after_pre_tool_text
+from toolloop_fsm.states.build_result import complete_end_turn
+from toolloop_fsm.states.build_result import complete_retry_exhausted
+from toolloop_fsm.states.build_result import end_iteration_ceiling
+from toolloop_fsm.states.build_result import end_tool_error_loop
+from toolloop_fsm.states.build_result import fail_delivery_during_tool
+from toolloop_fsm.states.build_result import fail_delivery_while_settling
+from toolloop_fsm.states.build_result import fail_delivery_while_streaming
+from toolloop_fsm.states.build_result import ignore_follow_up_while_settling
+from toolloop_fsm.states.build_result import kill_while_settling
+from toolloop_fsm.states.build_result import settle_delivery
 from toolloop_fsm.states.context_restart import apply_context_restart
-from toolloop_fsm.states.delivery import armed_token, record_delivery
-from toolloop_fsm.states.drafting import (
-    begin_revision,
-    close_cut_pass,
-    close_pass_for_review,
-    deliver_held_draft,
-    fail_delivery_during_review,
-    hold_remaining_text,
-    interrupt_review,
-    note_tool_round_trigger,
-    refuse_correction,
-    refuse_unapproved_correction,
-    reject_call,
-    repeat_rejection,
-    request_call_review,
-    request_draft_review,
-    run_approved_call,
-    run_unreviewed_call,
-    stop_during_review,
-    take_review_timeout,
-)
-from toolloop_fsm.states.stable_points import offer_snapshot, resend_in_flight
-from toolloop_fsm.states.stream_once import (
-    CHUNK_HANDLERS,
-    begin_pass,
-    complete_settled_after_tool,
-    complete_with_text,
-    end_empty_response,
-    end_malformed_call,
-    fail_stream,
-    interrupt_for_follow_up,
-    stop_stream,
-    take_first_chunk,
-    time_out_stream,
-)
-from toolloop_fsm.states.tool_dispatch import (
-    announce_tool_outcome,
-    clear_stale_follow_up,
-    cut_off_tool,
-    dispatch_tool,
-    record_tool_outcome,
-    refuse_outside_allowlist,
-    refuse_truncated_call,
-    refuse_unparseable_call,
-    reuse_recorded_outcome,
-    stop_during_tool,
-    take_tool_outcome,
-    time_out_tool,
-)
-from toolloop_fsm.turn import DraftState, TurnState
+from toolloop_fsm.states.delivery import armed_token
+from toolloop_fsm.states.delivery import record_delivery
+from toolloop_fsm.states.drafting import begin_revision
+from toolloop_fsm.states.drafting import close_cut_pass
+from toolloop_fsm.states.drafting import close_pass_for_review
+from toolloop_fsm.states.drafting import deliver_held_draft
+from toolloop_fsm.states.drafting import fail_delivery_during_review
+from toolloop_fsm.states.drafting import hold_remaining_text
+from toolloop_fsm.states.drafting import interrupt_review
+from toolloop_fsm.states.drafting import note_tool_round_trigger
+from toolloop_fsm.states.drafting import refuse_correction
+from toolloop_fsm.states.drafting import refuse_unapproved_correction
+from toolloop_fsm.states.drafting import reject_call
+from toolloop_fsm.states.drafting import repeat_rejection
+from toolloop_fsm.states.drafting import request_call_review
+from toolloop_fsm.states.drafting import request_draft_review
+from toolloop_fsm.states.drafting import run_approved_call
+from toolloop_fsm.states.drafting import run_unreviewed_call
+from toolloop_fsm.states.drafting import stop_during_review
+from toolloop_fsm.states.drafting import take_review_timeout
+from toolloop_fsm.states.stable_points import offer_snapshot
+from toolloop_fsm.states.stable_points import resend_in_flight
+from toolloop_fsm.states.stream_once import CHUNK_HANDLERS
+from toolloop_fsm.states.stream_once import begin_pass
+from toolloop_fsm.states.stream_once import complete_settled_after_tool
+from toolloop_fsm.states.stream_once import complete_with_text
+from toolloop_fsm.states.stream_once import end_empty_response
+from toolloop_fsm.states.stream_once import end_malformed_call
+from toolloop_fsm.states.stream_once import fail_stream
+from toolloop_fsm.states.stream_once import interrupt_for_follow_up
+from toolloop_fsm.states.stream_once import stop_stream
+from toolloop_fsm.states.stream_once import take_first_chunk
+from toolloop_fsm.states.stream_once import time_out_stream
+from toolloop_fsm.states.tool_dispatch import announce_tool_outcome
+from toolloop_fsm.states.tool_dispatch import clear_stale_follow_up
+from toolloop_fsm.states.tool_dispatch import cut_off_tool
+from toolloop_fsm.states.tool_dispatch import dispatch_tool
+from toolloop_fsm.states.tool_dispatch import record_tool_outcome
+from toolloop_fsm.states.tool_dispatch import refuse_outside_allowlist
+from toolloop_fsm.states.tool_dispatch import refuse_truncated_call
+from toolloop_fsm.states.tool_dispatch import refuse_unparseable_call
+from toolloop_fsm.states.tool_dispatch import reuse_recorded_outcome
+from toolloop_fsm.states.tool_dispatch import stop_during_tool
+from toolloop_fsm.states.tool_dispatch import take_tool_outcome
+from toolloop_fsm.states.tool_dispatch import time_out_tool
+from toolloop_fsm.turn import DraftState
+from toolloop_fsm.turn import TurnState
 
 # --------------------------------------------------------------------------- states
 FINAL_STATES: tuple[str, ...] = (

@@ -52,40 +52,46 @@ import json
 import logging
 import math
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator
+from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 import fastjsonschema
-from attrs import field, frozen
+from attrs import field
+from attrs import frozen
 
-from toolloop_fsm.events import (
-    FinishKind,
-    FinishReason,
-    TextDelta,
-    ThoughtDelta,
-    UsageReport,
-)
-from toolloop_fsm.host import LOOP_CLOCK, Clock
-from toolloop_fsm.policy import of_type, positive_count, positive_seconds
-from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
-from toolloop_fsm.providers._secrecy import fragment_pattern, provider_secrets, quote
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.host import LOOP_CLOCK
+from toolloop_fsm.host import Clock
+from toolloop_fsm.policy import of_type
+from toolloop_fsm.policy import positive_count
+from toolloop_fsm.policy import positive_seconds
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.providers._secrecy import fragment_pattern
+from toolloop_fsm.providers._secrecy import provider_secrets
+from toolloop_fsm.providers._secrecy import quote
 from toolloop_fsm.result import estimate_tokens
-from toolloop_fsm.review import (
-    FINDING_TEXT_LIMIT,
-    MAX_FINDINGS,
-    MIN_FINDINGS,
-    CandidateStatus,
-    Finding,
-    FindingCategory,
-    Pass,
-    ReviewedTool,
-    ReviewKind,
-    ReviewPacket,
-    ReviewUsage,
-    Revise,
-    Unavailable,
-    Verdict,
-)
+from toolloop_fsm.review import FINDING_TEXT_LIMIT
+from toolloop_fsm.review import MAX_FINDINGS
+from toolloop_fsm.review import MIN_FINDINGS
+from toolloop_fsm.review import CandidateStatus
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import FindingCategory
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import ReviewedTool
+from toolloop_fsm.review import ReviewKind
+from toolloop_fsm.review import ReviewPacket
+from toolloop_fsm.review import ReviewUsage
+from toolloop_fsm.review import Revise
+from toolloop_fsm.review import Unavailable
+from toolloop_fsm.review import Verdict
 
 _log = logging.getLogger("toolloop_fsm.review")
 

@@ -15,13 +15,18 @@ turn's clock (`toolloop_fsm.host.Clock`), the same as the trace's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
-from attrs import field, frozen
+from attrs import field
+from attrs import frozen
 
-from toolloop_fsm.events import FunctionCall, TextDelta, ThoughtDelta
-from toolloop_fsm.result import GenerationTurnResult, TurnStatus
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TurnStatus
 
 
 # --------------------------------------------------------------------------- the turn

@@ -38,27 +38,29 @@ from typing import Any
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import trace
-    from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+    from opentelemetry.trace import Span
+    from opentelemetry.trace import SpanKind
+    from opentelemetry.trace import Status
+    from opentelemetry.trace import StatusCode
+    from opentelemetry.trace import TracerProvider
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "toolloop_fsm.otel needs OpenTelemetry: install the extra with "
         "pip install 'toolloop-fsm[otel]'"
     ) from err
 
-from toolloop_fsm.observation import (
-    AttemptEnded,
-    AttemptStarted,
-    PassEnded,
-    PassStarted,
-    ToolEnded,
-    ToolStarted,
-    TurnAborted,
-    TurnEnded,
-    TurnObserver,
-    TurnStarted,
-    add_turn_observer,
-    remove_turn_observer,
-)
+from toolloop_fsm.observation import AttemptEnded
+from toolloop_fsm.observation import AttemptStarted
+from toolloop_fsm.observation import PassEnded
+from toolloop_fsm.observation import PassStarted
+from toolloop_fsm.observation import ToolEnded
+from toolloop_fsm.observation import ToolStarted
+from toolloop_fsm.observation import TurnAborted
+from toolloop_fsm.observation import TurnEnded
+from toolloop_fsm.observation import TurnObserver
+from toolloop_fsm.observation import TurnStarted
+from toolloop_fsm.observation import add_turn_observer
+from toolloop_fsm.observation import remove_turn_observer
 from toolloop_fsm.result import TurnStatus
 
 #: The instrumentation scope every span is created under.
@@ -71,7 +73,8 @@ Attributes = dict[str, Any]
 
 @functools.cache
 def _version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version
 
     try:
         return version("toolloop-fsm")

@@ -9,10 +9,14 @@ attempt rules. Every field is checked when the value is built, and a bad value r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
-from attrs import Attribute, field, frozen
+from attrs import Attribute
+from attrs import field
+from attrs import frozen
 from attrs import validators as check
 
 

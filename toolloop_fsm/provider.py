@@ -9,10 +9,16 @@ adapters in `toolloop_fsm.providers` implement it; it imports neither them nor a
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import AsyncIterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Protocol
+from typing import runtime_checkable
 
-from attrs import field, frozen
+from attrs import field
+from attrs import frozen
 
 from toolloop_fsm.events import Chunk
 

@@ -19,11 +19,17 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from transitions import Machine, MachineError
+from transitions import Machine
+from transitions import MachineError
 
-from toolloop_fsm.declaration import Action, Ending, Guard, MachineDeclaration
+from toolloop_fsm.declaration import Action
+from toolloop_fsm.declaration import Ending
+from toolloop_fsm.declaration import Guard
+from toolloop_fsm.declaration import MachineDeclaration
 from toolloop_fsm.result import TraceStep
-from toolloop_fsm.stepping import ModelT, Runner, Taken
+from toolloop_fsm.stepping import ModelT
+from toolloop_fsm.stepping import Runner
+from toolloop_fsm.stepping import Taken
 
 _TAKEN = "taken"  # the keyword each trigger carries: where the taken transition is reported
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 import collections.abc
 import json
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
 import attrs
 import cattrs
-from attrs import field, frozen
+from attrs import field
+from attrs import frozen
 
 from toolloop_fsm.events import FinishKind
 from toolloop_fsm.review import ReviewRecord

@@ -11,11 +11,16 @@ tool checkpoint, the proposed call, marked ``not_executed``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any
+from typing import Protocol
+from typing import TypeAlias
+from typing import runtime_checkable
 
-from attrs import field, frozen
+from attrs import field
+from attrs import frozen
 from attrs import validators as check
 
 #: The longest ``problem`` or ``direction`` a finding may carry, in characters.

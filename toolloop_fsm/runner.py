@@ -19,18 +19,28 @@ property test checks both agree):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from functools import cache
-from typing import Any, Generic, Self
+from typing import Any
+from typing import Generic
+from typing import Self
 
 from attrs import frozen
 
-from toolloop_fsm.declaration import Action, Ending, Guard, MachineDeclaration
+from toolloop_fsm.declaration import Action
+from toolloop_fsm.declaration import Ending
+from toolloop_fsm.declaration import Guard
+from toolloop_fsm.declaration import MachineDeclaration
 from toolloop_fsm.effects import Finish
 from toolloop_fsm.errors import InvalidEvent
 from toolloop_fsm.fork import forked
-from toolloop_fsm.result import GenerationTurnResult, TraceStep
-from toolloop_fsm.stepping import NO_HANDLERS, ModelT, Runner, Taken
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.stepping import NO_HANDLERS
+from toolloop_fsm.stepping import ModelT
+from toolloop_fsm.stepping import Runner
+from toolloop_fsm.stepping import Taken
 
 #: One compiled step: guard, ending, action, destination (``None``: internal), the
 #: destination's entry callbacks, the guard's name and the transition's id.

@@ -13,59 +13,58 @@ debugging a turn step by step against the compiled tables. A machine built with
 a turn from one (`toolloop_fsm.snapshot`).
 """
 
-from toolloop_fsm.attempts import AttemptPlan, KeyBook, KeyHealth
-from toolloop_fsm.effects import (
-    ArmDeadline,
-    AskAdmission,
-    CancelReview,
-    CancelStream,
-    CancelTool,
-    ClearDeadline,
-    CutStream,
-    Deliver,
-    Effect,
-    Finish,
-    OfferSnapshot,
-    PostNotice,
-    QueueStopResponse,
-    RequestReview,
-    RunTool,
-    StartAttempt,
-    StartStream,
-    SupersedeAttempt,
-    UpdateKeyHealth,
-)
+from toolloop_fsm.attempts import AttemptPlan
+from toolloop_fsm.attempts import KeyBook
+from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.effects import ArmDeadline
+from toolloop_fsm.effects import AskAdmission
+from toolloop_fsm.effects import CancelReview
+from toolloop_fsm.effects import CancelStream
+from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.effects import ClearDeadline
+from toolloop_fsm.effects import CutStream
+from toolloop_fsm.effects import Deliver
+from toolloop_fsm.effects import Effect
+from toolloop_fsm.effects import Finish
+from toolloop_fsm.effects import OfferSnapshot
+from toolloop_fsm.effects import PostNotice
+from toolloop_fsm.effects import QueueStopResponse
+from toolloop_fsm.effects import RequestReview
+from toolloop_fsm.effects import RunTool
+from toolloop_fsm.effects import StartAttempt
+from toolloop_fsm.effects import StartStream
+from toolloop_fsm.effects import SupersedeAttempt
+from toolloop_fsm.effects import UpdateKeyHealth
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.events import (
-    AdmissionDecided,
-    AttemptFinished,
-    Chunk,
-    ContextRestart,
-    DeadlineExpired,
-    DeadlineKind,
-    DeliveryFailed,
-    DeliveryRecorded,
-    Event,
-    FinishKind,
-    FinishReason,
-    FollowUpArrived,
-    FunctionCall,
-    ReviewReturned,
-    SceneMetadata,
-    StopRequested,
-    StreamEnded,
-    StreamFailed,
-    TextDelta,
-    ThoughtDelta,
-    ToolFinished,
-    ToolOutcomeKind,
-    UnreachableReported,
-    UsageReport,
-)
+from toolloop_fsm.events import AdmissionDecided
+from toolloop_fsm.events import AttemptFinished
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import ContextRestart
+from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import Event
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FollowUpArrived
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import ReviewReturned
+from toolloop_fsm.events import SceneMetadata
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.events import UnreachableReported
+from toolloop_fsm.events import UsageReport
 from toolloop_fsm.generation import GenerationTurnMachine
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.reference import ReferenceRunner
-from toolloop_fsm.result import Notice, TraceStep
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import TraceStep
 
 __all__ = [
     "AdmissionDecided",

@@ -26,33 +26,38 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
 
 import attrs
 import cattrs
-from attrs import field, frozen
+from attrs import field
+from attrs import frozen
 
 from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.host import TurnRequest
-from toolloop_fsm.ledger import LedgerEntry, ToolOutcome
-from toolloop_fsm.result import (
-    AttemptFailure,
-    AttemptRecord,
-    Delivered,
-    GenerationTurnResult,
-    Notice,
-    StreamResult,
-    ToolHistoryEntry,
-    TraceStep,
-    UsageEntry,
-    make_converter,
-)
-from toolloop_fsm.review import Finding, ReviewRecord
+from toolloop_fsm.ledger import LedgerEntry
+from toolloop_fsm.ledger import ToolOutcome
+from toolloop_fsm.result import AttemptFailure
+from toolloop_fsm.result import AttemptRecord
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import StreamResult
+from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import UsageEntry
+from toolloop_fsm.result import make_converter
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import ReviewRecord
 
 if TYPE_CHECKING:
-    from toolloop_fsm.host import Tool, ToolRegistry
-    from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+    from toolloop_fsm.host import Tool
+    from toolloop_fsm.host import ToolRegistry
+    from toolloop_fsm.policy import LoopPolicy
+    from toolloop_fsm.policy import TurnPolicy
 
 #: The snapshot format this library writes and reads. Version 2 records the policy and tool
 #: settings the turn ran under (version 1 did not, and is refused as unknown).

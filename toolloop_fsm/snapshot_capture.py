@@ -13,33 +13,31 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from toolloop_fsm.attempts import AttemptPlan, KeyHealth
-from toolloop_fsm.snapshot import (
-    ChainSnapshot,
-    DraftSnapshot,
-    HeldPiece,
-    KeyHealthEntry,
-    KeysTried,
-    LoopSnapshot,
-    SnapshotError,
-    ToolTerms,
-    check_policy,
-    check_tool_terms,
-    check_tools,
-    policy_terms,
-)
-from toolloop_fsm.turn import (
-    Deliveries,
-    DraftState,
-    GenerationState,
-    HeldSegment,
-    Produced,
-    TurnState,
-)
+from toolloop_fsm.attempts import AttemptPlan
+from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.snapshot import ChainSnapshot
+from toolloop_fsm.snapshot import DraftSnapshot
+from toolloop_fsm.snapshot import HeldPiece
+from toolloop_fsm.snapshot import KeyHealthEntry
+from toolloop_fsm.snapshot import KeysTried
+from toolloop_fsm.snapshot import LoopSnapshot
+from toolloop_fsm.snapshot import SnapshotError
+from toolloop_fsm.snapshot import ToolTerms
+from toolloop_fsm.snapshot import check_policy
+from toolloop_fsm.snapshot import check_tool_terms
+from toolloop_fsm.snapshot import check_tools
+from toolloop_fsm.snapshot import policy_terms
+from toolloop_fsm.turn import Deliveries
+from toolloop_fsm.turn import DraftState
+from toolloop_fsm.turn import GenerationState
+from toolloop_fsm.turn import HeldSegment
+from toolloop_fsm.turn import Produced
+from toolloop_fsm.turn import TurnState
 
 if TYPE_CHECKING:
     from toolloop_fsm.host import ToolRegistry
-    from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+    from toolloop_fsm.policy import LoopPolicy
+    from toolloop_fsm.policy import TurnPolicy
     from toolloop_fsm.provider import ToolSpec
 
 

@@ -10,13 +10,20 @@ machine that chooses between them (`toolloop_fsm.runner.DeclaredMachine`) sits a
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from typing import Any, Generic, Protocol, TypeVar
+from abc import ABC
+from abc import abstractmethod
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+from typing import Generic
+from typing import Protocol
+from typing import TypeVar
 
-from toolloop_fsm.declaration import Action, MachineDeclaration
+from toolloop_fsm.declaration import Action
+from toolloop_fsm.declaration import MachineDeclaration
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.result import TraceStep, TurnStatus
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import TurnStatus
 
 #: What a runner reports of the transition it took: the guard's name and the transition's id.
 Taken = tuple[str | None, str]

@@ -40,30 +40,43 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
 
-from toolloop_fsm.attempts import Attempt, KeyBook, SharedRoute
-from toolloop_fsm.events import FunctionCall, TextDelta, ThoughtDelta
-from toolloop_fsm.host import Channel, Clock, Tool, ToolRegistry, TurnRequest, TurnSignals
-from toolloop_fsm.observation import (
-    AttemptEnded,
-    AttemptStarted,
-    ObservedChunk,
-    PassEnded,
-    PassStarted,
-    ToolEnded,
-    ToolStarted,
-    TurnAborted,
-    TurnEnded,
-    TurnObserver,
-    TurnStarted,
-)
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.attempts import Attempt
+from toolloop_fsm.attempts import KeyBook
+from toolloop_fsm.attempts import SharedRoute
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.host import Channel
+from toolloop_fsm.host import Clock
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.host import TurnSignals
+from toolloop_fsm.observation import AttemptEnded
+from toolloop_fsm.observation import AttemptStarted
+from toolloop_fsm.observation import ObservedChunk
+from toolloop_fsm.observation import PassEnded
+from toolloop_fsm.observation import PassStarted
+from toolloop_fsm.observation import ToolEnded
+from toolloop_fsm.observation import ToolStarted
+from toolloop_fsm.observation import TurnAborted
+from toolloop_fsm.observation import TurnEnded
+from toolloop_fsm.observation import TurnObserver
+from toolloop_fsm.observation import TurnStarted
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.provider import Provider
-from toolloop_fsm.pump import run_generation_turn, run_tool_loop
-from toolloop_fsm.result import GenerationTurnResult, TraceStep
+from toolloop_fsm.pump import run_generation_turn
+from toolloop_fsm.pump import run_tool_loop
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TraceStep
 from toolloop_fsm.snapshot import TurnSnapshot
 
 #: What a live stream yields.

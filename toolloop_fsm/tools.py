@@ -22,23 +22,28 @@ import logging
 import re
 import types
 import typing
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
-from typing import Any, cast, overload
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Coroutine
+from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import Any
+from typing import cast
+from typing import overload
 
 import fastjsonschema
 from attrs import frozen
 
-from toolloop_fsm.events import ToolFinished, ToolOutcomeKind
-from toolloop_fsm.host import (
-    Clock,
-    LoopClock,
-    Redactor,
-    Tool,
-    ToolContext,
-    ToolHandler,
-    ToolReconciler,
-    ToolResult,
-)
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.host import Clock
+from toolloop_fsm.host import LoopClock
+from toolloop_fsm.host import Redactor
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolHandler
+from toolloop_fsm.host import ToolReconciler
+from toolloop_fsm.host import ToolResult
 
 __all__ = [
     "copy_arguments",

@@ -13,39 +13,48 @@ them a snapshot holds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
 
-from attrs import define, field
+from attrs import define
+from attrs import field
 
-from toolloop_fsm.events import DeadlineKind, FinishKind, FunctionCall
-from toolloop_fsm.fork import ITEMS_SHARED, SHARED
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.fork import ITEMS_SHARED
+from toolloop_fsm.fork import SHARED
 
 # the ledger's values are read from here too (by the shells and tests)
 from toolloop_fsm.ledger import LedgerEntry as LedgerEntry
 from toolloop_fsm.ledger import ToolOutcome as ToolOutcome
 from toolloop_fsm.ledger import canonical_call_key as canonical_call_key
 from toolloop_fsm.ledger import occurrence_key as occurrence_key
-from toolloop_fsm.result import (
-    AttemptFailure,
-    AttemptRecord,
-    Delivered,
-    GenerationTurnResult,
-    Notice,
-    StreamResult,
-    ToolHistoryEntry,
-    TraceStep,
-    TurnStatus,
-    UsageEntry,
-)
-from toolloop_fsm.review import Finding, ReviewRecord
+from toolloop_fsm.result import AttemptFailure
+from toolloop_fsm.result import AttemptRecord
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import StreamResult
+from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import UsageEntry
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import ReviewRecord
 
 if TYPE_CHECKING:
-    from toolloop_fsm.attempts import AttemptPlan, KeyHealth
+    from toolloop_fsm.attempts import AttemptPlan
+    from toolloop_fsm.attempts import KeyHealth
     from toolloop_fsm.effects import Effect
-    from toolloop_fsm.host import ToolRegistry, TurnRequest
-    from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-    from toolloop_fsm.provider import ProviderRequest, ToolSpec
+    from toolloop_fsm.host import ToolRegistry
+    from toolloop_fsm.host import TurnRequest
+    from toolloop_fsm.policy import LoopPolicy
+    from toolloop_fsm.policy import TurnPolicy
+    from toolloop_fsm.provider import ProviderRequest
+    from toolloop_fsm.provider import ToolSpec
 
 
 def call_key_of_pending(turn: TurnState, call: FunctionCall) -> str:

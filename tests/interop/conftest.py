@@ -21,7 +21,10 @@ import pytest
 import yaml
 from attrs import frozen
 
-from tests.interop.servers import LLMockControl, ServerProcess, free_port, interop_requirement
+from tests.interop.servers import LLMockControl
+from tests.interop.servers import ServerProcess
+from tests.interop.servers import free_port
+from tests.interop.servers import interop_requirement
 
 INSTALL_HINT = 'python -m pip install -e ".[test]"'
 

@@ -17,7 +17,8 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 

@@ -9,33 +9,29 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from tests.interop.conftest import (
-    MOCK_RATE_LIMITED_MODEL,
-    MOCK_SERVER_ERROR_MODEL,
-    MOCK_TEXT,
-    MOCK_TEXT_MODEL,
-    PROXY_KEY,
-    UPSTREAM_MODEL,
-    LiteLLMProxy,
-)
+from tests.interop.conftest import MOCK_RATE_LIMITED_MODEL
+from tests.interop.conftest import MOCK_SERVER_ERROR_MODEL
+from tests.interop.conftest import MOCK_TEXT
+from tests.interop.conftest import MOCK_TEXT_MODEL
+from tests.interop.conftest import PROXY_KEY
+from tests.interop.conftest import UPSTREAM_MODEL
+from tests.interop.conftest import LiteLLMProxy
 from tests.interop.servers import LLMockControl
-from tests.interop.turns import (
-    ANTHROPIC,
-    OPENAI_CHAT,
-    OPENAI_RESPONSES,
-    WEATHER,
-    Adapter,
-    WeatherTool,
-    body_text,
-    generation_turn,
-    loop_turn,
-)
-from toolloop_fsm import Attempt, TurnStatus, result_to_json
-from toolloop_fsm.providers import (
-    AnthropicProvider,
-    OpenAICompatibleProvider,
-    OpenAIResponsesProvider,
-)
+from tests.interop.turns import ANTHROPIC
+from tests.interop.turns import OPENAI_CHAT
+from tests.interop.turns import OPENAI_RESPONSES
+from tests.interop.turns import WEATHER
+from tests.interop.turns import Adapter
+from tests.interop.turns import WeatherTool
+from tests.interop.turns import body_text
+from tests.interop.turns import generation_turn
+from tests.interop.turns import loop_turn
+from toolloop_fsm import Attempt
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import result_to_json
+from toolloop_fsm.providers import AnthropicProvider
+from toolloop_fsm.providers import OpenAICompatibleProvider
+from toolloop_fsm.providers import OpenAIResponsesProvider
 
 pytestmark = pytest.mark.interop
 

@@ -11,18 +11,19 @@ import time
 import pytest
 
 from tests.interop.servers import LLMockControl
-from tests.interop.turns import (
-    GEMINI,
-    LLMOCK_ADAPTERS,
-    OPENAI_CHAT,
-    WEATHER,
-    Adapter,
-    WeatherTool,
-    body_text,
-    generation_turn,
-    loop_turn,
-)
-from toolloop_fsm import Attempt, LoopPolicy, TurnStatus, result_to_json
+from tests.interop.turns import GEMINI
+from tests.interop.turns import LLMOCK_ADAPTERS
+from tests.interop.turns import OPENAI_CHAT
+from tests.interop.turns import WEATHER
+from tests.interop.turns import Adapter
+from tests.interop.turns import WeatherTool
+from tests.interop.turns import body_text
+from tests.interop.turns import generation_turn
+from tests.interop.turns import loop_turn
+from toolloop_fsm import Attempt
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import result_to_json
 from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.providers import VerbatimToolCalls
 from toolloop_fsm.testing import RecordingChannel

@@ -5,32 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 from attrs import frozen
 
-from toolloop_fsm import (
-    Attempt,
-    GenerationTurnResult,
-    LoopClock,
-    LoopPolicy,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    run_generation_turn,
-    run_tool_loop,
-)
+from toolloop_fsm import Attempt
+from toolloop_fsm import GenerationTurnResult
+from toolloop_fsm import LoopClock
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.provider import Provider
-from toolloop_fsm.providers import (
-    AnthropicProvider,
-    GeminiProvider,
-    OpenAICompatibleProvider,
-    OpenAIResponsesProvider,
-)
+from toolloop_fsm.providers import AnthropicProvider
+from toolloop_fsm.providers import GeminiProvider
+from toolloop_fsm.providers import OpenAICompatibleProvider
+from toolloop_fsm.providers import OpenAIResponsesProvider
 from toolloop_fsm.testing import RecordingChannel
 
 QUESTION = TurnRequest([{"role": "user", "content": "What's the weather in Paris?"}])

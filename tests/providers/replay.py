@@ -4,30 +4,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
 import httpx
 from attrs import frozen
 
 from tests.providers.wire import RecordedResponse
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm.events import (
-    Chunk,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    TextDelta,
-    ThoughtDelta,
-    UsageReport,
-)
-from toolloop_fsm.provider import Provider, ProviderRequest
-from toolloop_fsm.providers import (
-    AnthropicProvider,
-    GeminiProvider,
-    OllamaProvider,
-    OpenAICompatibleProvider,
-    OpenAIResponsesProvider,
-)
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.providers import AnthropicProvider
+from toolloop_fsm.providers import GeminiProvider
+from toolloop_fsm.providers import OllamaProvider
+from toolloop_fsm.providers import OpenAICompatibleProvider
+from toolloop_fsm.providers import OpenAIResponsesProvider
 
 REQUEST = ProviderRequest([{"role": "user", "content": "hi"}])
 ADAPTERS = ("openai-chat", "openai-responses", "anthropic", "gemini", "ollama")

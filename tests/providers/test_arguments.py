@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from toolloop_fsm.providers._arguments import decode_arguments

@@ -23,13 +23,24 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.providers.replay import FINISHED_PASS, NDJSON, SSE, _sse, adapter
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm import LoopPolicy, TurnRequest, TurnSignals, TurnStatus, run_tool_loop
+from tests.providers.replay import FINISHED_PASS
+from tests.providers.replay import NDJSON
+from tests.providers.replay import SSE
+from tests.providers.replay import _sse
+from tests.providers.replay import adapter
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.provider import Provider
-from toolloop_fsm.providers import OpenAICompletionsProvider, VerbatimToolCalls
+from toolloop_fsm.providers import OpenAICompletionsProvider
+from toolloop_fsm.providers import VerbatimToolCalls
 from toolloop_fsm.result import GenerationTurnResult
-from toolloop_fsm.testing import RecordingChannel, VirtualClock
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import VirtualClock
 
 SEED = 21_04
 KEY = "sk-pool-0123456789abcdef"

@@ -8,35 +8,44 @@ pass is one fragment, i.e. one request to the model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
-from attrs import define, field
+from attrs import define
+from attrs import field
 
-from tests.inner_kit import USER, Executions, make_tool, succeeds
-from toolloop_fsm import (
-    Attempt,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    GenerationTurnResult,
-    LoopPolicy,
-    ProviderError,
-    SceneMetadata,
-    TextDelta,
-    ThoughtDelta,
-    Tool,
-    TurnPolicy,
-    TurnRequest,
-    TurnSignals,
-    TurnStatus,
-    UsageReport,
-    run_generation_turn,
-    run_tool_loop,
-)
+from tests.inner_kit import USER
+from tests.inner_kit import Executions
+from tests.inner_kit import make_tool
+from tests.inner_kit import succeeds
+from toolloop_fsm import Attempt
+from toolloop_fsm import FinishKind
+from toolloop_fsm import FinishReason
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import GenerationTurnResult
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import ProviderError
+from toolloop_fsm import SceneMetadata
+from toolloop_fsm import TextDelta
+from toolloop_fsm import ThoughtDelta
+from toolloop_fsm import Tool
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import UsageReport
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.provider import ProviderRequest
-from toolloop_fsm.providers import ContinuationSession, Provider, VerbatimToolCalls
-from toolloop_fsm.testing import Fail, Pause, RecordingChannel, ScriptedProvider, VirtualClock
+from toolloop_fsm.providers import ContinuationSession
+from toolloop_fsm.providers import Provider
+from toolloop_fsm.providers import VerbatimToolCalls
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import Pause
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import VirtualClock
 from toolloop_fsm.testing.scripted import ScriptItem
 
 CUT = FinishReason(FinishKind.LENGTH, "length")

@@ -19,25 +19,32 @@ from typing import Any
 import httpx
 import pytest
 from attrs import frozen
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.providers import wire
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm.events import (
-    Chunk,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    TextDelta,
-    ThoughtDelta,
-    UsageReport,
-)
-from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers import GeminiProvider
 from toolloop_fsm.providers._sse import SSEDecoder
-from toolloop_fsm.providers.gemini import SKIP_SIGNATURE, GeminiStreamDecoder, build_gemini_body
-from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
+from toolloop_fsm.providers.gemini import SKIP_SIGNATURE
+from toolloop_fsm.providers.gemini import GeminiStreamDecoder
+from toolloop_fsm.providers.gemini import build_gemini_body
+from toolloop_fsm.result import ToolCallRecord
+from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import ToolResponseRecord
 
 API_KEY = "AIzaSy-test-SECRET-0123456789"
 MODEL = "gemini-3-pro-preview"

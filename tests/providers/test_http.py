@@ -11,18 +11,22 @@ import math
 import httpx
 import pytest
 
-from tests.providers.replay import ADAPTERS, REQUEST, adapter
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm.provider import MAX_RETRY_AFTER, Provider, ProviderError
-from toolloop_fsm.providers._http import (
-    error_from_payload,
-    error_from_response,
-    error_from_transport,
-    kind_for_status,
-    parse_retry_after,
-    post_stream,
-)
-from toolloop_fsm.providers._secrecy import REDACTED, redact
+from tests.providers.replay import ADAPTERS
+from tests.providers.replay import REQUEST
+from tests.providers.replay import adapter
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm.provider import MAX_RETRY_AFTER
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.providers._http import error_from_payload
+from toolloop_fsm.providers._http import error_from_response
+from toolloop_fsm.providers._http import error_from_transport
+from toolloop_fsm.providers._http import kind_for_status
+from toolloop_fsm.providers._http import parse_retry_after
+from toolloop_fsm.providers._http import post_stream
+from toolloop_fsm.providers._secrecy import REDACTED
+from toolloop_fsm.providers._secrecy import redact
 
 NOW = 1_700_000_000.0
 DAY = 24 * 60 * 60.0

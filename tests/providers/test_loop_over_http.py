@@ -17,21 +17,20 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm import (
-    Attempt,
-    LoopClock,
-    LoopPolicy,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    TurnStatus,
-    result_to_json,
-    run_generation_turn,
-    run_tool_loop,
-)
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm import Attempt
+from toolloop_fsm import LoopClock
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import result_to_json
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.testing import RecordingChannel

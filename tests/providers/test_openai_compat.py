@@ -12,16 +12,31 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.providers import wire
-from tests.providers.replay import REQUEST, Replay, assemble, collect, replay
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm.events import FinishKind, FinishReason, FunctionCall, TextDelta, UsageReport
-from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
+from tests.providers.replay import REQUEST
+from tests.providers.replay import Replay
+from tests.providers.replay import assemble
+from tests.providers.replay import collect
+from tests.providers.replay import replay
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
-from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
+from toolloop_fsm.result import ToolCallRecord
+from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import ToolResponseRecord
 
 API_KEY = "sk-test-0123456789abcdef-SECRET"
 CHAT_PREFIXES = (

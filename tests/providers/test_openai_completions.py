@@ -6,29 +6,35 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from contextlib import aclosing
 from typing import Any
 
 import pytest
 
 from tests.providers.replay import collect
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm import (
-    FinishKind,
-    FinishReason,
-    LoopClock,
-    LoopPolicy,
-    TextDelta,
-    TurnRequest,
-    TurnSignals,
-    TurnStatus,
-    UsageReport,
-    run_tool_loop,
-)
-from toolloop_fsm.provider import ProviderError, ProviderRequest, ToolSpec
-from toolloop_fsm.providers import ContinuationSession, OpenAICompletionsProvider
-from toolloop_fsm.result import Delivered, ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm import FinishKind
+from toolloop_fsm import FinishReason
+from toolloop_fsm import LoopClock
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TextDelta
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnSignals
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import UsageReport
+from toolloop_fsm import run_tool_loop
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import ToolSpec
+from toolloop_fsm.providers import ContinuationSession
+from toolloop_fsm.providers import OpenAICompletionsProvider
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import ToolCallRecord
+from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import ToolResponseRecord
 from toolloop_fsm.testing import RecordingChannel
 
 API_KEY = "sk-test-completions-0123456789-SECRET"

@@ -21,15 +21,24 @@ from collections.abc import Sequence
 import httpx
 import pytest
 from attrs import frozen
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from tests.providers import replay, wire
+from tests.providers import replay
+from tests.providers import wire
 from tests.providers.replay import adapter_kind
 from tests.providers.wire import RecordedResponse
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm.events import Chunk, FunctionCall, TextDelta
-from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers import VerbatimToolCalls
 
 API_KEY = "sk-read-boundaries-0123456789abcdef"

@@ -8,14 +8,23 @@ import json
 
 import httpx
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from tests.providers.replay import ADAPTERS, REQUEST, adapter
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm.provider import Provider, ProviderError
+from tests.providers.replay import ADAPTERS
+from tests.providers.replay import REQUEST
+from tests.providers.replay import adapter
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.providers._http import error_from_response
-from toolloop_fsm.providers._secrecy import FRAGMENT, REDACTED, header_secrets, quote, redact
+from toolloop_fsm.providers._secrecy import FRAGMENT
+from toolloop_fsm.providers._secrecy import REDACTED
+from toolloop_fsm.providers._secrecy import header_secrets
+from toolloop_fsm.providers._secrecy import quote
+from toolloop_fsm.providers._secrecy import redact
 
 KEY = "sk-live-0123456789abcdefGHIJKLMNOPqrstuv"
 SSE = (("content-type", "text/event-stream"),)

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Sequence
 
 import httpx
 import httpx_sse
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.providers import wire
 from toolloop_fsm.provider import ProviderError
-from toolloop_fsm.providers._sse import ServerSentEvent, SSEDecoder, aiter_ndjson, aiter_sse
+from toolloop_fsm.providers._sse import ServerSentEvent
+from toolloop_fsm.providers._sse import SSEDecoder
+from toolloop_fsm.providers._sse import aiter_ndjson
+from toolloop_fsm.providers._sse import aiter_sse
 
 
 async def _bytes(chunks: Sequence[bytes]) -> AsyncIterator[bytes]:

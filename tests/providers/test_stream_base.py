@@ -5,15 +5,21 @@ chained to it — one that happens while the request body is built included."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.providers.replay import ADAPTERS, FINISHED_PASS, adapter, collect
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm.events import FinishReason, TextDelta
+from tests.providers.replay import ADAPTERS
+from tests.providers.replay import FINISHED_PASS
+from tests.providers.replay import adapter
+from tests.providers.replay import collect
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import TextDelta
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.providers.openai_completions import OpenAICompletionsProvider
 

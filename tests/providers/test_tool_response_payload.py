@@ -14,11 +14,16 @@ from typing import Any
 
 import pytest
 
-from tests.providers.replay import FINISHED_PASS, adapter, collect
+from tests.providers.replay import FINISHED_PASS
+from tests.providers.replay import adapter
+from tests.providers.replay import collect
 from tests.providers.wire_server import WireServer
-from toolloop_fsm.provider import Provider, ProviderRequest
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.providers.openai_completions import OpenAICompletionsProvider
-from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
+from toolloop_fsm.result import ToolCallRecord
+from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import ToolResponseRecord
 
 KEY = "sk-payload-0123456789abcdef"
 

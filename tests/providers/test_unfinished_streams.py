@@ -20,19 +20,24 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.providers.replay import NDJSON, REQUEST, SSE, _sse, adapter, collect
-from tests.providers.wire_server import Scripted, WireServer
-from toolloop_fsm import (
-    Attempt,
-    LoopClock,
-    LoopPolicy,
-    TurnPolicy,
-    TurnRequest,
-    TurnStatus,
-    run_generation_turn,
-)
+from tests.providers.replay import NDJSON
+from tests.providers.replay import REQUEST
+from tests.providers.replay import SSE
+from tests.providers.replay import _sse
+from tests.providers.replay import adapter
+from tests.providers.replay import collect
+from tests.providers.wire_server import Scripted
+from tests.providers.wire_server import WireServer
+from toolloop_fsm import Attempt
+from toolloop_fsm import LoopClock
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import run_generation_turn
 from toolloop_fsm.events import TextDelta
-from toolloop_fsm.provider import Provider, ProviderError
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.providers import OpenAICompletionsProvider
 from toolloop_fsm.testing import RecordingChannel
 

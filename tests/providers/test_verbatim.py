@@ -7,33 +7,39 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Coroutine
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from toolloop_fsm.events import (
-    Chunk,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    TextDelta,
-    ThoughtDelta,
-    UsageReport,
-)
-from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers import VerbatimToolCalls
-from toolloop_fsm.providers.verbatim import (
-    SCAFFOLDING_KEY,
-    VERBATIM_BUFFER_CAP,
-    is_verbatim_scaffolding,
-    prepare_context,
-    strip_verbatim_scaffolding,
-    verbatim_scaffolding,
-)
-from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
+from toolloop_fsm.providers.verbatim import SCAFFOLDING_KEY
+from toolloop_fsm.providers.verbatim import VERBATIM_BUFFER_CAP
+from toolloop_fsm.providers.verbatim import is_verbatim_scaffolding
+from toolloop_fsm.providers.verbatim import prepare_context
+from toolloop_fsm.providers.verbatim import strip_verbatim_scaffolding
+from toolloop_fsm.providers.verbatim import verbatim_scaffolding
+from toolloop_fsm.result import ToolCallRecord
+from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import ToolResponseRecord
 
 # --------------------------------------------------------------------------- tools
 GET_WEATHER = ToolSpec(
@@ -755,7 +761,9 @@ def test_property_preparing_is_idempotent_and_only_the_last_choice_counts(
 
 
 async def test_the_wrapped_provider_gets_no_native_tools_and_the_history_as_text() -> None:
-    from toolloop_fsm.result import ToolCallRecord, ToolHistoryEntry, ToolResponseRecord
+    from toolloop_fsm.result import ToolCallRecord
+    from toolloop_fsm.result import ToolHistoryEntry
+    from toolloop_fsm.result import ToolResponseRecord
 
     seen: list[ProviderRequest] = []
 
@@ -794,8 +802,13 @@ async def test_the_wrapped_provider_gets_no_native_tools_and_the_history_as_text
 async def test_text_written_after_a_verbatim_call_is_replayed_after_the_call() -> None:
     # The model wrote prose, a call, then more prose. The next request must show it its own
     # message in that order: shown the later prose first, a model copies the garbled form.
-    from toolloop_fsm import Tool, ToolResult, TurnRequest, run_tool_loop
-    from toolloop_fsm.testing import RecordingChannel, ScriptedProvider, VirtualClock
+    from toolloop_fsm import Tool
+    from toolloop_fsm import ToolResult
+    from toolloop_fsm import TurnRequest
+    from toolloop_fsm import run_tool_loop
+    from toolloop_fsm.testing import RecordingChannel
+    from toolloop_fsm.testing import ScriptedProvider
+    from toolloop_fsm.testing import VirtualClock
 
     clock = VirtualClock()
     model = ScriptedProvider(

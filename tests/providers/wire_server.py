@@ -17,7 +17,8 @@ import contextlib
 import itertools
 from collections.abc import Sequence
 
-from attrs import field, frozen
+from attrs import field
+from attrs import frozen
 
 from tests.providers.wire import RecordedResponse
 

@@ -15,12 +15,14 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.interop.servers import ServerProcess, free_port
+from tests.interop.servers import ServerProcess
+from tests.interop.servers import free_port
 
 REQUIRED_VARIABLE = "TOOLLOOP_TEMPORAL"
 INSTALL_HINT = 'python -m pip install -e ".[test]"'

@@ -36,7 +36,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,17 @@ from typing import Any
 import attrs
 from attrs import frozen
 
-from toolloop_fsm import Attempt, Tool, ToolContext, ToolResult
-from toolloop_fsm.events import Chunk, FunctionCall, TextDelta, UsageReport
-from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest
+from toolloop_fsm import Attempt
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import Notice
 
 #: How often a waiting gate looks for its file (in the worker process, never in a test).
@@ -489,7 +498,8 @@ def host_providers(directory: Path) -> dict[str, Attempt]:
 async def _serve(address: str, task_queue: str, directory: Path) -> None:
     from temporalio.client import Client
 
-    from toolloop_fsm.temporal import DATA_CONVERTER, TurnWorker
+    from toolloop_fsm.temporal import DATA_CONVERTER
+    from toolloop_fsm.temporal import TurnWorker
 
     client = await Client.connect(address, data_converter=DATA_CONVERTER)
     worker = TurnWorker(

@@ -34,21 +34,23 @@ import pytest
 from attrs import frozen
 
 from tests.temporal.conftest import WorkerProcesses
-from tests.temporal.hosts import (
-    CAMPAIGN_CHAINS,
-    TOOL_WORK,
-    KillPlan,
-    read_records,
-)
-from toolloop_fsm import LoopPolicy, TurnPolicy, TurnRequest
-from toolloop_fsm.result import GenerationTurnResult, InDoubtCause
+from tests.temporal.hosts import CAMPAIGN_CHAINS
+from tests.temporal.hosts import TOOL_WORK
+from tests.temporal.hosts import KillPlan
+from tests.temporal.hosts import read_records
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import InDoubtCause
 from toolloop_fsm.testing import real_time_limit
 
 pytest.importorskip("temporalio")
 
 from temporalio.client import Client
 
-from toolloop_fsm.temporal import TurnHandle, start_generation_turn
+from toolloop_fsm.temporal import TurnHandle
+from toolloop_fsm.temporal import start_generation_turn
 
 pytestmark = [
     pytest.mark.slow,

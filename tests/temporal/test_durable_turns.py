@@ -11,43 +11,42 @@ from typing import Any
 
 import pytest
 
-from toolloop_fsm import (
-    Attempt,
-    LoopPolicy,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    TurnStatus,
-    run_generation_turn,
-)
-from toolloop_fsm.events import FunctionCall, TextDelta, UsageReport
+from toolloop_fsm import Attempt
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import UsageReport
 from toolloop_fsm.host import LOOP_CLOCK
-from toolloop_fsm.provider import ProviderError, ProviderRequest
-from toolloop_fsm.result import GenerationTurnResult, converter
-from toolloop_fsm.testing import (
-    ChannelAct,
-    Fail,
-    HostileChannel,
-    RecordingChannel,
-    ScriptedProvider,
-    ScriptItem,
-    Stragglers,
-    real_time_limit,
-)
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import converter
+from toolloop_fsm.testing import ChannelAct
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import HostileChannel
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptItem
+from toolloop_fsm.testing import Stragglers
+from toolloop_fsm.testing import real_time_limit
 
 temporalio = pytest.importorskip("temporalio")
 
 from temporalio.client import Client  # noqa: E402
 
-from toolloop_fsm.temporal import (  # noqa: E402
-    DATA_CONVERTER,
-    TurnHandle,
-    TurnWorker,
-    start_generation_turn,
-)
-from toolloop_fsm.temporal._values import CALL_CHANNEL, ChannelCall  # noqa: E402
+from toolloop_fsm.temporal import DATA_CONVERTER  # noqa: E402
+from toolloop_fsm.temporal import TurnHandle  # noqa: E402
+from toolloop_fsm.temporal import TurnWorker  # noqa: E402
+from toolloop_fsm.temporal import start_generation_turn  # noqa: E402
+from toolloop_fsm.temporal._values import CALL_CHANNEL  # noqa: E402
+from toolloop_fsm.temporal._values import ChannelCall  # noqa: E402
 
 LIMIT = 60.0
 POLICY = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8))

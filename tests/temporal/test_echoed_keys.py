@@ -11,28 +11,26 @@ from typing import Any
 
 import pytest
 
-from toolloop_fsm import (
-    Attempt,
-    LoopPolicy,
-    Tool,
-    ToolContext,
-    ToolResult,
-    TurnPolicy,
-    TurnRequest,
-    TurnStatus,
-    result_to_json,
-    run_generation_turn,
-)
-from toolloop_fsm.events import FunctionCall, TextDelta, UsageReport
+from toolloop_fsm import Attempt
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolContext
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnStatus
+from toolloop_fsm import result_to_json
+from toolloop_fsm import run_generation_turn
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import UsageReport
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import GenerationTurnResult
-from toolloop_fsm.testing import (
-    Fail,
-    RecordingChannel,
-    ScriptedProvider,
-    ScriptItem,
-    real_time_limit,
-)
+from toolloop_fsm.testing import Fail
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptItem
+from toolloop_fsm.testing import real_time_limit
 from toolloop_fsm.testing.hostile import leaked_runs
 
 temporalio = pytest.importorskip("temporalio")
@@ -40,7 +38,8 @@ temporalio = pytest.importorskip("temporalio")
 from temporalio.client import Client  # noqa: E402
 
 from tests.temporal.test_durable_turns import comparable  # noqa: E402
-from toolloop_fsm.temporal import TurnWorker, start_generation_turn  # noqa: E402
+from toolloop_fsm.temporal import TurnWorker  # noqa: E402
+from toolloop_fsm.temporal import start_generation_turn  # noqa: E402
 
 LIMIT = 60.0
 #: the running attempt's key, a later attempt's key, and the provider's own

@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 
 from tests.temporal.conftest import WorkerProcesses
-from tests.temporal.hosts import KillPlan, read_records, user_text
-from tests.temporal.test_worker_crashes import (
-    LIMIT,
-    LOOK_AGAIN,
-    keys_reused_for_other_text,
-    start,
-)
-from toolloop_fsm import LoopPolicy, TurnPolicy, TurnStatus
+from tests.temporal.hosts import KillPlan
+from tests.temporal.hosts import read_records
+from tests.temporal.hosts import user_text
+from tests.temporal.test_worker_crashes import LIMIT
+from tests.temporal.test_worker_crashes import LOOK_AGAIN
+from tests.temporal.test_worker_crashes import keys_reused_for_other_text
+from tests.temporal.test_worker_crashes import start
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnStatus
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.testing import real_time_limit
 

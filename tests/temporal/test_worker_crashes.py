@@ -14,23 +14,26 @@ from typing import Any
 import pytest
 
 from tests.temporal.conftest import WorkerProcesses
-from tests.temporal.hosts import read_records, user_text
-from toolloop_fsm import LoopPolicy, TurnPolicy, TurnRequest, TurnStatus
-from toolloop_fsm.result import (
-    GenerationTurnResult,
-    InDoubtCall,
-    InDoubtCause,
-    converter,
-    result_from_json,
-    result_to_json,
-)
+from tests.temporal.hosts import read_records
+from tests.temporal.hosts import user_text
+from toolloop_fsm import LoopPolicy
+from toolloop_fsm import TurnPolicy
+from toolloop_fsm import TurnRequest
+from toolloop_fsm import TurnStatus
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import InDoubtCall
+from toolloop_fsm.result import InDoubtCause
+from toolloop_fsm.result import converter
+from toolloop_fsm.result import result_from_json
+from toolloop_fsm.result import result_to_json
 from toolloop_fsm.testing import real_time_limit
 
 pytest.importorskip("temporalio")
 
 from temporalio.client import Client
 
-from toolloop_fsm.temporal import TurnHandle, start_generation_turn
+from toolloop_fsm.temporal import TurnHandle
+from toolloop_fsm.temporal import start_generation_turn
 
 LIMIT = 90.0
 #: How soon a lost worker is noticed in these tests.

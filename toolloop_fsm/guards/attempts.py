@@ -3,10 +3,13 @@ chain is done."""
 
 from __future__ import annotations
 
-from toolloop_fsm.attempts import AttemptPlan, KeyHealth
+from toolloop_fsm.attempts import AttemptPlan
+from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.events import AdmissionDecided
 from toolloop_fsm.host import DestinationUnreachable
-from toolloop_fsm.result import RETRYABLE_STATUSES, GenerationTurnResult, TurnStatus
+from toolloop_fsm.result import RETRYABLE_STATUSES
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.turn import GenerationState
 
 _HEALTHY = KeyHealth()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from toolloop_fsm.events import DeliveryFailed, DeliveryRecorded
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import DeliveryRecorded
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.turn import TurnState
 

@@ -9,9 +9,12 @@ import json
 from typing import Any
 
 from toolloop_fsm.guards.ceilings import continuation_retries_exhausted
-from toolloop_fsm.guards.exit_policy import should_end_after_pre_tool_text, tool_asked_to_end_turn
-from toolloop_fsm.review import Pass, Revise
-from toolloop_fsm.turn import DraftState, TurnState
+from toolloop_fsm.guards.exit_policy import should_end_after_pre_tool_text
+from toolloop_fsm.guards.exit_policy import tool_asked_to_end_turn
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import Revise
+from toolloop_fsm.turn import DraftState
+from toolloop_fsm.turn import TurnState
 
 
 def call_identity(name: str, arguments: Any) -> str:

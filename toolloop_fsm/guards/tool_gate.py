@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from toolloop_fsm.turn import TurnState, call_key_of_pending, next_occurrence
+from toolloop_fsm.turn import TurnState
+from toolloop_fsm.turn import call_key_of_pending
+from toolloop_fsm.turn import next_occurrence
 
 if TYPE_CHECKING:
     from toolloop_fsm.provider import ToolSpec

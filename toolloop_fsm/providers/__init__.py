@@ -7,9 +7,13 @@ beside them. The adapters load on first use, so importing this package never pul
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
-from toolloop_fsm.provider import Provider, ProviderError, ProviderRequest, ToolSpec
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import ToolSpec
 
 if TYPE_CHECKING:
     from toolloop_fsm.providers.anthropic import AnthropicProvider

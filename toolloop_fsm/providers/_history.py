@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from toolloop_fsm.result import REVIEW_REJECTED_STATUS, ToolResponseRecord
+from toolloop_fsm.result import REVIEW_REJECTED_STATUS
+from toolloop_fsm.result import ToolResponseRecord
 
 FAILED_STATUS = "tool_execution_failed"
 """The status a failed call's response is shown with."""

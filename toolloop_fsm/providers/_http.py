@@ -33,13 +33,20 @@ import asyncio
 import email.utils
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
-from contextlib import aclosing, asynccontextmanager
-from typing import Any, Literal, cast
+from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
+from collections.abc import Iterable
+from collections.abc import Mapping
+from contextlib import aclosing
+from contextlib import asynccontextmanager
+from typing import Any
+from typing import Literal
+from typing import cast
 
 import httpx
 
-from toolloop_fsm.provider import ProviderError, bounded_retry_after
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import bounded_retry_after
 from toolloop_fsm.providers._secrecy import quote
 
 # LLM streams are long-lived; the pump's own deadlines (first token, inactivity) bound the

@@ -59,8 +59,10 @@ provider's decoder is `toolloop_fsm.providers._stream`'s.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from collections.abc import Iterable
+from typing import Any
+from typing import Protocol
 
 from attrs import frozen
 

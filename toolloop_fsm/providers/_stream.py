@@ -29,18 +29,33 @@ Owns three things:
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from abc import ABC
+from abc import abstractmethod
+from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
+from collections.abc import Iterable
+from collections.abc import Mapping
 from contextlib import aclosing
-from typing import Any, ClassVar, Literal, Protocol, TypedDict
+from typing import Any
+from typing import ClassVar
+from typing import Literal
+from typing import Protocol
+from typing import TypedDict
 
 import httpx
 
 from toolloop_fsm.events import Chunk
-from toolloop_fsm.provider import ProviderError, ProviderRequest
-from toolloop_fsm.providers._http import Framing, post_stream
-from toolloop_fsm.providers._secrecy import header_secrets, redact, redacted_error
-from toolloop_fsm.providers._sse import EventFramer, NDJSONDecoder, RawEvent, SSEDecoder
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.providers._http import Framing
+from toolloop_fsm.providers._http import post_stream
+from toolloop_fsm.providers._secrecy import header_secrets
+from toolloop_fsm.providers._secrecy import redact
+from toolloop_fsm.providers._secrecy import redacted_error
+from toolloop_fsm.providers._sse import EventFramer
+from toolloop_fsm.providers._sse import NDJSONDecoder
+from toolloop_fsm.providers._sse import RawEvent
+from toolloop_fsm.providers._sse import SSEDecoder
 
 _ACCEPT: Mapping[Framing, str] = {"sse": "text/event-stream", "ndjson": "application/x-ndjson"}
 

@@ -51,21 +51,21 @@ How a pass runs:
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
 
-from toolloop_fsm.events import (
-    Chunk,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    TextDelta,
-    ThoughtDelta,
-    UsageReport,
-)
-from toolloop_fsm.provider import Provider, ProviderRequest
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import estimate_tokens
 
 DEFAULT_MAX_FRAGMENTS = 8

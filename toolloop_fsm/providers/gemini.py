@@ -19,23 +19,25 @@ Wire facts are in docs/wire-formats.md §1.1, §1.3 and §6.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, Unpack
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import Unpack
 
-from toolloop_fsm.events import (
-    Chunk,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    TextDelta,
-    ThoughtDelta,
-    UsageReport,
-)
-from toolloop_fsm.provider import ProviderRequest, ToolSpec
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers._history import tool_response_payload
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
-from toolloop_fsm.providers._stream import HTTPStreamProvider, KeyedStreamOptions
+from toolloop_fsm.providers._stream import HTTPStreamProvider
+from toolloop_fsm.providers._stream import KeyedStreamOptions
 from toolloop_fsm.result import ToolHistoryEntry
 
 # There is no tool-call finish reason: STOP ends a turn with calls too (§6.2), so the decoder

@@ -40,17 +40,22 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Unpack
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import Unpack
 
-from toolloop_fsm.events import Chunk, FinishKind, FinishReason, TextDelta
-from toolloop_fsm.provider import ProviderError, ProviderRequest
-from toolloop_fsm.providers.openai_compat import (
-    FINISH_KINDS,
-    ChatStreamDecoder,
-    OpenAIStyleOptions,
-    OpenAIStyleProvider,
-)
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.providers.openai_compat import FINISH_KINDS
+from toolloop_fsm.providers.openai_compat import ChatStreamDecoder
+from toolloop_fsm.providers.openai_compat import OpenAIStyleOptions
+from toolloop_fsm.providers.openai_compat import OpenAIStyleProvider
 from toolloop_fsm.providers.verbatim import as_verbatim_request
 
 PromptRenderer = Callable[[Sequence[Mapping[str, Any]]], str]

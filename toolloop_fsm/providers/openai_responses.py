@@ -30,24 +30,28 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import ClassVar
 
-from toolloop_fsm.events import (
-    Chunk,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    TextDelta,
-    ThoughtDelta,
-    UsageReport,
-)
-from toolloop_fsm.provider import ProviderRequest, ToolSpec
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
-from toolloop_fsm.providers._history import dump_json, tool_response_json
+from toolloop_fsm.providers._history import dump_json
+from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
-from toolloop_fsm.providers.openai_compat import OpenAIStyleProvider, history_call_id
+from toolloop_fsm.providers.openai_compat import OpenAIStyleProvider
+from toolloop_fsm.providers.openai_compat import history_call_id
 
 _INCOMPLETE_KINDS: Mapping[str, FinishKind] = {
     "max_output_tokens": FinishKind.LENGTH,

@@ -24,28 +24,32 @@ from __future__ import annotations
 import json
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from enum import Enum, auto
+from collections.abc import AsyncIterator
+from collections.abc import Sequence
+from enum import Enum
+from enum import auto
 from typing import Any
 
 import attrs
 from attrs import frozen
 
-from toolloop_fsm.events import Chunk, FunctionCall, TextDelta
-from toolloop_fsm.provider import Provider, ProviderRequest, ToolSpec
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.result import ToolHistoryEntry
-from toolloop_fsm.scaffolding import (
-    _NO_FORMS,
-    SCAFFOLDING_KEY,
-    VERBATIM_SCAFFOLDING,
-    _call_forms,
-    is_verbatim_scaffolding,
-    prepare_context,
-    strip_verbatim_scaffolding,
-    verbatim_scaffolding,
-)
+from toolloop_fsm.scaffolding import _NO_FORMS
+from toolloop_fsm.scaffolding import SCAFFOLDING_KEY
+from toolloop_fsm.scaffolding import VERBATIM_SCAFFOLDING
+from toolloop_fsm.scaffolding import _call_forms
+from toolloop_fsm.scaffolding import is_verbatim_scaffolding
+from toolloop_fsm.scaffolding import prepare_context
+from toolloop_fsm.scaffolding import strip_verbatim_scaffolding
+from toolloop_fsm.scaffolding import verbatim_scaffolding
 
 VERBATIM_BUFFER_CAP = 8192
 """The longest candidate call held back (docs/behaviour.md §10.3), in characters."""

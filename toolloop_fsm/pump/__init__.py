@@ -14,8 +14,12 @@
 """
 
 from toolloop_fsm.pump.deliveries import wait_bounded
-from toolloop_fsm.pump.inner import EventPump, resume_tool_loop, run_tool_loop
-from toolloop_fsm.pump.outer import GenerationPump, resume_generation_turn, run_generation_turn
+from toolloop_fsm.pump.inner import EventPump
+from toolloop_fsm.pump.inner import resume_tool_loop
+from toolloop_fsm.pump.inner import run_tool_loop
+from toolloop_fsm.pump.outer import GenerationPump
+from toolloop_fsm.pump.outer import resume_generation_turn
+from toolloop_fsm.pump.outer import run_generation_turn
 from toolloop_fsm.pump.redaction import RedactedError
 
 __all__ = [

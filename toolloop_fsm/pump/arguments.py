@@ -11,7 +11,8 @@ call.
 
 from __future__ import annotations
 
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
 
 #: What the pump calls on every channel (``attempt_superseded`` is optional).
 CHANNEL_METHODS = ("send_text", "send_expression", "send_notice", "queue_front")

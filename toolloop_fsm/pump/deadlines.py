@@ -3,12 +3,14 @@ expired when one wakes."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
 from toolloop_fsm.effects import ArmDeadline
 from toolloop_fsm.events import DeadlineExpired
 from toolloop_fsm.host import Clock
-from toolloop_fsm.pass_rules import DUE_SLACK, stream_budget_due
+from toolloop_fsm.pass_rules import DUE_SLACK
+from toolloop_fsm.pass_rules import stream_budget_due
 
 
 class DeadlineTurn(Protocol):

@@ -10,26 +10,30 @@ import contextlib
 import inspect
 import types
 import weakref
-from collections.abc import (
-    Awaitable,
-    Callable,
-    Coroutine,
-    Generator,
-    Iterable,
-)
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Coroutine
+from collections.abc import Generator
+from collections.abc import Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Protocol
 
-from toolloop_fsm.effects import Deliver, PostNotice, QueueStopResponse
-from toolloop_fsm.events import (
-    DeliveryFailed,
-    DeliveryRecorded,
-    StreamEnded,
-    ToolFinished,
-)
-from toolloop_fsm.host import Channel, Clock
-from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget, NoticeOutcome
-from toolloop_fsm.result import InDoubtCall, Notice
+from toolloop_fsm.effects import Deliver
+from toolloop_fsm.effects import PostNotice
+from toolloop_fsm.effects import QueueStopResponse
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.host import Channel
+from toolloop_fsm.host import Clock
+from toolloop_fsm.notice_budget import SEND_NOTICE
+from toolloop_fsm.notice_budget import NoticeBudget
+from toolloop_fsm.notice_budget import NoticeOutcome
+from toolloop_fsm.result import InDoubtCall
+from toolloop_fsm.result import Notice
 
 #: What is fed after the batch of effects that caused it: a delivery's outcome, a cut stream's
 #: end, a cut-off tool's outcome when it had already returned

@@ -20,79 +20,85 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import (
-    AsyncIterator,
-    Callable,
-    Coroutine,
-    Iterable,
-    Mapping,
-)
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Coroutine
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import Any
+from typing import ClassVar
 
 import attrs
 
-from toolloop_fsm.effect_handlers import INNER_EFFECTS, ShellEffectHandlers, handled_by
-from toolloop_fsm.effects import (
-    ArmDeadline,
-    CancelReview,
-    CancelStream,
-    CancelTool,
-    ClearDeadline,
-    CutStream,
-    Deliver,
-    Effect,
-    Finish,
-    OfferSnapshot,
-    PostNotice,
-    QueueStopResponse,
-    RequestReview,
-    RunTool,
-    StartStream,
-)
+from toolloop_fsm.effect_handlers import INNER_EFFECTS
+from toolloop_fsm.effect_handlers import ShellEffectHandlers
+from toolloop_fsm.effect_handlers import handled_by
+from toolloop_fsm.effects import ArmDeadline
+from toolloop_fsm.effects import CancelReview
+from toolloop_fsm.effects import CancelStream
+from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.effects import ClearDeadline
+from toolloop_fsm.effects import CutStream
+from toolloop_fsm.effects import Deliver
+from toolloop_fsm.effects import Effect
+from toolloop_fsm.effects import Finish
+from toolloop_fsm.effects import OfferSnapshot
+from toolloop_fsm.effects import PostNotice
+from toolloop_fsm.effects import QueueStopResponse
+from toolloop_fsm.effects import RequestReview
+from toolloop_fsm.effects import RunTool
+from toolloop_fsm.effects import StartStream
 from toolloop_fsm.errors import InvalidEvent
-from toolloop_fsm.events import (
-    CHUNK_TYPES,
-    DeadlineExpired,
-    DeadlineKind,
-    DeliveryFailed,
-    DeliveryRecorded,
-    FollowUpArrived,
-    ReviewReturned,
-    StopRequested,
-    StreamEnded,
-    StreamFailed,
-)
-from toolloop_fsm.host import (
-    LOOP_CLOCK,
-    Channel,
-    Clock,
-    Tool,
-    ToolRegistry,
-    TurnRequest,
-    TurnSignals,
-)
+from toolloop_fsm.events import CHUNK_TYPES
+from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import FollowUpArrived
+from toolloop_fsm.events import ReviewReturned
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.host import LOOP_CLOCK
+from toolloop_fsm.host import Channel
+from toolloop_fsm.host import Clock
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.host import TurnSignals
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.notice_budget import NoticeBudget
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.provider import Provider, ProviderRequest
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.providers._secrecy import provider_secrets
 from toolloop_fsm.pump.arguments import check_loop_arguments
 from toolloop_fsm.pump.deadlines import Deadlines
-from toolloop_fsm.pump.deliveries import (
-    ChannelCalls,
-    takes_idempotency_keys,
-    wait_bounded,
-)
-from toolloop_fsm.pump.observing import Observation, observe_turn
+from toolloop_fsm.pump.deliveries import ChannelCalls
+from toolloop_fsm.pump.deliveries import takes_idempotency_keys
+from toolloop_fsm.pump.deliveries import wait_bounded
+from toolloop_fsm.pump.observing import Observation
+from toolloop_fsm.pump.observing import observe_turn
 from toolloop_fsm.pump.records import TurnRecords
-from toolloop_fsm.pump.redaction import Secrets, StreamMask, masked_stream
-from toolloop_fsm.pump.tool_calls import ToolCalls, ToolTurn
-from toolloop_fsm.result import GenerationTurnResult, InDoubtCall, TraceStep
-from toolloop_fsm.review import VERDICT_TYPES, Reviewer, ReviewPacket, Unavailable
-from toolloop_fsm.snapshot import LoopSnapshot, SnapshotError, TurnSnapshot
+from toolloop_fsm.pump.redaction import Secrets
+from toolloop_fsm.pump.redaction import StreamMask
+from toolloop_fsm.pump.redaction import masked_stream
+from toolloop_fsm.pump.tool_calls import ToolCalls
+from toolloop_fsm.pump.tool_calls import ToolTurn
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import InDoubtCall
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.review import VERDICT_TYPES
+from toolloop_fsm.review import Reviewer
+from toolloop_fsm.review import ReviewPacket
+from toolloop_fsm.review import Unavailable
+from toolloop_fsm.snapshot import LoopSnapshot
+from toolloop_fsm.snapshot import SnapshotError
+from toolloop_fsm.snapshot import TurnSnapshot
 from toolloop_fsm.states.build_result import count_late_deliveries
-from toolloop_fsm.turn import DraftState, LedgerEntry
+from toolloop_fsm.turn import DraftState
+from toolloop_fsm.turn import LedgerEntry
 
 
 class _Unsignalled(TurnSignals):

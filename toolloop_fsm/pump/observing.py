@@ -14,34 +14,33 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
-from toolloop_fsm.event_checks import event_shapes, malformation
-from toolloop_fsm.events import (
-    DeadlineExpired,
-    DeadlineKind,
-    StopRequested,
-    StreamFailed,
-    ToolOutcomeKind,
-)
-from toolloop_fsm.observation import (
-    OBSERVED_CHUNKS,
-    AttemptEnded,
-    AttemptStarted,
-    ObservedChunk,
-    PassEnded,
-    PassStarted,
-    ToolEnded,
-    ToolStarted,
-    TurnAborted,
-    TurnEnded,
-    TurnObserver,
-    TurnStarted,
-    turn_observer_factories,
-)
+from toolloop_fsm.event_checks import event_shapes
+from toolloop_fsm.event_checks import malformation
+from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.observation import OBSERVED_CHUNKS
+from toolloop_fsm.observation import AttemptEnded
+from toolloop_fsm.observation import AttemptStarted
+from toolloop_fsm.observation import ObservedChunk
+from toolloop_fsm.observation import PassEnded
+from toolloop_fsm.observation import PassStarted
+from toolloop_fsm.observation import ToolEnded
+from toolloop_fsm.observation import ToolStarted
+from toolloop_fsm.observation import TurnAborted
+from toolloop_fsm.observation import TurnEnded
+from toolloop_fsm.observation import TurnObserver
+from toolloop_fsm.observation import TurnStarted
+from toolloop_fsm.observation import turn_observer_factories
 from toolloop_fsm.pump.records import TurnRecords
 from toolloop_fsm.pump.redaction import Secrets
-from toolloop_fsm.result import GenerationTurnResult, TurnStatus
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TurnStatus
 
 if TYPE_CHECKING:
     from toolloop_fsm.effects import RunTool

@@ -7,72 +7,75 @@ import asyncio
 import collections
 import contextlib
 import inspect
-from collections.abc import (
-    Awaitable,
-    Callable,
-    Iterable,
-    Mapping,
-    Sequence,
-)
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from toolloop_fsm.attempts import AdmissionRequest, Attempt, KeyBook, SharedRoute
-from toolloop_fsm.effect_handlers import OUTER_EFFECTS, EffectHandlers, handled
-from toolloop_fsm.effects import (
-    AskAdmission,
-    Effect,
-    Finish,
-    PostNotice,
-    QueueStopResponse,
-    StartAttempt,
-    SupersedeAttempt,
-    UpdateKeyHealth,
-)
-from toolloop_fsm.events import (
-    AdmissionDecided,
-    AttemptFinished,
-    StopRequested,
-    StreamFailed,
-    UnreachableReported,
-)
+from toolloop_fsm.attempts import AdmissionRequest
+from toolloop_fsm.attempts import Attempt
+from toolloop_fsm.attempts import KeyBook
+from toolloop_fsm.attempts import SharedRoute
+from toolloop_fsm.effect_handlers import OUTER_EFFECTS
+from toolloop_fsm.effect_handlers import EffectHandlers
+from toolloop_fsm.effect_handlers import handled
+from toolloop_fsm.effects import AskAdmission
+from toolloop_fsm.effects import Effect
+from toolloop_fsm.effects import Finish
+from toolloop_fsm.effects import PostNotice
+from toolloop_fsm.effects import QueueStopResponse
+from toolloop_fsm.effects import StartAttempt
+from toolloop_fsm.effects import SupersedeAttempt
+from toolloop_fsm.effects import UpdateKeyHealth
+from toolloop_fsm.events import AdmissionDecided
+from toolloop_fsm.events import AttemptFinished
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.events import UnreachableReported
 from toolloop_fsm.generation import GenerationTurnMachine
-from toolloop_fsm.host import (
-    LOOP_CLOCK,
-    Channel,
-    Clock,
-    Tool,
-    ToolRegistry,
-    TurnRequest,
-    TurnSignals,
-)
+from toolloop_fsm.host import LOOP_CLOCK
+from toolloop_fsm.host import Channel
+from toolloop_fsm.host import Clock
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.host import TurnSignals
 from toolloop_fsm.machine import ToolLoopMachine
-from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget, NoticeOutcome
+from toolloop_fsm.notice_budget import SEND_NOTICE
+from toolloop_fsm.notice_budget import NoticeBudget
+from toolloop_fsm.notice_budget import NoticeOutcome
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import TurnPolicy
-from toolloop_fsm.providers._secrecy import fragment_pattern, redact
+from toolloop_fsm.providers._secrecy import fragment_pattern
+from toolloop_fsm.providers._secrecy import redact
 from toolloop_fsm.pump.arguments import check_chain_arguments
-from toolloop_fsm.pump.deliveries import _resolve, post_notice, wait_bounded
-from toolloop_fsm.pump.inner import EventPump, named_turn
-from toolloop_fsm.pump.observing import Observation, observe_turn
+from toolloop_fsm.pump.deliveries import _resolve
+from toolloop_fsm.pump.deliveries import post_notice
+from toolloop_fsm.pump.deliveries import wait_bounded
+from toolloop_fsm.pump.inner import EventPump
+from toolloop_fsm.pump.inner import named_turn
+from toolloop_fsm.pump.observing import Observation
+from toolloop_fsm.pump.observing import observe_turn
 from toolloop_fsm.pump.records import TurnRecords
-from toolloop_fsm.pump.redaction import RedactedError, Secrets, _scrub, may_hold_key
-from toolloop_fsm.result import (
-    RETRYABLE_STATUSES,
-    GenerationTurnResult,
-    TraceStep,
-    TurnStatus,
-    converter,
-    with_attempts_in_doubt,
-)
+from toolloop_fsm.pump.redaction import RedactedError
+from toolloop_fsm.pump.redaction import Secrets
+from toolloop_fsm.pump.redaction import _scrub
+from toolloop_fsm.pump.redaction import may_hold_key
+from toolloop_fsm.result import RETRYABLE_STATUSES
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import converter
+from toolloop_fsm.result import with_attempts_in_doubt
 from toolloop_fsm.review import Reviewer
-from toolloop_fsm.snapshot import (
-    ChainSnapshot,
-    LoopSnapshot,
-    SnapshotError,
-    TurnSnapshot,
-)
+from toolloop_fsm.snapshot import ChainSnapshot
+from toolloop_fsm.snapshot import LoopSnapshot
+from toolloop_fsm.snapshot import SnapshotError
+from toolloop_fsm.snapshot import TurnSnapshot
 from toolloop_fsm.snapshot_capture import capture_chain
 from toolloop_fsm.turn import DraftState
 

@@ -19,9 +19,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from toolloop_fsm.events import DeadlineKind, DeliveryFailed, StreamFailed
-from toolloop_fsm.pump.redaction import NO_SECRETS, Secrets
-from toolloop_fsm.result import GenerationTurnResult, InDoubtCall, TraceStep
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.pump.redaction import NO_SECRETS
+from toolloop_fsm.pump.redaction import Secrets
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import InDoubtCall
+from toolloop_fsm.result import TraceStep
 
 MACHINE_LOG = logging.getLogger("toolloop_fsm.machine")
 TURN_LOG = logging.getLogger("toolloop_fsm.turn")

@@ -14,34 +14,28 @@ import enum
 import functools
 import re
 import sys
-from collections.abc import (
-    AsyncIterator,
-    Iterable,
-    Mapping,
-    Sequence,
-)
+from collections.abc import AsyncIterator
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from toolloop_fsm.events import (
-    FunctionCall,
-    SceneMetadata,
-    StreamFailed,
-    TextDelta,
-    ThoughtDelta,
-    ToolFinished,
-)
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import SceneMetadata
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import ToolFinished
 from toolloop_fsm.provider import ProviderError
-from toolloop_fsm.providers._secrecy import (
-    FRAGMENT,
-    REDACTED,
-    fragment_pattern,
-    pieces,
-    provider_secrets,
-    redact,
-    secret_spans,
-)
+from toolloop_fsm.providers._secrecy import FRAGMENT
+from toolloop_fsm.providers._secrecy import REDACTED
+from toolloop_fsm.providers._secrecy import fragment_pattern
+from toolloop_fsm.providers._secrecy import pieces
+from toolloop_fsm.providers._secrecy import provider_secrets
+from toolloop_fsm.providers._secrecy import redact
+from toolloop_fsm.providers._secrecy import secret_spans
 
 
 class Secrets:

@@ -5,22 +5,33 @@ call cut off at its deadline, and the calls in doubt (docs/behaviour.md §3.9)."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable
+from collections.abc import Coroutine
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from toolloop_fsm.effects import CancelTool, RunTool
-from toolloop_fsm.events import ToolFinished, ToolOutcomeKind
-from toolloop_fsm.host import Clock, ToolContext, ToolRegistry
+from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.effects import RunTool
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.host import Clock
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolRegistry
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.pump.deliveries import Outcome, wait_bounded
+from toolloop_fsm.pump.deliveries import Outcome
+from toolloop_fsm.pump.deliveries import wait_bounded
 from toolloop_fsm.pump.observing import Observation
 from toolloop_fsm.pump.records import TurnRecords
 from toolloop_fsm.pump.redaction import Secrets
-from toolloop_fsm.result import InDoubtCall, InDoubtCause
-from toolloop_fsm.tools import copy_arguments, reconcile_call, run_tool_handler, unknown_outcome
+from toolloop_fsm.result import InDoubtCall
+from toolloop_fsm.result import InDoubtCause
+from toolloop_fsm.tools import copy_arguments
+from toolloop_fsm.tools import reconcile_call
+from toolloop_fsm.tools import run_tool_handler
+from toolloop_fsm.tools import unknown_outcome
 
 
 @attrs.frozen

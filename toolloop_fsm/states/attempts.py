@@ -8,29 +8,29 @@ from typing import Any
 
 import attrs
 
-from toolloop_fsm.attempts import AttemptPlan, KeyHealth
-from toolloop_fsm.effects import (
-    AskAdmission,
-    PostNotice,
-    QueueStopResponse,
-    StartAttempt,
-    SupersedeAttempt,
-    UpdateKeyHealth,
-)
-from toolloop_fsm.events import AttemptFinished, StopRequested, UnreachableReported
-from toolloop_fsm.guards.attempts import key_candidates, next_model
+from toolloop_fsm.attempts import AttemptPlan
+from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.effects import AskAdmission
+from toolloop_fsm.effects import PostNotice
+from toolloop_fsm.effects import QueueStopResponse
+from toolloop_fsm.effects import StartAttempt
+from toolloop_fsm.effects import SupersedeAttempt
+from toolloop_fsm.effects import UpdateKeyHealth
+from toolloop_fsm.events import AttemptFinished
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import UnreachableReported
+from toolloop_fsm.guards.attempts import key_candidates
+from toolloop_fsm.guards.attempts import next_model
 from toolloop_fsm.host import TurnRequest
-from toolloop_fsm.result import (
-    AttemptFailure,
-    AttemptRecord,
-    Delivered,
-    GenerationTurnResult,
-    Notice,
-    TraceStep,
-    TurnStatus,
-    UsageEntry,
-    UsageLedger,
-)
+from toolloop_fsm.result import AttemptFailure
+from toolloop_fsm.result import AttemptRecord
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import UsageEntry
+from toolloop_fsm.result import UsageLedger
 from toolloop_fsm.scaffolding import prepare_context
 from toolloop_fsm.turn import GenerationState
 

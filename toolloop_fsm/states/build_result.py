@@ -9,11 +9,22 @@ from typing import Any
 
 import attrs
 
-from toolloop_fsm.effects import CancelStream, CancelTool
-from toolloop_fsm.events import DeadlineKind, DeliveryFailed, DeliveryRecorded, StopRequested
-from toolloop_fsm.result import GenerationTurnResult, Notice, TurnStatus, UsageLedger
-from toolloop_fsm.states.delivery import arm_deadline, clear_deadline, post_notice, record_delivery
-from toolloop_fsm.states.stream_once import close_pass, queue_stop_message
+from toolloop_fsm.effects import CancelStream
+from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import UsageLedger
+from toolloop_fsm.states.delivery import arm_deadline
+from toolloop_fsm.states.delivery import clear_deadline
+from toolloop_fsm.states.delivery import post_notice
+from toolloop_fsm.states.delivery import record_delivery
+from toolloop_fsm.states.stream_once import close_pass
+from toolloop_fsm.states.stream_once import queue_stop_message
 from toolloop_fsm.turn import TurnState
 
 

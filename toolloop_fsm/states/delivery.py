@@ -4,10 +4,18 @@ ceiling)."""
 
 from __future__ import annotations
 
-from toolloop_fsm.effects import ArmDeadline, ClearDeadline, CutStream, Deliver, PostNotice
-from toolloop_fsm.events import DeadlineKind, DeliveryRecorded
-from toolloop_fsm.result import Delivered, Notice
-from toolloop_fsm.turn import DraftState, HeldSegment, TurnState
+from toolloop_fsm.effects import ArmDeadline
+from toolloop_fsm.effects import ClearDeadline
+from toolloop_fsm.effects import CutStream
+from toolloop_fsm.effects import Deliver
+from toolloop_fsm.effects import PostNotice
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import Notice
+from toolloop_fsm.turn import DraftState
+from toolloop_fsm.turn import HeldSegment
+from toolloop_fsm.turn import TurnState
 
 
 def deliver_text(turn: TurnState, text: str) -> None:

@@ -11,38 +11,42 @@ from typing import Any
 
 import attrs
 
-from toolloop_fsm.effects import CancelReview, RequestReview
-from toolloop_fsm.events import DeadlineKind, DeliveryFailed, StopRequested
+from toolloop_fsm.effects import CancelReview
+from toolloop_fsm.effects import RequestReview
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import StopRequested
 from toolloop_fsm.guards.ceilings import continuation_retries_exhausted
 from toolloop_fsm.guards.drafting import call_identity
-from toolloop_fsm.guards.exit_policy import pass_has_text, tool_asked_to_end_turn
+from toolloop_fsm.guards.exit_policy import pass_has_text
+from toolloop_fsm.guards.exit_policy import tool_asked_to_end_turn
 from toolloop_fsm.ledger import ToolOutcome
-from toolloop_fsm.result import Notice, UsageEntry
-from toolloop_fsm.review import (
-    CandidateStatus,
-    Finding,
-    Pass,
-    ProposedCall,
-    ReviewedTool,
-    ReviewKind,
-    ReviewPacket,
-    ReviewRecord,
-    Revise,
-    RevisionInfo,
-    Unavailable,
-)
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import UsageEntry
+from toolloop_fsm.review import CandidateStatus
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import ProposedCall
+from toolloop_fsm.review import ReviewedTool
+from toolloop_fsm.review import ReviewKind
+from toolloop_fsm.review import ReviewPacket
+from toolloop_fsm.review import ReviewRecord
+from toolloop_fsm.review import Revise
+from toolloop_fsm.review import RevisionInfo
+from toolloop_fsm.review import Unavailable
 from toolloop_fsm.states.build_result import fail_delivery_while_settling
-from toolloop_fsm.states.delivery import (
-    arm_deadline,
-    clear_deadline,
-    deliver_expression,
-    deliver_text,
-    flush_buffer,
-    post_notice,
-)
-from toolloop_fsm.states.stream_once import close_pass, close_pass_with_call, queue_stop_message
+from toolloop_fsm.states.delivery import arm_deadline
+from toolloop_fsm.states.delivery import clear_deadline
+from toolloop_fsm.states.delivery import deliver_expression
+from toolloop_fsm.states.delivery import deliver_text
+from toolloop_fsm.states.delivery import flush_buffer
+from toolloop_fsm.states.delivery import post_notice
+from toolloop_fsm.states.stream_once import close_pass
+from toolloop_fsm.states.stream_once import close_pass_with_call
+from toolloop_fsm.states.stream_once import queue_stop_message
 from toolloop_fsm.states.tool_dispatch import start_dispatch
-from toolloop_fsm.turn import DraftState, TurnState
+from toolloop_fsm.turn import DraftState
+from toolloop_fsm.turn import TurnState
 
 
 def _draft(turn: TurnState) -> DraftState:

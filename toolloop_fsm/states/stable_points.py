@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolloop_fsm.effects import Deliver, OfferSnapshot
+from toolloop_fsm.effects import Deliver
+from toolloop_fsm.effects import OfferSnapshot
 from toolloop_fsm.snapshot_capture import capture_loop
 from toolloop_fsm.turn import TurnState
 

@@ -6,41 +6,44 @@ here do what the ending needs."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from operator import is_
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
-from toolloop_fsm.effects import CancelStream, QueueStopResponse, StartStream
-from toolloop_fsm.event_checks import event_shapes, malformation
-from toolloop_fsm.events import (
-    DeadlineKind,
-    FinishReason,
-    FunctionCall,
-    SceneMetadata,
-    StopRequested,
-    StreamFailed,
-    TextDelta,
-    ThoughtDelta,
-    UsageReport,
-)
+from toolloop_fsm.effects import CancelStream
+from toolloop_fsm.effects import QueueStopResponse
+from toolloop_fsm.effects import StartStream
+from toolloop_fsm.event_checks import event_shapes
+from toolloop_fsm.event_checks import malformation
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import SceneMetadata
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
 from toolloop_fsm.guards.tool_gate import offered_tools
 from toolloop_fsm.ledger import canonical_call_key
-from toolloop_fsm.provider import ProviderRequest, ToolSpec
-from toolloop_fsm.result import (
-    Notice,
-    StreamResult,
-    ToolHistoryEntry,
-    UsageEntry,
-    estimate_tokens,
-)
-from toolloop_fsm.states.delivery import (
-    arm_deadline,
-    clear_deadline,
-    discard_buffer,
-    flush_buffer,
-    post_notice,
-)
-from toolloop_fsm.turn import PassRecord, ReadCount, ToolRound, TurnState
+from toolloop_fsm.provider import ProviderRequest
+from toolloop_fsm.provider import ToolSpec
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import StreamResult
+from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import UsageEntry
+from toolloop_fsm.result import estimate_tokens
+from toolloop_fsm.states.delivery import arm_deadline
+from toolloop_fsm.states.delivery import clear_deadline
+from toolloop_fsm.states.delivery import discard_buffer
+from toolloop_fsm.states.delivery import flush_buffer
+from toolloop_fsm.states.delivery import post_notice
+from toolloop_fsm.turn import PassRecord
+from toolloop_fsm.turn import ReadCount
+from toolloop_fsm.turn import ToolRound
+from toolloop_fsm.turn import TurnState
 
 Item = TypeVar("Item")
 

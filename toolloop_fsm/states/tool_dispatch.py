@@ -8,27 +8,31 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from toolloop_fsm.effects import CancelTool, RunTool
-from toolloop_fsm.events import DeadlineKind, FollowUpArrived, StopRequested, ToolFinished
+from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.effects import RunTool
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import FollowUpArrived
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import ToolFinished
 from toolloop_fsm.guards.tool_gate import allowed_tool_names
-from toolloop_fsm.ledger import LedgerEntry, ToolOutcome
-from toolloop_fsm.result import (
-    REVIEW_REJECTED_STATUS,
-    Notice,
-    ToolCallRecord,
-    ToolHistoryEntry,
-    ToolResponseRecord,
-)
-from toolloop_fsm.states.delivery import (
-    arm_deadline,
-    clear_deadline,
-    deliver_expression,
-    disarm_deadline,
-    hold_expression,
-    post_notice,
-)
-from toolloop_fsm.states.stream_once import close_pass_with_call, queue_stop_message
-from toolloop_fsm.turn import TurnState, call_key_of_pending, take_occurrence
+from toolloop_fsm.ledger import LedgerEntry
+from toolloop_fsm.ledger import ToolOutcome
+from toolloop_fsm.result import REVIEW_REJECTED_STATUS
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import ToolCallRecord
+from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import ToolResponseRecord
+from toolloop_fsm.states.delivery import arm_deadline
+from toolloop_fsm.states.delivery import clear_deadline
+from toolloop_fsm.states.delivery import deliver_expression
+from toolloop_fsm.states.delivery import disarm_deadline
+from toolloop_fsm.states.delivery import hold_expression
+from toolloop_fsm.states.delivery import post_notice
+from toolloop_fsm.states.stream_once import close_pass_with_call
+from toolloop_fsm.states.stream_once import queue_stop_message
+from toolloop_fsm.turn import TurnState
+from toolloop_fsm.turn import call_key_of_pending
+from toolloop_fsm.turn import take_occurrence
 
 TRUNCATED_ARGUMENTS_REASON = (
     "The provider truncated the arguments of this call before they were complete; "

@@ -16,13 +16,13 @@ never run again, and a pass that was streaming is tried again from what it deliv
 
 from __future__ import annotations
 
-from toolloop_fsm.temporal._client import (
-    DEFAULT_HEARTBEAT_TIMEOUT,
-    TurnHandle,
-    start_generation_turn,
-)
-from toolloop_fsm.temporal._values import DATA_CONVERTER, TurnPayloadConverter
-from toolloop_fsm.temporal._worker import TurnActivities, TurnWorker
+from toolloop_fsm.temporal._client import DEFAULT_HEARTBEAT_TIMEOUT
+from toolloop_fsm.temporal._client import TurnHandle
+from toolloop_fsm.temporal._client import start_generation_turn
+from toolloop_fsm.temporal._values import DATA_CONVERTER
+from toolloop_fsm.temporal._values import TurnPayloadConverter
+from toolloop_fsm.temporal._worker import TurnActivities
+from toolloop_fsm.temporal._worker import TurnWorker
 from toolloop_fsm.temporal._workflow import GenerationTurnWorkflow
 
 __all__ = [

@@ -4,23 +4,23 @@ a follow-up and waits for its result."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import attrs
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client
+from temporalio.client import WorkflowHandle
 
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.result import GenerationTurnResult
-from toolloop_fsm.temporal._values import (
-    FOLLOW_UP_SIGNAL,
-    STOP_SIGNAL,
-    WORKFLOW_NAME,
-    TurnInput,
-    with_turn_converter,
-)
+from toolloop_fsm.temporal._values import FOLLOW_UP_SIGNAL
+from toolloop_fsm.temporal._values import STOP_SIGNAL
+from toolloop_fsm.temporal._values import WORKFLOW_NAME
+from toolloop_fsm.temporal._values import TurnInput
+from toolloop_fsm.temporal._values import with_turn_converter
 
 #: How soon a lost worker is noticed by default (its passes and tools heartbeat three times
 #: as often).

@@ -9,34 +9,33 @@ from typing import Any
 
 import attrs
 import cattrs
-from attrs import field, frozen
+from attrs import field
+from attrs import frozen
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
-from temporalio.converter import (
-    BinaryNullPayloadConverter,
-    CompositePayloadConverter,
-    DataConverter,
-    EncodingPayloadConverter,
-)
+from temporalio.converter import BinaryNullPayloadConverter
+from temporalio.converter import CompositePayloadConverter
+from temporalio.converter import DataConverter
+from temporalio.converter import EncodingPayloadConverter
 
 from toolloop_fsm import provider as _provider
 from toolloop_fsm.attempts import AttemptPlan
-from toolloop_fsm.events import (
-    Chunk,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    SceneMetadata,
-    StreamFailed,
-    TextDelta,
-    ThoughtDelta,
-    ToolFinished,
-    UsageReport,
-)
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import SceneMetadata
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import UsageReport
 from toolloop_fsm.host import TurnRequest
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.provider import ProviderRequest
-from toolloop_fsm.result import Notice, ToolHistoryEntry
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import ToolHistoryEntry
 from toolloop_fsm.result import converter as result_converter
 
 #: The name the turn's workflow is registered under.

@@ -15,56 +15,66 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxRestrictions
 
 from toolloop_fsm.attempts import Attempt
-from toolloop_fsm.events import (
-    CHUNK_TYPES,
-    Chunk,
-    StreamFailed,
-    TextDelta,
-    ToolFinished,
-    ToolOutcomeKind,
-)
-from toolloop_fsm.host import LOOP_CLOCK, Channel, Tool, ToolContext, ToolRegistry
-from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget, NoticeOutcome
-from toolloop_fsm.pass_rules import flush_due, stream_budget_due
+from toolloop_fsm.events import CHUNK_TYPES
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.host import LOOP_CLOCK
+from toolloop_fsm.host import Channel
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.notice_budget import SEND_NOTICE
+from toolloop_fsm.notice_budget import NoticeBudget
+from toolloop_fsm.notice_budget import NoticeOutcome
+from toolloop_fsm.pass_rules import flush_due
+from toolloop_fsm.pass_rules import stream_budget_due
 from toolloop_fsm.provider import Provider
-from toolloop_fsm.pump.deliveries import post_notice, takes_idempotency_keys
-from toolloop_fsm.pump.redaction import Secrets, StreamMask
+from toolloop_fsm.pump.deliveries import post_notice
+from toolloop_fsm.pump.deliveries import takes_idempotency_keys
+from toolloop_fsm.pump.redaction import Secrets
+from toolloop_fsm.pump.redaction import StreamMask
 from toolloop_fsm.result import Notice
-from toolloop_fsm.temporal._values import (
-    CALL_CHANNEL,
-    DELIVERY_INTENT_SIGNAL,
-    DESCRIBE_TURN,
-    RECONCILE_TOOL,
-    RUN_TOOL,
-    STREAM_PASS,
-    Catalogue,
-    CatalogueRequest,
-    ChannelAnswer,
-    ChannelCall,
-    DeliveryIntent,
-    PassDelivery,
-    PassInput,
-    PassOutcome,
-    PassProgress,
-    Reconciled,
-    ToolDescription,
-    ToolInput,
-    converter,
-    pack_chunks,
-    with_turn_converter,
-)
+from toolloop_fsm.temporal._values import CALL_CHANNEL
+from toolloop_fsm.temporal._values import DELIVERY_INTENT_SIGNAL
+from toolloop_fsm.temporal._values import DESCRIBE_TURN
+from toolloop_fsm.temporal._values import RECONCILE_TOOL
+from toolloop_fsm.temporal._values import RUN_TOOL
+from toolloop_fsm.temporal._values import STREAM_PASS
+from toolloop_fsm.temporal._values import Catalogue
+from toolloop_fsm.temporal._values import CatalogueRequest
+from toolloop_fsm.temporal._values import ChannelAnswer
+from toolloop_fsm.temporal._values import ChannelCall
+from toolloop_fsm.temporal._values import DeliveryIntent
+from toolloop_fsm.temporal._values import PassDelivery
+from toolloop_fsm.temporal._values import PassInput
+from toolloop_fsm.temporal._values import PassOutcome
+from toolloop_fsm.temporal._values import PassProgress
+from toolloop_fsm.temporal._values import Reconciled
+from toolloop_fsm.temporal._values import ToolDescription
+from toolloop_fsm.temporal._values import ToolInput
+from toolloop_fsm.temporal._values import converter
+from toolloop_fsm.temporal._values import pack_chunks
+from toolloop_fsm.temporal._values import with_turn_converter
 from toolloop_fsm.temporal._workflow import GenerationTurnWorkflow
-from toolloop_fsm.tools import reconcile_call, run_tool_handler
+from toolloop_fsm.tools import reconcile_call
+from toolloop_fsm.tools import run_tool_handler
 
 #: Providers made for an attempt are kept for its later passes (a scripted or stateful
 #: provider answers an attempt's passes in turn), the most recent this many attempts.

@@ -21,91 +21,86 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import ActivityError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
-from temporalio.workflow import ActivityCancellationType, ActivityHandle
+from temporalio.exceptions import TimeoutType
+from temporalio.workflow import ActivityCancellationType
+from temporalio.workflow import ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
     import attrs
 
-    from toolloop_fsm.effect_handlers import (
-        INNER_EFFECTS,
-        OUTER_EFFECTS,
-        EffectHandlers,
-        handled,
-    )
-    from toolloop_fsm.effects import (
-        ArmDeadline,
-        AskAdmission,
-        CancelReview,
-        CancelStream,
-        CancelTool,
-        ClearDeadline,
-        CutStream,
-        Deliver,
-        Effect,
-        Finish,
-        OfferSnapshot,
-        PostNotice,
-        QueueStopResponse,
-        RequestReview,
-        RunTool,
-        StartAttempt,
-        StartStream,
-        SupersedeAttempt,
-        UpdateKeyHealth,
-    )
-    from toolloop_fsm.events import (
-        AdmissionDecided,
-        AttemptFinished,
-        DeadlineExpired,
-        DeadlineKind,
-        DeliveryFailed,
-        DeliveryRecorded,
-        FollowUpArrived,
-        StopRequested,
-        StreamEnded,
-        StreamFailed,
-        TextDelta,
-        ToolFinished,
-        ToolOutcomeKind,
-    )
+    from toolloop_fsm.effect_handlers import INNER_EFFECTS
+    from toolloop_fsm.effect_handlers import OUTER_EFFECTS
+    from toolloop_fsm.effect_handlers import EffectHandlers
+    from toolloop_fsm.effect_handlers import handled
+    from toolloop_fsm.effects import ArmDeadline
+    from toolloop_fsm.effects import AskAdmission
+    from toolloop_fsm.effects import CancelReview
+    from toolloop_fsm.effects import CancelStream
+    from toolloop_fsm.effects import CancelTool
+    from toolloop_fsm.effects import ClearDeadline
+    from toolloop_fsm.effects import CutStream
+    from toolloop_fsm.effects import Deliver
+    from toolloop_fsm.effects import Effect
+    from toolloop_fsm.effects import Finish
+    from toolloop_fsm.effects import OfferSnapshot
+    from toolloop_fsm.effects import PostNotice
+    from toolloop_fsm.effects import QueueStopResponse
+    from toolloop_fsm.effects import RequestReview
+    from toolloop_fsm.effects import RunTool
+    from toolloop_fsm.effects import StartAttempt
+    from toolloop_fsm.effects import StartStream
+    from toolloop_fsm.effects import SupersedeAttempt
+    from toolloop_fsm.effects import UpdateKeyHealth
+    from toolloop_fsm.events import AdmissionDecided
+    from toolloop_fsm.events import AttemptFinished
+    from toolloop_fsm.events import DeadlineExpired
+    from toolloop_fsm.events import DeadlineKind
+    from toolloop_fsm.events import DeliveryFailed
+    from toolloop_fsm.events import DeliveryRecorded
+    from toolloop_fsm.events import FollowUpArrived
+    from toolloop_fsm.events import StopRequested
+    from toolloop_fsm.events import StreamEnded
+    from toolloop_fsm.events import StreamFailed
+    from toolloop_fsm.events import TextDelta
+    from toolloop_fsm.events import ToolFinished
+    from toolloop_fsm.events import ToolOutcomeKind
     from toolloop_fsm.generation import GenerationTurnMachine
-    from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
+    from toolloop_fsm.host import Tool
+    from toolloop_fsm.host import ToolRegistry
+    from toolloop_fsm.host import TurnRequest
     from toolloop_fsm.machine import ToolLoopMachine
-    from toolloop_fsm.notice_budget import SEND_NOTICE, NoticeBudget
-    from toolloop_fsm.result import (
-        GenerationTurnResult,
-        InDoubtCall,
-        InDoubtCause,
-        Notice,
-        TurnStatus,
-        with_attempts_in_doubt,
-    )
-    from toolloop_fsm.temporal._values import (
-        CALL_CHANNEL,
-        DELIVERY_INTENT_SIGNAL,
-        DESCRIBE_TURN,
-        FOLLOW_UP_SIGNAL,
-        RECONCILE_TOOL,
-        RUN_TOOL,
-        STOP_SIGNAL,
-        STREAM_PASS,
-        WORKFLOW_NAME,
-        Catalogue,
-        CatalogueRequest,
-        ChannelAnswer,
-        ChannelCall,
-        DeliveryIntent,
-        PassDelivery,
-        PassInput,
-        PassOutcome,
-        Reconciled,
-        ToolDescription,
-        ToolInput,
-        TurnInput,
-        unpack_chunks,
-    )
+    from toolloop_fsm.notice_budget import SEND_NOTICE
+    from toolloop_fsm.notice_budget import NoticeBudget
+    from toolloop_fsm.result import GenerationTurnResult
+    from toolloop_fsm.result import InDoubtCall
+    from toolloop_fsm.result import InDoubtCause
+    from toolloop_fsm.result import Notice
+    from toolloop_fsm.result import TurnStatus
+    from toolloop_fsm.result import with_attempts_in_doubt
+    from toolloop_fsm.temporal._values import CALL_CHANNEL
+    from toolloop_fsm.temporal._values import DELIVERY_INTENT_SIGNAL
+    from toolloop_fsm.temporal._values import DESCRIBE_TURN
+    from toolloop_fsm.temporal._values import FOLLOW_UP_SIGNAL
+    from toolloop_fsm.temporal._values import RECONCILE_TOOL
+    from toolloop_fsm.temporal._values import RUN_TOOL
+    from toolloop_fsm.temporal._values import STOP_SIGNAL
+    from toolloop_fsm.temporal._values import STREAM_PASS
+    from toolloop_fsm.temporal._values import WORKFLOW_NAME
+    from toolloop_fsm.temporal._values import Catalogue
+    from toolloop_fsm.temporal._values import CatalogueRequest
+    from toolloop_fsm.temporal._values import ChannelAnswer
+    from toolloop_fsm.temporal._values import ChannelCall
+    from toolloop_fsm.temporal._values import DeliveryIntent
+    from toolloop_fsm.temporal._values import PassDelivery
+    from toolloop_fsm.temporal._values import PassInput
+    from toolloop_fsm.temporal._values import PassOutcome
+    from toolloop_fsm.temporal._values import Reconciled
+    from toolloop_fsm.temporal._values import ToolDescription
+    from toolloop_fsm.temporal._values import ToolInput
+    from toolloop_fsm.temporal._values import TurnInput
+    from toolloop_fsm.temporal._values import unpack_chunks
     from toolloop_fsm.tools import unknown_outcome
 
 #: A pass is tried this many times in all while its workers are lost (each try continues

@@ -4,30 +4,38 @@ world model that drives a sans-IO machine (`World`, `toolloop_fsm.testing.world`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from toolloop_fsm.testing.channel import RecordingChannel
-from toolloop_fsm.testing.clock import VirtualClock, real_time_limit, watchdog_timer
-from toolloop_fsm.testing.hostile import (
-    ChannelAct,
-    EchoKey,
-    HostCall,
-    HostileChannel,
-    HostileItem,
-    HostileProvider,
-    KeyEcho,
-    RogueBaseException,
-    Stragglers,
-    Trickle,
-    TurnDidNotReturn,
-    fire_from_thread,
-    key_runs,
-    leaked_runs,
-    mutate_in_place,
-    returns_within,
-)
-from toolloop_fsm.testing.reviewer import Hang, Raise, ReviewerAct, ScriptedReviewer, Slow
-from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider, ScriptItem
+from toolloop_fsm.testing.clock import VirtualClock
+from toolloop_fsm.testing.clock import real_time_limit
+from toolloop_fsm.testing.clock import watchdog_timer
+from toolloop_fsm.testing.hostile import ChannelAct
+from toolloop_fsm.testing.hostile import EchoKey
+from toolloop_fsm.testing.hostile import HostCall
+from toolloop_fsm.testing.hostile import HostileChannel
+from toolloop_fsm.testing.hostile import HostileItem
+from toolloop_fsm.testing.hostile import HostileProvider
+from toolloop_fsm.testing.hostile import KeyEcho
+from toolloop_fsm.testing.hostile import RogueBaseException
+from toolloop_fsm.testing.hostile import Stragglers
+from toolloop_fsm.testing.hostile import Trickle
+from toolloop_fsm.testing.hostile import TurnDidNotReturn
+from toolloop_fsm.testing.hostile import fire_from_thread
+from toolloop_fsm.testing.hostile import key_runs
+from toolloop_fsm.testing.hostile import leaked_runs
+from toolloop_fsm.testing.hostile import mutate_in_place
+from toolloop_fsm.testing.hostile import returns_within
+from toolloop_fsm.testing.reviewer import Hang
+from toolloop_fsm.testing.reviewer import Raise
+from toolloop_fsm.testing.reviewer import ReviewerAct
+from toolloop_fsm.testing.reviewer import ScriptedReviewer
+from toolloop_fsm.testing.reviewer import Slow
+from toolloop_fsm.testing.scripted import Fail
+from toolloop_fsm.testing.scripted import Pause
+from toolloop_fsm.testing.scripted import ScriptedProvider
+from toolloop_fsm.testing.scripted import ScriptItem
 
 __all__ = [
     "ChannelAct",
@@ -62,38 +70,37 @@ __all__ = [
 ]
 
 # ---- the invariant checker and the Hypothesis strategies
-from toolloop_fsm.testing.invariants import (
-    InvariantViolation,
-    ReviewAsked,
-    ToolExecution,
-    call_identity,
-    check_invariants,
-)
+from toolloop_fsm.testing.invariants import InvariantViolation
+from toolloop_fsm.testing.invariants import ReviewAsked
+from toolloop_fsm.testing.invariants import ToolExecution
+from toolloop_fsm.testing.invariants import call_identity
+from toolloop_fsm.testing.invariants import check_invariants
 
 if TYPE_CHECKING:
-    from toolloop_fsm.testing.harness import ScriptRun, WitnessedReviewer, build_tools, run_script
-    from toolloop_fsm.testing.strategies import (
-        KNOWN_TOOLS,
-        MEMORY_TOOL,
-        PROVIDER_KEYS,
-        UNKNOWN_TOOLS,
-        TimedSignal,
-        ToolAction,
-        ToolBehaviour,
-        ToolConfig,
-        TurnScript,
-        chunks,
-        function_calls,
-        loop_policies,
-        provider_passes,
-        reviewer_acts,
-        reviewer_scripts,
-        script_items,
-        text_deltas,
-        timed_signals,
-        tool_behaviours,
-        turn_scripts,
-    )
+    from toolloop_fsm.testing.harness import ScriptRun
+    from toolloop_fsm.testing.harness import WitnessedReviewer
+    from toolloop_fsm.testing.harness import build_tools
+    from toolloop_fsm.testing.harness import run_script
+    from toolloop_fsm.testing.strategies import KNOWN_TOOLS
+    from toolloop_fsm.testing.strategies import MEMORY_TOOL
+    from toolloop_fsm.testing.strategies import PROVIDER_KEYS
+    from toolloop_fsm.testing.strategies import UNKNOWN_TOOLS
+    from toolloop_fsm.testing.strategies import TimedSignal
+    from toolloop_fsm.testing.strategies import ToolAction
+    from toolloop_fsm.testing.strategies import ToolBehaviour
+    from toolloop_fsm.testing.strategies import ToolConfig
+    from toolloop_fsm.testing.strategies import TurnScript
+    from toolloop_fsm.testing.strategies import chunks
+    from toolloop_fsm.testing.strategies import function_calls
+    from toolloop_fsm.testing.strategies import loop_policies
+    from toolloop_fsm.testing.strategies import provider_passes
+    from toolloop_fsm.testing.strategies import reviewer_acts
+    from toolloop_fsm.testing.strategies import reviewer_scripts
+    from toolloop_fsm.testing.strategies import script_items
+    from toolloop_fsm.testing.strategies import text_deltas
+    from toolloop_fsm.testing.strategies import timed_signals
+    from toolloop_fsm.testing.strategies import tool_behaviours
+    from toolloop_fsm.testing.strategies import turn_scripts
 
 #: Names served by `toolloop_fsm.testing.harness` (it needs the strategies' script values).
 _HARNESS_NAMES = frozenset({"ScriptRun", "WitnessedReviewer", "build_tools", "run_script"})
@@ -158,35 +165,33 @@ __all__ += [
 
 # ---- the outer tier: fallback-chain strategies, harness and checker
 if TYPE_CHECKING:
-    from toolloop_fsm.testing.chains import (
-        CHAIN_INVARIANTS,
-        REVIEW_CHAIN_INVARIANTS,
-        SHARED_TOOLS,
-        AttemptScript,
-        ChainChannel,
-        ChainInvariantViolation,
-        ChainRun,
-        ChainScript,
-        ChainSignal,
-        ChainToolExecution,
-        Ending,
-        ErrorKind,
-        FirstRequest,
-        KeyScript,
-        KeyState,
-        KeyUse,
-        ModelScript,
-        SharedRouteScript,
-        TimelineEntry,
-        ToolStep,
-        attempt_scripts,
-        chain_budget,
-        chain_signals,
-        check_chain_invariants,
-        generation_chains,
-        run_chain,
-        turn_policies,
-    )
+    from toolloop_fsm.testing.chains import CHAIN_INVARIANTS
+    from toolloop_fsm.testing.chains import REVIEW_CHAIN_INVARIANTS
+    from toolloop_fsm.testing.chains import SHARED_TOOLS
+    from toolloop_fsm.testing.chains import AttemptScript
+    from toolloop_fsm.testing.chains import ChainChannel
+    from toolloop_fsm.testing.chains import ChainInvariantViolation
+    from toolloop_fsm.testing.chains import ChainRun
+    from toolloop_fsm.testing.chains import ChainScript
+    from toolloop_fsm.testing.chains import ChainSignal
+    from toolloop_fsm.testing.chains import ChainToolExecution
+    from toolloop_fsm.testing.chains import Ending
+    from toolloop_fsm.testing.chains import ErrorKind
+    from toolloop_fsm.testing.chains import FirstRequest
+    from toolloop_fsm.testing.chains import KeyScript
+    from toolloop_fsm.testing.chains import KeyState
+    from toolloop_fsm.testing.chains import KeyUse
+    from toolloop_fsm.testing.chains import ModelScript
+    from toolloop_fsm.testing.chains import SharedRouteScript
+    from toolloop_fsm.testing.chains import TimelineEntry
+    from toolloop_fsm.testing.chains import ToolStep
+    from toolloop_fsm.testing.chains import attempt_scripts
+    from toolloop_fsm.testing.chains import chain_budget
+    from toolloop_fsm.testing.chains import chain_signals
+    from toolloop_fsm.testing.chains import check_chain_invariants
+    from toolloop_fsm.testing.chains import generation_chains
+    from toolloop_fsm.testing.chains import run_chain
+    from toolloop_fsm.testing.chains import turn_policies
 
 #: Names served by `toolloop_fsm.testing.chains` (needs Hypothesis too: imported on first use).
 _CHAIN_NAMES = frozenset(
@@ -254,16 +259,14 @@ __all__ += [
 # ---- the reference model of a turn's ending (invariant 10; needs Hypothesis through the
 # script types it reads: imported on first use)
 if TYPE_CHECKING:
-    from toolloop_fsm.testing.reference_model import (
-        AmbiguousEnding,
-        PredictedEnding,
-        check_ending,
-        describe_script,
-        difference,
-        ending_of,
-        predict_ending,
-        predict_endings,
-    )
+    from toolloop_fsm.testing.reference_model import AmbiguousEnding
+    from toolloop_fsm.testing.reference_model import PredictedEnding
+    from toolloop_fsm.testing.reference_model import check_ending
+    from toolloop_fsm.testing.reference_model import describe_script
+    from toolloop_fsm.testing.reference_model import difference
+    from toolloop_fsm.testing.reference_model import ending_of
+    from toolloop_fsm.testing.reference_model import predict_ending
+    from toolloop_fsm.testing.reference_model import predict_endings
 
 _REFERENCE_NAMES = frozenset(
     {
@@ -292,7 +295,8 @@ __all__ += [
 # ---- the world model around a sans-IO tool-loop machine (needs Hypothesis: imported on
 # first use)
 if TYPE_CHECKING:
-    from toolloop_fsm.testing.world import Happening, World
+    from toolloop_fsm.testing.world import Happening
+    from toolloop_fsm.testing.world import World
 
 _WORLD_NAMES = frozenset({"Happening", "World"})
 __all__ += ["Happening", "World"]

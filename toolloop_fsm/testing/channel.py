@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from toolloop_fsm.host import Clock
-from toolloop_fsm.result import Delivered, Notice
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import Notice
 
 
 class RecordingChannel:

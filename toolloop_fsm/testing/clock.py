@@ -22,11 +22,13 @@ import heapq
 import itertools
 import logging
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from attrs import define, field
+from attrs import define
+from attrs import field
 
 __all__ = ["VirtualClock", "VirtualTimer", "real_time_limit", "watchdog_timer"]
 

@@ -17,50 +17,55 @@ import contextlib
 import contextvars
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
-from attrs import define, field
+from attrs import define
+from attrs import field
 
 from toolloop_fsm.attempts import Attempt
-from toolloop_fsm.events import (
-    Chunk,
-    FunctionCall,
-)
-from toolloop_fsm.host import Tool, ToolContext, ToolRegistry, ToolResult, TurnRequest, TurnSignals
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import ToolResult
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.host import TurnSignals
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.provider import ProviderRequest
-from toolloop_fsm.pump import run_generation_turn, run_tool_loop
-from toolloop_fsm.result import GenerationTurnResult, TraceStep
-from toolloop_fsm.review import Reviewer, ReviewPacket, Verdict
+from toolloop_fsm.pump import run_generation_turn
+from toolloop_fsm.pump import run_tool_loop
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.review import Reviewer
+from toolloop_fsm.review import ReviewPacket
+from toolloop_fsm.review import Verdict
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock
-from toolloop_fsm.testing.hostile import (
-    HostileChannel,
-    HostileProvider,
-    RogueBaseException,
-    Stragglers,
-    TurnDidNotReturn,
-    fire_from_thread,
-    mutate_in_place,
-    returns_within,
-)
-from toolloop_fsm.testing.invariants import (
-    InvariantViolation,
-    ReviewAsked,
-    ToolExecution,
-    check_invariants,
-)
+from toolloop_fsm.testing.hostile import HostileChannel
+from toolloop_fsm.testing.hostile import HostileProvider
+from toolloop_fsm.testing.hostile import RogueBaseException
+from toolloop_fsm.testing.hostile import Stragglers
+from toolloop_fsm.testing.hostile import TurnDidNotReturn
+from toolloop_fsm.testing.hostile import fire_from_thread
+from toolloop_fsm.testing.hostile import mutate_in_place
+from toolloop_fsm.testing.hostile import returns_within
+from toolloop_fsm.testing.invariants import InvariantViolation
+from toolloop_fsm.testing.invariants import ReviewAsked
+from toolloop_fsm.testing.invariants import ToolExecution
+from toolloop_fsm.testing.invariants import check_invariants
 from toolloop_fsm.testing.reviewer import ScriptedReviewer
-from toolloop_fsm.testing.strategies import (
-    DEFAULT_BEHAVIOUR,
-    TimedSignal,
-    ToolAction,
-    ToolBehaviour,
-    ToolConfig,
-    TurnScript,
-)
+from toolloop_fsm.testing.strategies import DEFAULT_BEHAVIOUR
+from toolloop_fsm.testing.strategies import TimedSignal
+from toolloop_fsm.testing.strategies import ToolAction
+from toolloop_fsm.testing.strategies import ToolBehaviour
+from toolloop_fsm.testing.strategies import ToolConfig
+from toolloop_fsm.testing.strategies import TurnScript
 from toolloop_fsm.tools import copy_arguments
 
 __all__ = ["ScriptRun", "WitnessedReviewer", "build_tools", "run_script"]

@@ -32,19 +32,31 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
-from attrs import define, frozen
+from attrs import define
+from attrs import frozen
 
-from toolloop_fsm.events import Chunk, TextDelta
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import TextDelta
 from toolloop_fsm.host import Clock
 from toolloop_fsm.provider import ProviderError
-from toolloop_fsm.result import Delivered, Notice
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import Notice
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import watchdog_timer
-from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider, ScriptItem
+from toolloop_fsm.testing.scripted import Fail
+from toolloop_fsm.testing.scripted import Pause
+from toolloop_fsm.testing.scripted import ScriptedProvider
+from toolloop_fsm.testing.scripted import ScriptItem
 
 __all__ = [
     "HANG_GUARD_SECONDS",

@@ -61,28 +61,38 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 from attrs import define
 
-from toolloop_fsm.events import FunctionCall, TextDelta, ThoughtDelta, UsageReport
-from toolloop_fsm.host import Tool, ToolRegistry, TurnRequest
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderRequest
-from toolloop_fsm.result import (
-    REVIEW_REJECTED_STATUS,
-    GenerationTurnResult,
-    ToolHistoryEntry,
-    TraceStep,
-    TurnStatus,
-    result_to_json,
-)
+from toolloop_fsm.result import REVIEW_REJECTED_STATUS
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import result_to_json
 from toolloop_fsm.review import ReviewKind
 from toolloop_fsm.testing.channel import RecordingChannel
-from toolloop_fsm.testing.hostile import HostileChannel, HostileProvider, leaked_runs
-from toolloop_fsm.testing.scripted import Fail, Pause, ScriptedProvider
+from toolloop_fsm.testing.hostile import HostileChannel
+from toolloop_fsm.testing.hostile import HostileProvider
+from toolloop_fsm.testing.hostile import leaked_runs
+from toolloop_fsm.testing.scripted import Fail
+from toolloop_fsm.testing.scripted import Pause
+from toolloop_fsm.testing.scripted import ScriptedProvider
 
 __all__ = [
     "InvariantViolation",

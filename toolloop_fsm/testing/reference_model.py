@@ -136,42 +136,50 @@ from __future__ import annotations
 import functools
 import json
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import ClassVar
 
 import attrs
 import fastjsonschema
-from attrs import define, field, frozen
+from attrs import define
+from attrs import field
+from attrs import frozen
 
-from toolloop_fsm.events import (
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    SceneMetadata,
-    TextDelta,
-    UsageReport,
-)
-from toolloop_fsm.host import ToolRegistry, TurnSignals
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import SceneMetadata
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import UsageReport
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import TurnSignals
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.result import GenerationTurnResult, TurnStatus
-from toolloop_fsm.review import Pass, Revise
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import Revise
 from toolloop_fsm.testing.clock import VirtualClock
-from toolloop_fsm.testing.harness import ScriptRun, build_tools
-from toolloop_fsm.testing.hostile import (
-    SLOW_WITHIN_SHARE,
-    ChannelAct,
-    EchoKey,
-    HostileItem,
-    Trickle,
-)
+from toolloop_fsm.testing.harness import ScriptRun
+from toolloop_fsm.testing.harness import build_tools
+from toolloop_fsm.testing.hostile import SLOW_WITHIN_SHARE
+from toolloop_fsm.testing.hostile import ChannelAct
+from toolloop_fsm.testing.hostile import EchoKey
+from toolloop_fsm.testing.hostile import HostileItem
+from toolloop_fsm.testing.hostile import Trickle
 from toolloop_fsm.testing.invariants import InvariantViolation
-from toolloop_fsm.testing.reviewer import Hang, Raise, ReviewerAct, Slow
-from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
-from toolloop_fsm.testing.strategies import (
-    ToolAction,
-    ToolBehaviour,
-    TurnScript,
-)
+from toolloop_fsm.testing.reviewer import Hang
+from toolloop_fsm.testing.reviewer import Raise
+from toolloop_fsm.testing.reviewer import ReviewerAct
+from toolloop_fsm.testing.reviewer import Slow
+from toolloop_fsm.testing.scripted import Fail
+from toolloop_fsm.testing.scripted import Pause
+from toolloop_fsm.testing.scripted import ScriptItem
+from toolloop_fsm.testing.strategies import ToolAction
+from toolloop_fsm.testing.strategies import ToolBehaviour
+from toolloop_fsm.testing.strategies import TurnScript
 
 __all__ = [
     "AmbiguousEnding",

@@ -10,7 +10,9 @@ from typing import TypeAlias
 from attrs import frozen
 
 from toolloop_fsm.host import Clock
-from toolloop_fsm.review import Pass, ReviewPacket, Verdict
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import ReviewPacket
+from toolloop_fsm.review import Verdict
 
 
 @frozen

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 from attrs import frozen
 
 from toolloop_fsm.events import Chunk
 from toolloop_fsm.host import Clock
-from toolloop_fsm.provider import ProviderError, ProviderRequest
+from toolloop_fsm.provider import ProviderError
+from toolloop_fsm.provider import ProviderRequest
 
 
 @frozen

@@ -17,13 +17,17 @@ string is a valid turn.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+from typing import TypeVar
 
 from hypothesis import strategies as st
 
 from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.testing.strategies import TurnScript, build_policy, build_script
+from toolloop_fsm.testing.strategies import TurnScript
+from toolloop_fsm.testing.strategies import build_policy
+from toolloop_fsm.testing.strategies import build_script
 
 __all__ = ["SEED_SIZE", "SeedReader", "case_from_seed", "seed_batches", "turn_from_seed"]
 

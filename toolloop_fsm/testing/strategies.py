@@ -46,38 +46,48 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from typing import Any
+from typing import Protocol
+from typing import TypeVar
 
 import attrs
 from attrs import frozen
 from hypothesis import strategies as st
 
-from toolloop_fsm.events import (
-    Chunk,
-    ContextRestart,
-    FinishKind,
-    FinishReason,
-    FunctionCall,
-    SceneMetadata,
-    TextDelta,
-    ThoughtDelta,
-    UsageReport,
-)
+from toolloop_fsm.events import Chunk
+from toolloop_fsm.events import ContextRestart
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import SceneMetadata
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import UsageReport
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderError
-from toolloop_fsm.review import Finding, FindingCategory, Pass, ReviewUsage, Revise, Unavailable
-from toolloop_fsm.testing.hostile import (
-    ChannelAct,
-    EchoKey,
-    HostileItem,
-    KeyEcho,
-    Trickle,
-)
-from toolloop_fsm.testing.reviewer import Hang, Raise, ReviewerAct, Slow
-from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import FindingCategory
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import ReviewUsage
+from toolloop_fsm.review import Revise
+from toolloop_fsm.review import Unavailable
+from toolloop_fsm.testing.hostile import ChannelAct
+from toolloop_fsm.testing.hostile import EchoKey
+from toolloop_fsm.testing.hostile import HostileItem
+from toolloop_fsm.testing.hostile import KeyEcho
+from toolloop_fsm.testing.hostile import Trickle
+from toolloop_fsm.testing.reviewer import Hang
+from toolloop_fsm.testing.reviewer import Raise
+from toolloop_fsm.testing.reviewer import ReviewerAct
+from toolloop_fsm.testing.reviewer import Slow
+from toolloop_fsm.testing.scripted import Fail
+from toolloop_fsm.testing.scripted import Pause
+from toolloop_fsm.testing.scripted import ScriptItem
 
 __all__ = [
     "DEFAULT_TOOLS",

@@ -38,54 +38,59 @@ This module needs Hypothesis (a test dependency); `toolloop_fsm.testing` imports
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
 import attrs
 from hypothesis import strategies as st
 
-from toolloop_fsm.effect_handlers import INNER_EFFECTS, EffectHandlers, handled
-from toolloop_fsm.effects import (
-    ArmDeadline,
-    CancelReview,
-    CancelStream,
-    CancelTool,
-    ClearDeadline,
-    CutStream,
-    Deliver,
-    Finish,
-    OfferSnapshot,
-    PostNotice,
-    QueueStopResponse,
-    RequestReview,
-    RunTool,
-    StartStream,
-)
-from toolloop_fsm.events import (
-    ContextRestart,
-    DeadlineExpired,
-    DeadlineKind,
-    DeliveryFailed,
-    DeliveryRecorded,
-    FinishKind,
-    FinishReason,
-    FollowUpArrived,
-    FunctionCall,
-    ReviewReturned,
-    SceneMetadata,
-    StopRequested,
-    StreamEnded,
-    StreamFailed,
-    TextDelta,
-    ThoughtDelta,
-    ToolFinished,
-    ToolOutcomeKind,
-    UsageReport,
-)
+from toolloop_fsm.effect_handlers import INNER_EFFECTS
+from toolloop_fsm.effect_handlers import EffectHandlers
+from toolloop_fsm.effect_handlers import handled
+from toolloop_fsm.effects import ArmDeadline
+from toolloop_fsm.effects import CancelReview
+from toolloop_fsm.effects import CancelStream
+from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.effects import ClearDeadline
+from toolloop_fsm.effects import CutStream
+from toolloop_fsm.effects import Deliver
+from toolloop_fsm.effects import Finish
+from toolloop_fsm.effects import OfferSnapshot
+from toolloop_fsm.effects import PostNotice
+from toolloop_fsm.effects import QueueStopResponse
+from toolloop_fsm.effects import RequestReview
+from toolloop_fsm.effects import RunTool
+from toolloop_fsm.effects import StartStream
+from toolloop_fsm.events import ContextRestart
+from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import DeliveryRecorded
+from toolloop_fsm.events import FinishKind
+from toolloop_fsm.events import FinishReason
+from toolloop_fsm.events import FollowUpArrived
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import ReviewReturned
+from toolloop_fsm.events import SceneMetadata
+from toolloop_fsm.events import StopRequested
+from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import StreamFailed
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
+from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.events import UsageReport
 from toolloop_fsm.result import TurnStatus
-from toolloop_fsm.review import Finding, FindingCategory, Pass, Revise, Unavailable
-from toolloop_fsm.testing.strategies import KNOWN_TOOLS, UNKNOWN_TOOLS, chunks
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import FindingCategory
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import Revise
+from toolloop_fsm.review import Unavailable
+from toolloop_fsm.testing.strategies import KNOWN_TOOLS
+from toolloop_fsm.testing.strategies import UNKNOWN_TOOLS
+from toolloop_fsm.testing.strategies import chunks
 
 __all__ = [
     "CHUNK_KINDS",

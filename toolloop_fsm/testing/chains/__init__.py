@@ -24,41 +24,33 @@ no shared route, no signals. Like `toolloop_fsm.testing.strategies`, this module
 Hypothesis; `toolloop_fsm.testing` imports it lazily.
 """
 
-from toolloop_fsm.testing.chains.harness import (
-    ChainChannel,
-    ChainRun,
-    ChainToolExecution,
-    FirstRequest,
-    KeyUse,
-    TimelineEntry,
-    run_chain,
-)
-from toolloop_fsm.testing.chains.invariants import (
-    CHAIN_INVARIANTS,
-    REVIEW_CHAIN_INVARIANTS,
-    ChainInvariantViolation,
-    check_chain_invariants,
-)
-from toolloop_fsm.testing.chains.script import (
-    SHARED_TOOLS,
-    AttemptScript,
-    ChainScript,
-    ChainSignal,
-    Ending,
-    ErrorKind,
-    KeyScript,
-    KeyState,
-    ModelScript,
-    SharedRouteScript,
-    ToolStep,
-    chain_budget,
-)
-from toolloop_fsm.testing.chains.strategies import (
-    attempt_scripts,
-    chain_signals,
-    generation_chains,
-    turn_policies,
-)
+from toolloop_fsm.testing.chains.harness import ChainChannel
+from toolloop_fsm.testing.chains.harness import ChainRun
+from toolloop_fsm.testing.chains.harness import ChainToolExecution
+from toolloop_fsm.testing.chains.harness import FirstRequest
+from toolloop_fsm.testing.chains.harness import KeyUse
+from toolloop_fsm.testing.chains.harness import TimelineEntry
+from toolloop_fsm.testing.chains.harness import run_chain
+from toolloop_fsm.testing.chains.invariants import CHAIN_INVARIANTS
+from toolloop_fsm.testing.chains.invariants import REVIEW_CHAIN_INVARIANTS
+from toolloop_fsm.testing.chains.invariants import ChainInvariantViolation
+from toolloop_fsm.testing.chains.invariants import check_chain_invariants
+from toolloop_fsm.testing.chains.script import SHARED_TOOLS
+from toolloop_fsm.testing.chains.script import AttemptScript
+from toolloop_fsm.testing.chains.script import ChainScript
+from toolloop_fsm.testing.chains.script import ChainSignal
+from toolloop_fsm.testing.chains.script import Ending
+from toolloop_fsm.testing.chains.script import ErrorKind
+from toolloop_fsm.testing.chains.script import KeyScript
+from toolloop_fsm.testing.chains.script import KeyState
+from toolloop_fsm.testing.chains.script import ModelScript
+from toolloop_fsm.testing.chains.script import SharedRouteScript
+from toolloop_fsm.testing.chains.script import ToolStep
+from toolloop_fsm.testing.chains.script import chain_budget
+from toolloop_fsm.testing.chains.strategies import attempt_scripts
+from toolloop_fsm.testing.chains.strategies import chain_signals
+from toolloop_fsm.testing.chains.strategies import generation_chains
+from toolloop_fsm.testing.chains.strategies import turn_policies
 
 __all__ = [
     "CHAIN_INVARIANTS",

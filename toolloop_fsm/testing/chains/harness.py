@@ -4,45 +4,49 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
-from attrs import define, frozen
+from attrs import define
+from attrs import frozen
 
-from toolloop_fsm.attempts import AdmissionRequest, Attempt, KeyHealth, SharedRoute
-from toolloop_fsm.host import (
-    DestinationUnreachable,
-    Tool,
-    ToolContext,
-    ToolRegistry,
-    ToolResult,
-    TurnSignals,
-)
+from toolloop_fsm.attempts import AdmissionRequest
+from toolloop_fsm.attempts import Attempt
+from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.attempts import SharedRoute
+from toolloop_fsm.host import DestinationUnreachable
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolContext
+from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import ToolResult
+from toolloop_fsm.host import TurnSignals
 from toolloop_fsm.policy import TurnPolicy
-from toolloop_fsm.provider import Provider, ProviderRequest
+from toolloop_fsm.provider import Provider
+from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.pump import run_generation_turn
-from toolloop_fsm.result import (
-    GenerationTurnResult,
-    Notice,
-    TraceStep,
-)
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import Notice
+from toolloop_fsm.result import TraceStep
 from toolloop_fsm.scaffolding import is_verbatim_scaffolding
-from toolloop_fsm.testing.chains.script import (
-    _COOLING_UNTIL,
-    _TOOL_DELAYS,
-    _TOOL_TIMEOUT,
-    SHARED_TOOLS,
-    ChainScript,
-    ChainSignal,
-    KeyState,
-    ModelScript,
-)
+from toolloop_fsm.testing.chains.script import _COOLING_UNTIL
+from toolloop_fsm.testing.chains.script import _TOOL_DELAYS
+from toolloop_fsm.testing.chains.script import _TOOL_TIMEOUT
+from toolloop_fsm.testing.chains.script import SHARED_TOOLS
+from toolloop_fsm.testing.chains.script import ChainScript
+from toolloop_fsm.testing.chains.script import ChainSignal
+from toolloop_fsm.testing.chains.script import KeyState
+from toolloop_fsm.testing.chains.script import ModelScript
 from toolloop_fsm.testing.channel import RecordingChannel
-from toolloop_fsm.testing.clock import VirtualClock, real_time_limit
+from toolloop_fsm.testing.clock import VirtualClock
+from toolloop_fsm.testing.clock import real_time_limit
 from toolloop_fsm.testing.harness import WitnessedReviewer
-from toolloop_fsm.testing.invariants import ReviewAsked, call_identity
+from toolloop_fsm.testing.invariants import ReviewAsked
+from toolloop_fsm.testing.invariants import call_identity
 from toolloop_fsm.testing.reviewer import ScriptedReviewer
-from toolloop_fsm.testing.scripted import ScriptedProvider, ScriptItem
+from toolloop_fsm.testing.scripted import ScriptedProvider
+from toolloop_fsm.testing.scripted import ScriptItem
 
 
 # --------------------------------------------------------------------------- running a chain

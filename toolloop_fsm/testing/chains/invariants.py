@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable
+from collections.abc import Collection
 
 from toolloop_fsm.generation import FINAL_STATES
-from toolloop_fsm.result import (
-    AttemptRecord,
-    GenerationTurnResult,
-    TurnStatus,
-    result_to_json,
-)
+from toolloop_fsm.result import AttemptRecord
+from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import result_to_json
 from toolloop_fsm.review import ReviewKind
 from toolloop_fsm.testing.chains.harness import ChainRun
-from toolloop_fsm.testing.chains.script import (
-    chain_budget,
-)
+from toolloop_fsm.testing.chains.script import chain_budget
 from toolloop_fsm.testing.invariants import call_identity
 
 # --------------------------------------------------------------------------- the checker

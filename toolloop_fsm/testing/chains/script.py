@@ -3,21 +3,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from enum import Enum, StrEnum
+from collections.abc import Collection
+from collections.abc import Mapping
+from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import attrs
-from attrs import field, frozen
+from attrs import field
+from attrs import frozen
 
-from toolloop_fsm.events import FunctionCall, TextDelta
-from toolloop_fsm.host import (
-    TurnRequest,
-)
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
+from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import TextDelta
+from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.testing.reviewer import ReviewerAct
-from toolloop_fsm.testing.scripted import Fail, Pause, ScriptItem
+from toolloop_fsm.testing.scripted import Fail
+from toolloop_fsm.testing.scripted import Pause
+from toolloop_fsm.testing.scripted import ScriptItem
 
 # --------------------------------------------------------------------------- the tool universe
 #: Tools every chain registers. Every attempt may call them with the same arguments, so a call

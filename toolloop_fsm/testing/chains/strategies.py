@@ -7,23 +7,23 @@ import hashlib
 import attrs
 from hypothesis import strategies as st
 
-from toolloop_fsm.policy import LoopPolicy, TurnPolicy
-from toolloop_fsm.testing.chains.script import (
-    _ARGUMENTS,
-    _TOOL_TIMEOUT,
-    SHARED_TOOLS,
-    AttemptScript,
-    ChainScript,
-    ChainSignal,
-    Ending,
-    ErrorKind,
-    KeyScript,
-    KeyState,
-    ModelScript,
-    SharedRouteScript,
-    ToolStep,
-)
-from toolloop_fsm.testing.strategies import _reviewed_policies, reviewer_scripts
+from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import TurnPolicy
+from toolloop_fsm.testing.chains.script import _ARGUMENTS
+from toolloop_fsm.testing.chains.script import _TOOL_TIMEOUT
+from toolloop_fsm.testing.chains.script import SHARED_TOOLS
+from toolloop_fsm.testing.chains.script import AttemptScript
+from toolloop_fsm.testing.chains.script import ChainScript
+from toolloop_fsm.testing.chains.script import ChainSignal
+from toolloop_fsm.testing.chains.script import Ending
+from toolloop_fsm.testing.chains.script import ErrorKind
+from toolloop_fsm.testing.chains.script import KeyScript
+from toolloop_fsm.testing.chains.script import KeyState
+from toolloop_fsm.testing.chains.script import ModelScript
+from toolloop_fsm.testing.chains.script import SharedRouteScript
+from toolloop_fsm.testing.chains.script import ToolStep
+from toolloop_fsm.testing.strategies import _reviewed_policies
+from toolloop_fsm.testing.strategies import reviewer_scripts
 
 # --------------------------------------------------------------------------- strategies
 # Menus are ordered simplest first: Hypothesis shrinks `sampled_from` toward the first entry.
