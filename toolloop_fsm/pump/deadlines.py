@@ -27,24 +27,23 @@ class Deadlines:
     working out, when one wakes, whether it is really due (a rolling budget counts from the
     last chunk or recorded delivery; which budget of a pass's stream deadline runs out is
     `toolloop_fsm.pass_rules.stream_budget_due`) and which `DeadlineExpired` it is, fed to
-    the turn. (It holds the turn rather than its clock and a bound ``feed``: a waiting turn
-    keeps less.)
+    the turn. It holds nothing of the turn: the turn is handed to `arm` and each timer holds
+    it while it is armed, so that a finished turn is freed without the cycle collector.
 
     The pump stamps ``last_chunk`` as each chunk arrives (one store per chunk on the hot
     path: nothing is rearmed) and ``last_activity`` as the channel confirms a delivery."""
 
-    __slots__ = ("last_activity", "last_chunk", "stream_armed_at", "timers", "turn")
+    __slots__ = ("last_activity", "last_chunk", "stream_armed_at", "timers")
 
-    def __init__(self, turn: DeadlineTurn) -> None:
-        self.turn = turn
+    def __init__(self) -> None:
         # [handle, effect] per armed deadline: rarely more than two, so a list of pairs
         self.timers: list[list[Any]] = []
         self.last_activity = 0.0
         self.last_chunk: float | None = None
         self.stream_armed_at = 0.0
 
-    def arm(self, effect: ArmDeadline) -> None:
-        clock = self.turn.clock
+    def arm(self, effect: ArmDeadline, turn: DeadlineTurn) -> None:
+        clock = turn.clock
         now = clock.now()
         seconds = effect.seconds
         if effect.first_seconds is not None:
@@ -56,7 +55,7 @@ class Deadlines:
             self.last_chunk = None
         if effect.rolling:
             self.last_activity = now
-        handle = clock.call_later(seconds, self._fired, effect)
+        handle = clock.call_later(seconds, self._fired, effect, turn)
         self.timers.append([handle, effect])
 
     def clear(self, token: int) -> None:
@@ -76,13 +75,13 @@ class Deadlines:
                 return entry
         return None
 
-    def _fired(self, effect: ArmDeadline) -> None:
+    def _fired(self, effect: ArmDeadline, turn: DeadlineTurn) -> None:
         entry = self._timer(effect.token)
         if entry is None:
             return
         kind = effect.kind
         if effect.rolling:
-            clock = self.turn.clock
+            clock = turn.clock
             now = clock.now()
             last_chunk = self.last_chunk
             # a rolling deadline counts from the last chunk or recorded delivery
@@ -105,7 +104,7 @@ class Deadlines:
             else:
                 due = wake = last + effect.seconds
             if due - now > DUE_SLACK:
-                entry[0] = clock.call_later(wake - now, self._fired, effect)
+                entry[0] = clock.call_later(wake - now, self._fired, effect, turn)
                 return
         self.timers.remove(entry)
-        self.turn.feed(DeadlineExpired(kind, effect.token))
+        turn.feed(DeadlineExpired(kind, effect.token))

@@ -81,18 +81,15 @@ class ChannelCalls:
         "outcomes",
         "pending_result",
         "task",
-        "turn",
         "waiting",
     )
 
     def __init__(
         self,
-        turn: ChannelTurn,
         deadlines: Deadlines,
         keys: str | None,
         notices: NoticeBudget | None,
     ) -> None:
-        self.turn = turn
         self.deadlines = deadlines  # a confirmed delivery restarts the inactivity budget
         # the prefix of every delivery's idempotency key (``turn_id:attempt``), when the
         # channel takes one
@@ -111,17 +108,17 @@ class ChannelCalls:
         # the result waits for the host's notices and stop message still on their way
         self.pending_result: GenerationTurnResult | None = None
 
-    def queue(self, effect: PostNotice | QueueStopResponse) -> None:
+    def queue(self, effect: PostNotice | QueueStopResponse, turn: ChannelTurn) -> None:
         """A notice or the stop message, sent in order by the notices' worker."""
         if self.host_calls is None:
             self.host_calls = []
         self.host_calls.append(effect)
-        self._ensure_host_worker()
+        self._ensure_host_worker(turn)
 
-    def _notice_budget(self) -> NoticeBudget:
+    def _notice_budget(self, turn: ChannelTurn) -> NoticeBudget:
         notices = self.notices
         if notices is None:
-            notices = self.notices = NoticeBudget(self.turn.policy.host_call_timeout)
+            notices = self.notices = NoticeBudget(turn.policy.host_call_timeout)
         return notices
 
     def drop_waiting(self) -> None:
@@ -129,20 +126,20 @@ class ChannelCalls:
         if self.waiting:
             self.waiting.clear()
 
-    def _send(self, effect: Deliver) -> Coroutine[Any, Any, None]:
+    def _send(self, effect: Deliver, channel: Channel) -> Coroutine[Any, Any, None]:
         prefix = self.keys
         if prefix is None:  # the channel takes no idempotency key
             if effect.expression is not None:
-                return self.turn.channel.send_expression(effect.expression)
-            return self.turn.channel.send_text(effect.text or "")
+                return channel.send_expression(effect.expression)
+            return channel.send_text(effect.text or "")
         key = f"{prefix}:{effect.seq}"
         if effect.expression is not None:
-            return self.turn.channel.send_expression(  # type: ignore[call-arg]
+            return channel.send_expression(  # type: ignore[call-arg]
                 effect.expression, idempotency_key=key
             )
-        return self.turn.channel.send_text(effect.text or "", idempotency_key=key)  # type: ignore[call-arg]
+        return channel.send_text(effect.text or "", idempotency_key=key)  # type: ignore[call-arg]
 
-    def deliver(self, effect: Deliver) -> None:
+    def deliver(self, effect: Deliver, turn: ChannelTurn) -> None:
         """Start a delivery eagerly: a channel that does not need to wait (a buffer, a
         queue) completes here, without a task; one that waits is finished by a task, and
         later deliveries queue behind it, in order."""
@@ -150,23 +147,23 @@ class ChannelCalls:
         if (task is not None and not task.done()) or self.waiting or self._send_failed():
             self._waiting_deliveries().append(effect)
             return
-        coroutine = self._send(effect)
+        coroutine = self._send(effect, turn.channel)
         try:
             waiting_on = coroutine.send(None)
         except StopIteration:
-            self.deadlines.last_activity = self.turn.clock.now()
+            self.deadlines.last_activity = turn.clock.now()
             self.report_later(DeliveryRecorded(effect.seq))
             return
         except (KeyboardInterrupt, SystemExit) as err:
-            self.turn.fail(err)
+            turn.fail(err)
             return
         except BaseException as err:  # any failure of host code is the turn's `host_error`
             self.host_exception = err
             self.report_later(DeliveryFailed(effect.seq, f"{type(err).__name__}: {err}"))
             return
         self._waiting_deliveries()  # the worker takes the deliveries queued behind this one
-        self.task = self.turn.spawn(
-            self._deliver_in_order(effect, _resume(coroutine, waiting_on)),
+        self.task = turn.spawn(
+            self._deliver_in_order(turn, effect, _resume(coroutine, waiting_on)),
             "channel.send_expression" if effect.expression is not None else "channel.send_text",
         )
 
@@ -191,7 +188,7 @@ class ChannelCalls:
             outcomes.append(outcome)
 
     async def _deliver_in_order(
-        self, first: Deliver, started: Awaitable[None] | None = None
+        self, turn: ChannelTurn, first: Deliver, started: Awaitable[None] | None = None
     ) -> None:
         """Deliver in order, each send bounded by the host-call budget: a send that does not
         return ends the turn ``error`` (``host_timeout``), keeping every confirmed delivery;
@@ -209,50 +206,50 @@ class ChannelCalls:
             if task is not None:
                 task.set_name(name)  # abandoned at the end, it is named by its call
             guard = _HostCallGuard(
-                self.turn, name, on_abandon=partial(self._delivery_abandoned, seq, name)
+                turn, name, on_abandon=partial(self._delivery_abandoned, turn, seq, name)
             )
             try:
-                await (started if started is not None else self._send(effect))
+                await (started if started is not None else self._send(effect, turn.channel))
             except asyncio.CancelledError:
                 if not guard.expired:
                     raise  # the turn is over, or its caller was cancelled
                 guard.taken_back()
                 deliveries.clear()
-                self.turn.feed(DeliveryFailed(seq, self._overdue_message(name), timed_out=True))
+                turn.feed(DeliveryFailed(seq, self._overdue_message(turn, name), timed_out=True))
                 return
             except (KeyboardInterrupt, SystemExit) as err:
-                self.turn.fail(err)
+                turn.fail(err)
                 return
             except BaseException as err:
                 self.host_exception = err
-                self.turn.feed(DeliveryFailed(seq, f"{type(err).__name__}: {err}"))
+                turn.feed(DeliveryFailed(seq, f"{type(err).__name__}: {err}"))
                 return
             finally:
                 guard.disarm()
             if guard.expired:
                 guard.taken_back()  # it returned after all, before the grace ran out
             started = None
-            self.deadlines.last_activity = self.turn.clock.now()
-            self.turn.feed(DeliveryRecorded(seq))
+            self.deadlines.last_activity = turn.clock.now()
+            turn.feed(DeliveryRecorded(seq))
             effect = deliveries.pop(0) if deliveries else None
 
-    def _delivery_abandoned(self, seq: int, name: str) -> None:
-        self.turn.feed(DeliveryFailed(seq, self._overdue_message(name), timed_out=True))
+    def _delivery_abandoned(self, turn: ChannelTurn, seq: int, name: str) -> None:
+        turn.feed(DeliveryFailed(seq, self._overdue_message(turn, name), timed_out=True))
 
-    def _overdue_message(self, name: str) -> str:
-        return f"{name} did not return within {self.turn.policy.host_call_timeout:g} s"
+    def _overdue_message(self, turn: ChannelTurn, name: str) -> str:
+        return f"{name} did not return within {turn.policy.host_call_timeout:g} s"
 
-    def _ensure_host_worker(self) -> None:
+    def _ensure_host_worker(self, turn: ChannelTurn) -> None:
         if self.host_task is None or self.host_task.done():
-            self.host_task = self.turn.spawn(self._call_host_in_order(), "channel notices")
+            self.host_task = turn.spawn(self._call_host_in_order(turn), "channel notices")
 
-    async def _call_host_in_order(self) -> None:
+    async def _call_host_in_order(self, turn: ChannelTurn) -> None:
         """Post notices and the stop message in order. Notices share the turn's notice budget
         (`post_notice`): one that overran it is given up on and named, and changes nothing.
         The stop message is bounded by the host-call budget. Either, failing (or the stop
         message not returning) while the turn runs, is a ``host_error``/``host_timeout``;
         after it, it is only named (a late call cannot change how the turn ended)."""
-        channel = self.turn.channel
+        channel = turn.channel
         calls = self.host_calls
         assert calls is not None  # the worker is started for a call
         me = asyncio.current_task()
@@ -263,13 +260,14 @@ class ChannelCalls:
                     if me is not None:
                         me.set_name(SEND_NOTICE)
                     self._notice_posted(
+                        turn,
                         await post_notice(
                             channel,
                             effect.notice,
-                            self._notice_budget(),
-                            self.turn.clock,
-                            self.turn.policy.cancel_grace,
-                        )
+                            self._notice_budget(turn),
+                            turn.clock,
+                            turn.policy.cancel_grace,
+                        ),
                     )
                     continue
                 name = "channel.queue_front"
@@ -277,7 +275,7 @@ class ChannelCalls:
                 if me is not None:
                     me.set_name(name)  # a worker abandoned at the end is named by its call
                 guard = _HostCallGuard(
-                    self.turn, name, on_abandon=partial(self._host_worker_abandoned, name)
+                    turn, name, on_abandon=partial(self._host_worker_abandoned, turn, name)
                 )
                 failure: DeliveryFailed | None = None
                 try:
@@ -286,9 +284,11 @@ class ChannelCalls:
                     if not guard.expired:
                         raise
                     guard.taken_back()
-                    failure = DeliveryFailed(None, self._overdue_message(name), timed_out=True)
+                    failure = DeliveryFailed(
+                        None, self._overdue_message(turn, name), timed_out=True
+                    )
                 except (KeyboardInterrupt, SystemExit) as err:
-                    self.turn.fail(err)
+                    turn.fail(err)
                     return
                 except BaseException as err:
                     self.host_exception = err
@@ -297,43 +297,43 @@ class ChannelCalls:
                     guard.disarm()
                 if guard.expired and failure is None:
                     guard.taken_back()
-                if failure is not None and not self.turn.machine.is_finished:
-                    self.turn.feed(failure)
+                if failure is not None and not turn.machine.is_finished:
+                    turn.feed(failure)
         finally:
             if self.host_task is me:
-                self._host_calls_done()
+                self._host_calls_done(turn)
 
-    def _notice_posted(self, outcome: NoticeOutcome | BaseException) -> None:
+    def _notice_posted(self, turn: ChannelTurn, outcome: NoticeOutcome | BaseException) -> None:
         """What a notice's call came to: one given up on is named, and ends nothing; one that
         raised while the turn runs is its ``host_error``."""
         if outcome is NoticeOutcome.GIVEN_UP:
-            self.turn.give_up(SEND_NOTICE)
+            turn.give_up(SEND_NOTICE)
             return
         if isinstance(outcome, NoticeOutcome):
             return
         if isinstance(outcome, KeyboardInterrupt | SystemExit):
-            self.turn.fail(outcome)
+            turn.fail(outcome)
             return
         self.host_exception = outcome
-        if not self.turn.machine.is_finished:
-            self.turn.feed(DeliveryFailed(None, f"{type(outcome).__name__}: {outcome}"))
+        if not turn.machine.is_finished:
+            turn.feed(DeliveryFailed(None, f"{type(outcome).__name__}: {outcome}"))
 
-    def _host_worker_abandoned(self, name: str) -> None:
+    def _host_worker_abandoned(self, turn: ChannelTurn, name: str) -> None:
         """The host call in progress ignored its cancellation: it failed like one that did
         not return, and the worker carries on without it."""
         self.host_task = None
-        if not self.turn.machine.is_finished:
-            self.turn.feed(DeliveryFailed(None, self._overdue_message(name), timed_out=True))
+        if not turn.machine.is_finished:
+            turn.feed(DeliveryFailed(None, self._overdue_message(turn, name), timed_out=True))
         if self.host_calls:
-            self._ensure_host_worker()
+            self._ensure_host_worker(turn)
         else:
-            self._host_calls_done()
+            self._host_calls_done(turn)
 
-    def _host_calls_done(self) -> None:
+    def _host_calls_done(self, turn: ChannelTurn) -> None:
         pending = self.pending_result
         if pending is not None and not self.host_calls:
             self.pending_result = None
-            self.turn.settle_result(pending)
+            turn.settle_result(pending)
 
 
 async def post_notice(

@@ -245,7 +245,7 @@ class EventPump:
         self._iteration = 0
         self._tools: ToolCalls | None = None  # made for the turn's first tool call
         # the turn's deadlines, by token: what expires is fed to the machine
-        self._deadlines = Deadlines(self)
+        self._deadlines = Deadlines()
         self._signals_dirty = False
         self._stop_fed = False
         self._follow_ups_seen = 0
@@ -254,7 +254,6 @@ class EventPump:
         # the turn's calls into the channel: deliveries, notices, the stop message (sharing
         # the host-call budget of the turn's notices: the outer tier's, for an attempt)
         self._calls = ChannelCalls(
-            self,
             self._deadlines,
             delivery_keys if takes_idempotency_keys(channel) else None,
             notices,
@@ -591,7 +590,7 @@ class EventPump:
                 return  # the host's snapshot hook failed: the turn ends with its exception
 
     def _arm_deadline(self, effect: ArmDeadline) -> None:
-        self._deadlines.arm(effect)
+        self._deadlines.arm(effect, self)
 
     def _clear_deadline(self, effect: ClearDeadline) -> None:
         self._deadlines.clear(effect.token)
@@ -612,10 +611,10 @@ class EventPump:
         self._calls.report_later(StreamEnded())
 
     def _deliver(self, effect: Deliver) -> None:
-        self._calls.deliver(effect)
+        self._calls.deliver(effect, self)
 
     def _queue_host_call(self, effect: PostNotice | QueueStopResponse) -> None:
-        self._calls.queue(effect)
+        self._calls.queue(effect, self)
 
     def _offer_snapshot(self, effect: OfferSnapshot) -> bool:
         """Hand the host a snapshot, synchronously, before the pass it precedes starts. Like
@@ -866,10 +865,10 @@ class EventPump:
 
     # ------------------------------------------------------------------ tools
     def _run_tool(self, effect: RunTool) -> None:
-        self._tool_calls().run(effect, self._iteration)
+        self._tool_calls().run(effect, self._iteration, self)
 
     def _cancel_tool(self, effect: CancelTool) -> None:
-        self._tool_calls().cancel(effect, self._iteration)
+        self._tool_calls().cancel(effect, self._iteration, self)
 
     def _tool_calls(self) -> ToolCalls:
         tools = self._tools
@@ -883,11 +882,7 @@ class EventPump:
                     self._observation,
                     self._records,
                     self._secrets,
-                    self.spawn,
-                    self.feed,
-                    self.fail,
                     self._calls.report_later,
-                    self.abandon,
                 )
             )
         return tools

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+from typing import ClassVar
 
 import attrs
 
@@ -21,8 +22,8 @@ from toolloop_fsm.attempts import Attempt
 from toolloop_fsm.attempts import KeyBook
 from toolloop_fsm.attempts import SharedRoute
 from toolloop_fsm.effect_handlers import OUTER_EFFECTS
-from toolloop_fsm.effect_handlers import EffectHandlers
-from toolloop_fsm.effect_handlers import handled
+from toolloop_fsm.effect_handlers import ShellEffectHandlers
+from toolloop_fsm.effect_handlers import handled_by
 from toolloop_fsm.effects import AskAdmission
 from toolloop_fsm.effects import Effect
 from toolloop_fsm.effects import Finish
@@ -84,6 +85,8 @@ class GenerationPump:
     """Runs a `GenerationTurnMachine`: each `StartAttempt` becomes an inner `EventPump` run on
     the attempt's provider; admission, notices and key health go to the host."""
 
+    effect_handlers: ClassVar[ShellEffectHandlers[GenerationPump, Awaitable[list[Effect]]]]
+
     def __init__(
         self,
         machine: GenerationTurnMachine,
@@ -135,21 +138,6 @@ class GenerationPump:
         self.records = records if records is not None else TurnRecords(0, Secrets(self._keys))
         self.observation = observation
         self._result: GenerationTurnResult | None = None  # the turn's, once it finished
-        # how it carries out each effect class of the chain: each handler returns the
-        # effects of the events it fed the machine
-        self.effect_handlers = EffectHandlers[Awaitable[list[Effect]]](
-            "GenerationPump",
-            OUTER_EFFECTS,
-            [
-                handled(StartAttempt, self._run_attempt),
-                handled(AskAdmission, self._ask_admission),
-                handled(PostNotice, self._post_notice),
-                handled(SupersedeAttempt, self._supersede_attempt),
-                handled(UpdateKeyHealth, self._update_key_health),
-                handled(QueueStopResponse, self._queue_stop_response),
-                handled(Finish, self._finish),
-            ],
-        )
 
     async def run(
         self, request: TurnRequest, *, resume_from: TurnSnapshot | None = None
@@ -171,7 +159,7 @@ class GenerationPump:
         pending = collections.deque(opening)
         carry_out = self.effect_handlers
         while pending:
-            pending.extend(await carry_out(pending.popleft()))
+            pending.extend(await carry_out(self, pending.popleft()))
             if self._result is not None:
                 return self._result
         raise RuntimeError("the generation turn stopped without a result")
@@ -487,6 +475,24 @@ class GenerationPump:
             return result
         clean = converter.structure(scrubbed, GenerationTurnResult)
         return attrs.evolve(clean, exception=exception)
+
+
+# how it carries out each effect class of the chain: each handler returns the effects of the
+# events it fed the machine (a table for the class: bound methods held by each pump would
+# make every finished turn a cycle for the collector)
+GenerationPump.effect_handlers = ShellEffectHandlers(
+    "GenerationPump",
+    OUTER_EFFECTS,
+    [
+        handled_by(StartAttempt, GenerationPump._run_attempt),
+        handled_by(AskAdmission, GenerationPump._ask_admission),
+        handled_by(PostNotice, GenerationPump._post_notice),
+        handled_by(SupersedeAttempt, GenerationPump._supersede_attempt),
+        handled_by(UpdateKeyHealth, GenerationPump._update_key_health),
+        handled_by(QueueStopResponse, GenerationPump._queue_stop_response),
+        handled_by(Finish, GenerationPump._finish),
+    ],
+)
 
 
 async def _admit(route: SharedRoute, request: AdmissionRequest, records: TurnRecords) -> bool:

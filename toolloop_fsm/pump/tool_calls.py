@@ -9,6 +9,7 @@ from collections.abc import Callable
 from collections.abc import Coroutine
 from collections.abc import Mapping
 from typing import Any
+from typing import Protocol
 
 import attrs
 
@@ -38,8 +39,9 @@ from toolloop_fsm.tools import unknown_outcome
 class ToolTurn:
     """What the tool calls need of the turn that runs them: its machine (the pending call),
     tools, clock and policy, who watches it and what its records say, its keys (masked out
-    of every outcome), and the pump's hands: start a child task, feed an event, end the run
-    with a failure, report an outcome after the current batch, give up on a child."""
+    of every outcome), and a way to report an outcome after the current batch. The pump's
+    own hands (`ToolPump`) are handed to each call rather than held: a finished turn is then
+    freed without the cycle collector."""
 
     machine: ToolLoopMachine
     registry: ToolRegistry
@@ -48,11 +50,17 @@ class ToolTurn:
     observation: Observation | None
     records: TurnRecords
     secrets: Secrets
-    spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
-    feed: Callable[[Any], None]
-    fail: Callable[[BaseException], None]
     report_later: Callable[[Outcome], None]
-    abandon: Callable[[asyncio.Task[Any], str], InDoubtCall | None]
+
+
+class ToolPump(Protocol):
+    """The pump's hands the tool calls use: start a child task, feed an event, end the run
+    with a failure, give up on a child."""
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]: ...
+    def feed(self, event: Any) -> None: ...
+    def fail(self, err: BaseException) -> None: ...
+    def abandon(self, task: asyncio.Task[Any], name: str) -> InDoubtCall | None: ...
 
 
 class ToolCalls:
@@ -73,7 +81,7 @@ class ToolCalls:
         self.in_doubt: list[InDoubtCall] | None = None
         self.settling: asyncio.Task[None] | None = None
 
-    def run(self, effect: RunTool, iteration: int) -> None:
+    def run(self, effect: RunTool, iteration: int, pump: ToolPump) -> None:
         turn = self.turn
         self.dispatch = effect.dispatch
         self.name = f"tool {effect.name} (dispatch {effect.dispatch})"
@@ -82,7 +90,7 @@ class ToolCalls:
             call = turn.machine.turn.tool_round.pending_call
             call_id = call.call_id if call is not None else None
             observation.tool_started(effect, call_id if isinstance(call_id, str) else None)
-        task = self.task = turn.spawn(self._call(effect, iteration), self.name)
+        task = self.task = pump.spawn(self._call(effect, iteration, pump), self.name)
         # what the task runs, should it be abandoned: then the call is in doubt (§3.9)
         call = turn.machine.turn.tool_round.pending_call
         call_id = call.call_id if call is not None and isinstance(call.call_id, str) else None
@@ -92,7 +100,7 @@ class ToolCalls:
         calls[task] = InDoubtCall(effect.name, effect.dispatch, call_id, InDoubtCause.ABANDONED)
         task.add_done_callback(lambda done: calls.pop(done, None))
 
-    def cancel(self, effect: CancelTool, iteration: int) -> None:
+    def cancel(self, effect: CancelTool, iteration: int, pump: ToolPump) -> None:
         turn = self.turn
         if turn.observation is not None:
             turn.observation.tool_cancelled(self.dispatch)
@@ -107,11 +115,13 @@ class ToolCalls:
             if effect.cut_off is not None:
                 # its outcome is owed: the grace to stop, then settled (§3.9 rule 2)
                 name = f"settling {self.name}"
-                self.settling = turn.spawn(self._settle_cut_off(effect, task, iteration), name)
+                self.settling = pump.spawn(
+                    self._settle_cut_off(effect, task, iteration, pump), name
+                )
                 return
             # a tool that ignores its cancellation is abandoned after the grace
             self.grace = turn.clock.call_later(
-                turn.policy.cancel_grace, self._abandon_unless_done, task, self.name
+                turn.policy.cancel_grace, self._abandon_unless_done, task, self.name, pump
             )
         elif effect.cut_off is not None:  # it had just returned: its deadline's outcome
             failed = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error=effect.cut_off)
@@ -138,12 +148,12 @@ class ToolCalls:
             self.grace.cancel()
         self.grace = None
 
-    def _abandon_unless_done(self, task: asyncio.Task[Any], name: str) -> None:
+    def _abandon_unless_done(self, task: asyncio.Task[Any], name: str, pump: ToolPump) -> None:
         if not task.done():
-            self.turn.abandon(task, name)
+            pump.abandon(task, name)
 
     async def _settle_cut_off(
-        self, effect: CancelTool, task: asyncio.Task[None], iteration: int
+        self, effect: CancelTool, task: asyncio.Task[None], iteration: int, pump: ToolPump
     ) -> None:
         """docs/behaviour.md §3.9 rule 2: a call with a reconcile hook, cancelled at its
         deadline, has the grace to stop (its outcome is then that timeout); one that does
@@ -158,7 +168,7 @@ class ToolCalls:
         if not await wait_bounded(turn.clock, (task,), policy.cancel_grace):
             event = ToolFinished(dispatch, ToolOutcomeKind.RAISED, error=cut_off)
         else:
-            in_doubt = turn.abandon(task, task.get_name())
+            in_doubt = pump.abandon(task, task.get_name())
             call = turn.machine.turn.tool_round.pending_call
             tool = turn.registry.get(str(call.name)) if call is not None else None
             answer: ToolFinished | None = None
@@ -180,7 +190,7 @@ class ToolCalls:
                         clock=turn.clock,
                     )
                 except (KeyboardInterrupt, SystemExit) as err:
-                    turn.fail(err)
+                    pump.fail(err)
                     return
             name = tool.name if tool is not None else "the tool"
             if answer is None:
@@ -195,7 +205,7 @@ class ToolCalls:
                 self._settled(in_doubt, reconciled=answer is not None)
         if self.settling is asyncio.current_task():
             self.settling = None
-            turn.feed(event)
+            pump.feed(event)
 
     def _settled(self, call: InDoubtCall, *, reconciled: bool) -> None:
         """Record how a call in doubt was settled, in its place in the list."""
@@ -205,7 +215,7 @@ class ToolCalls:
             listed[listed.index(call)] = settled
         self.turn.records.settled(settled)
 
-    async def _call(self, effect: RunTool, iteration: int) -> None:
+    async def _call(self, effect: RunTool, iteration: int, pump: ToolPump) -> None:
         turn = self.turn
         tool = turn.registry.get(effect.name)
         event: ToolFinished
@@ -227,7 +237,7 @@ class ToolCalls:
                 )
             except (KeyboardInterrupt, SystemExit) as err:
                 # the process is going down: end the run with it, children cancelled first
-                turn.fail(err)
+                pump.fail(err)
                 return
             # what the tool said may quote a key: masked before the observers and the
             # machine (and so the history, the channel and the next request) see it
@@ -235,7 +245,7 @@ class ToolCalls:
         if effect.dispatch == self.dispatch:
             if turn.observation is not None:
                 turn.observation.tool_finished(event)
-            turn.feed(event)
+            pump.feed(event)
 
 
 def own_copy(arguments: Mapping[str, Any]) -> dict[str, Any]:
