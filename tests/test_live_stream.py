@@ -28,6 +28,8 @@ from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnStatus
 from toolloop_fsm import UsageReport
 from toolloop_fsm import run_tool_loop
+from toolloop_fsm.observation import ObservedChunk
+from toolloop_fsm.observation import TurnAborted
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.sansio import TraceStep
 from toolloop_fsm.stream import AttemptEnded
@@ -267,6 +269,114 @@ async def test_the_callers_own_observer_sees_the_turn_too() -> None:
             pass
     assert passes == [1, 2]
     assert events.result.status is TurnStatus.COMPLETED
+
+
+class EveryPhase(TurnObserver):
+    """Records each call it gets, by the observer method called."""
+
+    def __init__(self, *, wants_chunks: bool = False) -> None:
+        self.wants_chunks = wants_chunks
+        self.calls: list[tuple[str, object]] = []
+
+    def turn_started(self, event: TurnStarted) -> None:
+        self.calls.append(("turn_started", event))
+
+    def turn_ended(self, event: TurnEnded) -> None:
+        self.calls.append(("turn_ended", event))
+
+    def turn_aborted(self, event: TurnAborted) -> None:
+        self.calls.append(("turn_aborted", event))
+
+    def attempt_started(self, event: AttemptStarted) -> None:
+        self.calls.append(("attempt_started", event))
+
+    def attempt_ended(self, event: AttemptEnded) -> None:
+        self.calls.append(("attempt_ended", event))
+
+    def pass_started(self, event: PassStarted) -> None:
+        self.calls.append(("pass_started", event))
+
+    def pass_ended(self, event: PassEnded) -> None:
+        self.calls.append(("pass_ended", event))
+
+    def tool_started(self, event: ToolStarted) -> None:
+        self.calls.append(("tool_started", event))
+
+    def tool_ended(self, event: ToolEnded) -> None:
+        self.calls.append(("tool_ended", event))
+
+    def chunk(self, event: ObservedChunk) -> None:
+        self.calls.append(("chunk", event))
+
+
+#: The observer method each event the stream yields is given to.
+METHOD_OF = {
+    TurnStarted: "turn_started",
+    TurnEnded: "turn_ended",
+    AttemptStarted: "attempt_started",
+    AttemptEnded: "attempt_ended",
+    PassStarted: "pass_started",
+    PassEnded: "pass_ended",
+    ToolStarted: "tool_started",
+    ToolEnded: "tool_ended",
+    TextDelta: "chunk",
+    ThoughtDelta: "chunk",
+    FunctionCall: "chunk",
+}
+
+
+@pytest.mark.parametrize("wants_chunks", [False, True])
+async def test_the_callers_own_observer_is_told_every_phase_by_its_own_method(
+    wants_chunks: bool,
+) -> None:
+    clock = VirtualClock()
+    failing = ScriptedProvider(
+        [[Fail(ProviderError("503", kind="server", retryable=True, status_code=503))]],
+        clock=clock,
+    )
+    backup = ScriptedProvider(weather_script(), clock=clock)
+    own = EveryPhase(wants_chunks=wants_chunks)
+    async with stream_generation_turn(
+        [Attempt(failing, label="main"), Attempt(backup, label="backup")],
+        [weather_tool()],
+        RecordingChannel(clock=clock),
+        REQUEST,
+        clock=clock,
+        observer=own,
+    ) as events:
+        yielded = [event async for event in events]
+    told = [(METHOD_OF[type(event)], event) for event in yielded]
+    if not wants_chunks:
+        told = [call for call in told if call[0] != "chunk"]
+    assert own.calls == told
+    every = set(METHOD_OF.values()) if wants_chunks else set(METHOD_OF.values()) - {"chunk"}
+    assert {method for method, _event in own.calls} == every  # the turn had every phase
+
+
+async def test_the_callers_own_observer_is_told_of_a_turn_that_raised() -> None:
+    clock = VirtualClock()
+
+    def broken_hook(step: TraceStep) -> None:
+        if step.event == "stream_ended":
+            raise RuntimeError("the host's step hook broke")
+
+    own = EveryPhase()
+    with pytest.raises(RuntimeError, match="step hook broke"):
+        async with stream_tool_loop(
+            ScriptedProvider([[TextDelta("Hello.")]], clock=clock),
+            [],
+            RecordingChannel(clock=clock),
+            REQUEST,
+            clock=clock,
+            on_step=broken_hook,
+            observer=own,
+        ) as events:
+            async for _event in events:
+                pass
+    method, aborted = own.calls[-1]
+    assert method == "turn_aborted"
+    assert isinstance(aborted, TurnAborted) and not aborted.cancelled
+    assert aborted.error is not None and "step hook broke" in aborted.error
 
 
 # --------------------------------------------------------------------------- leaving early

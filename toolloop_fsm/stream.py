@@ -59,6 +59,7 @@ from toolloop_fsm.host import Tool
 from toolloop_fsm.host import ToolRegistry
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.host import TurnSignals
+from toolloop_fsm.observation import OBSERVER_METHOD
 from toolloop_fsm.observation import AttemptEnded
 from toolloop_fsm.observation import AttemptStarted
 from toolloop_fsm.observation import ObservedChunk
@@ -221,50 +222,19 @@ class _LiveObserver(TurnObserver):
         self._also = also
         self._also_chunks = also is not None and getattr(also, "wants_chunks", False)
 
-    def turn_started(self, event: TurnStarted) -> None:
+    def _relay(self, event: LiveEvent) -> None:
         self._stream._push(event)
         if self._also is not None:
-            self._also.turn_started(event)
+            getattr(self._also, OBSERVER_METHOD[type(event)])(event)
 
-    def turn_ended(self, event: TurnEnded) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.turn_ended(event)
+    # each phase is yielded as it happens and handed on, by the method it came to
+    turn_started = turn_ended = attempt_started = attempt_ended = _relay
+    pass_started = pass_ended = tool_started = tool_ended = _relay
 
     def turn_aborted(self, event: TurnAborted) -> None:
         # the stream raises the turn's exception, or was closed: nothing to yield
         if self._also is not None:
             self._also.turn_aborted(event)
-
-    def attempt_started(self, event: AttemptStarted) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.attempt_started(event)
-
-    def attempt_ended(self, event: AttemptEnded) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.attempt_ended(event)
-
-    def pass_started(self, event: PassStarted) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.pass_started(event)
-
-    def pass_ended(self, event: PassEnded) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.pass_ended(event)
-
-    def tool_started(self, event: ToolStarted) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.tool_started(event)
-
-    def tool_ended(self, event: ToolEnded) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.tool_ended(event)
 
     def chunk(self, event: ObservedChunk) -> None:
         self._stream._push(event)
