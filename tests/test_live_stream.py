@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import re
 import subprocess
 import sys
 import warnings
 from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +26,16 @@ from toolloop_fsm import ThoughtDelta
 from toolloop_fsm import Tool
 from toolloop_fsm import ToolContext
 from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
 from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnStatus
 from toolloop_fsm import UsageReport
+from toolloop_fsm import run_generation_turn
 from toolloop_fsm import run_tool_loop
 from toolloop_fsm.observation import ObservedChunk
 from toolloop_fsm.observation import TurnAborted
 from toolloop_fsm.observation import TurnObserver
+from toolloop_fsm.review import Pass
 from toolloop_fsm.sansio import TraceStep
 from toolloop_fsm.stream import AttemptEnded
 from toolloop_fsm.stream import AttemptStarted
@@ -47,6 +52,7 @@ from toolloop_fsm.testing import Fail
 from toolloop_fsm.testing import Pause
 from toolloop_fsm.testing import RecordingChannel
 from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptedReviewer
 from toolloop_fsm.testing import VirtualClock
 
 REQUEST = TurnRequest([{"role": "user", "content": "what's the weather in Paris?"}])
@@ -377,6 +383,56 @@ async def test_the_callers_own_observer_is_told_of_a_turn_that_raised() -> None:
     assert method == "turn_aborted"
     assert isinstance(aborted, TurnAborted) and not aborted.cancelled
     assert aborted.error is not None and "step hook broke" in aborted.error
+
+
+# --------------------------------------------------------------------------- its parameters
+@pytest.mark.parametrize(
+    ("stream", "run"),
+    [(stream_tool_loop, run_tool_loop), (stream_generation_turn, run_generation_turn)],
+)
+def test_a_stream_takes_exactly_the_parameters_of_its_run_function(
+    stream: Callable[..., object], run: Callable[..., object]
+) -> None:
+    assert inspect.signature(stream).parameters == inspect.signature(run).parameters
+    assert inspect.signature(stream).return_annotation == "TurnStream"
+
+
+@pytest.mark.parametrize("tier", ["tool_loop", "generation"])
+async def test_a_drafting_turn_streams_with_the_reviewer_it_needs(tier: str) -> None:
+    clock = VirtualClock()
+    provider = ScriptedProvider([[TextDelta("Paris is clear.")]], clock=clock)
+    channel = RecordingChannel(clock=clock)
+    reviewer = ScriptedReviewer([Pass()])
+    drafting = LoopPolicy(drafting=True)
+    if tier == "tool_loop":
+        stream = stream_tool_loop(
+            provider, [], channel, REQUEST, policy=drafting, clock=clock, reviewer=reviewer
+        )
+    else:
+        stream = stream_generation_turn(
+            [Attempt(provider, label="main")],
+            [],
+            channel,
+            REQUEST,
+            policy=TurnPolicy(loop=drafting),
+            clock=clock,
+            reviewer=reviewer,
+        )
+    async with stream as events:
+        seen = [summary(event) async for event in events]
+    assert seen[-1] == ("TurnEnded", "completed")
+    assert len(reviewer.packets) == 1  # the held reply was reviewed, then delivered
+    assert channel.texts == ["Paris is clear."]
+
+
+@pytest.mark.parametrize("stream", [stream_tool_loop, stream_generation_turn])
+def test_a_stream_called_wrongly_is_a_type_error_at_the_call(
+    stream: Callable[..., object],
+) -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'reveiwer'"):
+        stream(ScriptedProvider([]), [], RecordingChannel(), REQUEST, reveiwer=None)
+    with pytest.raises(TypeError, match="missing .*'request'"):
+        stream(ScriptedProvider([]), [], RecordingChannel())
 
 
 # --------------------------------------------------------------------------- leaving early
