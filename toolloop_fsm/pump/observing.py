@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Awaitable
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -174,6 +175,20 @@ class Observation:
     # ------------------------------------------------------------------ the turn
     def for_provider(self, provider: object) -> None:
         self.provider, self.model = provider_identity(provider)
+
+    async def watching(
+        self, run: Awaitable[GenerationTurnResult], tier: str
+    ) -> GenerationTurnResult:
+        """``run``, the turn of ``tier``, with its start, its end or its abort shown to the
+        observers."""
+        self.turn_started(tier)
+        try:
+            result = await run
+        except BaseException as err:
+            self.turn_aborted(err)
+            raise
+        self.turn_ended(result)
+        return result
 
     def turn_started(self, tier: str) -> None:
         if tier == "tool_loop":
