@@ -40,13 +40,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import inspect
 from collections.abc import Awaitable
 from collections.abc import Callable
 from types import TracebackType
 from typing import ParamSpec
-from typing import Protocol
 from typing import Self
 from typing import cast
 
@@ -85,12 +83,7 @@ LiveEvent = (
 )
 
 _P = ParamSpec("_P")
-
-
-class _RunTurn(Protocol):
-    """A turn's run, given the observer the stream watches it with."""
-
-    def __call__(self, *, observer: TurnObserver) -> Awaitable[GenerationTurnResult]: ...
+_RunTurn = Callable[[TurnObserver], Awaitable[GenerationTurnResult]]
 
 
 class TurnStream:
@@ -131,7 +124,7 @@ class TurnStream:
 
     async def _drive(self) -> None:
         try:
-            self._result = await self._run(observer=self._observer)
+            self._result = await self._run(self._observer)
         finally:
             self._wake()
 
@@ -250,7 +243,11 @@ def _streaming(
     def stream(*args: _P.args, **kwargs: _P.kwargs) -> TurnStream:
         signature.bind(*args, **kwargs)  # a call ``run`` refuses is refused here, not later
         observer = cast("TurnObserver | None", kwargs.pop("observer", None))
-        return TurnStream(functools.partial(call, *args, **kwargs), observer)
+
+        def run_observed(live: TurnObserver) -> Awaitable[GenerationTurnResult]:
+            return call(*args, **kwargs, observer=live)
+
+        return TurnStream(run_observed, observer)
 
     stream.__name__ = stream.__qualname__ = name
     stream.__doc__ = doc
