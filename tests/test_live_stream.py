@@ -431,7 +431,7 @@ def test_a_stream_called_wrongly_is_a_type_error_at_the_call(
 ) -> None:
     with pytest.raises(TypeError, match="unexpected keyword argument 'reveiwer'"):
         stream(ScriptedProvider([]), [], RecordingChannel(), REQUEST, reveiwer=None)
-    with pytest.raises(TypeError, match="missing .*'request'"):
+    with pytest.raises(TypeError, match=r"missing .*'request'"):
         stream(ScriptedProvider([]), [], RecordingChannel())
 
 
