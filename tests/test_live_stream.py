@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import re
 import subprocess
 import sys
 import warnings
 from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +26,16 @@ from toolloop_fsm import ThoughtDelta
 from toolloop_fsm import Tool
 from toolloop_fsm import ToolContext
 from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnPolicy
 from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnStatus
 from toolloop_fsm import UsageReport
+from toolloop_fsm import run_generation_turn
 from toolloop_fsm import run_tool_loop
+from toolloop_fsm.observation import ObservedChunk
+from toolloop_fsm.observation import TurnAborted
 from toolloop_fsm.observation import TurnObserver
+from toolloop_fsm.review import Pass
 from toolloop_fsm.sansio import TraceStep
 from toolloop_fsm.stream import AttemptEnded
 from toolloop_fsm.stream import AttemptStarted
@@ -45,6 +52,7 @@ from toolloop_fsm.testing import Fail
 from toolloop_fsm.testing import Pause
 from toolloop_fsm.testing import RecordingChannel
 from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptedReviewer
 from toolloop_fsm.testing import VirtualClock
 
 REQUEST = TurnRequest([{"role": "user", "content": "what's the weather in Paris?"}])
@@ -267,6 +275,164 @@ async def test_the_callers_own_observer_sees_the_turn_too() -> None:
             pass
     assert passes == [1, 2]
     assert events.result.status is TurnStatus.COMPLETED
+
+
+class EveryPhase(TurnObserver):
+    """Records each call it gets, by the observer method called."""
+
+    def __init__(self, *, wants_chunks: bool = False) -> None:
+        self.wants_chunks = wants_chunks
+        self.calls: list[tuple[str, object]] = []
+
+    def turn_started(self, event: TurnStarted) -> None:
+        self.calls.append(("turn_started", event))
+
+    def turn_ended(self, event: TurnEnded) -> None:
+        self.calls.append(("turn_ended", event))
+
+    def turn_aborted(self, event: TurnAborted) -> None:
+        self.calls.append(("turn_aborted", event))
+
+    def attempt_started(self, event: AttemptStarted) -> None:
+        self.calls.append(("attempt_started", event))
+
+    def attempt_ended(self, event: AttemptEnded) -> None:
+        self.calls.append(("attempt_ended", event))
+
+    def pass_started(self, event: PassStarted) -> None:
+        self.calls.append(("pass_started", event))
+
+    def pass_ended(self, event: PassEnded) -> None:
+        self.calls.append(("pass_ended", event))
+
+    def tool_started(self, event: ToolStarted) -> None:
+        self.calls.append(("tool_started", event))
+
+    def tool_ended(self, event: ToolEnded) -> None:
+        self.calls.append(("tool_ended", event))
+
+    def chunk(self, event: ObservedChunk) -> None:
+        self.calls.append(("chunk", event))
+
+
+#: The observer method each event the stream yields is given to.
+METHOD_OF = {
+    TurnStarted: "turn_started",
+    TurnEnded: "turn_ended",
+    AttemptStarted: "attempt_started",
+    AttemptEnded: "attempt_ended",
+    PassStarted: "pass_started",
+    PassEnded: "pass_ended",
+    ToolStarted: "tool_started",
+    ToolEnded: "tool_ended",
+    TextDelta: "chunk",
+    ThoughtDelta: "chunk",
+    FunctionCall: "chunk",
+}
+
+
+@pytest.mark.parametrize("wants_chunks", [False, True])
+async def test_the_callers_own_observer_is_told_every_phase_by_its_own_method(
+    wants_chunks: bool,
+) -> None:
+    clock = VirtualClock()
+    failing = ScriptedProvider(
+        [[Fail(ProviderError("503", kind="server", retryable=True, status_code=503))]],
+        clock=clock,
+    )
+    backup = ScriptedProvider(weather_script(), clock=clock)
+    own = EveryPhase(wants_chunks=wants_chunks)
+    async with stream_generation_turn(
+        [Attempt(failing, label="main"), Attempt(backup, label="backup")],
+        [weather_tool()],
+        RecordingChannel(clock=clock),
+        REQUEST,
+        clock=clock,
+        observer=own,
+    ) as events:
+        yielded = [event async for event in events]
+    told = [(METHOD_OF[type(event)], event) for event in yielded]
+    if not wants_chunks:
+        told = [call for call in told if call[0] != "chunk"]
+    assert own.calls == told
+    every = set(METHOD_OF.values()) if wants_chunks else set(METHOD_OF.values()) - {"chunk"}
+    assert {method for method, _event in own.calls} == every  # the turn had every phase
+
+
+async def test_the_callers_own_observer_is_told_of_a_turn_that_raised() -> None:
+    clock = VirtualClock()
+
+    def broken_hook(step: TraceStep) -> None:
+        if step.event == "stream_ended":
+            raise RuntimeError("the host's step hook broke")
+
+    own = EveryPhase()
+    with pytest.raises(RuntimeError, match="step hook broke"):
+        async with stream_tool_loop(
+            ScriptedProvider([[TextDelta("Hello.")]], clock=clock),
+            [],
+            RecordingChannel(clock=clock),
+            REQUEST,
+            clock=clock,
+            on_step=broken_hook,
+            observer=own,
+        ) as events:
+            async for _event in events:
+                pass
+    method, aborted = own.calls[-1]
+    assert method == "turn_aborted"
+    assert isinstance(aborted, TurnAborted) and not aborted.cancelled
+    assert aborted.error is not None and "step hook broke" in aborted.error
+
+
+# --------------------------------------------------------------------------- its parameters
+@pytest.mark.parametrize(
+    ("stream", "run"),
+    [(stream_tool_loop, run_tool_loop), (stream_generation_turn, run_generation_turn)],
+)
+def test_a_stream_takes_exactly_the_parameters_of_its_run_function(
+    stream: Callable[..., object], run: Callable[..., object]
+) -> None:
+    assert inspect.signature(stream).parameters == inspect.signature(run).parameters
+    assert inspect.signature(stream).return_annotation == "TurnStream"
+
+
+@pytest.mark.parametrize("tier", ["tool_loop", "generation"])
+async def test_a_drafting_turn_streams_with_the_reviewer_it_needs(tier: str) -> None:
+    clock = VirtualClock()
+    provider = ScriptedProvider([[TextDelta("Paris is clear.")]], clock=clock)
+    channel = RecordingChannel(clock=clock)
+    reviewer = ScriptedReviewer([Pass()])
+    drafting = LoopPolicy(drafting=True)
+    if tier == "tool_loop":
+        stream = stream_tool_loop(
+            provider, [], channel, REQUEST, policy=drafting, clock=clock, reviewer=reviewer
+        )
+    else:
+        stream = stream_generation_turn(
+            [Attempt(provider, label="main")],
+            [],
+            channel,
+            REQUEST,
+            policy=TurnPolicy(loop=drafting),
+            clock=clock,
+            reviewer=reviewer,
+        )
+    async with stream as events:
+        seen = [summary(event) async for event in events]
+    assert seen[-1] == ("TurnEnded", "completed")
+    assert len(reviewer.packets) == 1  # the held reply was reviewed, then delivered
+    assert channel.texts == ["Paris is clear."]
+
+
+@pytest.mark.parametrize("stream", [stream_tool_loop, stream_generation_turn])
+def test_a_stream_called_wrongly_is_a_type_error_at_the_call(
+    stream: Callable[..., object],
+) -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'reveiwer'"):
+        stream(ScriptedProvider([]), [], RecordingChannel(), REQUEST, reveiwer=None)
+    with pytest.raises(TypeError, match=r"missing .*'request'"):
+        stream(ScriptedProvider([]), [], RecordingChannel())
 
 
 # --------------------------------------------------------------------------- leaving early

@@ -174,6 +174,18 @@ PhaseEvent = (
     | ToolStarted
     | ToolEnded
 )
+#: The `TurnObserver` method each phase event is given to.
+OBSERVER_METHOD: Mapping[type, str] = {
+    TurnStarted: "turn_started",
+    TurnEnded: "turn_ended",
+    TurnAborted: "turn_aborted",
+    AttemptStarted: "attempt_started",
+    AttemptEnded: "attempt_ended",
+    PassStarted: "pass_started",
+    PassEnded: "pass_ended",
+    ToolStarted: "tool_started",
+    ToolEnded: "tool_ended",
+}
 #: The chunks an observer that ``wants_chunks`` is shown, as the provider streamed them.
 ObservedChunk = TextDelta | ThoughtDelta | FunctionCall
 OBSERVED_CHUNKS: tuple[type, ...] = (TextDelta, ThoughtDelta, FunctionCall)
@@ -252,6 +264,7 @@ def turn_observer_factories() -> tuple[ObserverFactory, ...]:
 
 __all__ = [
     "OBSERVED_CHUNKS",
+    "OBSERVER_METHOD",
     "AttemptEnded",
     "AttemptStarted",
     "ObservedChunk",

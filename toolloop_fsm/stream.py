@@ -40,25 +40,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 from collections.abc import Awaitable
 from collections.abc import Callable
-from collections.abc import Iterable
-from collections.abc import Sequence
 from types import TracebackType
+from typing import ParamSpec
 from typing import Self
+from typing import cast
 
-from toolloop_fsm.attempts import Attempt
-from toolloop_fsm.attempts import KeyBook
-from toolloop_fsm.attempts import SharedRoute
 from toolloop_fsm.events import FunctionCall
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import ThoughtDelta
-from toolloop_fsm.host import Channel
-from toolloop_fsm.host import Clock
-from toolloop_fsm.host import Tool
-from toolloop_fsm.host import ToolRegistry
-from toolloop_fsm.host import TurnRequest
-from toolloop_fsm.host import TurnSignals
+from toolloop_fsm.observation import OBSERVER_METHOD
 from toolloop_fsm.observation import AttemptEnded
 from toolloop_fsm.observation import AttemptStarted
 from toolloop_fsm.observation import ObservedChunk
@@ -70,14 +63,9 @@ from toolloop_fsm.observation import TurnAborted
 from toolloop_fsm.observation import TurnEnded
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.observation import TurnStarted
-from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.policy import TurnPolicy
-from toolloop_fsm.provider import Provider
 from toolloop_fsm.pump import run_generation_turn
 from toolloop_fsm.pump import run_tool_loop
 from toolloop_fsm.result import GenerationTurnResult
-from toolloop_fsm.result import TraceStep
-from toolloop_fsm.snapshot import TurnSnapshot
 
 #: What a live stream yields.
 LiveEvent = (
@@ -94,6 +82,7 @@ LiveEvent = (
     | TurnEnded
 )
 
+_P = ParamSpec("_P")
 _RunTurn = Callable[[TurnObserver], Awaitable[GenerationTurnResult]]
 
 
@@ -221,50 +210,19 @@ class _LiveObserver(TurnObserver):
         self._also = also
         self._also_chunks = also is not None and getattr(also, "wants_chunks", False)
 
-    def turn_started(self, event: TurnStarted) -> None:
+    def _relay(self, event: LiveEvent) -> None:
         self._stream._push(event)
         if self._also is not None:
-            self._also.turn_started(event)
+            getattr(self._also, OBSERVER_METHOD[type(event)])(event)
 
-    def turn_ended(self, event: TurnEnded) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.turn_ended(event)
+    # each phase is yielded as it happens and handed on, by the method it came to
+    turn_started = turn_ended = attempt_started = attempt_ended = _relay
+    pass_started = pass_ended = tool_started = tool_ended = _relay
 
     def turn_aborted(self, event: TurnAborted) -> None:
         # the stream raises the turn's exception, or was closed: nothing to yield
         if self._also is not None:
             self._also.turn_aborted(event)
-
-    def attempt_started(self, event: AttemptStarted) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.attempt_started(event)
-
-    def attempt_ended(self, event: AttemptEnded) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.attempt_ended(event)
-
-    def pass_started(self, event: PassStarted) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.pass_started(event)
-
-    def pass_ended(self, event: PassEnded) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.pass_ended(event)
-
-    def tool_started(self, event: ToolStarted) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.tool_started(event)
-
-    def tool_ended(self, event: ToolEnded) -> None:
-        self._stream._push(event)
-        if self._also is not None:
-            self._also.tool_ended(event)
 
     def chunk(self, event: ObservedChunk) -> None:
         self._stream._push(event)
@@ -273,78 +231,44 @@ class _LiveObserver(TurnObserver):
             self._also.chunk(event)
 
 
-def stream_tool_loop(
-    provider: Provider,
-    tools: ToolRegistry | Iterable[Tool],
-    channel: Channel,
-    request: TurnRequest,
-    *,
-    policy: LoopPolicy | None = None,
-    signals: TurnSignals | None = None,
-    clock: Clock | None = None,
-    continuation_style: bool | None = None,
-    on_step: Callable[[TraceStep], None] | None = None,
-    observer: TurnObserver | None = None,
-    on_snapshot: Callable[[TurnSnapshot], None] | None = None,
-) -> TurnStream:
+def _streaming(
+    run: Callable[_P, Awaitable[GenerationTurnResult]], name: str, doc: str
+) -> Callable[_P, TurnStream]:
+    """The stream function of the run function ``run``: it takes exactly ``run``'s parameters
+    (declared once, there: a parameter a run function gains, its stream takes) and runs it
+    with the stream's observer in place of the caller's, which the stream forwards to."""
+    signature = inspect.signature(run)
+    call: Callable[..., Awaitable[GenerationTurnResult]] = run
+
+    def stream(*args: _P.args, **kwargs: _P.kwargs) -> TurnStream:
+        signature.bind(*args, **kwargs)  # a call ``run`` refuses is refused here, not later
+        observer = cast("TurnObserver | None", kwargs.pop("observer", None))
+
+        def run_observed(live: TurnObserver) -> Awaitable[GenerationTurnResult]:
+            return call(*args, **kwargs, observer=live)
+
+        return TurnStream(run_observed, observer)
+
+    stream.__name__ = stream.__qualname__ = name
+    stream.__doc__ = doc
+    stream.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        return_annotation="TurnStream"
+    )
+    return stream
+
+
+stream_tool_loop = _streaming(
+    run_tool_loop,
+    "stream_tool_loop",
     """`run_tool_loop`, as a stream of live events ending with `TurnEnded` (see the module
-    docstring)."""
-
-    def run(live: TurnObserver) -> Awaitable[GenerationTurnResult]:
-        return run_tool_loop(
-            provider,
-            tools,
-            channel,
-            request,
-            policy=policy,
-            signals=signals,
-            clock=clock,
-            continuation_style=continuation_style,
-            on_step=on_step,
-            observer=live,
-            on_snapshot=on_snapshot,
-        )
-
-    return TurnStream(run, observer)
-
-
-def stream_generation_turn(
-    attempts: Sequence[Attempt],
-    tools: ToolRegistry | Iterable[Tool],
-    channel: Channel,
-    request: TurnRequest,
-    *,
-    policy: TurnPolicy | None = None,
-    signals: TurnSignals | None = None,
-    clock: Clock | None = None,
-    shared_route: SharedRoute | None = None,
-    key_book: KeyBook | None = None,
-    on_step: Callable[[TraceStep], None] | None = None,
-    on_attempt_step: Callable[[int, TraceStep], None] | None = None,
-    observer: TurnObserver | None = None,
-    on_snapshot: Callable[[TurnSnapshot], None] | None = None,
-) -> TurnStream:
+    docstring).""",
+)
+stream_generation_turn = _streaming(
+    run_generation_turn,
+    "stream_generation_turn",
     """`run_generation_turn`, as a stream of live events ending with `TurnEnded` (see the
-    module docstring); attempts are framed by `AttemptStarted` and `AttemptEnded`."""
-
-    def run(live: TurnObserver) -> Awaitable[GenerationTurnResult]:
-        return run_generation_turn(
-            attempts,
-            tools,
-            channel,
-            request,
-            policy=policy,
-            signals=signals,
-            clock=clock,
-            shared_route=shared_route,
-            key_book=key_book,
-            on_step=on_step,
-            on_attempt_step=on_attempt_step,
-            observer=live,
-            on_snapshot=on_snapshot,
-        )
-
-    return TurnStream(run, observer)
+    module docstring); attempts are framed by `AttemptStarted` and `AttemptEnded`.""",
+)
 
 
 __all__ = [

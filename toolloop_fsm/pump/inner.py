@@ -1096,19 +1096,5 @@ def _run_loop(
     run = pump.run(request, continuation_style=continuation_style, resume_from=resume_from)
     if observation is None:
         return run
-    return _observed(run, observation, provider)
-
-
-async def _observed(
-    run: Coroutine[Any, Any, GenerationTurnResult], observation: Observation, provider: Provider
-) -> GenerationTurnResult:
-    """``run`` with its start, its end or its abort shown to the turn's observers."""
     observation.for_provider(provider)
-    observation.turn_started("tool_loop")
-    try:
-        result = await run
-    except BaseException as err:
-        observation.turn_aborted(err)
-        raise
-    observation.turn_ended(result)
-    return result
+    return observation.watching(run, "tool_loop")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Awaitable
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-from typing import Any
 
 from toolloop_fsm.event_checks import event_shapes
 from toolloop_fsm.event_checks import malformation
@@ -25,11 +25,13 @@ from toolloop_fsm.events import StopRequested
 from toolloop_fsm.events import StreamFailed
 from toolloop_fsm.events import ToolOutcomeKind
 from toolloop_fsm.observation import OBSERVED_CHUNKS
+from toolloop_fsm.observation import OBSERVER_METHOD
 from toolloop_fsm.observation import AttemptEnded
 from toolloop_fsm.observation import AttemptStarted
 from toolloop_fsm.observation import ObservedChunk
 from toolloop_fsm.observation import PassEnded
 from toolloop_fsm.observation import PassStarted
+from toolloop_fsm.observation import PhaseEvent
 from toolloop_fsm.observation import ToolEnded
 from toolloop_fsm.observation import ToolStarted
 from toolloop_fsm.observation import TurnAborted
@@ -150,7 +152,8 @@ class Observation:
     def _clean(self, text: str | None) -> str | None:
         return None if text is None else self.records.secrets.clean(text)
 
-    def _emit(self, method: str, event: Any) -> None:
+    def _emit(self, event: PhaseEvent) -> None:
+        method = OBSERVER_METHOD[type(event)]
         for observer in self._observers:
             try:
                 getattr(observer, method)(event)
@@ -173,20 +176,34 @@ class Observation:
     def for_provider(self, provider: object) -> None:
         self.provider, self.model = provider_identity(provider)
 
+    async def watching(
+        self, run: Awaitable[GenerationTurnResult], tier: str
+    ) -> GenerationTurnResult:
+        """``run``, the turn of ``tier``, with its start, its end or its abort shown to the
+        observers."""
+        self.turn_started(tier)
+        try:
+            result = await run
+        except BaseException as err:
+            self.turn_aborted(err)
+            raise
+        self.turn_ended(result)
+        return result
+
     def turn_started(self, tier: str) -> None:
         if tier == "tool_loop":
             event = TurnStarted(tier, self.clock.now(), self.provider, self.model)
         else:
             event = TurnStarted(tier, self.clock.now())
-        self._emit("turn_started", event)
+        self._emit(event)
 
     def turn_ended(self, result: GenerationTurnResult) -> None:
-        self._emit("turn_ended", TurnEnded(result, self.clock.now()))
+        self._emit(TurnEnded(result, self.clock.now()))
 
     def turn_aborted(self, err: BaseException) -> None:
         cancelled = isinstance(err, asyncio.CancelledError)
         error = None if cancelled else self._clean(f"{type(err).__name__}: {err}")
-        self._emit("turn_aborted", TurnAborted(self.clock.now(), cancelled, error))
+        self._emit(TurnAborted(self.clock.now(), cancelled, error))
 
     # ------------------------------------------------------------------ attempts
     def attempt_started(
@@ -206,7 +223,7 @@ class Observation:
             self.provider or None,
             self.model,
         )
-        self._emit("attempt_started", event)
+        self._emit(event)
 
     def attempt_ended(
         self,
@@ -217,7 +234,6 @@ class Observation:
     ) -> None:
         failed = result.status in (TurnStatus.ERROR, TurnStatus.TIMEOUT)
         self._emit(
-            "attempt_ended",
             AttemptEnded(
                 attempt,
                 label,
@@ -228,14 +244,14 @@ class Observation:
                 http_status=failure.status_code if failure is not None and failed else None,
                 retry_after=result.retry_after,
                 error=self._clean(result.error_message),
-            ),
+            )
         )
 
     # ------------------------------------------------------------------ passes
     def pass_started(self, iteration: int) -> None:
         self.pass_iteration = iteration
         event = PassStarted(self.attempt, iteration, self.provider, self.model, self.clock.now())
-        self._emit("pass_started", event)
+        self._emit(event)
 
     def pass_ended(self, turn: TurnState | None, failure: StreamFailed | None) -> None:
         """The pass being read ended (once: later calls do nothing). What the loop recorded
@@ -278,7 +294,7 @@ class Observation:
             retry_after=failure.retry_after if failure is not None else None,
             error=self._clean(failure.message if failure is not None else error),
         )
-        self._emit("pass_ended", event)
+        self._emit(event)
 
     # ------------------------------------------------------------------ tools
     def tool_started(self, effect: RunTool, call_id: str | None) -> None:
@@ -295,7 +311,7 @@ class Observation:
             self.clock.now(),
         )
         self.tool = event
-        self._emit("tool_started", event)
+        self._emit(event)
 
     def tool_finished(self, finished: ToolFinished) -> None:
         """The running tool returned (or raised): its outcome, as the loop takes it."""
@@ -330,4 +346,4 @@ class Observation:
         event = ToolEnded(
             tool.attempt, dispatch, tool.name, outcome, self.clock.now(), self._clean(error)
         )
-        self._emit("tool_ended", event)
+        self._emit(event)

@@ -683,11 +683,4 @@ async def _run_chain(
     run = pump.run(request, resume_from=resume_from)
     if observation is None:
         return await run
-    observation.turn_started("generation")
-    try:
-        result = await run
-    except BaseException as err:
-        observation.turn_aborted(err)
-        raise
-    observation.turn_ended(result)
-    return result
+    return await observation.watching(run, "generation")

@@ -247,13 +247,7 @@ class TurnActivities:
         tool = self.tools.get(spec.name)
         if tool is None:
             return ToolFinished(spec.dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
-        ctx = ToolContext(
-            spec.name,
-            spec.dispatch,
-            spec.iteration,
-            LOOP_CLOCK,
-            frozenset(spec.disabled_enrichment_kinds),
-        )
+        ctx = _tool_context(spec)
         ticker = asyncio.create_task(_heartbeat_every(spec.heartbeat_every))
         try:
             event = await run_tool_handler(
@@ -283,13 +277,7 @@ class TurnActivities:
         tool = self.tools.get(spec.name)
         if tool is None:
             return Reconciled()
-        ctx = ToolContext(
-            spec.name,
-            spec.dispatch,
-            spec.iteration,
-            LOOP_CLOCK,
-            frozenset(spec.disabled_enrichment_kinds),
-        )
+        ctx = _tool_context(spec)
         answer = await reconcile_call(
             tool, spec.dispatch, dict(spec.arguments), ctx, budget=spec.deadline, clock=LOOP_CLOCK
         )
@@ -355,6 +343,17 @@ class TurnActivities:
         except Exception as err:
             return ChannelAnswer(error=f"{type(err).__name__}: {err}")
         return ChannelAnswer()
+
+
+def _tool_context(spec: ToolInput) -> ToolContext:
+    """What the tool's handler, and its reconcile hook, are told of the call ``spec``."""
+    return ToolContext(
+        spec.name,
+        spec.dispatch,
+        spec.iteration,
+        LOOP_CLOCK,
+        frozenset(spec.disabled_enrichment_kinds),
+    )
 
 
 async def _post_notice(channel: Channel, notice: Notice, call: ChannelCall) -> ChannelAnswer:
