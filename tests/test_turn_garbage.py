@@ -32,6 +32,8 @@ from toolloop_fsm import TurnStatus
 from toolloop_fsm import run_generation_turn
 from toolloop_fsm import run_tool_loop
 from toolloop_fsm.events import Chunk
+from toolloop_fsm.stream import TurnEnded
+from toolloop_fsm.stream import stream_tool_loop
 from toolloop_fsm.testing import RecordingChannel
 from toolloop_fsm.testing import ScriptedProvider
 from toolloop_fsm.testing import ScriptItem
@@ -119,5 +121,21 @@ async def test_a_generation_turn_with_a_fallback_leaves_no_reference_cycles(
             clock=clock,
         )
         return result.status
+
+    await cycles_left_by(run, collector_off)
+
+
+async def test_a_watched_turn_leaves_no_reference_cycles(collector_off: list[Any]) -> None:
+    async def run() -> TurnStatus:
+        turn = scripted_turn(PASSES)
+        tools = [make_tool("lookup", Executions(), turn.clock)]
+        status = TurnStatus.ERROR
+        async with stream_tool_loop(
+            turn.provider, tools, turn.channel, TurnRequest(USER), clock=turn.clock
+        ) as events:
+            async for event in events:
+                if isinstance(event, TurnEnded):
+                    status = event.result.status
+        return status
 
     await cycles_left_by(run, collector_off)

@@ -92,9 +92,9 @@ class TurnStream:
     `stream_generation_turn`; iterate it once."""
 
     __slots__ = (
+        "_also",
         "_closed",
         "_events",
-        "_observer",
         "_raised",
         "_result",
         "_run",
@@ -104,7 +104,7 @@ class TurnStream:
 
     def __init__(self, run: _RunTurn, observer: TurnObserver | None = None) -> None:
         self._run = run
-        self._observer = _LiveObserver(self, observer)
+        self._also = observer  # the caller's own observer, told of every event too
         self._events: collections.deque[LiveEvent] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -124,7 +124,9 @@ class TurnStream:
 
     async def _drive(self) -> None:
         try:
-            self._result = await self._run(self._observer)
+            # the live observer is the run's to hold, not the stream's: held here it would
+            # make every watched turn a reference cycle (it holds the stream)
+            self._result = await self._run(_LiveObserver(self, self._also))
         finally:
             self._wake()
 
