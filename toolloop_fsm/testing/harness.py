@@ -45,6 +45,7 @@ from toolloop_fsm.result import TraceStep
 from toolloop_fsm.review import Reviewer
 from toolloop_fsm.review import ReviewPacket
 from toolloop_fsm.review import Verdict
+from toolloop_fsm.testing._lazy_names import HARNESS_NAMES
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock
 from toolloop_fsm.testing.hostile import HostileChannel
@@ -68,7 +69,7 @@ from toolloop_fsm.testing.strategies import ToolConfig
 from toolloop_fsm.testing.strategies import TurnScript
 from toolloop_fsm.tools import copy_arguments
 
-__all__ = ["ScriptRun", "WitnessedReviewer", "build_tools", "run_script"]
+__all__ = list(HARNESS_NAMES)
 
 
 # --------------------------------------------------------------------------- running a script
