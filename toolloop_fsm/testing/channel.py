@@ -52,9 +52,8 @@ class RecordingChannel:
     def expressions(self) -> list[str]:
         return [d.expression for d in self.delivered if d.expression is not None]
 
-    @property
-    def delivered_text(self) -> str:
-        return "".join(self.texts)
+    #: ``text``, under the name a turn's result gives it (`GenerationTurnResult.delivered_text`)
+    delivered_text = text
 
     async def _wait(self) -> None:
         if self.delivery_delay > 0 and self.clock is not None:
@@ -62,19 +61,22 @@ class RecordingChannel:
 
     async def send_text(self, text: str, *, idempotency_key: str | None = None) -> None:
         await self._wait()
-        if self.fail_when is not None and self.fail_when(text, None):
-            raise ConnectionError("the channel refused the message")
-        if self._seen(idempotency_key):
-            return
-        self._record(Delivered(len(self.delivered), text=text))
+        self._confirm(idempotency_key, text=text)
 
     async def send_expression(self, expression: str, *, idempotency_key: str | None = None) -> None:
         await self._wait()
-        if self.fail_when is not None and self.fail_when(None, expression):
-            raise ConnectionError("the channel refused the expression")
-        if self._seen(idempotency_key):
-            return
-        self._record(Delivered(len(self.delivered), expression=expression))
+        self._confirm(idempotency_key, expression=expression)
+
+    def _confirm(
+        self, key: str | None, *, text: str | None = None, expression: str | None = None
+    ) -> None:
+        """Confirm one delivery (a text or an expression) once it was sent: refused when
+        ``fail_when`` says so, dropped when its key was accepted already, else recorded."""
+        if self.fail_when is not None and self.fail_when(text, expression):
+            what = "message" if text is not None else "expression"
+            raise ConnectionError(f"the channel refused the {what}")
+        if not self._seen(key):
+            self._record(Delivered(len(self.delivered), text=text, expression=expression))
 
     def _seen(self, key: str | None) -> bool:
         """Whether ``key`` was accepted already (the delivery is then dropped)."""

@@ -45,6 +45,7 @@ from toolloop_fsm.result import TraceStep
 from toolloop_fsm.review import Reviewer
 from toolloop_fsm.review import ReviewPacket
 from toolloop_fsm.review import Verdict
+from toolloop_fsm.testing._lazy_names import HARNESS_NAMES
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock
 from toolloop_fsm.testing.hostile import HostileChannel
@@ -68,7 +69,7 @@ from toolloop_fsm.testing.strategies import ToolConfig
 from toolloop_fsm.testing.strategies import TurnScript
 from toolloop_fsm.tools import copy_arguments
 
-__all__ = ["ScriptRun", "WitnessedReviewer", "build_tools", "run_script"]
+__all__ = list(HARNESS_NAMES)
 
 
 # --------------------------------------------------------------------------- running a script
@@ -363,14 +364,32 @@ async def _act_out(
     )
 
 
-class _LogCapture(logging.Handler):
+class LibraryLogCapture(logging.Handler):
+    """The library's log records, each as its message and any exception text (both are
+    places a key could be written), from `attach` to `detach`; meanwhile the
+    ``toolloop_fsm`` logger logs from DEBUG up. Both harnesses capture with it."""
+
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.lines: list[str] = []
+        self._logger = logging.getLogger("toolloop_fsm")
+        self._previous_level = self._logger.level
 
     def emit(self, record: logging.LogRecord) -> None:
-        # the message and any exception text: both are places a key could be written
         self.lines.append(self.format(record))
+
+    def attach(self) -> None:
+        self._previous_level = self._logger.level
+        self._logger.addHandler(self)
+        self._logger.setLevel(logging.DEBUG)
+
+    def detach(self) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._previous_level)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
 
 
 async def run_script(
@@ -449,13 +468,9 @@ async def run_script(
         else:
             fire(signal)
 
-    capture: _LogCapture | None = None
-    library_logger = logging.getLogger("toolloop_fsm")
-    previous_level = library_logger.level
-    if script.provider_key is not None:
-        capture = _LogCapture()
-        library_logger.addHandler(capture)
-        library_logger.setLevel(logging.DEBUG)
+    capture = LibraryLogCapture() if script.provider_key is not None else None
+    if capture is not None:
+        capture.attach()
     loop = asyncio.get_running_loop()
     # before any task is made or timer armed: the clock's jumper, and the timer callbacks it
     # runs (a review deadline dispatches a tool), inherit the context of the first task to
@@ -503,8 +518,7 @@ async def run_script(
         _RUNNING.reset(running_tools)
         stragglers.release()
         if capture is not None:
-            library_logger.removeHandler(capture)
-            library_logger.setLevel(previous_level)
+            capture.detach()
         # not asyncio.all_tasks(): it walks every task not yet garbage-collected
         leftover = [task for task in senders if not task.done()]
         for task in leftover:
@@ -525,7 +539,7 @@ async def run_script(
         signals_fired=tuple(fired),
         signal_errors=tuple(signal_errors),
         running_at_return=running,
-        log_text="\n".join(capture.lines) if capture is not None else "",
+        log_text=capture.text if capture is not None else "",
         reviews_asked=tuple(reviewer.asked) if reviewer is not None else (),
     )
 

@@ -331,22 +331,12 @@ class HostileChannel(RecordingChannel):
             await self.stragglers.ignore_cancellation(call.label, noted)
 
     async def send_text(self, text: str, *, idempotency_key: str | None = None) -> None:
-        def confirm() -> None:
-            if self.fail_when is not None and self.fail_when(text, None):
-                raise ConnectionError("the channel refused the message")
-            if not self._seen(idempotency_key):
-                self._record(Delivered(len(self.delivered), text=text))
-
-        await self._perform("send_text", "send", confirm)
+        await self._perform("send_text", "send", lambda: self._confirm(idempotency_key, text=text))
 
     async def send_expression(self, expression: str, *, idempotency_key: str | None = None) -> None:
-        def confirm() -> None:
-            if self.fail_when is not None and self.fail_when(None, expression):
-                raise ConnectionError("the channel refused the expression")
-            if not self._seen(idempotency_key):
-                self._record(Delivered(len(self.delivered), expression=expression))
-
-        await self._perform("send_expression", "send", confirm)
+        await self._perform(
+            "send_expression", "send", lambda: self._confirm(idempotency_key, expression=expression)
+        )
 
     async def send_notice(self, notice: Notice) -> None:
         await self._perform("send_notice", "notice", lambda: self.notices.append(notice))

@@ -161,6 +161,7 @@ from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.review import Pass
 from toolloop_fsm.review import Revise
+from toolloop_fsm.testing._lazy_names import REFERENCE_NAMES
 from toolloop_fsm.testing.clock import VirtualClock
 from toolloop_fsm.testing.harness import ScriptRun
 from toolloop_fsm.testing.harness import build_tools
@@ -181,16 +182,7 @@ from toolloop_fsm.testing.strategies import ToolAction
 from toolloop_fsm.testing.strategies import ToolBehaviour
 from toolloop_fsm.testing.strategies import TurnScript
 
-__all__ = [
-    "AmbiguousEnding",
-    "PredictedEnding",
-    "check_ending",
-    "describe_script",
-    "difference",
-    "ending_of",
-    "predict_ending",
-    "predict_endings",
-]
+__all__ = list(REFERENCE_NAMES)
 
 #: Orders of coinciding timers the model follows at most for one script.
 MAX_ORDERINGS = 4096

@@ -76,6 +76,7 @@ from toolloop_fsm.review import Pass
 from toolloop_fsm.review import ReviewUsage
 from toolloop_fsm.review import Revise
 from toolloop_fsm.review import Unavailable
+from toolloop_fsm.testing._lazy_names import STRATEGY_NAMES
 from toolloop_fsm.testing.hostile import ChannelAct
 from toolloop_fsm.testing.hostile import EchoKey
 from toolloop_fsm.testing.hostile import HostileItem
@@ -89,30 +90,7 @@ from toolloop_fsm.testing.scripted import Fail
 from toolloop_fsm.testing.scripted import Pause
 from toolloop_fsm.testing.scripted import ScriptItem
 
-__all__ = [
-    "DEFAULT_TOOLS",
-    "KNOWN_TOOLS",
-    "MEMORY_TOOL",
-    "PROVIDER_KEYS",
-    "UNKNOWN_TOOLS",
-    "TimedSignal",
-    "ToolAction",
-    "ToolBehaviour",
-    "ToolConfig",
-    "TurnScript",
-    "chunks",
-    "function_calls",
-    "loop_policies",
-    "provider_passes",
-    "reviewer_acts",
-    "reviewer_scripts",
-    "script_items",
-    "text_deltas",
-    "timed_signals",
-    "tool_behaviours",
-    "tool_chains",
-    "turn_scripts",
-]
+__all__ = ["DEFAULT_TOOLS", *STRATEGY_NAMES, "tool_chains"]
 
 _T = TypeVar("_T")
 

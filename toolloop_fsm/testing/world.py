@@ -88,6 +88,7 @@ from toolloop_fsm.review import FindingCategory
 from toolloop_fsm.review import Pass
 from toolloop_fsm.review import Revise
 from toolloop_fsm.review import Unavailable
+from toolloop_fsm.testing._lazy_names import WORLD_NAMES
 from toolloop_fsm.testing.strategies import KNOWN_TOOLS
 from toolloop_fsm.testing.strategies import UNKNOWN_TOOLS
 from toolloop_fsm.testing.strategies import chunks
@@ -98,8 +99,7 @@ __all__ = [
     "TOOL_OUTCOME_KINDS",
     "TOOL_RESULTS",
     "VERDICTS",
-    "Happening",
-    "World",
+    *WORLD_NAMES,
 ]
 
 

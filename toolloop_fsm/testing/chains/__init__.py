@@ -24,60 +24,39 @@ no shared route, no signals. Like `toolloop_fsm.testing.strategies`, this module
 Hypothesis; `toolloop_fsm.testing` imports it lazily.
 """
 
-from toolloop_fsm.testing.chains.harness import ChainChannel
-from toolloop_fsm.testing.chains.harness import ChainRun
-from toolloop_fsm.testing.chains.harness import ChainToolExecution
-from toolloop_fsm.testing.chains.harness import FirstRequest
-from toolloop_fsm.testing.chains.harness import KeyUse
-from toolloop_fsm.testing.chains.harness import TimelineEntry
-from toolloop_fsm.testing.chains.harness import run_chain
-from toolloop_fsm.testing.chains.invariants import CHAIN_INVARIANTS
-from toolloop_fsm.testing.chains.invariants import REVIEW_CHAIN_INVARIANTS
-from toolloop_fsm.testing.chains.invariants import ChainInvariantViolation
-from toolloop_fsm.testing.chains.invariants import check_chain_invariants
-from toolloop_fsm.testing.chains.script import SHARED_TOOLS
-from toolloop_fsm.testing.chains.script import AttemptScript
-from toolloop_fsm.testing.chains.script import ChainScript
-from toolloop_fsm.testing.chains.script import ChainSignal
-from toolloop_fsm.testing.chains.script import Ending
-from toolloop_fsm.testing.chains.script import ErrorKind
-from toolloop_fsm.testing.chains.script import KeyScript
-from toolloop_fsm.testing.chains.script import KeyState
-from toolloop_fsm.testing.chains.script import ModelScript
-from toolloop_fsm.testing.chains.script import SharedRouteScript
-from toolloop_fsm.testing.chains.script import ToolStep
-from toolloop_fsm.testing.chains.script import chain_budget
-from toolloop_fsm.testing.chains.strategies import attempt_scripts
-from toolloop_fsm.testing.chains.strategies import chain_signals
-from toolloop_fsm.testing.chains.strategies import generation_chains
-from toolloop_fsm.testing.chains.strategies import turn_policies
+from toolloop_fsm.testing._lazy_names import CHAIN_NAMES
+from toolloop_fsm.testing.chains.harness import ChainChannel as ChainChannel
+from toolloop_fsm.testing.chains.harness import ChainRun as ChainRun
+from toolloop_fsm.testing.chains.harness import ChainToolExecution as ChainToolExecution
+from toolloop_fsm.testing.chains.harness import FirstRequest as FirstRequest
+from toolloop_fsm.testing.chains.harness import KeyUse as KeyUse
+from toolloop_fsm.testing.chains.harness import TimelineEntry as TimelineEntry
+from toolloop_fsm.testing.chains.harness import run_chain as run_chain
+from toolloop_fsm.testing.chains.invariants import CHAIN_INVARIANTS as CHAIN_INVARIANTS
+from toolloop_fsm.testing.chains.invariants import (
+    REVIEW_CHAIN_INVARIANTS as REVIEW_CHAIN_INVARIANTS,
+)
+from toolloop_fsm.testing.chains.invariants import (
+    ChainInvariantViolation as ChainInvariantViolation,
+)
+from toolloop_fsm.testing.chains.invariants import check_chain_invariants as check_chain_invariants
+from toolloop_fsm.testing.chains.script import SHARED_TOOLS as SHARED_TOOLS
+from toolloop_fsm.testing.chains.script import AttemptScript as AttemptScript
+from toolloop_fsm.testing.chains.script import ChainScript as ChainScript
+from toolloop_fsm.testing.chains.script import ChainSignal as ChainSignal
+from toolloop_fsm.testing.chains.script import Ending as Ending
+from toolloop_fsm.testing.chains.script import ErrorKind as ErrorKind
+from toolloop_fsm.testing.chains.script import KeyScript as KeyScript
+from toolloop_fsm.testing.chains.script import KeyState as KeyState
+from toolloop_fsm.testing.chains.script import ModelScript as ModelScript
+from toolloop_fsm.testing.chains.script import SharedRouteScript as SharedRouteScript
+from toolloop_fsm.testing.chains.script import ToolStep as ToolStep
+from toolloop_fsm.testing.chains.script import chain_budget as chain_budget
+from toolloop_fsm.testing.chains.strategies import attempt_scripts as attempt_scripts
+from toolloop_fsm.testing.chains.strategies import chain_signals as chain_signals
+from toolloop_fsm.testing.chains.strategies import generation_chains as generation_chains
+from toolloop_fsm.testing.chains.strategies import turn_policies as turn_policies
 
-__all__ = [
-    "CHAIN_INVARIANTS",
-    "REVIEW_CHAIN_INVARIANTS",
-    "SHARED_TOOLS",
-    "AttemptScript",
-    "ChainChannel",
-    "ChainInvariantViolation",
-    "ChainRun",
-    "ChainScript",
-    "ChainSignal",
-    "ChainToolExecution",
-    "Ending",
-    "ErrorKind",
-    "FirstRequest",
-    "KeyScript",
-    "KeyState",
-    "KeyUse",
-    "ModelScript",
-    "SharedRouteScript",
-    "TimelineEntry",
-    "ToolStep",
-    "attempt_scripts",
-    "chain_budget",
-    "chain_signals",
-    "check_chain_invariants",
-    "generation_chains",
-    "run_chain",
-    "turn_policies",
-]
+# the kit's table lists the names once (the imports' `as` form tells a type checker that
+# they are re-exported)
+__all__ = list(CHAIN_NAMES)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from toolloop_fsm.testing.chains.script import ModelScript
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.clock import VirtualClock
 from toolloop_fsm.testing.clock import real_time_limit
+from toolloop_fsm.testing.harness import LibraryLogCapture
 from toolloop_fsm.testing.harness import WitnessedReviewer
 from toolloop_fsm.testing.invariants import ReviewAsked
 from toolloop_fsm.testing.invariants import call_identity
@@ -230,15 +230,6 @@ class ChainRun:
         return f"ChainRun({status}, {len(self.script.models)} models, {self.elapsed:g} s)"
 
 
-class _LogCapture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-
 def _initial_key_book(script: ChainScript) -> dict[tuple[str, int], KeyHealth]:
     book: dict[tuple[str, int], KeyHealth] = {}
     models = (*script.models, *(script.shared.models if script.shared is not None else ()))
@@ -375,11 +366,8 @@ async def run_chain(
         return lambda: fire(signal)
 
     timers = [clock.call_later(signal.at, firing(signal)) for signal in script.signals]
-    capture = _LogCapture()
-    library_logger = logging.getLogger("toolloop_fsm")
-    previous_level = library_logger.level
-    library_logger.addHandler(capture)
-    library_logger.setLevel(logging.DEBUG)
+    capture = LibraryLogCapture()
+    capture.attach()
     result: GenerationTurnResult | None = None
     raised: BaseException | None = None
     started = clock.now()
@@ -409,8 +397,7 @@ async def run_chain(
         except Exception as err:  # kept as a witness: a turn must return, not raise
             raised = err
     finally:
-        library_logger.removeHandler(capture)
-        library_logger.setLevel(previous_level)
+        capture.detach()
         for timer in timers:
             timer.cancel()
     return ChainRun(
@@ -427,7 +414,7 @@ async def run_chain(
         key_book_before=key_book_before,
         key_book=key_book,
         outer_steps=tuple(outer_steps),
-        log_text="\n".join(capture.lines),
+        log_text=capture.text,
         elapsed=clock.now() - started,
         reviews_asked=tuple(reviewer.asked) if reviewer is not None else (),
     )
