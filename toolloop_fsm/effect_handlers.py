@@ -128,7 +128,7 @@ class ShellEffectHandlers(Generic[S, R]):
     instance; calling the table with a shell and an effect carries the effect out by that
     shell."""
 
-    __slots__ = ("_handlers", "shell")
+    __slots__ = ("by_class", "shell")
 
     def __init__(
         self,
@@ -137,16 +137,12 @@ class ShellEffectHandlers(Generic[S, R]):
         entries: Iterable[tuple[type, Callable[[S, Any], R]]],
     ) -> None:
         self.shell = shell
-        self._handlers = _checked(shell, tier, entries)
+        #: The handlers by effect class, for a shell whose every effect counts (the inner
+        #: pump's batches): looked up there directly, without this table's own call.
+        self.by_class: Mapping[type, Callable[[S, Any], R]] = _checked(shell, tier, entries)
 
     def __call__(self, shell: S, effect: object) -> R:
-        return self._handlers[type(effect)](shell, effect)
-
-    @property
-    def by_class(self) -> Mapping[type, Callable[[S, Any], R]]:
-        """The handlers by effect class, for a shell whose every effect counts (the inner
-        pump's batches): looked up there directly, without this table's own call."""
-        return self._handlers
+        return self.by_class[type(effect)](shell, effect)
 
     def handles(self) -> frozenset[type]:
-        return frozenset(self._handlers)
+        return frozenset(self.by_class)
