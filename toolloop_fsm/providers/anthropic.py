@@ -38,6 +38,8 @@ from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
 from toolloop_fsm.providers._stream import KeyedStreamOptions
+from toolloop_fsm.providers._turns import append_turn
+from toolloop_fsm.providers._turns import content_parts
 from toolloop_fsm.result import ToolHistoryEntry
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -67,24 +69,8 @@ def _tool_use_id(entry: ToolHistoryEntry, position: int) -> str:
     return _TOOL_ID_INVALID.sub("_", raw)
 
 
-def _text_blocks(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
-    if isinstance(content, Sequence):
-        # Already a list of content blocks (a host that speaks Anthropic natively).
-        return [dict(block) for block in content if isinstance(block, Mapping)]
-    return [{"type": "text", "text": str(content)}]
-
-
-def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
-    if not blocks:
-        return
-    # The API wants user/assistant turns to alternate; consecutive same-role messages of the
-    # neutral context are merged into one turn rather than rejected.
-    if messages and messages[-1]["role"] == role:
-        messages[-1]["content"].extend(blocks)
-    else:
-        messages.append({"role": role, "content": blocks})
+def _text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
 
 
 def _tool_spec(tool: ToolSpec) -> dict[str, Any]:
@@ -100,12 +86,13 @@ def _add_context_message(
     role = str(message.get("role", "user"))
     content = message.get("content", "")
     if role != "system":
-        _append(messages, "assistant" if role == "assistant" else "user", _text_blocks(content))
+        blocks = content_parts(content, _text_block)
+        append_turn(messages, "assistant" if role == "assistant" else "user", blocks, key="content")
     elif isinstance(content, str):
         if content:
             system.append(content)
     else:
-        system.extend(b.get("text", "") for b in _text_blocks(content))
+        system.extend(b.get("text", "") for b in content_parts(content, _text_block))
 
 
 def _add_tool_round(messages: list[dict[str, Any]], entry: ToolHistoryEntry, position: int) -> None:
@@ -126,8 +113,8 @@ def _add_tool_round(messages: list[dict[str, Any]], entry: ToolHistoryEntry, pos
             "input": dict(entry.call.arguments),
         }
     )
-    _append(messages, "assistant", assistant)
-    _append(
+    append_turn(messages, "assistant", assistant, key="content")
+    append_turn(
         messages,
         "user",
         [
@@ -138,6 +125,7 @@ def _add_tool_round(messages: list[dict[str, Any]], entry: ToolHistoryEntry, pos
                 "is_error": not entry.response.success,
             }
         ],
+        key="content",
     )
 
 
@@ -157,7 +145,7 @@ def build_anthropic_body(
         # whitespace ("final assistant content cannot end with trailing whitespace").
         prefill = request.prefill.rstrip()
         if prefill:
-            _append(messages, "assistant", [{"type": "text", "text": prefill}])
+            append_turn(messages, "assistant", [_text_block(prefill)], key="content")
 
     body: dict[str, Any] = {
         "model": model,

@@ -38,6 +38,8 @@ from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
 from toolloop_fsm.providers._stream import KeyedStreamOptions
+from toolloop_fsm.providers._turns import append_turn
+from toolloop_fsm.providers._turns import content_parts
 from toolloop_fsm.result import ToolHistoryEntry
 
 # There is no tool-call finish reason: STOP ends a turn with calls too (§6.2), so the decoder
@@ -68,22 +70,8 @@ _PATH_TOKEN = re.compile(
 
 
 # --------------------------------------------------------------------------- request body
-def _parts(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"text": content}] if content else []
-    if isinstance(content, Sequence):
-        # Already Gemini parts (a host that speaks Gemini natively).
-        return [dict(part) for part in content if isinstance(part, Mapping)]
-    return [{"text": str(content)}]
-
-
-def _append(contents: list[dict[str, Any]], role: str, parts: list[dict[str, Any]]) -> None:
-    if not parts:
-        return
-    if contents and contents[-1]["role"] == role:
-        contents[-1]["parts"].extend(parts)
-    else:
-        contents.append({"role": role, "parts": parts})
+def _text_part(text: str) -> dict[str, Any]:
+    return {"text": text}
 
 
 def _declaration(tool: ToolSpec) -> dict[str, Any]:
@@ -106,7 +94,7 @@ def _history_contents(contents: list[dict[str, Any]], entry: ToolHistoryEntry) -
     model_parts.append(
         {"functionCall": function_call, "thoughtSignature": signature or SKIP_SIGNATURE}
     )
-    _append(contents, "model", model_parts)
+    append_turn(contents, "model", model_parts, key="parts")
     function_response: dict[str, Any] = {
         "name": entry.call.name,
         # functionResponse.response must be a JSON object (a Struct), which the payload is.
@@ -114,7 +102,7 @@ def _history_contents(contents: list[dict[str, Any]], entry: ToolHistoryEntry) -
     }
     if entry.call.call_id:
         function_response["id"] = entry.call.call_id
-    _append(contents, "user", [{"functionResponse": function_response}])
+    append_turn(contents, "user", [{"functionResponse": function_response}], key="parts")
 
 
 def build_gemini_body(request: ProviderRequest) -> dict[str, Any]:
@@ -123,16 +111,17 @@ def build_gemini_body(request: ProviderRequest) -> dict[str, Any]:
     contents: list[dict[str, Any]] = []
     for message in request.context:
         role = str(message.get("role", "user"))
-        parts = _parts(message.get("content", ""))
+        parts = content_parts(message.get("content", ""), _text_part)
         if role == "system":
             system.extend(parts)
         else:
-            _append(contents, "model" if role in ("assistant", "model") else "user", parts)
+            role = "model" if role in ("assistant", "model") else "user"
+            append_turn(contents, role, parts, key="parts")
     for entry in request.history:
         _history_contents(contents, entry)
     if request.prefill:
         # A trailing model turn is continued by the model rather than answered.
-        _append(contents, "model", [{"text": request.prefill}])
+        append_turn(contents, "model", [_text_part(request.prefill)], key="parts")
 
     body: dict[str, Any] = {"contents": contents}
     if system:

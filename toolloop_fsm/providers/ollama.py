@@ -147,12 +147,7 @@ class OllamaStreamDecoder:
             out.extend(self._message(message))
         else:
             # /api/generate shape (see the module docstring).
-            thinking = line.get("thinking")
-            if isinstance(thinking, str) and thinking:
-                out.append(ThoughtDelta(thinking))
-            response = line.get("response")
-            if isinstance(response, str) and response:
-                out.append(TextDelta(response))
+            _reasoning_and_text(line, "response", out)
         if line.get("done"):
             self._done = True
             out.append(UsageReport(_count(line, "prompt_eval_count"), _count(line, "eval_count")))
@@ -175,14 +170,7 @@ class OllamaStreamDecoder:
 
     def _message(self, message: Mapping[str, Any]) -> list[Chunk]:
         chunks: list[Chunk] = []
-        # Reasoning first: a chunk can carry thinking, content and tool calls at once, and
-        # that is the order the model produced them in.
-        thinking = message.get("thinking")
-        if isinstance(thinking, str) and thinking:
-            chunks.append(ThoughtDelta(thinking))
-        content = message.get("content")
-        if isinstance(content, str) and content:
-            chunks.append(TextDelta(content))
+        _reasoning_and_text(message, "content", chunks)
         for call in message.get("tool_calls") or ():
             if isinstance(call, Mapping):
                 chunks.append(self._call(call))
@@ -210,6 +198,20 @@ class OllamaStreamDecoder:
             truncated=truncated,
             parse_error=parse_error,
         )
+
+
+def _reasoning_and_text(part: Mapping[str, Any], text_key: str, out: list[Chunk]) -> None:
+    """The ``thinking`` and then the text (under ``text_key``: ``content`` in a chat message,
+    ``response`` in a generate line) of one line, each as a chunk when it is a non-empty string.
+
+    Reasoning first: a line can carry thinking, text and tool calls at once, and that is the
+    order the model produced them in."""
+    thinking = part.get("thinking")
+    if isinstance(thinking, str) and thinking:
+        out.append(ThoughtDelta(thinking))
+    text = part.get(text_key)
+    if isinstance(text, str) and text:
+        out.append(TextDelta(text))
 
 
 def _count(line: Mapping[str, Any], key: str) -> int:

@@ -14,7 +14,8 @@ servers that imitate it (Azure, DeepSeek, Groq, Mistral, OpenRouter, vLLM, Ollam
   normalised to `FinishKind`; tool calls through one tolerant accumulator; in-stream errors
   (a truthy top-level ``error`` or ``event: error``) raised as `ProviderError`;
 * `OpenAIStyleProvider` — what the OpenAI-style adapters add to the HTTP stream base (how the
-  key travels, ``extra_body``), and `OpenAICompatibleProvider`, the chat adapter on it.
+  key travels, ``extra_body``, how their decoder is made), and `OpenAICompatibleProvider`,
+  the chat adapter on it.
 
 Decisions (each a place where the wire allows more than one reading):
 
@@ -43,6 +44,8 @@ import json
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+from typing import ClassVar
+from typing import Protocol
 from typing import Unpack
 
 from toolloop_fsm.events import Chunk
@@ -61,6 +64,7 @@ from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
 from toolloop_fsm.providers._stream import KeyedStreamOptions
+from toolloop_fsm.providers._stream import StreamDecoder
 from toolloop_fsm.result import ToolHistoryEntry
 
 FINISH_KINDS: Mapping[str, FinishKind] = {
@@ -439,14 +443,23 @@ class OpenAIStyleOptions(KeyedStreamOptions, total=False):
     auth_header: str
 
 
+class OpenAIStyleDecoderType(Protocol):
+    """How an OpenAI-style decoder is made: with the provider's name (its errors name it by
+    that) and the secrets no error text may contain."""
+
+    def __call__(self, *, provider: str, secrets: Sequence[str | None]) -> StreamDecoder: ...
+
+
 class OpenAIStyleProvider(HTTPStreamProvider):
     """What the OpenAI APIs' adapters add to the HTTP stream base: the key as a bearer
     ``authorization`` header, or bare in the header ``auth_header`` names (Azure's
     ``api-key``); ``extra_body`` merged into every request body; a default name of
-    ``{default_name}:{model}`` (their errors name them by their name). Subclasses name the
-    path, the body and the decoder."""
+    ``{default_name}:{model}`` (their errors name them by their name); a decoder for each
+    pass, a `decoder_type` made with that name and the provider's secrets. Subclasses name
+    the path, the body and the `decoder_type`."""
 
     default_name = "openai"
+    decoder_type: ClassVar[OpenAIStyleDecoderType]
 
     __slots__ = ("_auth_header", "extra_body")
 
@@ -467,6 +480,9 @@ class OpenAIStyleProvider(HTTPStreamProvider):
     def unnamed(self) -> str:
         return f"{self.default_name}:{self.model}"
 
+    def decoder(self) -> StreamDecoder:
+        return self.decoder_type(provider=self.name, secrets=self.secrets)
+
     def credential_headers(self, api_key: str) -> dict[str, str]:
         if self._auth_header == "authorization":
             return {"authorization": f"Bearer {api_key}"}
@@ -482,20 +498,19 @@ class OpenAICompatibleProvider(OpenAIStyleProvider):
 
     path = "chat/completions"
     default_name = "openai-compatible"
+    decoder_type = ChatStreamDecoder
 
     __slots__ = ()
 
     def build_body(self, request: ProviderRequest) -> dict[str, Any]:
         return build_chat_body(request, self.model, self.extra_body)
 
-    def decoder(self) -> ChatStreamDecoder:
-        return ChatStreamDecoder(provider=self.name, secrets=self.secrets)
-
 
 __all__ = [
     "FINISH_KINDS",
     "ChatStreamDecoder",
     "OpenAICompatibleProvider",
+    "OpenAIStyleDecoderType",
     "OpenAIStyleOptions",
     "OpenAIStyleProvider",
     "ToolCallAccumulator",

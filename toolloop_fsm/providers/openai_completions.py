@@ -163,6 +163,7 @@ class OpenAICompletionsProvider(OpenAIStyleProvider):
 
     path = "completions"
     default_name = "openai-completions"
+    decoder_type = CompletionStreamDecoder
 
     __slots__ = ("render_prompt",)
 
@@ -186,9 +187,6 @@ class OpenAICompletionsProvider(OpenAIStyleProvider):
                 kind="bad_request",
                 retryable=False,
             ) from error
-
-    def decoder(self) -> CompletionStreamDecoder:
-        return CompletionStreamDecoder(provider=self.name, secrets=self.secrets)
 
 
 __all__ = [

@@ -340,14 +340,12 @@ class OpenAIResponsesProvider(OpenAIStyleProvider):
 
     path = "responses"
     default_name = "openai-responses"
+    decoder_type = ResponsesStreamDecoder
 
     __slots__ = ()
 
     def build_body(self, request: ProviderRequest) -> dict[str, Any]:
         return build_responses_body(request, self.model, self.extra_body)
-
-    def decoder(self) -> ResponsesStreamDecoder:
-        return ResponsesStreamDecoder(provider=self.name, secrets=self.secrets)
 
 
 __all__ = [
