@@ -163,17 +163,19 @@ class ToolEnded:
         return self.outcome != "succeeded"
 
 
-PhaseEvent = (
+#: The phase events of a turn that ran to its result: what a live stream yields of its phases.
+ProgressEvent = (
     TurnStarted
-    | TurnEnded
-    | TurnAborted
     | AttemptStarted
     | AttemptEnded
     | PassStarted
     | PassEnded
     | ToolStarted
     | ToolEnded
+    | TurnEnded
 )
+#: Every phase event an observer is told of: the progress, or that the turn raised.
+PhaseEvent = ProgressEvent | TurnAborted
 #: The `TurnObserver` method each phase event is given to.
 OBSERVER_METHOD: Mapping[type, str] = {
     TurnStarted: "turn_started",
@@ -272,6 +274,7 @@ __all__ = [
     "PassEnded",
     "PassStarted",
     "PhaseEvent",
+    "ProgressEvent",
     "ToolEnded",
     "ToolStarted",
     "TurnAborted",

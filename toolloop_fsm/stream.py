@@ -57,6 +57,7 @@ from toolloop_fsm.observation import AttemptStarted
 from toolloop_fsm.observation import ObservedChunk
 from toolloop_fsm.observation import PassEnded
 from toolloop_fsm.observation import PassStarted
+from toolloop_fsm.observation import ProgressEvent
 from toolloop_fsm.observation import ToolEnded
 from toolloop_fsm.observation import ToolStarted
 from toolloop_fsm.observation import TurnAborted
@@ -68,19 +69,7 @@ from toolloop_fsm.pump import run_tool_loop
 from toolloop_fsm.result import GenerationTurnResult
 
 #: What a live stream yields.
-LiveEvent = (
-    TextDelta
-    | ThoughtDelta
-    | FunctionCall
-    | TurnStarted
-    | AttemptStarted
-    | AttemptEnded
-    | PassStarted
-    | PassEnded
-    | ToolStarted
-    | ToolEnded
-    | TurnEnded
-)
+LiveEvent = TextDelta | ThoughtDelta | FunctionCall | ProgressEvent
 
 _P = ParamSpec("_P")
 _RunTurn = Callable[[TurnObserver], Awaitable[GenerationTurnResult]]
