@@ -158,10 +158,13 @@ class TracingObserver(TurnObserver):
             attributes["toolloop.usage.estimated"] = result.usage.has_estimates
         if result.attempts:
             attributes["toolloop.attempts"] = len(result.attempts)
-        span.set_attributes(attributes)
-        if result.status in FAILED_STATUSES:
-            _fail(span, result.reason or result.status.value, result.error_message)
-        span.end()
+        failed = result.status in FAILED_STATUSES
+        _end(
+            span,
+            attributes,
+            (result.reason or result.status.value) if failed else None,
+            result.error_message,
+        )
         self._turn = None
 
     def turn_aborted(self, event: TurnAborted) -> None:
@@ -224,10 +227,13 @@ class TracingObserver(TurnObserver):
         if event.reason is not None:
             attributes["toolloop.reason"] = event.reason
         _failure_facts(attributes, event.http_status, event.retry_after)
-        span.set_attributes(attributes)
-        if event.status in FAILED_STATUSES:
-            _fail(span, event.error_kind or event.reason or event.status.value, event.error)
-        span.end()
+        failed = event.status in FAILED_STATUSES
+        _end(
+            span,
+            attributes,
+            (event.error_kind or event.reason or event.status.value) if failed else None,
+            event.error,
+        )
         self._attempt = None
 
     def pass_started(self, event: PassStarted) -> None:
@@ -265,10 +271,12 @@ class TracingObserver(TurnObserver):
         if event.finish is not None:
             attributes["gen_ai.response.finish_reasons"] = (event.finish,)
         _failure_facts(attributes, event.http_status, event.retry_after)
-        span.set_attributes(attributes)
-        if event.failed:
-            _fail(span, event.error_kind or event.outcome, event.error)
-        span.end()
+        _end(
+            span,
+            attributes,
+            (event.error_kind or event.outcome) if event.failed else None,
+            event.error,
+        )
         self._pass = None
 
     def tool_started(self, event: ToolStarted) -> None:
@@ -286,10 +294,8 @@ class TracingObserver(TurnObserver):
         span = self._tool
         if span is None:
             return
-        span.set_attribute("toolloop.tool.outcome", event.outcome)
-        if event.failed:
-            _fail(span, event.outcome, event.error)
-        span.end()
+        attributes: Attributes = {"toolloop.tool.outcome": event.outcome}
+        _end(span, attributes, event.outcome if event.failed else None, event.error)
         self._tool = None
 
 
@@ -311,6 +317,15 @@ def _failure_facts(attributes: Attributes, http_status: int | None, retry: float
         attributes["http.response.status_code"] = http_status
     if retry is not None:
         attributes["toolloop.retry_after"] = retry
+
+
+def _end(span: Span, attributes: Attributes, failed_as: str | None, error: str | None) -> None:
+    """End ``span`` with ``attributes``; failed, with ``failed_as`` as its ``error.type``,
+    unless that is ``None``."""
+    span.set_attributes(attributes)
+    if failed_as is not None:
+        _fail(span, failed_as, error)
+    span.end()
 
 
 def _fail(span: Span, error_type: str, description: str | None) -> None:
