@@ -52,6 +52,7 @@ from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.states.delivery import armed_token
 
 _POLICY = LoopPolicy(delivery_flush_chars=1)
 _REQUEST = TurnRequest([{"role": "user", "content": "what's the weather in Paris?"}])
@@ -94,9 +95,9 @@ def _completed() -> ToolLoopMachine:
 
 def _timed_out() -> ToolLoopMachine:
     machine = _started()
-    return _fed(
-        machine, DeadlineExpired(DeadlineKind.STREAM, machine.turn.armed[DeadlineKind.STREAM])
-    )
+    token = armed_token(machine.turn, DeadlineKind.STREAM)
+    assert token is not None
+    return _fed(machine, DeadlineExpired(DeadlineKind.STREAM, token))
 
 
 def _fed(machine: ToolLoopMachine, event: object) -> ToolLoopMachine:
@@ -136,7 +137,9 @@ def _current(machine: ToolLoopMachine) -> dict[str, int]:
     turn = machine.turn
     return {
         "dispatch": turn.dispatches,
-        "token": next(iter(turn.armed.values()), turn.tool_round.deadline or 1),
+        "token": next(
+            (token for kind in DeadlineKind if (token := armed_token(turn, kind)) is not None), 1
+        ),
         "seq": next(iter(turn.deliveries.in_flight), 1),
     }
 
@@ -276,7 +279,7 @@ def test_a_chunk_without_text_is_refused_while_streaming_and_the_stream_goes_on(
 
 def test_a_deadline_of_an_unknown_kind_is_refused_naming_the_field() -> None:
     machine = PARKED["awaiting_first_token"]()
-    token = machine.turn.armed[DeadlineKind.STREAM]
+    token = armed_token(machine.turn, DeadlineKind.STREAM)
     with pytest.raises(InvalidEvent, match="kind must be a DeadlineKind, got str"):
         machine.feed(DeadlineExpired("stream", token))  # type: ignore[arg-type]
     assert machine.state == "awaiting_first_token"

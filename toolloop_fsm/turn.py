@@ -192,6 +192,8 @@ class PassRecord:
     request: ProviderRequest | None = None
     answered: bool = False
     ignored_calls: list[str] | None = None
+    #: the token of the pass's stream deadline while it is armed
+    deadline: int | None = None
 
 
 @define(slots=True, weakref_slot=False)
@@ -284,7 +286,8 @@ class TurnState:
     # the narration before the round's call (kept: it decides how the round ends)
     pre_tool_text: str | None = None
 
-    # deadlines: the token of each armed kind but the tool's (its round keeps that one)
+    # deadlines: the token of each armed kind but the pass's stream deadline and the tool's
+    # (the pass record and the tool round keep those: the kinds armed on every pass)
     next_token: int = 0
     armed: dict[DeadlineKind, int] = field(factory=dict)
     deliveries: Deliveries = field(factory=Deliveries)

@@ -142,7 +142,9 @@ def arm_deadline(
 ) -> None:
     turn.next_token += 1
     token = turn.next_token
-    if kind is DeadlineKind.TOOL:
+    if kind is DeadlineKind.STREAM:
+        turn.current_pass.deadline = token
+    elif kind is DeadlineKind.TOOL:
         turn.tool_round.deadline = token
     else:
         turn.armed[kind] = token
@@ -156,13 +158,22 @@ def clear_deadline(turn: TurnState, kind: DeadlineKind) -> None:
 
 
 def armed_token(turn: TurnState, kind: DeadlineKind) -> int | None:
-    """The token of the armed deadline of ``kind``: the running tool's is kept by its round
-    (`ToolRound.deadline`), every other kind's by the turn (`TurnState.armed`)."""
-    return turn.tool_round.deadline if kind is DeadlineKind.TOOL else turn.armed.get(kind)
+    """The token of the armed deadline of ``kind``: the pass's stream deadline is kept by the
+    pass (`PassRecord.deadline`), the running tool's by its round (`ToolRound.deadline`),
+    every other kind's by the turn (`TurnState.armed`, so that a turn waiting on its
+    provider holds no entry there)."""
+    if kind is DeadlineKind.STREAM:
+        return turn.current_pass.deadline
+    if kind is DeadlineKind.TOOL:
+        return turn.tool_round.deadline
+    return turn.armed.get(kind)
 
 
 def disarm_deadline(turn: TurnState, kind: DeadlineKind) -> int | None:
     """Forget the armed deadline of ``kind`` (it expired, or is cleared); its token."""
+    if kind is DeadlineKind.STREAM:
+        token, turn.current_pass.deadline = turn.current_pass.deadline, None
+        return token
     if kind is DeadlineKind.TOOL:
         token, turn.tool_round.deadline = turn.tool_round.deadline, None
         return token

@@ -37,6 +37,7 @@ from toolloop_fsm.result import UsageEntry
 from toolloop_fsm.result import estimate_tokens
 from toolloop_fsm.states.delivery import arm_deadline
 from toolloop_fsm.states.delivery import clear_deadline
+from toolloop_fsm.states.delivery import disarm_deadline
 from toolloop_fsm.states.delivery import discard_buffer
 from toolloop_fsm.states.delivery import flush_buffer
 from toolloop_fsm.states.delivery import post_notice
@@ -382,7 +383,7 @@ def time_out_stream(turn: TurnState, _event: Any = None) -> None:
     and post (or hold, for the outer tier) the timeout notice naming the budget that ran out —
     the sub-reason the transition declared."""
     reason = turn.reason
-    turn.armed.pop(DeadlineKind.STREAM, None)
+    disarm_deadline(turn, DeadlineKind.STREAM)
     turn.effects.append(CancelStream())
     close_pass(turn, "timeout", error=reason)
     discard_buffer(turn)
