@@ -67,12 +67,13 @@ _OPTIONAL = " | None"
 
 def _declared(owner: type, attribute: attrs.Attribute[Any]) -> tuple[str, str, bool]:
     """A field's declared type as (container, items, optional): ``list[X] | None`` is
-    ``("list", "X", True)``, ``tuple[X, ...]`` is ``("tuple", "X", False)``. The run state
-    and the snapshot values are declared with postponed annotations, so the types are read
-    as written (the run state's name types it imports for type checking only)."""
+    ``("list", "X", True)``, ``tuple[X, ...]`` is ``("tuple", "X", False)``. The types are
+    read as written (the run state and the snapshot values are declared with postponed
+    annotations, and the run state names types it imports for type checking only, which
+    cannot be resolved when this module is imported)."""
     declared = attribute.type
     if not isinstance(declared, str):
-        raise TypeError(f"{owner.__name__}.{attribute.name}: declare it as an annotation")
+        raise TypeError(f"{owner.__name__}.{attribute.name}: declare it as a postponed annotation")
     optional = declared.endswith(_OPTIONAL)
     container, bracket, items = declared.removesuffix(_OPTIONAL).partition("[")
     return container, items[:-1].removesuffix(", ...") if bracket else "", optional
@@ -82,8 +83,9 @@ def _carried(
     record: type, field: attrs.Attribute[Any], snapshot: type, held: attrs.Attribute[Any]
 ) -> tuple[Convert, Convert] | None:
     """How the record's ``field`` is captured as the snapshot's ``held`` and restored
-    (``None``: as it is, an immutable value). A field the snapshot holds when empty only
-    (the record's ``None``: not made yet) is captured as empty and restored as ``None``."""
+    (``None``: as it is, an immutable value). A record's optional container (``None``
+    until first used) that the snapshot holds as a plain one is captured empty for ``None``
+    and restored as ``None`` when empty."""
     kept, items, optional = _declared(record, field)
     shape, held_items, held_optional = _declared(snapshot, held)
     if field.type == held.type and kept not in _MUTABLE:
