@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import event
 from hypothesis import given
@@ -205,6 +206,54 @@ def test_the_corpus_holds_a_snapshot_of_every_kind() -> None:
     assert any(loop.in_flight for loop in loops)
     assert any(loop.draft is not None and loop.draft.records for loop in loops)
     assert any(loop.draft is not None and loop.draft.tool_reviews for loop in loops)
+
+
+def test_every_real_snapshot_restored_and_captured_again_is_the_same_snapshot() -> None:
+    """Capture and restore carry every field across, both ways: a snapshot of each kind,
+    restored as the machines' state and captured from it again, is equal to itself (the
+    cooldowns, restored on the same clock, to the float)."""
+    from toolloop_fsm.attempts import AttemptPlan
+    from toolloop_fsm.host import ToolRegistry
+    from toolloop_fsm.snapshot import policy_terms
+    from toolloop_fsm.snapshot_capture import capture_chain
+    from toolloop_fsm.snapshot_capture import capture_loop
+    from toolloop_fsm.snapshot_capture import restore_chain
+    from toolloop_fsm.snapshot_capture import restore_loop
+
+    tool = CountingTool().tool()
+    loop_policies = (
+        LoopPolicy(),
+        SMALL_FLUSH,
+        LoopPolicy(drafting=True),
+        LoopPolicy(review_tool_calls=True),
+    )
+    turn_policies = (TurnPolicy(), TurnPolicy(max_key_attempts_per_model=2))
+    compared = 0
+    for snapshot in map(snapshot_from_json, corpus()):
+        if snapshot.loop is not None:
+            loop = snapshot.loop
+            (policy,) = [p for p in loop_policies if policy_terms(p) == loop.policy_terms]
+            registry = ToolRegistry([tool] if loop.tools else [])
+            assert capture_loop(restore_loop(loop, policy, registry)) == loop
+            compared += 1
+        if snapshot.chain is not None:
+            chain = snapshot.chain
+            (turn_policy,) = [p for p in turn_policies if policy_terms(p) == chain.policy_terms]
+            state = restore_chain(
+                chain,
+                turn_policy,
+                plans=[AttemptPlan(label) for label in chain.labels],
+                shared=(),
+                tool_specs=(tool.spec(),) if chain.tools else (),
+                now=chain.now,
+            )
+            again = capture_chain(state)
+            assert [entry.health.cooldown_until for entry in again.health] == pytest.approx(
+                [entry.health.cooldown_until for entry in chain.health]
+            )
+            assert attrs.evolve(again, health=chain.health) == chain
+            compared += 1
+    assert compared > len(corpus())  # every snapshot, and the chain and loop of some
 
 
 # --------------------------------------------------------------------------- mutations

@@ -86,15 +86,8 @@ from toolloop_fsm.states.attempts import take_attempt_result
 from toolloop_fsm.turn import DraftState
 from toolloop_fsm.turn import GenerationState
 
-FINAL_STATES: tuple[str, ...] = (
-    "completed",
-    "stopped_by_user",
-    "follow_up_interrupt",
-    "timeout",
-    "error",
-    "empty_response",
-    "skipped",
-)
+#: the terminal states, one per turn status
+FINAL_STATES: tuple[str, ...] = tuple(status.value for status in TurnStatus)
 STATES: tuple[State, ...] = (
     State("ready"),
     State("planning", transient=True),

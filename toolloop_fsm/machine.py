@@ -166,14 +166,8 @@ from toolloop_fsm.turn import DraftState
 from toolloop_fsm.turn import TurnState
 
 # --------------------------------------------------------------------------- states
-FINAL_STATES: tuple[str, ...] = (
-    "completed",
-    "stopped_by_user",
-    "follow_up_interrupt",
-    "timeout",
-    "error",
-    "empty_response",
-)
+#: the terminal states, one per turn status but ``skipped`` (only the outer tier skips)
+FINAL_STATES: tuple[str, ...] = tuple(s.value for s in TurnStatus if s is not TurnStatus.SKIPPED)
 STATES: tuple[State, ...] = (
     State("ready"),
     # the stable point: before each pass, a machine asked for snapshots offers one

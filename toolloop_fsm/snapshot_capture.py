@@ -2,16 +2,29 @@
 (`capture_loop`, `capture_chain`) and what a resume restores (`restore_loop`,
 `restore_chain`), refusing a host whose policy, tools or chain differ from the turn's.
 
+A run-state record and its snapshot value share their fields by name: `_Mirror` carries
+each shared field across, in both directions, by the two fields' declared types (a list
+becomes a tuple, a set a frozenset, a dict a fresh dict, and back), so a field added to the
+record and to the snapshot value is captured and restored with nothing written here. Only
+the fields stored in another shape (a map keyed by tuples as a list of records, a nested
+record) name their conversion. `DraftState` and `DraftSnapshot` declare the same fields in
+the same order (refused on import otherwise): a draft is carried by position, the cheapest.
+
 Apart from `toolloop_fsm.snapshot` (the values and their JSON form) because it reads the
 run state (`toolloop_fsm.turn`), which sits above the values: the effects name a snapshot.
 """
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
+from typing import Any
 
 import attrs
+from attrs import frozen
 
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.attempts import KeyHealth
@@ -40,99 +53,218 @@ if TYPE_CHECKING:
     from toolloop_fsm.policy import TurnPolicy
     from toolloop_fsm.provider import ToolSpec
 
+Convert = Callable[[Any], Any]
+
+#: How a run-state container becomes the snapshot's immutable one and back, by the two
+#: fields' declared containers (their items must be declared alike): (the record's, the
+#: snapshot's) -> (capture, restore).
+_CONTAINERS: dict[tuple[str, str], tuple[Convert, Convert]] = {
+    ("list", "tuple"): (tuple, list),
+    ("set", "frozenset"): (frozenset, set),
+    ("dict", "Mapping"): (dict, dict),
+}
+_MUTABLE = frozenset(record for record, _ in _CONTAINERS)
+_OPTIONAL = " | None"
+
+
+def _declared(owner: type, attribute: attrs.Attribute[Any]) -> tuple[str, str, bool]:
+    """A field's declared type as (container, items, optional): ``list[X] | None`` is
+    ``("list", "X", True)``, ``tuple[X, ...]`` is ``("tuple", "X", False)``. The types are
+    read as written (the run state and the snapshot values are declared with postponed
+    annotations, and the run state names types it imports for type checking only, which
+    cannot be resolved when this module is imported)."""
+    declared = attribute.type
+    if not isinstance(declared, str):
+        raise TypeError(f"{owner.__name__}.{attribute.name}: declare it as a postponed annotation")
+    optional = declared.endswith(_OPTIONAL)
+    container, bracket, items = declared.removesuffix(_OPTIONAL).partition("[")
+    return container, items[:-1].removesuffix(", ...") if bracket else "", optional
+
+
+def _carried(
+    record: type, field: attrs.Attribute[Any], snapshot: type, held: attrs.Attribute[Any]
+) -> tuple[Convert, Convert] | None:
+    """How the record's ``field`` is captured as the snapshot's ``held`` and restored
+    (``None``: as it is, an immutable value). A record's optional container (``None``
+    until first used) that the snapshot holds as a plain one is captured empty for ``None``
+    and restored as ``None`` when empty."""
+    kept, items, optional = _declared(record, field)
+    shape, held_items, held_optional = _declared(snapshot, held)
+    if field.type == held.type and kept not in _MUTABLE:
+        return None
+    conversion = _CONTAINERS.get((kept, shape))
+    if conversion is None or items != held_items or (held_optional and not optional):
+        raise TypeError(
+            f"{record.__name__}.{field.name} ({field.type}) is not carried as "
+            f"{snapshot.__name__}.{held.name} ({held.type}) by type: give it its own conversion"
+        )
+    capture, restore = conversion
+    if optional and held_optional:
+        return (
+            lambda value: None if value is None else capture(value),
+            lambda value: None if value is None else restore(value),
+        )
+    if optional:
+        return lambda value: capture(value or ()), lambda value: restore(value) if value else None
+    return conversion
+
+
+@frozen
+class _Mirror:
+    """The fields a run-state record shares by name with a snapshot value (``names``, read
+    from either side in one call by ``read``), and how each is carried across: as it is, or
+    by the conversion that ``captures`` and ``restores`` give for its index. A mirror
+    ``in_order`` covers every field of both, in the same order: it builds the other side
+    itself, passing the values by position (a third of the cost of passing them by name)."""
+
+    record: type
+    snapshot: type
+    names: tuple[str, ...]
+    read: Callable[[object], tuple[Any, ...]]
+    captures: tuple[tuple[int, Convert], ...]
+    restores: tuple[tuple[int, Convert], ...]
+    in_order: bool
+
+    @classmethod
+    def between(
+        cls,
+        record: type,
+        snapshot: type,
+        *,
+        own: Mapping[str, tuple[Convert, Convert]] | None = None,
+        apart: Iterable[str] = (),
+        in_order: bool = False,
+    ) -> _Mirror:
+        """The mirror of ``record`` in ``snapshot``: ``own`` names the conversions of the
+        fields stored in another shape, ``apart`` the shared fields the caller carries;
+        ``in_order`` asks for a mirror that builds either side itself (refused unless the two
+        declare the same fields in the same order)."""
+        fields = {field.name: field for field in attrs.fields(record)}
+        own = own or {}
+        left_to_caller = set(apart)
+        names: list[str] = []
+        captures: list[tuple[int, Convert]] = []
+        restores: list[tuple[int, Convert]] = []
+        for held in attrs.fields(snapshot):
+            name = held.name
+            if name not in fields or name in left_to_caller:
+                continue
+            way = own[name] if name in own else _carried(record, fields[name], snapshot, held)
+            if way is not None:
+                captures.append((len(names), way[0]))
+                restores.append((len(names), way[1]))
+            names.append(name)
+        if in_order and not names == list(fields) == [f.name for f in attrs.fields(snapshot)]:
+            raise TypeError(
+                f"{record.__name__} and {snapshot.__name__} must declare the same fields in "
+                "the same order"
+            )
+        return cls(
+            record,
+            snapshot,
+            tuple(names),
+            _reader(names),
+            tuple(captures),
+            tuple(restores),
+            in_order,
+        )
+
+    def captured(self, record: object) -> dict[str, Any]:
+        """The snapshot's values of the shared fields, by name."""
+        return dict(zip(self.names, self._values(record, self.captures), strict=True))
+
+    def restored(self, snapshot: object) -> dict[str, Any]:
+        """The record's values of the shared fields, by name."""
+        return dict(zip(self.names, self._values(snapshot, self.restores), strict=True))
+
+    def capture(self, record: object) -> Any:
+        """The snapshot value of ``record`` (a mirror `in_order`)."""
+        assert self.in_order
+        return self.snapshot(*self._values(record, self.captures))
+
+    def restore(self, snapshot: object) -> Any:
+        """The record ``snapshot`` holds (a mirror `in_order`)."""
+        assert self.in_order
+        return self.record(*self._values(snapshot, self.restores))
+
+    def _values(self, source: object, conversions: tuple[tuple[int, Convert], ...]) -> list[Any]:
+        values = list(self.read(source))
+        for index, convert in conversions:
+            values[index] = convert(values[index])
+        return values
+
+
+def _reader(names: list[str]) -> Callable[[object], tuple[Any, ...]]:
+    """The values of ``names`` of an object, as a tuple, read in one call
+    (`operator.attrgetter`, which gives a single name's value bare)."""
+    if len(names) == 1:
+        read_one = operator.attrgetter(names[0])
+        return lambda source: (read_one(source),)
+    return operator.attrgetter(*names) if names else lambda _: ()
+
+
+_DRAFT = _Mirror.between(
+    DraftState,
+    DraftSnapshot,
+    own={
+        "segments": (
+            lambda segments: tuple(HeldPiece(s.text, s.expression) for s in segments),
+            lambda pieces: [HeldSegment(p.text, p.expression) for p in pieces],
+        )
+    },
+    in_order=True,
+)
+
 
 def capture_draft(draft: DraftState) -> DraftSnapshot:
-    return DraftSnapshot(
-        segments=tuple(HeldPiece(s.text, s.expression) for s in draft.segments),
-        committed_segments=draft.committed_segments,
-        history=tuple(draft.history),
-        held_bytes=draft.held_bytes,
-        held_segments=draft.held_segments,
-        cut=draft.cut,
-        cut_by_send_limit=draft.cut_by_send_limit,
-        expression_held=draft.expression_held,
-        discarded=draft.discarded,
-        trigger=draft.trigger,
-        reviews=draft.reviews,
-        revisions=draft.revisions,
-        reviewer_unavailable=draft.reviewer_unavailable,
-        last_findings=tuple(draft.last_findings),
-        review_seq=draft.review_seq,
-        tool_reviews=draft.tool_reviews,
-        corrections=draft.corrections,
-        checkpoint_unavailable=draft.checkpoint_unavailable,
-        reviewing_correction=draft.reviewing_correction,
-        reviewing_identity=draft.reviewing_identity,
-        rejected_calls=dict(draft.rejected_calls),
-        rejected_names=frozenset(draft.rejected_names),
-        records=tuple(draft.records),
-    )
+    snapshot: DraftSnapshot = _DRAFT.capture(draft)
+    return snapshot
 
 
 def restore_draft(snapshot: DraftSnapshot) -> DraftState:
-    return DraftState(
-        segments=[HeldSegment(p.text, p.expression) for p in snapshot.segments],
-        committed_segments=snapshot.committed_segments,
-        history=list(snapshot.history),
-        held_bytes=snapshot.held_bytes,
-        held_segments=snapshot.held_segments,
-        cut=snapshot.cut,
-        cut_by_send_limit=snapshot.cut_by_send_limit,
-        expression_held=snapshot.expression_held,
-        discarded=snapshot.discarded,
-        trigger=snapshot.trigger,
-        reviews=snapshot.reviews,
-        revisions=snapshot.revisions,
-        reviewer_unavailable=snapshot.reviewer_unavailable,
-        last_findings=tuple(snapshot.last_findings),
-        review_seq=snapshot.review_seq,
-        tool_reviews=snapshot.tool_reviews,
-        corrections=snapshot.corrections,
-        checkpoint_unavailable=snapshot.checkpoint_unavailable,
-        reviewing_correction=snapshot.reviewing_correction,
-        reviewing_identity=snapshot.reviewing_identity,
-        rejected_calls=dict(snapshot.rejected_calls),
-        rejected_names=set(snapshot.rejected_names),
-        records=list(snapshot.records),
-    )
+    draft: DraftState = _DRAFT.restore(snapshot)
+    return draft
+
+
+def _optional_draft(capture: Convert) -> Convert:
+    return lambda draft: capture(draft) if draft is not None else None
+
+
+# the draft a loop restores depends on the policy given (restore_loop)
+_LOOP = _Mirror.between(TurnState, LoopSnapshot, apart=("draft",))
+_DELIVERIES = _Mirror.between(
+    Deliveries,
+    LoopSnapshot,
+    own={
+        "in_flight": (
+            lambda in_flight: tuple(item for _, item in sorted(in_flight.items())),
+            lambda in_flight: {item.seq: item for item in in_flight},
+        )
+    },
+)
+_PRODUCED = _Mirror.between(Produced, LoopSnapshot)
+# cooldowns are restored on the resuming clock, and ``now`` is the resuming clock's
+_CHAIN = _Mirror.between(
+    GenerationState,
+    ChainSnapshot,
+    own={
+        "keys_tried": (
+            lambda tried: tuple(KeysTried(m, tuple(keys)) for m, keys in tried.items()),
+            lambda tried: {entry.model: list(entry.keys) for entry in tried},
+        ),
+        "draft": (_optional_draft(capture_draft), _optional_draft(restore_draft)),
+    },
+    apart=("health", "now"),
+)
 
 
 def capture_loop(turn: TurnState) -> LoopSnapshot:
     """The inner machine's state as it enters ``starting_pass``."""
     return LoopSnapshot(
-        request=turn.request,
-        context=tuple(turn.context),
-        history=tuple(turn.history) if turn.history is not None else None,
-        prefill=turn.prefill,
-        ledger=dict(turn.ledger),
-        occurrences=dict(turn.occurrences) if turn.occurrences is not None else None,
-        continuation_style=turn.continuation_style,
-        hold_timeout_notice=turn.hold_timeout_notice,
-        expression_delivered=turn.expression_delivered,
-        disabled_tools=turn.disabled_tools,
-        disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
-        iterations=turn.iterations,
-        dispatches=turn.dispatches,
-        consecutive_tool_errors=turn.consecutive_tool_errors,
-        continuation_failures=turn.continuation_failures,
-        suppress_text=turn.suppress_text,
-        last_tool=turn.last_tool,
-        tool_response_delivered=turn.tool_response_delivered,
-        pre_tool_text=turn.pre_tool_text,
-        next_seq=turn.deliveries.next_seq,
-        delivered=tuple(turn.deliveries.delivered or ()),
-        in_flight=tuple(item for _, item in sorted(turn.deliveries.in_flight.items())),
-        visible_text_delivered=turn.deliveries.visible_text_delivered,
-        stream_results=tuple(turn.produced.stream_results or ()),
-        usage=tuple(turn.produced.usage or ()),
-        notices=tuple(turn.produced.notices or ()),
-        held_notice=turn.produced.held_notice,
-        thought_log=turn.produced.thought_log,
-        last_text=turn.produced.last_text,
-        scene_metadata=tuple(turn.produced.scene_metadata or ()),
-        follow_ups_cleared=turn.produced.follow_ups_cleared,
+        **_LOOP.captured(turn),
+        **_DELIVERIES.captured(turn.deliveries),
+        **_PRODUCED.captured(turn.produced),
         draft=capture_draft(turn.draft) if turn.draft is not None else None,
-        trace=tuple(turn.trace),
         tools=tuple(ToolTerms.of(tool) for tool in turn.registry),
         policy_terms=policy_terms(turn.policy),
     )
@@ -151,72 +283,21 @@ def restore_loop(snapshot: LoopSnapshot, policy: LoopPolicy, registry: ToolRegis
     return TurnState(
         policy=policy,
         registry=registry,
-        request=snapshot.request,
-        continuation_style=snapshot.continuation_style,
-        hold_timeout_notice=snapshot.hold_timeout_notice,
-        ledger=dict(snapshot.ledger),
-        expression_delivered=snapshot.expression_delivered,
-        occurrences=dict(snapshot.occurrences) if snapshot.occurrences is not None else None,
-        context=list(snapshot.context),
-        history=list(snapshot.history) if snapshot.history is not None else None,
-        prefill=snapshot.prefill,
-        disabled_tools=snapshot.disabled_tools,
-        disabled_enrichment_kinds=snapshot.disabled_enrichment_kinds,
-        iterations=snapshot.iterations,
-        dispatches=snapshot.dispatches,
-        consecutive_tool_errors=snapshot.consecutive_tool_errors,
-        continuation_failures=snapshot.continuation_failures,
-        suppress_text=snapshot.suppress_text,
-        last_tool=snapshot.last_tool,
-        tool_response_delivered=snapshot.tool_response_delivered,
         flush_chars=policy.delivery_flush_chars,
-        pre_tool_text=snapshot.pre_tool_text,
-        deliveries=Deliveries(
-            next_seq=snapshot.next_seq,
-            in_flight={item.seq: item for item in snapshot.in_flight},
-            delivered=list(snapshot.delivered) if snapshot.delivered else None,
-            visible_text_delivered=snapshot.visible_text_delivered,
-        ),
-        produced=Produced(
-            stream_results=list(snapshot.stream_results) if snapshot.stream_results else None,
-            usage=list(snapshot.usage) if snapshot.usage else None,
-            notices=list(snapshot.notices) if snapshot.notices else None,
-            held_notice=snapshot.held_notice,
-            thought_log=snapshot.thought_log,
-            last_text=snapshot.last_text,
-            scene_metadata=list(snapshot.scene_metadata) if snapshot.scene_metadata else None,
-            follow_ups_cleared=snapshot.follow_ups_cleared,
-        ),
+        deliveries=Deliveries(**_DELIVERIES.restored(snapshot)),
+        produced=Produced(**_PRODUCED.restored(snapshot)),
         draft=restore_draft(draft) if drafting and draft is not None else None,
-        trace=list(snapshot.trace),
+        **_LOOP.restored(snapshot),
     )
 
 
 def capture_chain(state: GenerationState) -> ChainSnapshot:
     """The outer machine's state as it starts its current attempt."""
     return ChainSnapshot(
-        request=state.request,
+        **_CHAIN.captured(state),
         labels=tuple(plan.label for plan in state.plans),
-        model=state.model,
-        key=state.key,
-        keys_tried=tuple(KeysTried(m, tuple(keys)) for m, keys in state.keys_tried.items()),
-        attempts=state.attempts,
-        credential_source=state.credential_source,
-        admission_asked=state.admission_asked,
-        admitted=state.admitted,
-        signals_pending=state.signals_pending,
-        carried_text=state.carried_text,
-        ledger=dict(state.ledger),
-        expression_delivered=state.expression_delivered,
-        held_notice=state.held_notice,
-        draft=capture_draft(state.draft) if state.draft is not None else None,
         health=tuple(KeyHealthEntry(label, key, h) for (label, key), h in state.health.items()),
         now=state.now,
-        results=tuple(state.results),
-        records=tuple(state.records),
-        failures=tuple(state.failures),
-        notices=tuple(state.notices),
-        trace=tuple(state.trace),
         tools=tuple(spec.name for spec in state.tool_specs),
         policy_terms=policy_terms(state.policy),
     )
@@ -252,34 +333,17 @@ def restore_chain(
         left = entry.health.cooldown_until - snapshot.now
         cooldown = now + left if left > 0 else 0.0
         health[(entry.label, entry.key)] = attrs.evolve(entry.health, cooldown_until=cooldown)
-    results = list(snapshot.results)
+    restored = _CHAIN.restored(snapshot)
+    results = restored["results"]
     return GenerationState(
         policy=policy,
-        request=snapshot.request,
         tool_specs=tool_specs,
         plans=chain,
         shared_plans=shared_plans,
         health=health,
         now=now,
-        model=snapshot.model,
-        key=snapshot.key,
-        keys_tried={entry.model: list(entry.keys) for entry in snapshot.keys_tried},
-        attempts=snapshot.attempts,
-        credential_source=snapshot.credential_source,
-        admission_asked=snapshot.admission_asked,
-        admitted=snapshot.admitted,
-        signals_pending=snapshot.signals_pending,
-        carried_text=snapshot.carried_text,
-        ledger=dict(snapshot.ledger),
-        expression_delivered=snapshot.expression_delivered,
-        held_notice=snapshot.held_notice,
-        draft=restore_draft(snapshot.draft) if snapshot.draft is not None else None,
         last=results[-1] if results else None,
-        results=results,
-        records=list(snapshot.records),
-        failures=list(snapshot.failures),
-        notices=list(snapshot.notices),
-        trace=list(snapshot.trace),
+        **restored,
     )
 
 
