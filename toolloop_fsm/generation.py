@@ -220,9 +220,7 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
 
     @property
     def generation(self) -> GenerationState:
-        if self._model is None:
-            raise RuntimeError("the machine has not been started")
-        return self._model
+        return self._started()
 
     def start(
         self,
@@ -234,10 +232,7 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
         """Begin the turn over the chain; ``health`` is the key book as it stands at ``now``
         (the clock's time, also stamped on the trace steps it takes; ``None``: time 0 for
         the key book, unstamped steps)."""
-        if self._model is not None:
-            raise InvalidEvent(
-                self.name, self.state, None, "the machine was already started", trigger="start"
-            )
+        self._refuse_restart("start")
         self._model = GenerationState(
             policy=self.policy,
             request=request,
@@ -255,10 +250,7 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
         admitted) must carry the snapshot's labels, else
         `toolloop_fsm.snapshot.SnapshotError`; cooldowns keep the time they had left,
         measured from ``now``."""
-        if self._model is not None:
-            raise InvalidEvent(
-                self.name, self.state, None, "the machine was already started", trigger="resume"
-            )
+        self._refuse_restart("resume")
         self._model = restore_chain(
             snapshot,
             self.policy,

@@ -468,9 +468,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
     @property
     def turn(self) -> TurnState:
         """The live iteration state (read-only by convention; for hosts' inspection and tests)."""
-        if self._model is None:
-            raise RuntimeError("the machine has not been started")
-        return self._model
+        return self._started()
 
     def start(
         self,
@@ -491,10 +489,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         ``draft`` carries a previous attempt's review state (budgets, rejections) when
         drafting or the tool checkpoint is on.
         """
-        if self._model is not None:
-            raise InvalidEvent(
-                self.name, self.state, None, "the machine was already started", trigger="start"
-            )
+        self._refuse_restart("start")
         turn = TurnState(
             policy=self.policy,
             registry=self.tools,
@@ -527,10 +522,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         effects that send again the deliveries it had in flight and open that pass. The
         policy and tools are this machine's; a snapshot naming a tool they lack raises
         `toolloop_fsm.snapshot.SnapshotError`."""
-        if self._model is not None:
-            raise InvalidEvent(
-                self.name, self.state, None, "the machine was already started", trigger="resume"
-            )
+        self._refuse_restart("resume")
         turn = restore_loop(snapshot, self.policy, self.tools)
         turn.snapshots = self.snapshots
         self._model = turn

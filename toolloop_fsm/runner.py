@@ -234,6 +234,19 @@ class DeclaredMachine(Generic[ModelT]):
         twin._result = self._result
         return twin
 
+    def _started(self) -> ModelT:
+        """The run state of a started machine (there is none before `start` or `resume`)."""
+        if self._model is None:
+            raise RuntimeError("the machine has not been started")
+        return self._model
+
+    def _refuse_restart(self, trigger: str) -> None:
+        """A machine runs one turn: ``start`` and ``resume`` are refused once it has begun."""
+        if self._model is not None:
+            raise InvalidEvent(
+                self.name, self.state, None, "the machine was already started", trigger=trigger
+            )
+
     def _fresh(self) -> Self:
         """A new machine of the same configuration, not started (what `fork` fills)."""
         raise NotImplementedError
