@@ -58,3 +58,30 @@ def serving(cwd: Path, env: dict[str, str]) -> Iterator[str]:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+def readme_example(repo: Path, heading: str) -> str:
+    """The first ``python`` code block of the README after ``heading``."""
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index(heading) :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("\n```", start)]
+
+
+def run_example(
+    source: str, directory: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run ``source`` as a script of its own in ``directory``, as a reader of the README
+    would; what it printed, and how it exited."""
+    script = directory / "example.py"
+    script.write_text(source, encoding="utf-8")
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=timeout,
+        check=False,
+    )

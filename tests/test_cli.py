@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.serving import readme_example
+from tests.serving import run_example
 from tests.serving import serving
 from toolloop_fsm import TextDelta
 from toolloop_fsm import TurnRequest
@@ -303,10 +305,7 @@ def test_demo_names_an_unset_api_key_variable() -> None:
 
 # ----------------------------------------------------------------------------- serve
 def _readme_example() -> str:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Running a turn") :]
-    start = section.index("```python\n") + len("```python\n")
-    return section[start : section.index("\n```", start)]
+    return readme_example(REPO, "## Running a turn")
 
 
 @pytest.fixture(scope="module")
@@ -321,18 +320,8 @@ def test_the_readme_example_completes_against_toolloop_fsm_serve(
 ) -> None:
     example = _readme_example()
     assert "http://127.0.0.1:8765/v1" in example  # the README points at `serve`'s default
-    script = tmp_path / "example.py"
-    script.write_text(example.replace("http://127.0.0.1:8765/v1", served), encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=TIMEOUT,
-        check=False,
-    )
+    source = example.replace("http://127.0.0.1:8765/v1", served)
+    proc = run_example(source, tmp_path, _env(), TIMEOUT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "°C" in proc.stdout  # the model's answer, delivered through the example's channel
     assert " completed " in proc.stdout, proc.stdout
@@ -342,23 +331,10 @@ def test_the_readme_example_completes_against_toolloop_fsm_serve(
 def test_the_readme_drafting_example_revises_once_against_toolloop_fsm_serve(
     served: str, tmp_path: Path
 ) -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Drafting and the tool checkpoint") :]
-    start = section.index("```python\n") + len("```python\n")
-    example = section[start : section.index("\n```", start)]
+    example = readme_example(REPO, "## Drafting and the tool checkpoint")
     assert "http://127.0.0.1:8765/v1" in example
-    script = tmp_path / "drafting.py"
-    script.write_text(example.replace("http://127.0.0.1:8765/v1", served), encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=TIMEOUT,
-        check=False,
-    )
+    source = example.replace("http://127.0.0.1:8765/v1", served)
+    proc = run_example(source, tmp_path, _env(), TIMEOUT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "Good news" in out and "Let me check" not in out  # only the replacement was shown
@@ -368,18 +344,8 @@ def test_the_readme_drafting_example_revises_once_against_toolloop_fsm_serve(
 
 def test_the_readme_example_prints_why_a_turn_failed(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
-    script = tmp_path / "example.py"
-    script.write_text(_readme_example().replace("http://127.0.0.1:8765/v1", url), encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=TIMEOUT,
-        check=False,
-    )
+    source = _readme_example().replace("http://127.0.0.1:8765/v1", url)
+    proc = run_example(source, tmp_path, _env(), TIMEOUT)
     assert " error provider_error " in proc.stdout, proc.stdout + proc.stderr
     assert "connect" in proc.stdout.lower(), proc.stdout  # the error message, not just a status
 
