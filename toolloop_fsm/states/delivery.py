@@ -15,6 +15,8 @@ from toolloop_fsm.result import Delivered
 from toolloop_fsm.result import Notice
 from toolloop_fsm.turn import DraftState
 from toolloop_fsm.turn import HeldSegment
+from toolloop_fsm.turn import PassRecord
+from toolloop_fsm.turn import ToolRound
 from toolloop_fsm.turn import TurnState
 
 
@@ -131,6 +133,18 @@ def post_notice(turn: TurnState, notice: Notice) -> None:
     turn.effects.append(PostNotice(notice))
 
 
+def _keeper(turn: TurnState, kind: DeadlineKind) -> PassRecord | ToolRound | None:
+    """Who keeps the token of ``kind``'s armed deadline: the pass its stream deadline
+    (`PassRecord.deadline`), the round its tool's (`ToolRound.deadline`); ``None`` for the
+    rarer kinds, kept by the turn (`TurnState.armed`: a turn waiting on its provider then
+    holds no entry there)."""
+    if kind is DeadlineKind.STREAM:
+        return turn.current_pass
+    if kind is DeadlineKind.TOOL:
+        return turn.tool_round
+    return None
+
+
 def arm_deadline(
     turn: TurnState,
     kind: DeadlineKind,
@@ -142,10 +156,9 @@ def arm_deadline(
 ) -> None:
     turn.next_token += 1
     token = turn.next_token
-    if kind is DeadlineKind.STREAM:
-        turn.current_pass.deadline = token
-    elif kind is DeadlineKind.TOOL:
-        turn.tool_round.deadline = token
+    keeper = _keeper(turn, kind)
+    if keeper is not None:
+        keeper.deadline = token
     else:
         turn.armed[kind] = token
     turn.effects.append(ArmDeadline(kind, token, seconds, rolling, first_seconds, total_seconds))
@@ -158,23 +171,15 @@ def clear_deadline(turn: TurnState, kind: DeadlineKind) -> None:
 
 
 def armed_token(turn: TurnState, kind: DeadlineKind) -> int | None:
-    """The token of the armed deadline of ``kind``: the pass's stream deadline is kept by the
-    pass (`PassRecord.deadline`), the running tool's by its round (`ToolRound.deadline`),
-    every other kind's by the turn (`TurnState.armed`, so that a turn waiting on its
-    provider holds no entry there)."""
-    if kind is DeadlineKind.STREAM:
-        return turn.current_pass.deadline
-    if kind is DeadlineKind.TOOL:
-        return turn.tool_round.deadline
-    return turn.armed.get(kind)
+    """The token of the armed deadline of ``kind`` (see `_keeper` for where it is kept)."""
+    keeper = _keeper(turn, kind)
+    return keeper.deadline if keeper is not None else turn.armed.get(kind)
 
 
 def disarm_deadline(turn: TurnState, kind: DeadlineKind) -> int | None:
     """Forget the armed deadline of ``kind`` (it expired, or is cleared); its token."""
-    if kind is DeadlineKind.STREAM:
-        token, turn.current_pass.deadline = turn.current_pass.deadline, None
-        return token
-    if kind is DeadlineKind.TOOL:
-        token, turn.tool_round.deadline = turn.tool_round.deadline, None
-        return token
-    return turn.armed.pop(kind, None)
+    keeper = _keeper(turn, kind)
+    if keeper is None:
+        return turn.armed.pop(kind, None)
+    token, keeper.deadline = keeper.deadline, None
+    return token
