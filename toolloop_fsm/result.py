@@ -263,12 +263,22 @@ class GenerationTurnResult:
         return "".join(d.text for d in self.delivered if d.text is not None)
 
 
-def with_attempts_in_doubt(
-    result: GenerationTurnResult, attempts: Iterable[GenerationTurnResult]
+def with_attempts_outcomes(
+    result: GenerationTurnResult,
+    attempts: Iterable[GenerationTurnResult],
+    abandoned: Iterable[str] = (),
 ) -> GenerationTurnResult:
-    """A generation turn's ``result`` listing its attempts' calls in doubt, in order."""
+    """A generation turn's ``result`` naming, in order, the calls its attempts left in doubt
+    and the calls given up on: its attempts' and then the outer tier's own (``abandoned``)."""
+    attempts = tuple(attempts)
     in_doubt = tuple(call for attempt in attempts for call in attempt.in_doubt_calls)
-    return attrs.evolve(result, in_doubt_calls=in_doubt) if in_doubt else result
+    given_up = (*(name for attempt in attempts for name in attempt.abandoned_calls), *abandoned)
+    changes: dict[str, Any] = {}
+    if in_doubt:
+        changes["in_doubt_calls"] = in_doubt
+    if given_up:
+        changes["abandoned_calls"] = given_up
+    return attrs.evolve(result, **changes) if changes else result
 
 
 def _is_frozenset_type(kind: Any) -> bool:

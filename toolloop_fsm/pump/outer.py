@@ -71,7 +71,7 @@ from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import TraceStep
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.result import converter
-from toolloop_fsm.result import with_attempts_in_doubt
+from toolloop_fsm.result import with_attempts_outcomes
 from toolloop_fsm.review import Reviewer
 from toolloop_fsm.snapshot import ChainSnapshot
 from toolloop_fsm.snapshot import LoopSnapshot
@@ -171,18 +171,9 @@ class GenerationPump:
     async def _finish(self, effect: Finish) -> list[Effect]:
         if self._stop_honoured or effect.result.status is TurnStatus.STOPPED_BY_USER:
             self.signals.consume_stop()  # the turn that honours a stop consumes it
-        result = effect.result
-        abandoned = [
-            *(
-                name
-                for attempt in self.machine.generation.results
-                for name in attempt.abandoned_calls
-            ),
-            *self._abandoned,
-        ]
-        if abandoned:
-            result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
-        result = with_attempts_in_doubt(result, self.machine.generation.results)
+        result = with_attempts_outcomes(
+            effect.result, self.machine.generation.results, self._abandoned
+        )
         self._result = self._redacted(result)
         return []
 

@@ -78,7 +78,7 @@ with workflow.unsafe.imports_passed_through():
     from toolloop_fsm.result import InDoubtCause
     from toolloop_fsm.result import Notice
     from toolloop_fsm.result import TurnStatus
-    from toolloop_fsm.result import with_attempts_in_doubt
+    from toolloop_fsm.result import with_attempts_outcomes
     from toolloop_fsm.temporal._values import CALL_CHANNEL
     from toolloop_fsm.temporal._values import DELIVERY_INTENT_SIGNAL
     from toolloop_fsm.temporal._values import DESCRIBE_TURN
@@ -246,18 +246,9 @@ class _TurnShell:
         raise RuntimeError("the generation turn stopped without a result")
 
     async def finish(self, effect: Finish) -> list[Effect]:
-        result = effect.result
-        abandoned = [
-            *(
-                name
-                for attempt in self.machine.generation.results
-                for name in attempt.abandoned_calls
-            ),
-            *self.abandoned,
-        ]
-        if abandoned:
-            result = attrs.evolve(result, abandoned_calls=tuple(abandoned))
-        self.result = with_attempts_in_doubt(result, self.machine.generation.results)
+        self.result = with_attempts_outcomes(
+            effect.result, self.machine.generation.results, self.abandoned
+        )
         return []
 
     async def run_attempt(self, effect: StartAttempt) -> list[Effect]:
