@@ -55,6 +55,10 @@ class ProviderRequest:
     max_output: int | None = None
     disabled_enrichment_kinds: frozenset[str] = frozenset()
     max_response_bytes: int | None = None
+    #: ``False`` asks the provider for at most one tool call per response, where its API
+    #: has the option (OpenAI's ``parallel_tool_calls``, Anthropic's
+    #: ``disable_parallel_tool_use``); a provider that batches anyway has every call run
+    parallel_tool_calls: bool = True
 
 
 MAX_RETRY_AFTER = 24 * 60 * 60.0

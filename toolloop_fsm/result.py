@@ -80,12 +80,19 @@ class ToolResponseRecord:
 
 @frozen
 class ToolHistoryEntry:
-    """One tool round: the call, its response, and the visible text streamed before it."""
+    """One call of a tool batch: the call, its response, and (on the batch's first call only)
+    the visible text streamed before the batch.
+
+    ``position`` is the call's place in its batch, in the order the provider emitted the
+    calls: ``0`` opens a batch (one assistant turn), and each entry after it with a higher
+    position belongs to the same batch, so an adapter renders one assistant turn with every
+    call of the batch, then one response per call, in that order."""
 
     call: ToolCallRecord
     response: ToolResponseRecord
     pre_tool_text: str | None = None
     iteration: int = 0
+    position: int = 0
 
 
 @frozen
