@@ -37,12 +37,20 @@ class CancelStream:
 
 @frozen
 class RunTool:
-    """Run tool ``name`` with ``arguments``; report a `ToolFinished` with ``dispatch``."""
+    """Run tool ``name`` with ``arguments``; report a `ToolFinished` with ``dispatch``.
+
+    Several may run at once (the calls of one tool batch), each under its own dispatch
+    number and its own ``TOOL`` deadline (``timeout`` seconds). ``call_id`` is the
+    provider's id of the call (``None`` for a provider that names none), ``position`` its
+    place in its batch, in emitted order."""
 
     dispatch: int
     name: str
     arguments: Mapping[str, Any]
     call_key: str
+    call_id: str | None = None
+    position: int = 0
+    timeout: float | None = None
 
 
 @frozen

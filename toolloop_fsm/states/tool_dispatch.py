@@ -115,8 +115,12 @@ def start_dispatch(turn: TurnState) -> None:
     turn.dispatches += 1
     key = take_occurrence(turn, call_key_of_pending(turn, call))
     turn.tool_round.current_call_key = key
-    turn.effects.append(RunTool(turn.dispatches, call.name, dict(call.arguments), key))
     timeout = tool.timeout if tool.timeout is not None else turn.policy.tool_timeout
+    turn.effects.append(
+        RunTool(
+            turn.dispatches, call.name, dict(call.arguments), key, call.call_id, timeout=timeout
+        )
+    )
     arm_deadline(turn, DeadlineKind.TOOL, timeout)
 
 
