@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from toolloop_fsm.effects import Effect
 from toolloop_fsm.effects import Finish
 from toolloop_fsm.errors import InvalidEvent
+from toolloop_fsm.events import ContextRestart
 from toolloop_fsm.events import FunctionCall
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import UsageReport
@@ -65,6 +66,7 @@ from toolloop_fsm.testing import turn_scripts
 from toolloop_fsm.testing.hostile import HANG_GUARD_SECONDS
 from toolloop_fsm.testing.strategies import _ARGUMENTS
 from toolloop_fsm.testing.strategies import KNOWN_TOOLS
+from toolloop_fsm.testing.strategies import tool_batches
 from toolloop_fsm.testing.world import World
 from toolloop_fsm.turn import LedgerEntry
 from toolloop_fsm.turn import ToolOutcome
@@ -91,8 +93,22 @@ def test_any_turn_ends_in_one_terminal_state_within_its_ceilings_and_keeps_the_i
     assert [s.next_state in FINAL_STATES for s in result.trace].count(True) == 1
     assert result.iterations <= policy.max_function_call_iterations
     assert len(run.provider.requests) <= result.iterations
-    assert len(run.executions) <= result.tool_dispatches <= result.iterations
+    emitted = sum(isinstance(c, FunctionCall) for chunks in run.streamed for c in chunks)
+    assert len(run.executions) <= result.tool_dispatches <= emitted
     run.check()
+
+
+@given(script=tool_batches(), policy=loop_policies())
+def test_any_turn_of_tool_batches_keeps_every_invariant(
+    script: TurnScript, policy: LoopPolicy
+) -> None:
+    """Batches with mixed outcomes, durations, barriers, parallel limits and signals landing
+    mid-batch: no call runs twice by its occurrence, every call of a batch is answered once
+    and in order, the dispatches stay within the calls emitted, and the ending is the
+    predicted one."""
+    run = run_turn(script, policy)
+    run.check()
+    check_ending(run)
 
 
 #: Hostile examples under the ci profile: fewer than the kind test's, as each hostile turn
@@ -124,6 +140,19 @@ def test_any_turn_with_hostile_hosts_ends_and_keeps_every_invariant(
     assert result.iterations <= policy.max_function_call_iterations
     run.check()
     check_ending(run)  # invariant 10
+
+
+@settings(max_examples=max(1, _hostile_examples() // 3))
+@given(script=tool_batches(hostile=True), policy=loop_policies(hostile=True))
+def test_any_turn_of_hostile_tool_batches_keeps_every_invariant(
+    script: TurnScript, policy: LoopPolicy
+) -> None:
+    """A call that hangs ignoring its cancellation, one raising a `BaseException`, one
+    returning garbage: every sibling still gets its result, the stragglers are named, and
+    every invariant holds."""
+    run = asyncio.run(run_script(script, policy, real_timeout=HOSTILE_REAL_TIMEOUT))
+    run.check()
+    check_ending(run)
 
 
 #: Real seconds a hostile virtual-time turn may take before it counts as never returning.
@@ -273,6 +302,9 @@ def _expect(number: int, run: ScriptRun, **changes: Any) -> None:
 
 
 WEATHER = FunctionCall("get_weather", {"city": "Oslo"})
+LIMA = FunctionCall("get_weather", {"city": "Lima"})
+STICKER = FunctionCall("send_sticker", {})
+ENRICH = ContextRestart({"role": "system", "content": "enriched"})
 _FAIL = ToolBehaviour(ToolAction.FAIL, message="no data")
 
 
@@ -299,9 +331,36 @@ def test_the_checker_catches_a_rerun_call_a_run_after_stop_and_a_slow_run() -> N
     run = _one_run(TurnScript(passes=((WEATHER,), (TextDelta("3 °C"),))))
     (execution,) = run.executions
     _expect(4, run, executions=(attrs.evolve(execution, stop_requested=True),))
+    # a pass of one call that ran twice dispatched more calls than the provider emitted
     twice = (execution, attrs.evolve(execution, dispatch=2))
-    _expect(4, run, executions=twice, result=attrs.evolve(run.result, tool_dispatches=2))
+    _expect(2, run, executions=twice, result=attrs.evolve(run.result, tool_dispatches=2))
     _expect(6, run, elapsed=10_000.0)
+
+
+def test_the_checker_catches_a_call_run_again_after_a_restart_instead_of_reused() -> None:
+    script = TurnScript(
+        passes=((WEATHER,), (STICKER,), (WEATHER,), (TextDelta("3 °C"),)),
+        tool_plan=(("send_sticker", (ToolBehaviour(context_restart=ENRICH),)),),
+    )
+    run = _one_run(script)
+    assert [e.dispatch for e in run.executions] == [1, 2]  # the 2nd weather was reused
+    weather = run.executions[0]
+    again = (*run.executions, attrs.evolve(weather, dispatch=3, iteration=3))
+    _expect(4, run, executions=again, result=attrs.evolve(run.result, tool_dispatches=3))
+
+
+def test_the_checker_catches_a_batch_answered_out_of_order_or_twice() -> None:
+    script = TurnScript(passes=((TextDelta("Both. "), WEATHER, LIMA), (TextDelta("Done."),)))
+    run = _one_run(script)
+    first, second = run.result.history
+    assert (first.position, second.position) == (0, 1)
+    assert (first.pre_tool_text, second.pre_tool_text) == ("Both. ", None)
+    swapped = attrs.evolve(run.result, history=(second, first))
+    _expect(7, run, result=swapped, provider=None)
+    repeated = attrs.evolve(second, pre_tool_text="Both. ")
+    _expect(7, run, result=attrs.evolve(run.result, history=(first, repeated)), provider=None)
+    twice = attrs.evolve(run.result, history=(first, attrs.evolve(second, position=0)))
+    _expect(7, run, result=twice, provider=None)
 
 
 def test_the_checker_catches_invalid_history_and_a_wrong_ledger() -> None:

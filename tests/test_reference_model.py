@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 import pytest
 from hypothesis import Phase
+from hypothesis import find
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -76,6 +77,7 @@ from toolloop_fsm.testing import run_script
 from toolloop_fsm.testing import turn_scripts
 from toolloop_fsm.testing.hostile import HANG_GUARD_SECONDS
 from toolloop_fsm.testing.strategies import DEFAULT_TOOLS
+from toolloop_fsm.testing.strategies import tool_batches
 from toolloop_fsm.testing.strategies import tool_chains
 
 #: 300 examples under the ci profile (3/5 of its count); the explore profile scales it up.
@@ -126,6 +128,47 @@ def test_every_tool_chain_ends_as_the_reference_model_predicts(
     the turn, on tools registered every way the API allows: the rules after a tool call
     (docs/behaviour.md §4, §5) meet one another, and the ending is the one they predict."""
     assert_ends_as_predicted(script, policy)
+
+
+@settings(max_examples=EXAMPLES)
+@given(script=tool_batches(), policy=loop_policies())
+def test_every_turn_of_tool_batches_ends_as_the_reference_model_predicts(
+    script: TurnScript, policy: LoopPolicy
+) -> None:
+    """Batches of 2 to 6 calls whose tools succeed, fail, raise or hang after different
+    virtual durations, under parallel limits and barriers, with stops and follow-ups landing
+    mid-batch and deadlines passing while siblings run (docs/behaviour.md §3.10): the ending
+    — the calls answered in emitted order, those a stop found finished — is the predicted
+    one."""
+    assert_ends_as_predicted(script, policy)
+
+
+@settings(max_examples=EXAMPLES)
+@given(script=tool_batches(hostile=True), policy=loop_policies(hostile=True))
+def test_every_hostile_turn_of_tool_batches_ends_as_the_reference_model_predicts(
+    script: TurnScript, policy: LoopPolicy
+) -> None:
+    """One call of a batch ignores its cancellation, one raises a `BaseException`, one
+    returns garbage: every sibling still gets its result, as predicted."""
+    run = asyncio.run(run_script(script, policy, real_timeout=HOSTILE_REAL_TIMEOUT))
+    check_ending(run)
+
+
+def test_the_batch_strategy_draws_mixed_outcomes_and_stops_mid_batch_on_purpose() -> None:
+    """The drawn batches are not mixed only by chance: among a few hundred draws are a batch
+    whose calls both succeed and fail, and a stop that lands mid-batch after a call ran."""
+    policy = LoopPolicy()
+
+    def mixed(script: TurnScript) -> bool:
+        history = predict_endings(script, policy)[0].history
+        return any(ok for _, ok in history) and not all(ok for _, ok in history)
+
+    def stopped_mid_batch(script: TurnScript) -> bool:
+        return any(e.finished_calls for e in predict_endings(script, policy))
+
+    for wanted in (mixed, stopped_mid_batch):
+        found = find(tool_batches(), wanted, settings=settings(max_examples=400, database=None))
+        assert wanted(found)
 
 
 #: A policy with drafting, the tool checkpoint or both on (never neither).
@@ -960,3 +1003,203 @@ def test_a_correction_without_a_verdict_is_predicted_rejected_and_later_calls_un
     ending = predicted_and_run(script, CHECKPOINT)
     assert ending.history == (("get_weather", False), ("get_weather", False), ("search", True))
     assert ending.tool_dispatches == 1  # the reviewer was not asked about search
+
+
+# =========================================================================== tool batches
+SEARCH = FunctionCall("search", {"city": "Oslo"})
+ROCKETS = FunctionCall("launch_rockets", {})
+
+
+def _takes(seconds: float, **result: Any) -> ToolBehaviour:
+    return ToolBehaviour(delay=seconds, **result)
+
+
+def test_a_batch_is_predicted_to_run_every_call_and_answer_each_in_emitted_order() -> None:
+    script = TurnScript(
+        passes=((TextDelta("Both. "), WEATHER, LIMA, STICKER), (TextDelta("Done."),)),
+        tool_plan=(("get_weather", (_takes(3.0), ToolBehaviour(ToolAction.FAIL, 1.0))),),
+    )
+    ending = predict(script)
+    # Lima fails first, Oslo finishes last: the history keeps the emitted order
+    assert ending.history == (("get_weather", True), ("get_weather", False), STICKER_DONE)
+    assert (ending.status, ending.tool_dispatches, ending.iterations) == (
+        TurnStatus.COMPLETED,
+        3,
+        2,
+    )
+    assert ending.notices == ("tool_failed",)
+
+
+STICKER_DONE = ("send_sticker", True)
+
+
+def test_a_stop_mid_batch_is_predicted_to_name_the_calls_already_run_and_record_none() -> None:
+    script = TurnScript(
+        passes=((WEATHER, SEARCH, STICKER), (TextDelta("never"),)),
+        tool_plan=(
+            ("get_weather", (_takes(1.0),)),
+            ("search", (_takes(3.0),)),
+            ("send_sticker", (_takes(2.0),)),
+        ),
+        signals=(TimedSignal(2.5, "stop"),),
+    )
+    ending = predict(script)
+    assert (ending.status, ending.reason) == (TurnStatus.STOPPED_BY_USER, "stopped_during_tool")
+    assert ending.finished_calls == ("get_weather", "send_sticker")
+    assert ending.history == ()
+    assert ending.tool_dispatches == 3
+
+
+def test_a_deadline_mid_batch_is_predicted_to_fail_that_call_and_let_its_siblings_run() -> None:
+    # search has its own 4 s deadline; the weather takes 6 s under the policy's 30 s
+    script = TurnScript(
+        passes=((SEARCH, WEATHER), (TextDelta("Partly."),)),
+        tool_plan=(("search", (ToolBehaviour(ToolAction.HANG),)), ("get_weather", (_takes(6.0),))),
+    )
+    ending = predict(script, LoopPolicy(delivery_flush_chars=1, tool_timeout=30.0))
+    assert ending.history == (("search", False), ("get_weather", True))
+    assert ending.notices == ("tool_failed",)
+    assert ending.status is TurnStatus.COMPLETED
+
+
+def test_one_call_at_a_time_is_predicted_to_leave_the_later_calls_unstarted_at_a_stop() -> None:
+    script = TurnScript(
+        passes=((WEATHER, LIMA, STICKER), (TextDelta("Done."),)),
+        tool_plan=(("get_weather", (_takes(1.0), _takes(1.0))), ("send_sticker", (_takes(1.0),))),
+        signals=(TimedSignal(1.5, "stop"),),
+    )
+    one_by_one = attrs.evolve(EAGER, max_parallel_tools=1)
+    ending = predict(script, one_by_one)
+    assert ending.finished_calls == ("get_weather",)
+    assert ending.tool_dispatches == 2  # the sticker never started
+    # run together, all three finish at 1 s and the turn is over before the stop
+    together = predict(script)
+    assert together.status is TurnStatus.COMPLETED and len(together.history) == 3
+
+
+def test_a_sequential_tool_is_predicted_to_wait_for_the_calls_before_it_and_run_alone() -> None:
+    barrier = tuple(
+        attrs.evolve(config, sequential=config.name == "search") for config in DEFAULT_TOOLS
+    )
+    script = TurnScript(
+        passes=((WEATHER, SEARCH, STICKER), (TextDelta("never"),)),
+        tool_plan=(
+            ("get_weather", (_takes(2.0),)),
+            ("search", (_takes(2.0),)),
+            ("send_sticker", (_takes(2.0),)),
+        ),
+        signals=(TimedSignal(3.0, "stop"),),
+        tool_configs=barrier,
+    )
+    ending = predict(script)
+    # the weather ran 0-2 s; the search runs alone from 2 s; the sticker waits for it
+    assert ending.finished_calls == ("get_weather",)
+    assert ending.tool_dispatches == 2
+
+
+def test_a_call_without_a_name_is_predicted_to_end_the_turn_before_any_call_of_its_batch() -> None:
+    script = TurnScript(passes=((WEATHER, FunctionCall("", {})),))
+    ending = predict(script)
+    assert (ending.status, ending.reason) == (TurnStatus.ERROR, "malformed_call")
+    assert ending.tool_dispatches == 0 and ending.notices == ()
+
+
+def test_refused_calls_are_predicted_as_failures_that_do_not_stop_their_siblings() -> None:
+    not_an_object = FunctionCall("get_weather", [1, 2])
+    script = TurnScript(passes=((ROCKETS, WEATHER, not_an_object), (TextDelta("Done."),)))
+    ending = predict(script)
+    assert ending.history == (
+        ("launch_rockets", False),
+        ("get_weather", True),
+        ("get_weather", False),
+    )
+    assert ending.tool_dispatches == 1
+    assert ending.notices == ("tool_failed", "tool_failed")
+
+
+def test_a_batch_is_predicted_to_count_its_failures_in_emitted_order() -> None:
+    failing = ToolBehaviour(ToolAction.FAIL)
+    ceiling = LoopPolicy(delivery_flush_chars=1, max_consecutive_tool_errors=2)
+    reset = TurnScript(
+        passes=((SEARCH, WEATHER, STICKER), (TextDelta("Done."),)),
+        tool_plan=(("search", (failing,)), ("send_sticker", (failing,))),
+    )
+    # fail, success, fail: the success reset the run, so one failure in a row
+    assert predict(reset, ceiling).status is TurnStatus.COMPLETED
+    two_in_a_row = TurnScript(
+        passes=((WEATHER, SEARCH, STICKER), (TextDelta("never"),)),
+        tool_plan=(("search", (failing,)), ("send_sticker", (failing,))),
+    )
+    ending = predict(two_in_a_row, ceiling)
+    assert (ending.status, ending.reason) == (TurnStatus.ERROR, "consecutive_tool_errors")
+    assert ending.history == (("get_weather", True), ("search", False), ("send_sticker", False))
+
+
+def test_a_restart_in_a_batch_is_predicted_after_it_with_the_others_recorded() -> None:
+    script = TurnScript(
+        passes=((STICKER, WEATHER), (WEATHER,), (TextDelta("Done."),)),
+        tool_plan=(("send_sticker", (ToolBehaviour(context_restart=ENRICH),)),),
+    )
+    ending = predict(script)
+    # the sticker restarts (no entry); the weather is recorded, then reused after the restart
+    assert ending.history == (("get_weather", True), ("get_weather", True))
+    assert ending.tool_dispatches == 2 and ending.iterations == 3
+
+
+def test_identical_calls_in_one_batch_are_predicted_as_two_occurrences() -> None:
+    script = TurnScript(
+        passes=((WEATHER, WEATHER, STICKER), (WEATHER, WEATHER, WEATHER), (TextDelta("ok"),)),
+        tool_plan=(("send_sticker", (ToolBehaviour(context_restart=ENRICH),)),),
+    )
+    ending = predict(script)
+    # both weathers run, the sticker restarts; then two are reused and the third runs
+    assert ending.tool_dispatches == 4
+    assert ending.history == (("get_weather", True),) * 5
+
+
+def test_a_call_ending_the_turn_is_predicted_to_end_it_after_its_whole_batch() -> None:
+    script = TurnScript(
+        passes=((TextDelta("Sent. "), STICKER, WEATHER), (TextDelta("never"),)),
+        tool_plan=(
+            ("send_sticker", (ToolBehaviour(end_turn=True),)),
+            ("get_weather", (_takes(2.0, expression="sticker:wave"),)),
+        ),
+    )
+    ending = predict(script)
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "end_turn")
+    assert ending.history == (("send_sticker", True), ("get_weather", True))
+    assert ("expression", "sticker:wave") in ending.delivered
+    assert ending.final_text == "Sent. "
+
+
+def test_visible_text_is_predicted_to_suffice_only_when_it_does_for_every_call() -> None:
+    memory_and_weather = TurnScript(
+        passes=((TextDelta("Noted. "), MEMORY, WEATHER), (TextDelta("And 3 °C."),)),
+    )
+    assert predict(memory_and_weather).status is TurnStatus.COMPLETED
+    assert predict(memory_and_weather).reason is None  # the weather needs a follow-up
+    two_memories = TurnScript(
+        passes=((TextDelta("Noted. "), MEMORY, FunctionCall(MEMORY.name, {"city": "Lima"})),),
+    )
+    ending = predict(two_memories)
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "pre_tool_text_suffices")
+
+
+def test_hostile_tools_in_a_batch_are_predicted_to_leave_every_sibling_its_result() -> None:
+    script = TurnScript(
+        passes=((SEARCH, WEATHER, STICKER, MEMORY), (TextDelta("Done."),)),
+        tool_plan=(
+            ("search", (ToolBehaviour(ToolAction.IGNORE_CANCELLATION),)),
+            ("get_weather", (ToolBehaviour(ToolAction.RAISE_BASE_EXCEPTION, 1.0),)),
+            ("send_sticker", (ToolBehaviour(ToolAction.RETURN_GARBAGE),)),
+            ("update_short_term_memory", (_takes(2.0),)),
+        ),
+    )
+    ending = predict(script)
+    assert ending.history == (
+        ("search", False),
+        ("get_weather", False),
+        ("send_sticker", False),
+        ("update_short_term_memory", True),
+    )
+    assert ending.status is TurnStatus.COMPLETED and ending.tool_dispatches == 4

@@ -1,6 +1,7 @@
 """The kit's world model (`toolloop_fsm.testing.world`): every event it says may come is one
-the machine takes, its draws stay inside its finite alphabet, and a tool cut off at its
-deadline still owes its outcome — the timeout, or in doubt."""
+the machine takes, its draws stay inside its finite alphabet, the calls of a tool batch run
+and time out each on their own, and a tool cut off at its deadline still owes its outcome —
+the timeout, or in doubt."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from toolloop_fsm.effects import ArmDeadline
 from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.effects import ClearDeadline
 from toolloop_fsm.effects import RunTool
 from toolloop_fsm.effects import StartStream
 from toolloop_fsm.errors import InvalidEvent
@@ -18,7 +21,9 @@ from toolloop_fsm.events import DeadlineExpired
 from toolloop_fsm.events import DeadlineKind
 from toolloop_fsm.events import FunctionCall
 from toolloop_fsm.events import StreamEnded
+from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import ToolFinished
+from toolloop_fsm.events import ToolOutcomeKind
 from toolloop_fsm.host import Tool
 from toolloop_fsm.host import ToolContext
 from toolloop_fsm.host import ToolRegistry
@@ -123,7 +128,7 @@ def test_a_tool_cut_off_at_its_deadline_owes_its_outcome_and_may_end_in_doubt() 
     call = FunctionCall("pay", {})
     machine, world = _replayed(policy, [call, StreamEnded()], tools)
     assert machine.state == "executing_tool"
-    token = world.armed[DeadlineKind.TOOL]
+    (token,) = world.tool_tokens
     effects = machine.feed(DeadlineExpired(DeadlineKind.TOOL, token))
     world.fed(DeadlineExpired(DeadlineKind.TOOL, token))
     world.take(effects)
@@ -142,3 +147,45 @@ def test_a_tool_cut_off_at_its_deadline_owes_its_outcome_and_may_end_in_doubt() 
     (entry,) = start.request.history
     assert entry.call.name == "pay" and not entry.response.success
     assert Happening.TOOL_FINISHED not in world.enabled()
+
+
+def test_every_running_call_of_a_batch_may_finish_or_time_out_on_its_own() -> None:
+    world = World()
+    world.take(
+        [
+            RunTool(1, "get_weather", {}, "k1", position=0),
+            ArmDeadline(DeadlineKind.TOOL, 7, 300.0),
+            RunTool(2, "search", {}, "k2", position=1),
+            ArmDeadline(DeadlineKind.TOOL, 8, 4.0),
+        ]
+    )
+    finishing = {e.dispatch for e in world.events(Happening.TOOL_FINISHED)}  # type: ignore[attr-defined]
+    assert finishing == {1, 2}
+    assert set(world.events(Happening.DEADLINE)) == {
+        DeadlineExpired(DeadlineKind.TOOL, 7),
+        DeadlineExpired(DeadlineKind.TOOL, 8),
+    }
+    # the second call times out: its sibling still runs, and may still finish
+    world.fed(DeadlineExpired(DeadlineKind.TOOL, 8))
+    world.take([CancelTool(2)])
+    assert {e.dispatch for e in world.events(Happening.TOOL_FINISHED)} == {1}  # type: ignore[attr-defined]
+    world.fed(ToolFinished(1, ToolOutcomeKind.SUCCEEDED))
+    world.take([ClearDeadline(DeadlineKind.TOOL, 7)])
+    assert Happening.TOOL_FINISHED not in world.enabled()
+    assert Happening.DEADLINE not in world.enabled()
+    # a call reported finished twice is one the machine must refuse
+    assert ToolFinished(1, ToolOutcomeKind.SUCCEEDED) in world.illegal_events("executing_tool")
+
+
+def test_a_pass_with_several_calls_runs_them_all_at_once_in_the_world() -> None:
+    calls = [FunctionCall("get_weather", {"city": "Oslo"}), FunctionCall("send_sticker", {})]
+    machine, world = _replayed(LoopPolicy(), [TextDelta("Both. "), *calls, StreamEnded()])
+    assert machine.state == "executing_tool"
+    assert len(world.running) == 2 and len(world.tool_tokens) == 2
+    for dispatch in list(world.running):
+        finished = ToolFinished(dispatch, ToolOutcomeKind.SUCCEEDED)
+        effects = machine.feed(finished)
+        world.fed(finished)
+        world.take(effects)
+    assert machine.state == "awaiting_first_token"
+    assert not world.running and not world.tool_tokens

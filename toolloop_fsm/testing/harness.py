@@ -269,6 +269,7 @@ def _registry(handler: Callable[[str], Any], configs: Sequence[ToolConfig]) -> T
             requires_follow_up=config.requires_follow_up,
             timeout=config.timeout,
             replay=config.replay,
+            sequential=config.sequential,
         )
         for config in configs
     )
@@ -351,6 +352,9 @@ async def _act_out(
         raise GeneratorExit(f"{name} closed itself")
     if action is ToolAction.MUTATE_ARGUMENTS:
         mutate_in_place(arguments)
+    if action is ToolAction.RETURN_GARBAGE:
+        execution.outcome = "failed"  # docs/behaviour.md §3.6 rule 2: not a ToolResult
+        return {"not": "a ToolResult"}  # type: ignore[return-value]
     success = action is not ToolAction.FAIL
     execution.outcome = "succeeded" if success else "failed"
     return ToolResult(

@@ -15,6 +15,13 @@ are keyed here with an independent canonical form, usage is re-added from the ch
 provider streamed, delivered text is compared with what the channel confirmed, and the
 arguments on the history with what the model sent.
 
+Every call of a pass is one tool batch (docs/behaviour.md §3.10), so the checks are the
+batch's: invariant 2 bounds the dispatches by the calls emitted (and each pass's runs by its
+batch); invariant 4 finds no call, by its occurrence taken in emitted order, run twice;
+invariant 7 finds every call of a batch answered exactly once, in emitted order, with the
+pre-tool text once, on the batch's first entry; invariant 8 counts every call of a pass in
+an estimated usage.
+
 With drafting or the tool checkpoint on (`LoopPolicy.drafting`,
 `LoopPolicy.review_tool_calls`), invariant 2 also covers the review budgets (reviews,
 revisions, tool reviews, corrections) and the held-prose ceiling; invariant 4 treats the
@@ -48,7 +55,8 @@ delivery re-arms the rolling inactivity budget). The first-token budget covers t
 the first chunk, after which every chunk and every confirmed delivery buys at most one more
 inactivity budget, and no pass outlasts M however steadily it trickles. A tool run takes
 t_j = min(T_j, its duration) when it returned or raised, T_j when it was cancelled, and
-T_j + G when it ignored its cancellation. Each host call (a delivery, a notice, the stop
+T_j + G when it ignored its cancellation (the calls of a batch run at once, so the sum
+over them is a bound, not the figure). Each host call (a delivery, a notice, the stop
 message) takes w_h = min(H, its duration) when it returned or raised, H when it hung, and
 H + G when it ignored its cancellation. The final settle wait is bounded by the inactivity
 budget (or the shorter abandoned-stream window after a timeout) and happens once per turn.
@@ -237,12 +245,15 @@ def check_invariants(
     registry = tools if isinstance(tools, ToolRegistry) or tools is None else ToolRegistry(tools)
     _check_terminal(result)
     _check_returned(result, channel, executions, running_at_return, signal_errors)
-    _check_ceilings(result, policy, provider, executions)
+    _check_ceilings(result, policy, provider, executions, streamed)
     reviewed = policy.drafting or policy.review_tool_calls
     if reviewed:
         _check_review_budgets(result, policy, provider, request, reviews_asked)
     _check_error_runs(result, policy)
     if executions is not None:
+        # a tool's change to its arguments reaching the history is §7's, though it would
+        # also make the run look unanswered to §4's count: §7 is asked first
+        _check_arguments_as_sent(result, streamed, executions)
         _check_tool_runs(executions, registry, request, result)
     _check_deliveries(result, channel)
     if elapsed is not None:
@@ -348,12 +359,18 @@ def _check_ceilings(
     policy: LoopPolicy,
     provider: ScriptedProvider | None,
     executions: Sequence[ToolExecution] | None,
+    streamed: Sequence[Sequence[object]] | None = None,
 ) -> None:
     ceiling = policy.max_function_call_iterations
     if result.iterations > ceiling:
         _fail(2, f"{result.iterations} provider passes, above the ceiling of {ceiling}")
-    if result.tool_dispatches > result.iterations:
-        _fail(2, f"{result.tool_dispatches} tool dispatches in only {result.iterations} passes")
+    emitted = _calls_emitted(result, provider, streamed)
+    if emitted is not None and result.tool_dispatches > sum(emitted):
+        _fail(
+            2,
+            f"{result.tool_dispatches} tool dispatches, but the provider emitted only "
+            f"{sum(emitted)} calls in {result.iterations} passes",
+        )
     if len(result.stream_results) > result.iterations:
         _fail(2, f"{len(result.stream_results)} stream results for {result.iterations} passes")
     if provider is not None:
@@ -374,6 +391,38 @@ def _check_ceilings(
         dispatches = [e.dispatch for e in executions]
         if len(set(dispatches)) != len(dispatches):
             _fail(2, f"one dispatch ran a tool more than once: dispatch numbers {dispatches}")
+        if emitted is not None:
+            _check_runs_within_batches(executions, emitted)
+
+
+def _calls_emitted(
+    result: GenerationTurnResult,
+    provider: ScriptedProvider | None,
+    streamed: Sequence[Sequence[object]] | None,
+) -> list[int] | None:
+    """How many calls each pass of the turn emitted (its tool batch), from what the
+    provider yielded, else from its script; ``None`` when neither is known."""
+    passes: Sequence[Sequence[object]] | None = streamed
+    if passes is None and provider is not None:
+        passes = provider.passes
+    if passes is None:
+        return None
+    return [
+        sum(isinstance(chunk, FunctionCall) for chunk in passes[k]) if k < len(passes) else 0
+        for k in range(result.iterations)
+    ]
+
+
+def _check_runs_within_batches(executions: Sequence[ToolExecution], emitted: Sequence[int]) -> None:
+    """A pass runs at most the calls of its batch (docs/behaviour.md §3.10 rule 1)."""
+    runs: dict[int, int] = {}
+    for execution in executions:
+        if execution.iteration is not None:
+            runs[execution.iteration] = runs.get(execution.iteration, 0) + 1
+    for iteration, count in sorted(runs.items()):
+        calls = emitted[iteration - 1] if 0 < iteration <= len(emitted) else 0
+        if count > calls:
+            _fail(2, f"pass {iteration} ran {count} tools, but its batch held {calls} calls")
 
 
 def _check_review_budgets(
@@ -552,31 +601,23 @@ def _check_tool_runs(
     request: TurnRequest | None,
     result: GenerationTurnResult,
 ) -> None:
-    """No tool after a stop; only registered, allowed tools; and no call run twice because
-    the engine replayed it.
+    """No tool after a stop; only registered, allowed tools; and no call (by occurrence)
+    run twice because the engine replayed it.
 
     Replay is by occurrence: the passes after a context restart, or after a revision of a
-    drafted reply, form a new scope, and the
-    n-th identical call of a scope matches the n-th identical call recorded before it. A
-    call that runs at occurrence n although the n-th recorded one succeeded was replayed
-    into a second run (unless its tool is marked ``replay="rerun"``); a call reused at
-    occurrence n although nothing succeeded there was never run at all. A deliberate repeat
-    inside one scope is a new occurrence and runs.
+    drafted reply, form a new scope, and the n-th identical call of a scope matches the
+    n-th identical call recorded before it, taken in emitted order across the calls of each
+    tool batch (docs/behaviour.md §3.10 rule 6). A call that runs at occurrence n although
+    the n-th recorded one succeeded was replayed into a second run (unless its tool is
+    marked ``replay="rerun"``); a call reused at occurrence n although nothing succeeded
+    there was never run at all. A deliberate repeat inside one scope is a new occurrence
+    and runs, and so is an identical call later in the same batch.
     """
     for execution in executions:
         _check_run_allowed(execution, registry, request)
     if any(execution.iteration is None for execution in executions):
         return  # without the pass of each run, occurrences cannot be told apart
-    ran = _one_run_a_pass(executions)
-    for entry in result.history:
-        found = ran.get(entry.iteration)
-        if entry.response.status == REVIEW_REJECTED_STATUS and found is not None:
-            _fail(
-                4,
-                f"the checkpoint rejected {entry.call.name!r} in pass {entry.iteration}, yet "
-                f"it ran (dispatch {found.dispatch}): a rejected call never runs",
-            )
-    _check_no_replay(result, ran, registry)
+    _check_no_replay(result, _runs_by_pass(executions), registry)
 
 
 def _check_run_allowed(
@@ -596,71 +637,122 @@ def _check_run_allowed(
         _fail(4, f"tool {execution.name!r} ran although the turn allows only {sorted(allowed)}")
 
 
-def _one_run_a_pass(executions: Sequence[ToolExecution]) -> dict[int, ToolExecution]:
-    """The run of each pass (every run knows its pass); a pass that ran two fails."""
-    ran: dict[int, ToolExecution] = {}
+def _runs_by_pass(
+    executions: Sequence[ToolExecution],
+) -> dict[int, dict[str, list[ToolExecution]]]:
+    """The runs of each pass by call identity, in the order they started (every run knows
+    its pass)."""
+    ran: dict[int, dict[str, list[ToolExecution]]] = {}
     for execution in executions:
         assert execution.iteration is not None
-        twice = ran.get(execution.iteration)
-        if twice is not None:
-            _fail(
-                4,
-                f"pass {execution.iteration} ran {execution.name!r} twice (dispatches "
-                f"{twice.dispatch} and {execution.dispatch}): one call, one run",
-            )
-        ran[execution.iteration] = execution
+        identity = call_identity(execution.name, execution.arguments)
+        ran.setdefault(execution.iteration, {}).setdefault(identity, []).append(execution)
     return ran
 
 
 def _check_no_replay(
-    result: GenerationTurnResult, ran: Mapping[int, ToolExecution], registry: ToolRegistry | None
+    result: GenerationTurnResult,
+    ran: Mapping[int, Mapping[str, Sequence[ToolExecution]]],
+    registry: ToolRegistry | None,
 ) -> None:
-    """Occurrence by occurrence in each scope (see `_check_tool_runs`): a call whose
-    occurrence succeeded before is reused, not run again (unless its tool reruns), and a
-    reused one had an occurrence that succeeded."""
+    """Occurrence by occurrence in each scope (see `_check_tool_runs`). In each pass, the
+    calls of one identity take the scope's next occurrences in emitted order: a rejected
+    call takes none, nor does a call of a tool the gate refused (no call of that identity
+    ran in the pass and every one failed). Of the occurrences taken, those that succeeded
+    earlier in the turn are reused and the others run (every one, for a tool that reruns):
+    the pass's runs of the identity must be exactly those, and a rejected call never runs.
+    A pass whose batch was not recorded whole (a restarting call has no entry; a stop or a
+    failure cut the last batch short) may hold runs without entries: each took the next
+    occurrence, which must not have succeeded before."""
     scope_of = _scope_of_each_pass(result)
-    reused = {
-        entry.iteration
-        for entry in result.history
-        if entry.response.success and entry.iteration not in ran
-    }
+    restarted = _restarted_passes(result)
     recorded: dict[str, list[bool]] = {}  # by identity: did the n-th occurrence succeed
     seen: dict[tuple[int, str], int] = {}
-    for iteration in sorted({*ran, *reused}):
-        found = ran.get(iteration)
-        if found is not None:
-            name, arguments = found.name, found.arguments
-        else:
-            entry = next(e for e in result.history if e.iteration == iteration)
-            name, arguments = entry.call.name, entry.call.arguments
-        identity = call_identity(name, arguments)
+    by_pass: dict[int, dict[str, list[ToolHistoryEntry]]] = {}
+    for entry in result.history:
+        identity = call_identity(entry.call.name, entry.call.arguments)
+        by_pass.setdefault(entry.iteration, {}).setdefault(identity, []).append(entry)
+    for iteration in sorted({*by_pass, *ran}):
+        incomplete = iteration in restarted or iteration == result.iterations
         scope = scope_of.get(iteration, 0)
-        occurrence = seen.get((scope, identity), 0) + 1
-        seen[(scope, identity)] = occurrence
-        outcomes = recorded.setdefault(identity, [])
-        earlier = outcomes[occurrence - 1] if occurrence <= len(outcomes) else None
-        tool = registry.get(name) if registry is not None else None
-        rerun = tool is not None and tool.replay == "rerun"
-        if found is None:
-            if not earlier:
+        entries_of = by_pass.get(iteration, {})
+        runs_of = ran.get(iteration, {})
+        for identity in dict.fromkeys([*entries_of, *runs_of]):
+            entries = entries_of.get(identity, [])
+            runs = list(runs_of.get(identity, ()))
+            taking = [e for e in entries if e.response.status != REVIEW_REJECTED_STATUS]
+            name = entries[0].call.name if entries else runs[0].name
+            arguments = entries[0].call.arguments if entries else runs[0].arguments
+            where = f"call {name}({_short(arguments)}) in pass {iteration}"
+            if len(taking) < len(entries) and len(runs) > len(taking):
                 _fail(
                     4,
-                    f"call {name}({_short(arguments)}) of pass {iteration} reused "
-                    f"occurrence {occurrence}, which never succeeded",
+                    f"the checkpoint rejected {name!r} in pass {iteration}, yet it ran "
+                    f"(dispatch {runs[-1].dispatch}): a rejected call never runs",
                 )
-            continue
-        if earlier and not rerun:
-            _fail(
-                4,
-                f"call {name}({_short(arguments)}) ran again in pass {iteration} "
-                f"(dispatch {found.dispatch}) although its occurrence "
-                f"{occurrence} already succeeded and had to be reused",
-            )
-        succeeded = found.outcome == "succeeded"
-        if occurrence <= len(outcomes):
-            outcomes[occurrence - 1] = succeeded
-        else:
-            outcomes.append(succeeded)
+            if not runs and not any(e.response.success for e in taking):
+                continue  # refused by the gate (or a failure handed back): no occurrence
+            tool = registry.get(name) if registry is not None else None
+            rerun = tool is not None and tool.replay == "rerun"
+            first = seen.get((scope, identity), 0)
+            outcomes = recorded.setdefault(identity, [])
+            reused = [_reusable(outcomes, first + k, rerun) for k in range(len(taking))]
+            expected = reused.count(False)
+            extra = len(runs) - expected
+            if extra > 0 and not incomplete:
+                _fail(
+                    4,
+                    f"{where} ran {len(runs)} times (dispatches "
+                    f"{[r.dispatch for r in runs]}), but only {expected} of its occurrences "
+                    f"{first + 1}..{first + len(taking)} had not already succeeded: a "
+                    "succeeded occurrence must be reused",
+                )
+            if extra < 0 and any(
+                e.response.success for e, r in zip(taking, reused, strict=True) if not r
+            ):
+                _fail(
+                    4,
+                    f"{where} was reused at an occurrence among {first + 1}.."
+                    f"{first + len(taking)} that never succeeded",
+                )
+            taken = [e.response.success for e in taking]
+            for j in range(max(0, extra)):  # runs the history does not answer
+                occurrence = first + len(taking) + j
+                if _reusable(outcomes, occurrence, rerun):
+                    _fail(
+                        4,
+                        f"{where} ran again at occurrence {occurrence + 1}, which had "
+                        "already succeeded and had to be reused",
+                    )
+                reused.append(False)
+                taken.append(runs[expected + j].outcome == "succeeded")
+            seen[(scope, identity)] = first + len(taken)
+            for k, (success, was_reused) in enumerate(zip(taken, reused, strict=True)):
+                if was_reused:
+                    continue
+                if first + k < len(outcomes):
+                    outcomes[first + k] = success
+                else:
+                    outcomes.extend([False] * (first + k - len(outcomes)))
+                    outcomes.append(success)
+
+
+def _reusable(outcomes: Sequence[bool], occurrence: int, rerun: bool) -> bool:
+    """The occurrence (counted from 0) succeeded earlier in the turn, and its tool does not
+    rerun: it must be reused."""
+    return not rerun and occurrence < len(outcomes) and outcomes[occurrence]
+
+
+def _restarted_passes(result: GenerationTurnResult) -> frozenset[int]:
+    """The passes whose batch restarted the context (its restarting calls have no entry)."""
+    iteration = 0
+    restarted: set[int] = set()
+    for step in _loop_trace(result):
+        if step.state == "starting_pass" and step.next_state == "awaiting_first_token":
+            iteration += 1
+        elif step.next_state == "restarting_context":
+            restarted.add(iteration)
+    return frozenset(restarted)
 
 
 def _loop_trace(result: GenerationTurnResult) -> tuple[TraceStep, ...]:
@@ -889,7 +981,8 @@ def _check_history(
     revised = _revised_passes(result) if policy is not None and policy.drafting else ()
     erased = max(revised, default=0)
     _check_entries(result.history, "the result's history", result, streamed, checkpoint, erased)
-    _check_arguments_as_sent(result, streamed, executions)
+    if executions is None:
+        _check_arguments_as_sent(result, streamed, executions)
     if provider is None:
         return
     for index, sent in enumerate(provider.requests):
@@ -986,11 +1079,12 @@ def _check_entries(
         else ("tool_execution_failed",)
     )
     ids: dict[str, int] = {}
-    passes: set[int] = set()
-    for position, entry in enumerate(history):
-        label = f"{where}, entry {position} ({entry.call.name!r}, pass {entry.iteration})"
+    last: dict[int, int] = {}  # by pass: the position of its batch's last entry so far
+    for index, entry in enumerate(history):
+        label = f"{where}, entry {index} ({entry.call.name!r}, pass {entry.iteration})"
         _check_entry_form(entry, label, failed_statuses)
-        _check_entry_answered_once(entry, position, label, ids, passes)
+        _check_entry_answered_once(entry, index, label, ids, last)
+        _check_entry_in_its_batch(entry, label, streamed)
         _check_entry_pre_tool_text(entry, label, result, streamed, erased)
 
 
@@ -1019,21 +1113,56 @@ def _check_entry_form(
 
 def _check_entry_answered_once(
     entry: ToolHistoryEntry,
-    position: int,
+    index: int,
     label: str,
     ids: dict[str, int],
-    passes: set[int],
+    last: dict[int, int],
 ) -> None:
-    """No call id answered twice, no pass with two answered calls (``ids`` and ``passes``
-    gather what the entries before this one answered)."""
+    """No call id answered twice; each pass's batch is one run of entries that opens at
+    position 0 and whose positions rise, in emitted order (``ids`` and ``last`` gather what
+    the entries before this one answered)."""
     call_id = entry.call.call_id
     if call_id is not None:
         if call_id in ids:
             _fail(7, f"{label}: call id {call_id!r} already answered at entry {ids[call_id]}")
-        ids[call_id] = position
-    if entry.iteration in passes:
-        _fail(7, f"{label}: two calls answered for the same pass")
-    passes.add(entry.iteration)
+        ids[call_id] = index
+    before = last.get(entry.iteration)
+    if before is None:
+        if last and entry.iteration < max(last):
+            _fail(7, f"{label}: its batch comes after a later pass's batch")
+        if entry.position != 0:
+            _fail(7, f"{label}: its batch opens at position {entry.position}, not 0")
+    else:
+        if entry.iteration != max(last):
+            _fail(7, f"{label}: its batch is split by another pass's entries")
+        if entry.position <= before:
+            _fail(
+                7,
+                f"{label}: position {entry.position} after position {before} of its batch: "
+                "a batch is answered once per call, in emitted order",
+            )
+    last[entry.iteration] = entry.position
+
+
+def _check_entry_in_its_batch(
+    entry: ToolHistoryEntry, label: str, streamed: Sequence[Sequence[object]] | None
+) -> None:
+    """The entry answers a call its pass emitted: the call at its position bears its name
+    (docs/behaviour.md §3.10 rule 3)."""
+    if streamed is None or not 0 < entry.iteration <= len(streamed):
+        return
+    calls = [c for c in streamed[entry.iteration - 1] if isinstance(c, FunctionCall)]
+    if entry.position >= len(calls):
+        _fail(
+            7,
+            f"{label}: position {entry.position}, but the pass emitted {len(calls)} calls",
+        )
+    if calls[entry.position].name != entry.call.name:
+        _fail(
+            7,
+            f"{label}: the pass's call at position {entry.position} is "
+            f"{calls[entry.position].name!r}",
+        )
 
 
 def _check_entry_pre_tool_text(
@@ -1043,11 +1172,16 @@ def _check_entry_pre_tool_text(
     streamed: Sequence[Sequence[object]] | None,
     erased: int,
 ) -> None:
-    """The pre-tool text is what the pass streamed (none for whitespace), unless a revision
-    took it out of the history."""
+    """The pre-tool text is what the pass streamed (none for whitespace), once per batch:
+    on its first entry only (docs/behaviour.md §3.10 rule 3), unless a revision took it
+    out of the history."""
     text = entry.pre_tool_text
     if text is not None and not text.strip():
         _fail(7, f"{label}: whitespace-only pre-tool text {text!r} (should be none)")
+    if entry.position != 0:
+        if text is not None:
+            _fail(7, f"{label}: pre-tool text {text!r} repeated on position {entry.position}")
+        return
     expected = _pass_text(entry.iteration, result, streamed)
     if entry.iteration <= erased and text is None:
         return  # a revision took the model's words out of the history
@@ -1075,21 +1209,24 @@ def _check_arguments_as_sent(
 ) -> None:
     """The history carries each call's arguments as the model sent them, whatever the tool
     did with the arguments it was handed."""
-    sent_by_pass: dict[int, Any] = {}
+    sent_by_call: dict[tuple[int, int], Any] = {}
     if streamed is not None:
         for k, chunks in enumerate(streamed, start=1):
             calls = [c for c in chunks if isinstance(c, FunctionCall)]
-            if calls and calls[0].parse_error is None and not calls[0].truncated:
-                sent_by_pass[k] = (calls[0].name, calls[0].arguments, "the model sent")
+            for position, call in enumerate(calls):
+                if call.parse_error is None and not call.truncated:
+                    sent_by_call[(k, position)] = (call.name, call.arguments, "the model sent")
+    alone = {  # passes that ran one tool: its run is the handed form of a lone call
+        e.iteration
+        for e in executions or ()
+        if sum(o.iteration == e.iteration for o in executions or ()) == 1
+    }
     for execution in executions or ():
-        if execution.iteration is not None and execution.iteration not in sent_by_pass:
-            sent_by_pass[execution.iteration] = (
-                execution.name,
-                execution.arguments,
-                "the tool was handed",
-            )
+        key = (execution.iteration or 0, 0)
+        if execution.iteration in alone and key not in sent_by_call:
+            sent_by_call[key] = (execution.name, execution.arguments, "the tool was handed")
     for entry in result.history:
-        sent = sent_by_pass.get(entry.iteration)
+        sent = sent_by_call.get((entry.iteration, entry.position))
         if sent is None or sent[0] != entry.call.name or not isinstance(sent[1], Mapping):
             continue
         if entry.call.arguments != sent[1]:
@@ -1216,9 +1353,9 @@ def _check_estimate(
 ) -> None:
     """A pass the provider reported no usage for: when it was answered (any chunk), its
     entry is a marked estimate whose output is at most a quarter (rounded up) of the
-    characters it streamed — text, thoughts and its first call (name and compact JSON
-    arguments) — and exactly that when every chunk streamed was taken; never answered, it
-    has no entry."""
+    characters it streamed — text, thoughts and every call of its batch (name and compact
+    JSON arguments) — and exactly that when every chunk streamed was taken; never answered,
+    it has no entry."""
     written = _written_characters(chunks)
     bound = -(-written // 4)
     if got is not None:
@@ -1259,12 +1396,10 @@ def _marked_estimate(got: tuple[int, int, bool], chunks: Sequence[object]) -> bo
 
 def _written_characters(chunks: Sequence[object]) -> int:
     written = 0
-    call_seen = False
     for chunk in chunks:
         if isinstance(chunk, TextDelta | ThoughtDelta) and isinstance(chunk.text, str):
             written += len(chunk.text)
-        elif isinstance(chunk, FunctionCall) and not call_seen:
-            call_seen = True
+        elif isinstance(chunk, FunctionCall):
             try:
                 arguments = json.dumps(
                     chunk.arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False

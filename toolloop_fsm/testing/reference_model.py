@@ -5,10 +5,11 @@ of the behaviour rules of one tool-loop turn on a `TurnScript` (the provider's p
 each tool does, host signals at virtual instants, what each channel call does) and returns
 every `PredictedEnding` the rules allow: status, sub-reason, ``final_text``,
 ``undelivered_text``, passes, tool dispatches, the deliveries the channel confirmed, the
-notices, the tool rounds and whether a tool delivered a response. `ending_of(result)` reads
-the same fields off an engine result, and `difference(predicted, observed)` says where they
-part; `check_ending(run)` does both for one run of `run_script`. This is the kit's
-invariant 10: the ending is the one the rules predict.
+notices, the history's calls and outcomes, whether a tool delivered a response and the calls
+a stop mid-batch found finished. `ending_of(result)` reads the same fields off an engine
+result, and `difference(predicted, observed)` says where they part; `check_ending(run)` does
+both for one run of `run_script`. This is the kit's invariant 10: the ending is the one the
+rules predict.
 
 Its rules are written from docs/behaviour.md's numbered rules, and each stage cites the rule
 it follows (§2 a pass, §3 the gate and dispatch, §4 after a tool call, §5 context restart,
@@ -38,6 +39,23 @@ Theory of operation (what the stage functions below do not show):
   earlier in the turn when that run succeeded; otherwise it runs (a recorded failure runs
   again, and a deliberate repeat inside one segment is a new occurrence). A tool whose
   ``replay`` is ``"rerun"`` always runs.
+* Tool batches (docs/behaviour.md §3.10). Every call of a pass, in emitted order, is one
+  batch. A call without a name ends the turn ``malformed_call`` before any runs; otherwise
+  each call passes the gate on its own, in emitted order and before any call runs (a
+  refusal, a reuse, the checkpoint's review, which holds the gate until its verdict). The
+  admitted calls take their occurrences in emitted order and start in that order, at most
+  ``max_parallel_tools`` running at once; a ``sequential`` tool waits until nothing runs and
+  runs alone. Starting is a step of the turn's work (the dispatch numbers are given as the
+  calls are started; each handler then starts, playing its tool's next planned behaviour),
+  and a call that returns at once is done within its start. Each running call has its own
+  return and its own deadline on the clock; a call's expression and failure notice come as
+  its outcome is known, and a finished call frees its slot for the next. When the last call
+  finished, §4 decides once for the batch: the counters take the outcomes in emitted order;
+  any restart restarts with the other calls recorded; otherwise every call is recorded,
+  then the error ceiling, any call ending the turn, the continuation threshold, and the
+  pre-tool-text exit when it holds for every call. The settle rule reads the last batch:
+  every call's tool needs no follow-up. A stop cancels the running calls, records none, and
+  names in ``finished_calls`` the batch's calls that had already run (emitted order).
 * Final text. A completed turn's ``final_text`` is the text of the pass that completed it (an
   empty pass that settles keeps the last pass text that was not blank; a turn ended after a
   tool round keeps that round's pre-tool text). Every other ending keeps only what the
@@ -76,11 +94,12 @@ The hostile world (the kit's `ChannelAct` plans, hostile tools and providers):
   bounded as above). A delivery in flight that the channel confirms meanwhile was delivered
   and read like any other (in the deliveries, ``final_text`` and ``undelivered_text``); the
   ending stands.
-* Tools. A tool raising its own `BaseException` subclass or `GeneratorExit` fails like one
-  raising an exception; one editing its arguments in place succeeds (the loop handed it its
-  own copy, so its call's identity is what the provider sent); one ignoring its cancellation
-  is, to the turn, a tool that never returns: timed out at its deadline and left behind (the
-  grace it gets to stop is not waited for).
+* Tools. A tool raising its own `BaseException` subclass or `GeneratorExit`, or returning
+  something that is not a `ToolResult`, fails like one raising an exception; one editing
+  its arguments in place succeeds (the loop handed it its own copy, so its call's identity
+  is what the provider sent); one ignoring its cancellation is, to the turn, a tool that
+  never returns: timed out at its deadline and left behind (the grace it gets to stop is
+  not waited for).
 * Providers. An error quoting the provider's key fails the pass like any provider error;
   usage whose counts are not whole numbers of at least zero (NaN, infinity) is the
   provider's protocol failure, ending the pass ``error`` / ``provider_error``; a retry hint
@@ -200,9 +219,15 @@ _HOST_FAILURES = frozenset({"host_error", "host_timeout"})
 _CONFIRMED = "confirmed"
 _GIVEN_UP = "given_up"  # a notice past the turn's notice budget: named, and it ends nothing
 _STOP_MESSAGE = "stop message"
-#: Tool actions that raise (after the behaviour's delay) instead of returning a result.
+#: Tool actions that fail carrying nothing (after the behaviour's delay): they raise, or
+#: return something that is not a result.
 _RAISING_ACTIONS = frozenset(
-    {ToolAction.RAISE, ToolAction.RAISE_BASE_EXCEPTION, ToolAction.RAISE_GENERATOR_EXIT}
+    {
+        ToolAction.RAISE,
+        ToolAction.RAISE_BASE_EXCEPTION,
+        ToolAction.RAISE_GENERATOR_EXIT,
+        ToolAction.RETURN_GARBAGE,  # §3.6 rule 2: not a ToolResult, a failure all the same
+    }
 )
 #: Tool actions that never return by themselves: only the deadline or a stop ends the round.
 _NEVER_RETURNING = frozenset({ToolAction.HANG, ToolAction.IGNORE_CANCELLATION})
@@ -215,7 +240,9 @@ class PredictedEnding:
 
     ``delivered`` holds ``("text", …)`` / ``("expression", …)`` per confirmed delivery, in
     order; ``notices`` the keys of the notices posted, in order; ``history`` one
-    ``(tool name, success)`` per tool round recorded (a context restart records none).
+    ``(tool name, success)`` per call of each tool batch recorded, in emitted order (a
+    restarting call records none); ``finished_calls`` the tools of the calls of the batch a
+    stop cut short that had already run, in emitted order.
     ``undelivered_text`` is ``None`` only in an observed ending whose result has no such field.
     """
 
@@ -229,6 +256,7 @@ class PredictedEnding:
     notices: tuple[str, ...]
     history: tuple[tuple[str, bool], ...]
     tool_response_delivered: bool
+    finished_calls: tuple[str, ...] = ()
 
 
 class AmbiguousEnding(ValueError):
@@ -256,6 +284,7 @@ def ending_of(result: GenerationTurnResult) -> PredictedEnding:
         notices=tuple(notice.key for notice in result.notices),
         history=tuple((e.call.name, e.response.success) for e in result.history),
         tool_response_delivered=result.tool_response_delivered,
+        finished_calls=tuple(getattr(result, "finished_calls", ())),
     )
 
 
@@ -298,6 +327,7 @@ def predict_endings(
             deadline=tool.timeout if tool.timeout is not None else policy.tool_timeout,
             rerun=getattr(tool, "replay", None) == "rerun",
             parameters=json.dumps(tool.parameters, sort_keys=True),
+            sequential=getattr(tool, "sequential", False),
         )
         for tool in tools
     }
@@ -355,6 +385,7 @@ class _ToolShape:
     deadline: float
     rerun: bool
     parameters: str  # the arguments' JSON schema, as canonical JSON
+    sequential: bool = False  # a barrier in its batch: it runs alone (§3.10 rule 2)
 
 
 @frozen
@@ -448,7 +479,7 @@ class _Pass:
     texts: list[str] = field(factory=list)
     buffer: list[str] = field(factory=list)  # text chunks not yet handed to the channel
     confirmed: list[str] = field(factory=list)  # this pass's text the channel confirmed
-    call: FunctionCall | None = None
+    calls: list[FunctionCall] = field(factory=list)  # its tool batch, in emitted order
     finish: FinishKind | None = None
 
     @property
@@ -457,11 +488,23 @@ class _Pass:
 
 
 @define
-class _ToolRun:
-    name: str
-    done_at: float | None  # None: the tool never returns by itself
-    deadline_at: float
-    behaviour: ToolBehaviour
+class _BatchCall:
+    """One call of the tool batch (docs/behaviour.md §3.10): its place in the batch, its
+    occurrence once it took one, its outcome once known; while it runs, when it returns
+    (``None``: never by itself), when its deadline passes and what its handler plays."""
+
+    position: int
+    call: FunctionCall
+    occurrence: tuple[str, int] | None = None
+    outcome: _Outcome | None = None
+    sequential: bool = False
+    done_at: float | None = None
+    deadline_at: float = 0.0
+    behaviour: ToolBehaviour = field(factory=ToolBehaviour)
+
+    @property
+    def name(self) -> str:
+        return str(self.call.name)
 
 
 @define
@@ -542,12 +585,9 @@ class _Counters:
 
 
 def _malformed(call: FunctionCall) -> bool:
-    """§3.1: no name, a blank name, or complete arguments that are not a JSON object (cut or
-    unparseable arguments are §3.2/§3.3's, not malformed)."""
-    if not isinstance(call.name, str) or not call.name.strip():
-        return True
-    complete = not call.truncated and call.parse_error is None
-    return complete and not isinstance(call.arguments, Mapping)
+    """§3.1, §3.10 rule 1: a call without a name or with a blank name is a protocol failure
+    that ends the turn before any call of its batch runs."""
+    return not isinstance(call.name, str) or not call.name.strip()
 
 
 def _refused(
@@ -556,10 +596,13 @@ def _refused(
     allowed: frozenset[str] | None,
     disabled: set[str],
 ) -> bool:
-    """§3.2 truncated arguments, §3.3 unparseable arguments, §3.4 a tool the model may not
-    call (unknown, outside ``tools_allowed``, or disabled for the turn): the tool does not
-    run and the round is a failure."""
+    """§3.2 truncated arguments, §3.3 unparseable arguments or (§3.10 rule 1) arguments
+    that are not a JSON object, §3.4 a tool the model may not call (unknown, outside
+    ``tools_allowed``, or disabled for the turn): the tool does not run and the call is a
+    failure."""
     if call.truncated or call.parse_error is not None:
+        return True
+    if not isinstance(call.arguments, Mapping):
         return True
     name = str(call.name)
     may_call = name in registered and (allowed is None or name in allowed)
@@ -710,39 +753,8 @@ def _visible_text_suffices(
     return silent and (in_set or continuation_style)
 
 
-#: What §4 decides after a recorded round: the sub-reason the turn ends with, or the next pass.
+#: What §4 decides after a recorded batch: the sub-reason the turn ends with, or the next pass.
 _NEXT_PASS = "next_pass"
-
-
-def _after_tool_call(
-    name: str,
-    outcome: _Outcome,
-    counters: _Counters,
-    shape: _ToolShape | None,
-    policy: LoopPolicy,
-    *,
-    pre_tool_text: bool,
-    continuation_style: bool,
-) -> str:
-    """§4.3-§4.7 in order, the first that matches deciding: ``consecutive_tool_errors``,
-    ``end_turn``, ``continuation_retries_exhausted``, ``pre_tool_text_suffices`` or
-    `_NEXT_PASS`."""
-    if _error_ceiling_reached(counters, policy):
-        return "consecutive_tool_errors"
-    if _tool_ends_turn(outcome):
-        return "end_turn"
-    if _continuation_retries_spent(counters, policy, continuation_style=continuation_style):
-        return "continuation_retries_exhausted"
-    if _visible_text_suffices(
-        name,
-        outcome,
-        shape,
-        policy,
-        pre_tool_text=pre_tool_text,
-        continuation_style=continuation_style,
-    ):
-        return "pre_tool_text_suffices"
-    return _NEXT_PASS
 
 
 # =========================================================================== the simulation
@@ -791,13 +803,18 @@ class _Simulation:
         # the turn
         self.passes: list[_Pass] = []
         self.reading = False
-        self.tool: _ToolRun | None = None
-        self.tool_starting = False
-        self.call: FunctionCall | None = None
+        # the tool batch of the pass being answered (§3.10): its calls in emitted order, the
+        # next to pass the gate, those admitted and not yet started, those dispatched whose
+        # handler has yet to start, and those running
+        self.batch: list[_BatchCall] = []
+        self.gating = 0
+        self.admitted: deque[_BatchCall] = deque()
+        self.starting: deque[_BatchCall] = deque()
+        self.running: list[_BatchCall] = []
         self.pre_tool_text: str | None = None
         self.dispatches = 0
         self.counters = _Counters()
-        self.last_tool: str | None = None
+        self.last_batch: tuple[str, ...] = ()  # §4.2 rule 3: the last batch's tools
         self.visible_text_handed = False
         self.expression_taken = False  # §3.8 rule 1's one expression (drafting: held counts)
         self.expression_delivered = False  # §2.5 rule 2: handed to the channel
@@ -806,7 +823,7 @@ class _Simulation:
         self.disabled: set[str] = set()
         self.ledger: dict[tuple[str, int], _Outcome] = {}  # (identity, occurrence): last run
         self.occurrences: dict[str, int] = {}
-        self.occurrence: tuple[str, int] | None = None  # the current call's
+        self.finished_calls: tuple[str, ...] = ()  # §3.10 rule 5: runs done before a stop
         self.history: list[tuple[str, bool]] = []
         self.notices: list[str] = []
         self.held_timeout_notice = False
@@ -861,7 +878,7 @@ class _Simulation:
                 p.texts,
                 p.buffer,
                 p.confirmed,
-                p.call,
+                p.calls,
                 p.finish,
             )
             for p in self.passes
@@ -885,7 +902,7 @@ class _Simulation:
                 else:
                     self.review_answers()
                 continue
-            if self.phase != "ended" and (self.reading or self.tool_starting):
+            if self.phase != "ended" and (self.reading or self.starting):
                 if self.racing_notice_first():
                     self.notice_done()
                 elif self.reading:
@@ -935,12 +952,14 @@ class _Simulation:
         return due
 
     def _tool_timers(self) -> list[_Timer]:
-        """The tool returns; its deadline passes."""
-        assert self.tool is not None
+        """Each running call of the batch returns, or its own deadline passes."""
         due: list[_Timer] = []
-        if self.tool.done_at is not None:
-            due.append((self.tool.done_at, self.tool_returns))
-        due.append((self.tool.deadline_at, self.tool_deadline_expires))
+        for running in self.running:
+            if running.done_at is not None:
+                due.append((running.done_at, functools.partial(self.tool_returns, running)))
+            due.append(
+                (running.deadline_at, functools.partial(self.tool_deadline_expires, running))
+            )
         return due
 
     def _settling_timers(self) -> list[_Timer]:
@@ -1072,8 +1091,8 @@ class _Simulation:
 
     def take_chunk(self, chunk: ScriptItem) -> None:
         """Every chunk re-arms the budget. Text is buffered and handed to the channel once
-        ``delivery_flush_chars`` are buffered; the first call of a pass is the one it asks
-        for (later ones are ignored); the last finish reason counts; scene metadata is kept
+        ``delivery_flush_chars`` are buffered; every call joins the pass's tool batch, in
+        emitted order (§3.10 rule 1); the last finish reason counts; scene metadata is kept
         for the final text."""
         current = self.current
         current.last_chunk_at = self.now
@@ -1083,8 +1102,7 @@ class _Simulation:
             if sum(map(len, current.buffer)) >= self.policy.delivery_flush_chars:
                 self.flush(mid_stream=True)
         elif isinstance(chunk, FunctionCall):
-            if current.call is None:
-                current.call = chunk
+            current.calls.append(chunk)
         elif isinstance(chunk, FinishReason):
             current.finish = chunk.kind
         elif isinstance(chunk, SceneMetadata):
@@ -1141,11 +1159,10 @@ class _Simulation:
         flushed first in every case."""
         current = self.current
         self.flush()
-        call = current.call
         if self.drafting and self.cut:
-            self.complete_reply()  # cut at the ceiling: the reply is over, its call ignored
-        elif call is not None:
-            self.gate(call)
+            self.complete_reply()  # cut at the ceiling: the reply is over, its calls ignored
+        elif current.calls:
+            self.open_batch(current.calls)
         elif self.drafting and self.held:
             self.complete_reply()
         elif current.text.strip():
@@ -1167,124 +1184,187 @@ class _Simulation:
             return False
         if self.tool_response_delivered:
             return True
-        shape = self.tools.get(self.last_tool) if self.last_tool is not None else None
+        shapes = [self.tools.get(name) for name in self.last_batch]
         shown = self.visible_text_handed or self.expression_delivered
-        return shown and shape is not None and not shape.requires_follow_up
+        # §3.10 rule 4: the settle rule holds when it holds for every call of the batch
+        return (
+            shown
+            and bool(shapes)
+            and all(shape is not None and not shape.requires_follow_up for shape in shapes)
+        )
 
-    # ------------------------------------------------------------------ execute the tool call
-    def gate(self, call: FunctionCall) -> None:
-        """docs/behaviour.md §2.4 rules 1-6 and §3.1-§3.5, in that order: a malformed call
-        ends the turn; a refusal is a failed round; a replayed call hands back its recorded
-        outcome (never reviewed); the tool checkpoint (§14.6) may hold the call; anything
-        else is dispatched."""
-        self.call = call
-        self.occurrence = None  # taken when the call reaches the ledger
+    # ------------------------------------------------------------------ the tool batch
+    def open_batch(self, calls: Sequence[FunctionCall]) -> None:
+        """docs/behaviour.md §3.10 rule 1: every call of the pass, in emitted order, is one
+        batch. A call without a name ends the turn ``malformed_call`` before any call of
+        the batch runs (§3.1); otherwise each call passes the gate on its own."""
         text = self.current.text
         self.pre_tool_text = text if text.strip() else None
-        if _malformed(call):
+        if any(_malformed(call) for call in calls):
             self.decide(TurnStatus.ERROR, "malformed_call")
             return
-        if _refused(call, self.tools, self.script.tools_allowed, self.disabled):
-            self.tool_outcome(_REFUSED)
-            return
-        identity = _identity(call)
-        recorded = self.ledger.get((identity, self.occurrences.get(identity, 0)))
-        if recorded is not None and _reusable(recorded, self.tools[str(call.name)]):
-            self.take_occurrence(identity)
-            self.tool_outcome(_reused(recorded))
-            return
-        if self.checkpoint and self.checkpoint_decides(call, identity):
-            return
-        self.dispatch(call)
+        self.batch = [
+            _BatchCall(position, call, sequential=self._sequential(call))
+            for position, call in enumerate(calls)
+        ]
+        self.gating = 0
+        self.admitted.clear()
+        self.starting.clear()
+        self.running = []
+        self.phase = "tool"
+        self.gate_next()
 
-    def take_occurrence(self, identity: str) -> None:
-        """§3.5: the call is the next occurrence of its identity in the replay scope (a reuse
-        or a run; a refused call or one the checkpoint rejects takes none)."""
+    def _sequential(self, call: FunctionCall) -> bool:
+        shape = self.tools.get(str(call.name))
+        return shape is not None and shape.sequential
+
+    def gate_next(self) -> None:
+        """§2.4 rules 1-6, §3.2-§3.5 and §14.6 for each call in emitted order, before any
+        call runs: a refusal is that call's failure, a replayed call hands back its
+        recorded outcome (never reviewed), the checkpoint may review the call (the gate
+        goes on after its verdict); anything else is admitted. Then the admitted calls are
+        dispatched."""
+        while self.gating < len(self.batch):
+            entry = self.batch[self.gating]
+            self.gating += 1
+            call = entry.call
+            if _refused(call, self.tools, self.script.tools_allowed, self.disabled):
+                self.call_known(entry, _REFUSED)
+                continue
+            identity = _identity(call)
+            recorded = self.ledger.get((identity, self.occurrences.get(identity, 0)))
+            if recorded is not None and _reusable(recorded, self.tools[entry.name]):
+                self.take_occurrence(entry)
+                self.call_known(entry, _reused(recorded))
+                continue
+            if self.checkpoint and self.checkpoint_decides(entry, identity):
+                if self.phase == "review":
+                    return  # the gate goes on once the verdict is in
+                continue
+            self.admit(entry)
+        self.launch()
+
+    def take_occurrence(self, entry: _BatchCall) -> None:
+        """§3.5, §3.10 rule 6: the call is the next occurrence of its identity in the
+        replay scope, taken in emitted order (a reuse or a run; a refused call or one the
+        checkpoint rejects takes none)."""
+        identity = _identity(entry.call)
         occurrence = self.occurrences.get(identity, 0)
         self.occurrences[identity] = occurrence + 1
-        self.occurrence = (identity, occurrence)
+        entry.occurrence = (identity, occurrence)
 
-    def dispatch(self, call: FunctionCall) -> None:
-        """§3.6: a run under the tool's deadline (its own, or ``tool_timeout``); arguments the
-        schema refuses fail at once, the handler never called."""
-        name = str(call.name)
-        self.take_occurrence(_identity(call))
-        self.dispatches += 1
-        shape = self.tools[name]
-        if not _arguments_accepted(shape, call.arguments):
-            self.tool_outcome(_Outcome(success=False, dispatched=True))
-            return
-        self.tool = _ToolRun(name, None, self.now + shape.deadline, ToolBehaviour())
+    def admit(self, entry: _BatchCall) -> None:
+        """The call passed the gate: it takes its occurrence and waits to be dispatched."""
+        self.take_occurrence(entry)
+        self.admitted.append(entry)
         self.phase = "tool"
-        self.tool_starting = True
+
+    def launch(self) -> None:
+        """§3.10 rule 2: admitted calls start in emitted order, at most
+        ``max_parallel_tools`` running at once; a ``sequential`` tool is a barrier (the calls
+        before it finish, it runs alone, then the rest). Each start is a dispatch under the
+        call's own deadline; arguments the schema refuses fail at once (§3.6). Once every
+        call of the batch is known, §4 decides."""
+        most = max(1, getattr(self.policy, "max_parallel_tools", 10))
+        while self.admitted:
+            busy = [*self.running, *self.starting]
+            entry = self.admitted[0]
+            if busy and (entry.sequential or any(b.sequential for b in busy)):
+                break
+            if len(busy) >= most:
+                break
+            self.admitted.popleft()
+            self.dispatches += 1
+            shape = self.tools[entry.name]
+            if not _arguments_accepted(shape, entry.call.arguments):
+                self.call_finished(entry, _Outcome(success=False, dispatched=True))
+                return  # call_finished launched what follows
+            entry.deadline_at = self.now + shape.deadline
+            self.starting.append(entry)
+        idle = not self.admitted and not self.running and not self.starting
+        if idle and self.phase == "tool":
+            self.batch_done()
 
     def start_tool(self) -> None:
-        """The handler starts (after the dispatching step): it plays the tool's next planned
-        behaviour, or succeeds plainly once the plan is used up."""
-        self.tool_starting = False
-        tool = self.tool
-        assert tool is not None
-        plan = self.script.plan_for(tool.name)
-        played = self.executions.get(tool.name, 0)
-        self.executions[tool.name] = played + 1
-        tool.behaviour = plan[played] if played < len(plan) else ToolBehaviour()
-        if tool.behaviour.action not in _NEVER_RETURNING:
-            tool.done_at = self.now + tool.behaviour.delay
-            if tool.behaviour.delay <= 0:
-                self.tool_returns()
+        """A dispatched call's handler starts (after the dispatching step): it plays its
+        tool's next planned behaviour, or succeeds plainly once the plan is used up."""
+        entry = self.starting.popleft()
+        plan = self.script.plan_for(entry.name)
+        played = self.executions.get(entry.name, 0)
+        self.executions[entry.name] = played + 1
+        entry.behaviour = plan[played] if played < len(plan) else ToolBehaviour()
+        self.running.append(entry)
+        if entry.behaviour.action not in _NEVER_RETURNING:
+            entry.done_at = self.now + entry.behaviour.delay
+            if entry.behaviour.delay <= 0:
+                self.tool_returns(entry)
 
-    def tool_returns(self) -> None:
-        tool = self.tool
-        assert tool is not None
-        self.tool_outcome(_outcome_of(tool.behaviour))
+    def tool_returns(self, entry: _BatchCall) -> None:
+        self.call_finished(entry, _outcome_of(entry.behaviour))
 
-    def tool_deadline_expires(self) -> None:
-        """§3.6 rule 1: the deadline; the tool is abandoned and the model told it timed out."""
-        self.tool_outcome(_TIMED_OUT)
+    def tool_deadline_expires(self, entry: _BatchCall) -> None:
+        """§3.6 rule 1: this call's deadline; it is abandoned and the model told it timed
+        out. Its siblings go on (§3.10 rule 2)."""
+        self.call_finished(entry, _TIMED_OUT)
 
-    # ------------------------------------------------------------------ after a tool call
-    def tool_outcome(self, outcome: _Outcome) -> None:
-        """The outcome of a round is known (a run, a refusal, a reuse, a rejection): §3.8,
-        then §4 — a restart (§4.1, §5), or the round recorded (§4.2) and §4.3-§4.7."""
-        self.tool = None
-        call = self.call
-        assert call is not None
-        name = str(call.name)
-        if outcome.dispatched and self.occurrence is not None:
-            self.ledger[self.occurrence] = outcome  # §3.5: every run is recorded, failures too
+    def call_finished(self, entry: _BatchCall, outcome: _Outcome) -> None:
+        """A dispatched call finished (returned, raised, timed out): its run is recorded
+        under its occurrence (§3.5: failures too), its outcome is known, and the batch's
+        calls waiting for a slot start."""
+        if entry in self.running:
+            self.running.remove(entry)
+        if entry.occurrence is not None:
+            self.ledger[entry.occurrence] = outcome
+        self.call_known(entry, outcome)
+        if self.phase == "tool":
+            self.launch()
+
+    def call_known(self, entry: _BatchCall, outcome: _Outcome) -> None:
+        """§3.8 once a call's outcome is known (a run, a refusal, a reuse, a rejection): a
+        success's expression (the turn's one), a failure's notice."""
+        entry.outcome = outcome
         if _shows_expression(outcome, self.expression_taken):  # §3.8 rule 1
             assert outcome.expression is not None
             self.show_expression(outcome.expression)
         if _posts_failure_notice(outcome):  # §3.8 rule 2
             self.post("tool_failed")
+
+    # ------------------------------------------------------------------ after the batch
+    def batch_done(self) -> None:
+        """§3.10 rule 4, §4 once the batch's last call finished: the counters take the
+        outcomes in emitted order; any restart restarts (§4.1, §5) with the other calls
+        recorded; otherwise every call is recorded (§4.2) and §4.3-§4.7 decide for the
+        batch."""
+        batch = self.batch
+        outcomes = [entry.outcome for entry in batch]
+        assert all(outcome is not None for outcome in outcomes)
+        known = [outcome for outcome in outcomes if outcome is not None]
         continuation_style = self.script.continuation_style
         pre_tool_text = self.pre_tool_text is not None
-        self.counters = _counted(
-            self.counters,
-            outcome,
-            continuation_style=continuation_style,
-            pre_tool_text=pre_tool_text,
-        )
-        self.last_tool = name  # §4.2 rule 3, §5 rule 3
-        if _restarts_context(outcome):  # §4.1: §5 rules 3-6, no history entry
+        for outcome in known:
+            self.counters = _counted(
+                self.counters,
+                outcome,
+                continuation_style=continuation_style,
+                pre_tool_text=pre_tool_text,
+            )
+        self.last_batch = tuple(entry.name for entry in batch)  # §4.2 rule 3, §5 rule 3
+        restarts = any(_restarts_context(outcome) for outcome in known)
+        # §4.2 rules 1, 3 and 4: a history entry per call (none for a restarting one, §5
+        # rule 4), a delivered response, the memory tool disabled
+        for entry, outcome in zip(batch, known, strict=True):
+            if _restarts_context(outcome):
+                continue
+            self.history.append((entry.name, outcome.success))
+            self.tool_response_delivered |= outcome.success and outcome.delivered
+            if _disables(entry.name, outcome, self.policy):
+                self.disabled.add(entry.name)
+        self.batch = []
+        if restarts:  # §4.1: §5 rules 3-6
             self.occurrences = {}
             self.start_pass()
             return
-        # §4.2 rules 1, 3 and 4: the history entry, a delivered response, the memory tool
-        # disabled
-        self.history.append((name, outcome.success))
-        self.tool_response_delivered |= outcome.success and outcome.delivered
-        if _disables(name, outcome, self.policy):
-            self.disabled.add(name)
-        decided = _after_tool_call(
-            name,
-            outcome,
-            self.counters,
-            self.tools.get(name),
-            self.policy,
-            pre_tool_text=pre_tool_text,
-            continuation_style=continuation_style,
-        )
+        decided = self._after_batch(batch, known, pre_tool_text=pre_tool_text)
         if decided == "consecutive_tool_errors":  # §4.3
             self.post("tool_error_loop")
             self.decide(TurnStatus.ERROR, decided)
@@ -1298,6 +1378,35 @@ class _Simulation:
         else:  # §4.4-§4.6: completed with the pre-tool text
             self.completed_text = self.pre_tool_text or ""
             self.decide(TurnStatus.COMPLETED, decided)
+
+    def _after_batch(
+        self, batch: Sequence[_BatchCall], outcomes: Sequence[_Outcome], *, pre_tool_text: bool
+    ) -> str:
+        """§4.3-§4.7 for the batch (§3.10 rule 4): the error ceiling on the counters; any
+        call ending the turn; the continuation threshold; the pre-tool-text exit when it
+        holds for every call; else the next pass."""
+        continuation_style = self.script.continuation_style
+        if _error_ceiling_reached(self.counters, self.policy):
+            return "consecutive_tool_errors"
+        if any(_tool_ends_turn(outcome) for outcome in outcomes):
+            return "end_turn"
+        if _continuation_retries_spent(
+            self.counters, self.policy, continuation_style=continuation_style
+        ):
+            return "continuation_retries_exhausted"
+        if all(
+            _visible_text_suffices(
+                entry.name,
+                outcome,
+                self.tools.get(entry.name),
+                self.policy,
+                pre_tool_text=pre_tool_text,
+                continuation_style=continuation_style,
+            )
+            for entry, outcome in zip(batch, outcomes, strict=True)
+        ):
+            return "pre_tool_text_suffices"
+        return _NEXT_PASS
 
     # ------------------------------------------------------------------ drafting
 
@@ -1439,10 +1548,14 @@ class _Simulation:
         self.reviewer_gone = True
         if review.call is None:
             self.deliver_held("review_timeout")
-        elif review.correction:
-            self.reject(review.call)
+            return
+        entry = self.batch[self.gating - 1]
+        self.phase = "tool"
+        if review.correction:
+            self.reject(entry)
         else:
-            self.dispatch(review.call)
+            self.admit(entry)
+        self.gate_next()
 
     def revise(self) -> None:
         """The first revisions the budget allows: the held reply and the model's own words
@@ -1462,48 +1575,52 @@ class _Simulation:
         self.start_pass()
 
     # ------------------------------------------------------------------ the tool checkpoint
-    def checkpoint_decides(self, call: FunctionCall, identity: str) -> bool:
-        """The tool checkpoint on a new call: the identical call rejected before is
-        rejected again; a call of a rejected tool is a correction, rejected when no
-        correction is left or the reviewer cannot be asked; a call is reviewed while
-        reviews are left and the reviewer answers. ``False``: it runs unreviewed."""
+    def checkpoint_decides(self, entry: _BatchCall, identity: str) -> bool:
+        """The tool checkpoint on a new call of the batch, before any call runs (§3.10
+        rule 6): the identical call rejected before is rejected again; a call of a rejected
+        tool is a correction, rejected when no correction is left or the reviewer cannot be
+        asked; a call is reviewed while reviews are left and the reviewer answers.
+        ``False``: it runs unreviewed."""
         if identity in self.rejected:
-            self.tool_outcome(_REJECTED)
+            self.call_known(entry, _REJECTED)
             return True
         available = not self.reviewer_gone and self.tool_reviews < self.policy.max_tool_reviews
-        correction = str(call.name) in self.rejected_names
+        correction = entry.name in self.rejected_names
         if correction and (self.corrections >= self.policy.max_tool_corrections or not available):
-            self.reject(call)
+            self.reject(entry)
             return True
         if not available:
             return False
         self.tool_reviews += 1
         if correction:
             self.corrections += 1
-        self.ask_reviewer(call, correction=correction)
+        self.ask_reviewer(entry.call, correction=correction)
         return True
 
     def call_verdict(self, review: _Review, verdict: object) -> None:
-        call = review.call
-        assert call is not None
+        """The verdict on the call under review; then the gate goes on with the next call
+        of the batch."""
+        entry = self.batch[self.gating - 1]
+        self.phase = "tool"
         if isinstance(verdict, Pass):
             if review.correction:
-                self.rejected_names.discard(str(call.name))  # an approved correction
-            self.dispatch(call)
+                self.rejected_names.discard(entry.name)  # an approved correction
+            self.admit(entry)
         elif isinstance(verdict, Revise):
-            self.reject(call)
+            self.reject(entry)
         else:
             self.reviewer_gone = True
             if review.correction:
-                self.reject(call)  # only an approval lets a correction run
+                self.reject(entry)  # only an approval lets a correction run
             else:
-                self.dispatch(call)
+                self.admit(entry)
+        self.gate_next()
 
-    def reject(self, call: FunctionCall) -> None:
-        """The call did not run; the model is shown it was rejected (no failure)."""
-        self.rejected.add(_identity(call))
-        self.rejected_names.add(str(call.name))
-        self.tool_outcome(_REJECTED)
+    def reject(self, entry: _BatchCall) -> None:
+        """The call does not run; the model is shown it was rejected (no failure)."""
+        self.rejected.add(_identity(entry.call))
+        self.rejected_names.add(entry.name)
+        self.call_known(entry, _REJECTED)
 
     # ------------------------------------------------------------------ host signals
     def signal_arrives(self) -> None:
@@ -1520,8 +1637,13 @@ class _Simulation:
             if self.phase == "streaming":
                 self.end_stream(TurnStatus.STOPPED_BY_USER, None)
             elif self.phase == "tool":
-                self.tool = None
-                self.tool_starting = False
+                # §3.10 rule 5: every running call is cancelled; those already run are named
+                self.finished_calls = tuple(
+                    entry.name
+                    for entry in self.batch
+                    if entry.outcome is not None and entry.outcome.dispatched
+                )
+                self.drop_batch()
                 self.decide(TurnStatus.STOPPED_BY_USER, "stopped_during_tool")
             elif self.phase == "review":
                 self.review = None  # nothing held is ever sent
@@ -1686,10 +1808,16 @@ class _Simulation:
         if self.phase == "streaming":
             self.end_stream(TurnStatus.ERROR, reason)
         else:
-            self.tool = None
-            self.tool_starting = False
+            self.drop_batch()
             self.review = None
             self.decide(TurnStatus.ERROR, reason)
+
+    def drop_batch(self) -> None:
+        """The turn ends mid-batch: no call of it starts, the running ones are cancelled."""
+        self.batch = []
+        self.admitted.clear()
+        self.starting.clear()
+        self.running = []
 
     def settle_window_ends(self) -> None:
         self.end_turn()
@@ -1781,6 +1909,7 @@ class _Simulation:
             notices=tuple(notices),
             history=tuple(self.history),
             tool_response_delivered=self.tool_response_delivered,
+            finished_calls=self.finished_calls,
         )
 
 

@@ -90,7 +90,7 @@ from toolloop_fsm.testing.scripted import Fail
 from toolloop_fsm.testing.scripted import Pause
 from toolloop_fsm.testing.scripted import ScriptItem
 
-__all__ = ["DEFAULT_TOOLS", *STRATEGY_NAMES, "tool_chains"]
+__all__ = ["DEFAULT_TOOLS", *STRATEGY_NAMES, "tool_batches", "tool_chains"]
 
 _T = TypeVar("_T")
 
@@ -102,14 +102,16 @@ MEMORY_TOOL = "update_short_term_memory"
 class ToolConfig:
     """How one known tool is registered: what the host chose when it built the `Tool`.
 
-    ``requires_follow_up`` and ``replay`` (``"reuse"`` or ``"rerun"``) as `Tool` takes them;
-    ``timeout`` its own deadline (``None``: the policy's ``tool_timeout``).
+    ``requires_follow_up``, ``replay`` (``"reuse"`` or ``"rerun"``) and ``sequential`` (a
+    barrier in its tool batch) as `Tool` takes them; ``timeout`` its own deadline
+    (``None``: the policy's ``tool_timeout``).
     """
 
     name: str
     requires_follow_up: bool = True
     replay: str = "reuse"
     timeout: float | None = None
+    sequential: bool = False
 
 
 #: The tools every scripted turn registers, as they are registered unless a script draws
@@ -150,9 +152,10 @@ UNKNOWN_TOOLS: tuple[str, ...] = ("get_wether", "launch_rockets")
 class ToolAction(StrEnum):
     """What a tool handler does on one dispatch (after its ``delay``).
 
-    The last four are hostile: raise a `RogueBaseException` (a host's own `BaseException`
+    The last five are hostile: raise a `RogueBaseException` (a host's own `BaseException`
     subclass) or `GeneratorExit`, hang while swallowing every cancellation until the kit
-    releases it after the turn, or edit its arguments in place and then succeed.
+    releases it after the turn, edit its arguments in place and then succeed, or return
+    something that is not a `ToolResult`.
     """
 
     SUCCEED = "succeed"
@@ -163,6 +166,7 @@ class ToolAction(StrEnum):
     RAISE_GENERATOR_EXIT = "raise_generator_exit"
     IGNORE_CANCELLATION = "ignore_cancellation"
     MUTATE_ARGUMENTS = "mutate_arguments"
+    RETURN_GARBAGE = "return_garbage"
 
 
 @frozen
@@ -382,7 +386,8 @@ def script_items() -> st.SearchStrategy[ScriptItem]:
 def _ending_menu() -> tuple[tuple[ScriptItem, ...], ...]:
     """How a pass ends, after its random body: nothing first (the simplest), then mostly a
     call to a known tool (so turns go on to further passes), sometimes a call the gate
-    refuses or that is malformed, a provider failure, a stall, or closing text."""
+    refuses or that is malformed, a provider failure, a stall, or closing text. (The
+    module's ending menus add `_A_BATCH`: a tool batch of 2 to 6 calls.)"""
     valid: list[tuple[ScriptItem, ...]] = [
         (FunctionCall(name, args),) for args in _ARGUMENTS[:3] for name in KNOWN_TOOLS
     ]
@@ -411,8 +416,8 @@ def _ending_menu() -> tuple[tuple[ScriptItem, ...], ...]:
 
 def _body_menu() -> tuple[ScriptItem, ...]:
     """What a pass streams before its ending: mostly text (a third of it blank), pauses,
-    usage and thoughts; now and then a call of any kind (the first call of a pass is the
-    one dispatched, later ones are ignored) and, rarely, a provider failure."""
+    usage and thoughts; now and then a call of any kind (it joins the pass's tool batch
+    with the ending's calls) and, rarely, a provider failure."""
     texts = [TextDelta(t) for t in _TEXTS]
     return (
         *texts,
@@ -431,7 +436,24 @@ def _body_menu() -> tuple[ScriptItem, ...]:
     )
 
 
-_ENDINGS = _ending_menu()
+#: The calls of a drawn tool batch: every known tool with two argument objects (twice, so a
+#: batch holds identical calls and calls of one tool that play different behaviours), then
+#: each kind of call the gate refuses once (unknown, not an object, truncated, unparseable),
+#: and a call without a name (it ends the turn before any call runs) once.
+_BATCH_CALLS: tuple[FunctionCall, ...] = (
+    *(FunctionCall(name, args) for args in _ARGUMENTS[:2] for name in KNOWN_TOOLS),
+    *(FunctionCall(name, args) for args in _ARGUMENTS[:2] for name in KNOWN_TOOLS),
+    FunctionCall("launch_rockets", {}),
+    FunctionCall("get_weather", [1, 2]),
+    FunctionCall("search", {"city": "Os"}, truncated=True),
+    FunctionCall("send_sticker", '{"city": Oslo', parse_error="Expecting value: char 9"),
+    FunctionCall("", {}),
+)
+_BATCH_SIZES: tuple[int, ...] = (2, 3, 2, 3, 4, 5, 6)
+#: The ending that stands for a tool batch drawn on the spot (`build_batch`).
+_A_BATCH: tuple[ScriptItem, ...] = (FunctionCall("a batch", {}),)
+
+_ENDINGS = (*_ending_menu(), *(_A_BATCH,) * 6)
 _BODY_ITEMS = _body_menu()
 
 #: Items only a hostile provider sends: non-finite usage and retry hints, an error quoting
@@ -587,7 +609,15 @@ def build_pass(
         endings = _HOSTILE_DRAFTING_ENDINGS if hostile else _DRAFTING_ENDINGS
     else:
         endings = _HOSTILE_ENDINGS if hostile else _ENDINGS
-    return (*body, *c.pick(endings))
+    ending = c.pick(endings)
+    if ending is _A_BATCH:
+        return (*body, *build_batch(c))
+    return (*body, *ending)
+
+
+def build_batch(c: Choices) -> tuple[FunctionCall, ...]:
+    """A tool batch of 2 to 6 calls (see `tool_batches`)."""
+    return tuple(c.pick(_BATCH_CALLS) for _ in range(c.pick(_BATCH_SIZES)))
 
 
 def provider_passes(
@@ -642,6 +672,7 @@ _HOSTILE_ACTIONS = (
     ToolAction.IGNORE_CANCELLATION,
     ToolAction.MUTATE_ARGUMENTS,
     ToolAction.MUTATE_ARGUMENTS,
+    ToolAction.RETURN_GARBAGE,
 )
 
 
@@ -815,7 +846,26 @@ def build_script(
             provider_key=c.pick(PROVIDER_KEYS) if quotes_key else None,
         )
     # drawn last, so that the bytes of a compact seed before them keep their meaning
-    return attrs.evolve(script, tool_configs=tuple(map(c.pick, _CONFIG_MENUS)))
+    return attrs.evolve(script, tool_configs=_with_barriers(c, tuple(map(c.pick, _CONFIG_MENUS))))
+
+
+#: Which tools are registered ``sequential`` (a barrier in a tool batch): none in most
+#: turns, one of the two that need a follow-up now and then.
+_SEQUENTIAL_SETS: tuple[frozenset[str], ...] = (
+    frozenset(),
+    frozenset(),
+    frozenset(),
+    frozenset({"search"}),
+    frozenset({"get_weather"}),
+)
+
+
+def _with_barriers(c: Choices, configs: tuple[ToolConfig, ...]) -> tuple[ToolConfig, ...]:
+    """``configs`` with the tools of a drawn `_SEQUENTIAL_SETS` entry made barriers."""
+    barriers = c.pick(_SEQUENTIAL_SETS)
+    if not barriers:
+        return configs
+    return tuple(attrs.evolve(config, sequential=config.name in barriers) for config in configs)
 
 
 def turn_scripts(
@@ -892,7 +942,7 @@ def build_tool_chain(c: Choices) -> TurnScript:
         passes=(*rounds, c.pick(_CHAIN_ENDINGS)),
         tool_plan=plan,
         continuation_style=c.flag(),
-        tool_configs=tuple(map(c.pick, _CONFIG_MENUS)),
+        tool_configs=_with_barriers(c, tuple(map(c.pick, _CONFIG_MENUS))),
     )
 
 
@@ -906,6 +956,62 @@ def tool_chains() -> st.SearchStrategy[TurnScript]:
     here they meet one another: a failure, then a restart, then failures again; a memory
     update, then another."""
     return built(build_tool_chain)
+
+
+#: A batch call's behaviour: a success, a failure, a raise and a hang (so a deadline lands
+#: mid-batch) each often enough to meet in one batch.
+_BATCH_ACTIONS = (
+    ToolAction.SUCCEED,
+    ToolAction.FAIL,
+    ToolAction.SUCCEED,
+    ToolAction.RAISE,
+    ToolAction.HANG,
+)
+#: How long a batch call takes: at once, or one of a few virtual durations that interleave
+#: (and coincide now and then) with one another, with the drawn deadlines and with signals.
+_BATCH_DELAYS: tuple[float, ...] = (0.0, 1.0, 3.0, 0.5, 2.0, 6.0)
+#: When a signal comes in a turn of batches: mostly while the first batch runs.
+_BATCH_SIGNAL_INSTANTS: tuple[float, ...] = (1.5, 0.5, 2.5, 1.0, 4.0, 7.0)
+
+
+def build_batch_behaviour(c: Choices, hostile: bool = False) -> ToolBehaviour:
+    """One dispatch in a turn of tool batches (see `tool_batches`)."""
+    if hostile:
+        return build_behaviour(c, hostile)
+    return ToolBehaviour(c.pick(_BATCH_ACTIONS), c.pick(_BATCH_DELAYS), **c.pick(_RESULTS))
+
+
+def build_tool_batches(c: Choices, hostile: bool = False) -> TurnScript:
+    """A turn of tool batches (see `tool_batches`)."""
+    batches = [(*c.pick(_ROUND_TEXTS), *build_batch(c)) for _ in range(c.pick((1, 2, 3)))]
+    plan = tuple(
+        (name, tuple(c.several(1, 6, build_batch_behaviour, hostile))) for name in KNOWN_TOOLS
+    )
+    signals: tuple[TimedSignal, ...] = ()
+    if c.flag():
+        signals = (TimedSignal(c.pick(_BATCH_SIGNAL_INSTANTS), c.pick(_SIGNAL_KINDS)),)
+    return TurnScript(
+        passes=(*batches, c.pick(_CHAIN_ENDINGS)),
+        tool_plan=plan,
+        signals=signals,
+        continuation_style=c.flag(),
+        tool_configs=_with_barriers(c, tuple(map(c.pick, _CONFIG_MENUS))),
+    )
+
+
+def tool_batches(*, hostile: bool = False) -> st.SearchStrategy[TurnScript]:
+    """A turn of 1 to 3 tool batches, then closing text or an empty pass. Each batch holds
+    2 to 6 calls (after no text, blank text or visible text): known tools, identical calls
+    and calls of one tool, and now and then a call the gate refuses or one without a name.
+    Each known tool plays 1 to 6 drawn behaviours, mixed on purpose: successes, failures,
+    raises and hangs, at once or after virtual durations that interleave, so that in one
+    batch calls finish out of emitted order, a deadline passes while siblings run, and a
+    stop or a follow-up in half the turns lands mid-batch; tools are registered in any way
+    `ToolConfig` allows, a barrier (``sequential``) among them now and then. With
+    ``hostile``, the behaviours are `tool_behaviours(hostile=True)`'s: a tool that ignores
+    its cancellation, raises a `BaseException` or returns garbage among its siblings. Draw
+    the policy with `loop_policies()`, whose ``max_parallel_tools`` is sometimes 1 to 3."""
+    return built(build_tool_batches, hostile)
 
 
 def _with_call_ids(
@@ -964,6 +1070,9 @@ def build_policy(
             cancel_grace=c.pick((2.0, 0.5, 5.0)),
             max_pass_duration=c.pick((900.0, 60.0, 20.0, 8.0)),
         )
+    # drawn after the others, so that the bytes of a compact seed before it keep their
+    # meaning: the default most often, else a limit a drawn batch reaches
+    policy = attrs.evolve(policy, max_parallel_tools=c.pick(_PARALLEL_LIMITS))
     if drafting is False and review_tool_calls is False:
         return policy
     return build_review_fields(c, policy, drafting, review_tool_calls)
@@ -975,6 +1084,7 @@ def _iteration_ceilings(most: int) -> tuple[int, ...]:
 
 
 _SOFT_WARNINGS = tuple(range(1, 6))
+_PARALLEL_LIMITS = (10, 10, 10, 1, 2, 3)
 _TOOL_ERROR_CEILINGS = tuple(range(1, 5))
 
 

@@ -9,21 +9,24 @@ what those effects opened it knows what may happen now:
 
 - `StartStream` opens a stream: chunks may come, then its end or its failure; `CutStream`
   (the held-prose ceiling) lets only the end come;
-- `RunTool` lets that dispatch's `ToolFinished` come; `CancelTool` takes it back, unless
-  the call was cut off at its deadline (``cut_off``): then its outcome is still owed — the
-  timeout, or that nobody can tell (in doubt);
-- `ArmDeadline` lets that token expire, `ClearDeadline` takes it back;
+- `RunTool` lets that dispatch's `ToolFinished` come — several at once, the running calls
+  of one tool batch (docs/behaviour.md §3.10), each under its own dispatch number;
+  `CancelTool` takes one back, unless the call was cut off at its deadline (``cut_off``):
+  then its outcome is still owed — the timeout, or that nobody can tell (in doubt);
+- `ArmDeadline` lets that token expire, `ClearDeadline` takes it back: one token per kind,
+  but one ``TOOL`` token per running call;
 - `Deliver` lets that delivery be confirmed or fail; `RequestReview` lets that review's
   verdict come, `CancelReview` takes it back;
 - follow-ups, stops and a failing notice may come at any time.
 
 The alphabet is finite: `Happening` names the abstract events, and `World.events` lists the
 concrete events of one of them that the world may send now — each chunk kind once
-(`CHUNK_KINDS`), every tool outcome, every armed deadline, every delivery in flight, every
-verdict. `World.moves` is all of them, for an exhaustive search; `World.copy` forks a
-world for one branch of it. `World.draw_event` draws the next event with Hypothesis, weighted
-toward progress, chunks from the kit's wider `chunks()` menu. `World.illegal_events` lists
-events the machine must refuse in a state. A property test drives a machine with it::
+(`CHUNK_KINDS`), every outcome of every running call, every armed deadline (each running
+call's own), every delivery in flight, every verdict. `World.moves` is all of them, for an
+exhaustive search; `World.copy` forks a world for one branch of it. `World.draw_event`
+draws the next event with Hypothesis, weighted toward progress (any running call of a batch
+may finish first), chunks from the kit's wider `chunks()` menu. `World.illegal_events`
+lists events the machine must refuse in a state. A property test drives a machine with it::
 
     world = World()
     world.take(machine.start(request))
@@ -176,12 +179,17 @@ class World:
     """What the outside world may report next, read from the machine's effects alone."""
 
     stream_open: bool = False
+    #: the armed deadline of each kind but ``TOOL``, by its token
     armed: dict[DeadlineKind, int] = attrs.field(factory=dict)
-    #: the dispatch whose `ToolFinished` may come
-    running: int | None = None
+    #: the armed ``TOOL`` deadlines: one per running call of the batch
+    tool_tokens: list[int] = attrs.field(factory=list)
+    #: the dispatches whose `ToolFinished` may come, in the order they started
+    running: list[int] = attrs.field(factory=list)
+    #: the dispatches that finished (a second `ToolFinished` for one is refused)
+    finished_dispatches: list[int] = attrs.field(factory=list)
     last_dispatch: int = 0
-    #: why the running dispatch was cut off at its deadline: its outcome is still owed
-    cut_off: str | None = None
+    #: why a running dispatch was cut off at its deadline: its outcome is still owed
+    cut_off: dict[int, str] = attrs.field(factory=dict)
     in_flight: list[int] = attrs.field(factory=list)
     recorded: list[int] = attrs.field(factory=list)
     finished: bool = False
@@ -236,21 +244,29 @@ class World:
         self.reviewing = None
 
     def _deadline_armed(self, effect: ArmDeadline) -> None:
-        self.armed[effect.kind] = effect.token
+        if effect.kind is DeadlineKind.TOOL:
+            self.tool_tokens.append(effect.token)
+        else:
+            self.armed[effect.kind] = effect.token
 
     def _deadline_cleared(self, effect: ClearDeadline) -> None:
-        if self.armed.get(effect.kind) == effect.token:
+        if effect.kind is DeadlineKind.TOOL:
+            if effect.token in self.tool_tokens:
+                self.tool_tokens.remove(effect.token)
+        elif self.armed.get(effect.kind) == effect.token:
             del self.armed[effect.kind]
 
     def _tool_started(self, effect: RunTool) -> None:
-        self.running = self.last_dispatch = effect.dispatch
-        self.cut_off = None
+        self.running.append(effect.dispatch)
+        self.last_dispatch = effect.dispatch
+        self.cut_off.pop(effect.dispatch, None)
 
     def _tool_cancelled(self, effect: CancelTool) -> None:
         if effect.cut_off is None:
-            self.running = None
+            if effect.dispatch in self.running:
+                self.running.remove(effect.dispatch)
         else:
-            self.cut_off = effect.cut_off  # its outcome is still owed
+            self.cut_off[effect.dispatch] = effect.cut_off  # its outcome is still owed
 
     def _delivery_sent(self, effect: Deliver) -> None:
         self.in_flight.append(effect.seq)
@@ -267,12 +283,18 @@ class World:
         elif isinstance(event, ReviewReturned):
             self.reviewing = None
         elif isinstance(event, DeadlineExpired):
-            self.armed.pop(event.kind, None)
+            if event.kind is DeadlineKind.TOOL:
+                if event.token in self.tool_tokens:
+                    self.tool_tokens.remove(event.token)
+            else:
+                self.armed.pop(event.kind, None)
             if event.kind is DeadlineKind.REVIEW:
                 self.reviewing = None
         elif isinstance(event, ToolFinished):
-            self.running = None
-            self.cut_off = None
+            if event.dispatch in self.running:
+                self.running.remove(event.dispatch)
+            self.finished_dispatches.append(event.dispatch)
+            self.cut_off.pop(event.dispatch, None)
         elif isinstance(event, DeliveryRecorded | DeliveryFailed) and event.seq is not None:
             self.in_flight.remove(event.seq)
             self.recorded.append(event.seq)
@@ -286,12 +308,12 @@ class World:
             Happening.CHUNK: self.stream_open,
             Happening.STREAM_ENDED: self.stream_open,
             Happening.STREAM_FAILED: self.stream_open,
-            Happening.TOOL_FINISHED: self.running is not None,
+            Happening.TOOL_FINISHED: bool(self.running),
             Happening.REVIEW_RETURNED: self.reviewing is not None,
             Happening.DELIVERY_RECORDED: bool(self.in_flight),
             Happening.DELIVERY_FAILED: bool(self.in_flight),
             Happening.NOTICE_FAILED: True,
-            Happening.DEADLINE: bool(self.armed),
+            Happening.DEADLINE: bool(self.armed or self.tool_tokens),
             Happening.FOLLOW_UP: True,
             Happening.STOP: True,
         }
@@ -299,7 +321,7 @@ class World:
 
     def events(self, happening: Happening) -> tuple[object, ...]:
         """The concrete events of ``happening`` the world may send now (none when it is not
-        enabled): one chunk of each kind, every outcome of the running tool, every armed
+        enabled): one chunk of each kind, every outcome of every running call, every armed
         deadline, delivery in flight, verdict and stop."""
         if happening not in self.enabled():
             return ()
@@ -315,7 +337,7 @@ class World:
         if happening is Happening.DELIVERY_FAILED:
             return tuple(self._delivery_failed(seq) for seq in self.in_flight)
         if happening is Happening.DEADLINE:
-            return tuple(DeadlineExpired(kind, self.armed[kind]) for kind in sorted(self.armed))
+            return self._deadlines()
         if happening is Happening.STOP:
             return tuple(StopRequested(message) for message in STOP_MESSAGES)
         return (self._fixed_event(happening),)
@@ -330,22 +352,37 @@ class World:
         return attrs.evolve(
             self,
             armed=dict(self.armed),
+            tool_tokens=list(self.tool_tokens),
+            running=list(self.running),
+            finished_dispatches=list(self.finished_dispatches),
+            cut_off=dict(self.cut_off),
             in_flight=list(self.in_flight),
             recorded=list(self.recorded),
         )
 
+    def _deadlines(self) -> tuple[DeadlineExpired, ...]:
+        """Every armed deadline: one of each kind, then each running call's own."""
+        kinds = tuple(DeadlineExpired(kind, self.armed[kind]) for kind in sorted(self.armed))
+        return kinds + tuple(DeadlineExpired(DeadlineKind.TOOL, t) for t in self.tool_tokens)
+
     def _tool_outcomes(self) -> tuple[object, ...]:
-        assert self.running is not None
-        if self.cut_off is not None:
+        """Every outcome of every running call, in the order the calls started."""
+        return tuple(
+            outcome for dispatch in self.running for outcome in self._outcomes_of(dispatch)
+        )
+
+    def _outcomes_of(self, dispatch: int) -> tuple[ToolFinished, ...]:
+        cut_off = self.cut_off.get(dispatch)
+        if cut_off is not None:
             # cut off: the timeout if it stopped within its grace, else nobody can tell
             return (
-                ToolFinished(self.running, ToolOutcomeKind.FAILED, error=self.cut_off),
+                ToolFinished(dispatch, ToolOutcomeKind.FAILED, error=cut_off),
                 ToolFinished(
-                    self.running, ToolOutcomeKind.FAILED, error=_IN_DOUBT_ERROR, in_doubt=True
+                    dispatch, ToolOutcomeKind.FAILED, error=_IN_DOUBT_ERROR, in_doubt=True
                 ),
             )
         return tuple(
-            ToolFinished(self.running, kind, error=_TOOL_ERROR, **fields)
+            ToolFinished(dispatch, kind, error=_TOOL_ERROR, **fields)
             for kind in dict.fromkeys(TOOL_OUTCOME_KINDS)
             for fields in TOOL_RESULTS
         )
@@ -379,7 +416,7 @@ class World:
         kinds: list[str] = []
         if self.stream_open:
             kinds += [Happening.CHUNK.value] * 8 + [Happening.STREAM_ENDED.value] * 4
-        if self.running is not None:
+        if self.running:
             kinds += [Happening.TOOL_FINISHED.value] * 8
         if self.in_flight:
             kinds += [Happening.DELIVERY_RECORDED.value] * 3
@@ -402,7 +439,7 @@ class World:
             failures = [Happening.NOTICE_FAILED.value]
             if self.stream_open:
                 failures.append(Happening.STREAM_FAILED.value)
-            if self.armed:
+            if self.armed or self.tool_tokens:
                 failures += [Happening.DEADLINE.value] * 2
             if self.in_flight:
                 failures.append(Happening.DELIVERY_FAILED.value)
@@ -413,15 +450,16 @@ class World:
         if happening is Happening.CHUNK:
             return data.draw(_CHUNKS, label="chunk")
         if happening is Happening.TOOL_FINISHED:
-            assert self.running is not None
-            if self.cut_off is not None:
-                return data.draw(st.sampled_from(self._tool_outcomes()), label="owed outcome")
+            # any running call of the batch may finish first
+            dispatch = data.draw(st.sampled_from(self.running), label="dispatch")
+            if dispatch in self.cut_off:
+                owed = self._outcomes_of(dispatch)
+                return data.draw(st.sampled_from(owed), label="owed outcome")
             fields = data.draw(_RESULT_FIELDS, label="tool result")
             kind = data.draw(_OUTCOMES, label="outcome")
-            return ToolFinished(self.running, kind, error=_TOOL_ERROR, **fields)
+            return ToolFinished(dispatch, kind, error=_TOOL_ERROR, **fields)
         if happening is Happening.DEADLINE:
-            deadline = data.draw(st.sampled_from(sorted(self.armed)), label="deadline")
-            return DeadlineExpired(deadline, self.armed[deadline])
+            return data.draw(st.sampled_from(self._deadlines()), label="deadline")
         if happening is Happening.DELIVERY_RECORDED:
             return DeliveryRecorded(data.draw(st.sampled_from(self.in_flight), label="seq"))
         if happening is Happening.REVIEW_RETURNED:
@@ -437,7 +475,8 @@ class World:
     # ------------------------------------------------------------------ what must be refused
     def illegal_events(self, state: str) -> list[object]:
         """Events the machine must refuse in ``state``: stale or unknown tokens, dispatches
-        and deliveries, chunks outside a stream, anything after the end, non-events."""
+        and deliveries (a call of the batch reported finished twice among them), chunks
+        outside a stream, anything after the end, non-events."""
         events: list[object] = [
             DeadlineExpired(DeadlineKind.TOOL, 10_000),
             DeadlineExpired(DeadlineKind.SETTLE, 10_001),
@@ -449,6 +488,12 @@ class World:
         events += [DeliveryRecorded(seq) for seq in self.recorded[-1:]]
         if state in ("awaiting_first_token", "streaming"):
             events.append(ToolFinished(self.last_dispatch, ToolOutcomeKind.SUCCEEDED))
+        if state == "executing_tool":
+            events += [
+                ToolFinished(dispatch, ToolOutcomeKind.SUCCEEDED)
+                for dispatch in self.finished_dispatches[-1:]
+                if dispatch not in self.running
+            ]
         if state in ("executing_tool", "settling"):
             events += [
                 TextDelta("late"),
