@@ -64,6 +64,8 @@ from toolloop_fsm.testing import loop_policies
 from toolloop_fsm.testing import run_script
 from toolloop_fsm.testing import turn_scripts
 from toolloop_fsm.testing.hostile import HANG_GUARD_SECONDS
+from toolloop_fsm.testing.seeds import SEED_SIZE
+from toolloop_fsm.testing.seeds import tool_batch_case_from_seed
 from toolloop_fsm.testing.strategies import _ARGUMENTS
 from toolloop_fsm.testing.strategies import KNOWN_TOOLS
 from toolloop_fsm.testing.strategies import tool_batches
@@ -106,6 +108,18 @@ def test_any_turn_of_tool_batches_keeps_every_invariant(
     mid-batch: no call runs twice by its occurrence, every call of a batch is answered once
     and in order, the dispatches stay within the calls emitted, and the ending is the
     predicted one."""
+    run = run_turn(script, policy)
+    run.check()
+    check_ending(run)
+
+
+@given(seed=st.binary(min_size=SEED_SIZE, max_size=SEED_SIZE))
+def test_any_seed_of_tool_batches_is_a_turn_that_keeps_every_invariant(seed: bytes) -> None:
+    """The fuzzer's compact seeds expand to turns of tool batches too (2 to 6 calls a
+    batch), and each keeps every invariant and ends as predicted."""
+    script, policy = tool_batch_case_from_seed(seed)
+    batches = [p for p in script.passes if sum(isinstance(i, FunctionCall) for i in p) > 1]
+    assert batches
     run = run_turn(script, policy)
     run.check()
     check_ending(run)

@@ -5,7 +5,9 @@ fuzzing host that drew every turn with `turn_scripts()` would spend most of its 
 generating. Here Hypothesis draws one byte string per turn (`seed_batches`: a batch of them
 per example) and `SeedReader` — the builders' `Choices` read from those bytes — expands each
 into the very `TurnScript` (and `LoopPolicy`) the strategies build, from the same menus in
-plain Python.
+plain Python — tool batches of 2 to 6 calls among the passes' endings, barriers among the
+tools and a parallel limit in the policy included. `tool_batch_case_from_seed` reads a turn of
+tool batches (`tool_batches()`) the same way.
 
 Each choice reads one byte (a menu longer than 256 entries, two), scaled onto the menu so
 that a smaller byte picks an earlier entry; a list's length is one byte scaled onto its
@@ -28,8 +30,16 @@ from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.testing.strategies import TurnScript
 from toolloop_fsm.testing.strategies import build_policy
 from toolloop_fsm.testing.strategies import build_script
+from toolloop_fsm.testing.strategies import build_tool_batches
 
-__all__ = ["SEED_SIZE", "SeedReader", "case_from_seed", "seed_batches", "turn_from_seed"]
+__all__ = [
+    "SEED_SIZE",
+    "SeedReader",
+    "case_from_seed",
+    "seed_batches",
+    "tool_batch_case_from_seed",
+    "turn_from_seed",
+]
 
 _T = TypeVar("_T")
 
@@ -112,6 +122,18 @@ def case_from_seed(
         reader, hostile=hostile, drafting=drafting, review_tool_calls=review_tool_calls
     )
     return script, policy
+
+
+def tool_batch_case_from_seed(
+    seed: bytes, *, hostile: bool = False
+) -> tuple[TurnScript, LoopPolicy]:
+    """A turn of tool batches and a policy from one seed: the script as
+    `tool_batches(hostile=…)` builds it (mixed outcomes and durations, signals landing
+    mid-batch), then the policy from the bytes after it, as `loop_policies(hostile=…)`
+    builds it (a parallel limit of 1 to 3 now and then)."""
+    reader = SeedReader(seed)
+    script = build_tool_batches(reader, hostile)
+    return script, build_policy(reader, hostile=hostile)
 
 
 def seed_batches(
