@@ -174,9 +174,9 @@ class Equivalent:
 #: Keyed by file, enclosing function, operator and the line before and after (so an entry goes
 #: stale, and is reported, when the code under it changes; tests/test_mutation_script.py).
 _REFUSED_CALL_KEY = (
-    "a refused call never gets a ledger key (`current_call_key` is reset when the pass "
-    "begins and set only by a dispatch or a reuse), and `dispatched` only guards the ledger "
-    "write, which also needs that key"
+    "a refused call never starts, so it never gets a dispatch number: the ledger is written "
+    "only when a started call finishes, and `finished_calls` names only calls with a "
+    "dispatch number, so `dispatched` on a refusal is never read"
 )
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
@@ -227,19 +227,9 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "toolloop_fsm/states/tool_dispatch.py",
         "refuse_outside_allowlist",
         "true_false",
-        "turn.tool_round.outcome = ToolOutcome(success=False, reason=reason, dispatched=False)",
-        "turn.tool_round.outcome = ToolOutcome(success=False, reason=reason, dispatched=True)",
+        "at_gate(turn).outcome = ToolOutcome(success=False, reason=reason, dispatched=False)",
+        "at_gate(turn).outcome = ToolOutcome(success=False, reason=reason, dispatched=True)",
         _REFUSED_CALL_KEY,
-    ),
-    Equivalent(
-        "toolloop_fsm/states/tool_dispatch.py",
-        "time_out_tool",
-        "drop_call",
-        "disarm_deadline(turn, DeadlineKind.TOOL)",
-        "pass",
-        "the fired tool deadline's token is never read again: the round's record is replaced "
-        "as the next pass begins, the next dispatch re-arms it, and a stale token is refused "
-        "by its value either way",
     ),
     Equivalent(
         "toolloop_fsm/generation.py",

@@ -70,15 +70,6 @@ async def test_end_turn_after_a_silent_pass_does_not_repeat_an_earlier_pass_text
     assert turn.channel.text == "Looking it up. "
 
 
-async def test_a_malformed_call_with_a_name_says_its_arguments_are_not_an_object() -> None:
-    turn = scripted_turn([[FunctionCall("get_weather", ["Paris"])]])
-    result = await run_turn(turn, [make_tool("get_weather", turn.executions, turn.clock)])
-    assert result.reason == "malformed_call"
-    assert result.error_message == (
-        "the model's call to 'get_weather' has arguments that are not an object (list)"
-    )
-
-
 async def test_a_reply_with_text_after_a_self_delivered_tool_response_completes_as_a_reply() -> (
     None
 ):
@@ -179,22 +170,6 @@ async def test_a_pass_that_failed_before_its_first_chunk_has_no_usage_entry() ->
     result = await run_turn(turn, [])
     assert result.status is TurnStatus.ERROR
     assert result.usage.entries == ()
-
-
-async def test_every_call_after_the_first_in_one_pass_is_recorded_as_ignored() -> None:
-    turn = scripted_turn(
-        [
-            [
-                FunctionCall("get_weather", {"city": "Paris"}),
-                FunctionCall("get_weather", {"city": "Rome"}),
-                FunctionCall("get_time", {}),
-            ],
-            [TextDelta("Sunny in Paris.")],
-        ]
-    )
-    result = await run_turn(turn, [make_tool("get_weather", turn.executions, turn.clock)])
-    assert turn.executions.calls == [("get_weather", {"city": "Paris"}, 0.0)]
-    assert result.stream_results[0].ignored_calls == ("get_weather", "get_time")
 
 
 # --------------------------------------------------------------------------- the gate

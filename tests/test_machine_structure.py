@@ -133,15 +133,8 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
             (source, "stream_ended"): [
                 # drafting: a pass cut at the held-prose ceiling is over, whatever it asked
                 "draft_cut_at_length_limit",
-                "call_is_malformed",
-                "call_arguments_truncated",
-                "call_arguments_unparseable",
-                "call_outside_allowlist",
-                "call_already_recorded",
-                # the tool checkpoint (§14.6), after the ledger: a reused call is not reviewed
-                "call_rejected_before",
-                "correction_cannot_be_approved",
-                "call_needs_checkpoint",
+                # a call without a name fails the whole batch (§3.10 rule 1)
+                "batch_has_nameless_call",
                 "call_pending",
                 # drafting: without a call, held prose completes the response
                 "completes_held_draft",
@@ -151,6 +144,22 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
             ]
             for source in ("awaiting_first_token", "streaming")
         },
+        # the gate, for each call of the batch in emitted order (§3.10 rule 1)
+        ("gating_call", "advance"): [
+            "call_arguments_not_object",
+            "call_arguments_truncated",
+            "call_arguments_unparseable",
+            "call_outside_allowlist",
+            "call_already_recorded",
+            # the tool checkpoint (§14.6), after the ledger: a reused call is not reviewed
+            "call_rejected_before",
+            "correction_cannot_be_approved",
+            "call_needs_checkpoint",
+            None,
+        ],
+        ("next_call", "advance"): ["calls_left_at_gate", "calls_admitted", None],
+        ("executing_tool", "tool_finished"): ["batch_finishes", None],
+        ("executing_tool", "tool_deadline"): ["cut_off_call_is_settled", "batch_finishes", None],
         ("recording_tool_outcome", "advance"): [
             "consecutive_error_ceiling_reached",
             # drafting: a round that would end the turn completes the held response first

@@ -139,6 +139,10 @@ class Tool:
     happened (looked up: did the payment go through?), which becomes the call's outcome and
     is recorded like a run's, or ``None`` when it cannot tell (the model is then told the
     outcome is unknown). Such a call is named in the result's ``in_doubt_calls`` either way.
+
+    ``sequential`` makes the tool a barrier in a batch of calls (docs/behaviour.md §3.10):
+    the calls emitted before it finish first, it runs alone, then the rest go on. For a tool
+    that must not overlap with others (it reads what they write, or holds a lock).
     """
 
     name: str = field(validator=name_text)
@@ -153,6 +157,7 @@ class Tool:
     replay: str = field(default="reuse")
     idempotent: bool = field(default=False, validator=flag)
     reconcile: ToolReconciler | None = field(default=None, eq=False, kw_only=True)
+    sequential: bool = field(default=False, validator=flag, kw_only=True)
     #: ``parameters`` as canonical JSON: the key its compiled validator is kept under
     schema_key: str = field(init=False, eq=False, repr=False)
 

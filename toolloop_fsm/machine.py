@@ -81,12 +81,16 @@ from toolloop_fsm.guards.outcome import outcome_is_follow_up_interrupt
 from toolloop_fsm.guards.outcome import outcome_is_stalled_stream
 from toolloop_fsm.guards.outcome import outcome_is_stopped_by_user
 from toolloop_fsm.guards.outcome import outcome_is_timeout
+from toolloop_fsm.guards.tool_gate import batch_finishes
+from toolloop_fsm.guards.tool_gate import batch_has_nameless_call
 from toolloop_fsm.guards.tool_gate import call_already_recorded
+from toolloop_fsm.guards.tool_gate import call_arguments_not_object
 from toolloop_fsm.guards.tool_gate import call_arguments_truncated
 from toolloop_fsm.guards.tool_gate import call_arguments_unparseable
-from toolloop_fsm.guards.tool_gate import call_is_malformed
 from toolloop_fsm.guards.tool_gate import call_outside_allowlist
 from toolloop_fsm.guards.tool_gate import call_pending
+from toolloop_fsm.guards.tool_gate import calls_admitted
+from toolloop_fsm.guards.tool_gate import calls_left_at_gate
 from toolloop_fsm.guards.tool_gate import cut_off_call_is_settled
 from toolloop_fsm.host import Tool
 from toolloop_fsm.host import ToolRegistry
@@ -150,20 +154,26 @@ from toolloop_fsm.states.stream_once import interrupt_for_follow_up
 from toolloop_fsm.states.stream_once import stop_stream
 from toolloop_fsm.states.stream_once import take_first_chunk
 from toolloop_fsm.states.stream_once import time_out_stream
+from toolloop_fsm.states.tool_dispatch import admit_call
 from toolloop_fsm.states.tool_dispatch import announce_tool_outcome
 from toolloop_fsm.states.tool_dispatch import clear_stale_follow_up
 from toolloop_fsm.states.tool_dispatch import cut_off_tool
-from toolloop_fsm.states.tool_dispatch import dispatch_tool
+from toolloop_fsm.states.tool_dispatch import dispatch_batch
+from toolloop_fsm.states.tool_dispatch import gate_next_call
+from toolloop_fsm.states.tool_dispatch import open_batch
 from toolloop_fsm.states.tool_dispatch import record_tool_outcome
+from toolloop_fsm.states.tool_dispatch import refuse_non_object_arguments
 from toolloop_fsm.states.tool_dispatch import refuse_outside_allowlist
 from toolloop_fsm.states.tool_dispatch import refuse_truncated_call
 from toolloop_fsm.states.tool_dispatch import refuse_unparseable_call
 from toolloop_fsm.states.tool_dispatch import reuse_recorded_outcome
+from toolloop_fsm.states.tool_dispatch import running_call
 from toolloop_fsm.states.tool_dispatch import stop_during_tool
 from toolloop_fsm.states.tool_dispatch import take_tool_outcome
 from toolloop_fsm.states.tool_dispatch import time_out_tool
 from toolloop_fsm.turn import DraftState
 from toolloop_fsm.turn import TurnState
+from toolloop_fsm.turn import call_with_deadline
 
 # --------------------------------------------------------------------------- states
 #: the terminal states, one per turn status but ``skipped`` (only the outer tier skips)
@@ -175,6 +185,9 @@ STATES: tuple[State, ...] = (
     State("awaiting_first_token"),
     State("streaming"),
     State("ending_pass", transient=True),
+    # the tool batch: each call at the gate in turn, then the admitted calls run
+    State("gating_call", transient=True),
+    State("next_call", transient=True),
     State("executing_tool"),
     State("checking_tool_outcome", (announce_tool_outcome,), transient=True),
     State("restarting_context", (apply_context_restart,), transient=True),
@@ -225,25 +238,9 @@ TRANSITIONS: list[_t] = [
     # drafting: a pass cut at the held-prose ceiling completes the response as cut
     _t("advance", "ending_pass", "completing_response", when=draft_cut_at_length_limit,
        do=close_cut_pass),
-    _t("advance", "ending_pass", "building_result", when=call_is_malformed,
+    _t("advance", "ending_pass", "building_result", when=batch_has_nameless_call,
        do=end_malformed_call, ends=("error", "malformed_call")),
-    _t("advance", "ending_pass", "checking_tool_outcome",
-       when=call_arguments_truncated, do=refuse_truncated_call),
-    _t("advance", "ending_pass", "checking_tool_outcome",
-       when=call_arguments_unparseable, do=refuse_unparseable_call),
-    _t("advance", "ending_pass", "checking_tool_outcome",
-       when=call_outside_allowlist, do=refuse_outside_allowlist),
-    _t("advance", "ending_pass", "checking_tool_outcome",
-       when=call_already_recorded, do=reuse_recorded_outcome),
-    # the tool checkpoint (docs/behaviour.md §14.6): a rejected call stays rejected, a
-    # correction needs an approval, a new call is reviewed while reviews are left
-    _t("advance", "ending_pass", "checking_tool_outcome",
-       when=call_rejected_before, do=repeat_rejection),
-    _t("advance", "ending_pass", "checking_tool_outcome",
-       when=correction_cannot_be_approved, do=refuse_correction),
-    _t("advance", "ending_pass", "reviewing_call",
-       when=call_needs_checkpoint, do=request_call_review),
-    _t("advance", "ending_pass", "executing_tool", when=call_pending, do=dispatch_tool),
+    _t("advance", "ending_pass", "gating_call", when=call_pending, do=open_batch),
     # drafting: a pass without a call completes the held response
     _t("advance", "ending_pass", "completing_response",
        when=completes_held_draft, do=close_pass_for_review),
@@ -274,12 +271,42 @@ TRANSITIONS: list[_t] = [
        do=fail_delivery_while_streaming, ends=("error", "host_timeout")),
     _t("delivery_failed", STREAM_STATES, "building_result",
        do=fail_delivery_while_streaming, ends=("error", "host_error")),
-    # ---- execute tool call (docs/behaviour.md §3.6): the deadline and the stop signal
-    _t("tool_finished", "executing_tool", "checking_tool_outcome", do=take_tool_outcome),
+    # ---- the tool batch (docs/behaviour.md §3.10): each call of the pass passes the gate on
+    # its own, in emitted order (§3.1–§3.5; the tool checkpoint, §14.6: a rejected call stays
+    # rejected, a correction needs an approval, a new call is reviewed while reviews are
+    # left); a refusal is that call's outcome and the next call goes to the gate
+    _t("advance", "gating_call", "next_call",
+       when=call_arguments_not_object, do=refuse_non_object_arguments),
+    _t("advance", "gating_call", "next_call",
+       when=call_arguments_truncated, do=refuse_truncated_call),
+    _t("advance", "gating_call", "next_call",
+       when=call_arguments_unparseable, do=refuse_unparseable_call),
+    _t("advance", "gating_call", "next_call",
+       when=call_outside_allowlist, do=refuse_outside_allowlist),
+    _t("advance", "gating_call", "next_call",
+       when=call_already_recorded, do=reuse_recorded_outcome),
+    _t("advance", "gating_call", "next_call",
+       when=call_rejected_before, do=repeat_rejection),
+    _t("advance", "gating_call", "next_call",
+       when=correction_cannot_be_approved, do=refuse_correction),
+    _t("advance", "gating_call", "reviewing_call",
+       when=call_needs_checkpoint, do=request_call_review),
+    _t("advance", "gating_call", "next_call", do=admit_call),
+    # the whole batch is gated before any call runs; then the admitted calls run
+    _t("advance", "next_call", "gating_call", when=calls_left_at_gate, do=gate_next_call),
+    _t("advance", "next_call", "executing_tool", when=calls_admitted, do=dispatch_batch),
+    _t("advance", "next_call", "checking_tool_outcome"),
+    # ---- execute the batch (§3.6, §3.10 rule 2): each call under its own deadline; the
+    # batch's last outcome goes on to the checks after it, the others start calls waiting
+    _t("tool_finished", "executing_tool", "checking_tool_outcome", when=batch_finishes,
+       do=take_tool_outcome),
+    _t("tool_finished", "executing_tool", None, do=take_tool_outcome),
     # a tool with a reconcile hook is waited for past its deadline: its outcome is settled
     # (docs/behaviour.md §3.9)
     _t("tool_deadline", "executing_tool", None, when=cut_off_call_is_settled, do=cut_off_tool),
-    _t("tool_deadline", "executing_tool", "checking_tool_outcome", do=time_out_tool),
+    _t("tool_deadline", "executing_tool", "checking_tool_outcome", when=batch_finishes,
+       do=time_out_tool),
+    _t("tool_deadline", "executing_tool", None, do=time_out_tool),
     _t("stop_requested", "executing_tool", "building_result",
        do=stop_during_tool, ends=("stopped_by_user", "stopped_during_tool")),
     _t("follow_up_arrived", "executing_tool", None, do=clear_stale_follow_up),
@@ -331,17 +358,18 @@ TRANSITIONS: list[_t] = [
     _t("review_deadline", "reviewing_draft", "building_result",
        do=take_review_timeout, ends=("completed", "review_timeout")),
     _t("advance", "revising", "starting_pass"),
-    # ---- the tool checkpoint's verdict (docs/behaviour.md §14.6)
-    _t("review_returned", "reviewing_call", "executing_tool", when=verdict_passes,
+    # ---- the tool checkpoint's verdict (docs/behaviour.md §14.6): the call is admitted or
+    # rejected, and the gate goes on with the batch's next call
+    _t("review_returned", "reviewing_call", "next_call", when=verdict_passes,
        do=run_approved_call),
-    _t("review_returned", "reviewing_call", "checking_tool_outcome", when=verdict_revises,
+    _t("review_returned", "reviewing_call", "next_call", when=verdict_revises,
        do=reject_call),
-    _t("review_returned", "reviewing_call", "checking_tool_outcome", when=reviewing_correction,
+    _t("review_returned", "reviewing_call", "next_call", when=reviewing_correction,
        do=refuse_unapproved_correction),
-    _t("review_returned", "reviewing_call", "executing_tool", do=run_unreviewed_call),
-    _t("review_deadline", "reviewing_call", "checking_tool_outcome", when=reviewing_correction,
+    _t("review_returned", "reviewing_call", "next_call", do=run_unreviewed_call),
+    _t("review_deadline", "reviewing_call", "next_call", when=reviewing_correction,
        do=refuse_unapproved_correction),
-    _t("review_deadline", "reviewing_call", "executing_tool", do=run_unreviewed_call),
+    _t("review_deadline", "reviewing_call", "next_call", do=run_unreviewed_call),
     # ---- while a reviewer is asked: a stop ends the turn and nothing held is sent; a
     # follow-up interrupts a drafted reply and waits during a tool chain
     _t("stop_requested", REVIEW_STATES, "building_result", do=stop_during_review,
@@ -607,7 +635,12 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
             raise InvalidEvent(self.name, turn.state, event, problem)
         if isinstance(event, DeadlineExpired):
             trigger, armed = expired_deadline(event, turn.state)
-            token = armed_token(turn, armed)
+            if armed is DeadlineKind.TOOL:
+                # each running call of the batch has its own deadline
+                call = call_with_deadline(turn, event.token)
+                token = event.token if call is not None else None
+            else:
+                token = armed_token(turn, armed)
             if token != event.token:
                 raise InvalidEvent(
                     self.name,
@@ -625,12 +658,13 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
 
     def _check_current(self, turn: TurnState, event: object) -> None:
         """Outcomes that belong to something already cancelled are a shell bug, not data."""
-        if isinstance(event, ToolFinished) and event.dispatch != turn.dispatches:
+        if isinstance(event, ToolFinished) and running_call(turn, event.dispatch) is None:
+            running = [c.dispatch for c in turn.tool_round.calls if c.running]
             raise InvalidEvent(
                 self.name,
                 turn.state,
                 event,
-                f"dispatch {event.dispatch} is not the running one ({turn.dispatches})",
+                f"dispatch {event.dispatch} is not a running one (running: {running})",
             )
         elif isinstance(event, ReviewReturned) and (
             turn.draft is None or event.review != turn.draft.review_seq

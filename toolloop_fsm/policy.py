@@ -161,6 +161,10 @@ class LoopPolicy:
     )
     abandoned_stream_settle: float = field(default=5.0, validator=seconds)
     tool_timeout: float = field(default=300.0, validator=positive_seconds)
+    #: how many calls of one tool batch run at once (``1``: one by one, in emitted order)
+    max_parallel_tools: int = field(default=10, validator=positive_count)
+    #: ``False`` asks providers whose API has the option for one call per response
+    parallel_tool_calls: bool = field(default=True, validator=flag)
     tool_failure_notice_limit: int = field(default=1800, validator=positive_count)
     suppress_followup_after_pre_tool_text: frozenset[str] = field(
         default=frozenset({"update_short_term_memory"}),

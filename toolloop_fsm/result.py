@@ -252,6 +252,9 @@ class GenerationTurnResult:
     attempts: tuple[AttemptRecord, ...] = ()
     credential_source: str = "user"
     disabled_enrichment_kinds: frozenset[str] = frozenset()
+    #: the calls of the tool batch the turn ended in (a stop, a failing channel) that had
+    #: finished: their outcomes are kept in the ledger, never shown to the model
+    finished_calls: tuple[str, ...] = ()
     abandoned_calls: tuple[str, ...] = ()
     #: the tool calls cut off mid-run, settled by their reconcile hook or not (§3.9)
     in_doubt_calls: tuple[InDoubtCall, ...] = ()

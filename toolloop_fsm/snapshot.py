@@ -187,6 +187,9 @@ class LoopSnapshot:
     trace: tuple[TraceStep, ...]
     tools: tuple[ToolTerms, ...]
     policy_terms: Mapping[str, Any]
+    #: the tools of the last recorded batch (a snapshot from before batches has none: the
+    #: settle rule then reads ``last_tool``)
+    last_tools: tuple[str, ...] = ()
 
 
 @frozen

@@ -480,6 +480,7 @@ def tool(
     redact: Redactor | None = None,
     idempotent: bool = False,
     reconcile: ToolReconciler | None = None,
+    sequential: bool = False,
 ) -> Callable[[_Function], Tool]: ...
 
 
@@ -496,6 +497,7 @@ def tool(
     redact: Redactor | None = None,
     idempotent: bool = False,
     reconcile: ToolReconciler | None = None,
+    sequential: bool = False,
 ) -> Tool | Callable[[_Function], Tool]:
     """Build a `Tool` from a function: ``@tool`` or ``@tool(name=..., ...)``.
 
@@ -509,6 +511,7 @@ def tool(
     ``idempotent=True`` lets a durable turn run the tool again when its worker is lost.
     ``reconcile`` is the tool's reconcile hook (`Tool.reconcile`, docs/behaviour.md §3.9): it
     is called as any hook is, with the arguments as the model sent them and the context.
+    ``sequential=True`` makes the tool a barrier in a batch of calls (`Tool.sequential`).
     """
     options = _ToolOptions(
         name,
@@ -520,6 +523,7 @@ def tool(
         redact,
         idempotent,
         reconcile,
+        sequential,
     )
     if function is None:
         return functools.partial(_build_tool, options=options)
@@ -537,6 +541,7 @@ class _ToolOptions:
     redact: Redactor | None
     idempotent: bool = False
     reconcile: ToolReconciler | None = None
+    sequential: bool = False
 
 
 def _build_tool(function: _Function, *, options: _ToolOptions) -> Tool:
@@ -581,6 +586,7 @@ def _build_tool(function: _Function, *, options: _ToolOptions) -> Tool:
         replay=options.replay,
         idempotent=options.idempotent,
         reconcile=options.reconcile,
+        sequential=options.sequential,
     )
 
 

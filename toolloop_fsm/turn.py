@@ -86,6 +86,14 @@ def take_occurrence(turn: TurnState, call_key: str) -> str:
     return occurrence_key(call_key, seen)
 
 
+def call_with_deadline(turn: TurnState, token: int) -> BatchCall | None:
+    """The running call of the batch whose ``TOOL`` deadline has ``token``."""
+    for call in turn.tool_round.calls:
+        if call.deadline == token:
+            return call
+    return None
+
+
 @define(slots=True)
 class HeldSegment:
     """One piece of held presentation: text (``expression`` is ``None``) or an expression."""
@@ -197,17 +205,46 @@ class PassRecord:
 
 
 @define(slots=True, weakref_slot=False)
-class ToolRound:
-    """The tool round in progress: its one call (a round runs one), the call's key (computed
-    once: the replay gate and the dispatch both need it, kept while the call is the same
-    object), its ledger key once dispatched, its deadline's token and its outcome."""
+class BatchCall:
+    """One call of the tool batch: the call as the provider emitted it, its place in the
+    batch, whether the gate admitted it, its ledger key once taken (in emitted order), its
+    dispatch number and deadline token while it runs, and its outcome once decided."""
 
+    call: FunctionCall
+    position: int
+    admitted: bool = False
+    occurrence: str | None = None
+    dispatch: int | None = None
+    #: the token of the call's own ``TOOL`` deadline while it is armed
+    deadline: int | None = None
+    outcome: ToolOutcome | None = None
+    #: the call was cut off at its deadline and its outcome is still owed (§3.9)
+    cut_off: bool = False
+
+    @property
+    def running(self) -> bool:
+        """Dispatched, and its outcome not yet known (a cut-off call's is still owed)."""
+        return self.dispatch is not None and self.outcome is None
+
+
+@define(slots=True, weakref_slot=False)
+class ToolRound:
+    """The tool batch in progress (docs/behaviour.md §3.10): every call of the pass, in
+    emitted order; the call at the gate (``pending_call``, the gate's guards read it, with
+    its key computed once: the replay gate and the admission both need it); how many calls
+    run, how many admitted ones wait, where the next start looks, and whether a
+    ``sequential`` call runs (a barrier)."""
+
+    calls: list[BatchCall] = field(factory=list)
+    gated: int = 0
     pending_call: FunctionCall | None = None
     pending_call_key: tuple[FunctionCall, str] | None = None
-    current_call_key: str | None = None
-    outcome: ToolOutcome | None = None
-    #: the token of the running tool's deadline while it is armed
-    deadline: int | None = None
+    running: int = 0
+    queued: int = 0
+    next_start: int = 0
+    barrier: bool = False
+    #: the batch's outcomes are recorded (or restarted from): it no longer ends with the turn
+    recorded: bool = False
 
 
 @define(slots=True, weakref_slot=False)
@@ -285,6 +322,8 @@ class TurnState:
     tool_round: ToolRound = field(factory=ToolRound)
     # the narration before the round's call (kept: it decides how the round ends)
     pre_tool_text: str | None = None
+    #: the tools of the last recorded batch, in emitted order (the settle rule reads them)
+    last_tools: tuple[str, ...] = ()
 
     # deadlines: the token of each armed kind but the pass's stream deadline and the tool's
     # (the pass record and the tool round keep those: the kinds armed on every pass)

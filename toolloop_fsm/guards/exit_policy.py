@@ -4,6 +4,7 @@ the empty-pass rules of §2.5)."""
 from __future__ import annotations
 
 from toolloop_fsm.events import FinishKind
+from toolloop_fsm.ledger import ToolOutcome
 from toolloop_fsm.policy import ExitView
 from toolloop_fsm.turn import TurnState
 
@@ -12,19 +13,25 @@ _CUT_FINISHES = frozenset(
 )
 
 
+def _outcomes(turn: TurnState) -> list[ToolOutcome]:
+    return [c.outcome for c in turn.tool_round.calls if c.outcome is not None]
+
+
 def tool_requested_context_restart(turn: TurnState) -> bool:
-    """The successful outcome carries a context-enrichment signal (docs/behaviour.md §5)."""
-    outcome = turn.tool_round.outcome
-    return outcome is not None and outcome.success and outcome.restart_item is not None
+    """A successful outcome of the batch carries a context-enrichment signal
+    (docs/behaviour.md §5, §3.10 rule 4)."""
+    return any(o.success and o.restart_item is not None for o in _outcomes(turn))
 
 
 def tool_asked_to_end_turn(turn: TurnState) -> bool:
-    outcome = turn.tool_round.outcome
-    return outcome is not None and outcome.success and outcome.end_turn
+    """A call of the batch succeeded and asked to end the turn."""
+    return any(o.success and o.end_turn for o in _outcomes(turn))
 
 
-def exit_view(turn: TurnState) -> ExitView:
-    name = turn.last_tool or ""
+def exit_view(turn: TurnState, name: str | None = None) -> ExitView:
+    """What the pre-tool-text rule sees of the call of tool ``name`` (default: the last
+    tool)."""
+    name = name if name is not None else turn.last_tool or ""
     tool = turn.registry.get(name)
     return ExitView(
         tool_name=name,
@@ -36,8 +43,8 @@ def exit_view(turn: TurnState) -> ExitView:
 
 
 def should_end_after_pre_tool_text(turn: TurnState) -> bool:
-    """After visible pre-tool text, a silent tool ends the turn ``completed``
-    (docs/behaviour.md §4.6).
+    """After visible pre-tool text, a batch of silent tools ends the turn ``completed``
+    (docs/behaviour.md §4.6): the rule must hold for every call of the batch.
 
     The memory tool (``memory_tool_name``), as a member of
     ``suppress_followup_after_pre_tool_text`` (its default member), ends it whatever its
@@ -45,16 +52,25 @@ def should_end_after_pre_tool_text(turn: TurnState) -> bool:
     registered. Other members, and on continuation-style providers any tool, end it only when
     they need no follow-up; a host that leaves the memory tool out of the set opts out.
     """
-    outcome = turn.tool_round.outcome
-    if outcome is None or not outcome.success:
-        return False
     if turn.pre_tool_text is None or not turn.pre_tool_text.strip():
         return False
+    calls = turn.tool_round.calls
+    if not calls:
+        return False
+    for batch_call in calls:
+        outcome = batch_call.outcome
+        if outcome is None or not outcome.success:
+            return False
+        if not _silent_after_pre_tool_text(turn, str(batch_call.call.name)):
+            return False
+    return True
+
+
+def _silent_after_pre_tool_text(turn: TurnState, name: str) -> bool:
     policy = turn.policy
     if policy.end_after_pre_tool_text is not None:
-        return bool(policy.end_after_pre_tool_text(exit_view(turn)))
+        return bool(policy.end_after_pre_tool_text(exit_view(turn, name)))
     # the default rule reads the same facts as the view, without building it (every round)
-    name = turn.last_tool or ""
     silent = name in policy.suppress_followup_after_pre_tool_text
     if silent and name == policy.memory_tool_name:
         return True
@@ -80,7 +96,12 @@ def is_settled_after_tool(turn: TurnState) -> bool:
         return True
     if not (turn.deliveries.visible_text_delivered or turn.expression_delivered):
         return False
-    if turn.last_tool is None:
+    names = turn.last_tools or ((turn.last_tool,) if turn.last_tool is not None else ())
+    if not names:
         return False
-    tool = turn.registry.get(turn.last_tool)
-    return tool is not None and not tool.requires_follow_up
+    # a batch settles only when none of its tools needs a follow-up
+    for name in names:
+        tool = turn.registry.get(name)
+        if tool is None or tool.requires_follow_up:
+            return False
+    return True

@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from toolloop_fsm.events import DeadlineExpired
 from toolloop_fsm.turn import TurnState
 from toolloop_fsm.turn import call_key_of_pending
+from toolloop_fsm.turn import call_with_deadline
 from toolloop_fsm.turn import next_occurrence
 
 if TYPE_CHECKING:
@@ -15,27 +17,50 @@ if TYPE_CHECKING:
 
 
 def call_pending(turn: TurnState) -> bool:
-    """The pass ended with a tool call."""
-    return turn.tool_round.pending_call is not None
+    """The pass ended with tool calls: a batch (docs/behaviour.md §3.10)."""
+    return bool(turn.tool_round.calls)
+
+
+def batch_has_nameless_call(turn: TurnState) -> bool:
+    """A call of the batch has no name, or a blank one: a protocol failure (§3.1)."""
+    return any(
+        not isinstance(c.call.name, str) or not c.call.name.strip() for c in turn.tool_round.calls
+    )
+
+
+def calls_left_at_gate(turn: TurnState) -> bool:
+    """The batch has calls the gate has not decided yet."""
+    tool_round = turn.tool_round
+    return tool_round.gated + 1 < len(tool_round.calls)
+
+
+def calls_admitted(turn: TurnState) -> bool:
+    """The gate admitted calls of the batch: they run."""
+    return turn.tool_round.queued > 0
+
+
+def batch_finishes(turn: TurnState) -> bool:
+    """The outcome being taken is the batch's last: no other call runs or waits."""
+    tool_round = turn.tool_round
+    return tool_round.running == 1 and tool_round.queued == 0
 
 
 def cut_off_call_is_settled(turn: TurnState) -> bool:
-    """The running call's tool has a reconcile hook: cut off at its deadline, it gets its
+    """The expired call's tool has a reconcile hook: cut off at its deadline, it gets its
     grace to stop, and one that does not is settled by the hook before the loop goes on
     (docs/behaviour.md §3.9 rule 2)."""
-    call = turn.tool_round.pending_call
-    tool = turn.registry.get(call.name) if call is not None else None
+    event = turn.current_event
+    if not isinstance(event, DeadlineExpired):
+        return False
+    batch_call = call_with_deadline(turn, event.token)
+    tool = turn.registry.get(batch_call.call.name) if batch_call is not None else None
     return tool is not None and tool.reconcile is not None
 
 
-def call_is_malformed(turn: TurnState) -> bool:
-    """No name, a blank name, or (parsed) arguments that are not an object."""
+def call_arguments_not_object(turn: TurnState) -> bool:
+    """The (parsed, complete) arguments are not a JSON object: refused (§3.10 rule 1)."""
     call = turn.tool_round.pending_call
-    if call is None:
-        return False
-    if not isinstance(call.name, str) or not call.name.strip():
-        return True
-    if call.parse_error is not None or call.truncated:
+    if call is None or call.parse_error is not None or call.truncated:
         return False
     return not isinstance(call.arguments, Mapping)
 

@@ -4,7 +4,10 @@ This module owns three things for the Anthropic Messages API (``POST {base_url}/
 ``"stream": true``) and for Anthropic-compatible servers that speak the same stream:
 
 * `build_anthropic_body` — a `ProviderRequest` as a Messages request body (system prompt,
-  tool history as ``tool_use`` / ``tool_result`` pairs, prefill as a trailing assistant turn);
+  each tool batch as one assistant turn — thinking, the pre-tool text, every ``tool_use`` —
+  and one user turn of ``tool_result`` blocks, ``is_error`` on failures; prefill as a
+  trailing assistant turn; with tools offered and ``parallel_tool_calls`` off, ``tool_choice``
+  carries ``"disable_parallel_tool_use": true``);
 * `AnthropicStreamDecoder` — the sans-IO decoder from named SSE events to chunk events
   (text, thinking with its signature, tool calls assembled from ``input_json_delta``, usage,
   finish reason, in-stream ``error`` events);
@@ -33,6 +36,8 @@ from toolloop_fsm.events import UsageReport
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._history import ToolBatch
+from toolloop_fsm.providers._history import tool_batches
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
@@ -64,7 +69,8 @@ _TOOL_ID_INVALID = re.compile(r"[^a-zA-Z0-9_-]")
 # --------------------------------------------------------------------------- request body
 def _tool_use_id(entry: ToolHistoryEntry, position: int) -> str:
     # A call replayed from a provider without ids (Gemini, old Ollama) still needs one here,
-    # and it must be stable across passes so the tool_result pairs with its tool_use.
+    # and it must be stable across passes so the tool_result pairs with its tool_use;
+    # `position` is the call's index in the whole history, so each call of a batch has its own.
     raw = entry.call.call_id or f"toolu_loop_{entry.iteration}_{position}"
     return _TOOL_ID_INVALID.sub("_", raw)
 
@@ -95,38 +101,46 @@ def _add_context_message(
         system.extend(b.get("text", "") for b in content_parts(content, _text_block))
 
 
-def _add_tool_round(messages: list[dict[str, Any]], entry: ToolHistoryEntry, position: int) -> None:
-    """One answered call: the assistant's ``tool_use`` (after its thinking and pre-tool
-    text), then the user's ``tool_result``."""
-    call_id = _tool_use_id(entry, position)
+def _add_tool_batch(messages: list[dict[str, Any]], batch: ToolBatch) -> None:
+    """One answered batch: the assistant's turn (thinking, the pre-tool text, every
+    ``tool_use``), then one user turn of a ``tool_result`` per call, in order."""
+    calls = [(_tool_use_id(entry, index), entry) for index, entry in batch.numbered()]
     assistant: list[dict[str, Any]] = []
-    # Thinking blocks must go back unchanged, before the tool_use they led to (§4.2).
-    data = entry.call.provider_data or {}
-    assistant.extend(dict(block) for block in data.get("anthropic_thinking", ()))
-    if entry.pre_tool_text:
-        assistant.append({"type": "text", "text": entry.pre_tool_text})
-    assistant.append(
-        {
-            "type": "tool_use",
-            "id": call_id,
-            "name": entry.call.name,
-            "input": dict(entry.call.arguments),
-        }
-    )
-    append_turn(messages, "assistant", assistant, key="content")
-    append_turn(
-        messages,
-        "user",
-        [
+    for number, (call_id, entry) in enumerate(calls):
+        # Thinking blocks must go back unchanged, before the tool_use they led to (§4.2): the
+        # decoder puts a message's thinking on its first call, ahead of the text.
+        data = entry.call.provider_data or {}
+        assistant.extend(dict(block) for block in data.get("anthropic_thinking", ()))
+        if number == 0 and batch.pre_tool_text:
+            assistant.append({"type": "text", "text": batch.pre_tool_text})
+        assistant.append(
             {
-                "type": "tool_result",
-                "tool_use_id": call_id,
-                "content": tool_response_json(entry.response),
-                "is_error": not entry.response.success,
+                "type": "tool_use",
+                "id": call_id,
+                "name": entry.call.name,
+                "input": dict(entry.call.arguments),
             }
-        ],
-        key="content",
-    )
+        )
+    append_turn(messages, "assistant", assistant, key="content")
+    results = [
+        {
+            "type": "tool_result",
+            "tool_use_id": call_id,
+            "content": tool_response_json(entry.response),
+            "is_error": not entry.response.success,
+        }
+        for call_id, entry in calls
+    ]
+    append_turn(messages, "user", results, key="content")
+
+
+def _tool_choice(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body's ``tool_choice`` asking for at most one ``tool_use`` per response: whatever
+    choice is already there (``auto`` when none), with parallel tool use disabled."""
+    chosen = body.get("tool_choice")
+    choice: dict[str, Any] = dict(chosen) if isinstance(chosen, Mapping) else {"type": "auto"}
+    choice["disable_parallel_tool_use"] = True
+    return choice
 
 
 def build_anthropic_body(
@@ -137,8 +151,8 @@ def build_anthropic_body(
     messages: list[dict[str, Any]] = []
     for message in request.context:
         _add_context_message(system, messages, message)
-    for position, entry in enumerate(request.history):
-        _add_tool_round(messages, entry, position)
+    for batch in tool_batches(request.history):
+        _add_tool_batch(messages, batch)
 
     if request.prefill:
         # Anthropic continues a trailing assistant turn natively, but rejects one that ends in
@@ -157,6 +171,8 @@ def build_anthropic_body(
         body["system"] = "\n\n".join(system)
     if request.tools:
         body["tools"] = [_tool_spec(tool) for tool in request.tools]
+        if not request.parallel_tool_calls:
+            body["tool_choice"] = _tool_choice(body)
     return body
 
 

@@ -3,9 +3,11 @@
 This module owns, for ``POST {base_url}/models/{model}:streamGenerateContent?alt=sse``:
 
 * `build_gemini_body` — a `ProviderRequest` as a ``GenerateContentRequest`` (``contents`` with
-  roles ``user`` / ``model``, ``systemInstruction``, tool history as ``functionCall`` /
-  ``functionResponse`` parts with their ``thoughtSignature`` echoed back, ``tools`` as
-  ``functionDeclarations``);
+  roles ``user`` / ``model``, ``systemInstruction``, each tool batch as one model turn of
+  ``functionCall`` parts with their ``thoughtSignature`` echoed back and one user turn of
+  ``functionResponse`` parts, ``tools`` as ``functionDeclarations``). Gemini has no option
+  asking for one call per response: ``parallel_tool_calls`` is not sent, and a batch it makes
+  anyway is run whole;
 * `GeminiStreamDecoder` — the sans-IO decoder from SSE ``data:`` payloads to chunk events
   (text, ``thought: true`` parts, whole function calls, Vertex streamed ``partialArgs``,
   running ``usageMetadata``, the finish reason);
@@ -33,6 +35,8 @@ from toolloop_fsm.events import ThoughtDelta
 from toolloop_fsm.events import UsageReport
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.provider import ToolSpec
+from toolloop_fsm.providers._history import ToolBatch
+from toolloop_fsm.providers._history import tool_batches
 from toolloop_fsm.providers._history import tool_response_payload
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
@@ -40,7 +44,6 @@ from toolloop_fsm.providers._stream import HTTPStreamProvider
 from toolloop_fsm.providers._stream import KeyedStreamOptions
 from toolloop_fsm.providers._turns import append_turn
 from toolloop_fsm.providers._turns import content_parts
-from toolloop_fsm.result import ToolHistoryEntry
 
 # There is no tool-call finish reason: STOP ends a turn with calls too (§6.2), so the decoder
 # turns STOP into TOOL_CALLS itself when it saw a call.
@@ -83,26 +86,42 @@ def _declaration(tool: ToolSpec) -> dict[str, Any]:
     return declaration
 
 
-def _history_contents(contents: list[dict[str, Any]], entry: ToolHistoryEntry) -> None:
+def _history_contents(contents: list[dict[str, Any]], batch: ToolBatch) -> None:
+    """One answered batch: a model turn (the pre-tool text, then every ``functionCall`` part
+    with its signature), then one user turn of a ``functionResponse`` part per call."""
     model_parts: list[dict[str, Any]] = []
-    if entry.pre_tool_text:
-        model_parts.append({"text": entry.pre_tool_text})
-    function_call: dict[str, Any] = {"name": entry.call.name, "args": dict(entry.call.arguments)}
-    if entry.call.call_id:
-        function_call["id"] = entry.call.call_id
-    signature = (entry.call.provider_data or {}).get("thoughtSignature")
-    model_parts.append(
-        {"functionCall": function_call, "thoughtSignature": signature or SKIP_SIGNATURE}
-    )
+    if batch.pre_tool_text:
+        model_parts.append({"text": batch.pre_tool_text})
+    # Gemini signs only the first call of a parallel batch and wants the others back as it
+    # sent them, unsigned; a batch whose first call is unsigned did not come from a signing
+    # model, and each of its calls takes the stand-in as a lone call does.
+    signed = bool((batch.entries[0].call.provider_data or {}).get("thoughtSignature"))
+    for number, entry in enumerate(batch.entries):
+        function_call: dict[str, Any] = {
+            "name": entry.call.name,
+            "args": dict(entry.call.arguments),
+        }
+        if entry.call.call_id:
+            function_call["id"] = entry.call.call_id
+        part: dict[str, Any] = {"functionCall": function_call}
+        signature = (entry.call.provider_data or {}).get("thoughtSignature")
+        if signature:
+            part["thoughtSignature"] = signature
+        elif number == 0 or not signed:
+            part["thoughtSignature"] = SKIP_SIGNATURE
+        model_parts.append(part)
     append_turn(contents, "model", model_parts, key="parts")
-    function_response: dict[str, Any] = {
-        "name": entry.call.name,
-        # functionResponse.response must be a JSON object (a Struct), which the payload is.
-        "response": tool_response_payload(entry.response),
-    }
-    if entry.call.call_id:
-        function_response["id"] = entry.call.call_id
-    append_turn(contents, "user", [{"functionResponse": function_response}], key="parts")
+    responses: list[dict[str, Any]] = []
+    for entry in batch.entries:
+        function_response: dict[str, Any] = {
+            "name": entry.call.name,
+            # functionResponse.response must be a JSON object (a Struct), which the payload is.
+            "response": tool_response_payload(entry.response),
+        }
+        if entry.call.call_id:
+            function_response["id"] = entry.call.call_id
+        responses.append({"functionResponse": function_response})
+    append_turn(contents, "user", responses, key="parts")
 
 
 def build_gemini_body(request: ProviderRequest) -> dict[str, Any]:
@@ -117,8 +136,8 @@ def build_gemini_body(request: ProviderRequest) -> dict[str, Any]:
         else:
             role = "model" if role in ("assistant", "model") else "user"
             append_turn(contents, role, parts, key="parts")
-    for entry in request.history:
-        _history_contents(contents, entry)
+    for batch in tool_batches(request.history):
+        _history_contents(contents, batch)
     if request.prefill:
         # A trailing model turn is continued by the model rather than answered.
         append_turn(contents, "model", [_text_part(request.prefill)], key="parts")

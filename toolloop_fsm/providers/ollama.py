@@ -2,8 +2,11 @@
 
 This module owns:
 
-* `build_ollama_body` — a `ProviderRequest` as an ``/api/chat`` request (messages with tool
-  calls and ``tool`` results, the prefill as a trailing assistant message, ``options``);
+* `build_ollama_body` — a `ProviderRequest` as an ``/api/chat`` request (each tool batch as
+  one assistant message with every call in ``tool_calls`` and one ``tool`` message per call,
+  the prefill as a trailing assistant message, ``options``). ``/api/chat`` has no option
+  asking for one call per response: ``parallel_tool_calls`` is not sent, and a batch the
+  model makes anyway is run whole;
 * `OllamaStreamDecoder` — the sans-IO decoder from NDJSON objects to chunk events
   (``message.content`` / ``message.thinking`` / ``message.tool_calls``, the ``done`` line's
   usage and ``done_reason``, an ``{"error": …}`` line);
@@ -35,11 +38,13 @@ from toolloop_fsm.events import UsageReport
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._history import tool_batches
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
 from toolloop_fsm.providers._stream import StreamOptions
+from toolloop_fsm.result import ToolHistoryEntry
 
 # `done_reason` is "stop" even when tools were called (§5.1); the decoder upgrades it itself.
 _DONE_REASONS: Mapping[str, FinishKind] = {
@@ -68,6 +73,20 @@ def _tool(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
+def _tool_message(entry: ToolHistoryEntry) -> dict[str, Any]:
+    """The ``tool`` message answering one call."""
+    result: dict[str, Any] = {
+        "role": "tool",
+        "content": tool_response_json(entry.response),
+        # Which call this answers: by name (all servers since tool results existed) and by
+        # id (newer servers); unknown fields are ignored by older ones.
+        "tool_name": entry.call.name,
+    }
+    if entry.call.call_id:
+        result["tool_call_id"] = entry.call.call_id
+    return result
+
+
 def build_ollama_body(request: ProviderRequest, *, model: str) -> dict[str, Any]:
     """The ``/api/chat`` request body for one pass."""
     messages: list[dict[str, Any]] = []
@@ -76,25 +95,19 @@ def build_ollama_body(request: ProviderRequest, *, model: str) -> dict[str, Any]
         if role not in ("system", "user", "assistant", "tool"):
             role = "user"
         messages.append({"role": role, "content": _content_text(message.get("content", ""))})
-    for entry in request.history:
-        call: dict[str, Any] = {
-            "function": {"name": entry.call.name, "arguments": dict(entry.call.arguments)}
-        }
-        if entry.call.call_id:
-            call["id"] = entry.call.call_id
+    for batch in tool_batches(request.history):
+        calls: list[dict[str, Any]] = []
+        for entry in batch.entries:
+            call: dict[str, Any] = {
+                "function": {"name": entry.call.name, "arguments": dict(entry.call.arguments)}
+            }
+            if entry.call.call_id:
+                call["id"] = entry.call.call_id
+            calls.append(call)
         messages.append(
-            {"role": "assistant", "content": entry.pre_tool_text or "", "tool_calls": [call]}
+            {"role": "assistant", "content": batch.pre_tool_text or "", "tool_calls": calls}
         )
-        result: dict[str, Any] = {
-            "role": "tool",
-            "content": tool_response_json(entry.response),
-            # Which call this answers: by name (all servers since tool results existed) and by
-            # id (newer servers); unknown fields are ignored by older ones.
-            "tool_name": entry.call.name,
-        }
-        if entry.call.call_id:
-            result["tool_call_id"] = entry.call.call_id
-        messages.append(result)
+        messages.extend(_tool_message(entry) for entry in batch.entries)
     if request.prefill:
         # Ollama's chat templates leave a trailing assistant message open, so the model
         # continues it instead of starting a new reply.

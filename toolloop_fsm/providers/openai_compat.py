@@ -4,9 +4,11 @@ Owns, for ``POST {base_url}/chat/completions`` with ``"stream": true`` on OpenAI
 servers that imitate it (Azure, DeepSeek, Groq, Mistral, OpenRouter, vLLM, Ollama ``/v1``, …):
 
 * `build_chat_messages` / `build_chat_body` — a `ProviderRequest` as a request body: the
-  context, then per history entry an assistant message (pre-tool text + the call) and a
-  ``tool`` message (the response as every adapter shows it, as JSON), then the prefill as a
-  trailing assistant message;
+  context, then per tool batch one assistant message (the pre-tool text + every call in
+  ``tool_calls``) and one ``tool`` message per call, in order (the response as every adapter
+  shows it, as JSON), then the prefill as a trailing assistant message; with tools offered
+  and ``parallel_tool_calls`` off, ``"parallel_tool_calls": false``, which asks for at most
+  one call per response (``extra_body``, merged last, can still say otherwise);
 * `ChatStreamDecoder` — sans-IO, from SSE events to chunk events. Text from ``delta.content``
   (a string, or Mistral's array of ``thinking``/``text`` parts); reasoning from ``reasoning``
   or else ``reasoning_content`` (vLLM sends both, one a copy of the other); refusals as text;
@@ -59,6 +61,7 @@ from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._history import dump_json
+from toolloop_fsm.providers._history import tool_batches
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
@@ -86,7 +89,10 @@ FINISH_KINDS: Mapping[str, FinishKind] = {
 
 # --------------------------------------------------------------------------- request side
 def history_call_id(entry: ToolHistoryEntry, position: int) -> str:
-    """The call's own id, or a deterministic one: 9 alphanumerics, which even Mistral takes."""
+    """The call's own id, or a deterministic one: 9 alphanumerics, which even Mistral takes.
+
+    ``position`` is the call's index in the whole history, so two identical calls of one
+    batch get two ids."""
     if entry.call.call_id:
         return entry.call.call_id
     canonical = json.dumps(entry.call.arguments, sort_keys=True, default=str)
@@ -100,13 +106,13 @@ def build_chat_messages(request: ProviderRequest) -> list[dict[str, Any]]:
         {key: value for key, value in message.items() if not key.startswith("toolloop_")}
         for message in request.context
     ]
-    for position, entry in enumerate(request.history):
-        call_id = history_call_id(entry, position)
+    for batch in tool_batches(request.history):
+        calls = [(history_call_id(entry, index), entry) for index, entry in batch.numbered()]
         messages.append(
             {
                 "role": "assistant",
                 # "" rather than null: llama.cpp's server rejects a null content (HTTP 500)
-                "content": entry.pre_tool_text or "",
+                "content": batch.pre_tool_text or "",
                 "tool_calls": [
                     {
                         "id": call_id,
@@ -116,15 +122,17 @@ def build_chat_messages(request: ProviderRequest) -> list[dict[str, Any]]:
                             "arguments": dump_json(dict(entry.call.arguments)),
                         },
                     }
+                    for call_id, entry in calls
                 ],
             }
         )
-        messages.append(
+        messages.extend(
             {
                 "role": "tool",
                 "tool_call_id": call_id,
                 "content": tool_response_json(entry.response),
             }
+            for call_id, entry in calls
         )
     if request.prefill:
         messages.append({"role": "assistant", "content": request.prefill})
@@ -153,6 +161,8 @@ def build_chat_body(
     }
     if request.tools:
         body["tools"] = [chat_tool(tool) for tool in request.tools]
+        if not request.parallel_tool_calls:
+            body["parallel_tool_calls"] = False
     if request.max_output is not None:
         body["max_tokens"] = request.max_output
     if extra_body:

@@ -3,9 +3,11 @@
 Owns, for ``POST {base_url}/responses`` with ``"stream": true`` (OpenAI and Azure OpenAI):
 
 * `build_responses_body` — a `ProviderRequest` as a request body: context messages as input
-  items, each history entry as its pre-tool text (an assistant message), any reasoning items
-  the call must travel with, a ``function_call`` item and a ``function_call_output`` item,
-  then the prefill as a trailing assistant message;
+  items, each tool batch as its pre-tool text once (an assistant message), every call as the
+  reasoning items it must travel with and its ``function_call`` item, then every call's
+  ``function_call_output`` item, in order; then the prefill as a trailing assistant message.
+  With tools offered and ``parallel_tool_calls`` off, ``"parallel_tool_calls": false``
+  (``extra_body``, merged last, can still say otherwise);
 * `ResponsesStreamDecoder` — sans-IO, from the event-named SSE stream (the JSON repeats the
   name in ``type``; no ``[DONE]``) to chunk events: ``output_text.delta`` and
   ``refusal.delta`` → `TextDelta`; ``reasoning_summary_text.delta`` /
@@ -47,11 +49,13 @@ from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
 from toolloop_fsm.providers._history import dump_json
+from toolloop_fsm.providers._history import tool_batches
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers.openai_compat import OpenAIStyleProvider
 from toolloop_fsm.providers.openai_compat import history_call_id
+from toolloop_fsm.result import ToolHistoryEntry
 
 _INCOMPLETE_KINDS: Mapping[str, FinishKind] = {
     "max_output_tokens": FinishKind.LENGTH,
@@ -71,32 +75,40 @@ def responses_tool(tool: ToolSpec) -> dict[str, Any]:
 
 def build_responses_input(request: ProviderRequest) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = [dict(message) for message in request.context]
-    for position, entry in enumerate(request.history):
-        call_id = history_call_id(entry, position)
-        if entry.pre_tool_text:
-            items.append({"role": "assistant", "content": entry.pre_tool_text})
-        provider_data = entry.call.provider_data or {}
-        reasoning = provider_data.get("reasoning")
-        if isinstance(reasoning, Sequence) and not isinstance(reasoning, str):
-            items.extend(dict(item) for item in reasoning if isinstance(item, Mapping))
-        items.append(
-            {
-                "type": "function_call",
-                "call_id": call_id,
-                "name": entry.call.name,
-                "arguments": dump_json(dict(entry.call.arguments)),
-            }
-        )
-        items.append(
+    for batch in tool_batches(request.history):
+        calls = [(history_call_id(entry, index), entry) for index, entry in batch.numbered()]
+        if batch.pre_tool_text:
+            items.append({"role": "assistant", "content": batch.pre_tool_text})
+        for call_id, entry in calls:
+            items.extend(_reasoning_items(entry))
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call_id,
+                    "name": entry.call.name,
+                    "arguments": dump_json(dict(entry.call.arguments)),
+                }
+            )
+        items.extend(
             {
                 "type": "function_call_output",
                 "call_id": call_id,
                 "output": tool_response_json(entry.response),
             }
+            for call_id, entry in calls
         )
     if request.prefill:
         items.append({"role": "assistant", "content": request.prefill})
     return items
+
+
+def _reasoning_items(entry: ToolHistoryEntry) -> list[dict[str, Any]]:
+    """The reasoning items the call travels with: those the model emitted just before it
+    (the decoder puts them on the call they preceded, in a batch the first)."""
+    reasoning = (entry.call.provider_data or {}).get("reasoning")
+    if not isinstance(reasoning, Sequence) or isinstance(reasoning, str):
+        return []
+    return [dict(item) for item in reasoning if isinstance(item, Mapping)]
 
 
 def build_responses_body(
@@ -109,6 +121,8 @@ def build_responses_body(
     }
     if request.tools:
         body["tools"] = [responses_tool(tool) for tool in request.tools]
+        if not request.parallel_tool_calls:
+            body["parallel_tool_calls"] = False
     if request.max_output is not None:
         body["max_output_tokens"] = request.max_output
     if extra_body:

@@ -40,8 +40,9 @@ from toolloop_fsm.provider import Provider
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._history import ToolBatch
+from toolloop_fsm.providers._history import tool_batches
 from toolloop_fsm.providers._history import tool_response_json
-from toolloop_fsm.result import ToolHistoryEntry
 from toolloop_fsm.scaffolding import _NO_FORMS
 from toolloop_fsm.scaffolding import SCAFFOLDING_KEY
 from toolloop_fsm.scaffolding import VERBATIM_SCAFFOLDING
@@ -567,6 +568,10 @@ class VerbatimToolCalls:
     all other chunks pass through in order. If the wrapped stream raises, text held as a
     possible call is dropped with it: it was never delivered, and a failed pass's half call
     must not run.
+
+    A model writing its calls has no option asking for one call per response:
+    ``parallel_tool_calls`` sends nothing (the wrapped provider gets no tools), and every call
+    the pass writes is run.
     """
 
     tool_calling = "verbatim"
@@ -662,31 +667,47 @@ def _positioned(placed: Chunk | _RecognisedCall, emitted: int) -> tuple[int, Chu
     return emitted, placed
 
 
-def _replayed_message(entry: ToolHistoryEntry) -> str:
-    """The assistant's message as the model wrote it: the pass's text with the call standing
-    where it was written (at the end when that is not recorded)."""
-    call = entry.call
-    arguments = json.dumps(dict(call.arguments), ensure_ascii=False, sort_keys=True)
-    text = entry.pre_tool_text or ""
-    before = (call.provider_data or {}).get(TEXT_BEFORE_KEY)
-    if not isinstance(before, int) or isinstance(before, bool) or not 0 <= before <= len(text):
-        before = len(text)
-    return f"{text[:before]}{call.name}({arguments}){text[before:]}"
+def _replayed_message(batch: ToolBatch) -> str:
+    """The assistant's message as the model wrote it: the pass's text with each call of the
+    batch standing where it was written (at the end when that is not recorded), in order."""
+    text = batch.pre_tool_text or ""
+    pieces: list[str] = []
+    written = 0  # characters of the text already placed
+    for entry in batch.entries:
+        call = entry.call
+        before = (call.provider_data or {}).get(TEXT_BEFORE_KEY)
+        if not isinstance(before, int) or isinstance(before, bool) or not 0 <= before <= len(text):
+            before = len(text)
+        # a call never stands before the one the model wrote ahead of it
+        before = max(before, written)
+        arguments = json.dumps(dict(call.arguments), ensure_ascii=False, sort_keys=True)
+        pieces.append(f"{text[written:before]}{call.name}({arguments})")
+        written = before
+    pieces.append(text[written:])
+    return "".join(pieces)
+
+
+def _replayed_results(batch: ToolBatch) -> str:
+    """Every response of the batch, one ``[result of name] {…}`` line each, in order."""
+    return "\n".join(
+        f"[result of {entry.call.name}] {tool_response_json(entry.response)}"
+        for entry in batch.entries
+    )
 
 
 def as_verbatim_request(request: ProviderRequest) -> ProviderRequest:
     """The request as a model without native tool calling must receive it: no ``tools`` (a
-    server may reject them for such a model) and each history entry as two plain messages —
-    the assistant's message as it wrote it (the pass's text with the call, written as it
-    writes calls, where it stood), then the tool's response as a user message."""
+    server may reject them for such a model) and each tool batch as two plain messages —
+    the assistant's message as it wrote it (the pass's text with every call, written as it
+    writes calls, where it stood), then the tool's responses as one user message. Such a
+    model has no option asking for one call per response: ``parallel_tool_calls`` reaches
+    the wrapped provider with no tools, so it sends nothing of it either."""
     if not request.tools and not request.history:
         return request
     transcript: list[dict[str, Any]] = []
-    for entry in request.history:
-        call = entry.call
-        transcript.append({"role": "assistant", "content": _replayed_message(entry)})
-        result = tool_response_json(entry.response)
-        transcript.append({"role": "user", "content": f"[result of {call.name}] {result}"})
+    for batch in tool_batches(request.history):
+        transcript.append({"role": "assistant", "content": _replayed_message(batch)})
+        transcript.append({"role": "user", "content": _replayed_results(batch)})
     return attrs.evolve(request, context=(*request.context, *transcript), tools=(), history=())
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import attrs
 
 from toolloop_fsm.effects import CancelStream
-from toolloop_fsm.effects import CancelTool
 from toolloop_fsm.events import DeadlineKind
 from toolloop_fsm.events import DeliveryFailed
 from toolloop_fsm.events import DeliveryRecorded
@@ -25,6 +24,7 @@ from toolloop_fsm.states.delivery import post_notice
 from toolloop_fsm.states.delivery import record_delivery
 from toolloop_fsm.states.stream_once import close_pass
 from toolloop_fsm.states.stream_once import queue_stop_message
+from toolloop_fsm.states.tool_dispatch import cancel_running_calls
 from toolloop_fsm.turn import TurnState
 
 
@@ -63,8 +63,8 @@ def fail_delivery_while_streaming(turn: TurnState, event: DeliveryFailed) -> Non
 
 
 def fail_delivery_during_tool(turn: TurnState, event: DeliveryFailed) -> None:
-    """The host's channel failed while a tool runs: the tool is cancelled."""
-    turn.effects.append(CancelTool(turn.dispatches))
+    """The host's channel failed while tools run: every running call is cancelled."""
+    cancel_running_calls(turn)
     _fail_delivery(turn, event)
 
 
@@ -146,6 +146,7 @@ def build_result(
         usage=UsageLedger(tuple(turn.produced.usage or ())),
         iterations=turn.iterations,
         tool_dispatches=turn.dispatches,
+        finished_calls=finished_calls(turn),
         tool_response_delivered=turn.tool_response_delivered,
         thought_log=turn.produced.thought_log,
         thought_log_owner=turn.request.thought_log_owner,
@@ -161,6 +162,19 @@ def build_result(
         reviews=tuple(turn.draft.records) if turn.draft is not None else (),
         turn_id=turn.request.turn_id,
         trace=tuple(turn.trace),
+    )
+
+
+def finished_calls(turn: TurnState) -> tuple[str, ...]:
+    """The calls of a batch the turn ended in (a stop, a failing channel) that had run and
+    finished: their outcomes are in the ledger, never shown to the model (§3.10 rule 5)."""
+    tool_round = turn.tool_round
+    if tool_round.recorded:
+        return ()
+    return tuple(
+        str(c.call.name)
+        for c in tool_round.calls
+        if c.outcome is not None and c.outcome.dispatched and c.dispatch is not None
     )
 
 

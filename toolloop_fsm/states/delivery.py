@@ -13,10 +13,10 @@ from toolloop_fsm.events import DeadlineKind
 from toolloop_fsm.events import DeliveryRecorded
 from toolloop_fsm.result import Delivered
 from toolloop_fsm.result import Notice
+from toolloop_fsm.turn import BatchCall
 from toolloop_fsm.turn import DraftState
 from toolloop_fsm.turn import HeldSegment
 from toolloop_fsm.turn import PassRecord
-from toolloop_fsm.turn import ToolRound
 from toolloop_fsm.turn import TurnState
 
 
@@ -133,16 +133,36 @@ def post_notice(turn: TurnState, notice: Notice) -> None:
     turn.effects.append(PostNotice(notice))
 
 
-def _keeper(turn: TurnState, kind: DeadlineKind) -> PassRecord | ToolRound | None:
+def _keeper(turn: TurnState, kind: DeadlineKind) -> PassRecord | None:
     """Who keeps the token of ``kind``'s armed deadline: the pass its stream deadline
-    (`PassRecord.deadline`), the round its tool's (`ToolRound.deadline`); ``None`` for the
-    rarer kinds, kept by the turn (`TurnState.armed`: a turn waiting on its provider then
-    holds no entry there)."""
+    (`PassRecord.deadline`); ``None`` for the rarer kinds, kept by the turn
+    (`TurnState.armed`: a turn waiting on its provider then holds no entry there). Each call
+    of a tool batch keeps its own (`arm_call_deadline`)."""
     if kind is DeadlineKind.STREAM:
         return turn.current_pass
-    if kind is DeadlineKind.TOOL:
-        return turn.tool_round
+    assert kind is not DeadlineKind.TOOL, "a tool deadline belongs to its call"
     return None
+
+
+def _first_call_token(turn: TurnState) -> int | None:
+    for call in turn.tool_round.calls:
+        if call.deadline is not None:
+            return call.deadline
+    return None
+
+
+def arm_call_deadline(turn: TurnState, call: BatchCall, seconds: float) -> None:
+    """Arm the ``TOOL`` deadline of one running call of the batch: its token is the call's."""
+    turn.next_token += 1
+    call.deadline = turn.next_token
+    turn.effects.append(ArmDeadline(DeadlineKind.TOOL, call.deadline, seconds))
+
+
+def clear_call_deadline(turn: TurnState, call: BatchCall) -> None:
+    """Clear the call's ``TOOL`` deadline, if it is armed."""
+    token, call.deadline = call.deadline, None
+    if token is not None:
+        turn.effects.append(ClearDeadline(DeadlineKind.TOOL, token))
 
 
 def arm_deadline(
@@ -171,7 +191,10 @@ def clear_deadline(turn: TurnState, kind: DeadlineKind) -> None:
 
 
 def armed_token(turn: TurnState, kind: DeadlineKind) -> int | None:
-    """The token of the armed deadline of ``kind`` (see `_keeper` for where it is kept)."""
+    """The token of the armed deadline of ``kind`` (see `_keeper` for where it is kept; of
+    the tool deadlines, the first running call's)."""
+    if kind is DeadlineKind.TOOL:
+        return _first_call_token(turn)
     keeper = _keeper(turn, kind)
     return keeper.deadline if keeper is not None else turn.armed.get(kind)
 

@@ -42,9 +42,9 @@ from toolloop_fsm.states.delivery import deliver_text
 from toolloop_fsm.states.delivery import flush_buffer
 from toolloop_fsm.states.delivery import post_notice
 from toolloop_fsm.states.stream_once import close_pass
-from toolloop_fsm.states.stream_once import close_pass_with_call
 from toolloop_fsm.states.stream_once import queue_stop_message
-from toolloop_fsm.states.tool_dispatch import start_dispatch
+from toolloop_fsm.states.tool_dispatch import admit_call
+from toolloop_fsm.states.tool_dispatch import at_gate
 from toolloop_fsm.turn import DraftState
 from toolloop_fsm.turn import TurnState
 
@@ -67,10 +67,10 @@ def hold_remaining_text(turn: TurnState, _event: Any = None) -> None:
 def close_cut_pass(turn: TurnState, _event: Any = None) -> None:
     """The pass stopped at the ceiling: it is closed as cut (usage estimated when none was
     reported); a call it may have begun is ignored (the reply is over)."""
-    call = turn.tool_round.pending_call
-    if call is not None:
-        turn.tool_round.pending_call = None
-        turn.current_pass.ignored_calls = [str(call.name), *(turn.current_pass.ignored_calls or ())]
+    calls = turn.tool_round.calls
+    if calls:
+        turn.current_pass.ignored_calls = [str(c.call.name) for c in calls]
+        calls.clear()
     close_pass(turn, "cut_at_length_limit")
     _draft(turn).trigger = "length_limit"
 
@@ -209,7 +209,6 @@ def _cancel_review(turn: TurnState) -> None:
 def request_call_review(turn: TurnState, _event: Any = None) -> None:
     """Show the proposed call to the reviewer before it runs (the pass is closed first: its
     narration is held, or delivered when not drafting)."""
-    close_pass_with_call(turn)
     draft = _draft(turn)
     call = turn.tool_round.pending_call
     assert call is not None
@@ -234,7 +233,7 @@ def run_approved_call(turn: TurnState, _event: Any = None) -> None:
     assert call is not None
     if draft.reviewing_correction:
         draft.rejected_names.discard(str(call.name))
-    start_dispatch(turn)
+    admit_call(turn)
 
 
 def run_unreviewed_call(turn: TurnState, _event: Any = None) -> None:
@@ -242,7 +241,7 @@ def run_unreviewed_call(turn: TurnState, _event: Any = None) -> None:
     the call runs ordinarily."""
     draft = _draft(turn)
     _take_no_verdict(turn, draft)
-    start_dispatch(turn)
+    admit_call(turn)
 
 
 def reject_call(turn: TurnState, _event: Any = None) -> None:
@@ -265,16 +264,14 @@ def refuse_unapproved_correction(turn: TurnState, _event: Any = None) -> None:
 
 def repeat_rejection(turn: TurnState, _event: Any = None) -> None:
     """The identical call was rejected before: the same rejection, without a review."""
-    close_pass_with_call(turn)
     draft = _draft(turn)
     call = turn.tool_round.pending_call
     assert call is not None
-    turn.tool_round.outcome = draft.rejected_calls[call_identity(str(call.name), call.arguments)]
+    at_gate(turn).outcome = draft.rejected_calls[call_identity(str(call.name), call.arguments)]
 
 
 def refuse_correction(turn: TurnState, _event: Any = None) -> None:
     """A correction with no correction left, or no reviewer to approve it: rejected."""
-    close_pass_with_call(turn)
     draft = _draft(turn)
     call = turn.tool_round.pending_call
     assert call is not None
@@ -309,7 +306,7 @@ def _reject(turn: TurnState, draft: DraftState, reason: str, findings: tuple[Fin
     draft.rejected_calls[identity] = outcome
     draft.rejected_names.add(name)
     draft.reviewing_correction = False
-    turn.tool_round.outcome = outcome
+    at_gate(turn).outcome = outcome
 
 
 # --------------------------------------------------------------------------- shared

@@ -41,6 +41,7 @@ from toolloop_fsm.states.delivery import disarm_deadline
 from toolloop_fsm.states.delivery import discard_buffer
 from toolloop_fsm.states.delivery import flush_buffer
 from toolloop_fsm.states.delivery import post_notice
+from toolloop_fsm.turn import BatchCall
 from toolloop_fsm.turn import PassRecord
 from toolloop_fsm.turn import ReadCount
 from toolloop_fsm.turn import ToolRound
@@ -69,6 +70,7 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
         prefill=turn.prefill,
         max_output=turn.request.max_output,
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
+        parallel_tool_calls=turn.policy.parallel_tool_calls,
     )
     turn.current_pass = PassRecord(request=request)
     turn.effects.append(StartStream(turn.iterations, request))
@@ -130,16 +132,10 @@ def take_usage(turn: TurnState, event: UsageReport) -> None:
 
 
 def take_function_call(turn: TurnState, event: FunctionCall) -> None:
-    """The first call of a pass is the one dispatched; later ones are recorded as ignored
-    (one dispatch per pass keeps the history provider-valid and dispatches ≤ passes)."""
-    if turn.tool_round.pending_call is None:
-        turn.tool_round.pending_call = event
-    else:
-        ignored = turn.current_pass.ignored_calls
-        if ignored is None:
-            turn.current_pass.ignored_calls = [str(event.name)]
-        else:
-            ignored.append(str(event.name))
+    """Every call of a pass joins its tool batch, in emitted order (docs/behaviour.md
+    §3.10)."""
+    calls = turn.tool_round.calls
+    calls.append(BatchCall(event, len(calls)))
 
 
 def take_finish_reason(turn: TurnState, event: FinishReason) -> None:
@@ -176,7 +172,7 @@ def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> st
     """Record the pass's stream result, usage and thoughts; returns the pass's text."""
     clear_deadline(turn, DeadlineKind.STREAM)
     text = "".join(turn.pass_text)
-    call = turn.tool_round.pending_call
+    calls = turn.tool_round.calls
     if turn.produced.stream_results is None:
         turn.produced.stream_results = []
     turn.produced.stream_results.append(
@@ -185,7 +181,7 @@ def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> st
             outcome=outcome,
             text=text,
             finish=turn.current_pass.finish,
-            function_call=str(call.name) if call is not None else None,
+            function_call=str(calls[0].call.name) if calls else None,
             ignored_calls=tuple(turn.current_pass.ignored_calls or ()),
             error=error,
         )
@@ -213,8 +209,8 @@ def estimate_usage(turn: TurnState, text: str) -> UsageEntry:
     and call the pass streamed; input: what the request gave the model to read, a running
     count over the turn's requests (`read_characters`)."""
     written = len(text) + sum(len(thought) for thought in turn.current_pass.thoughts or ())
-    call = turn.tool_round.pending_call
-    if call is not None:
+    for batch_call in turn.tool_round.calls:
+        call = batch_call.call
         written += len(canonical_call_key(str(call.name), call.arguments))
     request = turn.current_pass.request
     read = 0
@@ -332,17 +328,10 @@ def end_empty_response(turn: TurnState, _event: Any = None) -> None:
 
 
 def end_malformed_call(turn: TurnState, _event: Any = None) -> None:
-    call = turn.tool_round.pending_call
+    """A call of the batch has no name: nothing of the batch runs (§3.1)."""
     close_pass(turn, "function_call", error="malformed tool call")
     flush_buffer(turn)
-    name = call.name if call is not None else None
-    if not isinstance(name, str) or not name.strip():
-        turn.error_message = "the model asked for a tool call without a name"
-    else:
-        kind = type(call.arguments).__name__ if call is not None else "nothing"
-        turn.error_message = (
-            f"the model's call to {name!r} has arguments that are not an object ({kind})"
-        )
+    turn.error_message = "the model asked for a tool call without a name"
 
 
 def fail_stream(turn: TurnState, event: StreamFailed) -> None:
