@@ -54,8 +54,9 @@ Theory of operation (what the stage functions below do not show):
   any restart restarts with the other calls recorded; otherwise every call is recorded,
   then the error ceiling, any call ending the turn, the continuation threshold, and the
   pre-tool-text exit when it holds for every call. The settle rule reads the last batch:
-  every call's tool needs no follow-up. A stop cancels the running calls, records none, and
-  names in ``finished_calls`` the batch's calls that had already run (emitted order).
+  every call's tool needs no follow-up. A stop or a failing channel cancels the running
+  calls, records none, and names in ``finished_calls`` the batch's calls that had already
+  run (emitted order).
 * Final text. A completed turn's ``final_text`` is the text of the pass that completed it (an
   empty pass that settles keeps the last pass text that was not blank; a turn ended after a
   tool round keeps that round's pre-tool text). Every other ending keeps only what the
@@ -242,7 +243,7 @@ class PredictedEnding:
     order; ``notices`` the keys of the notices posted, in order; ``history`` one
     ``(tool name, success)`` per call of each tool batch recorded, in emitted order (a
     restarting call records none); ``finished_calls`` the tools of the calls of the batch a
-    stop cut short that had already run, in emitted order.
+    stop or a failing channel cut short that had already run, in emitted order.
     ``undelivered_text`` is ``None`` only in an observed ending whose result has no such field.
     """
 
@@ -284,7 +285,7 @@ def ending_of(result: GenerationTurnResult) -> PredictedEnding:
         notices=tuple(notice.key for notice in result.notices),
         history=tuple((e.call.name, e.response.success) for e in result.history),
         tool_response_delivered=result.tool_response_delivered,
-        finished_calls=tuple(getattr(result, "finished_calls", ())),
+        finished_calls=result.finished_calls,
     )
 
 
@@ -327,7 +328,7 @@ def predict_endings(
             deadline=tool.timeout if tool.timeout is not None else policy.tool_timeout,
             rerun=getattr(tool, "replay", None) == "rerun",
             parameters=json.dumps(tool.parameters, sort_keys=True),
-            sequential=getattr(tool, "sequential", False),
+            sequential=tool.sequential,
         )
         for tool in tools
     }
@@ -1265,7 +1266,7 @@ class _Simulation:
         before it finish, it runs alone, then the rest). Each start is a dispatch under the
         call's own deadline; arguments the schema refuses fail at once (§3.6). Once every
         call of the batch is known, §4 decides."""
-        most = max(1, getattr(self.policy, "max_parallel_tools", 10))
+        most = self.policy.max_parallel_tools
         while self.admitted:
             busy = [*self.running, *self.starting]
             entry = self.admitted[0]
@@ -1637,13 +1638,7 @@ class _Simulation:
             if self.phase == "streaming":
                 self.end_stream(TurnStatus.STOPPED_BY_USER, None)
             elif self.phase == "tool":
-                # §3.10 rule 5: every running call is cancelled; those already run are named
-                self.finished_calls = tuple(
-                    entry.name
-                    for entry in self.batch
-                    if entry.outcome is not None and entry.outcome.dispatched
-                )
-                self.drop_batch()
+                self.drop_batch()  # §3.10 rule 5
                 self.decide(TurnStatus.STOPPED_BY_USER, "stopped_during_tool")
             elif self.phase == "review":
                 self.review = None  # nothing held is ever sent
@@ -1813,7 +1808,13 @@ class _Simulation:
             self.decide(TurnStatus.ERROR, reason)
 
     def drop_batch(self) -> None:
-        """The turn ends mid-batch: no call of it starts, the running ones are cancelled."""
+        """The turn ends mid-batch (a stop, a failing channel): no call of it starts, the
+        running ones are cancelled, and those already run are named (§3.10 rule 5)."""
+        self.finished_calls = tuple(
+            entry.name
+            for entry in self.batch
+            if entry.outcome is not None and entry.outcome.dispatched
+        )
         self.batch = []
         self.admitted.clear()
         self.starting.clear()
