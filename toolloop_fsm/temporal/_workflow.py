@@ -391,6 +391,10 @@ class _AttemptShell:
         # the batch's calls on the workers, by dispatch number: a dict, so that calls done at
         # once are taken in dispatch order on every replay
         self.calls: dict[int, _ToolCall] = {}
+        # which call each TOOL deadline bounds: the n-th armed is the n-th call started
+        self.deadline_of: dict[int, int] = {}  # the deadline's token -> the call's dispatch
+        self.calls_unarmed: collections.deque[int] = collections.deque()
+        self.deadlines_unpaired: collections.deque[int] = collections.deque()
         self.records: dict[int, PassDelivery] = {}
         self.stop_fed = False
         self.follow_ups_seen = 0
@@ -519,18 +523,26 @@ class _AttemptShell:
         else:
             for effect in self.due_deadlines():
                 self.armed.pop(effect.token, None)
+                self.deadline_of.pop(effect.token, None)
                 self.events.append(DeadlineExpired(effect.kind, effect.token))
 
     def timed_deadlines(self) -> list[tuple[ArmDeadline, float]]:
-        """The deadlines the workflow times itself (a pass's stream deadline is timed by the
-        pass), each with when it is due, earliest first (in the order they were armed when
-        due together)."""
+        """The deadlines the workflow times itself, each with when it is due, earliest first
+        (in the order they were armed when due together). A pass's stream deadline is timed
+        by the pass; the deadline of a call whose worker was lost is not timed while its
+        hook is asked: that answer is its outcome whenever the deadline passes (§3.9 rule 2),
+        and the hook's activity bounds itself."""
         timed = [
             (effect, armed_at + effect.seconds)
             for effect, armed_at in self.armed.values()
-            if effect.kind is not DeadlineKind.STREAM
+            if effect.kind is not DeadlineKind.STREAM and not self.being_settled(effect)
         ]
         return sorted(timed, key=lambda armed: armed[1])
+
+    def being_settled(self, deadline: ArmDeadline) -> bool:
+        dispatch = self.deadline_of.get(deadline.token)
+        call = self.calls.get(dispatch) if dispatch is not None else None
+        return call is not None and call.in_doubt is not None
 
     def next_deadline(self) -> tuple[ArmDeadline, float] | None:
         timed = self.timed_deadlines()
@@ -570,10 +582,16 @@ class _AttemptShell:
         self.armed[effect.token] = (effect, workflow.time())
         if effect.kind is DeadlineKind.STREAM:
             self.stream_token = effect.token
+        elif effect.kind is DeadlineKind.TOOL:
+            if self.calls_unarmed:
+                self.deadline_of[effect.token] = self.calls_unarmed.popleft()
+            else:
+                self.deadlines_unpaired.append(effect.token)
 
     async def clear_deadline(self, effect: ClearDeadline) -> None:
         token = effect.token
         self.armed.pop(token, None)
+        self.deadline_of.pop(token, None)
         self.drop_queued(lambda event: isinstance(event, DeadlineExpired) and event.token == token)
 
     async def cancel_stream(self, effect: CancelStream) -> None:
@@ -769,6 +787,10 @@ class _AttemptShell:
             cancellation_type=ActivityCancellationType.TRY_CANCEL,
         )
         self.calls[effect.dispatch] = _ToolCall(effect, spec, idempotent, handle)
+        if self.deadlines_unpaired:
+            self.deadline_of[self.deadlines_unpaired.popleft()] = effect.dispatch
+        else:
+            self.calls_unarmed.append(effect.dispatch)
 
     # ------------------------------------------------------------------ outcomes
     async def pass_finished(self, handle: ActivityHandle[Any]) -> None:
