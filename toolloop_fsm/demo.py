@@ -127,9 +127,12 @@ def scripted_reply(messages: list[dict[str, Any]]) -> list[bytes]:
     answered = [m for m in messages if m.get("role") == "tool"]
     if _asks_for_a_revision(messages):
         return _revised_reply(answered)
+    cities = asked_cities(messages)
+    if len(cities) > 1:
+        return _batch_reply(cities, answered)
     if not answered:
         text = "Let me check the forecast for Paris. "
-        call = {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}
+        calls = [{"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}]
     else:
         weather = json.loads(answered[-1].get("content") or "{}")
         data = weather.get("data") or {}
@@ -137,39 +140,65 @@ def scripted_reply(messages: list[dict[str, Any]]) -> list[bytes]:
             f"It's {data.get('temp_c', '?')} °C and {data.get('sky', 'unknown')} in Paris — "
             "a good day for a walk along the Seine. I'll remember you asked about Paris."
         )
-        call = {
-            "name": "update_short_term_memory",
-            "arguments": json.dumps({"note": "asked about the weather in Paris"}),
-        }
+        calls = [_memory_call("asked about the weather in Paris")]
+    return _reply(text, calls, len(answered))
+
+
+#: The cities the scripted model knows; a question naming two or more makes it batch.
+DEMO_CITIES = ("Paris", "London", "Rome", "Berlin", "Madrid", "Tokyo", "Oslo", "Lisbon")
+
+
+def asked_cities(messages: list[dict[str, Any]]) -> list[str]:
+    """The known cities the first user message names, in the order it names them."""
+    first = next((m.get("content") for m in messages if m.get("role") == "user"), None)
+    if not isinstance(first, str):
+        return []
+    found = [(first.find(city), city) for city in DEMO_CITIES if city in first]
+    return [city for _, city in sorted(found)]
+
+
+def _batch_reply(cities: list[str], answered: list[dict[str, Any]]) -> list[bytes]:
+    """Several cities asked about: every forecast in one response (a tool batch), as OpenAI,
+    Anthropic and Gemini models do; once all are answered, one sentence per city, then the
+    memory note."""
+    if len(answered) < len(cities):
+        text = f"Let me check {' and '.join(cities)}. "
+        calls = [
+            {"name": "get_weather", "arguments": json.dumps({"city": city})} for city in cities
+        ]
+        return _reply(text, calls, len(answered))
+    parts = []
+    for message in answered[-len(cities) :]:
+        with contextlib.suppress(ValueError, AttributeError):
+            data = json.loads(message.get("content") or "{}").get("data") or {}
+            city, temp_c = data.get("city", "?"), data.get("temp_c", "?")
+            parts.append(f"{city}: {temp_c} °C, {data.get('sky', 'unknown')}")
+    text = "; ".join(parts) + ". I'll remember you asked."
+    return _reply(text, [_memory_call(f"asked about {', '.join(cities)}")], len(answered))
+
+
+def _memory_call(note: str) -> dict[str, str]:
+    return {"name": "update_short_term_memory", "arguments": json.dumps({"note": note})}
+
+
+def _reply(text: str, calls: list[dict[str, str]], answered: int) -> list[bytes]:
+    """Text in words, then the calls (each's arguments in fragments, as on the wire)."""
     frames = [_chunk({"role": "assistant", "content": ""})]
     frames += [_chunk({"content": piece}) for piece in _words(text)]
-    frames.append(
-        _chunk(
-            {
-                "tool_calls": [
-                    {
-                        "index": 0,
-                        "id": f"call_{len(answered)}",
-                        "type": "function",
-                        "function": {"name": call["name"], "arguments": ""},
-                    }
-                ]
-            }
-        )
-    )
-    arguments = call["arguments"]
-    for start in range(0, len(arguments), 12):  # arguments arrive in fragments, as on the wire
-        frames.append(
-            _chunk(
-                {
-                    "tool_calls": [
-                        {"index": 0, "function": {"arguments": arguments[start : start + 12]}}
-                    ]
-                }
-            )
-        )
+    for index, call in enumerate(calls):
+        opening = {
+            "index": index,
+            "id": f"call_{answered}_{index}",
+            "type": "function",
+            "function": {"name": call["name"], "arguments": ""},
+        }
+        frames.append(_chunk({"tool_calls": [opening]}))
+        arguments = call["arguments"]
+        for start in range(0, len(arguments), 12):
+            fragment = {"index": index, "function": {"arguments": arguments[start : start + 12]}}
+            frames.append(_chunk({"tool_calls": [fragment]}))
     frames.append(_chunk({}, "tool_calls"))
-    return frames + _closing_frames(60 + 40 * len(answered), 30)
+    return frames + _closing_frames(60 + 40 * answered, 30)
 
 
 def _closing_frames(prompt_tokens: int, completion_tokens: int) -> list[bytes]:
@@ -302,10 +331,14 @@ async def _respond(
 
 
 # --------------------------------------------------------------------------- the demo tools
+_DEMO_WEATHER = {"London": ("drizzle", 14), "Rome": ("sunny", 26), "Oslo": ("snow", -3)}
+
+
 def demo_tools(memory: list[str]) -> list[Tool]:
     async def get_weather(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
         city = str(arguments.get("city", "?"))
-        return ToolResult(data={"city": city, "sky": "clear", "temp_c": 21}, message="demo data")
+        sky, temp_c = _DEMO_WEATHER.get(city, ("clear", 21))
+        return ToolResult(data={"city": city, "sky": sky, "temp_c": temp_c}, message="demo data")
 
     async def update_short_term_memory(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
         memory.append(str(arguments.get("note", "")))

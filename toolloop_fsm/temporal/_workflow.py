@@ -3,12 +3,13 @@
 `GenerationTurnWorkflow` runs `GenerationTurnMachine` and each attempt's `ToolLoopMachine`
 as workflow code, as the asyncio pumps do in one process: it feeds them events and carries
 out their effects — here as Temporal primitives. A provider pass is an activity (it streams
-and delivers on a worker; its chunks come back for the machine), a tool call is an activity,
-a call into the channel is an activity; the tool's deadline, the settle step's and the
-pass's overall budget are workflow timers and activity timeouts; a stop and a follow-up are
-signals. The machines are deterministic and import nothing asynchronous, so replaying the
-workflow's history replays the turn exactly: a worker that dies loses nothing the history
-holds, and a completed tool is never run again.
+and delivers on a worker; its chunks come back for the machine), each call of a tool batch is
+its own activity, run concurrently with its siblings (docs/behaviour.md §3.10), a call into
+the channel is an activity; each call's deadline, the settle step's and the pass's overall
+budget are workflow timers and activity timeouts; a stop and a follow-up are signals. The
+machines are deterministic and import nothing asynchronous, so replaying the workflow's
+history replays the turn exactly: a worker that dies loses nothing the history holds, and a
+completed tool is never run again.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Awaitable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -127,6 +129,23 @@ def _runs_on_the_worker(_arguments: Any, _ctx: Any) -> Any:
 
 def _reconciles_on_the_worker(_arguments: Any, _ctx: Any) -> Any:
     raise RuntimeError("a durable turn's reconcile hooks run on its workers (RECONCILE_TOOL)")
+
+
+@attrs.frozen
+class _ToolCall:
+    """One call of the attempt's tool batch in flight on the workers: its ``RUN_TOOL``
+    activity, or, once the worker running a call not marked idempotent was lost, the
+    ``RECONCILE_TOOL`` activity asking its hook what really happened (docs/behaviour.md
+    §3.9)."""
+
+    run: RunTool
+    spec: ToolInput
+    idempotent: bool
+    handle: ActivityHandle[Any]
+    #: its entry in the attempt's in-doubt calls, once its worker was lost (``handle`` is
+    #: then the reconcile hook's activity), and how the worker was lost
+    in_doubt: InDoubtCall | None = None
+    lost: str = ""
 
 
 def _stand_in(description: ToolDescription) -> Tool:
@@ -368,16 +387,19 @@ class _AttemptShell:
         self.events: collections.deque[Any] = collections.deque()
         self.armed: dict[int, tuple[ArmDeadline, float]] = {}
         self.stream_token: int | None = None
-        self.running: ActivityHandle[Any] | None = None
-        self.running_kind = ""
-        self.tool_dispatch = -1
-        self.tool_idempotent = False
+        self.stream: ActivityHandle[Any] | None = None  # the running pass's try
+        # the batch's calls on the workers, by dispatch number: a dict, so that calls done at
+        # once are taken in dispatch order on every replay
+        self.calls: dict[int, _ToolCall] = {}
+        # which call each TOOL deadline bounds: the n-th armed is the n-th call started
+        self.deadline_of: dict[int, int] = {}  # the deadline's token -> the call's dispatch
+        self.calls_unarmed: collections.deque[int] = collections.deque()
+        self.deadlines_unpaired: collections.deque[int] = collections.deque()
         self.records: dict[int, PassDelivery] = {}
         self.stop_fed = False
         self.follow_ups_seen = 0
         self.abandoned: list[str] = []  # the attempt's calls given up on
         self.in_doubt: list[InDoubtCall] = []  # its calls whose worker was lost (§3.9)
-        self.tool_spec: ToolInput | None = None  # the running tool's call, to reconcile it
         self.passes = 0  # the attempt's passes started, naming each (`PassInput.pass_id`)
         self.pass_spec: PassInput | None = None  # the running pass's first try
         self.pass_began = 0.0  # when its first try was started, by the workflow's clock
@@ -464,51 +486,91 @@ class _AttemptShell:
             self.events.extendleft(reversed(signals))
 
     async def wait(self) -> None:
-        """Wait for the running pass or tool, a signal, or the next deadline; turn what
-        happened into events."""
-        running = self.running
+        """Wait for whichever comes first of the running pass, a call of the tool batch, a
+        signal and the next deadline; turn what happened into events."""
         due = self.next_deadline()
-        timeout = None if due is None else max(0.0, due[1] - workflow.time())
 
         def ready() -> bool:
-            return (running is not None and running.done()) or self.signals_pending()
+            stream = self.stream
+            return (
+                (stream is not None and stream.done())
+                or any(call.handle.done() for call in self.calls.values())
+                or self.signals_pending()
+            )
 
-        if running is None and due is None and not self.signals_pending():
+        if self.stream is None and not self.calls and due is None and not self.signals_pending():
             raise RuntimeError(f"the attempt waits for nothing in state {self.machine.state!r}")
-        with contextlib.suppress(TimeoutError):  # the deadline is due
-            await workflow.wait_condition(ready, timeout=timeout)
-        if running is not None and running.done():
-            self.running = None
-            await self.finished(running)
+        if not ready():
+            timeout = None if due is None else due[1] - workflow.time()
+            if timeout is None or timeout > 0:
+                with contextlib.suppress(TimeoutError):  # the deadline is due
+                    await workflow.wait_condition(ready, timeout=timeout)
+        stream = self.stream
+        done = [dispatch for dispatch, call in self.calls.items() if call.handle.done()]
+        if (stream is not None and stream.done()) or done:
+            if stream is not None and stream.done():
+                self.stream = None
+                await self.pass_finished(stream)
+            for dispatch in done:
+                self.call_finished(self.calls[dispatch])
         elif self.signals_pending():
-            if running is not None and self.running_kind == "pass":
+            if stream is not None:
                 # the pass ends here: what it streamed so far is fed before the signal
-                await self.harvest_cancelled_pass(running)
+                await self.harvest_cancelled_pass(stream)
                 self.take_signals(after_queued=True)
             else:
                 self.take_signals()
-        elif due is not None and workflow.time() >= due[1] - 1e-6:
-            effect = due[0]
-            self.armed.pop(effect.token, None)
-            self.events.append(DeadlineExpired(effect.kind, effect.token))
+        else:
+            for effect in self.due_deadlines():
+                self.armed.pop(effect.token, None)
+                self.deadline_of.pop(effect.token, None)
+                self.events.append(DeadlineExpired(effect.kind, effect.token))
+
+    def timed_deadlines(self) -> list[tuple[ArmDeadline, float]]:
+        """The deadlines the workflow times itself, each with when it is due, earliest first
+        (in the order they were armed when due together). A pass's stream deadline is timed
+        by the pass; the deadline of a call whose worker was lost is not timed while its
+        hook is asked: that answer is its outcome whenever the deadline passes (§3.9 rule 2),
+        and the hook's activity bounds itself."""
+        timed = [
+            (effect, armed_at + effect.seconds)
+            for effect, armed_at in self.armed.values()
+            if effect.kind is not DeadlineKind.STREAM and not self.being_settled(effect)
+        ]
+        return sorted(timed, key=lambda armed: armed[1])
+
+    def being_settled(self, deadline: ArmDeadline) -> bool:
+        dispatch = self.deadline_of.get(deadline.token)
+        call = self.calls.get(dispatch) if dispatch is not None else None
+        return call is not None and call.in_doubt is not None
 
     def next_deadline(self) -> tuple[ArmDeadline, float] | None:
-        """The earliest deadline the workflow times itself (a pass's stream deadline is
-        timed by the pass)."""
-        best: tuple[ArmDeadline, float] | None = None
-        for effect, armed_at in self.armed.values():
-            if effect.kind is DeadlineKind.STREAM:
-                continue
-            due = armed_at + effect.seconds
-            if best is None or due < best[1]:
-                best = (effect, due)
-        return best
+        timed = self.timed_deadlines()
+        return timed[0] if timed else None
+
+    def due_deadlines(self) -> list[ArmDeadline]:
+        """Every deadline due by now (several calls of a batch may share a deadline)."""
+        now = workflow.time()
+        return [effect for effect, due in self.timed_deadlines() if now >= due - 1e-6]
 
     def cancel_running(self) -> None:
-        running = self.running
-        if running is not None and not running.done():
-            running.cancel()
-        self.running = None
+        """The attempt is over: its pass and every call still on the workers are cancelled."""
+        stream = self.stream
+        if stream is not None and not stream.done():
+            stream.cancel()
+        self.stream = None
+        for call in self.calls.values():
+            if not call.handle.done():
+                call.handle.cancel()
+        self.calls.clear()
+
+    def drop_queued(self, stale: Callable[[Any], bool]) -> None:
+        """Take out of the queue the events the machine has since made stale (the outcome of
+        a call it cancelled, the expiry of a deadline it cleared): it refuses them."""
+        kept = [event for event in self.events if not stale(event)]
+        if len(kept) != len(self.events):
+            self.events.clear()
+            self.events.extend(kept)
 
     # ------------------------------------------------------------------ effects
     async def carry_out(self, effects: list[Effect]) -> None:
@@ -520,19 +582,43 @@ class _AttemptShell:
         self.armed[effect.token] = (effect, workflow.time())
         if effect.kind is DeadlineKind.STREAM:
             self.stream_token = effect.token
+        elif effect.kind is DeadlineKind.TOOL:
+            if self.calls_unarmed:
+                self.deadline_of[effect.token] = self.calls_unarmed.popleft()
+            else:
+                self.deadlines_unpaired.append(effect.token)
 
     async def clear_deadline(self, effect: ClearDeadline) -> None:
-        self.armed.pop(effect.token, None)
+        token = effect.token
+        self.armed.pop(token, None)
+        self.deadline_of.pop(token, None)
+        self.drop_queued(lambda event: isinstance(event, DeadlineExpired) and event.token == token)
 
     async def cancel_stream(self, effect: CancelStream) -> None:
-        self.cancel_running()
+        stream = self.stream
+        if stream is not None and not stream.done():
+            stream.cancel()
+        self.stream = None
 
     async def cancel_tool(self, effect: CancelTool) -> None:
-        self.cancel_running()
+        """Cancel one call of the batch; its siblings run on (a stop cancels each)."""
+        dispatch = effect.dispatch
+        self.drop_queued(
+            lambda event: isinstance(event, ToolFinished) and event.dispatch == dispatch
+        )
+        call = self.calls.get(dispatch)
+        if call is not None and call.in_doubt is not None and effect.cut_off is not None:
+            return  # its worker was lost already: what its hook answers is its outcome
+        if call is not None:
+            # a stop while the hook of a call in doubt is asked ends the asking: the call
+            # stays listed in doubt, unsettled
+            del self.calls[dispatch]
+            if not call.handle.done():
+                call.handle.cancel()
         if effect.cut_off is not None:
             # past its deadline: the activity is cancelled (a worker that is lost meanwhile
             # is not waited for), so the deadline's failure is its outcome
-            failed = ToolFinished(effect.dispatch, ToolOutcomeKind.RAISED, error=effect.cut_off)
+            failed = ToolFinished(dispatch, ToolOutcomeKind.RAISED, error=effect.cut_off)
             self.events.append(failed)
 
     async def finish(self, effect: Finish) -> None:
@@ -622,7 +708,7 @@ class _AttemptShell:
                 return False
             budget = _seconds(left)
         self.pass_tries += 1
-        self.running = workflow.start_activity(
+        self.stream = workflow.start_activity(
             STREAM_PASS,
             spec,
             result_type=PassOutcome,
@@ -632,7 +718,6 @@ class _AttemptShell:
             retry_policy=RetryPolicy(maximum_attempts=1),
             cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
-        self.running_kind = "pass"
         return True
 
     def try_lost_pass_again(self) -> bool:
@@ -659,12 +744,18 @@ class _AttemptShell:
             self.events.append(TextDelta(delivery.text))
 
     async def start_tool(self, effect: RunTool) -> None:
+        """One call of the batch: its own activity, started now and run alongside the
+        calls already running, with its own backstop and its own rule for a lost worker."""
         policy = self.policy
         beat = self.turn.heartbeat_timeout
         tool = self.outer.registry.get(effect.name)
-        timeout = (
-            tool.timeout if tool is not None and tool.timeout is not None else (policy.tool_timeout)
-        )
+        timeout = effect.timeout
+        if timeout is None:
+            timeout = (
+                tool.timeout
+                if tool is not None and tool.timeout is not None
+                else policy.tool_timeout
+            )
         idempotent = tool is not None and tool.idempotent
         spec = ToolInput(
             effect.name,
@@ -679,10 +770,10 @@ class _AttemptShell:
             key_index=self.effect.key_index,
             keys_prefix=self.keys_prefix,
         )
-        # the tool's deadline is the machine's, on a workflow timer; the activity's own
+        # the call's deadline is the machine's, on a workflow timer; the activity's own
         # timeout only catches a try that outlives it and its grace
         backstop = _seconds(timeout + policy.cancel_grace + beat)
-        self.running = workflow.start_activity(
+        handle = workflow.start_activity(
             RUN_TOOL,
             spec,
             result_type=ToolFinished,
@@ -695,83 +786,100 @@ class _AttemptShell:
             ),
             cancellation_type=ActivityCancellationType.TRY_CANCEL,
         )
-        self.running_kind = "tool"
-        self.tool_spec = spec
-        self.tool_dispatch = effect.dispatch
-        self.tool_idempotent = idempotent
+        self.calls[effect.dispatch] = _ToolCall(effect, spec, idempotent, handle)
+        if self.deadlines_unpaired:
+            self.deadline_of[self.deadlines_unpaired.popleft()] = effect.dispatch
+        else:
+            self.calls_unarmed.append(effect.dispatch)
 
     # ------------------------------------------------------------------ outcomes
-    async def finished(self, handle: ActivityHandle[Any]) -> None:
-        if self.running_kind == "pass":
-            try:
-                outcome: PassOutcome = handle.result()
-            except ActivityError as err:
-                if not _timed_out(err) and self.try_lost_pass_again():
-                    return
-                self.keep_lost_deliveries()
-                if _timed_out(err) or self.pass_tries < PASS_TRIES:
-                    # every try together outlived the pass's budget, or it ran out between
-                    # tries
-                    self.stream_expired(DeadlineKind.PASS_DURATION)
-                else:
-                    message = f"the pass was lost on every try: {_cause(err)}"
-                    self.events.append(StreamFailed(message, kind="provider_error"))
-                return
-            await self.take_pass(outcome, ending=True)
-            return
+    async def pass_finished(self, handle: ActivityHandle[Any]) -> None:
         try:
-            event: ToolFinished = handle.result()
+            outcome: PassOutcome = handle.result()
         except ActivityError as err:
-            name = self.machine.turn.tool_round.pending_call
-            tool = str(name.name) if name is not None else "the tool"
-            if self.tool_idempotent:
+            if not _timed_out(err) and self.try_lost_pass_again():
+                return
+            self.keep_lost_deliveries()
+            if _timed_out(err) or self.pass_tries < PASS_TRIES:
+                # every try together outlived the pass's budget, or it ran out between
+                # tries
+                self.stream_expired(DeadlineKind.PASS_DURATION)
+            else:
+                message = f"the pass was lost on every try: {_cause(err)}"
+                self.events.append(StreamFailed(message, kind="provider_error"))
+            return
+        await self.take_pass(outcome, ending=True)
+
+    def call_finished(self, call: _ToolCall) -> None:
+        """A call's activity is done: its outcome is queued for the machine, unless its
+        worker was lost and its hook is now asked (then it stays in flight)."""
+        dispatch = call.run.dispatch
+        if call.in_doubt is not None:
+            del self.calls[dispatch]
+            self.events.append(self.settled(call))
+            return
+        tool = call.run.name
+        try:
+            event: ToolFinished = call.handle.result()
+        except ActivityError as err:
+            if call.idempotent:
                 error = f"{tool} was lost on every try: {_cause(err)}"
             elif not _worker_lost(err):
                 error = f"{tool} failed on its worker: {_cause(err)}"
             else:
-                event = await self.settle_in_doubt(tool, _cause(err))
-                if event.dispatch == self.tool_dispatch:
-                    self.events.append(event)
+                self.settle_in_doubt(call, _cause(err))
                 return
-            event = ToolFinished(self.tool_dispatch, ToolOutcomeKind.RAISED, error=error)
-        if event.dispatch == self.tool_dispatch:
-            self.events.append(event)
+            event = ToolFinished(dispatch, ToolOutcomeKind.RAISED, error=error)
+        del self.calls[dispatch]
+        self.events.append(event)
 
-    async def settle_in_doubt(self, tool: str, cause: str) -> ToolFinished:
-        """docs/behaviour.md §3.9: the worker running a tool not marked idempotent was lost,
-        so the call is in doubt. Its reconcile hook, if it has one, is asked on a worker (an
-        activity: its answer is in the history, so a replay never asks again) what really
-        happened; otherwise, or if it cannot tell, the model is told the outcome is unknown."""
-        dispatch = self.tool_dispatch
-        call = self.machine.turn.tool_round.pending_call
-        call_id = call.call_id if call is not None and isinstance(call.call_id, str) else None
-        registered = self.outer.registry.get(tool)
-        answer: ToolFinished | None = None
-        spec = self.tool_spec
-        if registered is not None and registered.reconcile is not None and spec is not None:
-            budget = self.policy.host_call_timeout
-            beat = self.turn.heartbeat_timeout
-            try:
-                reconciled: Reconciled = await workflow.execute_activity(
-                    RECONCILE_TOOL,
-                    attrs.evolve(spec, deadline=budget),
-                    result_type=Reconciled,
-                    # the hook bounds itself by the budget; this catches a lost worker
-                    start_to_close_timeout=_seconds(budget + beat),
-                    retry_policy=RetryPolicy(
-                        maximum_attempts=2, initial_interval=_seconds(min(0.5, beat))
-                    ),
-                )
-                answer = reconciled.finished
-            except ActivityError:
-                answer = None
-        self.in_doubt.append(
-            InDoubtCall(tool, dispatch, call_id, InDoubtCause.WORKER_LOST, answer is not None)
+    def settle_in_doubt(self, call: _ToolCall, cause: str) -> None:
+        """docs/behaviour.md §3.9: the worker running a call of a tool not marked idempotent
+        was lost, so that call (and only it) is in doubt. Its reconcile hook, if it has one,
+        is asked on a worker (an activity, in flight like the call was: its answer is in the
+        history, so a replay never asks again) what really happened; otherwise the model is
+        told the outcome is unknown."""
+        run = call.run
+        in_doubt = InDoubtCall(run.name, run.dispatch, run.call_id, InDoubtCause.WORKER_LOST)
+        self.in_doubt.append(in_doubt)
+        registered = self.outer.registry.get(run.name)
+        if registered is None or registered.reconcile is None:
+            del self.calls[run.dispatch]
+            self.events.append(self.unknown(call, cause))
+            return
+        budget = self.policy.host_call_timeout
+        beat = self.turn.heartbeat_timeout
+        asking = workflow.start_activity(
+            RECONCILE_TOOL,
+            attrs.evolve(call.spec, deadline=budget),
+            result_type=Reconciled,
+            # the hook bounds itself by the budget; this catches a lost worker
+            start_to_close_timeout=_seconds(budget + beat),
+            retry_policy=RetryPolicy(maximum_attempts=2, initial_interval=_seconds(min(0.5, beat))),
         )
-        if answer is not None:
-            return attrs.evolve(answer, dispatch=dispatch)
+        # in the call's place, so that calls done at once are still taken in dispatch order
+        self.calls[run.dispatch] = attrs.evolve(call, handle=asking, in_doubt=in_doubt, lost=cause)
+
+    def settled(self, call: _ToolCall) -> ToolFinished:
+        """What the hook of a call in doubt answered, as its outcome (and its entry marked
+        reconciled), or, when it could not tell, that the outcome is unknown."""
+        answer: ToolFinished | None
+        try:
+            reconciled: Reconciled = call.handle.result()
+            answer = reconciled.finished
+        except ActivityError:
+            answer = None
+        if answer is None:
+            return self.unknown(call, call.lost)
+        listed = call.in_doubt
+        for n, entry in enumerate(self.in_doubt):
+            if entry is listed:
+                self.in_doubt[n] = attrs.evolve(entry, reconciled=True)
+        return attrs.evolve(answer, dispatch=call.run.dispatch)
+
+    def unknown(self, call: _ToolCall, cause: str) -> ToolFinished:
         lost = f"the worker running it was lost ({cause}), and it is not marked idempotent"
-        return attrs.evolve(unknown_outcome(tool, lost), dispatch=dispatch)
+        return attrs.evolve(unknown_outcome(call.run.name, lost), dispatch=call.run.dispatch)
 
     def stream_expired(self, kind: DeadlineKind) -> None:
         token = self.stream_token
@@ -805,7 +913,7 @@ class _AttemptShell:
         """Cancel the running pass and take what it streamed (a worker that does not answer
         within a heartbeat and the grace leaves it untaken)."""
         handle.cancel()
-        self.running = None
+        self.stream = None
         grace = self.turn.heartbeat_timeout + self.policy.cancel_grace
         try:
             await workflow.wait_condition(handle.done, timeout=grace)
