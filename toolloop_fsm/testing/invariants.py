@@ -499,48 +499,51 @@ def _check_review_budgets(
 
 # --------------------------------------------------------------------------- 3
 def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
-    """Replay the recorded tool outcomes in order: restarts (successes without a history
-    entry) reset the run, every step into ``recording_tool_outcome`` records one entry.
+    """Replay the recorded tool batches in order: each step out of ``checking_tool_outcome``
+    answers one batch, whose entries are the history's entries of that pass
+    (docs/behaviour.md §3.10 rule 4). Its outcomes count in emitted order: each failure
+    adds one to the run, each success resets it. A batch that restarts the context resets
+    the run (§5 rule 3) whatever its other calls did.
 
     A call the tool checkpoint rejected (status ``review_rejected``) neither counts nor
-    resets the run. Reaching the ceiling must end the loop at once (the very next step leaves for
-    ``building_result``, nothing more is recorded) with status ``error``. One relabelling is
-    accepted, and only when the trace shows it: a stop that arrives while the ended turn
-    waits for deliveries in flight (``settling --stop_requested-->``) makes it
-    ``stopped_by_user``, so that no outer tier retries a turn the user stopped.
+    resets the run. A batch that leaves the run at the ceiling or above must end the loop at
+    once (the very next step leaves for ``building_result``, nothing more is recorded) with
+    status ``error``. One relabelling is accepted, and only when the trace shows it: a stop
+    that arrives while the ended turn waits for deliveries in flight
+    (``settling --stop_requested-->``) makes it ``stopped_by_user``, so that no outer tier
+    retries a turn the user stopped.
     """
     ceiling = policy.max_consecutive_tool_errors
     trace = _loop_trace(result)
-    entries = iter(result.history)
+    history = result.history
     recorded = 0
     run = 0
+    iteration = 0
     for index, step in enumerate(trace):
+        if step.state == "starting_pass" and step.next_state == "awaiting_first_token":
+            iteration += 1
         if step.state != "checking_tool_outcome":
             continue
+        if step.next_state not in ("restarting_context", "recording_tool_outcome"):
+            continue
+        batch: list[ToolHistoryEntry] = []
+        while recorded < len(history) and history[recorded].iteration == iteration:
+            batch.append(history[recorded])
+            recorded += 1
         if step.next_state == "restarting_context":
             run = 0
             continue
-        if step.next_state != "recording_tool_outcome":
-            continue
-        entry = next(entries, None)
-        recorded += 1
-        if entry is None:
+        if not batch:
             _fail(
                 7,
-                f"the trace records {recorded} tool outcomes but the history holds only "
-                f"{len(result.history)} entries",
+                f"the trace records the tool batch of pass {iteration}, but the history "
+                "holds no entry for it",
             )
-            return
-        if entry.response.status == REVIEW_REJECTED_STATUS:
-            continue  # the checkpoint's rejection: the call never ran, and it is no failure
-        run = 0 if entry.response.success else run + 1
-        if run > ceiling:
-            _fail(
-                3,
-                f"{run} tool failures in a row, above max_consecutive_tool_errors="
-                f"{ceiling}, and the turn went on",
-            )
-        if run == ceiling:
+        for entry in batch:
+            if entry.response.status == REVIEW_REJECTED_STATUS:
+                continue  # the checkpoint's rejection: the call never ran, and it is no failure
+            run = 0 if entry.response.success else run + 1
+        if run >= ceiling:
             _check_ceiling_ends_turn(result, trace, index, run, recorded)
     _check_history_matches_run(result, recorded, run, ceiling)
 
@@ -549,15 +552,18 @@ def _check_history_matches_run(
     result: GenerationTurnResult, recorded: int, run: int, ceiling: int
 ) -> None:
     """Once the trace is replayed: the history holds every outcome it recorded, and a turn
-    that ended for consecutive tool errors ended on a run of exactly the ceiling."""
+    that ended for consecutive tool errors ended on a run at the ceiling or above it (a
+    batch's failures all count before the ceiling is looked at)."""
     if recorded != len(result.history):
         _fail(
             7,
             f"the history holds {len(result.history)} entries but the trace records "
             f"{recorded} tool outcomes",
         )
-    if result.reason == "consecutive_tool_errors" and run != ceiling:
-        _fail(3, f"the turn ended for consecutive tool errors after a run of {run}, not {ceiling}")
+    if result.reason == "consecutive_tool_errors" and run < ceiling:
+        _fail(
+            3, f"the turn ended for consecutive tool errors after a run of {run}, below {ceiling}"
+        )
 
 
 def _check_ceiling_ends_turn(
@@ -567,7 +573,8 @@ def _check_ceiling_ends_turn(
     run: int,
     recorded: int,
 ) -> None:
-    """The run of failures recorded at ``trace[index]`` reached the ceiling: the very next
+    """The run of failures recorded at ``trace[index]`` reached the ceiling (or passed it,
+    within one batch): the very next
     step leaves for ``building_result`` with nothing more recorded, and the turn ends
     ``error`` (or ``stopped_by_user`` when a stop arrived while it settled)."""
     after = trace[index + 1] if index + 1 < len(trace) else None
@@ -586,7 +593,7 @@ def _check_ceiling_ends_turn(
     if not (ended and status_ok):
         _fail(
             3,
-            f"{run} tool failures in a row (the ceiling) at history entry "
+            f"{run} tool failures in a row (at or above the ceiling) at history entry "
             f"{recorded}, but the turn went on to "
             f"{after.next_state if after else 'nothing'} and ended "
             f"{result.status.value} ({result.reason}) with "

@@ -51,12 +51,12 @@ Theory of operation (what the stage functions below do not show):
   return and its own deadline on the clock; a call's expression and failure notice come as
   its outcome is known, and a finished call frees its slot for the next. When the last call
   finished, §4 decides once for the batch: the counters take the outcomes in emitted order;
-  any restart restarts with the other calls recorded; otherwise every call is recorded,
-  then the error ceiling, any call ending the turn, the continuation threshold, and the
-  pre-tool-text exit when it holds for every call. The settle rule reads the last batch:
-  every call's tool needs no follow-up. A stop or a failing channel cancels the running
-  calls, records none, and names in ``finished_calls`` the batch's calls that had already
-  run (emitted order).
+  any restart restarts with the other calls recorded (and resets the counters, §5 rule 3);
+  otherwise every call is recorded, then the error ceiling, any call ending the turn, the
+  continuation threshold, and the pre-tool-text exit when it holds for every call. The
+  settle rule reads the last batch: every call's tool needs no follow-up. A stop or a
+  failing channel cancels the running calls, records none, and names in
+  ``finished_calls`` the batch's calls that had already run (emitted order).
 * Final text. A completed turn's ``final_text`` is the text of the pass that completed it (an
   empty pass that settles keeps the last pass text that was not blank; a turn ended after a
   tool round keeps that round's pre-tool text). Every other ending keeps only what the
@@ -1361,7 +1361,8 @@ class _Simulation:
             if _disables(entry.name, outcome, self.policy):
                 self.disabled.add(entry.name)
         self.batch = []
-        if restarts:  # §4.1: §5 rules 3-6
+        if restarts:  # §4.1: §5 rules 3-6, the counters reset after the batch counted
+            self.counters = _Counters()
             self.occurrences = {}
             self.start_pass()
             return
