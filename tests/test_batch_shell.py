@@ -90,8 +90,19 @@ class BatchMachine:
     that call alone (cut off, its outcome still owed, for a tool with a reconcile hook); a
     stop cancels every running call; the turn ends when no call is owed."""
 
-    def __init__(self, policy: LoopPolicy, tools: Sequence[Tool], batch: Sequence[BatchedCall]):
+    def __init__(
+        self,
+        policy: LoopPolicy,
+        tools: Sequence[Tool],
+        batch: Sequence[BatchedCall],
+        *,
+        order: str = "interleaved",
+    ):
         self.policy = policy
+        # how it emits the batch's calls and their deadlines: each call then its deadline
+        # (``interleaved``), each deadline then its call (``deadlines_first``), or every
+        # call, then every deadline (``grouped``)
+        self.order = order
         self.tools = ToolRegistry(tools)
         self.turn = _Turn()
         self.batch = tuple(batch)
@@ -103,7 +114,8 @@ class BatchMachine:
         self.cancelled: list[int] = []
 
     def start(self, request: TurnRequest, **_carried: object) -> list[Effect]:
-        effects: list[Effect] = []
+        calls: list[Effect] = []
+        deadlines: list[Effect] = []
         token = 40  # deadline tokens count on from the turn's other deadlines
         for position, call in enumerate(self.batch):
             dispatch = position + 1
@@ -111,13 +123,19 @@ class BatchMachine:
             assert tool is not None
             timeout = tool.timeout if tool.timeout is not None else self.policy.tool_timeout
             key = f"{call.name}#{dispatch}"
-            effects.append(
+            calls.append(
                 RunTool(dispatch, call.name, call.arguments, key, call.call_id, position, timeout)
             )
             token += 3
-            effects.append(ArmDeadline(DeadlineKind.TOOL, token, timeout))
+            deadlines.append(ArmDeadline(DeadlineKind.TOOL, token, timeout))
             self.running[dispatch] = token
-        return effects
+        if self.order == "grouped":
+            return [*calls, *deadlines]
+        if self.order == "deadlines_first":
+            pairs = zip(deadlines, calls, strict=True)
+        else:
+            pairs = zip(calls, deadlines, strict=True)
+        return [effect for pair in pairs for effect in pair]
 
     def feed(self, event: object, *, now: float | None = None) -> list[Effect]:
         effects: list[Effect] = []
@@ -285,8 +303,9 @@ async def test_calls_finishing_out_of_order_each_feed_their_own_outcome(
 
 
 # --------------------------------------------------------------------------- cancelling one
+@pytest.mark.parametrize("order", ["interleaved", "deadlines_first", "grouped"])
 async def test_a_call_cancelled_at_its_deadline_leaves_its_siblings_running(
-    clock: VirtualClock, timeline: Timeline
+    clock: VirtualClock, timeline: Timeline, order: str
 ) -> None:
     cancelled: list[str] = []
 
@@ -302,6 +321,7 @@ async def test_a_call_cancelled_at_its_deadline_leaves_its_siblings_running(
         LoopPolicy(),
         [weather(clock, cancelled), Tool("slow", "slow", OBJECT, slow, timeout=1.5)],
         [city("Paris", 3, "c1"), BatchedCall("slow", {}, "c2"), city("Rome", 2, "c3")],
+        order=order,
     )
     phases = Phases(clock)
 

@@ -97,7 +97,7 @@ class ToolCalls:
     machine still waits for it; a cancelled call's late outcome is dropped, and cancelling
     one call leaves its siblings running (docs/behaviour.md §3.10 rules 2 and 5)."""
 
-    __slots__ = ("in_doubt", "running", "turn")
+    __slots__ = ("in_doubt", "running", "turn", "unpaired")
 
     def __init__(self, turn: ToolTurn) -> None:
         self.turn = turn
@@ -106,6 +106,8 @@ class ToolCalls:
         self.running: dict[int, RunningCall] = {}
         # the calls in doubt (§3.9), in the order they were given up on
         self.in_doubt: list[InDoubtCall] | None = None
+        # ``TOOL`` deadline tokens armed before the dispatch they bound was started
+        self.unpaired: list[int] | None = None
 
     def run(self, effect: RunTool, iteration: int, pump: ToolPump) -> None:
         turn = self.turn
@@ -114,15 +116,22 @@ class ToolCalls:
         if turn.observation is not None:
             turn.observation.tool_started(effect)
         self.running[dispatch] = call
+        if self.unpaired:
+            call.deadline = self.unpaired.pop(0)
         call.task = pump.spawn(self._call(call, iteration, pump), call.name)
 
     def deadline_armed(self, token: int) -> None:
-        """The machine armed a ``TOOL`` deadline: it is the one of the earliest dispatch
-        without one (the machine arms each call's deadline as it starts it, in order)."""
+        """The machine armed a ``TOOL`` deadline: it bounds the earliest dispatch without
+        one, or, armed before its call was started, the next one started. (The machine arms
+        each call's deadline as it starts the call, its calls and deadlines in the same
+        order, whichever of the two it emits first.)"""
         for call in self.running.values():
             if call.deadline is None and call.owed:
                 call.deadline = token
                 return
+        if self.unpaired is None:
+            self.unpaired = []
+        self.unpaired.append(token)
 
     def with_deadline(self, token: int) -> RunningCall | None:
         """The call whose ``TOOL`` deadline has ``token`` (the one that expired names it)."""
