@@ -342,6 +342,28 @@ def test_the_readme_drafting_example_revises_once_against_toolloop_fsm_serve(
     assert re.findall(r"^  (pass|revise) ", out, re.MULTILINE) == ["revise", "pass"]
 
 
+def test_the_readme_batch_example_runs_every_call_of_the_batch_against_toolloop_fsm_serve(
+    served: str, tmp_path: Path
+) -> None:
+    example = readme_example(REPO, "## Tool batches")
+    assert "http://127.0.0.1:8765/v1" in example
+    source = example.replace("http://127.0.0.1:8765/v1", served)
+    proc = run_example(source, tmp_path, _env(), TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "ran: ['Paris', 'London', 'Rome']" in out, out
+    positions = re.findall(r"^  (\d): (\w+) (.*)$", out, re.MULTILINE)
+    assert positions == [
+        ("0", "get_weather", "{'city': 'Paris'}"),
+        ("1", "get_weather", "{'city': 'London'}"),
+        ("2", "get_weather", "{'city': 'Rome'}"),
+        ("0", "update_short_term_memory", "{'note': 'asked about Paris, London, Rome'}"),
+    ]
+    # the model answered every city, from the three answers of one request
+    assert "Paris: 20 °C, clear; London: 20 °C, clear; Rome: 20 °C, clear." in out
+    assert "completed pre_tool_text_suffices 4" in out
+
+
 def test_the_readme_example_prints_why_a_turn_failed(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     source = _readme_example().replace("http://127.0.0.1:8765/v1", url)

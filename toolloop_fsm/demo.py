@@ -162,7 +162,7 @@ def _batch_reply(cities: list[str], answered: list[dict[str, Any]]) -> list[byte
     Anthropic and Gemini models do; once all are answered, one sentence per city, then the
     memory note."""
     if len(answered) < len(cities):
-        text = f"Let me check {' and '.join(cities)}. "
+        text = f"Let me check {', '.join(cities[:-1])} and {cities[-1]}. "
         calls = [
             {"name": "get_weather", "arguments": json.dumps({"city": city})} for city in cities
         ]

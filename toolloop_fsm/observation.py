@@ -135,7 +135,7 @@ class PassEnded:
 @frozen
 class ToolStarted:
     """Dispatch ``dispatch`` of tool ``name`` began (``call_id``: the model's id for the call,
-    when it gave one)."""
+    when it gave one). Several may be open at once: the calls of one tool batch."""
 
     attempt: int
     dispatch: int
@@ -149,7 +149,9 @@ class ToolStarted:
 class ToolEnded:
     """Dispatch ``dispatch`` of tool ``name`` ended: ``outcome`` is ``succeeded``, ``failed``
     (the tool said so), ``raised``, ``timeout`` (its deadline expired) or ``cancelled`` (a
-    stop, a failure elsewhere, or the turn ending); ``error`` says why (redacted)."""
+    stop, a failure elsewhere, or the turn ending); ``error`` says why (redacted).
+    ``call_id`` is its `ToolStarted`'s: the calls of a tool batch run at once and end in any
+    order, each told apart by its dispatch and call id."""
 
     attempt: int
     dispatch: int
@@ -157,6 +159,7 @@ class ToolEnded:
     outcome: str
     at: float
     error: str | None = None
+    call_id: str | None = None
 
     @property
     def failed(self) -> bool:

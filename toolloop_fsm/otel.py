@@ -18,7 +18,9 @@ tree, following the OpenTelemetry semantic conventions for generative AI:
   ``error.type``, ``http.response.status_code`` and ``toolloop.retry_after``), a child of its
   attempt (or of the turn), and the current span while the provider's stream is read, so an
   HTTP client's own spans nest under it;
-- each tool call: ``execute_tool {name}`` (``gen_ai.tool.name``, ``gen_ai.tool.call.id``).
+- each tool call: ``execute_tool {name}`` (``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
+  ``toolloop.dispatch``); the calls of one tool batch run at once, each its own span, ended
+  as it ends, in any order.
 
 A span of something that failed has status ``ERROR`` and an ``error.type``. No attribute holds
 message text the library did not redact: under the outer tier every text is redacted of the
@@ -104,7 +106,8 @@ class TracingObserver(TurnObserver):
         self._turn: Span | None = None
         self._attempt: Span | None = None
         self._pass: Span | None = None
-        self._tool: Span | None = None
+        # the open execute_tool spans, by (attempt, dispatch): a batch's calls overlap
+        self._tools: dict[tuple[int, int], Span] = {}
         # the chat span is current while its stream is read: the token to take it back, in
         # the task that made it current
         self._current: tuple[object, asyncio.Task[Any] | None] | None = None
@@ -184,11 +187,16 @@ class TracingObserver(TurnObserver):
 
     def _close_children(self, why: str) -> None:
         """End what is still open when the turn ends (a caller's cancellation, a bug)."""
-        for name in ("_tool", "_pass", "_attempt"):
-            span: Span | None = getattr(self, name)
-            if span is not None:
-                span.set_attributes({"toolloop.status": "cancelled", "toolloop.reason": why})
-                span.end()
+        tools = self._tools
+        for key in sorted(tools):
+            span = tools.pop(key)
+            span.set_attributes({"toolloop.status": "cancelled", "toolloop.reason": why})
+            span.end()
+        for name in ("_pass", "_attempt"):
+            child: Span | None = getattr(self, name)
+            if child is not None:
+                child.set_attributes({"toolloop.status": "cancelled", "toolloop.reason": why})
+                child.end()
                 setattr(self, name, None)
         self._leave_pass()
 
@@ -288,15 +296,15 @@ class TracingObserver(TurnObserver):
         }
         if event.call_id:
             attributes["gen_ai.tool.call.id"] = event.call_id
-        self._tool = self._child(f"execute_tool {event.name}", SpanKind.INTERNAL, attributes)
+        span = self._child(f"execute_tool {event.name}", SpanKind.INTERNAL, attributes)
+        self._tools[(event.attempt, event.dispatch)] = span
 
     def tool_ended(self, event: ToolEnded) -> None:
-        span = self._tool
+        span = self._tools.pop((event.attempt, event.dispatch), None)
         if span is None:
             return
         attributes: Attributes = {"toolloop.tool.outcome": event.outcome}
         _end(span, attributes, event.outcome if event.failed else None, event.error)
-        self._tool = None
 
 
 def _tracer(tracer_provider: TracerProvider | None) -> trace.Tracer:

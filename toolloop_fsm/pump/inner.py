@@ -462,8 +462,8 @@ class EventPump:
             self.abandon(task, name)
 
     def _wind_down(self) -> None:
-        """The turn is over (or the caller was cancelled): stop the stream and the tool,
-        abandon deliveries still in flight, disarm every deadline."""
+        """The turn is over (or the caller was cancelled): stop the stream and every running
+        tool, abandon deliveries still in flight, disarm every deadline."""
         self._stream_generation += 1
         self._pending_stream = None
         if self._tools is not None:
@@ -544,17 +544,25 @@ class EventPump:
                 DeadlineKind.PASS_DURATION: policy.max_pass_duration,
                 DeadlineKind.REVIEW: policy.review_timeout,
             }.get(event.kind)
+            tool_name = ""
             if event.kind is DeadlineKind.TOOL:
-                call = self.machine.turn.tool_round.pending_call
-                tool = self.registry.get(str(call.name)) if call is not None else None
-                has_own = tool is not None and tool.timeout is not None
-                seconds = tool.timeout if tool is not None and has_own else policy.tool_timeout
+                # the call whose deadline this is: several of a batch may run at once
+                tools = self._tools
+                call = tools.with_deadline(event.token) if tools is not None else None
+                seconds = policy.tool_timeout
+                if call is not None:
+                    tool_name = call.name
+                    seconds = call.effect.timeout
+                    if seconds is None:  # a machine that does not say: the tool's own
+                        tool = self.registry.get(call.effect.name)
+                        own = tool.timeout if tool is not None else None
+                        seconds = own if own is not None else policy.tool_timeout
             records.deadline_expired(
                 event.kind,
                 seconds,
                 provider=self._provider_name(),
                 iteration=self._iteration,
-                tool=self._tools.name if self._tools is not None else "",
+                tool=tool_name,
             )
 
     def _provider_name(self) -> str:
@@ -591,15 +599,18 @@ class EventPump:
 
     def _arm_deadline(self, effect: ArmDeadline) -> None:
         self._deadlines.arm(effect, self)
+        if effect.kind is DeadlineKind.TOOL:
+            # a call's own deadline: which dispatch it bounds, for the record when it expires
+            self._tool_calls().deadline_armed(effect.token)
 
     def _clear_deadline(self, effect: ClearDeadline) -> None:
         self._deadlines.clear(effect.token)
 
     def _cancel_timers(self) -> None:
-        """Disarm every deadline, and the graces of a tool or reviewer being cancelled."""
+        """Disarm every deadline, and the graces of the tools or reviewer being cancelled."""
         self._deadlines.cancel_all()
         if self._tools is not None:
-            self._tools.cancel_grace()
+            self._tools.cancel_graces()
         if self._review_grace is not None:
             self._review_grace.cancel()
         self._review_grace = None

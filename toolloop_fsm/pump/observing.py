@@ -5,8 +5,9 @@ function, or one a registered factory built for it (`observe_turn`); otherwise t
 ``None`` and check it at lifecycle points only, never per chunk. The observation builds the
 phase events from what the pump and the machine know, redacts their texts with the turn's
 `Secrets`, and isolates the turn from its observers: one that raises is logged and skipped.
-It also keeps the little a turn's observation needs between calls (the open pass and tool,
-and the event whose effects are being carried out).
+It also keeps the little a turn's observation needs between calls (the open pass, the open
+tools by dispatch — the calls of a tool batch run at once and end in any order — and the
+event whose effects are being carried out).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class Observation:
         "pass_iteration",
         "provider",
         "records",
-        "tool",
+        "tools",
     )
 
     def __init__(
@@ -135,10 +136,11 @@ class Observation:
         # the attempt's provider, named once per attempt
         self.provider = ""
         self.model: str | None = None
-        # the pass being read (0: none), the tool running, and the event whose effects the
-        # pump is carrying out (it says why a running tool was cancelled)
+        # the pass being read (0: none), the tools running by dispatch (made for the first),
+        # and the event whose effects the pump is carrying out (it says why a running tool
+        # was cancelled)
         self.pass_iteration = 0
-        self.tool: ToolStarted | None = None
+        self.tools: dict[int, ToolStarted] | None = None
         self.cause: object = None
 
     @property
@@ -297,7 +299,9 @@ class Observation:
         self._emit(event)
 
     # ------------------------------------------------------------------ tools
-    def tool_started(self, effect: RunTool, call_id: str | None) -> None:
+    def tool_started(self, effect: RunTool) -> None:
+        """Dispatch ``effect.dispatch`` began; it stays open until it ends, whatever its
+        siblings in the batch do."""
         try:
             arguments = copy.deepcopy(dict(effect.arguments))
         except Exception:  # arguments come from JSON; a host-built oddity is shallow-copied
@@ -307,22 +311,26 @@ class Observation:
             effect.dispatch,
             effect.name,
             arguments,
-            call_id,
+            effect.call_id,
             self.clock.now(),
         )
-        self.tool = event
+        tools = self.tools
+        if tools is None:
+            tools = self.tools = {}
+        tools[effect.dispatch] = event
         self._emit(event)
 
     def tool_finished(self, finished: ToolFinished) -> None:
-        """The running tool returned (or raised): its outcome, as the loop takes it."""
+        """Dispatch ``finished.dispatch`` returned (or raised): its outcome, as the loop
+        takes it."""
         error = finished.error
         if error is None and finished.kind is ToolOutcomeKind.FAILED:
             error = finished.message
         self._end_tool(finished.dispatch, finished.kind.value, error)
 
     def tool_cancelled(self, dispatch: int) -> None:
-        """The machine cancelled the running tool: its deadline expired, a stop, or a failure
-        elsewhere (the event whose effects are being carried out says which)."""
+        """The machine cancelled dispatch ``dispatch``: its deadline expired, a stop, or a
+        failure elsewhere (the event whose effects are being carried out says which)."""
         cause = self.cause
         if isinstance(cause, DeadlineExpired) and cause.kind is DeadlineKind.TOOL:
             self._end_tool(dispatch, "timeout", "the tool's deadline expired")
@@ -333,17 +341,25 @@ class Observation:
             self._end_tool(dispatch, "cancelled", f"cancelled on {what}")
 
     def turn_over(self) -> None:
-        """The turn is over (or its caller cancelled it): a tool still open is cancelled."""
-        tool = self.tool
-        if tool is not None:
-            self._end_tool(tool.dispatch, "cancelled", "the turn ended while it ran")
+        """The turn is over (or its caller cancelled it): every tool still open is cancelled,
+        in dispatch order."""
+        tools = self.tools
+        if tools:
+            for dispatch in sorted(tools):
+                self._end_tool(dispatch, "cancelled", "the turn ended while it ran")
 
     def _end_tool(self, dispatch: int, outcome: str, error: str | None) -> None:
-        tool = self.tool
-        if tool is None or tool.dispatch != dispatch:
+        tools = self.tools
+        tool = tools.pop(dispatch, None) if tools else None
+        if tool is None:
             return
-        self.tool = None
         event = ToolEnded(
-            tool.attempt, dispatch, tool.name, outcome, self.clock.now(), self._clean(error)
+            tool.attempt,
+            dispatch,
+            tool.name,
+            outcome,
+            self.clock.now(),
+            self._clean(error),
+            tool.call_id,
         )
         self._emit(event)
