@@ -220,13 +220,13 @@ def _seed_divergence(
 #: examples of its 300; the general one needs 400 to 600 for the memory rules.
 DIVERGENCES: dict[str, tuple[Callable[..., Any], str, str, st.SearchStrategy[TurnScript]]] = {
     "§4.6 the memory tool continues when registered with requires_follow_up": (
-        exit_policy.should_end_after_pre_tool_text,
+        exit_policy._silent_after_pre_tool_text,
         "    if silent and name == policy.memory_tool_name:\n        return True\n",
         "",
         tool_chains(),
     ),
     "§4.2 the memory tool is not disabled after a success": (
-        tool_dispatch.record_tool_outcome,
+        tool_dispatch._count_outcome,
         "turn.disabled_tools = turn.disabled_tools | {name}",
         "pass",
         tool_chains(),

@@ -48,15 +48,15 @@ Theory of operation (what the stage functions below do not show):
   runs alone. Starting is a step of the turn's work (the dispatch numbers are given as the
   calls are started; each handler then starts, playing its tool's next planned behaviour),
   and a call that returns at once is done within its start. Each running call has its own
-  return and its own deadline on the clock; a call's expression and failure notice come as
-  its outcome is known, and a finished call frees its slot for the next. When the last call
-  finished, §4 decides once for the batch: the counters take the outcomes in emitted order;
-  any restart restarts with the other calls recorded (and resets the counters, §5 rule 3);
-  otherwise every call is recorded, then the error ceiling, any call ending the turn, the
-  continuation threshold, and the pre-tool-text exit when it holds for every call. The
-  settle rule reads the last batch: every call's tool needs no follow-up. A stop or a
-  failing channel cancels the running calls, records none, and names in
-  ``finished_calls`` the batch's calls that had already run (emitted order).
+  return and its own deadline on the clock, and a finished call frees its slot for the next.
+  When the last call finished, the batch's expressions and failure notices are announced in
+  emitted order (§3.8), then §4 decides once for the batch: the counters take the outcomes
+  in emitted order; any restart restarts with the other calls recorded (and resets the
+  counters, §5 rule 3); otherwise every call is recorded, then the error ceiling, any call
+  ending the turn, the continuation threshold, and the pre-tool-text exit when it holds for
+  every call. The settle rule reads the last batch: every call's tool needs no follow-up. A
+  stop or a failing channel cancels the running calls, announces and records none, and
+  names in ``finished_calls`` the batch's calls that had already run (emitted order).
 * Final text. A completed turn's ``final_text`` is the text of the pass that completed it (an
   empty pass that settles keeps the last pass text that was not blank; a turn ended after a
   tool round keeps that round's pre-tool text). Every other ending keeps only what the
@@ -1321,14 +1321,20 @@ class _Simulation:
             self.launch()
 
     def call_known(self, entry: _BatchCall, outcome: _Outcome) -> None:
-        """§3.8 once a call's outcome is known (a run, a refusal, a reuse, a rejection): a
-        success's expression (the turn's one), a failure's notice."""
+        """A call's outcome is known (a run, a refusal, a reuse, a rejection); it is
+        announced with the batch's (`announce`)."""
         entry.outcome = outcome
-        if _shows_expression(outcome, self.expression_taken):  # §3.8 rule 1
-            assert outcome.expression is not None
-            self.show_expression(outcome.expression)
-        if _posts_failure_notice(outcome):  # §3.8 rule 2
-            self.post("tool_failed")
+
+    def announce(self, outcomes: Sequence[_Outcome]) -> None:
+        """§3.8 for each call of the finished batch, in emitted order (§3.10 rule 4: what
+        follows a tool call follows the batch): a success's expression (the turn's one), a
+        failure's notice."""
+        for outcome in outcomes:
+            if _shows_expression(outcome, self.expression_taken):  # §3.8 rule 1
+                assert outcome.expression is not None
+                self.show_expression(outcome.expression)
+            if _posts_failure_notice(outcome):  # §3.8 rule 2
+                self.post("tool_failed")
 
     # ------------------------------------------------------------------ after the batch
     def batch_done(self) -> None:
@@ -1340,6 +1346,7 @@ class _Simulation:
         outcomes = [entry.outcome for entry in batch]
         assert all(outcome is not None for outcome in outcomes)
         known = [outcome for outcome in outcomes if outcome is not None]
+        self.announce(known)
         continuation_style = self.script.continuation_style
         pre_tool_text = self.pre_tool_text is not None
         for outcome in known:
