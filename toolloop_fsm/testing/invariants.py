@@ -687,11 +687,12 @@ def _check_no_replay(
         for identity in dict.fromkeys([*entries_of, *runs_of]):
             entries = entries_of.get(identity, [])
             runs = list(runs_of.get(identity, ()))
-            taking = [e for e in entries if e.response.status != REVIEW_REJECTED_STATUS]
+            answered = [e for e in entries if e.response.status != REVIEW_REJECTED_STATUS]
+            taking = _occurrence_takers(answered, runs)
             name = entries[0].call.name if entries else runs[0].name
             arguments = entries[0].call.arguments if entries else runs[0].arguments
             where = f"call {name}({_short(arguments)}) in pass {iteration}"
-            if len(taking) < len(entries) and len(runs) > len(taking):
+            if len(answered) < len(entries) and len(runs) > len(answered):
                 _fail(
                     4,
                     f"the checkpoint rejected {name!r} in pass {iteration}, yet it ran "
@@ -742,6 +743,24 @@ def _check_no_replay(
                 else:
                     outcomes.extend([False] * (first + k - len(outcomes)))
                     outcomes.append(success)
+
+
+def _occurrence_takers(
+    answered: Sequence[ToolHistoryEntry], runs: Sequence[ToolExecution]
+) -> list[ToolHistoryEntry]:
+    """The entries of one identity in one pass that took an occurrence, in emitted order:
+    every success (a run or a reuse), and as many failures as runs failed — a failure
+    that did not run was refused by the gate (a truncated call is recorded without its
+    arguments, so it may share a run's identity) and takes none."""
+    failed_runs = sum(run.outcome != "succeeded" for run in runs)
+    taking: list[ToolHistoryEntry] = []
+    for entry in answered:
+        if entry.response.success:
+            taking.append(entry)
+        elif failed_runs > 0:
+            failed_runs -= 1
+            taking.append(entry)
+    return taking
 
 
 def _reusable(outcomes: Sequence[bool], occurrence: int, rerun: bool) -> bool:
@@ -1091,8 +1110,8 @@ def _check_entries(
         label = f"{where}, entry {index} ({entry.call.name!r}, pass {entry.iteration})"
         _check_entry_form(entry, label, failed_statuses)
         _check_entry_answered_once(entry, index, label, ids, last)
-        _check_entry_in_its_batch(entry, label, streamed)
         _check_entry_pre_tool_text(entry, label, result, streamed, erased)
+    _check_batches_answered(history, where, result, streamed)
 
 
 def _check_entry_form(
@@ -1151,25 +1170,40 @@ def _check_entry_answered_once(
     last[entry.iteration] = entry.position
 
 
-def _check_entry_in_its_batch(
-    entry: ToolHistoryEntry, label: str, streamed: Sequence[Sequence[object]] | None
+def _check_batches_answered(
+    history: Sequence[ToolHistoryEntry],
+    where: str,
+    result: GenerationTurnResult,
+    streamed: Sequence[Sequence[object]] | None,
 ) -> None:
-    """The entry answers a call its pass emitted: the call at its position bears its name
-    (docs/behaviour.md §3.10 rule 3)."""
-    if streamed is None or not 0 < entry.iteration <= len(streamed):
+    """Each pass's entries answer the calls its batch emitted, in emitted order: their names
+    are the emitted calls' in order, leaving out only a call that restarted the context
+    (it has no entry, docs/behaviour.md §5 rule 4); in the result's history, a batch that
+    did not restart is answered whole, every call once (§3.10 rule 3)."""
+    if streamed is None:
         return
-    calls = [c for c in streamed[entry.iteration - 1] if isinstance(c, FunctionCall)]
-    if entry.position >= len(calls):
-        _fail(
-            7,
-            f"{label}: position {entry.position}, but the pass emitted {len(calls)} calls",
-        )
-    if calls[entry.position].name != entry.call.name:
-        _fail(
-            7,
-            f"{label}: the pass's call at position {entry.position} is "
-            f"{calls[entry.position].name!r}",
-        )
+    restarted = _restarted_passes(result)
+    by_pass: dict[int, list[str]] = {}
+    for entry in history:
+        by_pass.setdefault(entry.iteration, []).append(entry.call.name)
+    for iteration, names in by_pass.items():
+        if not 0 < iteration <= len(streamed):
+            continue
+        emitted = [str(c.name) for c in streamed[iteration - 1] if isinstance(c, FunctionCall)]
+        remaining = iter(emitted)
+        if not all(name in remaining for name in names):
+            _fail(
+                7,
+                f"{where}: pass {iteration} answers {names}, not its batch {emitted} in "
+                "emitted order",
+            )
+        whole = where == "the result's history" and iteration not in restarted
+        if whole and len(names) != len(emitted):
+            _fail(
+                7,
+                f"{where}: pass {iteration} answers {len(names)} of the {len(emitted)} calls "
+                f"of its batch {emitted}: every call is answered once",
+            )
 
 
 def _check_entry_pre_tool_text(
@@ -1215,7 +1249,10 @@ def _check_arguments_as_sent(
     executions: Sequence[ToolExecution] | None,
 ) -> None:
     """The history carries each call's arguments as the model sent them, whatever the tool
-    did with the arguments it was handed."""
+    did with the arguments it was handed. An entry is paired with the call its pass emitted
+    at its position (a restarting batch, whose restarting calls have no entry, is left
+    out); without the streamed chunks, a pass answered by one entry and one run pairs them."""
+    restarted = _restarted_passes(result)
     sent_by_call: dict[tuple[int, int], Any] = {}
     if streamed is not None:
         for k, chunks in enumerate(streamed, start=1):
@@ -1223,16 +1260,19 @@ def _check_arguments_as_sent(
             for position, call in enumerate(calls):
                 if call.parse_error is None and not call.truncated:
                     sent_by_call[(k, position)] = (call.name, call.arguments, "the model sent")
-    alone = {  # passes that ran one tool: its run is the handed form of a lone call
-        e.iteration
-        for e in executions or ()
-        if sum(o.iteration == e.iteration for o in executions or ()) == 1
-    }
-    for execution in executions or ():
-        key = (execution.iteration or 0, 0)
-        if execution.iteration in alone and key not in sent_by_call:
-            sent_by_call[key] = (execution.name, execution.arguments, "the tool was handed")
+    entries_of: dict[int, int] = {}
     for entry in result.history:
+        entries_of[entry.iteration] = entries_of.get(entry.iteration, 0) + 1
+    runs_of: dict[int | None, list[ToolExecution]] = {}
+    for execution in executions or ():
+        runs_of.setdefault(execution.iteration, []).append(execution)
+    for iteration, runs in runs_of.items():
+        key = (iteration or 0, 0)
+        if len(runs) == 1 and entries_of.get(iteration or 0) == 1 and key not in sent_by_call:
+            sent_by_call[key] = (runs[0].name, runs[0].arguments, "the tool was handed")
+    for entry in result.history:
+        if entry.iteration in restarted:
+            continue
         sent = sent_by_call.get((entry.iteration, entry.position))
         if sent is None or sent[0] != entry.call.name or not isinstance(sent[1], Mapping):
             continue
