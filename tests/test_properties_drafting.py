@@ -333,5 +333,5 @@ def test_fuzzing_with_drafting_reviews_replies_and_calls_and_finds_nothing_broke
     assert report.failure is None, report.failure
     assert {
         "completing_response --advance--> reviewing_draft",
-        "ending_pass --advance[call_needs_checkpoint]--> reviewing_call",
+        "gating_call --advance[call_needs_checkpoint]--> reviewing_call",
     } <= report.fired
