@@ -453,7 +453,7 @@ _BATCH_SIZES: tuple[int, ...] = (2, 3, 2, 3, 4, 5, 6)
 #: The ending that stands for a tool batch drawn on the spot (`build_batch`).
 _A_BATCH: tuple[ScriptItem, ...] = (FunctionCall("a batch", {}),)
 
-_ENDINGS = (*_ending_menu(), *(_A_BATCH,) * 6)
+_ENDINGS = (*_ending_menu(), *(_A_BATCH,) * 4)
 _BODY_ITEMS = _body_menu()
 
 #: Items only a hostile provider sends: non-finite usage and retry hints, an error quoting
