@@ -17,10 +17,11 @@ arguments on the history with what the model sent.
 
 Every call of a pass is one tool batch (docs/behaviour.md §3.10), so the checks are the
 batch's: invariant 2 bounds the dispatches by the calls emitted (and each pass's runs by its
-batch); invariant 4 finds no call, by its occurrence taken in emitted order, run twice;
-invariant 7 finds every call of a batch answered exactly once, in emitted order, with the
-pre-tool text once, on the batch's first entry; invariant 8 counts every call of a pass in
-an estimated usage.
+batch); invariant 3 counts a batch's failures in emitted order and looks at the ceiling
+after the whole batch; invariant 4 finds no call, by its occurrence taken in emitted order,
+run twice; invariant 7 finds every call of a batch answered exactly once, in emitted order,
+with the pre-tool text once, on the batch's first entry; invariant 8 counts every call of a
+pass in an estimated usage.
 
 With drafting or the tool checkpoint on (`LoopPolicy.drafting`,
 `LoopPolicy.review_tool_calls`), invariant 2 also covers the review budgets (reviews,
