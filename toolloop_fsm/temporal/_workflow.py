@@ -160,6 +160,7 @@ def _stand_in(description: ToolDescription) -> Tool:
         replay=description.replay,
         idempotent=description.idempotent,
         reconcile=_reconciles_on_the_worker if description.reconciles else None,
+        sequential=description.sequential,
     )
 
 
