@@ -37,30 +37,30 @@ both contenders make the same passes and calls and end with the same text.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
-import time
 from collections.abc import Awaitable
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
 from bench_tool_loop import REQUEST
-from bench_tool_loop import SIGNALS
+from bench_tool_loop import TOOLS
 from bench_tool_loop import Chunk
 from bench_tool_loop import CountingChannel
 from bench_tool_loop import MemoryProvider
-from bench_tool_loop import StreamWatchdog
+from bench_tool_loop import Runner
+from bench_tool_loop import StreamedPass
+from bench_tool_loop import awaitable
+from bench_tool_loop import command_line
+from bench_tool_loop import cpu_per_turn
+from bench_tool_loop import engine_turn
+from bench_tool_loop import handwritten_same_work_turn
 from bench_tool_loop import text_chunks
 
 from toolloop_fsm import FunctionCall
 from toolloop_fsm import LoopPolicy
-from toolloop_fsm import ProviderRequest
-from toolloop_fsm import TextDelta
-from toolloop_fsm import Tool
 from toolloop_fsm import ToolContext
-from toolloop_fsm import ToolRegistry
 from toolloop_fsm import ToolResult
 from toolloop_fsm import UsageReport
 from toolloop_fsm import run_tool_loop
@@ -73,13 +73,6 @@ POLICY = LoopPolicy()
 PER_CALL_TARGET = 1.0
 #: Target of figure (b): the engine's batch turn over the hand-written batch turn.
 FLOOR_TARGET = 2.0
-
-
-async def lookup(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    return ToolResult(data={"answer": 42, "q": arguments.get("q")}, message="found")
-
-
-TOOLS = ToolRegistry([Tool("lookup", "look something up", {"type": "object"}, lookup)])
 
 
 def _call(index: int) -> FunctionCall:
@@ -112,12 +105,6 @@ SCRIPTS: dict[str, list[list[Chunk]]] = {
 }
 
 
-def _awaitable(result: Awaitable[ToolResult] | ToolResult) -> Awaitable[ToolResult]:
-    """The benchmark's one tool is async; this narrows the handler type for the checker."""
-    assert not isinstance(result, ToolResult)
-    return result
-
-
 async def _run_call(
     call: FunctionCall,
     ctx: ToolContext,
@@ -135,101 +122,53 @@ async def _run_call(
     async with limit:
         try:
             async with asyncio.timeout(seconds):
-                answers[position] = await _awaitable(tool.handler(dict(call.arguments), ctx))
+                answers[position] = await awaitable(tool.handler(dict(call.arguments), ctx))
         except TimeoutError:
             answers[position] = ToolResult(success=False, message="timed out")
         except Exception as error:
             answers[position] = ToolResult(success=False, message=str(error))
 
 
-async def handwritten_batch_turn(provider: MemoryProvider, channel: CountingChannel) -> str:
-    """`bench_tool_loop.handwritten_same_work_turn` running every call of a pass at once."""
-    policy = POLICY
-    signals = SIGNALS
-    seen = signals.follow_ups
-    history: list[dict[str, Any]] = []
-    context = list(REQUEST.context)
-    task = asyncio.current_task()
-    assert task is not None
+#: What a call of the hand-written batch is answered with until it has run.
+NOT_RUN = ToolResult(success=False, message="not run")
+
+
+async def answer_batch(
+    policy: LoopPolicy, streamed: StreamedPass, history: list[dict[str, Any]]
+) -> bool:
+    """Run every call of the pass at once in an `asyncio.TaskGroup`, under the
+    ``max_parallel_tools`` bound, and answer them in emitted order."""
+    calls = streamed.calls
+    if not calls:
+        return False
+    # every call dispatched so far has its history entry: the batch's dispatches follow them
+    dispatched = len(history)
     clock = LoopClock()
     limit = asyncio.Semaphore(policy.max_parallel_tools)
-    dispatches = 0
-    failure = ToolResult(success=False, message="not run")
-    for iteration in range(policy.max_function_call_iterations):
-        parts: list[str] = []
-        buffer: list[str] = []
-        buffered = 0
-        calls: list[FunctionCall] = []
-        usage: tuple[int, int] | None = None
-        request = ProviderRequest(context, tools=(), history=tuple(history))  # type: ignore[arg-type]
-        watchdog = StreamWatchdog(
-            task, policy.effective_first_token_timeout, policy.inactivity_timeout
+    answers = [NOT_RUN] * len(calls)
+    async with asyncio.TaskGroup() as group:
+        for position, call in enumerate(calls):
+            ctx = ToolContext(call.name, dispatched + position + 1, streamed.iteration, clock)
+            group.create_task(_run_call(call, ctx, limit, answers, position))
+    for position, (call, answer) in enumerate(zip(calls, answers, strict=True)):
+        history.append(
+            {
+                "call": call,
+                "result": answer,
+                "pre_tool_text": (streamed.text or None) if position == 0 else None,
+                "position": position,
+                "usage": streamed.usage,
+            }
         )
-        now = watchdog.loop.time
-        # the per-chunk body is bench_tool_loop's same-work floor's, keeping every call
-        try:
-            async for chunk in provider.stream(request):
-                watchdog.last_chunk = now()
-                if signals.stop_requested or signals.follow_ups != seen:
-                    return "".join(parts)
-                kind = type(chunk)
-                if kind is TextDelta:
-                    parts.append(chunk.text)
-                    buffer.append(chunk.text)
-                    buffered += len(chunk.text)
-                    if buffered >= policy.delivery_flush_chars:
-                        await channel.send_text("".join(buffer))
-                        buffer.clear()
-                        buffered = 0
-                elif kind is FunctionCall:
-                    calls.append(chunk)
-                elif kind is UsageReport:
-                    usage = (chunk.input_tokens, chunk.output_tokens)
-        except asyncio.CancelledError:
-            if not watchdog.expired:
-                raise
-            task.uncancel()
-            return "".join(parts)
-        finally:
-            watchdog.close()
-        if buffer:
-            await channel.send_text("".join(buffer))
-        text = "".join(parts)
-        if not calls:
-            return text
-        answers = [failure] * len(calls)
-        async with asyncio.TaskGroup() as group:
-            for position, call in enumerate(calls):
-                dispatches += 1
-                ctx = ToolContext(call.name, dispatches, iteration, clock)
-                group.create_task(_run_call(call, ctx, limit, answers, position))
-        for position, (call, answer) in enumerate(zip(calls, answers, strict=True)):
-            history.append(
-                {
-                    "call": call,
-                    "result": answer,
-                    "pre_tool_text": (text or None) if position == 0 else None,
-                    "position": position,
-                    "usage": usage,
-                }
-            )
-    return ""
+    return True
 
 
-async def engine_turn(provider: MemoryProvider, channel: CountingChannel) -> str:
-    result = await run_tool_loop(provider, TOOLS, channel, REQUEST)
-    return result.final_text
+def handwritten_batch_turn(provider: MemoryProvider, channel: CountingChannel) -> Awaitable[str]:
+    """`bench_tool_loop.handwritten_same_work_turn` running every call of a pass at once."""
+    return handwritten_same_work_turn(provider, channel, policy=POLICY, answer=answer_batch)
 
 
-Runner = Callable[[MemoryProvider, CountingChannel], Awaitable[str]]
 CONTENDERS: dict[str, Runner] = {"engine": engine_turn, "floor": handwritten_batch_turn}
-
-
-async def cpu_per_turn(runner: Runner, script: list[list[Chunk]], turns: int) -> float:
-    start = time.process_time()
-    for _ in range(turns):
-        await runner(MemoryProvider(script), CountingChannel())
-    return (time.process_time() - start) / turns * 1e6
 
 
 def verdict(ratio: float, target: float) -> str:
@@ -334,22 +273,10 @@ async def main(turns: int, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument(
-        "--run-only",
-        choices=tuple(CONTENDERS),
-        help="just run --turns BATCH5 turns of one contender (for cProfile or callgrind)",
+    command_line(
+        __doc__,
+        main,
+        CONTENDERS,
+        SCRIPTS["BATCH5"],
+        "just run --turns BATCH5 turns of one contender (for cProfile or callgrind)",
     )
-    args = parser.parse_args()
-    if args.run_only:
-        runner = CONTENDERS[args.run_only]
-
-        async def run_only() -> None:
-            for _ in range(args.turns):
-                await runner(MemoryProvider(SCRIPTS["BATCH5"]), CountingChannel())
-
-        asyncio.run(run_only())
-    else:
-        asyncio.run(main(args.turns, args.rounds))
