@@ -13,10 +13,8 @@ model that asks for three of them in one pass.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from collections.abc import Iterator
@@ -24,19 +22,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
-from tests.temporal.conftest import ROOT
+from tests.temporal.conftest import WorkerProcesses
 from tests.temporal.hosts import FileChannel
 from tests.temporal.hosts import StagedProvider
 from tests.temporal.hosts import host_tools
 from tests.temporal.hosts import read_records
 from toolloop_fsm import Attempt
-from toolloop_fsm import LoopPolicy
 from toolloop_fsm import Tool
 from toolloop_fsm import ToolContext
 from toolloop_fsm import ToolResult
-from toolloop_fsm import TurnPolicy
 from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnStatus
 from toolloop_fsm.events import FunctionCall
@@ -60,21 +57,17 @@ from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxRestrictions
 
+from tests.temporal.turns import LOOK_AGAIN
+from tests.temporal.turns import start_turn
 from toolloop_fsm.temporal import DATA_CONVERTER
 from toolloop_fsm.temporal import TurnHandle
 from toolloop_fsm.temporal import TurnWorker
-from toolloop_fsm.temporal import start_generation_turn
 from toolloop_fsm.temporal._values import RUN_TOOL
 from toolloop_fsm.temporal._worker import PASSED_THROUGH
 from toolloop_fsm.temporal._workflow import GenerationTurnWorkflow
 
 #: The real-time watchdog of each test (a turn that hangs fails instead of blocking the run).
 LIMIT = 60.0
-#: How soon a lost worker is noticed, and how often a running call hears of a cancellation.
-HEARTBEAT = 1.0
-#: How often a test looks again at a fact another process (or the server) records.
-LOOK_AGAIN = 0.02
-POLICY = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8))
 REQUEST = TurnRequest([{"role": "user", "content": "How is the weather in Oslo and Paris?"}])
 ANY_PLACE = {"type": "object", "properties": {"city": {"type": "string"}}}
 
@@ -93,33 +86,33 @@ def two_calls(first: str, second: str, closing: str) -> list[list[ScriptItem]]:
     ]
 
 
-async def durable_turn(client: Client, task_queue: str) -> TurnHandle:
-    """Start the turn on ``task_queue``, whose worker the caller runs."""
-    return await start_generation_turn(
-        client,
-        task_queue=task_queue,
-        attempts=["main"],
-        channel="chat",
-        request=REQUEST,
-        policy=POLICY,
-        heartbeat_timeout=HEARTBEAT,
-    )
+@attrs.frozen
+class RunningTurn:
+    """A durable turn on ``task_queue`` whose worker runs in the test's process."""
+
+    turn: TurnHandle
+    provider: ScriptedProvider
+    channel: RecordingChannel
 
 
-def worker(
-    client: Client,
-    task_queue: str,
-    provider: ScriptedProvider,
-    tools: list[Tool],
-    channel: RecordingChannel,
-) -> TurnWorker:
-    return TurnWorker(
+@contextlib.asynccontextmanager
+async def running_turn(
+    client: Client, task_queue: str, script: list[list[ScriptItem]], tools: list[Tool]
+) -> AsyncIterator[RunningTurn]:
+    """Start the turn with an in-process worker playing ``script`` with ``tools``; the body
+    runs under the test's real-time watchdog, and the worker stops when it ends."""
+    provider = ScriptedProvider(script)
+    channel = RecordingChannel()
+    async with TurnWorker(
         client,
         task_queue,
         providers={"main": Attempt(lambda key: provider)},
         tools=tools,
         channels={"chat": channel},
-    )
+    ):
+        turn = await start_turn(client, task_queue, REQUEST)
+        async with real_time_limit(LIMIT):
+            yield RunningTurn(turn, provider, channel)
 
 
 async def calls_taken_in(turn: TurnHandle, count: int) -> None:
@@ -185,16 +178,17 @@ class Meeting:
         ]
 
 
+async def meeting_turn(client: Client, task_queue: str) -> tuple[RunningTurn, GenerationTurnResult]:
+    """The turn whose two weather calls each wait for the other, run to its end."""
+    script = two_calls("oslo_weather", "paris_weather", "Clear in both.")
+    async with running_turn(client, task_queue, script, Meeting().tools()) as running:
+        return running, await running.turn.result()
+
+
 async def test_two_calls_of_one_pass_run_at_once_and_are_answered_in_emitted_order(
     client: Client, task_queue: str
 ) -> None:
-    meeting = Meeting()
-    provider = ScriptedProvider(two_calls("oslo_weather", "paris_weather", "Clear in both."))
-    channel = RecordingChannel()
-    async with worker(client, task_queue, provider, meeting.tools(), channel):
-        turn = await durable_turn(client, task_queue)
-        async with real_time_limit(LIMIT):
-            result = await turn.result()
+    running, result = await meeting_turn(client, task_queue)
 
     assert result.status is TurnStatus.COMPLETED
     assert result.final_text == "Clear in both."
@@ -206,9 +200,9 @@ async def test_two_calls_of_one_pass_run_at_once_and_are_answered_in_emitted_ord
     assert [e.response.data["city"] for e in result.history] == ["Oslo", "Paris"]
     assert [e.response.data["dispatch"] for e in result.history] == [1, 2]  # one each
     assert [e.pre_tool_text for e in result.history] == ["Checking both. ", None]
-    assert channel.text == "Checking both. Clear in both."
+    assert running.channel.text == "Checking both. Clear in both."
     # the model's next request answered both calls
-    assert len(provider.requests[1].history) == 2
+    assert len(running.provider.requests[1].history) == 2
 
 
 # ---------------------------------------------------------------------- one call's deadline
@@ -245,13 +239,11 @@ async def test_one_calls_deadline_cuts_only_that_call_and_its_sibling_answers(
     client: Client, task_queue: str
 ) -> None:
     stations = Stations()
-    provider = ScriptedProvider(two_calls("stuck_weather", "quick_weather", "Rain in Paris."))
-    channel = RecordingChannel()
-    async with worker(client, task_queue, provider, stations.tools(hanging_timeout=1.0), channel):
-        turn = await durable_turn(client, task_queue)
-        async with real_time_limit(LIMIT):
-            result = await turn.result()
-            await stations.hanging_cancelled.wait()  # the cut call was cancelled on its worker
+    script = two_calls("stuck_weather", "quick_weather", "Rain in Paris.")
+    tools = stations.tools(hanging_timeout=1.0)
+    async with running_turn(client, task_queue, script, tools) as running:
+        result = await running.turn.result()
+        await stations.hanging_cancelled.wait()  # the cut call was cancelled on its worker
 
     assert result.status is TurnStatus.COMPLETED
     assert result.final_text == "Rain in Paris."
@@ -262,7 +254,7 @@ async def test_one_calls_deadline_cuts_only_that_call_and_its_sibling_answers(
     assert sibling.response.data == {"city": "Paris", "sky": "rain"}
     assert "timed out" not in response_text(result, 1)
     assert result.abandoned_calls == ()
-    await replay(turn)
+    await replay(running.turn)
 
 
 # ---------------------------------------------------------------------- a stop mid-batch
@@ -270,25 +262,22 @@ async def test_a_stop_mid_batch_keeps_the_finished_call_and_cancels_the_running_
     client: Client, task_queue: str
 ) -> None:
     stations = Stations()
-    provider = ScriptedProvider(two_calls("quick_weather", "stuck_weather", "never said"))
-    channel = RecordingChannel()
-    async with worker(client, task_queue, provider, stations.tools(), channel):
-        turn = await durable_turn(client, task_queue)
-        async with real_time_limit(LIMIT):
-            await stations.hanging_started.wait()
-            # the quick call's outcome is in the workflow's hands before the stop arrives
-            await calls_taken_in(turn, 1)
-            await turn.stop("Stopped, as you asked.")
-            result = await turn.result()
-            await stations.hanging_cancelled.wait()  # the running call heard of the stop
+    script = two_calls("quick_weather", "stuck_weather", "never said")
+    async with running_turn(client, task_queue, script, stations.tools()) as running:
+        await stations.hanging_started.wait()
+        # the quick call's outcome is in the workflow's hands before the stop arrives
+        await calls_taken_in(running.turn, 1)
+        await running.turn.stop("Stopped, as you asked.")
+        result = await running.turn.result()
+        await stations.hanging_cancelled.wait()  # the running call heard of the stop
 
     assert (result.status, result.reason) == (TurnStatus.STOPPED_BY_USER, "stopped_during_tool")
     assert result.finished_calls == ("quick_weather",)
     assert result.history == ()  # nothing of the batch was shown to a model
-    assert channel.queued_front == ["Stopped, as you asked."]
-    assert len(provider.requests) == 1  # no pass after the stop
+    assert running.channel.queued_front == ["Stopped, as you asked."]
+    assert len(running.provider.requests) == 1  # no pass after the stop
     assert result.delivered_text == "Checking both. "
-    await replay(turn)
+    await replay(running.turn)
 
 
 # ---------------------------------------------------------------------- a lost worker
@@ -317,56 +306,14 @@ class BatchProvider(StagedProvider):
         return self._play(items, request.prefill or "")
 
 
-class BatchWorkers:
-    """Worker processes (``python -m tests.temporal.test_batches``) on one task queue."""
-
-    def __init__(self, address: str, task_queue: str, directory: Path) -> None:
-        self.address = address
-        self.task_queue = task_queue
-        self.directory = directory
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    def start(self) -> subprocess.Popen[bytes]:
-        with (self.directory / f"worker-{len(self.processes)}.log").open("wb") as log:
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.temporal.test_batches",
-                    self.address,
-                    self.task_queue,
-                    str(self.directory),
-                ],
-                cwd=ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.processes.append(process)
-        return process
-
-    def kill(self, process: subprocess.Popen[bytes]) -> None:
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-
-    def stop_all(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.kill(process.pid, signal.SIGKILL)
-                    process.wait(timeout=15)
-
-
 @pytest.fixture
-def batch_workers(temporal_address: str, task_queue: str, tmp_path: Path) -> Iterator[BatchWorkers]:
-    processes = BatchWorkers(temporal_address, task_queue, tmp_path)
-    try:
+def batch_workers(
+    temporal_address: str, task_queue: str, tmp_path: Path
+) -> Iterator[WorkerProcesses]:
+    """Worker processes of this module (``python -m tests.temporal.test_batches``)."""
+    module = "tests.temporal.test_batches"
+    with WorkerProcesses(temporal_address, task_queue, tmp_path, module) as processes:
         yield processes
-    finally:
-        processes.stop_all()
 
 
 async def executions_number(path: Path, count: int) -> None:
@@ -376,18 +323,16 @@ async def executions_number(path: Path, count: int) -> None:
 
 
 async def test_a_worker_lost_mid_batch_keeps_the_finished_call_and_settles_each_running_one(
-    client: Client, batch_workers: BatchWorkers, tmp_path: Path
+    client: Client, batch_workers: WorkerProcesses, tmp_path: Path
 ) -> None:
     first = batch_workers.start()
-    turn = await start_generation_turn(
+    turn = await start_turn(
         client,
-        task_queue=batch_workers.task_queue,
+        batch_workers.task_queue,
+        TurnRequest(REQUEST.context, turn_id="batch-turn"),
         attempts=["batch"],
         channel="files",
-        request=TurnRequest(REQUEST.context, turn_id="batch-turn"),
         tools=["record", "charge", "lookup"],
-        policy=POLICY,
-        heartbeat_timeout=HEARTBEAT,
     )
     executions = tmp_path / "executions.jsonl"
     async with real_time_limit(LIMIT):
@@ -437,16 +382,10 @@ async def test_a_worker_lost_mid_batch_keeps_the_finished_call_and_settles_each_
 async def test_a_finished_batch_turn_replays_from_its_history_without_a_nondeterminism_error(
     client: Client, task_queue: str
 ) -> None:
-    meeting = Meeting()
-    provider = ScriptedProvider(two_calls("oslo_weather", "paris_weather", "Clear in both."))
-    channel = RecordingChannel()
-    async with worker(client, task_queue, provider, meeting.tools(), channel):
-        turn = await durable_turn(client, task_queue)
-        async with real_time_limit(LIMIT):
-            result = await turn.result()
+    running, result = await meeting_turn(client, task_queue)
     assert result.status is TurnStatus.COMPLETED
 
-    history = await replay(turn)
+    history = await replay(running.turn)
     run_tools = [
         event
         for event in history.events
