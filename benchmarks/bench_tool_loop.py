@@ -36,8 +36,12 @@ import tracemalloc
 from collections.abc import AsyncIterator
 from collections.abc import Awaitable
 from collections.abc import Callable
+from collections.abc import Coroutine
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+
+import attrs
 
 from toolloop_fsm import FunctionCall
 from toolloop_fsm import LoopPolicy
@@ -47,6 +51,7 @@ from toolloop_fsm import Tool
 from toolloop_fsm import ToolContext
 from toolloop_fsm import ToolRegistry
 from toolloop_fsm import ToolResult
+from toolloop_fsm import ToolSpec
 from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnSignals
 from toolloop_fsm import UsageReport
@@ -191,7 +196,7 @@ SIGNALS = TurnSignals()
 REQUEST = TurnRequest([{"role": "user", "content": "hello"}])
 
 
-def _awaitable(result: Awaitable[ToolResult] | ToolResult) -> Awaitable[ToolResult]:
+def awaitable(result: Awaitable[ToolResult] | ToolResult) -> Awaitable[ToolResult]:
     """The benchmark's one tool is async; this narrows the handler type for the checker."""
     assert not isinstance(result, ToolResult)
     return result
@@ -234,7 +239,7 @@ async def handwritten_turn(
         tool = TOOLS.get(call.name)
         assert tool is not None
         ctx = ToolContext(call.name, _iteration, _iteration, LoopClock())
-        result = await asyncio.wait_for(_awaitable(tool.handler(dict(call.arguments), ctx)), 300)
+        result = await asyncio.wait_for(awaitable(tool.handler(dict(call.arguments), ctx)), 300)
         history.append(
             {"call": call, "result": result, "pre_tool_text": text or None, "usage": usage}
         )
@@ -272,32 +277,83 @@ class StreamWatchdog:
         self.handle.cancel()
 
 
+@attrs.frozen
+class StreamedPass:
+    """A pass the same-work floor has streamed to its end: which pass of the turn, its text,
+    its calls in emitted order and its usage."""
+
+    iteration: int
+    text: str
+    calls: list[FunctionCall]
+    usage: tuple[int, int] | None
+
+
+#: What the same-work floor does once a pass has streamed (under its policy, with the turn's
+#: history): run the calls and append them to the history (true), or end the turn with the
+#: pass's text (false).
+PassAnswer = Callable[[LoopPolicy, StreamedPass, list[dict[str, Any]]], Awaitable[bool]]
+
+
+async def answer_first_call(
+    policy: LoopPolicy, streamed: StreamedPass, history: list[dict[str, Any]]
+) -> bool:
+    """Run the pass's first call under the tool deadline, as a single-call loop does."""
+    if not streamed.calls:
+        return False
+    call = streamed.calls[0]
+    tool = TOOLS.get(call.name)
+    assert tool is not None
+    ctx = ToolContext(call.name, streamed.iteration, streamed.iteration, LoopClock())
+    result = await asyncio.wait_for(
+        awaitable(tool.handler(dict(call.arguments), ctx)), policy.tool_timeout
+    )
+    history.append(
+        {
+            "call": call,
+            "result": result,
+            "pre_tool_text": streamed.text or None,
+            "usage": streamed.usage,
+        }
+    )
+    return True
+
+
 async def handwritten_same_work_turn(
-    provider: MemoryProvider, channel: CountingChannel, flush_chars: int = FLUSH_CHARS
+    provider: MemoryProvider,
+    channel: CountingChannel,
+    flush_chars: int = FLUSH_CHARS,
+    *,
+    policy: LoopPolicy | None = None,
+    tools: Sequence[ToolSpec] = (),
+    answer: PassAnswer = answer_first_call,
 ) -> str:
     """The hand-written loop doing the same work as the engine: the minimal loop above plus
     the first-token and rolling inactivity deadlines on every pass, the tool deadline, and
-    the host's stop / follow-up flags checked between chunks."""
-    policy = LoopPolicy(delivery_flush_chars=flush_chars)
+    the host's stop / follow-up flags checked between chunks. ``answer`` runs a pass's calls
+    (by default its first call); `bench_tool_batches` and `bench_tool_rounds_scaling` give
+    their own, with their policy (``delivery_flush_chars`` then comes from it) and tools."""
+    if policy is None:
+        policy = LoopPolicy(delivery_flush_chars=flush_chars)
     signals = SIGNALS
     seen = signals.follow_ups
     history: list[dict[str, Any]] = []
     context = list(REQUEST.context)
     task = asyncio.current_task()
     assert task is not None
-    for _iteration in range(policy.max_function_call_iterations):
+    for iteration in range(policy.max_function_call_iterations):
         parts: list[str] = []
         buffer: list[str] = []
         buffered = 0
-        call: FunctionCall | None = None
+        calls: list[FunctionCall] = []
         usage: tuple[int, int] | None = None
-        request = ProviderRequest(context, tools=(), history=tuple(history))  # type: ignore[arg-type]
+        request = ProviderRequest(context, tools=tools, history=tuple(history))  # type: ignore[arg-type]
         watchdog = StreamWatchdog(
             task, policy.effective_first_token_timeout, policy.inactivity_timeout
         )
         now = watchdog.loop.time
-        # the per-chunk body repeats the minimal loop's on purpose: a hand-written loop inlines
-        # it, and a shared helper would add a call per chunk to the floor
+        # the per-chunk body repeats the minimal loop's on purpose, and the pass is not a
+        # function of its own: a hand-written loop inlines them, and a shared helper would
+        # add a call per chunk (and a coroutine frame per parked turn) to the floor
         try:
             async for chunk in provider.stream(request):
                 watchdog.last_chunk = now()
@@ -313,8 +369,7 @@ async def handwritten_same_work_turn(
                         buffer.clear()
                         buffered = 0
                 elif kind is FunctionCall:
-                    if call is None:
-                        call = chunk
+                    calls.append(chunk)
                 elif kind is UsageReport:
                     usage = (chunk.input_tokens, chunk.output_tokens)
         except asyncio.CancelledError:
@@ -327,17 +382,8 @@ async def handwritten_same_work_turn(
         if buffer:
             await channel.send_text("".join(buffer))
         text = "".join(parts)
-        if call is None:
+        if not await answer(policy, StreamedPass(iteration, text, calls, usage), history):
             return text
-        tool = TOOLS.get(call.name)
-        assert tool is not None
-        ctx = ToolContext(call.name, _iteration, _iteration, LoopClock())
-        result = await asyncio.wait_for(
-            _awaitable(tool.handler(dict(call.arguments), ctx)), policy.tool_timeout
-        )
-        history.append(
-            {"call": call, "result": result, "pre_tool_text": text or None, "usage": usage}
-        )
     return ""
 
 
@@ -540,30 +586,43 @@ async def main(turns: int, rounds: int) -> None:
             )
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line(
+    doc: str,
+    main: Callable[[int, int], Coroutine[Any, Any, None]],
+    contenders: Mapping[str, Runner],
+    script: list[list[Chunk]],
+    run_only_help: str,
+) -> None:
+    """A benchmark's command line: ``main(--turns, --rounds)``, or with ``--run-only NAME``
+    just ``--turns`` turns of ``script`` by that contender (for a profiler)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument(
-        "--run-only",
-        choices=("minimal", "same-work", "engine", "stream"),
-        help="just run --turns T1 turns of one contender (for instruction counts under "
-        "valgrind --tool=callgrind: subtract a --turns 0 run)",
-    )
+    parser.add_argument("--run-only", choices=tuple(contenders), help=run_only_help)
     args = parser.parse_args()
     if args.run_only:
-        runner = {
-            "minimal": handwritten_turn,
-            "same-work": handwritten_same_work_turn,
-            "engine": engine_turn,
-            "stream": streamed_turn,
-        }[args.run_only]
+        runner = contenders[args.run_only]
 
         async def run_only() -> None:
-            script = t1_script()
             for _ in range(args.turns):
                 await runner(MemoryProvider(script), CountingChannel())
 
         asyncio.run(run_only())
     else:
         asyncio.run(main(args.turns, args.rounds))
+
+
+if __name__ == "__main__":
+    command_line(
+        __doc__,
+        main,
+        {
+            "minimal": handwritten_turn,
+            "same-work": handwritten_same_work_turn,
+            "engine": engine_turn,
+            "stream": streamed_turn,
+        },
+        t1_script(),
+        "just run --turns T1 turns of one contender (for instruction counts under "
+        "valgrind --tool=callgrind: subtract a --turns 0 run)",
+    )

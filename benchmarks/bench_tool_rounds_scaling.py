@@ -36,17 +36,16 @@ from collections.abc import Callable
 from typing import Any
 
 from bench_tool_loop import REQUEST
-from bench_tool_loop import SIGNALS
 from bench_tool_loop import Chunk
 from bench_tool_loop import CountingChannel
 from bench_tool_loop import MemoryProvider
-from bench_tool_loop import StreamWatchdog
+from bench_tool_loop import StreamedPass
+from bench_tool_loop import awaitable
+from bench_tool_loop import handwritten_same_work_turn
 from bench_tool_loop import text_chunks
 
 from toolloop_fsm import FunctionCall
 from toolloop_fsm import LoopPolicy
-from toolloop_fsm import ProviderRequest
-from toolloop_fsm import TextDelta
 from toolloop_fsm import Tool
 from toolloop_fsm import ToolContext
 from toolloop_fsm import ToolRegistry
@@ -101,11 +100,6 @@ def script(rounds: int, usage: bool) -> list[list[Chunk]]:
     return [*passes, [*text_chunks(40), *report(20, 25)]]
 
 
-def _awaitable(result: Awaitable[ToolResult] | ToolResult) -> Awaitable[ToolResult]:
-    assert not isinstance(result, ToolResult)
-    return result
-
-
 def _characters(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False, default=str))
 
@@ -114,73 +108,36 @@ async def floor_turn(provider: MemoryProvider, channel: CountingChannel) -> list
     """`bench_tool_loop.handwritten_same_work_turn` with this benchmark's tools and policy,
     plus the usage of a pass without a report estimated from a running count of what the
     loop sends (each history entry measured as it is appended, the schemas once)."""
-    policy = POLICY
-    signals = SIGNALS
-    seen = signals.follow_ups
-    history: list[dict[str, Any]] = []
-    context = list(REQUEST.context)
     specs = TOOLS.specs(TOOLS.names)
-    sent = sum(len(str(m.get("content", ""))) for m in context) + sum(
+    sent = sum(len(str(m.get("content", ""))) for m in REQUEST.context) + sum(
         len(s.name) + len(s.description) + _characters(s.parameters) for s in specs
     )
     ledger: list[tuple[int, int]] = []
-    task = asyncio.current_task()
-    assert task is not None
-    for _iteration in range(policy.max_function_call_iterations):
-        parts: list[str] = []
-        buffer: list[str] = []
-        buffered = 0
-        call: FunctionCall | None = None
-        usage: tuple[int, int] | None = None
-        request = ProviderRequest(context, tools=specs, history=tuple(history))  # type: ignore[arg-type]
-        watchdog = StreamWatchdog(
-            task, policy.effective_first_token_timeout, policy.inactivity_timeout
-        )
-        now = watchdog.loop.time
-        try:
-            async for chunk in provider.stream(request):
-                watchdog.last_chunk = now()
-                if signals.stop_requested or signals.follow_ups != seen:
-                    return ledger
-                kind = type(chunk)
-                if kind is TextDelta:
-                    parts.append(chunk.text)
-                    buffer.append(chunk.text)
-                    buffered += len(chunk.text)
-                    if buffered >= policy.delivery_flush_chars:
-                        await channel.send_text("".join(buffer))
-                        buffer.clear()
-                        buffered = 0
-                elif kind is FunctionCall:
-                    if call is None:
-                        call = chunk
-                elif kind is UsageReport:
-                    usage = (chunk.input_tokens, chunk.output_tokens)
-        except asyncio.CancelledError:
-            if not watchdog.expired:
-                raise
-            task.uncancel()
-            return ledger
-        finally:
-            watchdog.close()
-        if buffer:
-            await channel.send_text("".join(buffer))
-        text = "".join(parts)
+
+    async def answer(
+        policy: LoopPolicy, streamed: StreamedPass, history: list[dict[str, Any]]
+    ) -> bool:
+        nonlocal sent
+        text, usage = streamed.text, streamed.usage
+        call = streamed.calls[0] if streamed.calls else None
         if usage is None:
             written = len(text) + (len(call.name) + _characters(call.arguments) if call else 0)
             usage = (estimate_tokens(sent), estimate_tokens(written))
         ledger.append(usage)
         if call is None:
-            return ledger
+            return False
         tool = TOOLS.get(call.name)
         assert tool is not None
-        ctx = ToolContext(call.name, _iteration, _iteration, LoopClock())
+        ctx = ToolContext(call.name, streamed.iteration, streamed.iteration, LoopClock())
         result = await asyncio.wait_for(
-            _awaitable(tool.handler(dict(call.arguments), ctx)), policy.tool_timeout
+            awaitable(tool.handler(dict(call.arguments), ctx)), policy.tool_timeout
         )
         history.append({"call": call, "result": result, "pre_tool_text": text or None})
         sent += len(text) + len(call.name) + _characters(call.arguments)
         sent += _characters([result.data, result.message, None])
+        return True
+
+    await handwritten_same_work_turn(provider, channel, policy=POLICY, tools=specs, answer=answer)
     return ledger
 
 

@@ -618,7 +618,7 @@ SYNTAX_WORDS = set(
     stateDiagram v2 direction LR TB classDef Class state as title note left of end
     s_default s_trace fill color white black stroke width 3px fde68a b45309 6b7280
     internal
-    digraph graph node edge rankdir label labelloc t fontname Helvetica fontsize 10
+    digraph graph node edge rankdir label labelloc t fontname Helvetica fontsize 10 9
     shape box style rounded filled dashed fillcolor doublecircle point 0 15 2 4 __initial__
     penwidth fontcolor 5 05 n l compound true nodesep ranksep weight 20 constraint false
     peripheries ltail subgraph cluster_settle cluster_exits_0 group run

@@ -57,6 +57,7 @@ from toolloop_fsm.testing import real_time_limit
 from toolloop_fsm.testing.hostile import ChannelAct
 from toolloop_fsm.testing.hostile import HostileChannel
 from toolloop_fsm.testing.hostile import HostileProvider
+from toolloop_fsm.testing.hostile import RogueBaseException
 from toolloop_fsm.testing.hostile import Stragglers
 from toolloop_fsm.testing.hostile import Trickle
 from toolloop_fsm.testing.hostile import fire_from_thread
@@ -267,6 +268,55 @@ async def test_a_tool_that_ignores_cancellation_after_its_deadline_is_abandoned_
     assert result.abandoned_calls == (f"tool get_weather (dispatch {dispatches[0]})",)
     assert stragglers.cancel_ignored  # cancelled at its deadline, and it swallowed that
     assert channel.text == "Sorry, no weather today."
+    assert turn.clock.now() <= policy.tool_timeout + policy.cancel_grace + EPSILON
+
+
+async def test_hostile_tools_in_one_batch_still_give_every_sibling_its_result() -> None:
+    # one call hangs ignoring its cancellation, one raises a BaseException of the host's own,
+    # one returns garbage, one works: the batch ends at the hanging call's deadline, each
+    # call is answered on its own, and the working one's answer reaches the model
+    policy = LoopPolicy(tool_timeout=10, cancel_grace=2, delivery_flush_chars=1)
+    batch = [FunctionCall(name, {}, f"call-{name}") for name in ("hangs", "raises", "junk", "ok")]
+    turn, channel, stragglers = hostile_turn([batch, [TextDelta("Done what I could.")]], policy)
+
+    async def hangs(_arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        await stragglers.ignore_cancellation(f"tool hangs (dispatch {ctx.dispatch})")
+        raise AssertionError("released only after the turn returned")
+
+    async def raises(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        raise RogueBaseException("the host's own")
+
+    async def junk(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        return {"not": "a ToolResult"}  # type: ignore[return-value]
+
+    tools = [
+        make_tool("hangs", turn.executions, turn.clock, hangs),
+        make_tool("raises", turn.executions, turn.clock, raises),
+        make_tool("junk", turn.executions, turn.clock, junk),
+        make_tool("ok", turn.executions, turn.clock),
+    ]
+
+    result = await guarded(turn, tools, stragglers, policy=policy)
+
+    assert result.status is TurnStatus.COMPLETED
+    assert channel.text == "Done what I could."
+    # all four started together, at the batch's start
+    assert sorted(name for name, _, at in turn.executions.calls if at == 0.0) == [
+        "hangs",
+        "junk",
+        "ok",
+        "raises",
+    ]
+    answers = {e.call.name: e.response for e in result.history}
+    assert [e.call.name for e in result.history] == ["hangs", "raises", "junk", "ok"]
+    assert answers["hangs"].reason == "timed out after 10 s"
+    assert not answers["raises"].success and "RogueBaseException" in (
+        answers["raises"].reason or ""
+    )
+    assert not answers["junk"].success and "not ToolResult" in (answers["junk"].reason or "")
+    assert answers["ok"].success and answers["ok"].message == "ok done"
+    assert result.abandoned_calls == ("tool hangs (dispatch 1)",)
+    # the batch waited for its slowest call's deadline and grace, not for each call in turn
     assert turn.clock.now() <= policy.tool_timeout + policy.cancel_grace + EPSILON
 
 

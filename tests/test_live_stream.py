@@ -165,6 +165,34 @@ async def test_a_turn_streams_its_chunks_and_phases_in_order_then_its_result() -
     assert tool_started.arguments == {"city": "Paris"}
 
 
+async def test_each_call_of_a_batch_starts_and_ends_once_told_apart_by_dispatch_and_id() -> None:
+    clock = VirtualClock()
+    waits = {"Paris": 3.0, "Oslo": 1.0, "Rome": 2.0}
+
+    async def weather(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        await clock.sleep(waits[arguments["city"]])
+        return ToolResult(data={"sky": "clear"})
+
+    batch = [FunctionCall("weather", {"city": c}, f"call_{c}") for c in waits]
+    provider = ScriptedProvider([batch, [TextDelta("Clear in all three.")]], clock=clock)
+    tool = Tool("weather", "the weather", {"type": "object"}, weather)
+    async with stream_tool_loop(
+        provider, [tool], RecordingChannel(clock=clock), REQUEST, clock=clock
+    ) as events:
+        seen = [event async for event in events]
+    started = [(e.dispatch, e.call_id, e.at) for e in seen if isinstance(e, ToolStarted)]
+    ended = [(e.dispatch, e.call_id, e.outcome, e.at) for e in seen if isinstance(e, ToolEnded)]
+    # all three start together; each ends when its own tool returns, the quickest first
+    assert started == [(1, "call_Paris", 0.0), (2, "call_Oslo", 0.0), (3, "call_Rome", 0.0)]
+    assert ended == [
+        (2, "call_Oslo", "succeeded", 1.0),
+        (3, "call_Rome", "succeeded", 2.0),
+        (1, "call_Paris", "succeeded", 3.0),
+    ]
+    final = seen[-1]
+    assert isinstance(final, TurnEnded) and final.result.final_text == "Clear in all three."
+
+
 async def test_every_text_delta_arrives_before_the_delivery_holding_it_is_sent() -> None:
     clock = VirtualClock()
     timeline: list[tuple[str, str]] = []

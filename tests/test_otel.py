@@ -173,6 +173,45 @@ async def test_a_turn_is_an_invoke_agent_span_with_chat_and_execute_tool_childre
     assert first.end_time <= tool.start_time
 
 
+async def test_each_call_of_a_batch_is_its_own_execute_tool_span_under_the_turn(
+    exporter: InMemorySpanExporter,
+) -> None:
+    clock = VirtualClock()
+    batch = [
+        FunctionCall("weather", {"city": "Paris"}, "call_Paris"),
+        FunctionCall("weather", {"city": "Oslo"}, "call_Oslo"),
+        FunctionCall("weather_b", {"city": "Rome"}, "call_Rome"),
+    ]
+    provider = ModelProvider([batch, [TextDelta("Clear in both.")]], clock=clock)
+    failing = weather_tool(clock, "raise")
+    tools = [weather_tool(clock), Tool("weather_b", "fails", {"type": "object"}, failing.handler)]
+    result = await run_tool_loop(
+        provider, tools, RecordingChannel(clock=clock), REQUEST, clock=clock
+    )
+    assert result.status is TurnStatus.COMPLETED
+    spans = exporter.get_finished_spans()
+    tool_spans = [s for s in spans if s.name.startswith("execute_tool")]
+    assert len(tool_spans) == 3
+    [turn] = by_name(spans, "invoke_agent")
+    assert all(parent_of(span) == span_id(turn) for span in tool_spans)
+    seen = sorted(
+        (
+            span.attributes["toolloop.dispatch"],
+            span.attributes["gen_ai.tool.call.id"],
+            span.attributes["toolloop.tool.outcome"],
+        )
+        for span in tool_spans
+        if span.attributes is not None
+    )
+    assert seen == [
+        (1, "call_Paris", "succeeded"),
+        (2, "call_Oslo", "succeeded"),
+        (3, "call_Rome", "raised"),
+    ]
+    [failed] = by_name(spans, "execute_tool weather_b")
+    assert failed.status.status_code is StatusCode.ERROR
+
+
 async def test_a_fallback_after_a_429_nests_passes_under_attempts_and_marks_the_failure(
     exporter: InMemorySpanExporter,
 ) -> None:

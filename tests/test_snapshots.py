@@ -165,6 +165,38 @@ def test_a_turn_resumed_after_its_tool_ran_does_not_run_the_tool_again() -> None
     ]
 
 
+def test_a_turn_resumed_after_a_tool_batch_sends_the_batch_again_and_runs_none_of_it() -> None:
+    weather = CountingTool()
+    cities = ("Oslo", "Rome", "Lima")
+    passes: list[list[Any]] = [
+        [
+            TextDelta("Checking three. "),
+            *(FunctionCall("get_weather", {"city": c}) for c in cities),
+        ],
+        [TextDelta("Sunny in all three.")],
+    ]
+    first, saved = asyncio.run(_run_with_snapshots(passes, weather, RecordingChannel()))
+    assert sorted(run["city"] for run in weather.runs) == sorted(cities)
+    snapshot = snapshot_from_json(saved[1])  # taken after the batch, before pass 2
+    provider = ScriptedProvider(passes[1:])
+    resumed = asyncio.run(
+        resume_tool_loop(
+            snapshot, provider, [weather.tool()], RecordingChannel(), policy=SMALL_FLUSH
+        )
+    )
+    assert len(weather.runs) == 3  # no call of the batch ran again
+    assert resumed.final_text == "Sunny in all three."
+    # the resumed pass sends the batch as it was: three calls, one narration, in order
+    history = provider.requests[0].history
+    assert [(h.call.arguments["city"], h.position) for h in history] == [
+        ("Oslo", 0),
+        ("Rome", 1),
+        ("Lima", 2),
+    ]
+    assert [h.pre_tool_text for h in history] == ["Checking three. ", None, None]
+    assert resumed.history == first.history
+
+
 def test_a_turn_resumed_after_the_memory_tool_ran_keeps_it_disabled() -> None:
     memory_runs: list[dict[str, Any]] = []
 

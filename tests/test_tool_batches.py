@@ -20,12 +20,18 @@ from toolloop_fsm.effects import ArmDeadline
 from toolloop_fsm.effects import CancelTool
 from toolloop_fsm.effects import ClearDeadline
 from toolloop_fsm.effects import Deliver
+from toolloop_fsm.effects import RequestReview
 from toolloop_fsm.effects import RunTool
 from toolloop_fsm.effects import StartStream
 from toolloop_fsm.events import ContextRestart
 from toolloop_fsm.events import DeadlineExpired
 from toolloop_fsm.events import DeadlineKind
+from toolloop_fsm.events import ReviewReturned
 from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import FindingCategory
+from toolloop_fsm.review import Pass
+from toolloop_fsm.review import Revise
 from toolloop_fsm.sansio import DeliveryRecorded
 from toolloop_fsm.sansio import InvalidEvent
 from toolloop_fsm.sansio import StopRequested
@@ -312,3 +318,35 @@ def test_an_expression_of_a_batch_is_delivered_once() -> None:
     machine.feed(_ok(1, expression="sun"))
     effects = machine.feed(_ok(2, expression="rain"))
     assert [e.expression for e in effects if isinstance(e, Deliver) and e.expression] == ["sun"]
+
+
+# --------------------------------------------------------------------------- rule 6: checkpoint
+def test_the_checkpoint_reviews_each_new_call_of_a_batch_before_any_of_them_runs() -> None:
+    machine = _machine(LoopPolicy(review_tool_calls=True))
+    effects = _pass(machine, _weather("Paris"), _weather("London"), _weather("Rome"))
+    (first,) = [e for e in effects if isinstance(e, RequestReview)]
+    assert _runs(effects) == []
+    proposed = first.packet.proposed_call
+    assert proposed is not None and proposed.arguments == {"city": "Paris"}
+    # London is reviewed next, still with nothing running
+    effects = machine.feed(ReviewReturned(first.review, Pass()))
+    (second,) = [e for e in effects if isinstance(e, RequestReview)]
+    assert _runs(effects) == []
+    effects = machine.feed(
+        ReviewReturned(
+            second.review,
+            Revise((Finding(FindingCategory.TOOL_USE, "not asked for", "drop it"),)),
+        )
+    )
+    (third,) = [e for e in effects if isinstance(e, RequestReview)]
+    assert _runs(effects) == []
+    # the last verdict: the two approved calls run together, the rejected one never
+    effects = machine.feed(ReviewReturned(third.review, Pass()))
+    assert [r.arguments["city"] for r in _runs(effects)] == ["Paris", "Rome"]
+    machine.feed(_ok(1))
+    history = _next_request(machine.feed(_ok(2))).request.history
+    assert [(h.call.arguments["city"], h.response.status) for h in history] == [
+        ("Paris", None),
+        ("London", "review_rejected"),
+        ("Rome", None),
+    ]

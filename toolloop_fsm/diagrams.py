@@ -511,7 +511,9 @@ def render_dot(
         + _attrs(
             shape="box", style="rounded,filled", fillcolor="white", color="black", fontname=font
         ),
-        "  edge " + _attrs(color="black", fontname=font, fontsize="10"),
+        # the exits view's labels a shade smaller: the inner machine's view, with its tool
+        # batch's gate, must still fit a full-HD screen's width
+        "  edge " + _attrs(color="black", fontname=font, fontsize="9.5" if exits else "10"),
         "",
         "  " + _q("__initial__") + " " + _attrs(shape="point", width="0.15", label=""),
     ]

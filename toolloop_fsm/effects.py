@@ -40,7 +40,8 @@ class RunTool:
     """Run tool ``name`` with ``arguments``; report a `ToolFinished` with ``dispatch``.
 
     Several may run at once (the calls of one tool batch), each under its own dispatch
-    number and its own ``TOOL`` deadline (``timeout`` seconds). ``call_id`` is the
+    number and its own ``TOOL`` deadline (``timeout`` seconds): the `ArmDeadline` of that
+    deadline follows each `RunTool` in the same list of effects. ``call_id`` is the
     provider's id of the call (``None`` for a provider that names none), ``position`` its
     place in its batch, in emitted order."""
 
@@ -55,7 +56,8 @@ class RunTool:
 
 @frozen
 class CancelTool:
-    """Cancel the running dispatch (its outcome is discarded). With ``cut_off`` (the tool's
+    """Cancel one running dispatch (its outcome is discarded; its siblings in the batch go
+    on). With ``cut_off`` (the tool's
     deadline passed and it has a reconcile hook, docs/behaviour.md §3.9), the outcome is
     still owed: the shell reports a `ToolFinished` for the dispatch — the failure
     ``cut_off`` if the tool stopped, else its reconciled or unknown outcome."""

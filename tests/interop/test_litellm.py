@@ -154,3 +154,25 @@ async def test_a_tool_round_trip_through_the_proxy_runs_the_tool_once(
     served = await llmock.requests()
     assert len(served) == 2
     assert WEATHER["marker"] in body_text(served[1])
+
+
+@endpoints
+async def test_a_tool_batch_through_the_proxy_runs_every_call_and_answers_each(
+    litellm_proxy: LiteLLMProxy, llmock: LLMockControl, adapter: Adapter
+) -> None:
+    batch = [{"name": "get_weather", "arguments": {"city": c}} for c in ("Paris", "London")]
+    await llmock.script({"type": "reply", "tool_calls": batch}, {"type": "reply", "text": REPLY})
+    weather = WeatherTool()
+
+    result = await loop_turn(adapter.provider(litellm_proxy.url, PROXY_KEY), weather.tools)
+
+    assert (result.status, result.final_text) == (TurnStatus.COMPLETED, REPLY)
+    assert sorted(run["city"] for run in weather.runs) == ["London", "Paris"]
+    assert [(e.call.arguments["city"], e.position) for e in result.history] == [
+        ("Paris", 0),
+        ("London", 1),
+    ]
+    # the proxy accepted the batch as sent and handed both answers on to the model behind it
+    served = await llmock.requests()
+    assert len(served) == 2
+    assert body_text(served[1]).count(str(WEATHER["marker"])) == 2

@@ -7,13 +7,16 @@ stalls, broken tool calls.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
 from tests.interop.servers import LLMockControl
+from tests.interop.turns import ANTHROPIC
 from tests.interop.turns import GEMINI
 from tests.interop.turns import LLMOCK_ADAPTERS
 from tests.interop.turns import OPENAI_CHAT
+from tests.interop.turns import OPENAI_RESPONSES
 from tests.interop.turns import WEATHER
 from tests.interop.turns import Adapter
 from tests.interop.turns import WeatherTool
@@ -302,3 +305,54 @@ async def test_a_call_to_a_tool_never_offered_is_refused_and_the_model_is_told(
     assert weather.runs == []
     [entry] = result.history
     assert (entry.call.name, entry.response.success) == ("llmock_unknown_tool", False)
+
+
+# --------------------------------------------------------------------------- tool batches
+def _batch_shape(adapter: str, body: dict[str, Any]) -> tuple[int, int, int]:
+    """How the follow-up ``body`` carries a tool batch, in the adapter's native form: the
+    number of assistant turns holding calls, the calls in them, and the responses."""
+    if adapter == OPENAI_CHAT:
+        turns = [m for m in body["messages"] if m.get("tool_calls")]
+        answers = [m for m in body["messages"] if m["role"] == "tool"]
+        return len(turns), sum(len(m["tool_calls"]) for m in turns), len(answers)
+    if adapter == OPENAI_RESPONSES:
+        items = body["input"]
+        calls = [i for i in items if i.get("type") == "function_call"]
+        answers = [i for i in items if i.get("type") == "function_call_output"]
+        return 1 if calls else 0, len(calls), len(answers)
+    if adapter == ANTHROPIC:
+        messages = body["messages"]
+        turns = [m for m in messages if any(b.get("type") == "tool_use" for b in m["content"])]
+        answers = [b for m in messages for b in m["content"] if b.get("type") == "tool_result"]
+        calls = [b for m in turns for b in m["content"] if b.get("type") == "tool_use"]
+        return len(turns), len(calls), len(answers)
+    contents = body["contents"]
+    turns = [c for c in contents if any("functionCall" in p for p in c["parts"])]
+    calls = [p for c in turns for p in c["parts"] if "functionCall" in p]
+    answers = [p for c in contents for p in c["parts"] if "functionResponse" in p]
+    return len(turns), len(calls), len(answers)
+
+
+@adapters
+async def test_every_call_of_a_batch_runs_and_the_next_request_answers_each_natively(
+    llmock: LLMockControl, adapter: Adapter
+) -> None:
+    cities = ["Paris", "London", "Rome"]
+    batch = [{"name": "get_weather", "arguments": {"city": city}} for city in cities]
+    await llmock.script({"type": "reply", "tool_calls": batch}, reply("Clear everywhere."))
+    weather = WeatherTool()
+
+    result = await loop_turn(adapter.provider(llmock.url, KEYS[0]), weather.tools)
+
+    assert (result.status, result.final_text) == (TurnStatus.COMPLETED, "Clear everywhere.")
+    assert sorted(run["city"] for run in weather.runs) == sorted(cities)
+    assert [(e.call.arguments["city"], e.position) for e in result.history] == [
+        ("Paris", 0),
+        ("London", 1),
+        ("Rome", 2),
+    ]
+    served = await llmock.requests()
+    assert [r["status"] for r in served] == [200, 200]
+    # one assistant turn with the three calls, then the three answers
+    assert _batch_shape(adapter.name, served[1]["body"]) == (1, 3, 3)
+    assert body_text(served[1]).count(str(WEATHER["marker"])) == 3

@@ -22,6 +22,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.providers import wire
+from tests.providers.native import anthropic_tool_result
+from tests.providers.native import anthropic_tool_use
 from tests.providers.wire_server import Scripted
 from tests.providers.wire_server import WireServer
 from toolloop_fsm.events import Chunk
@@ -392,25 +394,17 @@ async def test_request_path_headers_and_body(wire_server: WireServer) -> None:
                 "content": [
                     thinking,
                     {"type": "text", "text": "Checking."},
-                    {
-                        "type": "tool_use",
-                        "id": "toolu_01",
-                        "name": "get_weather",
-                        "input": {"city": "Paris"},
-                    },
+                    anthropic_tool_use("toolu_01", "get_weather", {"city": "Paris"}),
                 ],
             },
             {
                 "role": "user",
                 "content": [
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": "toolu_01",
-                        "content": json.dumps(
-                            {"success": True, "data": {"temp_c": 21}, "message": "ok"}
-                        ),
-                        "is_error": False,
-                    }
+                    anthropic_tool_result(
+                        "toolu_01",
+                        json.dumps({"success": True, "data": {"temp_c": 21}, "message": "ok"}),
+                        is_error=False,
+                    )
                 ],
             },
             # Trailing whitespace is stripped: the API rejects an assistant prefill ending in it.

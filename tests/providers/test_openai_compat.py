@@ -18,6 +18,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.providers import wire
+from tests.providers.native import openai_tool_call
 from tests.providers.replay import REQUEST
 from tests.providers.replay import Replay
 from tests.providers.replay import assemble
@@ -792,13 +793,7 @@ async def test_request_body_and_headers(wire_server: WireServer) -> None:
             {
                 "role": "assistant",
                 "content": "Let me check.",
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                    }
-                ],
+                "tool_calls": [openai_tool_call("call_1", "get_weather", '{"city": "Paris"}')],
             },
             {
                 "role": "tool",
@@ -808,13 +803,7 @@ async def test_request_body_and_headers(wire_server: WireServer) -> None:
             {
                 "role": "assistant",
                 "content": "",
-                "tool_calls": [
-                    {
-                        "id": generated_id,
-                        "type": "function",
-                        "function": {"name": "book", "arguments": '{"day": "mon"}'},
-                    }
-                ],
+                "tool_calls": [openai_tool_call(generated_id, "book", '{"day": "mon"}')],
             },
             {
                 "role": "tool",

@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 
 from tests.providers import wire
+from tests.providers.native import anthropic_tool_result
+from tests.providers.native import anthropic_tool_use
+from tests.providers.native import openai_tool_call
 from tests.providers.replay import ADAPTERS
 from tests.providers.replay import FINISHED_PASS
 from tests.providers.replay import adapter
@@ -106,29 +109,15 @@ async def test_openai_chat_sends_a_batch_as_one_assistant_message_and_a_tool_mes
         {
             "role": "assistant",
             "content": "Let me check.",
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                }
-            ],
+            "tool_calls": [openai_tool_call("call_1", "get_weather", '{"city": "Paris"}')],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": SUNNY_JSON},
         {
             "role": "assistant",
             "content": "Now London, and the booking.",
             "tool_calls": [
-                {
-                    "id": london,
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "London"}'},
-                },
-                {
-                    "id": booking,
-                    "type": "function",
-                    "function": {"name": "book", "arguments": '{"day": "mon"}'},
-                },
+                openai_tool_call(london, "get_weather", '{"city": "London"}'),
+                openai_tool_call(booking, "book", '{"day": "mon"}'),
             ],
         },
         {"role": "tool", "tool_call_id": london, "content": RAINY_JSON},
@@ -190,59 +179,27 @@ async def test_anthropic_sends_a_batch_as_its_tool_uses_then_one_message_of_resu
             "role": "assistant",
             "content": [
                 {"type": "text", "text": "Let me check."},
-                {
-                    "type": "tool_use",
-                    "id": "toolu_1",
-                    "name": "get_weather",
-                    "input": {"city": "Paris"},
-                },
+                anthropic_tool_use("toolu_1", "get_weather", {"city": "Paris"}),
             ],
         },
         {
             "role": "user",
-            "content": [
-                {
-                    "type": "tool_result",
-                    "tool_use_id": "toolu_1",
-                    "content": SUNNY_JSON,
-                    "is_error": False,
-                }
-            ],
+            "content": [anthropic_tool_result("toolu_1", SUNNY_JSON, is_error=False)],
         },
         {
             "role": "assistant",
             "content": [
                 thinking,
                 {"type": "text", "text": "Now London, and the booking."},
-                {
-                    "type": "tool_use",
-                    "id": "toolu_loop_2_1",
-                    "name": "get_weather",
-                    "input": {"city": "London"},
-                },
-                {
-                    "type": "tool_use",
-                    "id": "toolu_loop_2_2",
-                    "name": "book",
-                    "input": {"day": "mon"},
-                },
+                anthropic_tool_use("toolu_loop_2_1", "get_weather", {"city": "London"}),
+                anthropic_tool_use("toolu_loop_2_2", "book", {"day": "mon"}),
             ],
         },
         {
             "role": "user",
             "content": [
-                {
-                    "type": "tool_result",
-                    "tool_use_id": "toolu_loop_2_1",
-                    "content": RAINY_JSON,
-                    "is_error": False,
-                },
-                {
-                    "type": "tool_result",
-                    "tool_use_id": "toolu_loop_2_2",
-                    "content": NO_SEATS_JSON,
-                    "is_error": True,
-                },
+                anthropic_tool_result("toolu_loop_2_1", RAINY_JSON, is_error=False),
+                anthropic_tool_result("toolu_loop_2_2", NO_SEATS_JSON, is_error=True),
             ],
         },
     ]

@@ -104,13 +104,16 @@ def task_queue() -> str:
 
 
 class WorkerProcesses:
-    """Worker processes (``python -m tests.temporal.hosts``) on one task queue; `kill`
-    sends SIGKILL by pid."""
+    """Worker processes (``python -m MODULE``, `tests.temporal.hosts` unless a test module
+    serves its own) on one task queue; `kill` sends SIGKILL by pid."""
 
-    def __init__(self, address: str, task_queue: str, directory: Path) -> None:
+    def __init__(
+        self, address: str, task_queue: str, directory: Path, module: str = "tests.temporal.hosts"
+    ) -> None:
         self.address = address
         self.task_queue = task_queue
         self.directory = directory
+        self.module = module
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> subprocess.Popen[bytes]:
@@ -119,7 +122,7 @@ class WorkerProcesses:
             [
                 sys.executable,
                 "-m",
-                "tests.temporal.hosts",
+                self.module,
                 self.address,
                 self.task_queue,
                 str(self.directory),
@@ -132,6 +135,12 @@ class WorkerProcesses:
         log.close()
         self.processes.append(process)
         return process
+
+    def __enter__(self) -> WorkerProcesses:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop_all()
 
     def kill(self, process: subprocess.Popen[bytes]) -> None:
         os.kill(process.pid, signal.SIGKILL)
@@ -150,8 +159,5 @@ class WorkerProcesses:
 
 @pytest.fixture
 def workers(temporal_address: str, task_queue: str, tmp_path: Path) -> Iterator[WorkerProcesses]:
-    processes = WorkerProcesses(temporal_address, task_queue, tmp_path)
-    try:
+    with WorkerProcesses(temporal_address, task_queue, tmp_path) as processes:
         yield processes
-    finally:
-        processes.stop_all()

@@ -41,6 +41,8 @@ temporalio = pytest.importorskip("temporalio")
 
 from temporalio.client import Client  # noqa: E402
 
+from tests.temporal.turns import POLICY  # noqa: E402
+from tests.temporal.turns import start_turn  # noqa: E402
 from toolloop_fsm.temporal import DATA_CONVERTER  # noqa: E402
 from toolloop_fsm.temporal import TurnHandle  # noqa: E402
 from toolloop_fsm.temporal import TurnWorker  # noqa: E402
@@ -49,7 +51,6 @@ from toolloop_fsm.temporal._values import CALL_CHANNEL  # noqa: E402
 from toolloop_fsm.temporal._values import ChannelCall  # noqa: E402
 
 LIMIT = 60.0
-POLICY = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8))
 REQUEST = TurnRequest([{"role": "user", "content": "What is 2 + 3?"}])
 TOOL_SCRIPT: list[list[ScriptItem]] = [
     [
@@ -109,14 +110,8 @@ async def durable_turn(
     async with TurnWorker(
         client, task_queue, providers=providers, tools=[ADD], channels={"chat": channel}
     ):
-        handle = await start_generation_turn(
-            client,
-            task_queue=task_queue,
-            attempts=chain,
-            channel="chat",
-            request=request,
-            policy=policy,
-            heartbeat_timeout=2.0,
+        handle = await start_turn(
+            client, task_queue, request, attempts=chain, policy=policy, heartbeat=2.0
         )
         async with real_time_limit(LIMIT):
             return await handle.result()
@@ -206,15 +201,7 @@ async def test_a_stop_signal_stops_the_streaming_pass_and_queues_the_stop_messag
     async with TurnWorker(
         client, task_queue, providers={"main": provider}, channels={"chat": channel}
     ):
-        handle = await start_generation_turn(
-            client,
-            task_queue=task_queue,
-            attempts=["main"],
-            channel="chat",
-            request=REQUEST,
-            policy=POLICY,
-            heartbeat_timeout=1.0,
-        )
+        handle = await start_turn(client, task_queue, REQUEST)
         async with real_time_limit(LIMIT):
             await _first_delivery(channel)
             await handle.stop("Stopped, as you asked.")
@@ -233,15 +220,7 @@ async def test_a_follow_up_signal_interrupts_the_streaming_pass(
     async with TurnWorker(
         client, task_queue, providers={"main": WaitingProvider()}, channels={"chat": channel}
     ):
-        handle = await start_generation_turn(
-            client,
-            task_queue=task_queue,
-            attempts=["main"],
-            channel="chat",
-            request=REQUEST,
-            policy=POLICY,
-            heartbeat_timeout=1.0,
-        )
+        handle = await start_turn(client, task_queue, REQUEST)
         async with real_time_limit(LIMIT):
             await _first_delivery(channel)
             await handle.follow_up()
@@ -306,14 +285,13 @@ async def test_two_hanging_notices_delay_a_durable_turn_by_one_host_call_budget_
             tools=[WEATHER_TOOL],
             channels={"chat": channel},
         ):
-            handle = await start_generation_turn(
+            handle = await start_turn(
                 client,
-                task_queue=task_queue,
+                task_queue,
+                REQUEST,
                 attempts=["primary", "backup"],
-                channel="chat",
-                request=REQUEST,
                 policy=policy,
-                heartbeat_timeout=2.0,
+                heartbeat=2.0,
             )
             async with real_time_limit(LIMIT):
                 result = await handle.result()
@@ -379,15 +357,7 @@ async def test_a_tool_outcome_that_is_not_json_is_a_failed_call_naming_why(
         tools=[clock_tool],
         channels={"chat": channel},
     ):
-        handle = await start_generation_turn(
-            client,
-            task_queue=task_queue,
-            attempts=["main"],
-            channel="chat",
-            request=REQUEST,
-            policy=POLICY,
-            heartbeat_timeout=2.0,
-        )
+        handle = await start_turn(client, task_queue, REQUEST, heartbeat=2.0)
         async with real_time_limit(LIMIT):
             result = await handle.result()
     assert result.status is TurnStatus.COMPLETED

@@ -16,7 +16,6 @@ import pytest
 from tests.temporal.conftest import WorkerProcesses
 from tests.temporal.hosts import read_records
 from tests.temporal.hosts import user_text
-from toolloop_fsm import LoopPolicy
 from toolloop_fsm import TurnPolicy
 from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnStatus
@@ -32,15 +31,13 @@ pytest.importorskip("temporalio")
 
 from temporalio.client import Client
 
+from tests.temporal.turns import HEARTBEAT
+from tests.temporal.turns import LOOK_AGAIN
+from tests.temporal.turns import POLICY
+from tests.temporal.turns import start_turn
 from toolloop_fsm.temporal import TurnHandle
-from toolloop_fsm.temporal import start_generation_turn
 
 LIMIT = 90.0
-#: How soon a lost worker is noticed in these tests.
-HEARTBEAT = 1.0
-#: How often a test looks again at a file a worker process writes.
-LOOK_AGAIN = 0.02
-POLICY = TurnPolicy(loop=LoopPolicy(delivery_flush_chars=8))
 REQUEST = TurnRequest([{"role": "user", "content": "Save a note for me."}])
 
 
@@ -67,15 +64,15 @@ async def start(
     policy: TurnPolicy = POLICY,
     heartbeat: float = HEARTBEAT,
 ) -> TurnHandle:
-    return await start_generation_turn(
+    return await start_turn(
         client,
-        task_queue=workers.task_queue,
+        workers.task_queue,
+        TurnRequest(REQUEST.context, turn_id=turn_id),
         attempts=[chain],
         channel=channel,
-        request=TurnRequest(REQUEST.context, turn_id=turn_id),
         tools=["record", "charge", "pay", "lookup"],
         policy=policy,
-        heartbeat_timeout=heartbeat,
+        heartbeat=heartbeat,
     )
 
 

@@ -89,6 +89,8 @@ class ToolDescription:
     idempotent: bool = False
     #: the tool has a reconcile hook (it runs on a worker: docs/behaviour.md §3.9)
     reconciles: bool = False
+    #: a barrier in a tool batch (docs/behaviour.md §3.10)
+    sequential: bool = False
 
 
 @frozen

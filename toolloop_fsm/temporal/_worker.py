@@ -171,6 +171,7 @@ class TurnActivities:
                     tool.replay,
                     tool.idempotent,
                     reconciles=tool.reconcile is not None,
+                    sequential=tool.sequential,
                 )
             )
         continuation = tuple(

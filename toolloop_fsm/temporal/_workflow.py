@@ -131,6 +131,11 @@ def _reconciles_on_the_worker(_arguments: Any, _ctx: Any) -> Any:
     raise RuntimeError("a durable turn's reconcile hooks run on its workers (RECONCILE_TOOL)")
 
 
+def _outcome_dropped(handle: ActivityHandle[Any]) -> None:
+    if not handle.cancelled():
+        handle.exception()
+
+
 @attrs.frozen
 class _ToolCall:
     """One call of the attempt's tool batch in flight on the workers: its ``RUN_TOOL``
@@ -160,6 +165,7 @@ def _stand_in(description: ToolDescription) -> Tool:
         replay=description.replay,
         idempotent=description.idempotent,
         reconcile=_reconciles_on_the_worker if description.reconciles else None,
+        sequential=description.sequential,
     )
 
 
@@ -615,6 +621,9 @@ class _AttemptShell:
             del self.calls[dispatch]
             if not call.handle.done():
                 call.handle.cancel()
+                # nobody awaits a dropped call: what its cancelled activity raises is taken
+                # here, not reported by asyncio as an exception never retrieved
+                call.handle.add_done_callback(_outcome_dropped)
         if effect.cut_off is not None:
             # past its deadline: the activity is cancelled (a worker that is lost meanwhile
             # is not waited for), so the deadline's failure is its outcome
