@@ -16,9 +16,9 @@ from tests.temporal.hosts import KillPlan
 from tests.temporal.hosts import read_records
 from tests.temporal.hosts import user_text
 from tests.temporal.test_worker_crashes import LIMIT
-from tests.temporal.turns import LOOK_AGAIN
 from tests.temporal.test_worker_crashes import keys_reused_for_other_text
 from tests.temporal.test_worker_crashes import start
+from tests.temporal.turns import LOOK_AGAIN
 from toolloop_fsm import LoopPolicy
 from toolloop_fsm import TurnPolicy
 from toolloop_fsm import TurnStatus
