@@ -6,21 +6,16 @@ that fuzzing through them loses nothing the rich strategies found.
   the very one `turn_scripts()` shrinks to (one builder serves both).
 * Shrinking: a deliberately broken policy is found through batches of seeds and shrunk to
   one turn of a minimal script.
-* Transition coverage: over a fixed seed, the compact path fires every transition the rich
-  strategies fire (plain and ``--drafting``).
+* Transition coverage (tests/test_fuzz_seed_coverage.py): over a fixed seed, the compact
+  path fires every transition the rich strategies fire (plain and ``--drafting``).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import attrs
-import pytest
-from hypothesis import HealthCheck
-from hypothesis import Phase
 from hypothesis import find
 from hypothesis import given
-from hypothesis import seed as seeded
 from hypothesis import settings
 from hypothesis import strategies as st
 
@@ -28,8 +23,6 @@ from tests.fuzz_policies import BROKEN
 from toolloop_fsm.events import FunctionCall
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.fuzz import fuzz
-from toolloop_fsm.policy import LoopPolicy
-from toolloop_fsm.stepping import Coverage
 from toolloop_fsm.testing import loop_policies
 from toolloop_fsm.testing import run_script
 from toolloop_fsm.testing import turn_scripts
@@ -105,54 +98,3 @@ def test_a_broken_policy_is_found_and_shrunk_to_one_minimal_turn() -> None:
     assert script.tool_plan == () and script.signals == ()
     assert script == TurnScript(passes=script.passes, tools_allowed=script.tools_allowed)
     assert repr(script) in failure.example
-
-
-# ----------------------------------------------------------------------------- coverage
-def _rich_fired(policy: LoopPolicy, turns: int, seed: int) -> set[str]:
-    """The transitions the rich strategies fire: one `turn_scripts()` turn per Hypothesis
-    example, as `toolloop-fsm fuzz` ran before compact seeds."""
-    fired: set[str] = set()
-    loop = asyncio.new_event_loop()
-    reviewed = policy.drafting or policy.review_tool_calls
-
-    @settings(
-        max_examples=turns,
-        database=None,
-        deadline=None,
-        derandomize=False,
-        phases=(Phase.generate,),
-        suppress_health_check=list(HealthCheck),
-    )
-    @seeded(seed)
-    @given(turn_scripts(drafting=reviewed))
-    def run(script: TurnScript) -> None:
-        loop.run_until_complete(run_script(script, policy)).check()
-
-    previous = Coverage.fired
-    Coverage.fired = fired
-    try:
-        run()
-    finally:
-        Coverage.fired = previous
-        loop.close()
-    return fired
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("drafting", "examples"), [(False, 3000), (True, 8000)], ids=["plain", "drafting"]
-)
-def test_the_compact_path_fires_every_transition_the_rich_path_fires(
-    drafting: bool, examples: int
-) -> None:
-    # (the plain machine's transitions are all reached by 3,000 compact turns; the drafting
-    # ones need 8,000: at 4,000 two are still missing)
-    policy = LoopPolicy()
-    rich = _rich_fired(
-        attrs.evolve(policy, drafting=True, review_tool_calls=True) if drafting else policy,
-        turns=1500,
-        seed=0,
-    )
-    compact = fuzz(policy, examples=examples, seed=5, drafting=drafting)
-    assert compact.failure is None
-    assert rich - compact.fired == set()
