@@ -419,3 +419,35 @@ def test_the_checker_catches_a_ledger_that_holds_no_number() -> None:
     (entry,) = run.result.usage.entries
     broken = attrs.evolve(run.result.usage, entries=(attrs.evolve(entry, input_tokens=math.nan),))  # type: ignore[arg-type]
     _expect(8, run, result=attrs.evolve(run.result, usage=broken))
+
+
+def test_a_call_reused_after_a_batch_whose_first_identical_call_restarted_keeps_invariant_4() -> (
+    None
+):
+    # found by `toolloop-fsm fuzz --examples 20000 --seed 0`: two identical calls in one
+    # batch, the first restarting the context (no entry), the second failing (its entry);
+    # after the restart the identical call is the first occurrence again, which succeeded
+    # (the restart), so it is reused — invariant 4 once paired the failure's entry with it
+    weather = FunctionCall("get_weather", {})
+    restart = ContextRestart({"role": "system", "content": "enriched: memory"}, ("memory",))
+    script = TurnScript(
+        passes=(
+            (TextDelta("Hi"), weather, weather),
+            (TextDelta("Hi"), weather),
+            (TextDelta("Hi"),),
+        ),
+        tool_plan=(
+            (
+                "get_weather",
+                (
+                    ToolBehaviour(action=ToolAction.SUCCEED, context_restart=restart),
+                    ToolBehaviour(action=ToolAction.FAIL),
+                ),
+            ),
+        ),
+    )
+    run = run_turn(script, LoopPolicy())
+    run.check()
+    assert run.result.status is TurnStatus.COMPLETED
+    # pass 2's call was reused, not run: two runs in all
+    assert len(run.executions) == 2

@@ -726,6 +726,17 @@ def _check_no_replay(
                     f"{first + len(taking)} that never succeeded",
                 )
             taken = [e.response.success for e in taking]
+            if incomplete and extra > 0:
+                # a restarting call has no entry, yet took its occurrence in emitted order:
+                # the occurrences that ran took the runs' outcomes in dispatch order (the
+                # calls of a batch start in emitted order), whichever of them has an entry
+                by_dispatch = sorted(runs, key=lambda run: run.dispatch)
+                ran_outcomes = iter([run.outcome == "succeeded" for run in by_dispatch])
+                taken = [
+                    True if r else next(ran_outcomes, t) for t, r in zip(taken, reused, strict=True)
+                ]
+            else:
+                ran_outcomes = iter(run.outcome == "succeeded" for run in runs[expected:])
             for j in range(max(0, extra)):  # runs the history does not answer
                 occurrence = first + len(taking) + j
                 if _reusable(outcomes, occurrence, rerun):
@@ -735,7 +746,7 @@ def _check_no_replay(
                         "already succeeded and had to be reused",
                     )
                 reused.append(False)
-                taken.append(runs[expected + j].outcome == "succeeded")
+                taken.append(next(ran_outcomes, False))
             seen[(scope, identity)] = first + len(taken)
             for k, (success, was_reused) in enumerate(zip(taken, reused, strict=True)):
                 if was_reused:
