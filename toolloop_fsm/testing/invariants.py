@@ -784,14 +784,19 @@ def _reusable(outcomes: Sequence[bool], occurrence: int, rerun: bool) -> bool:
 
 def _restarted_passes(result: GenerationTurnResult) -> frozenset[int]:
     """The passes whose batch restarted the context (its restarting calls have no entry)."""
+    return frozenset(_passes_before(result, "restarting_context"))
+
+
+def _passes_before(result: GenerationTurnResult, state: str) -> list[int]:
+    """The number of the pass each entry into ``state`` followed, in order."""
     iteration = 0
-    restarted: set[int] = set()
+    passes: list[int] = []
     for step in _loop_trace(result):
         if step.state == "starting_pass" and step.next_state == "awaiting_first_token":
             iteration += 1
-        elif step.next_state == "restarting_context":
-            restarted.add(iteration)
-    return frozenset(restarted)
+        elif step.next_state == state:
+            passes.append(iteration)
+    return passes
 
 
 def _loop_trace(result: GenerationTurnResult) -> tuple[TraceStep, ...]:
@@ -1034,14 +1039,7 @@ def _revised_passes(result: GenerationTurnResult) -> tuple[int, ...]:
     """The pass after whose review each revision was made: a revision takes the pre-tool
     text of every pass up to it out of the history (the model's own words before its draft
     was sent back)."""
-    iteration = 0
-    revised: list[int] = []
-    for step in _loop_trace(result):
-        if step.state == "starting_pass" and step.next_state == "awaiting_first_token":
-            iteration += 1
-        elif step.next_state == "revising":
-            revised.append(iteration)
-    return tuple(revised)
+    return tuple(_passes_before(result, "revising"))
 
 
 def _without_erased_text(
