@@ -52,7 +52,7 @@ from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import TurnStatus
-from toolloop_fsm.states.delivery import armed_token
+from toolloop_fsm.states.delivery import armed_tokens
 
 _POLICY = LoopPolicy(delivery_flush_chars=1)
 _REQUEST = TurnRequest([{"role": "user", "content": "what's the weather in Paris?"}])
@@ -95,8 +95,7 @@ def _completed() -> ToolLoopMachine:
 
 def _timed_out() -> ToolLoopMachine:
     machine = _started()
-    token = armed_token(machine.turn, DeadlineKind.STREAM)
-    assert token is not None
+    (token,) = armed_tokens(machine.turn, DeadlineKind.STREAM)
     return _fed(machine, DeadlineExpired(DeadlineKind.STREAM, token))
 
 
@@ -137,9 +136,7 @@ def _current(machine: ToolLoopMachine) -> dict[str, int]:
     turn = machine.turn
     return {
         "dispatch": turn.dispatches,
-        "token": next(
-            (token for kind in DeadlineKind if (token := armed_token(turn, kind)) is not None), 1
-        ),
+        "token": next((token for kind in DeadlineKind for token in armed_tokens(turn, kind)), 1),
         "seq": next(iter(turn.deliveries.in_flight), 1),
     }
 
@@ -279,7 +276,7 @@ def test_a_chunk_without_text_is_refused_while_streaming_and_the_stream_goes_on(
 
 def test_a_deadline_of_an_unknown_kind_is_refused_naming_the_field() -> None:
     machine = PARKED["awaiting_first_token"]()
-    token = armed_token(machine.turn, DeadlineKind.STREAM)
+    (token,) = armed_tokens(machine.turn, DeadlineKind.STREAM)
     with pytest.raises(InvalidEvent, match="kind must be a DeadlineKind, got str"):
         machine.feed(DeadlineExpired("stream", token))  # type: ignore[arg-type]
     assert machine.state == "awaiting_first_token"

@@ -121,7 +121,7 @@ from toolloop_fsm.states.build_result import ignore_follow_up_while_settling
 from toolloop_fsm.states.build_result import kill_while_settling
 from toolloop_fsm.states.build_result import settle_delivery
 from toolloop_fsm.states.context_restart import apply_context_restart
-from toolloop_fsm.states.delivery import armed_token
+from toolloop_fsm.states.delivery import armed_tokens
 from toolloop_fsm.states.delivery import record_delivery
 from toolloop_fsm.states.drafting import begin_revision
 from toolloop_fsm.states.drafting import close_cut_pass
@@ -173,7 +173,6 @@ from toolloop_fsm.states.tool_dispatch import take_tool_outcome
 from toolloop_fsm.states.tool_dispatch import time_out_tool
 from toolloop_fsm.turn import DraftState
 from toolloop_fsm.turn import TurnState
-from toolloop_fsm.turn import call_with_deadline
 
 # --------------------------------------------------------------------------- states
 #: the terminal states, one per turn status but ``skipped`` (only the outer tier skips)
@@ -635,18 +634,13 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
             raise InvalidEvent(self.name, turn.state, event, problem)
         if isinstance(event, DeadlineExpired):
             trigger, armed = expired_deadline(event, turn.state)
-            if armed is DeadlineKind.TOOL:
-                # each running call of the batch has its own deadline
-                call = call_with_deadline(turn, event.token)
-                token = event.token if call is not None else None
-            else:
-                token = armed_token(turn, armed)
-            if token != event.token:
+            tokens = armed_tokens(turn, armed)
+            if event.token not in tokens:
                 raise InvalidEvent(
                     self.name,
                     turn.state,
                     event,
-                    f"deadline token {event.token} is not armed (armed: {token})",
+                    f"deadline token {event.token} is not armed (armed: {list(tokens)})",
                 )
             return self._fire(trigger, event, now)
         try:

@@ -144,13 +144,6 @@ def _keeper(turn: TurnState, kind: DeadlineKind) -> PassRecord | None:
     return None
 
 
-def _first_call_token(turn: TurnState) -> int | None:
-    for call in turn.tool_round.calls:
-        if call.deadline is not None:
-            return call.deadline
-    return None
-
-
 def arm_call_deadline(turn: TurnState, call: BatchCall, seconds: float) -> None:
     """Arm the ``TOOL`` deadline of one running call of the batch: its token is the call's."""
     turn.next_token += 1
@@ -190,13 +183,15 @@ def clear_deadline(turn: TurnState, kind: DeadlineKind) -> None:
         turn.effects.append(ClearDeadline(kind, token))
 
 
-def armed_token(turn: TurnState, kind: DeadlineKind) -> int | None:
-    """The token of the armed deadline of ``kind`` (see `_keeper` for where it is kept; of
-    the tool deadlines, the first running call's)."""
+def armed_tokens(turn: TurnState, kind: DeadlineKind) -> tuple[int, ...]:
+    """The tokens of the armed deadlines of ``kind``: at most one for every kind (see
+    `_keeper` for where it is kept) but ``TOOL``, of which each running call of the batch
+    has its own."""
     if kind is DeadlineKind.TOOL:
-        return _first_call_token(turn)
+        return tuple(c.deadline for c in turn.tool_round.calls if c.deadline is not None)
     keeper = _keeper(turn, kind)
-    return keeper.deadline if keeper is not None else turn.armed.get(kind)
+    token = keeper.deadline if keeper is not None else turn.armed.get(kind)
+    return () if token is None else (token,)
 
 
 def disarm_deadline(turn: TurnState, kind: DeadlineKind) -> int | None:
