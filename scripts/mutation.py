@@ -232,25 +232,6 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         _REFUSED_CALL_KEY,
     ),
     Equivalent(
-        "toolloop_fsm/generation.py",
-        "",
-        "swap_transitions",
-        '_t("advance", "finishing", "error", when=outcome_is_error),',
-        '_t("advance", "finishing", "empty_response", when=outcome_is_empty_response),',
-        "the two guards test one status for two different values: at most one holds, so "
-        "their order cannot matter",
-    ),
-    Equivalent(
-        "toolloop_fsm/machine.py",
-        "",
-        "swap_transitions",
-        '_t("advance", "building_result", "follow_up_interrupt", '
-        "when=outcome_is_follow_up_interrupt),",
-        '_t("advance", "building_result", "timeout", when=outcome_is_timeout),',
-        "the two guards test one status for two different values: at most one holds, so "
-        "their order cannot matter",
-    ),
-    Equivalent(
         "toolloop_fsm/pump/inner.py",
         "EventPump.__init__",
         "true_false",
@@ -324,7 +305,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     ),
     Equivalent(
         "toolloop_fsm/pump/outer.py",
-        "GenerationPump._run_attempt",
+        "GenerationPump.start_attempt",
         "reason_literal",
         'if inner.state != "ready":',
         "if inner.state != 'ready_x':",
@@ -342,17 +323,8 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "undelivered text, a resumed drafting turn)",
     ),
     Equivalent(
-        "toolloop_fsm/generation.py",
-        "",
-        "swap_transitions",
-        '_t("advance", "finishing", "follow_up_interrupt", when=outcome_is_follow_up_interrupt),',
-        '_t("advance", "finishing", "timeout", when=outcome_is_timeout),',
-        "the two guards test one status for two different values: at most one holds, so "
-        "their order cannot matter",
-    ),
-    Equivalent(
         "toolloop_fsm/pump/outer.py",
-        "GenerationPump._run_attempt",
+        "GenerationPump.start_attempt",
         "drop_call",
         "unreachable.cancel()",
         "pass",

@@ -51,12 +51,7 @@ from toolloop_fsm.guards.attempts import attempt_status
 from toolloop_fsm.guards.attempts import destination_unreachable
 from toolloop_fsm.guards.attempts import no_attempt_available
 from toolloop_fsm.guards.attempts import shared_route_may_be_admitted
-from toolloop_fsm.guards.outcome import outcome_is_completed
-from toolloop_fsm.guards.outcome import outcome_is_empty_response
-from toolloop_fsm.guards.outcome import outcome_is_error
-from toolloop_fsm.guards.outcome import outcome_is_follow_up_interrupt
-from toolloop_fsm.guards.outcome import outcome_is_stopped_by_user
-from toolloop_fsm.guards.outcome import outcome_is_timeout
+from toolloop_fsm.guards.outcome import to_decided_terminal
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.ledger import LedgerEntry
 from toolloop_fsm.policy import TurnPolicy
@@ -149,14 +144,10 @@ TRANSITIONS: list[_t] = [
        ends=("stopped_by_user", "stopped_while_admitting")),
     # ---- finishing: the closing notices are posted on entry, then the terminal state the
     # decided ending names
-    _t("advance", "finishing", "completed", when=outcome_is_completed),
-    _t("advance", "finishing", "stopped_by_user", when=outcome_is_stopped_by_user),
-    _t("advance", "finishing", "follow_up_interrupt", when=outcome_is_follow_up_interrupt),
-    _t("advance", "finishing", "timeout", when=outcome_is_timeout),
-    _t("advance", "finishing", "error", when=outcome_is_error),
-    _t("advance", "finishing", "empty_response", when=outcome_is_empty_response),
-    # the last outcome is unconditional: a decision point must always be left
-    _t("advance", "finishing", "skipped"),
+    *to_decided_terminal("finishing", (
+        "completed", "stopped_by_user", "follow_up_interrupt", "timeout", "error",
+        "empty_response", "skipped",
+    )),
 ]
 # fmt: on
 

@@ -75,12 +75,8 @@ from toolloop_fsm.guards.exit_policy import pass_has_text
 from toolloop_fsm.guards.exit_policy import should_end_after_pre_tool_text
 from toolloop_fsm.guards.exit_policy import tool_asked_to_end_turn
 from toolloop_fsm.guards.exit_policy import tool_requested_context_restart
-from toolloop_fsm.guards.outcome import outcome_is_completed
-from toolloop_fsm.guards.outcome import outcome_is_error
-from toolloop_fsm.guards.outcome import outcome_is_follow_up_interrupt
 from toolloop_fsm.guards.outcome import outcome_is_stalled_stream
-from toolloop_fsm.guards.outcome import outcome_is_stopped_by_user
-from toolloop_fsm.guards.outcome import outcome_is_timeout
+from toolloop_fsm.guards.outcome import to_decided_terminal
 from toolloop_fsm.guards.tool_gate import batch_finishes
 from toolloop_fsm.guards.tool_gate import batch_has_nameless_call
 from toolloop_fsm.guards.tool_gate import call_already_recorded
@@ -386,13 +382,10 @@ TRANSITIONS: list[_t] = [
     # ---- the settle step: wait (bounded) for deliveries in flight (docs/behaviour.md §6.1),
     # then the terminal state the decided ending names
     _t("advance", "building_result", "settling", when=must_settle_deliveries, do=begin_settling),
-    _t("advance", "building_result", "completed", when=outcome_is_completed),
-    _t("advance", "building_result", "stopped_by_user", when=outcome_is_stopped_by_user),
-    _t("advance", "building_result", "follow_up_interrupt", when=outcome_is_follow_up_interrupt),
-    _t("advance", "building_result", "timeout", when=outcome_is_timeout),
-    _t("advance", "building_result", "error", when=outcome_is_error),
-    # the last outcome is unconditional: a decision point must always be left
-    _t("advance", "building_result", "empty_response"),
+    *to_decided_terminal("building_result", (
+        "completed", "stopped_by_user", "follow_up_interrupt", "timeout", "error",
+        "empty_response",
+    )),
     _t("delivery_recorded", "settling", "building_result",
        when=all_deliveries_recorded, do=settle_delivery),
     _t("delivery_recorded", "settling", None, do=settle_delivery),

@@ -30,9 +30,8 @@ from typing import ClassVar
 
 import attrs
 
-from toolloop_fsm.effect_handlers import INNER_EFFECTS
+from toolloop_fsm.effect_handlers import InnerEffectShell
 from toolloop_fsm.effect_handlers import ShellEffectHandlers
-from toolloop_fsm.effect_handlers import handled_by
 from toolloop_fsm.effects import ArmDeadline
 from toolloop_fsm.effects import CancelReview
 from toolloop_fsm.effects import CancelStream
@@ -139,7 +138,7 @@ class AttemptEnding:
     provider_failure: StreamFailed | None
 
 
-class EventPump:
+class EventPump(InnerEffectShell[bool | None]):
     """Runs one `ToolLoopMachine` against a provider, tools and a channel."""
 
     #: How it carries out each effect class of the tool loop, one handler each (a handler
@@ -597,13 +596,13 @@ class EventPump:
             if handlers[type(effect)](self, effect) is False:
                 return  # the host's snapshot hook failed: the turn ends with its exception
 
-    def _arm_deadline(self, effect: ArmDeadline) -> None:
+    def arm_deadline(self, effect: ArmDeadline) -> None:
         self._deadlines.arm(effect, self)
         if effect.kind is DeadlineKind.TOOL:
             # a call's own deadline: which dispatch it bounds, for the record when it expires
             self._tool_calls().deadline_armed(effect.token)
 
-    def _clear_deadline(self, effect: ClearDeadline) -> None:
+    def clear_deadline(self, effect: ClearDeadline) -> None:
         self._deadlines.clear(effect.token)
 
     def _cancel_timers(self) -> None:
@@ -615,19 +614,21 @@ class EventPump:
             self._review_grace.cancel()
         self._review_grace = None
 
-    def _cut_stream(self, effect: CutStream) -> None:
+    def cut_stream(self, effect: CutStream) -> None:
         # the pass reached the held-prose ceiling: the read stops here (its stream is closed
         # as the read unwinds, aborting the request), and the pass ends
-        self._cancel_stream()
+        self.cancel_stream()
         self._calls.report_later(StreamEnded())
 
-    def _deliver(self, effect: Deliver) -> None:
+    def deliver(self, effect: Deliver) -> None:
         self._calls.deliver(effect, self)
 
     def _queue_host_call(self, effect: PostNotice | QueueStopResponse) -> None:
         self._calls.queue(effect, self)
 
-    def _offer_snapshot(self, effect: OfferSnapshot) -> bool:
+    post_notice = queue_stop_response = _queue_host_call
+
+    def offer_snapshot(self, effect: OfferSnapshot) -> bool:
         """Hand the host a snapshot, synchronously, before the pass it precedes starts. Like
         ``on_step``, the hook is the host's own code: an exception from it ends the run (it
         is raised from the run, after the turn's children are cancelled), and the last
@@ -642,7 +643,7 @@ class EventPump:
             return False
         return True
 
-    def _finish(self, effect: Finish) -> None:
+    def finish(self, effect: Finish) -> None:
         if self._finished:
             return
         self._stream_generation += 1
@@ -700,14 +701,14 @@ class EventPump:
             self._interrupted = True
             main.cancel()
 
-    def _start_stream(self, effect: StartStream) -> None:
+    def start_stream(self, effect: StartStream) -> None:
         self._stream_generation += 1
         self._iteration = effect.iteration
         self._deadlines.last_activity = self.clock.now()
         self._pending_stream = (effect.request, self._stream_generation)
         self._wake_up()
 
-    def _cancel_stream(self, effect: CancelStream | None = None) -> None:
+    def cancel_stream(self, effect: CancelStream | None = None) -> None:
         self._stream_generation += 1
         self._pending_stream = None
         self._interrupt_read()
@@ -821,12 +822,12 @@ class EventPump:
             self.fail(err)
 
     # ------------------------------------------------------------------ the reviewer
-    def _ask_reviewer(self, effect: RequestReview) -> None:
+    def request_review(self, effect: RequestReview) -> None:
         self._review_seq = effect.review
         name = f"reviewer (review {effect.review})"
         self._review_task = self.spawn(self._review(effect), name)
 
-    def _cancel_review(self, effect: CancelReview | None = None) -> None:
+    def cancel_review(self, effect: CancelReview | None = None) -> None:
         self._review_seq = -1
         task = self._review_task
         if task is not None and not task.done():
@@ -875,10 +876,10 @@ class EventPump:
         return any(secrets.holds_any(text) for text in texts)
 
     # ------------------------------------------------------------------ tools
-    def _run_tool(self, effect: RunTool) -> None:
+    def run_tool(self, effect: RunTool) -> None:
         self._tool_calls().run(effect, self._iteration, self)
 
-    def _cancel_tool(self, effect: CancelTool) -> None:
+    def cancel_tool(self, effect: CancelTool) -> None:
         self._tool_calls().cancel(effect, self._iteration, self)
 
     def _tool_calls(self) -> ToolCalls:
@@ -899,26 +900,7 @@ class EventPump:
         return tools
 
 
-EventPump.effect_handlers = ShellEffectHandlers(
-    "EventPump",
-    INNER_EFFECTS,
-    [
-        handled_by(Deliver, EventPump._deliver),
-        handled_by(ArmDeadline, EventPump._arm_deadline),
-        handled_by(ClearDeadline, EventPump._clear_deadline),
-        handled_by(StartStream, EventPump._start_stream),
-        handled_by(CancelStream, EventPump._cancel_stream),
-        handled_by(CutStream, EventPump._cut_stream),
-        handled_by(RequestReview, EventPump._ask_reviewer),
-        handled_by(CancelReview, EventPump._cancel_review),
-        handled_by(RunTool, EventPump._run_tool),
-        handled_by(CancelTool, EventPump._cancel_tool),
-        handled_by(PostNotice, EventPump._queue_host_call),
-        handled_by(QueueStopResponse, EventPump._queue_host_call),
-        handled_by(Finish, EventPump._finish),
-        handled_by(OfferSnapshot, EventPump._offer_snapshot),
-    ],
-)
+EventPump.effect_handlers = ShellEffectHandlers(EventPump)
 
 
 async def _tapped(stream: AsyncIterator[Any], observation: Observation) -> AsyncIterator[Any]:

@@ -21,9 +21,8 @@ from toolloop_fsm.attempts import AdmissionRequest
 from toolloop_fsm.attempts import Attempt
 from toolloop_fsm.attempts import KeyBook
 from toolloop_fsm.attempts import SharedRoute
-from toolloop_fsm.effect_handlers import OUTER_EFFECTS
+from toolloop_fsm.effect_handlers import OuterEffectShell
 from toolloop_fsm.effect_handlers import ShellEffectHandlers
-from toolloop_fsm.effect_handlers import handled_by
 from toolloop_fsm.effects import AskAdmission
 from toolloop_fsm.effects import Effect
 from toolloop_fsm.effects import Finish
@@ -81,7 +80,7 @@ from toolloop_fsm.snapshot_capture import capture_chain
 from toolloop_fsm.turn import DraftState
 
 
-class GenerationPump:
+class GenerationPump(OuterEffectShell[Awaitable[list[Effect]]]):
     """Runs a `GenerationTurnMachine`: each `StartAttempt` becomes an inner `EventPump` run on
     the attempt's provider; admission, notices and key health go to the host."""
 
@@ -168,7 +167,7 @@ class GenerationPump:
         """Feed the machine one event, at the clock's time (stamped on its trace steps)."""
         return self.machine.feed(event, now=self.clock.now())
 
-    async def _finish(self, effect: Finish) -> list[Effect]:
+    async def finish(self, effect: Finish) -> list[Effect]:
         if self._stop_honoured or effect.result.status is TurnStatus.STOPPED_BY_USER:
             self.signals.consume_stop()  # the turn that honours a stop consumes it
         result = with_attempts_outcomes(
@@ -177,7 +176,7 @@ class GenerationPump:
         self._result = self._redacted(result)
         return []
 
-    async def _post_notice(self, effect: PostNotice) -> list[Effect]:
+    async def post_notice(self, effect: PostNotice) -> list[Effect]:
         """A notice the host cannot show ends nothing."""
         policy = self.machine.policy.loop
         outcome = await post_notice(
@@ -192,7 +191,7 @@ class GenerationPump:
             self.records.host_call_failed(SEND_NOTICE, f"{type(outcome).__name__}: {outcome}")
         return []
 
-    async def _supersede_attempt(self, effect: SupersedeAttempt) -> list[Effect]:
+    async def supersede_attempt(self, effect: SupersedeAttempt) -> list[Effect]:
         mark = getattr(self.channel, "attempt_superseded", None)
         if mark is not None:
             await self._call_host(
@@ -201,11 +200,11 @@ class GenerationPump:
             )
         return []
 
-    async def _update_key_health(self, effect: UpdateKeyHealth) -> list[Effect]:
+    async def update_key_health(self, effect: UpdateKeyHealth) -> list[Effect]:
         self.key_book[(effect.label, effect.key_index)] = effect.health
         return []
 
-    async def _queue_stop_response(self, effect: QueueStopResponse) -> list[Effect]:
+    async def queue_stop_response(self, effect: QueueStopResponse) -> list[Effect]:
         await self._call_host(self.channel.queue_front(effect.stop_message), "channel.queue_front")
         return []
 
@@ -240,7 +239,7 @@ class GenerationPump:
         chain = [*self.attempts, *self.shared]
         return chain[model]
 
-    async def _run_attempt(self, effect: StartAttempt) -> list[Effect]:
+    async def start_attempt(self, effect: StartAttempt) -> list[Effect]:
         if self.signals.unreachable:  # reported between attempts: do not start another
             return self._feed(UnreachableReported())
         resume_loop = None
@@ -404,7 +403,7 @@ class GenerationPump:
             draft=draft.carried(draft.history) if draft is not None else None,
         )
 
-    async def _ask_admission(self, effect: AskAdmission) -> list[Effect]:
+    async def ask_admission(self, effect: AskAdmission) -> list[Effect]:
         """Ask the host's admission policy, while still listening for a stop or an
         unreachable destination (either ends the wait)."""
         route = self.shared_route
@@ -471,19 +470,7 @@ class GenerationPump:
 # how it carries out each effect class of the chain: each handler returns the effects of the
 # events it fed the machine (a table for the class: bound methods held by each pump would
 # make every finished turn a cycle for the collector)
-GenerationPump.effect_handlers = ShellEffectHandlers(
-    "GenerationPump",
-    OUTER_EFFECTS,
-    [
-        handled_by(StartAttempt, GenerationPump._run_attempt),
-        handled_by(AskAdmission, GenerationPump._ask_admission),
-        handled_by(PostNotice, GenerationPump._post_notice),
-        handled_by(SupersedeAttempt, GenerationPump._supersede_attempt),
-        handled_by(UpdateKeyHealth, GenerationPump._update_key_health),
-        handled_by(QueueStopResponse, GenerationPump._queue_stop_response),
-        handled_by(Finish, GenerationPump._finish),
-    ],
-)
+GenerationPump.effect_handlers = ShellEffectHandlers(GenerationPump)
 
 
 async def _admit(route: SharedRoute, request: AdmissionRequest, records: TurnRecords) -> bool:

@@ -32,24 +32,19 @@ from temporalio.workflow import ActivityHandle
 with workflow.unsafe.imports_passed_through():
     import attrs
 
-    from toolloop_fsm.effect_handlers import INNER_EFFECTS
-    from toolloop_fsm.effect_handlers import OUTER_EFFECTS
     from toolloop_fsm.effect_handlers import EffectHandlers
-    from toolloop_fsm.effect_handlers import handled
+    from toolloop_fsm.effect_handlers import InnerEffectShell
+    from toolloop_fsm.effect_handlers import OuterEffectShell
     from toolloop_fsm.effects import ArmDeadline
     from toolloop_fsm.effects import AskAdmission
-    from toolloop_fsm.effects import CancelReview
     from toolloop_fsm.effects import CancelStream
     from toolloop_fsm.effects import CancelTool
     from toolloop_fsm.effects import ClearDeadline
-    from toolloop_fsm.effects import CutStream
     from toolloop_fsm.effects import Deliver
     from toolloop_fsm.effects import Effect
     from toolloop_fsm.effects import Finish
-    from toolloop_fsm.effects import OfferSnapshot
     from toolloop_fsm.effects import PostNotice
     from toolloop_fsm.effects import QueueStopResponse
-    from toolloop_fsm.effects import RequestReview
     from toolloop_fsm.effects import RunTool
     from toolloop_fsm.effects import StartAttempt
     from toolloop_fsm.effects import StartStream
@@ -110,13 +105,6 @@ with workflow.unsafe.imports_passed_through():
 PASS_TRIES = 50
 #: How long one call into the channel may wait for a worker to take it, at most.
 _CHANNEL_CALL_TRIES = 5
-
-
-async def _cannot_carry_out(effect: Effect) -> None:
-    """An effect of the tool loop a durable attempt never receives: a review and the cut of a
-    drafted pass (drafting and the tool checkpoint are refused as a durable turn is started),
-    a snapshot offer (its machine takes none: the workflow's history is its snapshot)."""
-    raise TypeError(f"the durable turn cannot carry out {type(effect).__name__}")
 
 
 def _seconds(value: float) -> timedelta:
@@ -223,7 +211,7 @@ class GenerationTurnWorkflow:
         return await _TurnShell(self, turn, catalogue).run()
 
 
-class _TurnShell:
+class _TurnShell(OuterEffectShell[Awaitable[list[Effect]]]):
     """The outer tier: runs `GenerationTurnMachine` over the chain, each attempt by an
     `_AttemptShell`."""
 
@@ -244,19 +232,7 @@ class _TurnShell:
         self.result: GenerationTurnResult | None = None  # the turn's, once it finished
         # how it carries out each effect class of the chain (as Temporal primitives): each
         # handler returns the effects of the events it fed the machine
-        self.effect_handlers = EffectHandlers[Awaitable[list[Effect]]](
-            "the durable turn",
-            OUTER_EFFECTS,
-            [
-                handled(StartAttempt, self.run_attempt),
-                handled(AskAdmission, self.refuse_admission),
-                handled(PostNotice, self.post_attempts_notice),
-                handled(QueueStopResponse, self.queue_stop_message),
-                handled(SupersedeAttempt, self.mark_superseded),
-                handled(UpdateKeyHealth, self.update_key_health),
-                handled(Finish, self.finish),
-            ],
-        )
+        self.effect_handlers = EffectHandlers("the durable turn", self)
 
     async def run(self) -> GenerationTurnResult:
         self.follow_ups_seen = self.flow.follow_ups
@@ -276,7 +252,7 @@ class _TurnShell:
         )
         return []
 
-    async def run_attempt(self, effect: StartAttempt) -> list[Effect]:
+    async def start_attempt(self, effect: StartAttempt) -> list[Effect]:
         flow = self.flow
         shell = _AttemptShell(self, effect)
         result = await shell.run()
@@ -288,25 +264,25 @@ class _TurnShell:
         finished = AttemptFinished(effect.attempt, result, ledger, workflow.time(), signals_pending)
         return self.machine.feed(finished, now=workflow.time())
 
-    async def refuse_admission(self, effect: AskAdmission) -> list[Effect]:
+    async def ask_admission(self, effect: AskAdmission) -> list[Effect]:
         # a durable turn has no shared route: nobody is admitted
         decided = AdmissionDecided(False, workflow.time())
         return self.machine.feed(decided, now=workflow.time())
 
-    async def post_attempts_notice(self, effect: PostNotice) -> list[Effect]:
+    async def post_notice(self, effect: PostNotice) -> list[Effect]:
         """A notice the host cannot show ends nothing."""
-        answer = await self.post_notice(effect.notice)
+        answer = await self.send_notice(effect.notice)
         if answer is not None and answer.given_up:
             self.abandoned.append(SEND_NOTICE)
         return []
 
-    async def queue_stop_message(self, effect: QueueStopResponse) -> list[Effect]:
+    async def queue_stop_response(self, effect: QueueStopResponse) -> list[Effect]:
         await self.call_channel(
             ChannelCall(self.turn.channel, "queue_front", text=effect.stop_message)
         )
         return []
 
-    async def mark_superseded(self, effect: SupersedeAttempt) -> list[Effect]:
+    async def supersede_attempt(self, effect: SupersedeAttempt) -> list[Effect]:
         await self.call_channel(
             ChannelCall(
                 self.turn.channel,
@@ -322,7 +298,7 @@ class _TurnShell:
         self.key_book[(effect.label, effect.key_index)] = effect.health
         return []
 
-    async def post_notice(self, notice: Notice) -> ChannelAnswer | None:
+    async def send_notice(self, notice: Notice) -> ChannelAnswer | None:
         """Post ``notice`` within what is left of the turn's notice budget, both tiers' (as
         in process: docs/behaviour.md §7.3, rule 2), timed by the workflow's clock.
         ``None``: the budget is spent and it is not sent (it stays in the result's notices);
@@ -372,7 +348,7 @@ class _TurnShell:
             )
 
 
-class _AttemptShell:
+class _AttemptShell(InnerEffectShell[Awaitable[None]]):
     """One attempt: runs a `ToolLoopMachine`, its passes and tools as activities."""
 
     def __init__(self, outer: _TurnShell, effect: StartAttempt) -> None:
@@ -412,26 +388,7 @@ class _AttemptShell:
         self.pass_tries = 0
         # how it carries out each effect class of the tool loop (as Temporal primitives); a
         # durable attempt does not draft, cut a stream or take snapshots, and says so
-        self.effect_handlers = EffectHandlers[Awaitable[None]](
-            "the durable attempt",
-            INNER_EFFECTS,
-            [
-                handled(Deliver, self.deliver),
-                handled(ArmDeadline, self.arm_deadline),
-                handled(ClearDeadline, self.clear_deadline),
-                handled(StartStream, self.start_pass),
-                handled(CancelStream, self.cancel_stream),
-                handled(CancelTool, self.cancel_tool),
-                handled(RunTool, self.start_tool),
-                handled(PostNotice, self.post_notice),
-                handled(QueueStopResponse, self.queue_stop_message),
-                handled(Finish, self.finish),
-                handled(RequestReview, _cannot_carry_out),
-                handled(CancelReview, _cannot_carry_out),
-                handled(CutStream, _cannot_carry_out),
-                handled(OfferSnapshot, _cannot_carry_out),
-            ],
-        )
+        self.effect_handlers = EffectHandlers("the durable attempt", self)
 
     # ------------------------------------------------------------------ running
     async def run(self) -> GenerationTurnResult:
@@ -661,7 +618,7 @@ class _AttemptShell:
     async def post_notice(self, effect: PostNotice) -> None:
         """A notice, within the turn's notice budget: one given up on is named and ends
         nothing; one that raised while the attempt runs is its ``host_error``."""
-        answer = await self.outer.post_notice(effect.notice)
+        answer = await self.outer.send_notice(effect.notice)
         if answer is None:
             return
         if answer.given_up:
@@ -669,14 +626,23 @@ class _AttemptShell:
         elif answer.error is not None and not self.machine.is_finished:
             self.outcomes.append(DeliveryFailed(None, answer.error))
 
-    async def queue_stop_message(self, effect: QueueStopResponse) -> None:
+    async def queue_stop_response(self, effect: QueueStopResponse) -> None:
         """The stop message: failing, or not returning, while the attempt runs ends it."""
         call = ChannelCall(self.turn.channel, "queue_front", text=effect.stop_message)
         answer = await self.outer.call_channel(call)
         if answer.error is not None and not self.machine.is_finished:
             self.outcomes.append(DeliveryFailed(None, answer.error, answer.timed_out))
 
-    async def start_pass(self, effect: StartStream) -> None:
+    async def _cannot_carry_out(self, effect: Effect) -> None:
+        """An effect of the tool loop a durable attempt never receives: a review and the cut
+        of a drafted pass (drafting and the tool checkpoint are refused as a durable turn is
+        started), a snapshot offer (its machine takes none: the workflow's history is its
+        snapshot)."""
+        raise TypeError(f"the durable turn cannot carry out {type(effect).__name__}")
+
+    request_review = cancel_review = cut_stream = offer_snapshot = _cannot_carry_out
+
+    async def start_stream(self, effect: StartStream) -> None:
         policy = self.policy
         beat = self.turn.heartbeat_timeout
         turn = self.machine.turn
@@ -752,7 +718,7 @@ class _AttemptShell:
                 self.records[delivery.seq] = delivery
             self.events.append(TextDelta(delivery.text))
 
-    async def start_tool(self, effect: RunTool) -> None:
+    async def run_tool(self, effect: RunTool) -> None:
         """One call of the batch: its own activity, started now and run alongside the
         calls already running, with its own backstop and its own rule for a lost worker."""
         policy = self.policy

@@ -3,9 +3,9 @@ next, read from the effects the machine has emitted alone.
 
 A machine driven without the pump needs someone to play the provider, the tools, the
 channel, the reviewer, the clock and the host: `World` is that someone. It carries out every
-effect of the inner tier as one `EffectHandlers` table over `INNER_EFFECTS` (a new effect
-class cannot be added to the machine without the world saying what it enables), and from
-what those effects opened it knows what may happen now:
+effect of the inner tier by the method `InnerEffectShell` names for its class (a new effect
+class cannot be added to the machine without the world saying what it enables), and from what
+those effects opened it knows what may happen now:
 
 - `StartStream` opens a stream: chunks may come, then its end or its failure; `CutStream`
   (the held-prose ceiling) lets only the end come;
@@ -49,9 +49,8 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
-from toolloop_fsm.effect_handlers import INNER_EFFECTS
 from toolloop_fsm.effect_handlers import EffectHandlers
-from toolloop_fsm.effect_handlers import handled
+from toolloop_fsm.effect_handlers import InnerEffectShell
 from toolloop_fsm.effects import ArmDeadline
 from toolloop_fsm.effects import CancelReview
 from toolloop_fsm.effects import CancelStream
@@ -60,9 +59,6 @@ from toolloop_fsm.effects import ClearDeadline
 from toolloop_fsm.effects import CutStream
 from toolloop_fsm.effects import Deliver
 from toolloop_fsm.effects import Finish
-from toolloop_fsm.effects import OfferSnapshot
-from toolloop_fsm.effects import PostNotice
-from toolloop_fsm.effects import QueueStopResponse
 from toolloop_fsm.effects import RequestReview
 from toolloop_fsm.effects import RunTool
 from toolloop_fsm.effects import StartStream
@@ -175,7 +171,7 @@ _VERDICTS = st.sampled_from(VERDICTS)
 
 
 @attrs.define
-class World:
+class World(InnerEffectShell[None]):
     """What the outside world may report next, read from the machine's effects alone."""
 
     stream_open: bool = False
@@ -200,27 +196,7 @@ class World:
     _effects: EffectHandlers[None] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        self._effects = EffectHandlers(
-            "the simulated world",
-            INNER_EFFECTS,
-            [
-                handled(StartStream, self._stream_started),
-                handled(CancelStream, self._stream_cancelled),
-                handled(CutStream, self._stream_cut),
-                handled(RequestReview, self._review_asked),
-                handled(CancelReview, self._review_cancelled),
-                handled(ArmDeadline, self._deadline_armed),
-                handled(ClearDeadline, self._deadline_cleared),
-                handled(RunTool, self._tool_started),
-                handled(CancelTool, self._tool_cancelled),
-                handled(Deliver, self._delivery_sent),
-                handled(Finish, self._turn_finished),
-                # a notice's failure, the stop message and a snapshot open nothing new
-                handled(PostNotice, _nothing),
-                handled(QueueStopResponse, _nothing),
-                handled(OfferSnapshot, _nothing),
-            ],
-        )
+        self._effects = EffectHandlers("the simulated world", self)
 
     # ------------------------------------------------------------------ what effects open
     def take(self, effects: Sequence[object]) -> None:
@@ -228,51 +204,56 @@ class World:
         for effect in effects:
             self._effects(effect)
 
-    def _stream_started(self, _effect: StartStream) -> None:
+    def start_stream(self, _effect: StartStream) -> None:
         self.stream_open = True
 
-    def _stream_cancelled(self, _effect: CancelStream) -> None:
+    def cancel_stream(self, _effect: CancelStream) -> None:
         self.stream_open = False
 
-    def _stream_cut(self, _effect: CutStream) -> None:
+    def cut_stream(self, _effect: CutStream) -> None:
         self.cut = True
 
-    def _review_asked(self, effect: RequestReview) -> None:
+    def request_review(self, effect: RequestReview) -> None:
         self.reviewing = effect.review
 
-    def _review_cancelled(self, _effect: CancelReview) -> None:
+    def cancel_review(self, _effect: CancelReview) -> None:
         self.reviewing = None
 
-    def _deadline_armed(self, effect: ArmDeadline) -> None:
+    def arm_deadline(self, effect: ArmDeadline) -> None:
         if effect.kind is DeadlineKind.TOOL:
             self.tool_tokens.append(effect.token)
         else:
             self.armed[effect.kind] = effect.token
 
-    def _deadline_cleared(self, effect: ClearDeadline) -> None:
+    def clear_deadline(self, effect: ClearDeadline) -> None:
         if effect.kind is DeadlineKind.TOOL:
             if effect.token in self.tool_tokens:
                 self.tool_tokens.remove(effect.token)
         elif self.armed.get(effect.kind) == effect.token:
             del self.armed[effect.kind]
 
-    def _tool_started(self, effect: RunTool) -> None:
+    def run_tool(self, effect: RunTool) -> None:
         self.running.append(effect.dispatch)
         self.last_dispatch = effect.dispatch
         self.cut_off.pop(effect.dispatch, None)
 
-    def _tool_cancelled(self, effect: CancelTool) -> None:
+    def cancel_tool(self, effect: CancelTool) -> None:
         if effect.cut_off is None:
             if effect.dispatch in self.running:
                 self.running.remove(effect.dispatch)
         else:
             self.cut_off[effect.dispatch] = effect.cut_off  # its outcome is still owed
 
-    def _delivery_sent(self, effect: Deliver) -> None:
+    def deliver(self, effect: Deliver) -> None:
         self.in_flight.append(effect.seq)
 
-    def _turn_finished(self, _effect: Finish) -> None:
+    def finish(self, _effect: Finish) -> None:
         self.finished = True
+
+    def _opens_nothing(self, _effect: object) -> None:
+        """A notice's failure, the stop message and a snapshot let nothing new happen."""
+
+    post_notice = queue_stop_response = offer_snapshot = _opens_nothing
 
     # ------------------------------------------------------------------ what events close
     def fed(self, event: object) -> None:
@@ -515,7 +496,3 @@ class World:
                 StreamEnded(),
             ]
         return events
-
-
-def _nothing(_effect: object) -> None:
-    """An effect that lets nothing new happen."""
