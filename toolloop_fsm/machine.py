@@ -124,7 +124,6 @@ from toolloop_fsm.states.drafting import close_cut_pass
 from toolloop_fsm.states.drafting import close_pass_for_review
 from toolloop_fsm.states.drafting import deliver_held_draft
 from toolloop_fsm.states.drafting import fail_delivery_during_review
-from toolloop_fsm.states.drafting import hold_remaining_text
 from toolloop_fsm.states.drafting import interrupt_review
 from toolloop_fsm.states.drafting import note_tool_round_trigger
 from toolloop_fsm.states.drafting import refuse_correction
@@ -145,6 +144,7 @@ from toolloop_fsm.states.stream_once import complete_settled_after_tool
 from toolloop_fsm.states.stream_once import complete_with_text
 from toolloop_fsm.states.stream_once import end_empty_response
 from toolloop_fsm.states.stream_once import end_malformed_call
+from toolloop_fsm.states.stream_once import end_stream
 from toolloop_fsm.states.stream_once import fail_stream
 from toolloop_fsm.states.stream_once import interrupt_for_follow_up
 from toolloop_fsm.states.stream_once import stop_stream
@@ -229,7 +229,7 @@ TRANSITIONS: list[_t] = [
     # ---- the pass ends; which way is decided at `ending_pass`: the gate (docs/behaviour.md
     # §2.4 rules 1–5), the ledger, then dispatch; without a call, the text and empty-response
     # rules
-    _t("stream_ended", STREAM_STATES, "ending_pass", do=hold_remaining_text),
+    _t("stream_ended", STREAM_STATES, "ending_pass", do=end_stream),
     # drafting: a pass cut at the held-prose ceiling completes the response as cut
     _t("advance", "ending_pass", "completing_response", when=draft_cut_at_length_limit,
        do=close_cut_pass),

@@ -39,7 +39,6 @@ from toolloop_fsm.states.delivery import arm_deadline
 from toolloop_fsm.states.delivery import clear_deadline
 from toolloop_fsm.states.delivery import deliver_expression
 from toolloop_fsm.states.delivery import deliver_text
-from toolloop_fsm.states.delivery import flush_buffer
 from toolloop_fsm.states.delivery import post_notice
 from toolloop_fsm.states.stream_once import close_pass
 from toolloop_fsm.states.stream_once import queue_stop_message
@@ -53,14 +52,6 @@ def _draft(turn: TurnState) -> DraftState:
     draft = turn.draft
     assert draft is not None, "drafting actions run only on a turn with a draft"
     return draft
-
-
-# --------------------------------------------------------------------------- holding
-def hold_remaining_text(turn: TurnState, _event: Any = None) -> None:
-    """The pass ended: hold what is still buffered, so the ceiling is known before the
-    pass's way out is chosen."""
-    if turn.draft is not None and turn.policy.drafting:
-        flush_buffer(turn)
 
 
 # --------------------------------------------------------------------------- completing

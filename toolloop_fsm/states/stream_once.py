@@ -354,6 +354,14 @@ def stop_stream(turn: TurnState, event: StopRequested) -> None:
     queue_stop_message(turn, event)
 
 
+def end_stream(turn: TurnState, _event: Any = None) -> None:
+    """Every pass's stream ends here. Under drafting, what is still buffered is held now, so
+    the ceiling is known before the pass's way out is chosen; otherwise the buffer waits for
+    the way out (flushed, or discarded) to be chosen."""
+    if turn.draft is not None and turn.policy.drafting:
+        flush_buffer(turn)
+
+
 def queue_stop_message(turn: TurnState, event: StopRequested) -> None:
     if event.stop_message is not None:
         turn.stop_message = event.stop_message
