@@ -77,7 +77,7 @@ def test_a_shell_missing_handlers_is_refused_naming_every_class() -> None:
 
 
 def test_a_shell_of_neither_tier_is_refused() -> None:
-    with pytest.raises(TypeError, match="subclasses neither InnerEffectShell nor Outer"):
+    with pytest.raises(TypeError, match="subclasses neither of InnerEffectShell and Outer"):
         ShellEffectHandlers(list)
 
 

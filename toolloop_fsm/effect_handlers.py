@@ -130,7 +130,8 @@ def _checked(shell: str, shell_class: type, read: Callable[[str], H]) -> dict[ty
     refused unless the class carries out every one of them."""
     tiers = [tier for tier in _TIERS if tier in shell_class.__mro__]
     if len(tiers) != 1:
-        raise TypeError(f"{shell} subclasses neither InnerEffectShell nor OuterEffectShell")
+        which = "both" if tiers else "neither"
+        raise TypeError(f"{shell} subclasses {which} of InnerEffectShell and OuterEffectShell")
     (tier,) = tiers
     methods = _TIERS[tier]
     missing = [
