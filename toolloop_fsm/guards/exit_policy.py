@@ -3,10 +3,19 @@ the empty-pass rules of §2.5)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from toolloop_fsm.events import FinishKind
 from toolloop_fsm.ledger import ToolOutcome
 from toolloop_fsm.policy import ExitView
 from toolloop_fsm.turn import TurnState
+
+
+class ExitRuleError(TypeError):
+    """A custom exit rule (`LoopPolicy.end_after_pre_tool_text`) answered with something that
+    is not a bool: a bug in the policy. Read as truthy, ``"no"`` would end the turn, so the
+    turn stops on it instead, the message naming the rule and its answer."""
+
 
 _CUT_FINISHES = frozenset(
     {FinishKind.LENGTH, FinishKind.SPEAKER_GUARD, FinishKind.CONTINUATION_PENDING}
@@ -69,7 +78,7 @@ def should_end_after_pre_tool_text(turn: TurnState) -> bool:
 def _silent_after_pre_tool_text(turn: TurnState, name: str) -> bool:
     policy = turn.policy
     if policy.end_after_pre_tool_text is not None:
-        return bool(policy.end_after_pre_tool_text(exit_view(turn, name)))
+        return ask_exit_rule(policy.end_after_pre_tool_text, exit_view(turn, name))
     # the default rule reads the same facts as the view, without building it (every round)
     silent = name in policy.suppress_followup_after_pre_tool_text
     if silent and name == policy.memory_tool_name:
@@ -78,6 +87,27 @@ def _silent_after_pre_tool_text(turn: TurnState, name: str) -> bool:
     if tool is None or tool.requires_follow_up:
         return False  # even a member of the suppress set continues when it needs a follow-up
     return silent or turn.continuation_style
+
+
+def ask_exit_rule(rule: Callable[[ExitView], bool], view: ExitView) -> bool:
+    """The custom exit rule's answer for ``view``; `ExitRuleError` when it is not a bool."""
+    answer: object = rule(view)
+    if not isinstance(answer, bool):
+        raise ExitRuleError(
+            f"LoopPolicy.end_after_pre_tool_text {rule_name(rule)} returned {answer!r} "
+            f"(a {type(answer).__name__}), not a bool: return True to end the turn after the "
+            f"tool {view.tool_name!r}, False to go on"
+        )
+    return answer
+
+
+def rule_name(rule: Callable[..., object]) -> str:
+    """A policy function as its author finds it: its name and where it is defined."""
+    name = getattr(rule, "__qualname__", None) or repr(rule)
+    code = getattr(rule, "__code__", None)
+    if code is None:
+        return name
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})"
 
 
 def pass_has_text(turn: TurnState) -> bool:
