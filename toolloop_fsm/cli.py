@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import TextIO
 
@@ -26,6 +27,9 @@ from toolloop_fsm.result import Delivered
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import Notice
 from toolloop_fsm.result import TraceStep
+
+if TYPE_CHECKING:
+    from toolloop_fsm.fuzz import CodeFrame
 
 
 class TracePrinter:
@@ -361,19 +365,20 @@ def _diagram(args: argparse.Namespace) -> int:
 
 def _fuzz(args: argparse.Namespace) -> int:
     from toolloop_fsm.fuzz import FuzzSetupError
+    from toolloop_fsm.fuzz import PolicyFactoryError
     from toolloop_fsm.fuzz import fuzz
     from toolloop_fsm.fuzz import load_policy
     from toolloop_fsm.fuzz import trace_table
     from toolloop_fsm.policy import LoopPolicy
     from toolloop_fsm.policy import TurnPolicy
 
-    def progress(count: int, seconds: float) -> None:
+    def progress(count: int, seconds: float, shrink_runs: int) -> None:
         rate = count / seconds if seconds > 0 else 0.0
         line = f"\r  … {count}/{args.examples} examples, {rate:,.0f}/s"
-        if count < args.examples and rate > 0:
+        if shrink_runs:
+            line += f", shrinking ({shrink_runs} runs)"
+        elif count < args.examples and rate > 0:
             line += f", ETA {(args.examples - count) / rate:.0f} s"
-        else:
-            line += ", shrinking" if count > args.examples else ""
         sys.stderr.write(line + " " * 8)
         sys.stderr.flush()
 
@@ -398,6 +403,12 @@ def _fuzz(args: argparse.Namespace) -> int:
             time_limit=args.time_limit,
             drafting=args.drafting,
         )
+    except PolicyFactoryError as err:
+        # the policy's own code failed, as a rule failing in a turn does: a finding, not a
+        # usage error
+        print("\n".join([f"FAILED: {err.failure}", *_frame_lines(err.frames)]))
+        print(f"\n{err}")
+        return 1
     except FuzzSetupError as err:
         sys.stderr.write(f"toolloop-fsm fuzz: {err}\n")
         return 2
@@ -406,9 +417,12 @@ def _fuzz(args: argparse.Namespace) -> int:
     sys.stderr.write("\r" + " " * 72 + "\r")
     fired, declared = report.coverage
     name = args.policy or "the default policy"
+    # shrink runs are turns too, but not examples: the count and the rate say which they hold
+    shrunk = f" (and {report.shrink_runs} shrink runs)" if report.shrink_runs else ""
+    per = "turns" if report.shrink_runs else "examples"
     print(
-        f"fuzzed {name} ({args.tier} tier): {report.examples} examples in "
-        f"{report.seconds:.1f} s, {report.rate:,.0f} examples/s"
+        f"fuzzed {name} ({args.tier} tier): {report.examples} examples{shrunk} in "
+        f"{report.seconds:.1f} s, {report.rate:,.0f} {per}/s"
     )
     # an example here is a turn, not a Hypothesis example: say what the rate counts
     batching = (
@@ -418,11 +432,14 @@ def _fuzz(args: argparse.Namespace) -> int:
     )
     print(f"an example is one whole simulated turn, generated, run and checked ({batching})")
     print(f"transition coverage: {fired}/{declared} declared transitions fired")
+    if report.unfired:
+        print(f"never fired ({len(report.unfired)}):")
+        print("\n".join(f"  {transition}" for transition in report.unfired))
     if report.failure is None:
         print("no invariant broke")
         return 0
     failure = report.failure
-    print(f"\nFAILED: {failure.message}")
+    print("\n".join(["", f"FAILED: {failure.message}", *_frame_lines(failure.frames)]))
     print(f"\nshortest failing trace ({len(failure.trace)} steps):")
     print(trace_table(failure.trace) if failure.trace else "  (the turn failed before any step)")
     print(f"\nshortest failing example:\n  {failure.example}")
@@ -435,6 +452,16 @@ def _fuzz(args: argparse.Namespace) -> int:
         rerun += " --drafting"
     print(f"\nreproduce with: {rerun}")
     return 1
+
+
+def _frame_lines(frames: Sequence[CodeFrame]) -> list[str]:
+    """The policy's own frames an exception came through, innermost last, each with its line."""
+    lines = []
+    for frame in frames:
+        lines.append(f"  at {frame}")
+        if frame.source:
+            lines.append(f"    {frame.source}")
+    return lines
 
 
 def _trace(args: argparse.Namespace) -> int:

@@ -27,8 +27,10 @@ import importlib
 import os
 import signal
 import sys
+import sysconfig
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Iterator
@@ -49,6 +51,17 @@ from toolloop_fsm.stepping import Coverage
 
 class FuzzSetupError(Exception):
     """The fuzz run could not start (bad ``--policy``, Hypothesis missing, …)."""
+
+
+class PolicyFactoryError(Exception):
+    """The policy factory ``--policy`` names raised before any turn ran: a failure in the
+    policy's own code, reported like one found by a turn (``frames`` say where)."""
+
+    def __init__(self, spec: str, err: Exception) -> None:
+        super().__init__(f"the policy factory {spec} raised before any turn ran")
+        self.spec = spec
+        self.failure = f"{type(err).__name__}: {err}"
+        self.frames = users_frames(err)
 
 
 class ExampleTimeLimitExceeded(Exception):
@@ -100,7 +113,10 @@ def _named_value(spec: str) -> Any:
     except AttributeError:
         raise FuzzSetupError(f"{module_name!r} has no attribute {attr!r}") from None
     if callable(value) and not isinstance(value, LoopPolicy | TurnPolicy):
-        value = value()
+        try:
+            value = value()
+        except Exception as err:
+            raise PolicyFactoryError(spec, err) from err
     return value
 
 
@@ -119,11 +135,51 @@ def _as_outer_policy(value: object) -> TurnPolicy | None:
 
 
 @frozen
+class CodeFrame:
+    """One frame of the policy's own code an exception passed through: ``file`` (relative to
+    the working directory when under it), ``line``, ``function`` and the line's ``source``."""
+
+    file: str
+    line: int
+    function: str
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+def _library_places() -> tuple[str, ...]:
+    """Where code that is not the policy's lives: this package and the standard library."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    paths = sysconfig.get_paths()
+    places = {package, paths["stdlib"], paths["platstdlib"]}
+    return tuple(os.path.join(place, "") for place in places)
+
+
+def users_frames(err: BaseException) -> tuple[CodeFrame, ...]:
+    """The frames of ``err``'s traceback in the policy's own code (outermost first): the
+    library's frames and the standard library's (the event loop) say nothing to its author."""
+    library = _library_places()
+    cwd = os.path.join(os.getcwd(), "")
+    frames = []
+    for summary in traceback.extract_tb(err.__traceback__):
+        path = os.path.abspath(summary.filename)
+        if path.startswith(library) or summary.filename.startswith("<"):
+            continue
+        shown = path[len(cwd) :] if path.startswith(cwd) else path
+        frames.append(
+            CodeFrame(shown, summary.lineno or 0, summary.name, (summary.line or "").strip())
+        )
+    return tuple(frames)
+
+
+@frozen
 class FuzzFailure:
     """The shortest failing example Hypothesis found: the failing turn's message, trace and
-    value (``example``), the turn's compact ``seed`` (inner tier; ``None`` for a chain), and
+    value (``example``), the turn's compact ``seed`` (inner tier; ``None`` for a chain),
     where it stood in its Hypothesis example: turn ``turn`` of ``batch`` (shrinking leaves
-    one turn, unless the batch stopped shrinking early)."""
+    one turn, unless the batch stopped shrinking early), and the ``frames`` of the policy's
+    own code the exception came through (none for a broken invariant)."""
 
     message: str
     trace: tuple[TraceStep, ...]
@@ -131,10 +187,17 @@ class FuzzFailure:
     seed: bytes | None = None
     turn: int = 1
     batch: int = 1
+    frames: tuple[CodeFrame, ...] = ()
 
 
 @frozen
 class FuzzReport:
+    """What a fuzz run did: ``examples`` turns generated, run and checked up to and including
+    the first that failed (at most the number asked for); ``shrink_runs`` turns run after it
+    while Hypothesis searched for the failure's shortest form (shrinking it, and drawing a
+    few more turns that may fail more simply); the transitions that fired of those declared;
+    and the failure found, if any."""
+
     examples: int
     seconds: float
     fired: frozenset[str]
@@ -143,10 +206,18 @@ class FuzzReport:
     failure: FuzzFailure | None = None
     #: the most turns one Hypothesis example carried (1: an example per turn)
     batch_size: int = 1
+    shrink_runs: int = 0
+
+    @property
+    def unfired(self) -> tuple[str, ...]:
+        """The declared transitions no turn took, in declaration order."""
+        return tuple(t for t in self.declared if t not in self.fired)
 
     @property
     def rate(self) -> float:
-        return self.examples / self.seconds if self.seconds > 0 else 0.0
+        """Turns run a second, examples and shrink runs alike."""
+        turns = self.examples + self.shrink_runs
+        return turns / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def coverage(self) -> tuple[int, int]:
@@ -155,22 +226,27 @@ class FuzzReport:
 
 @define
 class _Progress:
-    """Reports after the first example, then about once a second."""
+    """Counts the turns run, examples apart from shrink runs (every turn once a failure was
+    found); reports after the first, then about once a second."""
 
-    report: Callable[[int, float], None] | None
+    report: Callable[[int, float, int], None] | None
     every: float = 1.0
     started: float = field(factory=time.perf_counter)
     last: float | None = None
-    count: int = 0
+    examples: int = 0
+    shrink_runs: int = 0
 
-    def tick(self) -> None:
-        self.count += 1
+    def tick(self, *, shrinking: bool) -> None:
+        if shrinking:
+            self.shrink_runs += 1
+        else:
+            self.examples += 1
         if self.report is None:
             return
         now = time.perf_counter()
         if self.last is None or now - self.last >= self.every:
             self.last = now
-            self.report(self.count, now - self.started)
+            self.report(self.examples, now - self.started, self.shrink_runs)
 
 
 @contextlib.contextmanager
@@ -211,7 +287,7 @@ def fuzz(
     tier: str = "inner",
     examples: int = 500,
     seed: int = 0,
-    progress: Callable[[int, float], None] | None = None,
+    progress: Callable[[int, float, int], None] | None = None,
     time_limit: float = EXAMPLE_TIME_LIMIT,
     drafting: bool = False,
 ) -> FuzzReport:
@@ -219,7 +295,8 @@ def fuzz(
     running longer than ``time_limit`` real seconds fails, naming where it hung.
     ``drafting`` switches drafting and the tool checkpoint on in ``policy`` (its review
     budgets kept) and draws the reviewer's answers; a policy that has either on already is
-    fuzzed with drawn answers either way."""
+    fuzzed with drawn answers either way. ``progress`` is called about once a second with the
+    examples run, the seconds taken and the shrink runs."""
     _check_run_settings(examples, time_limit)
     try:
         from hypothesis import HealthCheck
@@ -238,7 +315,8 @@ def fuzz(
     previous = Coverage.fired
 
     def run_turn(case: Any, turn: int, batch: int) -> None:
-        ticker.tick()
+        # once a turn failed, every turn is Hypothesis's search for its shortest form
+        ticker.tick(shrinking=bool(findings.failures))
         if findings.stopped_shrinking:
             return  # not run: the smallest turn that hung so far is the one reported
         value = tier_run.expand(case)
@@ -273,7 +351,7 @@ def fuzz(
             # the turns run in order; the first that fails fails the batch (and Hypothesis
             # shrinks the batch to it). Shrinking replays batches whatever the budget.
             for turn, case in enumerate(batch, 1):
-                if ticker.count >= examples and not findings.failures:
+                if ticker.examples >= examples and not findings.failures:
                     return
                 run_turn(case, turn, len(batch))
 
@@ -290,7 +368,8 @@ def fuzz(
         Coverage.fired = previous
         loop.close()
     return FuzzReport(
-        examples=ticker.count,
+        examples=ticker.examples,
+        shrink_runs=ticker.shrink_runs,
         seconds=time.perf_counter() - started,
         fired=frozenset(fired),
         declared=declared,
@@ -339,6 +418,7 @@ class _Findings:
                 seed=seed,
                 turn=turn,
                 batch=batch,
+                frames=users_frames(err),
             )
         )
 
@@ -392,12 +472,12 @@ def _run_rounds(
     Hypothesis needs are only estimated: a round that falls short of the examples asked for
     is followed by another, seeded from the same seed."""
     rounds = 0
-    while ticker.count < examples:
-        before = ticker.count
+    while ticker.examples < examples:
+        before = ticker.examples
         batches = -(-(examples - before) // mean) + 1
         one_round(seed if rounds == 0 else f"{seed}/{rounds}", batches)
         rounds += 1
-        if ticker.count == before:
+        if ticker.examples == before:
             break
 
 
