@@ -41,6 +41,7 @@ from toolloop_fsm.host import Tool
 from toolloop_fsm.host import ToolContext
 from toolloop_fsm.host import ToolRegistry
 from toolloop_fsm.host import ToolResult
+from toolloop_fsm.policy import ExitView
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import TurnStatus
@@ -600,10 +601,51 @@ def test_a_failing_channel_is_predicted_to_end_the_turn_as_a_host_error() -> Non
     assert ending.delivered == () and ending.final_text == ""
 
 
-def test_the_model_refuses_a_policy_with_a_custom_exit_rule() -> None:
-    policy = LoopPolicy(end_after_pre_tool_text=lambda _view: True)
-    with pytest.raises(ValueError, match="end_after_pre_tool_text"):
-        predict_endings(TurnScript(), policy)
+def test_the_model_follows_a_custom_exit_rule_where_the_built_in_one_decides_otherwise() -> None:
+    narrated = ((TextDelta("Checking. "), WEATHER), (TextDelta("Sunny."),))
+    # the built-in rule goes on after a tool that needs a follow-up; this rule ends there
+    ends = LoopPolicy(end_after_pre_tool_text=lambda view: view.tool_name == "get_weather")
+    ending = predict(TurnScript(passes=narrated), ends)
+    assert (ending.status, ending.reason) == (TurnStatus.COMPLETED, "pre_tool_text_suffices")
+    assert ending.final_text == "Checking. " and ending.iterations == 1
+    # and the memory tool, which the built-in rule ends on after text, goes on under this one
+    goes_on = LoopPolicy(end_after_pre_tool_text=lambda _view: False)
+    memory = TurnScript(passes=((TextDelta("Noted. "), MEMORY), (TextDelta("More?"),)))
+    went_on = predict(memory, goes_on)
+    assert (went_on.reason, went_on.final_text, went_on.iterations) == (None, "More?", 2)
+
+
+def test_check_ending_checks_a_run_under_a_custom_exit_rule() -> None:
+    seen: list[ExitView] = []
+
+    def ends_on_the_first_pass(view: ExitView) -> bool:
+        seen.append(view)
+        return view.iteration == 1 and view.pre_tool_text == "Checking. "
+
+    policy = LoopPolicy(end_after_pre_tool_text=ends_on_the_first_pass)
+    run = engine_run(TurnScript(passes=((TextDelta("Checking. "), WEATHER),)), policy)
+    assert run.result.reason == "pre_tool_text_suffices"
+    assert ExitView("get_weather", "Checking. ", True, False, 1) in seen
+
+
+#: Custom exit rules the model must follow, each deciding on one field of what it sees.
+EXIT_RULES: dict[str, Callable[[ExitView], bool]] = {
+    "always": lambda _view: True,
+    "never": lambda _view: False,
+    "the tool": lambda view: view.tool_name in {"send_sticker", "search"},
+    "the text": lambda view: (view.pre_tool_text or "").rstrip().endswith("."),
+    "the follow-up": lambda view: not view.requires_follow_up,
+    "the provider's style": lambda view: view.continuation_style,
+    "the pass": lambda view: view.iteration % 2 == 1,
+}
+
+
+@settings(max_examples=EXAMPLES)
+@given(script=tool_chains(), policy=loop_policies(), rule=st.sampled_from(sorted(EXIT_RULES)))
+def test_every_tool_chain_under_a_custom_exit_rule_ends_as_the_reference_model_predicts(
+    script: TurnScript, policy: LoopPolicy, rule: str
+) -> None:
+    assert_ends_as_predicted(script, attrs.evolve(policy, end_after_pre_tool_text=EXIT_RULES[rule]))
 
 
 def test_a_difference_names_every_field_that_parts_from_the_prediction() -> None:

@@ -176,6 +176,7 @@ from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import UsageReport
 from toolloop_fsm.host import ToolRegistry
 from toolloop_fsm.host import TurnSignals
+from toolloop_fsm.policy import ExitView
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import TurnStatus
@@ -315,11 +316,6 @@ def predict_endings(
     """Every ending the rules allow for ``script`` under ``policy`` (more than one only when
     timers coincide and their order decides). ``tools`` defaults to the registry
     `run_script` builds (only the tools' shapes are read, no handler runs)."""
-    if policy.end_after_pre_tool_text is not None:
-        raise ValueError(
-            "the reference model knows the built-in exit rule after pre-tool text only; "
-            "this policy sets end_after_pre_tool_text"
-        )
     if tools is None:
         tools = build_tools(script, clock=VirtualClock(), signals=TurnSignals(), executions=[])
     shapes = {
@@ -738,15 +734,31 @@ def _visible_text_suffices(
     shape: _ToolShape | None,
     policy: LoopPolicy,
     *,
-    pre_tool_text: bool,
+    pre_tool_text: str | None,
     continuation_style: bool,
+    iteration: int,
 ) -> bool:
-    """§4.6, after a successful tool whose pass had non-blank pre-tool text: rule 1, the
-    memory tool as a member of the suppress set, whatever its follow-up setting; rule 2, a
-    tool registered ``requires_follow_up=False`` that is in the set or runs on a
+    """§4.6, after a successful tool whose pass had non-blank pre-tool text: the policy's
+    own rule when it sets ``end_after_pre_tool_text``, asked what it sees of the call; else
+    rule 1, the memory tool as a member of the suppress set, whatever its follow-up setting;
+    rule 2, a tool registered ``requires_follow_up=False`` that is in the set or runs on a
     continuation-style provider."""
-    if not outcome.success or not pre_tool_text:
+    if not outcome.success or pre_tool_text is None:
         return False
+    rule = policy.end_after_pre_tool_text
+    if rule is not None:
+        view = ExitView(
+            tool_name=name,
+            pre_tool_text=pre_tool_text,
+            # a tool the registry does not know is taken to need one
+            requires_follow_up=shape is None or shape.requires_follow_up,
+            continuation_style=continuation_style,
+            iteration=iteration,
+        )
+        answer: object = rule(view)
+        if not isinstance(answer, bool):
+            raise TypeError(f"end_after_pre_tool_text answered {answer!r}, not a bool")
+        return answer
     in_set = name in policy.suppress_followup_after_pre_tool_text
     if name == policy.memory_tool_name and in_set:
         return True
@@ -1373,7 +1385,7 @@ class _Simulation:
             self.occurrences = {}
             self.start_pass()
             return
-        decided = self._after_batch(batch, known, pre_tool_text=pre_tool_text)
+        decided = self._after_batch(batch, known, pre_tool_text=self.pre_tool_text)
         if decided == "consecutive_tool_errors":  # §4.3
             self.post("tool_error_loop")
             self.decide(TurnStatus.ERROR, decided)
@@ -1389,7 +1401,11 @@ class _Simulation:
             self.decide(TurnStatus.COMPLETED, decided)
 
     def _after_batch(
-        self, batch: Sequence[_BatchCall], outcomes: Sequence[_Outcome], *, pre_tool_text: bool
+        self,
+        batch: Sequence[_BatchCall],
+        outcomes: Sequence[_Outcome],
+        *,
+        pre_tool_text: str | None,
     ) -> str:
         """§4.3-§4.7 for the batch (§3.10 rule 4): the error ceiling on the counters; any
         call ending the turn; the continuation threshold; the pre-tool-text exit when it
@@ -1411,6 +1427,7 @@ class _Simulation:
                 self.policy,
                 pre_tool_text=pre_tool_text,
                 continuation_style=continuation_style,
+                iteration=len(self.passes),
             )
             for entry, outcome in zip(batch, outcomes, strict=True)
         ):
