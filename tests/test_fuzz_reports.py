@@ -111,3 +111,19 @@ def test_the_report_names_the_transitions_that_never_fired(
     assert heading in out
     listed = out[out.index(heading) :].splitlines()[1 : 1 + len(report.unfired)]
     assert [line.strip() for line in listed] == list(report.unfired)
+
+
+def test_a_policy_module_that_raises_on_import_is_a_failed_report(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["fuzz", "--policy", "tests.fuzz_unbuildable_policy:NO_PASSES"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "Traceback" not in captured.out + captured.err
+    lines = captured.out.splitlines()
+    assert lines[0] == "FAILED: ValueError: 'max_function_call_iterations' must be >= 1: 0"
+    assert re.fullmatch(r"  at tests/fuzz_unbuildable_policy\.py:\d+ in <module>", lines[1])
+    # attrs, which validated the value, is not the policy's code; nor is the library
+    assert lines[2] == "    NO_PASSES = LoopPolicy(max_function_call_iterations=0)"
+    assert lines[3] == ""
+    assert "importing tests.fuzz_unbuildable_policy raised before any turn ran" in captured.out

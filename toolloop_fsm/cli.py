@@ -365,7 +365,7 @@ def _diagram(args: argparse.Namespace) -> int:
 
 def _fuzz(args: argparse.Namespace) -> int:
     from toolloop_fsm.fuzz import FuzzSetupError
-    from toolloop_fsm.fuzz import PolicyFactoryError
+    from toolloop_fsm.fuzz import PolicyCodeError
     from toolloop_fsm.fuzz import fuzz
     from toolloop_fsm.fuzz import load_policy
     from toolloop_fsm.fuzz import trace_table
@@ -403,7 +403,7 @@ def _fuzz(args: argparse.Namespace) -> int:
             time_limit=args.time_limit,
             drafting=args.drafting,
         )
-    except PolicyFactoryError as err:
+    except PolicyCodeError as err:
         # the policy's own code failed, as a rule failing in a turn does: a finding, not a
         # usage error
         print("\n".join([f"FAILED: {err.failure}", *_frame_lines(err.frames)]))

@@ -53,13 +53,13 @@ class FuzzSetupError(Exception):
     """The fuzz run could not start (bad ``--policy``, Hypothesis missing, …)."""
 
 
-class PolicyFactoryError(Exception):
-    """The policy factory ``--policy`` names raised before any turn ran: a failure in the
-    policy's own code, reported like one found by a turn (``frames`` say where)."""
+class PolicyCodeError(Exception):
+    """The policy's own code raised before any turn ran — importing the module ``--policy``
+    names, or calling the factory it names: a failure of the policy, reported like one a
+    turn found (``failure`` is the exception, ``frames`` say where it came from)."""
 
-    def __init__(self, spec: str, err: Exception) -> None:
-        super().__init__(f"the policy factory {spec} raised before any turn ran")
-        self.spec = spec
+    def __init__(self, doing: str, err: Exception) -> None:
+        super().__init__(f"{doing} raised before any turn ran")
         self.failure = f"{type(err).__name__}: {err}"
         self.frames = users_frames(err)
 
@@ -106,6 +106,8 @@ def _named_value(spec: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise FuzzSetupError(f"cannot import {module_name!r}: {err}") from None
+    except Exception as err:
+        raise PolicyCodeError(f"importing {module_name}", err) from err
     try:
         value: Any = module
         for part in attr.split("."):
@@ -116,7 +118,7 @@ def _named_value(spec: str) -> Any:
         try:
             value = value()
         except Exception as err:
-            raise PolicyFactoryError(spec, err) from err
+            raise PolicyCodeError(f"the policy factory {spec}", err) from err
     return value
 
 
@@ -148,24 +150,32 @@ class CodeFrame:
         return f"{self.file}:{self.line} in {self.function}"
 
 
-def _library_places() -> tuple[str, ...]:
-    """Where code that is not the policy's lives: this package and the standard library."""
-    package = os.path.dirname(os.path.abspath(__file__))
-    paths = sysconfig.get_paths()
-    places = {package, paths["stdlib"], paths["platstdlib"]}
-    return tuple(os.path.join(place, "") for place in places)
+def _places(*paths: str) -> tuple[str, ...]:
+    return tuple(os.path.join(os.path.abspath(path), "") for path in paths)
+
+
+#: Where the library and the standard library (the event loop) live, and where installed
+#: packages do: none of it is the policy's code.
+_LIBRARY = _places(os.path.dirname(__file__), os.path.dirname(os.__file__))
+_INSTALLED = _places(*{sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
 
 
 def users_frames(err: BaseException) -> tuple[CodeFrame, ...]:
     """The frames of ``err``'s traceback in the policy's own code (outermost first): the
-    library's frames and the standard library's (the event loop) say nothing to its author."""
-    library = _library_places()
+    library's, the standard library's and installed packages' (attrs validating a value) say
+    nothing to its author. A policy that is itself an installed package has only installed
+    frames: those are kept then."""
+    summaries = [
+        summary
+        for summary in traceback.extract_tb(err.__traceback__)
+        if not summary.filename.startswith("<")
+        and not os.path.abspath(summary.filename).startswith(_LIBRARY)
+    ]
+    own = [s for s in summaries if not os.path.abspath(s.filename).startswith(_INSTALLED)]
     cwd = os.path.join(os.getcwd(), "")
     frames = []
-    for summary in traceback.extract_tb(err.__traceback__):
+    for summary in own or summaries:
         path = os.path.abspath(summary.filename)
-        if path.startswith(library) or summary.filename.startswith("<"):
-            continue
         shown = path[len(cwd) :] if path.startswith(cwd) else path
         frames.append(
             CodeFrame(shown, summary.lineno or 0, summary.name, (summary.line or "").strip())
