@@ -3,8 +3,11 @@
 Each example is a whole simulated turn on a virtual clock: a random script (inner tier) or a
 random fallback chain (outer tier) run under the policy being fuzzed, then checked against
 the invariants of docs/invariants.md. An invariant that breaks — or policy code that raises — is
-shrunk by Hypothesis to the shortest failing example, reported with its trace and the seed
-that reproduces it. Needs Hypothesis (``pip install "toolloop-fsm[test]"``).
+shrunk by Hypothesis to the shortest failing example, reported with its trace, the seed that
+reproduces it and the frames of the policy's own code the exception came through. The report
+counts the examples (up to the first failure) apart from the turns run while shrinking it,
+and names the declared transitions no turn took. Needs Hypothesis
+(``pip install "toolloop-fsm[test]"``).
 
 The inner tier has Hypothesis draw a batch of compact seeds per Hypothesis example
 (`toolloop_fsm.testing.seeds`), each expanded in plain Python into the script
