@@ -587,3 +587,42 @@ async def test_every_attribute_a_turn_records_is_in_the_documented_table(
     assert not undocumented, f"add a row to docs/telemetry.md for each of {sorted(undocumented)}"
     # the table lists no attribute nothing records
     assert documented_attributes() - recorded == set()
+
+
+async def test_a_turn_resumed_from_a_snapshot_reports_no_tool_it_did_not_run_again(
+    telemetry: Telemetry,
+) -> None:
+    from toolloop_fsm import resume_tool_loop
+    from toolloop_fsm.snapshot import snapshot_from_json
+    from toolloop_fsm.snapshot import snapshot_to_json
+
+    clock = VirtualClock()
+    passes: list[list[Any]] = [
+        [FunctionCall("weather", {"city": "Oslo"}, "call_1")],
+        [TextDelta("Clear in Oslo.")],
+    ]
+    saved: list[str] = []
+    request = TurnRequest(QUESTION, turn_id="turn-7", conversation_id="thread-7")
+    await run_tool_loop(
+        ScriptedProvider(passes, clock=clock),
+        [weather_tool(clock, 1)],
+        RecordingChannel(clock=clock),
+        request,
+        clock=clock,
+        on_snapshot=lambda snapshot: saved.append(snapshot_to_json(snapshot)),
+    )
+    assert len(telemetry.measured("gen_ai.execute_tool.duration")) == 1
+    telemetry.spans.clear()
+    resumed = await resume_tool_loop(
+        snapshot_from_json(saved[1]),  # after the tool round, before pass 2
+        ScriptedProvider(passes[1:], clock=clock),
+        [weather_tool(clock, 1)],
+        RecordingChannel(clock=clock),
+        clock=clock,
+    )
+    assert resumed.final_text == "Clear in Oslo."
+    assert sorted(span.name for span in telemetry.finished()) == ["chat", "invoke_agent"]
+    # the resumed turn is still the host's conversation
+    assert attributes(telemetry.span("invoke_agent"))["gen_ai.conversation.id"] == "thread-7"
+    [(_attributes, total, count)] = telemetry.measured("gen_ai.execute_tool.duration")
+    assert (total, count) == (1.0, 1)  # the first run's only
