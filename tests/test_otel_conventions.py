@@ -542,7 +542,7 @@ async def test_an_outcome_reused_on_a_fallback_is_not_reported_as_a_new_executio
 # --------------------------------------------------------------------------- the documented table
 def documented_attributes() -> set[str]:
     text = (ROOT / "docs" / "telemetry.md").read_text(encoding="utf-8")
-    text = text.split("## Where each attribute comes from", 1)[1]
+    text = text.split("## 4. Where each attribute comes from", 1)[1]
     return set(re.findall(r"^\| `([a-z_.]+)` \|", text, flags=re.MULTILINE))
 
 
