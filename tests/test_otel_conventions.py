@@ -7,6 +7,7 @@ exact on the virtual clock."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -315,9 +316,11 @@ def test_an_adapter_says_who_it_is_without_a_request() -> None:
         assert seen == expected, provider
 
 
-@pytest.mark.parametrize("bad", ["", 42])
-def test_a_provider_name_that_is_no_text_is_refused_with_a_message(bad: Any) -> None:
-    with pytest.raises(ValueError, match="provider_name must be a non-empty text"):
+@pytest.mark.parametrize(("bad", "error"), [("", ValueError), (42, TypeError)])
+def test_a_provider_name_that_is_no_text_is_refused_with_a_message(
+    bad: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="provider_name must be a non-empty text"):
         OpenAICompatibleProvider("https://api.groq.com/openai/v1", "m", provider_name=bad)
 
 
@@ -493,6 +496,36 @@ async def test_metrics_alone_are_recorded_when_no_span_is() -> None:
         otel.uninstrument()
     assert kept.finished() == ()
     assert kept.measured("gen_ai.invoke_agent.duration") == [({}, 2.0, 1)]
+
+
+async def test_a_cancelled_turn_is_measured_as_cancelled_up_to_its_cancellation(
+    telemetry: Telemetry,
+) -> None:
+    import asyncio
+
+    clock = VirtualClock()
+    provider = ScriptedProvider(
+        [[TextDelta("Clear "), Pause(100), TextDelta("skies.")]], clock=clock
+    )
+    turn = asyncio.ensure_future(
+        run_tool_loop(
+            provider, [], RecordingChannel(clock=clock), TurnRequest(QUESTION), clock=clock
+        )
+    )
+
+    def cancel() -> None:
+        turn.cancel()
+
+    clock.call_later(5, cancel)  # while the pass waits for its next chunk
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "scripted"}
+    assert telemetry.measured("gen_ai.client.operation.duration") == [
+        ({**chat, "error.type": "cancelled"}, 5.0, 1)
+    ]
+    assert telemetry.measured("gen_ai.invoke_agent.duration") == [
+        ({"error.type": "cancelled"}, 5.0, 1)
+    ]
 
 
 # --------------------------------------------------------------------------- replay

@@ -160,11 +160,6 @@ class TracingObserver(TurnObserver):
         # stop)
         self._current: tuple[object, Token[Any], asyncio.Task[Any] | None] | None = None
 
-    @property
-    def records(self) -> bool:
-        """Whether this observer records anything: a recording turn span, or metrics."""
-        return self.begin() or self._instruments is not None
-
     # ------------------------------------------------------------------ the turn
     def begin(self) -> bool:
         """Start the turn's span now (once); returns whether it records (a tracer provider
@@ -548,7 +543,7 @@ class _Instrumentation:
 
     def __call__(self) -> TracingObserver | None:
         observer = TracingObserver.with_tracer(self.tracer, self.agent_name, self.instruments)
-        if observer.records:
+        if observer.begin() or self.instruments is not None:
             return observer
         observer.abandon()
         return None

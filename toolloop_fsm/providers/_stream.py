@@ -265,7 +265,8 @@ class HTTPStreamProvider(ABC):
         provider_name: str | None = None,
     ) -> None:
         if provider_name is not None and (not isinstance(provider_name, str) or not provider_name):
-            raise ValueError(
+            bad = TypeError if not isinstance(provider_name, str) else ValueError
+            raise bad(
                 f"provider_name must be a non-empty text (the telemetry's gen_ai.provider.name, "
                 f"e.g. 'groq'), got {provider_name!r}"
             )
