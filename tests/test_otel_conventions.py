@@ -501,8 +501,6 @@ async def test_metrics_alone_are_recorded_when_no_span_is() -> None:
 async def test_a_cancelled_turn_is_measured_as_cancelled_up_to_its_cancellation(
     telemetry: Telemetry,
 ) -> None:
-    import asyncio
-
     clock = VirtualClock()
     provider = ScriptedProvider(
         [[TextDelta("Clear "), Pause(100), TextDelta("skies.")]], clock=clock
