@@ -273,10 +273,12 @@ async def test_a_failed_turn_has_an_error_status_and_its_sub_reason(
 
 
 @pytest.mark.parametrize(
-    ("behaviour", "outcome"), [("raise", "raised"), ("hang", "timeout")], ids=["raises", "hangs"]
+    ("behaviour", "outcome", "error_type"),
+    [("raise", "raised", "RuntimeError"), ("hang", "timeout", "timeout")],
+    ids=["raises", "hangs"],
 )
 async def test_a_tool_that_raises_or_runs_past_its_deadline_is_an_error_span(
-    behaviour: str, outcome: str, exporter: InMemorySpanExporter
+    behaviour: str, outcome: str, error_type: str, exporter: InMemorySpanExporter
 ) -> None:
     clock = VirtualClock()
     provider = ScriptedProvider(
@@ -292,8 +294,16 @@ async def test_a_tool_that_raises_or_runs_past_its_deadline_is_an_error_span(
     [tool] = by_name(exporter.get_finished_spans(), "execute_tool weather")
     assert tool.attributes is not None
     assert tool.attributes["toolloop.tool.outcome"] == outcome
-    assert tool.attributes["error.type"] == outcome
+    assert tool.attributes["error.type"] == error_type
     assert tool.status.status_code is StatusCode.ERROR
+    # a raised exception is recorded on the span; a deadline is no exception
+    exceptions = [dict(e.attributes or {}) for e in tool.events if e.name == "exception"]
+    if behaviour == "raise":
+        assert exceptions == [
+            {"exception.type": "RuntimeError", "exception.message": "the station is down"}
+        ]
+    else:
+        assert exceptions == []
 
 
 async def test_the_chat_span_is_current_while_the_provider_streams(

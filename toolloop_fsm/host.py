@@ -62,6 +62,9 @@ class TurnRequest:
     #: the turn's stable identity: with the sequence of each delivery, the idempotency key a
     #: channel may drop a repeated delivery by (``None``: a fresh id per turn)
     turn_id: str | None = field(default=None, validator=check.optional(name_text))
+    #: the host's id of the conversation (thread, session) this turn belongs to: the
+    #: telemetry's ``gen_ai.conversation.id`` (``None``: none is recorded)
+    conversation_id: str | None = field(default=None, validator=check.optional(name_text))
 
 
 @frozen

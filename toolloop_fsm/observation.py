@@ -1,6 +1,8 @@
 """Watching a turn as it runs: the phase events of a turn (turn, attempt, provider pass, tool
-call — each started and ended), `TurnObserver`, which receives them, and the registry of
-observers every turn gets (`add_turn_observer`).
+call — each started and ended), `TurnObserver`, which receives them, the registry of
+observers every turn gets (`add_turn_observer`), what a provider says of itself to them
+(`identify_provider`), and how a stream tells them the model and id of its response while
+it is read (`report_response`, `listen_for_responses`).
 
 One observation point serves every consumer: the OpenTelemetry spans (`toolloop_fsm.otel`)
 and the live event stream (`toolloop_fsm.stream`) are both observers. The pumps call an
@@ -17,7 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Mapping
+from contextvars import ContextVar
+from contextvars import Token
 from typing import Any
+from typing import TypeVar
 
 from attrs import field
 from attrs import frozen
@@ -40,6 +45,8 @@ class TurnStarted:
     at: float
     provider: str | None = None
     model: str | None = None
+    #: the host's id of the conversation the turn belongs to (`TurnRequest.conversation_id`)
+    conversation_id: str | None = None
 
 
 @frozen
@@ -98,13 +105,17 @@ class AttemptEnded:
 @frozen
 class PassStarted:
     """Provider pass ``iteration`` (1-based, within its attempt) began to stream.
-    ``attempt`` is 0 in a `run_tool_loop` turn."""
+    ``attempt`` is 0 in a `run_tool_loop` turn. ``operation`` is what the provider calls a
+    pass (`ProviderIdentity`), ``server_address`` and ``server_port`` where it goes."""
 
     attempt: int
     iteration: int
     provider: str
     model: str | None
     at: float
+    operation: str = "chat"
+    server_address: str | None = None
+    server_port: int | None = None
 
 
 @frozen
@@ -164,6 +175,94 @@ class ToolEnded:
     @property
     def failed(self) -> bool:
         return self.outcome != "succeeded"
+
+
+# --------------------------------------------------------------------------- providers
+@frozen
+class ProviderIdentity:
+    """What a provider says of itself to the observers: ``name`` (the OpenTelemetry GenAI
+    conventions' ``gen_ai.provider.name``: an adapter's well-known value or the host's
+    ``provider_name=``), the ``model`` it asks for, its ``operation`` (``chat``,
+    ``text_completion``, ``generate_content``) and the server it talks to."""
+
+    name: str
+    model: str | None = None
+    operation: str = "chat"
+    server_address: str | None = None
+    server_port: int | None = None
+
+
+_T = TypeVar("_T")
+#: How deep `identify_provider` looks through wrappers (their ``provider``).
+_WRAPPER_DEPTH = 4
+
+
+def identify_provider(provider: object) -> ProviderIdentity:
+    """``provider``'s identity, looking through wrappers (`VerbatimToolCalls`,
+    `ContinuationSession`: their ``provider``) for the adapter that names a ``model``: its
+    ``provider_name`` (else its ``name``), ``operation_name``, ``server_address`` and
+    ``server_port``. A provider without them is named by its ``name`` (else its class), and
+    its operation is ``chat``. A host's attribute that raises or holds no text names
+    nothing."""
+    name = _attribute(provider, "name", str) or type(provider).__name__
+    seen: object = provider
+    for _ in range(_WRAPPER_DEPTH):
+        model = _attribute(seen, "model", str)
+        if model is not None:
+            port = _attribute(seen, "server_port", int)
+            return ProviderIdentity(
+                _attribute(seen, "provider_name", str) or _attribute(seen, "name", str) or name,
+                model,
+                _attribute(seen, "operation_name", str) or "chat",
+                _attribute(seen, "server_address", str),
+                port if port is None or port > 0 else None,
+            )
+        inner = getattr(seen, "provider", None)
+        if inner is None or inner is seen:
+            break
+        seen = inner
+    return ProviderIdentity(_attribute(provider, "provider_name", str) or name)
+
+
+def _attribute(owner: object, name: str, kind: type[_T]) -> _T | None:
+    try:
+        value = getattr(owner, name, None)
+    except Exception:  # a host's property that raises names nothing
+        return None
+    if isinstance(value, bool) or not isinstance(value, kind) or not value:
+        return None
+    return value
+
+
+# --------------------------------------------------------------------------- responses
+#: What a stream reports the model and id of its response to while the stream is read
+ResponseListener = Callable[[str | None, str | None], None]
+
+_response_listener: ContextVar[ResponseListener | None] = ContextVar(
+    "toolloop_fsm_response_listener", default=None
+)
+
+
+def report_response(model: str | None, response_id: str | None) -> None:
+    """A provider's stream learned the model that writes its response and the response's id
+    (either may be ``None``): tell the listener of the pass being read, if any. The adapters
+    call it as their decoders read the names, before the chunks that came with them."""
+    listener = _response_listener.get()
+    if listener is not None and (model or response_id):
+        listener(model, response_id)
+
+
+def listen_for_responses(listener: ResponseListener) -> Token[ResponseListener | None]:
+    """Have the streams read from now on in this task (and the tasks it starts) report their
+    response's names to ``listener``; give the token back to `stop_listening`. An observer's
+    `TurnObserver.pass_started` runs in the task that reads the pass: listening there hears
+    that pass."""
+    return _response_listener.set(listener)
+
+
+def stop_listening(token: Token[ResponseListener | None]) -> None:
+    """Undo the `listen_for_responses` that gave ``token`` (in the task it was given in)."""
+    _response_listener.reset(token)
 
 
 #: The phase events of a turn that ran to its result: what a live stream yields of its phases.
@@ -278,6 +377,8 @@ __all__ = [
     "PassStarted",
     "PhaseEvent",
     "ProgressEvent",
+    "ProviderIdentity",
+    "ResponseListener",
     "ToolEnded",
     "ToolStarted",
     "TurnAborted",
@@ -285,6 +386,10 @@ __all__ = [
     "TurnObserver",
     "TurnStarted",
     "add_turn_observer",
+    "identify_provider",
+    "listen_for_responses",
     "remove_turn_observer",
+    "report_response",
+    "stop_listening",
     "turn_observer_factories",
 ]

@@ -1,28 +1,36 @@
-"""OpenTelemetry traces of turns (the ``[otel]`` extra: ``pip install 'toolloop-fsm[otel]'``).
+"""OpenTelemetry traces and metrics of turns (the ``[otel]`` extra:
+``pip install 'toolloop-fsm[otel]'``).
 
 One line turns it on for every turn of the process::
 
     import toolloop_fsm.otel
-    toolloop_fsm.otel.instrument()          # or instrument(tracer_provider=...)
+    toolloop_fsm.otel.instrument()   # or instrument(tracer_provider=..., meter_provider=...)
 
 or, for one turn, ``run_tool_loop(..., observer=TracingObserver())``. Each turn is a span
-tree, following the OpenTelemetry semantic conventions for generative AI:
+tree, following the OpenTelemetry semantic conventions for generative AI (docs/telemetry.md
+maps every attribute to where it comes from):
 
-- the turn: ``invoke_agent`` (``invoke_agent {agent_name}`` when one is given), with the
-  machine's terminal status and sub-reason (``toolloop.status``, ``toolloop.reason``) and the
-  turn's token usage;
+- the turn: ``invoke_agent`` (``invoke_agent {agent_name}`` when one is given), with its
+  provider, the host's ``gen_ai.conversation.id``, the machine's terminal status and
+  sub-reason (``toolloop.status``, ``toolloop.reason``) and the turn's token usage;
 - each attempt of a generation turn: ``attempt {label}`` (key index, route, model), a child
   of the turn;
-- each provider pass: ``chat {model}`` (kind ``CLIENT``: ``gen_ai.provider.name``,
-  ``gen_ai.request.model``, ``gen_ai.usage.input_tokens``/``output_tokens``; a failure's
-  ``error.type``, ``http.response.status_code`` and ``toolloop.retry_after``), a child of its
-  attempt (or of the turn), and the current span while the provider's stream is read, so an
-  HTTP client's own spans nest under it;
-- each tool call: ``execute_tool {name}`` (``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
-  ``toolloop.dispatch``); the calls of one tool batch run at once, each its own span, ended
-  as it ends, in any order.
+- each provider pass: ``{operation} {model}`` (``chat``, ``text_completion``,
+  ``generate_content``; kind ``CLIENT``: the well-known ``gen_ai.provider.name``,
+  ``gen_ai.request.model``, ``server.address``/``server.port``, the ``gen_ai.response.model``
+  and ``gen_ai.response.id`` the stream names, ``gen_ai.usage.input_tokens``/
+  ``output_tokens``; a failure's ``error.type``, ``http.response.status_code`` and
+  ``toolloop.retry_after``), a child of its attempt (or of the turn), and the current span
+  while the provider's stream is read, so an HTTP client's own spans nest under it;
+- each tool call the turn runs: ``execute_tool {name}`` (``gen_ai.tool.name``,
+  ``gen_ai.tool.call.id``, ``toolloop.dispatch``; a tool that raised records an
+  ``exception`` event and its class name as ``error.type``); the calls of one tool batch run
+  at once, each its own span, ended as it ends, in any order. An outcome reused from the
+  ledger (a replayed call) is no execution and has no span.
 
-A span of something that failed has status ``ERROR`` and an ``error.type``. No attribute holds
+With a ``meter_provider``, the conventions' client metrics too (`Instruments`), their
+durations taken from the turn's clock. A span of something that failed has status
+``ERROR`` and an ``error.type``. No attribute holds
 message text the library did not redact: under the outer tier every text is redacted of the
 chain's keys first, and arguments, text and results are never recorded.
 
@@ -35,11 +43,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Sequence
+from contextvars import Token
 from typing import Any
 
 try:
     from opentelemetry import context as otel_context
+    from opentelemetry import metrics
     from opentelemetry import trace
+    from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import Span
     from opentelemetry.trace import SpanKind
     from opentelemetry.trace import Status
@@ -62,13 +74,28 @@ from toolloop_fsm.observation import TurnEnded
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.observation import TurnStarted
 from toolloop_fsm.observation import add_turn_observer
+from toolloop_fsm.observation import listen_for_responses
 from toolloop_fsm.observation import remove_turn_observer
+from toolloop_fsm.observation import stop_listening
 from toolloop_fsm.result import TurnStatus
 
 #: The instrumentation scope every span is created under.
 SCOPE = "toolloop_fsm"
 #: Turn statuses a span reports as an error.
 FAILED_STATUSES = frozenset({TurnStatus.ERROR, TurnStatus.TIMEOUT, TurnStatus.EMPTY_RESPONSE})
+#: The ``error.type`` a metric gives an operation its caller cancelled.
+CANCELLED = "cancelled"
+#: The conventions' bucket boundaries: of a pass's and a tool call's duration (seconds), of
+#: a token count, of a turn's duration (seconds).
+OPERATION_SECONDS: Sequence[float] = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+TOKEN_COUNTS: Sequence[float] = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+AGENT_SECONDS: Sequence[float] = (
+    0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 51.2, 102.4, 204.8, 409.6,
+)  # fmt: skip
 
 Attributes = dict[str, Any]
 
@@ -85,32 +112,53 @@ def _version() -> str | None:
 
 
 class TracingObserver(TurnObserver):
-    """The spans of one turn. Pass one to a run function's ``observer=`` (one per turn), or let
-    `instrument` build one for every turn. ``tracer_provider`` defaults to the global one."""
+    """The spans and metrics of one turn. Pass one to a run function's ``observer=`` (one per
+    turn), or let `instrument` build one for every turn. ``tracer_provider`` defaults to the
+    global one; metrics are recorded only with a ``meter_provider``."""
 
     def __init__(
-        self, *, tracer_provider: TracerProvider | None = None, agent_name: str | None = None
+        self,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        agent_name: str | None = None,
     ) -> None:
-        self._setup(_tracer(tracer_provider), agent_name)
+        instruments = None if meter_provider is None else Instruments(meter_provider)
+        self._setup(_tracer(tracer_provider), agent_name, instruments)
 
     @classmethod
-    def with_tracer(cls, tracer: trace.Tracer, agent_name: str | None = None) -> TracingObserver:
-        """An observer on a tracer the caller already holds (one per process, not per turn)."""
+    def with_tracer(
+        cls,
+        tracer: trace.Tracer,
+        agent_name: str | None = None,
+        instruments: Instruments | None = None,
+    ) -> TracingObserver:
+        """An observer on a tracer (and the metric instruments) the caller already holds (one
+        per process, not per turn)."""
         observer = cls.__new__(cls)
-        observer._setup(tracer, agent_name)
+        observer._setup(tracer, agent_name, instruments)
         return observer
 
-    def _setup(self, tracer: trace.Tracer, agent_name: str | None) -> None:
+    def _setup(
+        self, tracer: trace.Tracer, agent_name: str | None, instruments: Instruments | None
+    ) -> None:
         self._tracer = tracer
         self._agent_name = agent_name
+        self._instruments = instruments
         self._turn: Span | None = None
+        self._started: TurnStarted | None = None
         self._attempt: Span | None = None
         self._pass: Span | None = None
-        # the open execute_tool spans, by (attempt, dispatch): a batch's calls overlap
-        self._tools: dict[tuple[int, int], Span] = {}
-        # the chat span is current while its stream is read: the token to take it back, in
-        # the task that made it current
-        self._current: tuple[object, asyncio.Task[Any] | None] | None = None
+        self._pass_started: PassStarted | None = None
+        # what the stream of the pass being read said of its response: (model, id)
+        self._response: tuple[str | None, str | None] = (None, None)
+        # the open execute_tool spans and their starts, by (attempt, dispatch): a batch's
+        # calls overlap
+        self._tools: dict[tuple[int, int], tuple[Span, ToolStarted]] = {}
+        # while a pass is read, in the task reading it: the chat span is current (the token
+        # to take it back) and its stream's response names are listened for (the token to
+        # stop)
+        self._current: tuple[object, Token[Any], asyncio.Task[Any] | None] | None = None
 
     # ------------------------------------------------------------------ the turn
     def begin(self) -> bool:
@@ -135,11 +183,14 @@ class TracingObserver(TurnObserver):
     def turn_started(self, event: TurnStarted) -> None:
         self.begin()
         assert self._turn is not None
+        self._started = event
         attributes: Attributes = {"toolloop.tier": event.tier}
         if event.provider:
             attributes["gen_ai.provider.name"] = event.provider
         if event.model:
             attributes["gen_ai.request.model"] = event.model
+        if event.conversation_id:
+            attributes["gen_ai.conversation.id"] = event.conversation_id
         self._turn.set_attributes(attributes)
 
     def turn_ended(self, event: TurnEnded) -> None:
@@ -162,13 +213,10 @@ class TracingObserver(TurnObserver):
         if result.attempts:
             attributes["toolloop.attempts"] = len(result.attempts)
         failed = result.status in FAILED_STATUSES
-        _end(
-            span,
-            attributes,
-            (result.reason or result.status.value) if failed else None,
-            result.error_message,
-        )
+        error_type = (result.reason or result.status.value) if failed else None
+        _end(span, attributes, error_type, result.error_message)
         self._turn = None
+        self._measure_turn(event.at, error_type)
 
     def turn_aborted(self, event: TurnAborted) -> None:
         span = self._turn
@@ -178,18 +226,35 @@ class TracingObserver(TurnObserver):
         self._close_children(why)
         if event.cancelled:
             span.set_attribute("toolloop.status", "cancelled")
+            error_type = CANCELLED
         else:
             span.set_attribute("toolloop.status", "raised")
             error = event.error or ""
-            _fail(span, error.split(":", 1)[0] or "raised", error)
+            error_type = _recorded_exception(span, error) or "raised"
+            _fail(span, error_type, error)
         span.end()
         self._turn = None
+        self._measure_turn(event.at, error_type)
+
+    def _measure_turn(self, at: float, error_type: str | None) -> None:
+        started = self._started
+        instruments = self._instruments
+        if instruments is None or started is None:
+            return
+        attributes: Attributes = {}
+        if self._agent_name:
+            attributes["gen_ai.agent.name"] = self._agent_name
+        if started.model:  # a tool-loop turn has one model; a generation turn's chain has many
+            attributes["gen_ai.request.model"] = started.model
+        if error_type is not None:
+            attributes["error.type"] = error_type
+        instruments.agent_duration.record(at - started.at, attributes)
 
     def _close_children(self, why: str) -> None:
         """End what is still open when the turn ends (a caller's cancellation, a bug)."""
         tools = self._tools
         for key in sorted(tools):
-            span = tools.pop(key)
+            span, _started = tools.pop(key)
             span.set_attributes({"toolloop.status": "cancelled", "toolloop.reason": why})
             span.end()
         for name in ("_pass", "_attempt"):
@@ -198,12 +263,16 @@ class TracingObserver(TurnObserver):
                 child.set_attributes({"toolloop.status": "cancelled", "toolloop.reason": why})
                 child.end()
                 setattr(self, name, None)
+        self._pass_started = None
         self._leave_pass()
 
     # ------------------------------------------------------------------ spans
     def _child(self, name: str, kind: SpanKind, attributes: Attributes) -> Span:
         parent = self._attempt or self._turn
         context = trace.set_span_in_context(parent) if parent is not None else None
+        conversation = self._started.conversation_id if self._started is not None else None
+        if conversation:
+            attributes["gen_ai.conversation.id"] = conversation
         return self._tracer.start_span(name, context=context, kind=kind, attributes=attributes)
 
     def attempt_started(self, event: AttemptStarted) -> None:
@@ -216,6 +285,8 @@ class TracingObserver(TurnObserver):
             attributes["toolloop.attempt.key_index"] = event.key_index
         if event.provider:
             attributes["gen_ai.provider.name"] = event.provider
+            if self._turn is not None:  # the turn's provider: the attempt's that answers
+                self._turn.set_attribute("gen_ai.provider.name", event.provider)
         if event.model:
             attributes["gen_ai.request.model"] = event.model
         parent = self._turn
@@ -245,32 +316,42 @@ class TracingObserver(TurnObserver):
         self._attempt = None
 
     def pass_started(self, event: PassStarted) -> None:
-        attributes: Attributes = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": event.provider,
-            "toolloop.iteration": event.iteration,
-        }
-        if event.model:
-            attributes["gen_ai.request.model"] = event.model
-        name = f"chat {event.model}" if event.model else "chat"
+        attributes = _pass_attributes(event)
+        attributes["toolloop.iteration"] = event.iteration
+        name = f"{event.operation} {event.model}" if event.model else event.operation
         span = self._child(name, SpanKind.CLIENT, attributes)
         self._pass = span
+        self._pass_started = event
+        self._response = (None, None)
         # current while the stream is read (in this task), so an HTTP client's spans nest
+        # and the stream's response names reach this pass
         token = otel_context.attach(trace.set_span_in_context(span))
-        self._current = (token, _current_task())
+        listening = listen_for_responses(self._heard_response)
+        self._current = (token, listening, _current_task())
+
+    def _heard_response(self, model: str | None, response_id: str | None) -> None:
+        heard_model, heard_id = self._response
+        self._response = (model or heard_model, response_id or heard_id)
 
     def _leave_pass(self) -> None:
         current = self._current
         self._current = None
-        if current is not None and current[1] is _current_task():
+        if current is not None and current[2] is _current_task():
+            stop_listening(current[1])
             otel_context.detach(current[0])  # type: ignore[arg-type]
 
     def pass_ended(self, event: PassEnded) -> None:
         self._leave_pass()
         span = self._pass
+        started = self._pass_started
         if span is None:
             return
         attributes: Attributes = {"toolloop.pass.outcome": event.outcome}
+        response_model, response_id = self._response
+        if response_model:
+            attributes["gen_ai.response.model"] = response_model
+        if response_id:
+            attributes["gen_ai.response.id"] = response_id
         if event.input_tokens is not None:
             attributes["gen_ai.usage.input_tokens"] = event.input_tokens
         if event.output_tokens is not None:
@@ -279,13 +360,34 @@ class TracingObserver(TurnObserver):
         if event.finish is not None:
             attributes["gen_ai.response.finish_reasons"] = (event.finish,)
         _failure_facts(attributes, event.http_status, event.retry_after)
-        _end(
-            span,
-            attributes,
-            (event.error_kind or event.outcome) if event.failed else None,
-            event.error,
-        )
+        error_type = (event.error_kind or event.outcome) if event.failed else None
+        _end(span, attributes, error_type, event.error)
         self._pass = None
+        self._pass_started = None
+        if started is not None:
+            self._measure_pass(started, event, error_type)
+
+    def _measure_pass(self, started: PassStarted, ended: PassEnded, error: str | None) -> None:
+        instruments = self._instruments
+        if instruments is None:
+            return
+        attributes = _pass_attributes(started)
+        if self._response[0]:
+            attributes["gen_ai.response.model"] = self._response[0]
+        # estimated usage is the library's own count, not the provider's: the conventions
+        # allow offline counting only at the user's asking, so it is not reported
+        if ended.input_tokens is not None and not ended.usage_estimated:
+            instruments.token_usage.record(
+                ended.input_tokens, {**attributes, "gen_ai.token.type": "input"}
+            )
+            instruments.token_usage.record(
+                ended.output_tokens or 0, {**attributes, "gen_ai.token.type": "output"}
+            )
+        if error is None and ended.outcome == CANCELLED:
+            error = CANCELLED
+        if error is not None:
+            attributes["error.type"] = error
+        instruments.operation_duration.record(ended.at - started.at, attributes)
 
     def tool_started(self, event: ToolStarted) -> None:
         attributes: Attributes = {
@@ -297,14 +399,95 @@ class TracingObserver(TurnObserver):
         if event.call_id:
             attributes["gen_ai.tool.call.id"] = event.call_id
         span = self._child(f"execute_tool {event.name}", SpanKind.INTERNAL, attributes)
-        self._tools[(event.attempt, event.dispatch)] = span
+        self._tools[(event.attempt, event.dispatch)] = (span, event)
 
     def tool_ended(self, event: ToolEnded) -> None:
-        span = self._tools.pop((event.attempt, event.dispatch), None)
-        if span is None:
+        opened = self._tools.pop((event.attempt, event.dispatch), None)
+        if opened is None:
             return
-        attributes: Attributes = {"toolloop.tool.outcome": event.outcome}
-        _end(span, attributes, event.outcome if event.failed else None, event.error)
+        span, started = opened
+        span.set_attribute("toolloop.tool.outcome", event.outcome)
+        error_type: str | None = None
+        if event.failed:
+            error_type = event.outcome
+            if event.outcome == "raised":
+                error_type = _recorded_exception(span, event.error or "") or error_type
+            _fail(span, error_type, event.error)
+        span.end()
+        instruments = self._instruments
+        if instruments is not None:
+            attributes: Attributes = {
+                "gen_ai.tool.name": event.name,
+                "gen_ai.tool.type": "function",
+            }
+            if self._agent_name:
+                attributes["gen_ai.agent.name"] = self._agent_name
+            if error_type is not None:
+                attributes["error.type"] = error_type
+            instruments.tool_duration.record(event.at - started.at, attributes)
+
+
+class Instruments:
+    """The GenAI client metrics the conventions define, made once on a meter provider's
+    meter: the duration of each pass (``gen_ai.client.operation.duration``) and its tokens
+    (``gen_ai.client.token.usage``), of each tool call (``gen_ai.execute_tool.duration``) and
+    of each turn (``gen_ai.invoke_agent.duration``), with the conventions' bucket
+    boundaries. Durations come from the events' times: the turn's clock."""
+
+    __slots__ = ("agent_duration", "operation_duration", "token_usage", "tool_duration")
+
+    def __init__(self, meter_provider: MeterProvider) -> None:
+        meter = metrics.get_meter(SCOPE, _version() or "", meter_provider)
+        self.operation_duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=OPERATION_SECONDS,
+        )
+        self.token_usage = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=TOKEN_COUNTS,
+        )
+        self.tool_duration = meter.create_histogram(
+            "gen_ai.execute_tool.duration",
+            unit="s",
+            description="The duration of a single tool execution.",
+            explicit_bucket_boundaries_advisory=OPERATION_SECONDS,
+        )
+        self.agent_duration = meter.create_histogram(
+            "gen_ai.invoke_agent.duration",
+            unit="s",
+            description="The end-to-end duration of a single agent invocation.",
+            explicit_bucket_boundaries_advisory=AGENT_SECONDS,
+        )
+
+
+def _pass_attributes(event: PassStarted) -> Attributes:
+    """What a pass's span and its metrics both say of it from its start."""
+    attributes: Attributes = {
+        "gen_ai.operation.name": event.operation,
+        "gen_ai.provider.name": event.provider,
+    }
+    if event.model:
+        attributes["gen_ai.request.model"] = event.model
+    if event.server_address:
+        attributes["server.address"] = event.server_address
+        if event.server_port is not None:
+            attributes["server.port"] = event.server_port
+    return attributes
+
+
+def _recorded_exception(span: Span, error: str) -> str | None:
+    """Record the exception ``error`` names on ``span`` (an ``exception`` event) and return
+    its class name, when ``error`` is ``"{class name}: {message}"`` — how the library writes
+    an exception a tool or a turn raised (already redacted); else ``None``."""
+    head, colon, message = error.partition(":")
+    if not colon or not all(part.isidentifier() for part in head.split(".")):
+        return None
+    span.add_event("exception", {"exception.type": head, "exception.message": message.strip()})
+    return head
 
 
 def _tracer(tracer_provider: TracerProvider | None) -> trace.Tracer:
@@ -343,16 +526,24 @@ def _fail(span: Span, error_type: str, description: str | None) -> None:
 
 # --------------------------------------------------------------------------- instrumenting
 class _Instrumentation:
-    """Builds each turn's `TracingObserver`, or none when its span would record nothing."""
+    """Builds each turn's `TracingObserver`, or none when it would record nothing (no
+    metrics, and a turn span that does not record)."""
 
-    def __init__(self, tracer_provider: TracerProvider | None, agent_name: str | None) -> None:
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None,
+        meter_provider: MeterProvider | None,
+        agent_name: str | None,
+    ) -> None:
         self.tracer_provider = tracer_provider
         self.agent_name = agent_name
-        self.tracer = _tracer(tracer_provider)  # made once, not per turn
+        # made once, not per turn
+        self.tracer = _tracer(tracer_provider)
+        self.instruments = None if meter_provider is None else Instruments(meter_provider)
 
     def __call__(self) -> TracingObserver | None:
-        observer = TracingObserver.with_tracer(self.tracer, self.agent_name)
-        if observer.begin():
+        observer = TracingObserver.with_tracer(self.tracer, self.agent_name, self.instruments)
+        if observer.begin() or self.instruments is not None:
             return observer
         observer.abandon()
         return None
@@ -362,13 +553,18 @@ _installed: _Instrumentation | None = None
 
 
 def instrument(
-    *, tracer_provider: TracerProvider | None = None, agent_name: str | None = None
+    *,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+    agent_name: str | None = None,
 ) -> None:
     """Trace every turn started from now on (calling it again replaces the settings).
-    ``tracer_provider`` defaults to the global one; ``agent_name`` names the turn spans."""
+    ``tracer_provider`` defaults to the global one; with a ``meter_provider`` (pass
+    ``opentelemetry.metrics.get_meter_provider()`` for the global one) the turns' metrics
+    are recorded too; ``agent_name`` names the turn spans."""
     global _installed
     uninstrument()
-    _installed = _Instrumentation(tracer_provider, agent_name)
+    _installed = _Instrumentation(tracer_provider, meter_provider, agent_name)
     add_turn_observer(_installed)
 
 
@@ -385,8 +581,13 @@ def is_instrumented() -> bool:
 
 
 __all__ = [
+    "AGENT_SECONDS",
+    "CANCELLED",
     "FAILED_STATUSES",
+    "OPERATION_SECONDS",
     "SCOPE",
+    "TOKEN_COUNTS",
+    "Instruments",
     "TracingObserver",
     "instrument",
     "is_instrumented",

@@ -10,7 +10,9 @@ Owns three things:
   event, a done line) arrived, `finished` that the format's finish marker did (`finish_marker`
   names it: a ``finish_reason``, a terminal event, a ``stop_reason``, …). Both raise
   `ProviderError` for what the provider reports or sends wrong.
-* `decode_stream` — a body through a framing and a decoder. Whatever the read boundaries,
+* `decode_stream` — a body through a framing and a decoder, the response's model and id
+  reported as soon as the decoder learns them (`toolloop_fsm.observation.report_response`:
+  the telemetry's ``gen_ai.response.*``). Whatever the read boundaries,
   every chunk decoded before a failure is yielded, in order, before the failure is raised; and
   nothing after the stream's own end is read or decoded, even when it came in the same read —
   it is not part of the pass, and a server that holds the connection open after it does not
@@ -19,12 +21,14 @@ Owns three things:
   whatever it delivered.
 * `HTTPStreamProvider` — the adapter's shell: construction (the API root, the model, an
   optional API key, an optional shared ``httpx.AsyncClient`` never closed here, extra request
-  headers, a name, a timeout), a ``repr`` that shows no secret, the request headers (the
-  caller's, then the framing's ``accept`` and the adapter's protocol headers, then the key in
-  the adapter's credential header), the secrets no text may contain (the key and every
-  credential header), and `stream`: POST the adapter's body through `post_stream`, decode it
-  with the adapter's decoder, and let a failure out only as `redacted_error`, raised outside
-  any ``except`` block so that nothing is chained to it.
+  headers, a name, a timeout, the telemetry's provider name), what the telemetry says of it
+  (`provider_name`, `operation_name`, `server_address`, `server_port`), a ``repr`` that
+  shows no secret, the request headers (the caller's, then the framing's ``accept`` and the
+  adapter's protocol headers, then the key in the adapter's credential header), the secrets
+  no text may contain (the key and every credential header), and `stream`: POST the
+  adapter's body through `post_stream`, decode it with the adapter's decoder, and let a
+  failure out only as `redacted_error`, raised outside any ``except`` block so that nothing
+  is chained to it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from typing import TypedDict
 import httpx
 
 from toolloop_fsm.events import Chunk
+from toolloop_fsm.observation import report_response
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.providers._http import Framing
@@ -58,11 +63,33 @@ from toolloop_fsm.providers._sse import RawEvent
 from toolloop_fsm.providers._sse import SSEDecoder
 
 _ACCEPT: Mapping[Framing, str] = {"sse": "text/event-stream", "ndjson": "application/x-ndjson"}
+_DEFAULT_PORTS: Mapping[str, int] = {"https": 443, "http": 80}
 
 
 # --------------------------------------------------------------------------- decoding
+class ResponseNames:
+    """What a stream's payloads name of their response: the model that wrote it and the
+    response's id. The first non-empty text named is kept (a later payload repeats it)."""
+
+    __slots__ = ("id", "model")
+
+    def __init__(self) -> None:
+        self.model: str | None = None
+        self.id: str | None = None
+
+    def take(self, model: object, response_id: object) -> None:
+        """Keep ``model`` and ``response_id`` where still unknown (non-text is ignored)."""
+        if self.model is None and isinstance(model, str) and model:
+            self.model = model
+        if self.id is None and isinstance(response_id, str) and response_id:
+            self.id = response_id
+
+
 class StreamDecoder(Protocol):
     """A provider's sans-IO decoder of framed events into chunk events (module docstring)."""
+
+    @property
+    def response(self) -> ResponseNames: ...
 
     @property
     def done(self) -> bool: ...
@@ -118,9 +145,14 @@ async def decode_stream(
     events = framer(framing, secrets)
     out: list[Chunk] = []
     failure: ProviderError | None = None
+    names = decoder.response
+    reported: tuple[str | None, str | None] = (None, None)
     async with aclosing(body) as raw:
         async for data in raw:
             failure = _run_events(events.feed_raw(data), decoder, out)
+            if (names.model, names.id) != reported:  # before any chunk or failure it came with
+                reported = (names.model, names.id)
+                report_response(*reported)
             if out:
                 for chunk in out:
                     yield chunk
@@ -134,6 +166,8 @@ async def decode_stream(
             failure = _run_events(events.finish_raw(), decoder, out) or events.error
     if failure is None:
         failure = _body_ended(decoder, out, provider)
+    if (names.model, names.id) != reported:
+        report_response(names.model, names.id)
     for chunk in out:
         yield chunk
     if failure is not None:
@@ -175,6 +209,7 @@ class StreamOptions(TypedDict, total=False):
     headers: Mapping[str, str] | None
     name: str | None
     timeout: httpx.Timeout | None
+    provider_name: str | None
 
 
 class KeyedStreamOptions(StreamOptions, total=False):
@@ -195,6 +230,13 @@ class HTTPStreamProvider(ABC):
     framing: ClassVar[Framing] = "sse"
     path: ClassVar[str] = ""
     default_name: ClassVar[str] = ""
+    known_provider: ClassVar[str] = ""
+    """The OpenTelemetry GenAI conventions' well-known ``gen_ai.provider.name`` of the API the
+    adapter speaks (``openai``, ``anthropic``, ``gcp.gemini``, …); `provider_name` unless the
+    host names another (a compatible server: ``provider_name="groq"``)."""
+    operation_name: ClassVar[str] = "chat"
+    """The conventions' ``gen_ai.operation.name`` of one pass (``chat``, ``text_completion``,
+    ``generate_content``)."""
     takes_api_key: ClassVar[bool] = True
     """Whether the provider has an API key of its own (and its repr says whether one is set)."""
 
@@ -207,6 +249,7 @@ class HTTPStreamProvider(ABC):
         "base_url",
         "model",
         "name",
+        "provider_name",
     )
 
     def __init__(
@@ -219,10 +262,18 @@ class HTTPStreamProvider(ABC):
         headers: Mapping[str, str] | None = None,
         name: str | None = None,
         timeout: httpx.Timeout | None = None,
+        provider_name: str | None = None,
     ) -> None:
+        if provider_name is not None and (not isinstance(provider_name, str) or not provider_name):
+            bad = TypeError if not isinstance(provider_name, str) else ValueError
+            raise bad(
+                f"provider_name must be a non-empty text (the telemetry's gen_ai.provider.name, "
+                f"e.g. 'groq'), got {provider_name!r}"
+            )
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.name = name or self.unnamed()
+        self.provider_name = provider_name or self.known_provider or self.name
         self._api_key = api_key or None
         self._client = client
         self._timeout = timeout
@@ -258,6 +309,18 @@ class HTTPStreamProvider(ABC):
     def url(self) -> str:
         """Where a pass is POSTed: `path` under the API root."""
         return f"{self.base_url}/{self.path}"
+
+    @property
+    def server_address(self) -> str | None:
+        """The host the passes go to (the telemetry's ``server.address``)."""
+        return httpx.URL(self.base_url).host or None
+
+    @property
+    def server_port(self) -> int | None:
+        """The port the passes go to, the scheme's default when the API root names none (the
+        telemetry's ``server.port``)."""
+        url = httpx.URL(self.base_url)
+        return url.port or _DEFAULT_PORTS.get(url.scheme)
 
     @property
     def label(self) -> str:
@@ -311,6 +374,7 @@ class HTTPStreamProvider(ABC):
 __all__ = [
     "HTTPStreamProvider",
     "KeyedStreamOptions",
+    "ResponseNames",
     "StreamDecoder",
     "StreamOptions",
     "decode_stream",

@@ -43,6 +43,7 @@ from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
 from toolloop_fsm.providers._stream import KeyedStreamOptions
+from toolloop_fsm.providers._stream import ResponseNames
 from toolloop_fsm.providers._turns import append_turn
 from toolloop_fsm.providers._turns import content_parts
 from toolloop_fsm.result import ToolHistoryEntry
@@ -217,6 +218,7 @@ class AnthropicStreamDecoder:
         "_thinking",
         "_thinking_open",
         "_tools",
+        "response",
     )
 
     def __init__(self, *, secrets: Sequence[str] = ()) -> None:
@@ -232,6 +234,7 @@ class AnthropicStreamDecoder:
         self._output_tokens = 0
         self._stop_reason: str | None = None
         self._finished = False
+        self.response = ResponseNames()
 
     # ---- public
     @property
@@ -268,6 +271,7 @@ class AnthropicStreamDecoder:
     # ---- event handlers
     def _message_start(self, payload: Mapping[str, Any]) -> list[Chunk]:
         message = payload.get("message") or {}
+        self.response.take(message.get("model"), message.get("id"))
         usage = message.get("usage") or {}
         self._input_tokens = _int(usage.get("input_tokens"), self._input_tokens)
         self._output_tokens = _int(usage.get("output_tokens"), self._output_tokens)
@@ -431,6 +435,7 @@ class AnthropicProvider(HTTPStreamProvider):
 
     path = "messages"
     default_name = "anthropic"
+    known_provider = "anthropic"
 
     __slots__ = ("max_tokens",)
 

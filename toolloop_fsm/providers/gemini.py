@@ -42,6 +42,7 @@ from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
 from toolloop_fsm.providers._stream import KeyedStreamOptions
+from toolloop_fsm.providers._stream import ResponseNames
 from toolloop_fsm.providers._turns import append_turn
 from toolloop_fsm.providers._turns import content_parts
 
@@ -274,6 +275,7 @@ class GeminiStreamDecoder:
         "_secrets",
         "_streamed",
         "_usage",
+        "response",
     )
 
     def __init__(self, *, secrets: Sequence[str] = ()) -> None:
@@ -285,6 +287,7 @@ class GeminiStreamDecoder:
         self._finish_raw: str | None = None
         self._usage: tuple[int, int] | None = None
         self._finished = False
+        self.response = ResponseNames()
 
     @property
     def done(self) -> bool:
@@ -300,6 +303,7 @@ class GeminiStreamDecoder:
             # An error object in place of a chunk (§6.3): classify it by its status word
             # (UNAVAILABLE, RESOURCE_EXHAUSTED, …) and keep any RetryInfo delay.
             raise error_from_payload(payload, provider="Gemini", secrets=self._secrets)
+        self.response.take(payload.get("modelVersion"), payload.get("responseId"))
         candidates = payload.get("candidates") or []
         candidate = next(
             (c for c in candidates if isinstance(c, Mapping) and c.get("index", 0) == 0), None
@@ -464,6 +468,8 @@ class GeminiProvider(HTTPStreamProvider):
     """
 
     default_name = "gemini"
+    known_provider = "gcp.gemini"
+    operation_name = "generate_content"
 
     __slots__ = ()
 

@@ -43,6 +43,7 @@ from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
+from toolloop_fsm.providers._stream import ResponseNames
 from toolloop_fsm.providers._stream import StreamOptions
 from toolloop_fsm.result import ToolHistoryEntry
 
@@ -132,12 +133,13 @@ class OllamaStreamDecoder:
     a JSON object, or a body without a ``done`` line.
     """
 
-    __slots__ = ("_calls", "_done", "_secrets")
+    __slots__ = ("_calls", "_done", "_secrets", "response")
 
     def __init__(self, *, secrets: Sequence[str] = ()) -> None:
         self._secrets = tuple(secrets)
         self._calls = 0
         self._done = False
+        self.response = ResponseNames()  # a line names its model, never an id
 
     @property
     def done(self) -> bool:
@@ -155,6 +157,7 @@ class OllamaStreamDecoder:
             raise error_from_payload(
                 line, provider="Ollama", secrets=self._secrets, unknown=("server", True)
             )
+        self.response.take(line.get("model"), None)
         message = line.get("message")
         if isinstance(message, Mapping):
             out.extend(self._message(message))
@@ -244,6 +247,7 @@ class OllamaProvider(HTTPStreamProvider):
     framing = "ndjson"
     path = "api/chat"
     default_name = "ollama"
+    known_provider = "ollama"
     takes_api_key = False
 
     __slots__ = ()

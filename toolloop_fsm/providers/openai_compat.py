@@ -67,6 +67,7 @@ from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
 from toolloop_fsm.providers._stream import KeyedStreamOptions
+from toolloop_fsm.providers._stream import ResponseNames
 from toolloop_fsm.providers._stream import StreamDecoder
 from toolloop_fsm.result import ToolHistoryEntry
 
@@ -309,6 +310,7 @@ class ChatStreamDecoder:
         "_refusal_only",
         "_secrets",
         "_text_seen",
+        "response",
     )
 
     def __init__(self, *, provider: str, secrets: Sequence[str | None] = ()) -> None:
@@ -321,6 +323,7 @@ class ChatStreamDecoder:
         self._last_usage: tuple[int, int] | None = None
         self._refusal_only = False
         self._text_seen = False
+        self.response = ResponseNames()
 
     @property
     def done(self) -> bool:
@@ -341,7 +344,7 @@ class ChatStreamDecoder:
         )
         if name == "error" or chunk.get("error"):
             raise error_from_payload(chunk, provider=self._provider, secrets=self._secrets)
-
+        self.response.take(chunk.get("model"), chunk.get("id"))
         choices = chunk.get("choices")
         if choices:
             for choice in choices:
@@ -469,6 +472,7 @@ class OpenAIStyleProvider(HTTPStreamProvider):
     the path, the body and the `decoder_type`."""
 
     default_name = "openai"
+    known_provider = "openai"
     decoder_type: ClassVar[OpenAIStyleDecoderType]
 
     __slots__ = ("_auth_header", "extra_body")

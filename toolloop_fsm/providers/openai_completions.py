@@ -163,6 +163,7 @@ class OpenAICompletionsProvider(OpenAIStyleProvider):
 
     path = "completions"
     default_name = "openai-completions"
+    operation_name = "text_completion"
     decoder_type = CompletionStreamDecoder
 
     __slots__ = ("render_prompt",)

@@ -53,6 +53,7 @@ from toolloop_fsm.providers._history import tool_batches
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
+from toolloop_fsm.providers._stream import ResponseNames
 from toolloop_fsm.providers.openai_compat import OpenAIStyleProvider
 from toolloop_fsm.providers.openai_compat import history_call_id
 from toolloop_fsm.result import ToolHistoryEntry
@@ -151,6 +152,7 @@ class ResponsesStreamDecoder:
         "_provider",
         "_reasoning",
         "_secrets",
+        "response",
     )
 
     def __init__(self, *, provider: str, secrets: Sequence[str | None] = ()) -> None:
@@ -160,6 +162,7 @@ class ResponsesStreamDecoder:
         self._reasoning: list[dict[str, Any]] = []
         self._calls_made = 0
         self._ended = False
+        self.response = ResponseNames()
 
     @property
     def done(self) -> bool:
@@ -177,6 +180,9 @@ class ResponsesStreamDecoder:
         payload = decode_json_object(
             data, what=f"{self._provider}: stream event", secrets=self._secrets
         )
+        named = payload.get("response")
+        if isinstance(named, dict):  # response.created and the terminal events name it
+            self.response.take(named.get("model"), named.get("id"))
         kind = payload.get("type") or name
         if name == "error" and kind == "response.failed":
             kind = "error"  # an event named error carries its error itself, whatever its type

@@ -1090,4 +1090,4 @@ def _run_loop(
     if observation is None:
         return run
     observation.for_provider(provider)
-    return observation.watching(run, "tool_loop")
+    return observation.watching(run, "tool_loop", request.conversation_id)

@@ -33,12 +33,14 @@ from toolloop_fsm.observation import ObservedChunk
 from toolloop_fsm.observation import PassEnded
 from toolloop_fsm.observation import PassStarted
 from toolloop_fsm.observation import PhaseEvent
+from toolloop_fsm.observation import ProviderIdentity
 from toolloop_fsm.observation import ToolEnded
 from toolloop_fsm.observation import ToolStarted
 from toolloop_fsm.observation import TurnAborted
 from toolloop_fsm.observation import TurnEnded
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.observation import TurnStarted
+from toolloop_fsm.observation import identify_provider
 from toolloop_fsm.observation import turn_observer_factories
 from toolloop_fsm.pump.records import TurnRecords
 from toolloop_fsm.pump.redaction import Secrets
@@ -57,31 +59,6 @@ _CANCELLED = "cancelled"
 _FAILED_PASS = frozenset({"error", "timeout"})
 #: The fields of the chunks observers are shown, checked before they are.
 _CHUNK_SHAPES = event_shapes(OBSERVED_CHUNKS)
-
-
-def provider_identity(provider: object) -> tuple[str, str | None]:
-    """``(provider name, model)`` of a provider, looking through wrappers (`VerbatimToolCalls`,
-    `ContinuationSession`: their ``provider``) for an adapter's ``model`` and
-    ``default_name``; a provider without them is named by its ``name``."""
-    name = _text_attribute(provider, "name") or type(provider).__name__
-    seen: object = provider
-    for _ in range(4):
-        model = _text_attribute(seen, "model")
-        if model is not None:
-            return _text_attribute(seen, "default_name") or name, model
-        inner = getattr(seen, "provider", None)
-        if inner is None or inner is seen:
-            break
-        seen = inner
-    return name, None
-
-
-def _text_attribute(owner: object, name: str) -> str | None:
-    try:
-        value = getattr(owner, name, None)
-    except Exception:  # a host's property that raises names nothing
-        return None
-    return value if isinstance(value, str) and value else None
 
 
 def observe_turn(
@@ -117,6 +94,7 @@ class Observation:
         "attempt",
         "cause",
         "clock",
+        "identity",
         "model",
         "pass_iteration",
         "provider",
@@ -136,6 +114,7 @@ class Observation:
         # the attempt's provider, named once per attempt
         self.provider = ""
         self.model: str | None = None
+        self.identity = ProviderIdentity("")
         # the pass being read (0: none), the tools running by dispatch (made for the first),
         # and the event whose effects the pump is carrying out (it says why a running tool
         # was cancelled)
@@ -176,14 +155,15 @@ class Observation:
 
     # ------------------------------------------------------------------ the turn
     def for_provider(self, provider: object) -> None:
-        self.provider, self.model = provider_identity(provider)
+        self.identity = identify_provider(provider)
+        self.provider, self.model = self.identity.name, self.identity.model
 
     async def watching(
-        self, run: Awaitable[GenerationTurnResult], tier: str
+        self, run: Awaitable[GenerationTurnResult], tier: str, conversation_id: str | None
     ) -> GenerationTurnResult:
-        """``run``, the turn of ``tier``, with its start, its end or its abort shown to the
-        observers."""
-        self.turn_started(tier)
+        """``run``, the turn of ``tier`` (in the host's conversation ``conversation_id``),
+        with its start, its end or its abort shown to the observers."""
+        self.turn_started(tier, conversation_id)
         try:
             result = await run
         except BaseException as err:
@@ -192,11 +172,11 @@ class Observation:
         self.turn_ended(result)
         return result
 
-    def turn_started(self, tier: str) -> None:
+    def turn_started(self, tier: str, conversation_id: str | None = None) -> None:
         if tier == "tool_loop":
-            event = TurnStarted(tier, self.clock.now(), self.provider, self.model)
+            event = TurnStarted(tier, self.clock.now(), self.provider, self.model, conversation_id)
         else:
-            event = TurnStarted(tier, self.clock.now())
+            event = TurnStarted(tier, self.clock.now(), conversation_id=conversation_id)
         self._emit(event)
 
     def turn_ended(self, result: GenerationTurnResult) -> None:
@@ -214,6 +194,7 @@ class Observation:
         self.attempt = attempt
         if provider is None:
             self.provider, self.model = "", None
+            self.identity = ProviderIdentity("")
         else:
             self.for_provider(provider)
         event = AttemptStarted(
@@ -252,7 +233,17 @@ class Observation:
     # ------------------------------------------------------------------ passes
     def pass_started(self, iteration: int) -> None:
         self.pass_iteration = iteration
-        event = PassStarted(self.attempt, iteration, self.provider, self.model, self.clock.now())
+        identity = self.identity
+        event = PassStarted(
+            self.attempt,
+            iteration,
+            self.provider,
+            self.model,
+            self.clock.now(),
+            identity.operation,
+            identity.server_address,
+            identity.server_port,
+        )
         self._emit(event)
 
     def pass_ended(self, turn: TurnState | None, failure: StreamFailed | None) -> None:

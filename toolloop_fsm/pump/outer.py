@@ -661,4 +661,4 @@ async def _run_chain(
     run = pump.run(request, resume_from=resume_from)
     if observation is None:
         return await run
-    return await observation.watching(run, "generation")
+    return await observation.watching(run, "generation", request.conversation_id)
