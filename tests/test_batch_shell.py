@@ -246,7 +246,7 @@ async def run_batch(
     run = pump.run(REQUEST)
     if observation is None:
         return await run
-    return await observation.watching(run, "tool_loop")
+    return await observation.watching(run, "tool_loop", REQUEST.conversation_id)
 
 
 def weather(clock: VirtualClock, cancelled: list[str] | None = None) -> Tool:
