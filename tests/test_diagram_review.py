@@ -33,7 +33,7 @@ from toolloop_fsm.testing import VirtualClock
 from toolloop_fsm.testing.scripted import Fail
 
 DOT_EDGE = re.compile(r'^\s*"(\w+)" -> "(\w+)"(?: \[(.*)\])?$')
-MERMAID_CLASS = re.compile(r"^\s*Class (\w+) s_(\w+)$")
+MERMAID_CLASS = re.compile(r"^\s*class (\w+) s_(\w+)$")
 
 
 async def _lookup(arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
@@ -105,7 +105,9 @@ def test_highlight_of_a_generation_turn_marks_every_attempts_path(
     assert {"error", "completed", "executing_tool"} <= visited
     text = _diagram(capsys, "inner", "--highlight", str(path))
     marked = {
-        m[1] for ln in text.splitlines() if (m := MERMAID_CLASS.match(ln)) and m[2] == "trace"
+        m[1]
+        for ln in text.splitlines()
+        if (m := MERMAID_CLASS.match(ln)) and m[2].startswith("trace")
     }
     assert marked == visited
 
