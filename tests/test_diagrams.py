@@ -652,7 +652,7 @@ SYNTAX_WORDS = set(
     s_decision s_terminal s_trace_decision s_trace_terminal dasharray 4px legend
     share their and drawn each
     TABLE BORDER CELLSPACING CELLPADDING TR TD COLSPAN ALIGN LEFT FONT POINT SIZE B STYLE WIDTH
-    HEIGHT BGCOLOR COLOR 1 3 8 14 22 28
+    HEIGHT BGCOLOR COLOR 1 3 8 14 18 22 28
     """.split()  # noqa: SIM905 - a word list reads better than 90 quoted strings
 )
 
@@ -745,3 +745,29 @@ def test_a_source_checkout_is_recognised_by_its_pyproject(tmp_path: Path) -> Non
 
     assert source_checkout_diagrams() == COMMITTED_DIR  # the tests run from the checkout
     assert source_checkout_diagrams(tmp_path / "diagrams") is None
+
+
+# --------------------------------------------------------------------------- legends
+@pytest.mark.parametrize("view", VIEWS)
+def test_every_view_carries_a_legend_of_what_it_draws(decl: MachineDeclaration, view: str) -> None:
+    trace = _real_trace() if decl.name == "ToolLoopMachine" else None
+    for highlight in (None, trace):
+        drawn = diagrams.diagram(decl, view)
+        lit = highlight is not None
+        for fmt, render_text in (("dot", render_dot), ("mermaid", render_mermaid)):
+            text = render_text(decl, view=view, highlight=highlight)
+            rows = diagrams.legend(drawn, fmt, highlighted=lit)
+            samples = [row.sample for row in rows]
+            for row in rows:
+                assert row.meaning in text, (fmt, row.meaning)
+            assert samples[:2] == ["state", "decision"]
+            assert ("trace" in samples) == lit
+            # the grey arrows are explained where, and only where, they are drawn
+            greys = fmt == "dot" and view == "exits"
+            assert ("grey_arrow" in samples) == greys
+            assert (f'color="{diagrams._FLOW}", fontcolor=' in text) == greys
+            assert ("grey_dashed_arrow" in samples) == (greys and bool(drawn.settle_group))
+    # mermaid's legend is a note by the initial state
+    mermaid = render_mermaid(decl, view=view).splitlines()
+    at = mermaid.index(f"  note left of {decl.initial}")
+    assert mermaid[at + 1] == "    legend:"

@@ -640,18 +640,21 @@ def _dot_edge(
 # --------------------------------------------------------------------------- legends
 @frozen
 class LegendEntry:
-    """One row of a view's legend: a sample drawn in the style it explains, and what it means.
-    ``sample``: ``state``, ``decision`` or ``terminal`` (a node), ``exit``, ``flow`` or
-    ``settle`` (an arrow), ``trace`` (a node and an arrow in the highlight's colour)."""
+    """One row of a view's legend: a sample in the style it explains, and what it means.
+    ``sample`` names the style: ``state``, ``decision``, ``terminal_box``, ``terminal_circle``,
+    ``end_dot`` (nodes), ``arrow``, ``grey_arrow``, ``grey_dashed_arrow`` (edges) or ``trace``
+    (the highlight's colour)."""
 
     sample: str
     meaning: str
 
 
 def legend(drawn: Diagram, format: str, *, highlighted: bool) -> tuple[LegendEntry, ...]:
-    """What a reader needs to read ``drawn`` in ``format`` (``"dot"`` or ``"mermaid"``): only
-    the marks that view draws (mermaid colours no arrow, so its exits view has no grey ones)."""
-    exits = drawn.view == "exits"
+    """What a reader needs to read ``drawn`` in ``format`` (``"dot"`` or ``"mermaid"``), with
+    ``highlighted`` when a run is marked on it: only the marks that view draws (mermaid colours
+    no arrow, so its exits view has no grey ones; it ends the full view's terminal states on
+    its end dot, where dot draws double circles)."""
+    dot = format == "dot"
     rows = [
         LegendEntry("state", "box: a state, waiting for its next event"),
         LegendEntry(
@@ -659,39 +662,33 @@ def legend(drawn: Diagram, format: str, *, highlighted: bool) -> tuple[LegendEnt
             "dashed box: a decision state, left at once by the first advance whose guard holds",
         ),
     ]
-    if exits:
-        rows.append(
+    if drawn.view == "exits":
+        border = "double box" if dot else "thick box"
+        rows += [
             LegendEntry(
-                "terminal",
-                "double box: the terminal state an exit ends the turn in, one per exit"
-                if format == "dot"
-                else "thick box: the terminal state an exit ends the turn in, one per exit",
+                "terminal_box",
+                f"{border}: the terminal state an exit ends the turn in, one per exit",
+            ),
+            LegendEntry("arrow", "arrow into a terminal state: an exit, event [guard] / reason"),
+        ]
+        if dot:
+            rows.append(LegendEntry("grey_arrow", "grey arrow: a transition that ends nothing"))
+        if dot and drawn.settle_group:
+            rows.append(
+                LegendEntry("grey_dashed_arrow", "grey dashed arrow: a step within the settle step")
             )
-        )
-        rows.append(
-            LegendEntry("exit", "arrow into a terminal state: an exit, event [guard] / reason")
-        )
-        if format == "dot":
-            rows.append(LegendEntry("flow", "grey arrow: a transition that ends nothing"))
-            if drawn.settle_group:
-                rows.append(
-                    LegendEntry("settle", "grey dashed arrow: a step within the settle step")
-                )
     else:
-        rows.append(
+        rows += [
+            LegendEntry("terminal_circle", "double circle: a terminal state, where the turn ends")
+            if dot
+            else LegendEntry(
+                "end_dot", "arrow to the end dot: a terminal state, where the turn ends"
+            ),
             LegendEntry(
-                "terminal",
-                "double circle: a terminal state, where the turn ends"
-                if format == "dot"
-                else "arrow to the end dot: a terminal state, where the turn ends",
-            )
-        )
-        rows.append(
-            LegendEntry(
-                "flow",
+                "arrow",
                 "arrow: one line per transition, event [guard], [internal] when the state stays",
-            )
-        )
+            ),
+        ]
     if highlighted:
         rows.append(
             LegendEntry(
@@ -707,11 +704,12 @@ def legend(drawn: Diagram, format: str, *, highlighted: bool) -> tuple[LegendEnt
 _DOT_SAMPLES = {
     "state": '<TD BORDER="1" STYLE="rounded" WIDTH="28"> </TD>',
     "decision": '<TD BORDER="1" STYLE="rounded,dashed" WIDTH="28"> </TD>',
-    "terminal": '<TD><TABLE BORDER="1" CELLSPACING="2" CELLPADDING="0"><TR>'
+    "terminal_box": '<TD><TABLE BORDER="1" CELLSPACING="2" CELLPADDING="0"><TR>'
     '<TD BORDER="1" WIDTH="22" HEIGHT="10"> </TD></TR></TABLE></TD>',
-    "exit": "<TD>──▶</TD>",
-    "flow": f'<TD><FONT COLOR="{_FLOW}">──▶</FONT></TD>',
-    "settle": f'<TD><FONT COLOR="{_FLOW}">╌╌▶</FONT></TD>',
+    "terminal_circle": '<TD><FONT POINT-SIZE="18">◎</FONT></TD>',
+    "arrow": "<TD>──▶</TD>",
+    "grey_arrow": f'<TD><FONT COLOR="{_FLOW}">──▶</FONT></TD>',
+    "grey_dashed_arrow": f'<TD><FONT COLOR="{_FLOW}">╌╌▶</FONT></TD>',
     "trace": f'<TD BORDER="2" COLOR="{_TRACE_STROKE}" BGCOLOR="{_TRACE_FILL}" STYLE="rounded">'
     f'<FONT COLOR="{_TRACE_STROKE}">──▶</FONT></TD>',
 }
