@@ -2,7 +2,9 @@
 generation turn (every attempt's path, the guards that fired, every step the trace holds).
 
 The saved turn is made in-process: a first model whose stream fails (a retryable error), then
-a second that calls a tool and answers.
+a second that calls a tool and answers. Every view is rendered as a reviewer would see it (dot
+to PNG; the mermaid through mermaid-cli where it is installed) and the highlight is read back
+from the renderer's own output: Graphviz's layout (``dot -Tjson``), mermaid's SVG.
 """
 
 from __future__ import annotations

@@ -6,9 +6,17 @@
   steps actions note in the trace (``attempt_superseded``).
 - ``exits``: for review. Each transition that ends the turn is drawn from the state and event
   where it happens straight to the terminal state its declared ending names, labelled
-  ``event [guard] / reason``; the shared settle step (every ending passes it before its
-  terminal state) is drawn once, as a group, with its own transitions; the other transitions
-  are drawn as in the full view, lighter, and internal transitions are left out.
+  ``event [guard] / reason``, to a terminal node of its own (no two exits share one, so their
+  labels never lie over each other). An exit is drawn from each state it is declared from:
+  states that share their exits (a pass awaiting its first token, then streaming) are boxed
+  under a caption saying so, never drawn from as a box, so a highlight lights exactly the state
+  the run left. The shared settle step (every ending passes it before its terminal state) is
+  drawn once, as a group, with its own transitions; the other transitions are drawn as in the
+  full view, lighter, and internal transitions are left out.
+
+Every view carries a legend (`legend`): what its boxes, borders, dashes and colours mean, only
+those it draws. In dot it is the graph's label, samples drawn in the style they explain; in
+mermaid, a note by the initial state.
 
 Formats: mermaid ``stateDiagram-v2`` and Graphviz dot, both written here from the declaration
 (`toolloop_fsm.declaration.MachineDeclaration`), and SVG through Graphviz's ``dot`` program
@@ -16,7 +24,7 @@ when it is installed.
 
 ``highlight`` takes recorded trace steps (`toolloop_fsm.result.TraceStep`; the steps of several
 runs, such as every attempt of a generation turn, may be given together) and marks what they
-took: the states visited (mermaid: the ``s_trace`` class; dot: amber), each label line of a
+took: the states visited (mermaid: an ``s_trace`` class; dot: amber), each label line of a
 transition taken, so the guard that fired (``✔`` before the line), and in dot the edges those
 lines are on. An exit whose ending names several statuses is marked to the terminal state the
 run reached.
