@@ -47,7 +47,8 @@ NAMES = sorted(DECLARATIONS)
 HAS_DOT = shutil.which("dot") is not None
 
 MERMAID_EDGE = re.compile(r"^\s*(\w+) --> (\w+): (.*)$")
-MERMAID_CLASS = re.compile(r"^\s*Class (\w+) s_(\w+)$")
+MERMAID_CLASS = re.compile(r"^\s*class (\w+) s_(\w+)$")
+MERMAID_NODE = re.compile(r'^\s*state "(\w+)" as (\w+)$')
 DOT_NODE = re.compile(r'^\s*"([^"]+)"(?: \[(.*)\])?$')
 DOT_EDGE = re.compile(r'^\s*"([^"]+)" -> "([^"]+)"(?: \[(.*)\])?$')
 
@@ -62,10 +63,15 @@ def _stem(name: str, view: str) -> str:
 
 
 def _mermaid_edges(text: str) -> dict[tuple[str, str], list[str]]:
+    """(source, dest) → label lines, each node named by the state it shows (the exits view's
+    terminal nodes, one per exit, by their terminal state)."""
+    shows = {m[2]: m[1] for line in text.splitlines() if (m := MERMAID_NODE.match(line))}
     edges: dict[tuple[str, str], list[str]] = {}
     for line in text.splitlines():
         if match := MERMAID_EDGE.match(line):
-            edges[(match[1], match[2])] = match[3].split(" | ")
+            pair = (shows[match[1]], shows[match[2]])
+            assert pair not in edges, f"two edges {pair}: a terminal node shared by two exits"
+            edges[pair] = match[3].split(" | ")
     return edges
 
 
@@ -231,13 +237,16 @@ def test_mermaid_has_every_state_initial_and_final_markers(
     text = render_mermaid(decl, view=view)
     lines = text.splitlines()
     assert lines[:4] == ["---", f"title: {decl.title}", "---", "stateDiagram-v2"]
+    finals = set(decl.final_states)
     for state in decl.state_names:
-        assert f'  state "{state}" as {state}' in lines
+        # the exits view draws a terminal state once per exit that ends there, never shared
+        drawn = view == "full" or state not in finals
+        assert (f'  state "{state}" as {state}' in lines) == drawn, state
     assert [ln.strip() for ln in lines if ln.strip().startswith("[*] -->")] == [
         f"[*] --> {decl.initial}"
     ]
     marked_final = [ln.split()[0] for ln in lines if ln.rstrip().endswith("--> [*]")]
-    assert marked_final == list(decl.final_states)
+    assert marked_final == (list(decl.final_states) if view == "full" else [])
 
 
 def test_full_mermaid_edges_are_exactly_the_declared_transitions_and_trace_notes(
@@ -345,25 +354,31 @@ def test_exits_dot_hangs_each_exit_on_its_state_and_draws_the_settle_step_once(
                 texts[-1] += " " + row.strip()
             else:
                 texts.append(row)
-        sources = tuple(group) if (group := _cluster_of(text, attrs.get("ltail"))) else (source,)
-        for member in sources:
-            for status in statuses:
-                drawn.setdefault((member, status), []).extend(texts)
+        assert "ltail" not in attrs, "an exit is drawn from its state, never from a box"
+        for status in statuses:
+            drawn.setdefault((source, status), []).extend(texts)
     assert drawn == _exit_lines(decl)
 
 
-def _cluster_of(text: str, cluster: str | None) -> list[str]:
-    if cluster is None:
-        return []
-    block = text[text.index(f'subgraph "{cluster}"') :].split("}")[0]
-    return re.findall(r'^\s+"(\w+)"', block, re.MULTILINE)
+def test_a_box_of_states_that_share_their_exits_says_so_in_its_caption() -> None:
+    text = render_dot(declaration("inner"), view="exits")
+    block = text[text.index('subgraph "cluster_exits_0"') :].split("}")[0]
+    assert set(re.findall(r'^\s+"(\w+)"', block, re.MULTILINE)) == {
+        "awaiting_first_token",
+        "streaming",
+    }
+    caption = re.search(r'label="([^"]*)"', block)
+    assert caption is not None
+    assert caption[1] == "awaiting_first_token and streaming share their exits, drawn from each"
 
 
 def test_every_guard_but_the_settle_steps_routing_is_in_the_exits_view(
     decl: MachineDeclaration,
 ) -> None:
-    text = render_mermaid(decl, view="exits")
-    shown = set(re.findall(r"\[(\w+)\]", text)) - {"internal"}
+    labels = " | ".join(
+        " | ".join(v) for v in _mermaid_edges(render_mermaid(decl, view="exits")).values()
+    )
+    shown = set(re.findall(r"\[(\w+)\]", labels)) - {"internal"}
     routing = {
         edge.guard
         for edge in decl.edges()
@@ -450,7 +465,14 @@ def _visited(trace: Sequence[TraceStep]) -> set[str]:
 
 
 def _mermaid_marked(text: str) -> set[str]:
-    return {m[1] for ln in text.splitlines() if (m := MERMAID_CLASS.match(ln)) and m[2] == "trace"}
+    """The states drawn in a ``s_trace`` class (the exits view's terminal nodes by the state
+    they show)."""
+    shows = {m[2]: m[1] for line in text.splitlines() if (m := MERMAID_NODE.match(line))}
+    return {
+        shows[m[1]]
+        for ln in text.splitlines()
+        if (m := MERMAID_CLASS.match(ln)) and m[2].startswith("trace")
+    }
 
 
 def _dot_marked(text: str) -> tuple[set[str], set[tuple[str, str]]]:
@@ -477,7 +499,9 @@ def test_highlight_marks_exactly_the_states_edges_and_guards_of_a_recorded_trace
     assert _mermaid_marked(text) == _visited(trace)
     assert "classDef s_trace " in text
     unmarked = {
-        m[1] for ln in text.splitlines() if (m := MERMAID_CLASS.match(ln)) and m[2] == "default"
+        m[1]
+        for ln in text.splitlines()
+        if (m := MERMAID_CLASS.match(ln)) and not m[2].startswith("trace")
     }
     assert unmarked == set(decl.state_names) - _visited(trace)
     # each line taken, with the guard that fired: one per step of the trace
@@ -615,7 +639,7 @@ def test_highlight_refuses_an_undeclared_step_without_echoing_it() -> None:
 #: syntax, the styles, the captions and the provenance comment.
 SYNTAX_WORDS = set(
     """
-    stateDiagram v2 direction LR TB classDef Class state as title note left of end
+    stateDiagram v2 direction LR TB classDef class state as title note left right of end
     s_default s_trace fill color white black stroke width 3px fde68a b45309 6b7280
     internal
     digraph graph node edge rankdir label labelloc t fontname Helvetica fontsize 10 9
@@ -625,13 +649,31 @@ SYNTAX_WORDS = set(
     settle step every ending passes here then takes its terminal
     full exits view
     Rendered from by toolloop_fsm diagrams do not edit regenerate with python m
+    s_decision s_terminal s_trace_decision s_trace_terminal dasharray 4px legend
+    share their and drawn each
+    TABLE BORDER CELLSPACING CELLPADDING TR TD COLSPAN ALIGN LEFT FONT POINT SIZE B STYLE WIDTH
+    HEIGHT BGCOLOR COLOR 1 3 8 14 18 22 28
     """.split()  # noqa: SIM905 - a word list reads better than 90 quoted strings
 )
 
 
+def _legend_words() -> set[str]:
+    """The words of every legend (constant text, written in the library)."""
+    return {
+        word
+        for name in NAMES
+        for view in VIEWS
+        for fmt in ("dot", "mermaid")
+        for row in diagrams.legend(diagrams.diagram(declaration(name), view), fmt, highlighted=True)
+        for word in re.findall(r"\w+", row.meaning)
+    }
+
+
 def _words(text: str) -> set[str]:
-    # dot labels join lines with a literal backslash-n or backslash-l
-    return set(re.findall(r"\w+", re.sub(r"\\[nl]", " ", text)))
+    # dot labels join lines with a literal backslash-n or backslash-l; a mermaid exit's
+    # terminal node is `<state>__<terminal state>`
+    text = re.sub(r"(?<=[a-z])__(?=[a-z])", " ", re.sub(r"\\[nl]", " ", text))
+    return set(re.findall(r"\w+", text))
 
 
 def test_a_diagram_contains_only_declaration_names(
@@ -658,6 +700,7 @@ def test_a_diagram_contains_only_declaration_names(
         | set(re.findall(r"\w+", decl.title))
         | set(re.findall(r"\w+", decl.source_module))
         | {decl.name}
+        | _legend_words()
     )
     texts = [
         render(decl, fmt, view=view, highlight=h).decode()
@@ -702,3 +745,29 @@ def test_a_source_checkout_is_recognised_by_its_pyproject(tmp_path: Path) -> Non
 
     assert source_checkout_diagrams() == COMMITTED_DIR  # the tests run from the checkout
     assert source_checkout_diagrams(tmp_path / "diagrams") is None
+
+
+# --------------------------------------------------------------------------- legends
+@pytest.mark.parametrize("view", VIEWS)
+def test_every_view_carries_a_legend_of_what_it_draws(decl: MachineDeclaration, view: str) -> None:
+    trace = _real_trace() if decl.name == "ToolLoopMachine" else None
+    for highlight in (None, trace):
+        drawn = diagrams.diagram(decl, view)
+        lit = highlight is not None
+        for fmt, render_text in (("dot", render_dot), ("mermaid", render_mermaid)):
+            text = render_text(decl, view=view, highlight=highlight)
+            rows = diagrams.legend(drawn, fmt, highlighted=lit)
+            samples = [row.sample for row in rows]
+            for row in rows:
+                assert row.meaning in text, (fmt, row.meaning)
+            assert samples[:2] == ["state", "decision"]
+            assert ("trace" in samples) == lit
+            # the grey arrows are explained where, and only where, they are drawn
+            greys = fmt == "dot" and view == "exits"
+            assert ("grey_arrow" in samples) == greys
+            assert (f'color="{diagrams._FLOW}", fontcolor=' in text) == greys
+            assert ("grey_dashed_arrow" in samples) == (greys and bool(drawn.settle_group))
+    # mermaid's legend is a note by the initial state
+    mermaid = render_mermaid(decl, view=view).splitlines()
+    at = mermaid.index(f"  note left of {decl.initial}")
+    assert mermaid[at + 1] == "    legend:"

@@ -6,9 +6,17 @@
   steps actions note in the trace (``attempt_superseded``).
 - ``exits``: for review. Each transition that ends the turn is drawn from the state and event
   where it happens straight to the terminal state its declared ending names, labelled
-  ``event [guard] / reason``; the shared settle step (every ending passes it before its
-  terminal state) is drawn once, as a group, with its own transitions; the other transitions
-  are drawn as in the full view, lighter, and internal transitions are left out.
+  ``event [guard] / reason``, to a terminal node of its own (no two exits share one, so their
+  labels never lie over each other). An exit is drawn from each state it is declared from:
+  states that share their exits (a pass awaiting its first token, then streaming) are boxed
+  under a caption saying so, never drawn from as a box, so a highlight lights exactly the state
+  the run left. The shared settle step (every ending passes it before its terminal state) is
+  drawn once, as a group, with its own transitions; the other transitions are drawn as in the
+  full view, lighter, and internal transitions are left out.
+
+Every view carries a legend (`legend`): what its boxes, borders, dashes and colours mean, only
+those it draws. In dot it is the graph's label, samples drawn in the style they explain; in
+mermaid, a note by the initial state.
 
 Formats: mermaid ``stateDiagram-v2`` and Graphviz dot, both written here from the declaration
 (`toolloop_fsm.declaration.MachineDeclaration`), and SVG through Graphviz's ``dot`` program
@@ -16,7 +24,7 @@ when it is installed.
 
 ``highlight`` takes recorded trace steps (`toolloop_fsm.result.TraceStep`; the steps of several
 runs, such as every attempt of a generation turn, may be given together) and marks what they
-took: the states visited (mermaid: the ``s_trace`` class; dot: amber), each label line of a
+took: the states visited (mermaid: an ``s_trace`` class; dot: amber), each label line of a
 transition taken, so the guard that fired (``✔`` before the line), and in dot the edges those
 lines are on. An exit whose ending names several statuses is marked to the terminal state the
 run reached.
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import html
 import itertools
 import re
 import shutil
@@ -59,11 +68,14 @@ __all__ = [
     "DiagramError",
     "DiagramToolMissing",
     "DrawnEdge",
+    "LegendEntry",
     "Line",
     "TraceLike",
     "declaration",
     "diagram",
+    "legend",
     "main",
+    "mermaid_terminal",
     "render",
     "render_dot",
     "render_mermaid",
@@ -153,13 +165,12 @@ class Line:
 
 @frozen
 class DrawnEdge:
-    """One drawn edge: its label lines in declaration order. ``sources`` is one state, or in
-    the exits view the states an exit is declared from together (drawn from their group);
-    ``dests`` is one state, or for an exit the terminal states its ending names. ``kind`` is
+    """One drawn edge from ``source``: its label lines in declaration order. ``dests`` is one
+    state, or for an exit the terminal states its ending names. ``kind`` is
     ``flow`` (a transition), ``exit`` (to a terminal state, by a declared ending) or
     ``settle`` (within the settle step)."""
 
-    sources: tuple[str, ...]
+    source: str
     dests: tuple[str, ...]
     lines: tuple[Line, ...]
     kind: str = "flow"
@@ -174,7 +185,8 @@ class Diagram:
     edges: tuple[DrawnEdge, ...]
     #: the states drawn as the settle step's group (exits view)
     settle_group: tuple[str, ...] = ()
-    #: groups of states exits are declared from together (exits view)
+    #: groups of states exits are declared from together (exits view): boxed and captioned,
+    #: each exit still drawn from each state
     exit_groups: tuple[tuple[str, ...], ...] = ()
 
 
@@ -182,28 +194,28 @@ def _note_id(state: str, event: str) -> str:
     return f"{state} --{event}--> {state} (noted)"
 
 
-_Drawn = tuple[tuple[str, ...], tuple[str, ...], Line, str]
+_Drawn = tuple[str, tuple[str, ...], Line, str]
 
 
 def _group(edges: Iterable[_Drawn]) -> tuple[DrawnEdge, ...]:
-    """One drawn edge per (sources, dests, kind), its lines in order."""
-    grouped: dict[tuple[tuple[str, ...], tuple[str, ...], str], list[Line]] = {}
-    for sources, dests, line, kind in edges:
-        grouped.setdefault((sources, dests, kind), []).append(line)
+    """One drawn edge per (source, dests, kind), its lines in order."""
+    grouped: dict[tuple[str, tuple[str, ...], str], list[Line]] = {}
+    for source, dests, line, kind in edges:
+        grouped.setdefault((source, dests, kind), []).append(line)
     return tuple(
-        DrawnEdge(sources, dests, tuple(lines), kind)
-        for (sources, dests, kind), lines in grouped.items()
+        DrawnEdge(source, dests, tuple(lines), kind)
+        for (source, dests, kind), lines in grouped.items()
     )
 
 
 def _full(decl: MachineDeclaration) -> Diagram:
     lines: list[_Drawn] = [
-        ((edge.source,), (edge.dest,), Line(edge.label, (edge.ident,)), "flow")
+        (edge.source, (edge.dest,), Line(edge.label, (edge.ident,)), "flow")
         for edge in decl.edges()
     ]
     lines += [
         (
-            (note.state,),
+            note.state,
             (note.state,),
             Line(note.event, (_note_id(note.state, note.event),)),
             "flow",
@@ -222,8 +234,8 @@ def _exit_label(edge: Edge) -> str:
 
 def _exit_groups(decl: MachineDeclaration) -> tuple[tuple[str, ...], ...]:
     """The sets of states exits are declared from together that the run passes through one
-    after the other (a pass awaits its first token, then streams): each is drawn as one group
-    the exits leave from. None when two would overlap."""
+    after the other (a pass awaits its first token, then streams): each is boxed and captioned
+    as sharing its exits. None when two would overlap."""
     follows = {(e.source, e.dest) for e in decl.edges() if not e.internal}
     groups = tuple(
         dict.fromkeys(
@@ -247,21 +259,17 @@ def _exits(decl: MachineDeclaration) -> Diagram:
         edges = [edge for edge in decl.edges() if edge.transition is t]
         if t.ends is not None:
             statuses = tuple(status.value for status in t.ends.statuses)
-            line = Line(_exit_label(edges[0]), tuple(e.ident for e in edges), statuses)
-            if t.sources in groups:  # declared from a group of states: drawn once, from it
-                lines.append((t.sources, statuses, line, "exit"))
-            else:
-                lines += [
-                    ((e.source,), statuses, Line(line.text, (e.ident,), statuses), "exit")
-                    for e in edges
-                ]
+            # drawn from each state it is declared from, even a group's: a highlight then
+            # lights the exit from the state the run left, not its neighbour's too
+            text = _exit_label(edges[0])
+            lines += [(e.source, statuses, Line(text, (e.ident,), statuses), "exit") for e in edges]
             continue
         for edge in edges:
             if edge.internal or (edge.source in settle and edge.dest in finals):
                 # nothing changes, or the settle step takes the terminal state the ending named
                 continue
             kind = "settle" if edge.source in settle and edge.dest in settle else "flow"
-            lines.append(((edge.source,), (edge.dest,), Line(edge.label, (edge.ident,)), kind))
+            lines.append((edge.source, (edge.dest,), Line(edge.label, (edge.ident,)), kind))
     return Diagram(
         decl,
         "exits",
@@ -366,11 +374,14 @@ def render_mermaid(
     highlight: Iterable[TraceLike] | None = None,
 ) -> str:
     """Mermaid ``stateDiagram-v2`` text of ``view``. An edge's label lines are joined by
-    `` | ``; ``highlight`` gives every state the run visited the ``s_trace`` class and marks
-    each line it took with ``✔``. (Mermaid draws each terminal state once, and an exit
-    declared from a group of states from each of them.)"""
+    `` | ``; decision states are dashed; ``highlight`` gives every state the run visited a
+    ``s_trace`` class and marks each line it took with ``✔``. In the exits view each exit leads
+    to its own terminal node (``<state>__<terminal state>``, thick-bordered), so no two exits
+    share a node or lay their labels over each other. A note by the initial state is the
+    legend."""
     drawn = diagram(decl, view)
     marks = _marks(decl, highlight)
+    exits = view == "exits"
     out = [
         "---",
         f"title: {decl.title}",
@@ -378,28 +389,65 @@ def render_mermaid(
         "stateDiagram-v2",
         f"  %% {_provenance(decl, view)}",
         "  direction LR",
-        "  classDef s_default fill:white,color:black",
-        f"  classDef s_trace fill:{_TRACE_FILL},color:black,stroke:{_TRACE_STROKE},"
-        "stroke-width:3px",
+        *(f"  classDef {name} {style}" for name, style in _MERMAID_CLASSES.items()),
         "",
     ]
     for state in decl.state_names:
+        if exits and decl.state(state).final:
+            continue  # drawn once per exit that ends there
+        kind = "decision" if decl.state(state).transient else "default"
         out.append(f'  state "{state}" as {state}')
-        out.append(f"  Class {state} {'s_trace' if state in marks.states else 's_default'}")
+        out.append(f"  class {state} {_mermaid_class(kind, state in marks.states)}")
+    out += [f"  note left of {decl.initial}", "    legend:"]
+    out += [
+        f"    {row.meaning}" for row in legend(drawn, "mermaid", highlighted=bool(marks.states))
+    ]
+    out.append("  end note")
+    for group in drawn.exit_groups:
+        out += [f"  note right of {group[0]}", f"    {_shared_exits_caption(group)}", "  end note"]
     if drawn.settle_group:
         out += [f"  note left of {drawn.settle_group[0]}", f"    {_SETTLE_CAPTION}", "  end note"]
     out.append("")
     edges: dict[tuple[str, str], list[Line]] = {}
     for edge in drawn.edges:
-        for source in edge.sources:
-            for dest in edge.dests:
-                edges.setdefault((source, dest), []).extend(edge.lines)
+        for dest in edge.dests:
+            edges.setdefault((edge.source, dest), []).extend(edge.lines)
     for (source, dest), lines in edges.items():
         label = " | ".join(_line_text(line, marks, dest) for line in lines)
+        if exits and decl.state(dest).final:
+            node = mermaid_terminal(source, dest)
+            reached = any(marks.takes(line, dest) for line in lines)
+            out.append(f'  state "{dest}" as {node}')
+            out.append(f"  class {node} {_mermaid_class('terminal', reached)}")
+            dest = node
         out.append(f"  {source} --> {dest}: {label}")
     out.append(f"  [*] --> {decl.initial}")
-    out += [f"  {state} --> [*]" for state in decl.final_states]
+    if not exits:
+        out += [f"  {state} --> [*]" for state in decl.final_states]
     return "\n".join(out) + "\n"
+
+
+#: The mermaid classes: each kind of node plain and on the highlighted run's path.
+_MERMAID_CLASSES = {
+    "s_default": "fill:white,color:black",
+    "s_decision": "fill:white,color:black,stroke-dasharray:5 5",
+    "s_terminal": "fill:white,color:black,stroke-width:4px",
+    "s_trace": f"fill:{_TRACE_FILL},color:black,stroke:{_TRACE_STROKE},stroke-width:3px",
+    "s_trace_decision": f"fill:{_TRACE_FILL},color:black,stroke:{_TRACE_STROKE},"
+    "stroke-width:3px,stroke-dasharray:5 5",
+    "s_trace_terminal": f"fill:{_TRACE_FILL},color:black,stroke:{_TRACE_STROKE},stroke-width:4px",
+}
+
+
+def _mermaid_class(kind: str, traced: bool) -> str:
+    if traced:
+        return "s_trace" if kind == "default" else f"s_trace_{kind}"
+    return f"s_{kind}"
+
+
+def mermaid_terminal(source: str, terminal: str) -> str:
+    """The mermaid id of the exits view's node for the exit from ``source`` to ``terminal``."""
+    return f"{source}__{terminal}"
 
 
 # --------------------------------------------------------------------------- dot
@@ -450,7 +498,7 @@ def _back_edges(drawn: Diagram) -> set[tuple[str, str]]:
     successors: dict[str, list[str]] = {}
     for edge in drawn.edges:
         if edge.kind != "exit":
-            successors.setdefault(edge.sources[-1], []).extend(edge.dests)
+            successors.setdefault(edge.source, []).extend(edge.dests)
     back: set[tuple[str, str]] = set()
     done: set[str] = set()
     # the settle step is entered where the endings lead (the state after each exit)
@@ -479,7 +527,7 @@ def _back_edges(drawn: Diagram) -> set[tuple[str, str]]:
 def _terminal(edge: DrawnEdge) -> str:
     """The exits view's node for the terminal states ``edge`` leads to: one per exit edge, so
     that each state's exits hang beside it."""
-    return f"{'+'.join(edge.sources)} → {'|'.join(edge.dests)}"
+    return f"{edge.source} → {'|'.join(edge.dests)}"
 
 
 def render_dot(
@@ -494,19 +542,23 @@ def render_dot(
     ``highlight`` colours the states visited and the edges taken, and marks each line taken
     with ``✔``. In the full view final states are double circles. In the exits view each exit
     leads to its own double-bordered box naming the terminal state, so each state's exits hang
-    beside it; exits declared from a group of states leave the group's dashed box; the settle
-    step is a dashed box of its own; the transitions that end nothing are grey."""
+    beside it; a group of states that share their exits is a captioned dashed box, each exit
+    still drawn from each state; the settle step is a dashed box of its own; the transitions
+    that end nothing are grey. A legend box says what each mark means."""
     drawn = diagram(decl, view)
     marks = _marks(decl, highlight)
     font = "Helvetica"
     exits = view == "exits"
-    graph = {"rankdir": "TB" if exits else "LR", "label": f"{decl.title}: {view} view"}
+    graph = {"rankdir": "TB" if exits else "LR"}
     if exits:
-        graph.update(compound="true", nodesep="0.05", ranksep="0.4")
+        graph.update(nodesep="0.05", ranksep="0.4")
+    rows = legend(drawn, "dot", highlighted=bool(marks.states))
+    # the title and legend on top: the exits view is narrow, two samples to a row keep it so
+    title = _dot_label(f"{decl.title}: {view} view", rows, per_row=2 if exits else 4)
     out = [
         f"// {_provenance(decl, view)}",
         f"digraph {_q(decl.name)} {{",
-        "  graph " + _attrs(**graph, labelloc="t", fontname=font),
+        "  graph " + _attrs(**graph, labelloc="t", fontname=font)[:-1] + f", label={title}]",
         "  node "
         + _attrs(
             shape="box", style="rounded,filled", fillcolor="white", color="black", fontname=font
@@ -523,27 +575,28 @@ def render_dot(
     column = {"group": "run"} if exits else {}
     drawn_states = [s for s in decl.state_names if not (exits and decl.state(s).final)]
     out += ["  " + _dot_node(decl, s, marks, **column) for s in drawn_states if s not in boxed]
-    clusters, boxes = _dot_boxes(decl, drawn, marks, column)
-    out += boxes
+    out += _dot_boxes(decl, drawn, marks, column)
     out += ["", f"  {_q('__initial__')} -> {_q(decl.initial)}"]
     back = _back_edges(drawn) if exits else set()
     for edge in drawn.edges:
-        out += _dot_edge(edge, marks, exits=exits, clusters=clusters, back=back)
+        out += _dot_edge(edge, marks, exits=exits, back=back)
     out.append("}")
     return "\n".join(out) + "\n"
 
 
 def _dot_boxes(
     decl: MachineDeclaration, drawn: Diagram, marks: _Marks, column: dict[str, str]
-) -> tuple[dict[tuple[str, ...], str], list[str]]:
-    """The dashed boxes: one per group of states exits are declared from (the cluster each
-    group is drawn in, returned to let its exits leave the box), then the settle step's."""
+) -> list[str]:
+    """The dashed boxes: one per group of states that share their exits, captioned so, then
+    the settle step's."""
     out: list[str] = []
-    clusters: dict[tuple[str, ...], str] = {}
     for index, group in enumerate(drawn.exit_groups):
-        clusters[group] = f"cluster_exits_{index}"
-        out.append(f"  subgraph {_q(clusters[group])} {{")
-        out.append("    graph " + _attrs(label="", style="dashed", color=_FLOW))
+        out.append(f"  subgraph {_q(f'cluster_exits_{index}')} {{")
+        caption = _shared_exits_caption(group)
+        out.append(
+            "    graph "
+            + _attrs(label=caption, style="dashed", color=_FLOW, fontcolor=_FLOW, fontsize="9")
+        )
         out += ["    " + _dot_node(decl, state, marks, **column) for state in group]
         out.append("  }")
     if drawn.settle_group:
@@ -553,22 +606,21 @@ def _dot_boxes(
         )
         out += ["    " + _dot_node(decl, state, marks) for state in drawn.settle_group]
         out.append("  }")
-    return clusters, out
+    return out
+
+
+def _shared_exits_caption(group: tuple[str, ...]) -> str:
+    return f"{' and '.join(group)} share their exits, drawn from each"
 
 
 def _dot_edge(
-    edge: DrawnEdge,
-    marks: _Marks,
-    *,
-    exits: bool,
-    clusters: dict[tuple[str, ...], str],
-    back: set[tuple[str, str]],
+    edge: DrawnEdge, marks: _Marks, *, exits: bool, back: set[tuple[str, str]]
 ) -> list[str]:
     """The dot lines of one drawn edge (in the exits view, an exit's terminal box first)."""
     out: list[str] = []
     attributes = {"label": "\n".join(_line_text(line, marks) for line in edge.lines)}
     taken = any(marks.takes(line) for line in edge.lines)
-    source, dest = edge.sources[-1], edge.dests[0]
+    source, dest = edge.source, edge.dests[0]
     if exits and edge.kind == "exit":
         # one box for the terminal states the ending names; the one reached is marked
         dest = _terminal(edge)
@@ -579,8 +631,6 @@ def _dot_edge(
         out.append(f"  {_q(dest)} {_attrs(**terminal)}")
         label = "".join(_exit_rows(line, marks) for line in edge.lines)
         attributes["label"] = _RAW + label
-        if edge.sources in clusters:
-            attributes["ltail"] = clusters[edge.sources]
     elif exits:
         attributes.update(color=_FLOW, fontcolor=_FLOW)
         if edge.kind == "settle":
@@ -593,6 +643,101 @@ def _dot_edge(
         attributes.update(color=_TRACE_STROKE, fontcolor=_TRACE_STROKE, penwidth="2.5")
     out.append(f"  {_q(source)} -> {_q(dest)} {_attrs(**attributes)}")
     return out
+
+
+# --------------------------------------------------------------------------- legends
+@frozen
+class LegendEntry:
+    """One row of a view's legend: a sample in the style it explains, and what it means.
+    ``sample`` names the style: ``state``, ``decision``, ``terminal_box``, ``terminal_circle``,
+    ``end_dot`` (nodes), ``arrow``, ``grey_arrow``, ``grey_dashed_arrow`` (edges) or ``trace``
+    (the highlight's colour)."""
+
+    sample: str
+    meaning: str
+
+
+def legend(drawn: Diagram, format: str, *, highlighted: bool) -> tuple[LegendEntry, ...]:
+    """What a reader needs to read ``drawn`` in ``format`` (``"dot"`` or ``"mermaid"``), with
+    ``highlighted`` when a run is marked on it: only the marks that view draws (mermaid colours
+    no arrow, so its exits view has no grey ones; it ends the full view's terminal states on
+    its end dot, where dot draws double circles)."""
+    dot = format == "dot"
+    rows = [
+        LegendEntry("state", "box: a state, waiting for its next event"),
+        LegendEntry(
+            "decision",
+            "dashed box: a decision state, left at once by the first advance whose guard holds",
+        ),
+    ]
+    if drawn.view == "exits":
+        border = "double box" if dot else "thick box"
+        rows += [
+            LegendEntry(
+                "terminal_box",
+                f"{border}: the terminal state an exit ends the turn in, one per exit",
+            ),
+            LegendEntry("arrow", "arrow into a terminal state: an exit, event [guard] / reason"),
+        ]
+        if dot:
+            rows.append(LegendEntry("grey_arrow", "grey arrow: a transition that ends nothing"))
+        if dot and drawn.settle_group:
+            rows.append(
+                LegendEntry("grey_dashed_arrow", "grey dashed arrow: a step within the settle step")
+            )
+    else:
+        rows += [
+            LegendEntry("terminal_circle", "double circle: a terminal state, where the turn ends")
+            if dot
+            else LegendEntry(
+                "end_dot", "arrow to the end dot: a terminal state, where the turn ends"
+            ),
+            LegendEntry(
+                "arrow",
+                "arrow: one line per transition, event [guard], [internal] when the state stays",
+            ),
+        ]
+    if highlighted:
+        rows.append(
+            LegendEntry(
+                "trace",
+                f"amber: what the highlighted run visited and took, {TAKEN}on each line it took",
+            )
+        )
+    return tuple(rows)
+
+
+#: How each legend sample is drawn in dot, as the cell of an HTML-like table: a box in the
+#: style of the states it explains, an arrow in the colour and dash of the edges.
+_DOT_SAMPLES = {
+    "state": '<TD BORDER="1" STYLE="rounded" WIDTH="28"> </TD>',
+    "decision": '<TD BORDER="1" STYLE="rounded,dashed" WIDTH="28"> </TD>',
+    "terminal_box": '<TD><TABLE BORDER="1" CELLSPACING="2" CELLPADDING="0"><TR>'
+    '<TD BORDER="1" WIDTH="22" HEIGHT="10"> </TD></TR></TABLE></TD>',
+    "terminal_circle": '<TD><FONT POINT-SIZE="18">◎</FONT></TD>',
+    "arrow": "<TD>──▶</TD>",
+    "grey_arrow": f'<TD><FONT COLOR="{_FLOW}">──▶</FONT></TD>',
+    "grey_dashed_arrow": f'<TD><FONT COLOR="{_FLOW}">╌╌▶</FONT></TD>',
+    "trace": f'<TD BORDER="2" COLOR="{_TRACE_STROKE}" BGCOLOR="{_TRACE_FILL}" STYLE="rounded">'
+    f'<FONT COLOR="{_TRACE_STROKE}">──▶</FONT></TD>',
+}
+
+
+def _dot_label(title: str, rows: Sequence[LegendEntry], per_row: int) -> str:
+    """The graph's label: its title over the legend, ``per_row`` samples to a table row."""
+    cells = [
+        f'{_DOT_SAMPLES[row.sample]}<TD ALIGN="LEFT">{html.escape(row.meaning)}</TD>'
+        for row in rows
+    ]
+    lines = ["".join(cells[at : at + per_row]) for at in range(0, len(cells), per_row)]
+    span = f'COLSPAN="{2 * per_row}"'
+    return (
+        '<<TABLE BORDER="0" CELLSPACING="3" CELLPADDING="2">'
+        f'<TR><TD {span}><FONT POINT-SIZE="14">{html.escape(title)}</FONT></TD></TR>'
+        f'<TR><TD {span} ALIGN="LEFT"><B>legend</B></TD></TR>'
+        + "".join(f"<TR>{line}</TR>" for line in lines)
+        + "</TABLE>>"
+    )
 
 
 def _dot_program() -> str:
