@@ -67,6 +67,25 @@ def sorry_turn(*calls: FunctionCall) -> Any:
     return scripted_turn([*([call] for call in calls), [TextDelta("Sorry.")]])
 
 
+# --------------------------------------------------------------------------- the name
+@pytest.mark.parametrize(
+    "name",
+    ["get weather", "get.weather", "météo", "weather/today", "a" * 65, "", "get_weather\n"],
+    ids=["space", "dot", "accented", "slash", "65 characters", "empty", "newline"],
+)
+def test_a_tool_name_every_provider_refuses_is_refused_at_construction(name: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        Tool(name, "the weather in a city", WEATHER_SCHEMA, recording_handler([]))
+    message = str(refused.value)
+    assert repr(name) in message
+    assert "^[a-zA-Z0-9_-]{1,64}$" in message
+
+
+@pytest.mark.parametrize("name", ["get_weather", "get-weather", "Weather2", "a" * 64, "_"])
+def test_a_tool_name_of_letters_digits_underscores_and_hyphens_is_accepted(name: str) -> None:
+    assert Tool(name, "the weather", WEATHER_SCHEMA, recording_handler([])).name == name
+
+
 # --------------------------------------------------------------------------- the schema
 @pytest.mark.parametrize(
     ("arguments", "told"),
