@@ -127,6 +127,64 @@ async def test_every_missing_required_argument_is_named() -> None:
     assert reason == "arguments.city: required; arguments.days: required"
 
 
+async def test_every_violation_is_named_not_only_the_first() -> None:
+    arguments = {"city": 3, "days": 0, "stops": ["Lyon", 3], "when": "now"}
+    turn = sorry_turn(FunctionCall("get_weather", arguments))
+    calls: list[dict[str, Any]] = []
+    result = await run_turn(turn, [weather_tool(recording_handler(calls))])
+    assert result.history[0].response.reason == (
+        "arguments.when: additionalProperties (not allowed); "
+        "arguments.city: type (must be string); "
+        "arguments.days: minimum (must be bigger than or equal to 1); "
+        "arguments.stops[1]: type (must be string)"
+    )
+    assert calls == []
+
+
+async def test_past_ten_violations_the_rest_are_counted() -> None:
+    turn = sorry_turn(FunctionCall("get_weather", {"city": "Paris", "stops": list(range(15))}))
+    result = await run_turn(turn, [weather_tool(recording_handler([]))])
+    reason = result.history[0].response.reason
+    assert reason is not None
+    named = [f"arguments.stops[{i}]: type (must be string)" for i in range(10)]
+    assert reason == "; ".join([*named, "and 5 more"])
+
+
+ADDRESS_SCHEMA = {
+    "type": "object",
+    "$defs": {
+        "Address": {
+            "type": "object",
+            "properties": {"street": {"type": "string"}, "zip": {"type": "integer"}},
+            "required": ["street", "zip"],
+        }
+    },
+    "properties": {"home": {"$ref": "#/$defs/Address"}, "work": {"$ref": "#/$defs/Address"}},
+    "required": ["home"],
+}
+
+
+async def test_violations_inside_referenced_definitions_are_each_named() -> None:
+    # the shape pydantic gives nested models (`@tool`): properties that are $ref to $defs
+    arguments = {"home": {"zip": "75001"}, "work": {"street": 5, "zip": 1}}
+    turn = sorry_turn(FunctionCall("ship", arguments))
+    tool = Tool("ship", "ships a parcel", ADDRESS_SCHEMA, recording_handler([]))
+    result = await run_turn(turn, [tool])
+    assert result.history[0].response.reason == (
+        "arguments.home.street: required; arguments.home.zip: type (must be integer); "
+        "arguments.work.street: type (must be string)"
+    )
+
+
+async def test_a_schema_that_cannot_be_taken_apart_names_its_first_violation() -> None:
+    schema = {"anyOf": [{"type": "string"}, {"type": "integer"}]}
+    turn = sorry_turn(FunctionCall("pick", {"a": 1}))
+    result = await run_turn(turn, [Tool("pick", "picks", schema, recording_handler([]))])
+    assert result.history[0].response.reason == (
+        "arguments: anyOf (cannot be validated by any definition)"
+    )
+
+
 async def test_arguments_that_fit_the_schema_reach_the_handler_as_sent() -> None:
     calls: list[dict[str, Any]] = []
     schema = {"type": "object", "properties": {"days": {"type": "integer", "default": 1}}}
