@@ -4,8 +4,8 @@ thread), turning whatever the handler does into a `ToolFinished`, and the `tool`
 that builds a `Tool` from a typed function.
 
 The pump hands each dispatch here with the tool's own copy of the arguments. Arguments that
-break the schema are a failed call naming the path and the rule (``arguments.city:
-required``) and the handler is not called. A handler that raises or returns something
+break the schema are a failed call naming the path and the rule of each violation
+(``arguments.city: required``) and the handler is not called. A handler that raises or returns something
 other than a `ToolResult` is a failed call for the model and a WARNING record with the
 traceback for the host, on the ``toolloop_fsm.tools`` logger.
 """
