@@ -5,9 +5,9 @@ that builds a `Tool` from a typed function.
 
 The pump hands each dispatch here with the tool's own copy of the arguments. Arguments that
 break the schema are a failed call naming the path and the rule of each violation
-(``arguments.city: required``) and the handler is not called. A handler that raises or returns something
-other than a `ToolResult` is a failed call for the model and a WARNING record with the
-traceback for the host, on the ``toolloop_fsm.tools`` logger.
+(``arguments.city: required``) and the handler is not called. A handler that raises or
+returns something other than a `ToolResult` is a failed call for the model and a WARNING
+record with the traceback for the host, on the ``toolloop_fsm.tools`` logger.
 """
 
 from __future__ import annotations
