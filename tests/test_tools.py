@@ -16,6 +16,8 @@ from typing import Any
 
 import fastjsonschema
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.inner_kit import run_turn
 from tests.inner_kit import scripted_turn
@@ -31,6 +33,7 @@ from toolloop_fsm.result import InDoubtCall
 from toolloop_fsm.result import InDoubtCause
 from toolloop_fsm.result import make_converter
 from toolloop_fsm.result import result_to_json
+from toolloop_fsm.tools import _check_arguments
 
 WEATHER_SCHEMA = {
     "type": "object",
@@ -183,6 +186,32 @@ async def test_a_schema_that_cannot_be_taken_apart_names_its_first_violation() -
     assert result.history[0].response.reason == (
         "arguments: anyOf (cannot be validated by any definition)"
     )
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["Paris", ""]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner),
+    max_leaves=8,
+)
+
+
+@given(
+    st.dictionaries(st.sampled_from(["city", "days", "stops", "when"]), JSON_VALUES),
+    st.sampled_from([WEATHER_SCHEMA, ADDRESS_SCHEMA]),
+)
+def test_a_refusal_names_what_the_validator_found_and_only_refused_arguments_are_refused(
+    arguments: dict[str, Any], schema: dict[str, Any]
+) -> None:
+    tool = Tool("get_weather", "the weather", schema, recording_handler([]))
+    refusal = _check_arguments(tool, 1, arguments)
+    try:
+        fastjsonschema.compile(schema)(arguments)
+    except fastjsonschema.JsonSchemaValueException as first:
+        assert refusal is not None
+        assert "arguments" + str(first.name).removeprefix("data") in refusal
+        assert len(refusal.split("; ")) <= 11
+    else:
+        assert refusal is None
 
 
 async def test_arguments_that_fit_the_schema_reach_the_handler_as_sent() -> None:
