@@ -203,6 +203,21 @@ async def test_a_fragment_without_usage_is_estimated_and_the_pass_total_is_marke
     assert result.usage.has_estimates
 
 
+async def test_a_chinese_fragment_without_usage_spends_the_budget_near_its_real_count() -> None:
+    # the start of tests/data/token_counts.json's chinese_prose: 36 tokens for o200k_base,
+    # where a quarter of its 43 characters would have spent 11 of the budget and asked for more
+    text = "今天巴黎的天气比较温和，西风轻拂，下午有少量云。明天会更暖和，中午气温将达到二十二度，"
+    halves = [TextDelta(text[: len(text) // 2]), TextDelta(text[len(text) // 2 :])]
+    story = Story([[*halves, CUT], [TextDelta("傍晚有阵雨。"), STOP]], max_total_output=30)
+    result = await story.run()
+
+    # the first fragment's estimate (its chunks weighed one by one) spends the budget
+    assert estimate_tokens(text) > 30
+    assert result.stream_results[-1].finish is FinishKind.LENGTH
+    assert len(story.requests) == 1
+    assert entries(result) == [(0, estimate_tokens(text), True)]
+
+
 # --------------------------------------------------------------------------- pending fragments
 async def test_reaching_max_fragments_leaves_the_last_fragment_pending() -> None:
     story = Story(
