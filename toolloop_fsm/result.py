@@ -169,7 +169,7 @@ def token_weight(text: str) -> int:
     """The tokens ``text`` is estimated to take, in `TOKEN_WEIGHT_UNIT` parts of a token: each
     character weighs what its script usually takes in a BPE tokenizer's output, so Chinese or
     Japanese text weighs several times what English of as many characters does (a quarter of
-    the characters undercounts it three to five times). A text weighs the sum of its
+    the characters undercounts it about three times). A text weighs the sum of its
     characters, so the weights of its pieces (a stream's chunks) add up to that of the whole."""
     if text.isascii():  # the usual case, counted in four passes over the bytes
         classes = text.encode("ascii").translate(_BYTE_CLASSES)
