@@ -53,7 +53,8 @@ from toolloop_fsm import ToolResult
 from toolloop_fsm import UsageReport
 from toolloop_fsm import run_tool_loop
 from toolloop_fsm.host import LoopClock
-from toolloop_fsm.result import estimate_tokens
+from toolloop_fsm.result import token_weight
+from toolloop_fsm.result import tokens_of_weight
 
 SIZES = (0, 10, 99)
 POLICY = LoopPolicy(max_function_call_iterations=200)
@@ -100,8 +101,8 @@ def script(rounds: int, usage: bool) -> list[list[Chunk]]:
     return [*passes, [*text_chunks(40), *report(20, 25)]]
 
 
-def _characters(value: Any) -> int:
-    return len(json.dumps(value, ensure_ascii=False, default=str))
+def _weight(value: Any) -> int:
+    return token_weight(json.dumps(value, ensure_ascii=False, default=str))
 
 
 async def floor_turn(provider: MemoryProvider, channel: CountingChannel) -> list[tuple[int, int]]:
@@ -109,8 +110,8 @@ async def floor_turn(provider: MemoryProvider, channel: CountingChannel) -> list
     plus the usage of a pass without a report estimated from a running count of what the
     loop sends (each history entry measured as it is appended, the schemas once)."""
     specs = TOOLS.specs(TOOLS.names)
-    sent = sum(len(str(m.get("content", ""))) for m in REQUEST.context) + sum(
-        len(s.name) + len(s.description) + _characters(s.parameters) for s in specs
+    sent = sum(token_weight(str(m.get("content", ""))) for m in REQUEST.context) + sum(
+        token_weight(s.name) + token_weight(s.description) + _weight(s.parameters) for s in specs
     )
     ledger: list[tuple[int, int]] = []
 
@@ -121,8 +122,10 @@ async def floor_turn(provider: MemoryProvider, channel: CountingChannel) -> list
         text, usage = streamed.text, streamed.usage
         call = streamed.calls[0] if streamed.calls else None
         if usage is None:
-            written = len(text) + (len(call.name) + _characters(call.arguments) if call else 0)
-            usage = (estimate_tokens(sent), estimate_tokens(written))
+            written = token_weight(text)
+            if call:
+                written += token_weight(call.name) + _weight(call.arguments)
+            usage = (tokens_of_weight(sent), tokens_of_weight(written))
         ledger.append(usage)
         if call is None:
             return False
@@ -133,8 +136,8 @@ async def floor_turn(provider: MemoryProvider, channel: CountingChannel) -> list
             awaitable(tool.handler(dict(call.arguments), ctx)), policy.tool_timeout
         )
         history.append({"call": call, "result": result, "pre_tool_text": text or None})
-        sent += len(text) + len(call.name) + _characters(call.arguments)
-        sent += _characters([result.data, result.message, None])
+        sent += token_weight(text) + token_weight(call.name) + _weight(call.arguments)
+        sent += _weight([result.data, result.message, None])
         return True
 
     await handwritten_same_work_turn(provider, channel, policy=POLICY, tools=specs, answer=answer)

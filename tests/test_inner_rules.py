@@ -32,6 +32,7 @@ from toolloop_fsm.effects import Deliver
 from toolloop_fsm.events import DeliveryFailed
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import estimate_tokens
 from toolloop_fsm.sansio import FollowUpArrived
 from toolloop_fsm.sansio import InvalidEvent
 from toolloop_fsm.sansio import StreamEnded
@@ -132,16 +133,18 @@ async def test_usage_added_up_in_a_pass_is_estimated_if_any_report_was() -> None
 
 
 async def test_a_pass_without_a_usage_report_is_recorded_as_a_marked_estimate() -> None:
-    # llama.cpp's server reports no usage: the ledger holds characters / 4, marked estimated
-    turn = scripted_turn([[ThoughtDelta("t" * 8), TextDelta("y" * 32)]])
+    # llama.cpp's server reports no usage: the ledger holds the estimate, marked estimated
+    turn = scripted_turn([[ThoughtDelta("Let me think."), TextDelta("今日は晴れです。")]])
     result = await run_turn(turn, [])
     [entry] = result.usage.entries
-    question = USER[0]["content"]  # what the model read: 28 characters, 7 tokens
+    question = USER[0]["content"]  # what the model read
     assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (
-        -(-len(question) // 4),
-        10,  # 40 characters of thoughts and text
+        estimate_tokens(question),
+        estimate_tokens("Let me think.今日は晴れです。"),  # the thoughts and the text
         True,
     )
+    # o200k_base counts 9 tokens, where a quarter of the 21 characters said 6
+    assert 8 <= entry.output_tokens <= 11
     assert result.usage.has_estimates
 
 
@@ -151,8 +154,9 @@ async def test_a_call_the_model_wrote_counts_in_the_estimate_and_so_does_its_res
     result = await run_turn(turn, [tool])
     first, second = result.usage.entries
     assert first.estimated and second.estimated
-    assert first.output_tokens == 4  # 'lookup:{"q":"x"}', 16 characters
-    assert second.output_tokens == 2  # "Done."
+    # the call as 'lookup:{"q":"x"}': 7 tokens for o200k_base (16 characters)
+    assert first.output_tokens == estimate_tokens('lookup:{"q":"x"}') == 7
+    assert second.output_tokens == estimate_tokens("Done.") == 2
     # the second request also carries the call and the tool's answer
     assert second.input_tokens > first.input_tokens
 

@@ -371,7 +371,7 @@ async def test_a_review_that_outlasts_its_timeout_is_abandoned_at_the_timeout() 
     assert clock.now() == 45  # not a virtual second later, not at the 500 s stall's end
     assert provider.streams_closed == 1  # the provider's stream was closed, not left running
     assert verdict.usage is not None
-    assert verdict.usage.output_tokens == estimate_tokens(len('{"verdict": '))
+    assert verdict.usage.output_tokens == estimate_tokens('{"verdict": ')
 
 
 async def test_a_slow_review_inside_its_timeout_gives_its_verdict() -> None:
@@ -554,7 +554,7 @@ async def test_usage_reported_in_increments_is_added_up() -> None:
     assert verdict.usage == ReviewUsage(800, 9, estimated=False)
 
 
-async def test_without_a_usage_report_the_review_is_estimated_from_its_characters() -> None:
+async def test_without_a_usage_report_the_review_is_estimated_from_its_text() -> None:
     answer = json.dumps(REVISE_ANSWER)
     reviewer, provider = reviewer_for(answered(answer))
 
@@ -562,7 +562,7 @@ async def test_without_a_usage_report_the_review_is_estimated_from_its_character
 
     system, user = (m["content"] for m in provider.requests[0].context)
     assert verdict.usage == ReviewUsage(
-        math.ceil((len(system) + len(user)) / 4), math.ceil(len(answer) / 4), estimated=True
+        estimate_tokens(system + user), estimate_tokens(answer), estimated=True
     )
 
 

@@ -66,8 +66,10 @@ async def test_the_model_is_told_which_argument_of_a_decorated_function_is_wrong
         raise AssertionError("not called with bad arguments")
 
     result = await run_turn(answered_turn({"days": 0}), [get_weather])
-    # the first violation found is named (the schema's checker stops at it)
-    assert result.history[0].response.reason == "arguments.city: required"
+    # every violation is named, though the schema's checker stops at the first
+    assert result.history[0].response.reason == (
+        "arguments.city: required; arguments.days: minimum (must be bigger than or equal to 1)"
+    )
     result = await run_turn(answered_turn({"city": "Paris", "days": 0}), [get_weather])
     reason = result.history[0].response.reason
     assert reason == "arguments.days: minimum (must be bigger than or equal to 1)"

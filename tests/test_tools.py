@@ -16,6 +16,8 @@ from typing import Any
 
 import fastjsonschema
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.inner_kit import run_turn
 from tests.inner_kit import scripted_turn
@@ -31,6 +33,7 @@ from toolloop_fsm.result import InDoubtCall
 from toolloop_fsm.result import InDoubtCause
 from toolloop_fsm.result import make_converter
 from toolloop_fsm.result import result_to_json
+from toolloop_fsm.tools import _check_arguments
 
 WEATHER_SCHEMA = {
     "type": "object",
@@ -65,6 +68,25 @@ def recording_handler(calls: list[dict[str, Any]]) -> Any:
 def sorry_turn(*calls: FunctionCall) -> Any:
     """A turn whose model makes ``calls`` (one per pass), then says sorry."""
     return scripted_turn([*([call] for call in calls), [TextDelta("Sorry.")]])
+
+
+# --------------------------------------------------------------------------- the name
+@pytest.mark.parametrize(
+    "name",
+    ["get weather", "get.weather", "météo", "weather/today", "a" * 65, "", "get_weather\n"],
+    ids=["space", "dot", "accented", "slash", "65 characters", "empty", "newline"],
+)
+def test_a_tool_name_every_provider_refuses_is_refused_at_construction(name: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        Tool(name, "the weather in a city", WEATHER_SCHEMA, recording_handler([]))
+    message = str(refused.value)
+    assert repr(name) in message
+    assert "^[a-zA-Z0-9_-]{1,64}$" in message
+
+
+@pytest.mark.parametrize("name", ["get_weather", "get-weather", "Weather2", "a" * 64, "_"])
+def test_a_tool_name_of_letters_digits_underscores_and_hyphens_is_accepted(name: str) -> None:
+    assert Tool(name, "the weather", WEATHER_SCHEMA, recording_handler([])).name == name
 
 
 # --------------------------------------------------------------------------- the schema
@@ -106,6 +128,90 @@ async def test_every_missing_required_argument_is_named() -> None:
     result = await run_turn(turn, [weather_tool(recording_handler([]), schema)])
     reason = result.history[0].response.reason
     assert reason == "arguments.city: required; arguments.days: required"
+
+
+async def test_every_violation_is_named_not_only_the_first() -> None:
+    arguments = {"city": 3, "days": 0, "stops": ["Lyon", 3], "when": "now"}
+    turn = sorry_turn(FunctionCall("get_weather", arguments))
+    calls: list[dict[str, Any]] = []
+    result = await run_turn(turn, [weather_tool(recording_handler(calls))])
+    assert result.history[0].response.reason == (
+        "arguments.when: additionalProperties (not allowed); "
+        "arguments.city: type (must be string); "
+        "arguments.days: minimum (must be bigger than or equal to 1); "
+        "arguments.stops[1]: type (must be string)"
+    )
+    assert calls == []
+
+
+async def test_past_ten_violations_the_rest_are_counted() -> None:
+    turn = sorry_turn(FunctionCall("get_weather", {"city": "Paris", "stops": list(range(15))}))
+    result = await run_turn(turn, [weather_tool(recording_handler([]))])
+    reason = result.history[0].response.reason
+    assert reason is not None
+    named = [f"arguments.stops[{i}]: type (must be string)" for i in range(10)]
+    assert reason == "; ".join([*named, "and 5 more"])
+
+
+ADDRESS_SCHEMA = {
+    "type": "object",
+    "$defs": {
+        "Address": {
+            "type": "object",
+            "properties": {"street": {"type": "string"}, "zip": {"type": "integer"}},
+            "required": ["street", "zip"],
+        }
+    },
+    "properties": {"home": {"$ref": "#/$defs/Address"}, "work": {"$ref": "#/$defs/Address"}},
+    "required": ["home"],
+}
+
+
+async def test_violations_inside_referenced_definitions_are_each_named() -> None:
+    # the shape pydantic gives nested models (`@tool`): properties that are $ref to $defs
+    arguments = {"home": {"zip": "75001"}, "work": {"street": 5, "zip": 1}}
+    turn = sorry_turn(FunctionCall("ship", arguments))
+    tool = Tool("ship", "ships a parcel", ADDRESS_SCHEMA, recording_handler([]))
+    result = await run_turn(turn, [tool])
+    assert result.history[0].response.reason == (
+        "arguments.home.street: required; arguments.home.zip: type (must be integer); "
+        "arguments.work.street: type (must be string)"
+    )
+
+
+async def test_a_schema_that_cannot_be_taken_apart_names_its_first_violation() -> None:
+    schema = {"anyOf": [{"type": "string"}, {"type": "integer"}]}
+    turn = sorry_turn(FunctionCall("pick", {"a": 1}))
+    result = await run_turn(turn, [Tool("pick", "picks", schema, recording_handler([]))])
+    assert result.history[0].response.reason == (
+        "arguments: anyOf (cannot be validated by any definition)"
+    )
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["Paris", ""]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner),
+    max_leaves=8,
+)
+
+
+@given(
+    st.dictionaries(st.sampled_from(["city", "days", "stops", "when"]), JSON_VALUES),
+    st.sampled_from([WEATHER_SCHEMA, ADDRESS_SCHEMA]),
+)
+def test_a_refusal_names_what_the_validator_found_and_only_refused_arguments_are_refused(
+    arguments: dict[str, Any], schema: dict[str, Any]
+) -> None:
+    tool = Tool("get_weather", "the weather", schema, recording_handler([]))
+    refusal = _check_arguments(tool, 1, arguments)
+    try:
+        fastjsonschema.compile(schema)(arguments)
+    except fastjsonschema.JsonSchemaValueException as first:
+        assert refusal is not None
+        assert "arguments" + str(first.name).removeprefix("data") in refusal
+        assert len(refusal.split("; ")) <= 11
+    else:
+        assert refusal is None
 
 
 async def test_arguments_that_fit_the_schema_reach_the_handler_as_sent() -> None:

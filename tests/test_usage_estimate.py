@@ -1,17 +1,24 @@
-"""The usage estimate of passes without a usage report (docs/behaviour.md §2.2 rule 3) over
-long turns: each pass's input estimate is what its whole request carried, however the
+"""The usage estimate of passes without a usage report (docs/behaviour.md §2.2 rule 3): close
+to the real token counts of English, CJK, emoji and code (tests/data/token_counts.json), and,
+over long turns, each pass's input estimate is what its whole request carried, however the
 request grew or was rewritten (tool rounds, context restarts, a revision's cleared
 narration, a resumed turn, a tool set that shrinks), and a turn measures each history entry
 and each tool schema once, not once a pass. Time is virtual (`VirtualClock`)."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from collections.abc import Mapping
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.inner_kit import USER
 from tests.inner_kit import Executions
@@ -34,6 +41,8 @@ from toolloop_fsm import run_tool_loop
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import estimate_tokens
+from toolloop_fsm.result import token_weight
+from toolloop_fsm.result import tokens_of_weight
 from toolloop_fsm.review import Finding
 from toolloop_fsm.review import Pass
 from toolloop_fsm.review import Revise
@@ -50,54 +59,113 @@ from toolloop_fsm.turn import canonical_call_key
 LONG = LoopPolicy(max_function_call_iterations=200)
 
 
+# --------------------------------------------------------------------------- real counts
+#: sample texts and their real o200k_base token counts (the file's note says how they were
+#: counted)
+SAMPLES = json.loads(
+    (Path(__file__).parent / "data" / "token_counts.json").read_text(encoding="utf-8")
+)["samples"]
+SAMPLE = {sample["name"]: sample for sample in SAMPLES}
+#: how far the estimate may be from a real count, either way
+TOLERANCE = 0.25
+
+
+def _near(estimate: int, real: int) -> bool:
+    return (1 - TOLERANCE) * real <= estimate <= (1 + TOLERANCE) * real
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=[sample["name"] for sample in SAMPLES])
+def test_the_estimate_is_within_a_quarter_of_the_real_token_count(sample: dict[str, Any]) -> None:
+    estimate = estimate_tokens(sample["text"])
+    assert _near(estimate, sample["tokens"]), (
+        f"{sample['name']}: estimated {estimate} tokens, the tokenizer counts {sample['tokens']}"
+    )
+
+
+@pytest.mark.parametrize("name", ["chinese_prose", "japanese_prose", "korean_prose", "emoji_only"])
+def test_cjk_and_emoji_are_not_counted_at_four_characters_a_token(name: str) -> None:
+    # what the estimate was before: a quarter of the characters, a third or less of the truth
+    text, real = SAMPLE[name]["text"], SAMPLE[name]["tokens"]
+    assert math.ceil(len(text) / 4) * 2.5 < real
+    assert _near(estimate_tokens(text), real)
+
+
+@given(st.text(), st.lists(st.integers(min_value=0)))
+def test_the_weights_of_a_texts_pieces_add_up_to_the_weight_of_the_whole(
+    text: str, cuts: list[int]
+) -> None:
+    points = sorted({cut % (len(text) + 1) for cut in cuts} | {0, len(text)})
+    pieces = [text[start:end] for start, end in itertools.pairwise(points)]
+    assert sum(map(token_weight, pieces)) == token_weight(text)
+
+
+def test_a_lone_surrogate_is_weighed_not_refused() -> None:
+    # JSON may carry one ("\ud83d" alone): text from outside is weighed whatever it holds
+    assert estimate_tokens("\ud83d") >= 1
+
+
+async def test_a_japanese_answer_without_a_usage_report_is_estimated_near_its_real_count() -> None:
+    sample = SAMPLE["japanese_prose"]
+    text: str = sample["text"]
+    chunks = [TextDelta(text[i : i + 3]) for i in range(0, len(text), 3)]
+    turn = scripted_turn([chunks])
+    result = await run_turn(turn, [])
+    assert result.status is TurnStatus.COMPLETED
+    (entry,) = result.usage.entries
+    assert entry.estimated
+    assert entry.output_tokens == estimate_tokens(text)
+    assert _near(entry.output_tokens, sample["tokens"])
+
+
 # --------------------------------------------------------------------------- the oracle
-def full_read_characters(request: ProviderRequest) -> int:
-    """What a request gives the model to read, counted afresh over the whole request: the
+def full_read_weight(request: ProviderRequest) -> int:
+    """What a request gives the model to read, weighed afresh over the whole request: the
     estimate's rule as the engine computed it on every pass before it kept running counts."""
-    read = len(request.prefill or "")
+    read = token_weight(request.prefill or "")
     for message in request.context:
-        read += _content_characters(message.get("content"))
+        read += _content_weight(message.get("content"))
     for entry in request.history:
         response = entry.response
-        read += len(entry.pre_tool_text or "")
-        read += len(canonical_call_key(entry.call.name, entry.call.arguments))
-        read += _json_characters([response.data, response.message, response.reason])
+        read += token_weight(entry.pre_tool_text or "")
+        read += token_weight(canonical_call_key(entry.call.name, entry.call.arguments))
+        read += token_weight(_json_text([response.data, response.message, response.reason]))
     for tool in request.tools:
-        read += len(tool.name) + len(tool.description) + _json_characters(tool.parameters)
+        read += token_weight(tool.name) + token_weight(tool.description)
+        read += token_weight(_json_text(tool.parameters))
     return read
 
 
-def _content_characters(content: Any) -> int:
+def _content_weight(content: Any) -> int:
     if isinstance(content, str):
-        return len(content)
+        return token_weight(content)
     if isinstance(content, list):
         total = 0
         for part in content:
             if isinstance(part, str):
-                total += len(part)
+                total += token_weight(part)
             elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                total += len(part["text"])
+                total += token_weight(part["text"])
         return total
     return 0
 
 
-def _json_characters(value: Any) -> int:
+def _json_text(value: Any) -> str:
     try:
-        return len(json.dumps(value, ensure_ascii=False, default=str))
+        return json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
-        return len(repr(value))
+        return repr(value)
 
 
 def assert_each_estimate_read_its_whole_request(
     result: GenerationTurnResult, requests: Sequence[ProviderRequest], first_pass: int = 1
 ) -> None:
-    """Every pass's ledger entry is a marked estimate whose input is a quarter of its whole
+    """Every pass's ledger entry is a marked estimate whose input is the estimate of its whole
     request (``first_pass``: the pass number of ``requests[0]``)."""
     entries = [entry for entry in result.usage.entries if entry.iteration >= first_pass]
     assert len(entries) == len(requests)
     for entry, request in zip(entries, requests, strict=True):
         assert entry.estimated
-        assert entry.input_tokens == estimate_tokens(full_read_characters(request)), (
+        assert entry.input_tokens == tokens_of_weight(full_read_weight(request)), (
             f"pass {entry.iteration}"
         )
 
@@ -135,7 +203,7 @@ async def test_a_long_turn_with_context_restarts_estimates_every_pass_from_its_w
 
 async def test_messages_without_text_add_nothing_to_the_estimate() -> None:
     # a host's context carries the model's earlier tool-call messages (``content`` None) and
-    # image-only parts: they give the model no text to read, so they add no characters
+    # image-only parts: they give the model no text to read, so they add nothing
     tool_call_message: dict[str, Any] = {
         "role": "assistant",
         "content": None,
@@ -154,7 +222,7 @@ async def test_messages_without_text_add_nothing_to_the_estimate() -> None:
 
     assert result.status is TurnStatus.COMPLETED
     assert_each_estimate_read_its_whole_request(result, turn.provider.requests)
-    assert full_read_characters(turn.provider.requests[0]) == full_read_characters(
+    assert full_read_weight(turn.provider.requests[0]) == full_read_weight(
         attrs.evolve(turn.provider.requests[0], context=(*USER, go_on))
     )
 
@@ -192,7 +260,7 @@ async def test_an_estimate_after_a_revision_reads_the_history_without_the_cleare
     authors = [entry for entry in result.usage.entries if entry.source == "author"]
     assert len(authors) == len(requests)
     for entry, request in zip(authors, requests, strict=True):
-        assert entry.input_tokens == estimate_tokens(full_read_characters(request))
+        assert entry.input_tokens == tokens_of_weight(full_read_weight(request))
 
 
 async def test_a_resumed_turn_estimates_its_passes_from_the_whole_history_it_resumed_with() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import threading
 import time
 from collections.abc import Awaitable
@@ -115,6 +116,19 @@ ToolReconciler = Callable[
 
 REPLAY_MODES = ("reuse", "rerun")
 
+TOOL_NAME_RULE = "^[a-zA-Z0-9_-]{1,64}$"
+"""What a tool's name may be: the rule the OpenAI and Anthropic APIs hold a function's name to,
+checked when the tool is made rather than when a provider refuses the whole request."""
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def _tool_name(_instance: object, _attribute: Any, value: str) -> None:
+    if _TOOL_NAME.fullmatch(value) is None:
+        raise ValueError(
+            f"Tool name {value!r} would be refused by the providers: a tool's name must match "
+            f"{TOOL_NAME_RULE} (1 to 64 ASCII letters, digits, underscores and hyphens)"
+        )
+
 
 @frozen
 class Tool:
@@ -126,6 +140,9 @@ class Tool:
     back the recorded outcome, so a side effect never happens twice; ``"rerun"`` runs the
     tool again, for read-only tools whose fresh answer matters (a clock, a status poll). A
     deliberate repeat inside one attempt always runs.
+
+    ``name`` must match `TOOL_NAME_RULE` (``^[a-zA-Z0-9_-]{1,64}$``); another is refused
+    here, naming it, since a provider would refuse every request offering it.
 
     ``parameters`` is the arguments' JSON schema: a call's arguments are checked against it
     before the handler runs (it is compiled on the tool's first dispatch and kept). The
@@ -148,7 +165,7 @@ class Tool:
     that must not overlap with others (it reads what they write, or holds a lock).
     """
 
-    name: str = field(validator=name_text)
+    name: str = field(validator=[of_type(str), _tool_name])
     description: str = field(validator=of_type(str))
     parameters: Mapping[str, Any] = field(validator=of_type(Mapping))
     handler: ToolHandler = field(eq=False, validator=check.is_callable())

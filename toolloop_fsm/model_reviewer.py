@@ -41,7 +41,8 @@ Every failure is an `Unavailable` verdict with a short reason, never an exceptio
 * ``"schema: <where>: <what>"``: a JSON object of the wrong shape.
 
 Every verdict given after a request was made carries the review's `ReviewUsage`: the
-provider's reports, or else characters / 4 of the request and the answer, ``estimated``.
+provider's reports, or else the estimate of the request's and the answer's text
+(`toolloop_fsm.result.estimate_tokens`), ``estimated``.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.providers._secrecy import fragment_pattern
 from toolloop_fsm.providers._secrecy import provider_secrets
 from toolloop_fsm.providers._secrecy import quote
-from toolloop_fsm.result import estimate_tokens
+from toolloop_fsm.result import token_weight
+from toolloop_fsm.result import tokens_of_weight
 from toolloop_fsm.review import FINDING_TEXT_LIMIT
 from toolloop_fsm.review import MAX_FINDINGS
 from toolloop_fsm.review import MIN_FINDINGS
@@ -381,12 +383,12 @@ def _texts(value: Any) -> Iterable[str]:
 class _Reading:
     """What the review's stream said so far."""
 
-    __slots__ = ("characters", "finish", "text", "thoughts", "too_long", "usage")
+    __slots__ = ("characters", "finish", "text", "thoughts_weight", "too_long", "usage")
 
     def __init__(self) -> None:
         self.text: list[str] = []
         self.characters = 0
-        self.thoughts = 0
+        self.thoughts_weight = 0
         self.finish: FinishReason | None = None
         self.usage: UsageReport | None = None
         self.too_long = False
@@ -400,7 +402,7 @@ class _Reading:
                 self.too_long = True
                 return False
         elif isinstance(chunk, ThoughtDelta):
-            self.thoughts += len(chunk.text)
+            self.thoughts_weight += token_weight(chunk.text)
         elif isinstance(chunk, FinishReason):
             self.finish = chunk
         elif isinstance(chunk, UsageReport):
@@ -422,13 +424,12 @@ class _Reading:
                 estimated=before.estimated or report.estimated,
             )
 
-    def review_usage(self, request_chars: int) -> ReviewUsage:
+    def review_usage(self, request: ProviderRequest) -> ReviewUsage:
         report = self.usage
         if report is None:
-            answer = self.characters + self.thoughts
-            return ReviewUsage(
-                estimate_tokens(request_chars), estimate_tokens(answer), estimated=True
-            )
+            read = sum(token_weight(message["content"]) for message in request.context)
+            answer = sum(map(token_weight, self.text)) + self.thoughts_weight
+            return ReviewUsage(tokens_of_weight(read), tokens_of_weight(answer), estimated=True)
         return ReviewUsage(report.input_tokens, report.output_tokens, estimated=report.estimated)
 
 
@@ -566,10 +567,9 @@ class ModelReviewer:
             tools=(),
             max_response_bytes=MAX_ANSWER_BYTES,
         )
-        request_chars = len(REVIEW_INSTRUCTION) + len(message)
         reading = _Reading()
         failure, timed_out = await self._read(request, reading)
-        usage = reading.review_usage(request_chars)
+        usage = reading.review_usage(request)
         if timed_out:
             return Unavailable("timeout", usage=usage)
         if isinstance(failure, ProviderError) and failure.kind == "too_large":

@@ -64,7 +64,7 @@ class Finding:
 @frozen
 class ReviewUsage:
     """What one review cost: the tokens its request read and wrote, ``estimated`` when the
-    provider reported none (characters / 4)."""
+    provider reported none (`toolloop_fsm.result.estimate_tokens` of its text)."""
 
     input_tokens: int = field(validator=check.and_(check.instance_of(int), check.ge(0)))
     output_tokens: int = field(validator=check.and_(check.instance_of(int), check.ge(0)))

@@ -4,10 +4,10 @@ thread), turning whatever the handler does into a `ToolFinished`, and the `tool`
 that builds a `Tool` from a typed function.
 
 The pump hands each dispatch here with the tool's own copy of the arguments. Arguments that
-break the schema are a failed call naming the path and the rule (``arguments.city:
-required``) and the handler is not called. A handler that raises or returns something
-other than a `ToolResult` is a failed call for the model and a WARNING record with the
-traceback for the host, on the ``toolloop_fsm.tools`` logger.
+break the schema are a failed call naming the path and the rule of each violation
+(``arguments.city: required``) and the handler is not called. A handler that raises or
+returns something other than a `ToolResult` is a failed call for the model and a WARNING
+record with the traceback for the host, on the ``toolloop_fsm.tools`` logger.
 """
 
 from __future__ import annotations
@@ -366,7 +366,7 @@ def _check_arguments(tool: Tool, dispatch: int, arguments: dict[str, Any]) -> st
     try:
         validate(arguments)
     except fastjsonschema.JsonSchemaValueException as err:
-        refusal = "; ".join(_violations(err))
+        refusal = _refusal(tool.schema_key, arguments, err)
         _log.debug(
             "tool %s (dispatch %d): arguments refused (%s)",
             tool.name,
@@ -388,10 +388,8 @@ def _check_arguments(tool: Tool, dispatch: int, arguments: dict[str, Any]) -> st
     return None
 
 
-@functools.lru_cache(maxsize=_VALIDATORS_KEPT)
-def _validator(schema_key: str) -> Callable[[Any], Any] | _UnusableSchema:
-    """The compiled validator of a schema, by its canonical JSON; compiled on the first
-    dispatch that needs it (a few milliseconds), then kept."""
+def _compiled(schema_key: str) -> Callable[[Any], Any] | _UnusableSchema:
+    """The compiled validator of a schema, by its canonical JSON (a few milliseconds)."""
     try:
         return fastjsonschema.compile(
             json.loads(schema_key),
@@ -401,6 +399,13 @@ def _validator(schema_key: str) -> Callable[[Any], Any] | _UnusableSchema:
         )
     except Exception as err:  # the compiler's own refusals, and a bad regex pattern's
         return _UnusableSchema(f"{type(err).__name__}: {err}")
+
+
+#: A tool's schema, compiled on the first dispatch that needs it, then kept.
+_validator = functools.lru_cache(maxsize=_VALIDATORS_KEPT)(_compiled)
+#: The parts of a schema a refusal checks one by one (`_ViolationSearch`), kept apart so
+#: that they never push a whole schema out.
+_part_validator = functools.lru_cache(maxsize=_VALIDATORS_KEPT)(_compiled)
 
 
 class _RemoteSchemasRefused(Mapping[str, Callable[[str], Any]]):
@@ -429,11 +434,117 @@ def _refuse_remote(uri: str) -> Any:
 _NO_REMOTE_SCHEMAS = _RemoteSchemasRefused()
 
 
-def _violations(err: fastjsonschema.JsonSchemaValueException) -> list[str]:
-    """``arguments.<path>: <rule> (<what it requires>)`` for the violation found; for a
-    missing required property or one the schema does not allow, the path names it."""
+#: How many violations a refusal names; it counts the rest ("; and 3 more").
+MAX_VIOLATIONS_NAMED = 10
+#: How deep the search for every violation goes into nested values (and ``$ref`` chains);
+#: below that, a value is checked whole and its first violation named.
+_SEARCH_DEPTH = 32
+
+
+def _refusal(
+    schema_key: str, arguments: Any, first: fastjsonschema.JsonSchemaValueException
+) -> str:
+    """What the model is told of arguments that break the schema: every violation, up to
+    `MAX_VIOLATIONS_NAMED` of them, each as `_violations` words it."""
+    try:
+        found = _ViolationSearch(json.loads(schema_key)).every_violation(arguments)
+    except Exception:  # the search is a courtesy: the validator's own finding stands
+        found = []
+    if not found:
+        found = _violations(first)
+    named = found[:MAX_VIOLATIONS_NAMED]
+    more = len(found) - len(named)
+    return "; ".join(named) + (f"; and {more} more" if more else "")
+
+
+class _ViolationSearch:
+    """Every violation of a schema by a value. fastjsonschema stops at the first, so once it
+    has refused the arguments (never on the way to a handler) the schema is taken apart
+    where the value is: each property of an object and each item of an array is checked
+    against its own schema, and the object or array itself against the schema with those
+    left open, then again without each of ``required`` and ``additionalProperties`` that
+    refused it. Each part is a looser schema than the whole, so whatever it refuses the whole
+    refuses too. A part is compiled with the root's ``$schema``, ``$defs`` and
+    ``definitions``, so its local ``$ref`` still resolve; parts are compiled once, then kept."""
+
+    __slots__ = ("found", "root", "shared")
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        kept = ("$schema", "$defs", "definitions")
+        self.shared = {k: root[k] for k in kept if k in root} if isinstance(root, dict) else {}
+        self.found: list[str] = []
+
+    def every_violation(self, arguments: Any) -> list[str]:
+        self._search(self.root, arguments, "arguments", 0)
+        return self.found
+
+    def _search(self, schema: Any, value: Any, path: str, depth: int) -> None:
+        schema = self._resolved(schema)
+        if depth < _SEARCH_DEPTH and isinstance(schema, dict):
+            properties = schema.get("properties")
+            items = schema.get("items")
+            if isinstance(value, dict) and isinstance(properties, dict) and properties:
+                opened: dict[str, Any] = {
+                    key: {} for key in properties
+                }  # named: so additional ones are known
+                self._check_open(schema | {"properties": opened}, value, path)
+                for key, item in value.items():
+                    if key in properties:
+                        self._search(properties[key], item, f"{path}.{key}", depth + 1)
+                return
+            if isinstance(value, list) and isinstance(items, dict):
+                self._check_open(schema | {"items": {}}, value, path)
+                for index, item in enumerate(value):
+                    self._search(items, item, f"{path}[{index}]", depth + 1)
+                return
+        self._check(schema, value, path)
+
+    def _resolved(self, schema: Any) -> Any:
+        """A schema that is a local ``$ref`` (whose siblings draft 7 ignores), followed."""
+        for _ in range(_SEARCH_DEPTH):
+            if not (isinstance(schema, dict) and isinstance(schema.get("$ref"), str)):
+                return schema
+            reference: str = schema["$ref"]
+            if not reference.startswith("#"):
+                return schema
+            target: Any = self.root
+            for step in filter(None, reference[1:].split("/")):
+                step = step.replace("~1", "/").replace("~0", "~")
+                target = target[int(step)] if isinstance(target, list) else target[step]
+            schema = target
+        return schema
+
+    def _check_open(self, schema: dict[str, Any], value: Any, path: str) -> None:
+        """An object or array against its own keywords, its members left open: after a
+        ``required`` or ``additionalProperties`` refusal (which names every property it
+        refused) the check goes on without that keyword, for what else there is."""
+        while (err := self._check(schema, value, path)) is not None:
+            if err.rule not in ("required", "additionalProperties") or err.rule not in schema:
+                return
+            schema = {k: v for k, v in schema.items() if k != err.rule}
+
+    def _check(
+        self, schema: Any, value: Any, path: str
+    ) -> fastjsonschema.JsonSchemaValueException | None:
+        part = {**self.shared, **schema} if isinstance(schema, dict) else schema
+        validate = _part_validator(json.dumps(part, sort_keys=True, separators=(",", ":")))
+        if isinstance(validate, _UnusableSchema):
+            return None
+        try:
+            validate(value)
+        except fastjsonschema.JsonSchemaValueException as err:
+            self.found += _violations(err, path)
+            return err
+        return None
+
+
+def _violations(err: fastjsonschema.JsonSchemaValueException, at: str = "arguments") -> list[str]:
+    """``<at>.<path>: <rule> (<what it requires>)`` for the violation found (``at``: where
+    the value checked is in the arguments); for a missing required property or one the
+    schema does not allow, the path names it."""
     name = str(err.name or "data")
-    path = "arguments" + name[len("data") :] if name.startswith("data") else f"arguments.{name}"
+    path = at + name[len("data") :] if name.startswith("data") else f"{at}.{name}"
     value = err.value
     definition = err.definition if isinstance(err.definition, Mapping) else {}
     if err.rule == "required" and isinstance(value, Mapping):

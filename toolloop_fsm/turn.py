@@ -172,19 +172,20 @@ class DraftState:
 @define(slots=True)
 class ReadCount:
     """The running count behind the usage estimate's input (docs/behaviour.md §2.2 rule 3):
-    the messages, history entries and tools of the last request counted, and their
-    characters. A turn's next request is its last one plus a tool round (or a context
-    restart's message), so only what is new is measured; what was counted is checked against
-    each request — the same items, as the same objects, in the same order — and counted
-    afresh when any of it was rewritten or dropped (a revision clears the narration of every
-    history entry; a resumed turn starts a new count)."""
+    the messages, history entries and tools of the last request counted, and their token
+    weight (`toolloop_fsm.result.token_weight`, which adds up piece by piece). A turn's next
+    request is its last one plus a tool round (or a context restart's message), so only what
+    is new is measured; what was counted is checked against each request — the same items, as
+    the same objects, in the same order — and counted afresh when any of it was rewritten or
+    dropped (a revision clears the narration of every history entry; a resumed turn starts a
+    new count)."""
 
     context: tuple[Mapping[str, Any], ...] = ()
-    context_characters: int = 0
+    context_weight: int = 0
     history: tuple[ToolHistoryEntry, ...] = ()
-    history_characters: int = 0
+    history_weight: int = 0
     tools: tuple[ToolSpec, ...] | None = None
-    tools_characters: int = 0
+    tools_weight: int = 0
 
 
 @define(slots=True, weakref_slot=False)

@@ -41,6 +41,7 @@ from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.providers import ContinuationSession
 from toolloop_fsm.providers import Provider
 from toolloop_fsm.providers import VerbatimToolCalls
+from toolloop_fsm.result import estimate_tokens
 from toolloop_fsm.testing import Fail
 from toolloop_fsm.testing import Pause
 from toolloop_fsm.testing import RecordingChannel
@@ -155,13 +156,14 @@ async def test_scene_metadata_from_every_fragment_is_appended_to_the_final_text(
 
 # --------------------------------------------------------------------------- the total budget
 async def test_spending_the_total_budget_ends_the_pass_with_finish_length() -> None:
-    forty = "x" * 40  # no fragment reports usage: each is estimated at 40 / 4 = 10 tokens
-    story = Story([[TextDelta(forty), CUT]] * 4, max_total_output=25, max_fragments=10)
+    ten = "x" * 48  # no fragment reports usage: each is estimated at 10 tokens
+    assert estimate_tokens(ten) == 10
+    story = Story([[TextDelta(ten), CUT]] * 4, max_total_output=25, max_fragments=10)
     result = await story.run()
 
     assert result.status is TurnStatus.COMPLETED
     assert result.stream_results[-1].finish is FinishKind.LENGTH
-    assert story.channel.delivered_text == forty * 3
+    assert story.channel.delivered_text == ten * 3
     # each request asks for no more than the budget left
     assert [r.max_output for r in story.requests] == [25, 15, 5]
     # one ledger entry for the pass, holding the three estimates, marked as estimated
@@ -195,9 +197,25 @@ async def test_a_fragment_without_usage_is_estimated_and_the_pass_total_is_marke
     result = await story.run()
 
     assert result.final_text == "Reported. Not reported"
-    # 3 reported, then ceil((3 + 12) / 4) = 4 estimated for the second fragment's output
+    # 3 reported, then 4 estimated for the second fragment's thoughts and text
+    assert estimate_tokens("hmm" + "Not reported") == 4
     assert entries(result) == [(5, 7, True)]
     assert result.usage.has_estimates
+
+
+async def test_a_chinese_fragment_without_usage_spends_the_budget_near_its_real_count() -> None:
+    # the start of tests/data/token_counts.json's chinese_prose: 36 tokens for o200k_base,
+    # where a quarter of its 43 characters would have spent 11 of the budget and asked for more
+    text = "今天巴黎的天气比较温和，西风轻拂，下午有少量云。明天会更暖和，中午气温将达到二十二度，"
+    halves = [TextDelta(text[: len(text) // 2]), TextDelta(text[len(text) // 2 :])]
+    story = Story([[*halves, CUT], [TextDelta("傍晚有阵雨。"), STOP]], max_total_output=30)
+    result = await story.run()
+
+    # the first fragment's estimate (its chunks weighed one by one) spends the budget
+    assert estimate_tokens(text) > 30
+    assert result.stream_results[-1].finish is FinishKind.LENGTH
+    assert len(story.requests) == 1
+    assert entries(result) == [(0, estimate_tokens(text), True)]
 
 
 # --------------------------------------------------------------------------- pending fragments

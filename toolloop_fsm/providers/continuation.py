@@ -24,10 +24,11 @@ How a pass runs:
   together the ending is ``LENGTH``. The finish reason's ``raw`` is the model's own word.
 * **The budget.** ``max_total_output`` is counted in output tokens: what the wrapped provider
   reported for a fragment (its last cumulative `UsageReport`, or the sum of incremental ones),
-  or, for a fragment without a report, its streamed characters (text and thoughts) divided by
-  four and rounded up, marked as estimated. Each request asks for at most the budget left
-  (``max_output``), and for at most the loop's own ``max_output`` when it has one. A provider
-  that ignores ``max_output`` overshoots by at most one fragment: the overshoot is counted.
+  or, for a fragment without a report, the estimate of the text and thoughts it streamed
+  (`toolloop_fsm.result.estimate_tokens`, its weight summed chunk by chunk), marked as
+  estimated. Each request asks for at most the budget left (``max_output``), and for at most
+  the loop's own ``max_output`` when it has one. A provider that ignores ``max_output``
+  overshoots by at most one fragment: the overshoot is counted.
 * **Usage.** The wrapped provider's usage reports are not passed on as they are: each is
   turned into the pass's cumulative usage so far — input and output tokens summed over the
   fragments, the current one as far as it was reported — and a fragment that reported nothing
@@ -67,6 +68,8 @@ from toolloop_fsm.events import UsageReport
 from toolloop_fsm.provider import Provider
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import estimate_tokens
+from toolloop_fsm.result import token_weight
+from toolloop_fsm.result import tokens_of_weight
 
 DEFAULT_MAX_FRAGMENTS = 8
 """How many fragments one pass may request when the caller does not say."""
@@ -77,10 +80,10 @@ _CUT_FINISHES = frozenset({FinishKind.LENGTH, FinishKind.CONTINUATION_PENDING})
 class _Fragment:
     """What one fragment streamed, as far as the session's decisions need it."""
 
-    __slots__ = ("called", "characters", "finish", "text", "text_characters", "usage")
+    __slots__ = ("called", "finish", "text", "text_characters", "usage", "weight")
 
     def __init__(self) -> None:
-        self.characters = 0
+        self.weight = 0  # the token weight of the text and thoughts streamed
         self.text_characters = 0
         self.text: list[str] = []
         self.usage: UsageReport | None = None
@@ -92,11 +95,11 @@ class _Fragment:
         pass's usage so far for a usage report, nothing for a finish (the session decides
         on that once the fragment ends), else the chunk itself."""
         if isinstance(chunk, TextDelta):
-            self.characters += len(chunk.text)
+            self.weight += token_weight(chunk.text)
             self.text_characters += len(chunk.text)
             self.text.append(chunk.text)
         elif isinstance(chunk, ThoughtDelta):
-            self.characters += len(chunk.text)
+            self.weight += token_weight(chunk.text)
         elif isinstance(chunk, UsageReport):
             self.take_usage(chunk)
             return self.pass_usage(before)
@@ -120,7 +123,7 @@ class _Fragment:
 
     def estimate_usage(self) -> None:
         """No report came: the fragment's output estimated from what it streamed."""
-        self.usage = UsageReport(0, estimate_tokens(self.characters), estimated=True)
+        self.usage = UsageReport(0, tokens_of_weight(self.weight), estimated=True)
 
     def pass_usage(self, before: UsageReport) -> UsageReport:
         """The pass's cumulative usage: ``before`` plus this fragment's usage so far."""
@@ -198,7 +201,7 @@ class ContinuationSession:
                 await _close(chunks)
             text += fragment.text
 
-            if fragment.usage is None and fragment.characters:
+            if fragment.usage is None and fragment.weight:
                 fragment.estimate_usage()
                 yield fragment.pass_usage(before)
             if fragment.usage is not None:

@@ -34,7 +34,8 @@ from toolloop_fsm.result import Notice
 from toolloop_fsm.result import StreamResult
 from toolloop_fsm.result import ToolHistoryEntry
 from toolloop_fsm.result import UsageEntry
-from toolloop_fsm.result import estimate_tokens
+from toolloop_fsm.result import token_weight
+from toolloop_fsm.result import tokens_of_weight
 from toolloop_fsm.states.delivery import arm_deadline
 from toolloop_fsm.states.delivery import clear_deadline
 from toolloop_fsm.states.delivery import disarm_deadline
@@ -205,104 +206,107 @@ def close_pass(turn: TurnState, outcome: str, *, error: str | None = None) -> st
 
 def estimate_usage(turn: TurnState, text: str) -> UsageEntry:
     """docs/behaviour.md §2.2 rule 3: the usage of a pass the provider answered without a
-    report — characters / 4, rounded up, marked ``estimated``. Output: the text, thoughts
-    and call the pass streamed; input: what the request gave the model to read, a running
-    count over the turn's requests (`read_characters`)."""
-    written = len(text) + sum(len(thought) for thought in turn.current_pass.thoughts or ())
+    report — the script-aware estimate (`toolloop_fsm.result.token_weight`), rounded up,
+    marked ``estimated``. Output: the text, thoughts and call the pass streamed; input: what
+    the request gave the model to read, a running count over the turn's requests
+    (`read_weight`)."""
+    written = token_weight(text) + sum(map(token_weight, turn.current_pass.thoughts or ()))
     for batch_call in turn.tool_round.calls:
         call = batch_call.call
-        written += len(canonical_call_key(str(call.name), call.arguments))
+        written += token_weight(canonical_call_key(str(call.name), call.arguments))
     request = turn.current_pass.request
     read = 0
     if request is not None:
         count = turn.read_count
         if count is None:
             count = turn.read_count = ReadCount()
-        read = read_characters(count, request)
-    return UsageEntry(turn.iterations, estimate_tokens(read), estimate_tokens(written), True)
+        read = read_weight(count, request)
+    return UsageEntry(turn.iterations, tokens_of_weight(read), tokens_of_weight(written), True)
 
 
-def read_characters(count: ReadCount, request: ProviderRequest) -> int:
-    """The characters ``request`` gives the model to read — its prefill, each message's
-    text, each history entry, and the tools offered — counted on from what ``count`` counted
-    of the turn's earlier requests (a request is a value no one changes: its own tuples are
-    kept as what was counted)."""
+def read_weight(count: ReadCount, request: ProviderRequest) -> int:
+    """The token weight of what ``request`` gives the model to read — its prefill, each
+    message's text, each history entry, and the tools offered — counted on from what
+    ``count`` counted of the turn's earlier requests (a request is a value no one changes:
+    its own tuples are kept as what was counted)."""
     context = tuple(request.context)
-    count.context_characters = _count_on(
-        count.context, count.context_characters, context, message_characters
-    )
+    count.context_weight = _count_on(count.context, count.context_weight, context, message_weight)
     count.context = context
     history = tuple(request.history)
-    count.history_characters = _count_on(
-        count.history, count.history_characters, history, history_entry_characters
+    count.history_weight = _count_on(
+        count.history, count.history_weight, history, history_entry_weight
     )
     count.history = history
     # the tools a turn offers are one tuple until the set changes (`offered_tools`)
     tools = tuple(request.tools)
     if tools is not count.tools:
-        count.tools_characters = sum(map(tool_characters, tools))
+        count.tools_weight = sum(map(tool_weight, tools))
         count.tools = tools
     return (
-        len(request.prefill or "")
-        + count.context_characters
-        + count.history_characters
-        + count.tools_characters
+        token_weight(request.prefill or "")
+        + count.context_weight
+        + count.history_weight
+        + count.tools_weight
     )
 
 
 def _count_on(
     counted: tuple[Item, ...],
-    characters: int,
+    weight: int,
     current: tuple[Item, ...],
     measure: Callable[[Item], int],
 ) -> int:
-    """The characters of ``current``: those of ``counted`` plus what follows it, when
-    ``current`` starts with the very items counted; otherwise all of ``current`` afresh."""
+    """The weight of ``current``: that of ``counted`` plus what follows it, when ``current``
+    starts with the very items counted; otherwise all of ``current`` afresh."""
     if current is counted:
-        return characters
+        return weight
     seen = len(counted)
     if len(current) >= seen and all(map(is_, counted, current)):
-        return characters + sum(map(measure, current[seen:]))
+        return weight + sum(map(measure, current[seen:]))
     return sum(map(measure, current))
 
 
-def message_characters(message: Mapping[str, Any]) -> int:
+def message_weight(message: Mapping[str, Any]) -> int:
     """A message's text: a string, or the text parts of a list of parts."""
     content = message.get("content")
     if isinstance(content, str):
-        return len(content)
+        return token_weight(content)
     if isinstance(content, list):
         total = 0
         for part in content:
             if isinstance(part, str):
-                total += len(part)
+                total += token_weight(part)
             elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                total += len(part["text"])
+                total += token_weight(part["text"])
         return total
     return 0
 
 
-def history_entry_characters(entry: ToolHistoryEntry) -> int:
+def history_entry_weight(entry: ToolHistoryEntry) -> int:
     """One tool round: the pre-tool text, the call's name and compact arguments, and the
     response as JSON."""
     response = entry.response
     return (
-        len(entry.pre_tool_text or "")
-        + len(canonical_call_key(entry.call.name, entry.call.arguments))
-        + _json_characters([response.data, response.message, response.reason])
+        token_weight(entry.pre_tool_text or "")
+        + token_weight(canonical_call_key(entry.call.name, entry.call.arguments))
+        + token_weight(_json_text([response.data, response.message, response.reason]))
     )
 
 
-def tool_characters(tool: ToolSpec) -> int:
+def tool_weight(tool: ToolSpec) -> int:
     """A tool offered: its name, description and parameter schema as JSON."""
-    return len(tool.name) + len(tool.description) + _json_characters(tool.parameters)
+    return (
+        token_weight(tool.name)
+        + token_weight(tool.description)
+        + token_weight(_json_text(tool.parameters))
+    )
 
 
-def _json_characters(value: Any) -> int:
+def _json_text(value: Any) -> str:
     try:
-        return len(json.dumps(value, ensure_ascii=False, default=str))
+        return json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):  # a circular structure
-        return len(repr(value))
+        return repr(value)
 
 
 def close_pass_with_call(turn: TurnState) -> None:

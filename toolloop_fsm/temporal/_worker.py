@@ -93,7 +93,6 @@ PASSED_THROUGH = (
     "cattrs",
     "fastjsonschema",
     "httpx",
-    "httpx_sse",
     "httpcore",
     "anyio",
     "sniffio",

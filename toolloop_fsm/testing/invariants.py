@@ -94,6 +94,8 @@ from toolloop_fsm.result import ToolHistoryEntry
 from toolloop_fsm.result import TraceStep
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.result import result_to_json
+from toolloop_fsm.result import token_weight
+from toolloop_fsm.result import tokens_of_weight
 from toolloop_fsm.review import ReviewKind
 from toolloop_fsm.testing.channel import RecordingChannel
 from toolloop_fsm.testing.hostile import HostileChannel
@@ -1410,12 +1412,11 @@ def _check_estimate(
     exact: bool,
 ) -> None:
     """A pass the provider reported no usage for: when it was answered (any chunk), its
-    entry is a marked estimate whose output is at most a quarter (rounded up) of the
-    characters it streamed — text, thoughts and every call of its batch (name and compact
-    JSON arguments) — and exactly that when every chunk streamed was taken; never answered,
-    it has no entry."""
-    written = _written_characters(chunks)
-    bound = -(-written // 4)
+    entry is a marked estimate whose output is at most the estimate (`estimate_tokens`) of
+    what it streamed — text, thoughts and every call of its batch (name and compact JSON
+    arguments) — and exactly that when every chunk streamed was taken; never answered, it
+    has no entry."""
+    bound = tokens_of_weight(_written_weight(chunks))
     if got is not None:
         if not got[2]:
             _fail(
@@ -1426,8 +1427,8 @@ def _check_estimate(
         if got[1] > bound:
             _fail(
                 8,
-                f"pass {iteration}: the estimated output {got[1]} exceeds a quarter of "
-                f"the {written} characters the pass streamed",
+                f"pass {iteration}: the estimated output {got[1]} exceeds the {bound} "
+                "tokens estimated of what the pass streamed",
             )
     if not exact:
         return
@@ -1443,20 +1444,20 @@ def _check_estimate(
     elif got[1] != bound:
         _fail(
             8,
-            f"pass {iteration}: the estimated output is {got[1]} tokens, but the pass "
-            f"streamed {written} characters ({bound} tokens at four a token)",
+            f"pass {iteration}: the estimated output is {got[1]} tokens, but what the "
+            f"pass streamed is estimated at {bound} tokens",
         )
 
 
 def _marked_estimate(got: tuple[int, int, bool], chunks: Sequence[object]) -> bool:
-    return got[2] and got[1] <= -(-_written_characters(chunks) // 4)
+    return got[2] and got[1] <= tokens_of_weight(_written_weight(chunks))
 
 
-def _written_characters(chunks: Sequence[object]) -> int:
+def _written_weight(chunks: Sequence[object]) -> int:
     written = 0
     for chunk in chunks:
         if isinstance(chunk, TextDelta | ThoughtDelta) and isinstance(chunk.text, str):
-            written += len(chunk.text)
+            written += token_weight(chunk.text)
         elif isinstance(chunk, FunctionCall):
             try:
                 arguments = json.dumps(
@@ -1464,7 +1465,7 @@ def _written_characters(chunks: Sequence[object]) -> int:
                 )
             except (TypeError, ValueError):
                 arguments = repr(chunk.arguments)
-            written += len(str(chunk.name)) + 1 + len(arguments)
+            written += token_weight(f"{chunk.name}:{arguments}")
     return written
 
 
