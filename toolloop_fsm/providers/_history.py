@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,6 +101,22 @@ def tool_response_payload(response: ToolResponseRecord) -> dict[str, Any]:
     return {key: value for key, value in shown.items() if value is not None}
 
 
+def tool_response_from_payload(payload: Mapping[str, Any]) -> ToolResponseRecord:
+    """The response a payload of `tool_response_payload` was made from, as far as it shows it:
+    the payload made of it again is the same (a context's tool responses are read this way)."""
+    if payload.get("success") is True:
+        return ToolResponseRecord(True, data=payload.get("data"), message=payload.get("message"))
+    status = payload.get("status")
+    findings = payload.get("findings")
+    return ToolResponseRecord(
+        False,
+        data={"findings": findings} if status == REVIEW_REJECTED_STATUS else None,
+        status=status,
+        reason=payload.get("reason"),
+        tool_name=payload.get("tool_name"),
+    )
+
+
 def tool_response_json(response: ToolResponseRecord) -> str:
     """`tool_response_payload` as JSON text: non-ASCII characters kept as they are, and a value
     JSON cannot hold (a date, a set) written as its ``str``."""
@@ -116,6 +133,7 @@ __all__ = [
     "ToolBatch",
     "dump_json",
     "tool_batches",
+    "tool_response_from_payload",
     "tool_response_json",
     "tool_response_payload",
 ]
