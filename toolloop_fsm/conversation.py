@@ -18,14 +18,20 @@ The form, as `turn_messages` writes it::
     {"role": "assistant", "content": "Let me check. ",
      "tool_calls": [{"id": "call_0", "name": "get_weather", "arguments": {"city": "Paris"}}]}
     {"role": "tool", "tool_call_id": "call_0", "name": "get_weather",
-     "content": {"success": True, "data": {"city": "Paris", "temp_c": 21}}}
+     "content": {"success": True, "data": {"city": "Paris", "temp_c": 21}, "message": "live"}}
 
 A call's ``id`` is left out when the provider gave none (Gemini, older Ollama), and so is the
 response's ``tool_call_id``; the ``tool`` messages right after an assistant message with
 ``tool_calls`` answer its calls in their order, one each. A call may carry ``provider_data``
 (Anthropic's thinking blocks, Gemini's thought signature, the Responses API's reasoning items),
-which its adapter sends back with it. A response's ``content`` is the JSON object the model
-was shown (`toolloop_fsm.providers._history`), so it reads back as the same response.
+which its adapter sends back with it. A response's ``content`` holds the fields of the
+response record the turn kept (``success``, and whichever of ``data``, ``message``,
+``status``, ``reason``, ``tool_name`` are set), so it reads back as that record and every
+adapter shows it to the model exactly as it showed it during the turn.
+
+It also owns `tool_batches`, the turn's history as its tool batches (docs/behaviour.md §3.10
+rule 3): an entry at ``position`` 0 opens a batch, and each entry after it with a higher
+position belongs to that batch.
 
 With fallback attempts (`run_generation_turn`), the passes of the attempts are matched by their
 number: a later attempt replays the earlier one's calls from the ledger and continues the text
@@ -39,17 +45,59 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
-from toolloop_fsm.providers._history import ToolBatch
-from toolloop_fsm.providers._history import tool_batches
-from toolloop_fsm.providers._history import tool_response_from_payload
-from toolloop_fsm.providers._history import tool_response_payload
+from attrs import fields
+from attrs import frozen
+
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import ToolCallRecord
 from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import ToolResponseRecord
 
 #: The message keys of the neutral form
 TOOL_CALLS = "tool_calls"
 TOOL_ROLE = "tool"
+#: What a response's ``content`` may hold: the fields of the record it was made from
+_RESPONSE_FIELDS = tuple(f.name for f in fields(ToolResponseRecord))
+
+
+@frozen
+class ToolBatch:
+    """The calls of one pass as the history holds them: ``entries`` in emitted order, the
+    first of them at index ``start`` of the history."""
+
+    start: int
+    entries: tuple[ToolHistoryEntry, ...]
+
+    @property
+    def pre_tool_text(self) -> str | None:
+        """The visible text streamed before the batch: its first entry's (the machine records
+        it there only, so a text on a later entry is not the batch's)."""
+        return self.entries[0].pre_tool_text
+
+    def numbered(self) -> Iterator[tuple[int, ToolHistoryEntry]]:
+        """Each call with its index in the whole history, which the adapters' fallback ids
+        are made from: unique per call, in a batch as across batches, and the same on every
+        pass (the history only grows)."""
+        return enumerate(self.entries, self.start)
+
+
+def tool_batches(history: Sequence[ToolHistoryEntry]) -> list[ToolBatch]:
+    """``history`` as its tool batches, in order (module docstring). An entry with a
+    position above 0 and no batch before it opens one: nothing else could hold it."""
+    batches: list[ToolBatch] = []
+    opened: list[ToolHistoryEntry] = []
+    start = 0
+    for index, entry in enumerate(history):
+        if entry.position > 0 and opened:
+            opened.append(entry)
+            continue
+        if opened:
+            batches.append(ToolBatch(start, tuple(opened)))
+        opened = [entry]
+        start = index
+    if opened:
+        batches.append(ToolBatch(start, tuple(opened)))
+    return batches
 
 
 def turn_messages(result: GenerationTurnResult) -> tuple[dict[str, Any], ...]:
@@ -108,7 +156,11 @@ def _response(entry: ToolHistoryEntry) -> dict[str, Any]:
     if entry.call.call_id:
         message["tool_call_id"] = entry.call.call_id
     message["name"] = entry.call.name
-    message["content"] = tool_response_payload(entry.response)
+    message["content"] = {
+        name: value
+        for name in _RESPONSE_FIELDS
+        if (value := getattr(entry.response, name)) is not None
+    }
     return message
 
 
@@ -197,20 +249,28 @@ def _call_record(call: Any, where: str) -> ToolCallRecord:
     return ToolCallRecord(name, dict(arguments), call_id or None, provider_data)
 
 
-def _response_record(response: Mapping[str, Any], call: ToolCallRecord, where: str) -> Any:
+def _response_record(
+    response: Mapping[str, Any], call: ToolCallRecord, where: str
+) -> ToolResponseRecord:
     answered = response.get("tool_call_id")
     if answered is not None and call.call_id is not None and answered != call.call_id:
         raise ValueError(
             f"{where} answers call {answered!r}, but the call in its place is {call.call_id!r}: "
             "tool responses follow their calls in order"
         )
-    payload = response.get("content")
-    if not isinstance(payload, Mapping) or not isinstance(payload.get("success"), bool):
+    content = response.get("content")
+    if not isinstance(content, Mapping) or not isinstance(content.get("success"), bool):
         raise ValueError(
-            f"{where}: a tool response's content must be the object the model was shown, "
-            'with a boolean "success" (as turn_messages writes it)'
+            f"{where}: a tool response's content must be an object with a boolean "
+            '"success" (as turn_messages writes it)'
         )
-    return tool_response_from_payload(payload)
+    unknown = sorted(str(key) for key in content if key not in _RESPONSE_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"{where}: a tool response's content holds {', '.join(_RESPONSE_FIELDS)}, "
+            f"not {', '.join(unknown)}"
+        )
+    return ToolResponseRecord(**{str(key): value for key, value in content.items()})
 
 
-__all__ = ["check_context", "context_items", "turn_messages"]
+__all__ = ["ToolBatch", "check_context", "context_items", "tool_batches", "turn_messages"]
