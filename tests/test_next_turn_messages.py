@@ -183,7 +183,11 @@ async def test_a_call_without_an_id_is_answered_by_position() -> None:
 
 
 # --------------------------------------------------------------------------- bad contexts
-_CALL: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "name": "f"}]}
+_CALL: dict[str, Any] = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [{"id": "a", "name": "f"}],
+}
 _ANSWER: dict[str, Any] = {"role": "tool", "tool_call_id": "a", "content": {"success": True}}
 
 
