@@ -5,15 +5,20 @@ text the user read, each tool call and its response, in order — in the neutral
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.serving import serving
 from toolloop_fsm import FinishKind
 from toolloop_fsm import FinishReason
 from toolloop_fsm import FunctionCall
 from toolloop_fsm import GenerationTurnResult
+from toolloop_fsm import LoopClock
 from toolloop_fsm import ProviderError
 from toolloop_fsm import ProviderRequest
 from toolloop_fsm import TextDelta
@@ -25,12 +30,16 @@ from toolloop_fsm import TurnStatus
 from toolloop_fsm import run_tool_loop
 from toolloop_fsm import turn_messages
 from toolloop_fsm.conversation import ToolBatch
+from toolloop_fsm.conversation import check_context
 from toolloop_fsm.conversation import context_items
+from toolloop_fsm.demo import demo_tools
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers.anthropic import build_anthropic_body
 from toolloop_fsm.providers.gemini import build_gemini_body
 from toolloop_fsm.providers.ollama import build_ollama_body
+from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.providers.openai_compat import build_chat_body
+from toolloop_fsm.providers.openai_completions import OpenAICompletionsProvider
 from toolloop_fsm.providers.openai_responses import build_responses_body
 from toolloop_fsm.testing import Fail
 from toolloop_fsm.testing import RecordingChannel
@@ -368,3 +377,49 @@ async def test_every_adapter_shows_last_turns_calls_as_it_showed_them_during_tha
     after = ProviderRequest([QUESTION, *turn_messages(result)[:3]])
 
     assert build(after) == build(during)
+
+
+def test_a_completion_prompt_refuses_a_context_with_tool_messages_as_a_bad_request() -> None:
+    provider = OpenAICompletionsProvider("http://127.0.0.1:9/v1", "m")
+    with pytest.raises(ProviderError) as refused:
+        provider.build_body(ProviderRequest(_CONTEXT_CALLS))
+    assert refused.value.kind == "bad_request"
+    assert "context message 2" in str(refused.value)
+
+
+# --------------------------------------------------------------------------- against serve
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[str]:
+    """``toolloop-fsm serve`` of this checkout, on a free port; yields its base URL."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "utf-8"}
+    with serving(REPO, env) as url:
+        yield url
+
+
+async def test_a_three_turn_conversation_against_toolloop_fsm_serve(served: str) -> None:
+    provider = OpenAICompatibleProvider(served, "steady-2")
+    tools = demo_tools([])
+    context: list[dict[str, Any]] = []
+    added = []
+    for question in ("Weather in Paris?", "And tomorrow?", "Thanks!"):
+        context.append({"role": "user", "content": question})
+        result = await run_tool_loop(
+            provider, tools, RecordingChannel(), TurnRequest(context), clock=LoopClock()
+        )
+        assert result.status is TurnStatus.COMPLETED, result.error_message
+        added.append(turn_messages(result))
+        context += added[-1]
+
+    # every turn added what the user read and its calls, each answered, ending with the
+    # silent memory call; the server accepted each request carrying the turns before it
+    for messages in added:
+        check_context(messages)
+        calls = [c["name"] for m in messages for c in m.get("tool_calls", ())]
+        assert calls[-1] == "update_short_term_memory"
+        assert len(calls) == sum(m["role"] == "tool" for m in messages)
+    assert "21 °C and clear in Paris" in added[0][2]["content"]
+    ids = [m["tool_call_id"] for messages in added for m in messages if m["role"] == "tool"]
+    assert len(ids) == len(set(ids))  # the server numbered its calls across the conversation
