@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.serving import serving
+from toolloop_fsm import Attempt
 from toolloop_fsm import FinishKind
 from toolloop_fsm import FinishReason
 from toolloop_fsm import FunctionCall
@@ -27,6 +28,7 @@ from toolloop_fsm import ToolContext
 from toolloop_fsm import ToolResult
 from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnStatus
+from toolloop_fsm import run_generation_turn
 from toolloop_fsm import run_tool_loop
 from toolloop_fsm import turn_messages
 from toolloop_fsm.conversation import ToolBatch
@@ -423,3 +425,27 @@ async def test_a_three_turn_conversation_against_toolloop_fsm_serve(served: str)
     assert "21 °C and clear in Paris" in added[0][2]["content"]
     ids = [m["tool_call_id"] for messages in added for m in messages if m["role"] == "tool"]
     assert len(ids) == len(set(ids))  # the server numbered its calls across the conversation
+
+
+async def test_a_fallback_attempt_adds_the_text_both_attempts_delivered_and_the_calls_once() -> (
+    None
+):
+    down = ProviderError("upstream down", kind="server", retryable=True)
+    first = ScriptedProvider([_tool_pass("Let me check. ", _call("Paris")), [Fail(down)]])
+    second = ScriptedProvider([_tool_pass("", _call("Paris")), _text_pass("Clear and 21 °C.")])
+    channel = RecordingChannel()
+
+    result = await run_generation_turn(
+        [Attempt(first), Attempt(second)],
+        TOOLS,
+        channel,
+        TurnRequest([QUESTION]),
+        clock=VirtualClock(),
+    )
+
+    assert result.status is TurnStatus.COMPLETED and len(result.attempts) == 2
+    messages = turn_messages(result)
+    assert [m["role"] for m in messages] == ["assistant", "tool", "assistant"]
+    assert "".join(m["content"] for m in messages if m["role"] == "assistant") == channel.text
+    assert messages[0]["content"] == "Let me check. "
+    assert messages[2]["content"] == "Clear and 21 °C."
