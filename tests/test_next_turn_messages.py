@@ -4,6 +4,7 @@ text the user read, each tool call and its response, in order — in the neutral
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from collections.abc import Callable
@@ -449,3 +450,24 @@ async def test_a_fallback_attempt_adds_the_text_both_attempts_delivered_and_the_
     assert "".join(m["content"] for m in messages if m["role"] == "assistant") == channel.text
     assert messages[0]["content"] == "Let me check. "
     assert messages[2]["content"] == "Clear and 21 °C."
+
+
+async def test_a_tool_result_json_cannot_hold_is_stored_as_the_model_was_shown_it() -> None:
+    async def today(_arguments: dict[str, Any], _ctx: ToolContext) -> ToolResult:
+        return ToolResult(data={"on": datetime.date(2026, 12, 2), "tags": ("a", "b")})
+
+    tools = [Tool("today", "The date", {"type": "object"}, today)]
+    provider = ScriptedProvider(
+        [_tool_pass("", FunctionCall("today", {}, "d1")), _text_pass("It is the 2nd.")]
+    )
+    result = await run_tool_loop(
+        provider, tools, RecordingChannel(), TurnRequest([QUESTION]), clock=VirtualClock()
+    )
+
+    answer = turn_messages(result)[1]
+    assert answer["content"]["data"] == {"on": "2026-12-02", "tags": ["a", "b"]}
+    after = ProviderRequest([QUESTION, *turn_messages(result)[:2]])
+    assert (
+        build_chat_body(after, "m")["messages"]
+        == build_chat_body(provider.requests[1], "m")["messages"]
+    )

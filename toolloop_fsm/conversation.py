@@ -40,6 +40,7 @@ it delivered.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -142,12 +143,22 @@ def _add_text(messages: list[dict[str, Any]], text: str) -> None:
         messages.append({"role": "assistant", "content": text})
 
 
+def _json_values(value: Any) -> Any:
+    """``value`` as the JSON values its JSON text holds, written as the adapters write a
+    request body (a value JSON cannot hold, a date or a set, as its ``str``): a copy the host
+    can store as it is, which every adapter shows as it showed the original."""
+    return json.loads(json.dumps(value, ensure_ascii=False, default=str))
+
+
 def _call(entry: ToolHistoryEntry) -> dict[str, Any]:
-    call: dict[str, Any] = {"name": entry.call.name, "arguments": dict(entry.call.arguments)}
+    call: dict[str, Any] = {
+        "name": entry.call.name,
+        "arguments": _json_values(dict(entry.call.arguments)),
+    }
     if entry.call.call_id:
         call = {"id": entry.call.call_id, **call}
     if entry.call.provider_data:
-        call["provider_data"] = dict(entry.call.provider_data)
+        call["provider_data"] = _json_values(dict(entry.call.provider_data))
     return call
 
 
@@ -156,11 +167,13 @@ def _response(entry: ToolHistoryEntry) -> dict[str, Any]:
     if entry.call.call_id:
         message["tool_call_id"] = entry.call.call_id
     message["name"] = entry.call.name
-    message["content"] = {
-        name: value
-        for name in _RESPONSE_FIELDS
-        if (value := getattr(entry.response, name)) is not None
-    }
+    message["content"] = _json_values(
+        {
+            name: value
+            for name in _RESPONSE_FIELDS
+            if (value := getattr(entry.response, name)) is not None
+        }
+    )
     return message
 
 
