@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.serving import serving
 from toolloop_fsm import Attempt
@@ -44,6 +46,10 @@ from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.providers.openai_compat import build_chat_body
 from toolloop_fsm.providers.openai_completions import OpenAICompletionsProvider
 from toolloop_fsm.providers.openai_responses import build_responses_body
+from toolloop_fsm.result import Delivered
+from toolloop_fsm.result import ToolCallRecord
+from toolloop_fsm.result import ToolHistoryEntry
+from toolloop_fsm.result import ToolResponseRecord
 from toolloop_fsm.testing import Fail
 from toolloop_fsm.testing import RecordingChannel
 from toolloop_fsm.testing import ScriptedProvider
@@ -471,3 +477,65 @@ async def test_a_tool_result_json_cannot_hold_is_stored_as_the_model_was_shown_i
         build_chat_body(after, "m")["messages"]
         == build_chat_body(provider.requests[1], "m")["messages"]
     )
+
+
+# --------------------------------------------------------------------------- any turn
+_json_data = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=5,
+)
+_responses = st.builds(
+    ToolResponseRecord,
+    success=st.booleans(),
+    data=_json_data,
+    message=st.none() | st.text(max_size=5),
+    status=st.none() | st.sampled_from(["tool_execution_failed", "timeout"]),
+    reason=st.none() | st.text(max_size=5),
+    tool_name=st.none() | st.just("get_weather"),
+)
+_passes = st.lists(
+    st.tuples(
+        st.lists(st.text(max_size=4), max_size=3),  # the pass's text deliveries
+        st.lists(st.tuples(st.booleans(), _responses), max_size=3),  # its calls: id?, response
+    ),
+    max_size=4,
+)
+
+
+def _result_of(
+    passes: list[tuple[list[str], list[tuple[bool, ToolResponseRecord]]]],
+) -> GenerationTurnResult:
+    delivered: list[Delivered] = []
+    history: list[ToolHistoryEntry] = []
+    for iteration, (texts, calls) in enumerate(passes, 1):
+        delivered += [Delivered(len(delivered), text=t, iteration=iteration) for t in texts]
+        for position, (has_id, response) in enumerate(calls):
+            record = ToolCallRecord(
+                "get_weather", {"city": f"c{iteration}{position}"}, f"id{len(history)}" * has_id
+            )
+            pre = "".join(texts) or None if position == 0 else None
+            history.append(ToolHistoryEntry(record, response, pre, iteration, position))
+    return GenerationTurnResult(
+        TurnStatus.COMPLETED, delivered=tuple(delivered), history=tuple(history)
+    )
+
+
+@given(_passes)
+def test_any_turns_messages_hold_what_the_user_read_and_read_back_as_its_history(
+    passes: list[tuple[list[str], list[tuple[bool, ToolResponseRecord]]]],
+) -> None:
+    result = _result_of(passes)
+    messages = turn_messages(result)
+
+    spoken = "".join(m["content"] for m in messages if m["role"] == "assistant")
+    assert spoken == result.delivered_text
+    batches = [item for item in context_items(messages) if isinstance(item, ToolBatch)]
+    read = [entry for batch in batches for entry in batch.entries]
+    assert [(e.call.name, e.call.arguments, e.call.call_id) for e in read] == [
+        (e.call.name, e.call.arguments, e.call.call_id or None) for e in result.history
+    ]
+    assert [tool_response_json(e.response) for e in read] == [
+        tool_response_json(e.response) for e in result.history
+    ]
+    assert [len(b.entries) for b in batches] == [len(c) for _, c in passes if c]
