@@ -69,16 +69,17 @@ def readme_example(repo: Path, heading: str) -> str:
 
 
 def run_example(
-    source: str, directory: Path, env: dict[str, str], timeout: float
+    source: str, directory: Path, env: dict[str, str], timeout: float, stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
     """Run ``source`` as a script of its own in ``directory``, as a reader of the README
-    would; what it printed, and how it exited."""
+    would, typing ``stdin``; what it printed, and how it exited."""
     script = directory / "example.py"
     script.write_text(source, encoding="utf-8")
     return subprocess.run(
         [sys.executable, str(script)],
         cwd=directory,
         env=env,
+        input=stdin,
         capture_output=True,
         text=True,
         encoding="utf-8",

@@ -48,7 +48,9 @@ TIMEOUT = 60  # seconds: a subprocess that hangs fails its test instead of the w
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("HYPOTHESIS_PROFILE", None)  # the fuzzer sets its own settings
-    env.pop("PYTHONPATH", None)  # `python -m` from the repo root finds `tests` by itself
+    # this checkout's package and `tests`, wherever a script runs (an example runs in a
+    # temporary directory), whatever copy of the package the environment has installed
+    env["PYTHONPATH"] = str(REPO)
     env["PYTHONIOENCODING"] = "utf-8"
     env.update(extra)
     return env
@@ -315,17 +317,26 @@ def served() -> Iterator[str]:
         yield url
 
 
-def test_the_readme_example_completes_against_toolloop_fsm_serve(
+#: What the README example's user types: three turns of one conversation
+CHAT = "Weather in Paris?\nAnd tomorrow?\nThanks!\n"
+
+
+def test_the_readme_chat_bot_holds_a_three_turn_conversation_against_toolloop_fsm_serve(
     served: str, tmp_path: Path
 ) -> None:
     example = _readme_example()
     assert "http://127.0.0.1:8765/v1" in example  # the README points at `serve`'s default
+    assert len(example.splitlines()) <= 97  # the host example stays short
     source = example.replace("http://127.0.0.1:8765/v1", served)
-    proc = run_example(source, tmp_path, _env(), TIMEOUT)
+    proc = run_example(source, tmp_path, _env(), TIMEOUT, stdin=CHAT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "°C" in proc.stdout  # the model's answer, delivered through the example's channel
-    assert " completed " in proc.stdout, proc.stdout
-    assert "asked about the weather in Paris" in proc.stdout  # the silent tool's note
+    out = proc.stdout
+    assert "21 °C and clear in Paris" in out  # the model's answer, printed by ConsoleChannel
+    # each turn completed, and the context grew by what the turn added (the system message
+    # and each user message, then per turn: two calls and their responses)
+    endings = re.findall(r"^\[completed pre_tool_text_suffices, (\d+) messages", out, re.MULTILINE)
+    assert endings == ["6", "9", "12"], out
+    assert "asked about the weather in Paris" in out  # the silent tool's note
 
 
 def test_the_readme_drafting_example_revises_once_against_toolloop_fsm_serve(
@@ -367,8 +378,8 @@ def test_the_readme_batch_example_runs_every_call_of_the_batch_against_toolloop_
 def test_the_readme_example_prints_why_a_turn_failed(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     source = _readme_example().replace("http://127.0.0.1:8765/v1", url)
-    proc = run_example(source, tmp_path, _env(), TIMEOUT)
-    assert " error provider_error " in proc.stdout, proc.stdout + proc.stderr
+    proc = run_example(source, tmp_path, _env(), TIMEOUT, stdin=CHAT)
+    assert "[error provider_error, 2 messages" in proc.stdout, proc.stdout + proc.stderr
     assert "connect" in proc.stdout.lower(), proc.stdout  # the error message, not just a status
 
 

@@ -4,10 +4,12 @@ assemble — as an explicit finite-state machine.
 The root holds what a host names to run turns: the run functions (and the two that resume a
 turn from a `TurnSnapshot`, with the snapshot's JSON form); what it builds — the request, the
 signals, the policies, attempts and the shared route, tools (`tool`, `Tool`, the registry,
-what a tool returns), the real clock; what it implements — a channel, a provider (the chunk
+what a tool returns), the real clock, the ready channels (one of plain functions, one that
+prints, one that collects); what it implements — a channel, a provider (the chunk
 events it yields, its request, its error), a reviewer (its packet and verdicts, and the ready
 `ModelReviewer`); and what it reads a result by — the result, its status, the cause of an
-in-doubt call, the result's JSON form.
+in-doubt call, the result's JSON form, and the messages a turn added to the conversation
+(`turn_messages`).
 
 The records a host only reads, off a result or as a callback's argument, are reached as
 attributes and live with their kind: `toolloop_fsm.result` (`TraceStep`, `Delivered`,
@@ -22,6 +24,10 @@ import logging as _logging
 
 from toolloop_fsm.attempts import Attempt
 from toolloop_fsm.attempts import SharedRoute
+from toolloop_fsm.channels import CallbackChannel
+from toolloop_fsm.channels import CollectingChannel
+from toolloop_fsm.channels import ConsoleChannel
+from toolloop_fsm.conversation import turn_messages
 from toolloop_fsm.events import ContextRestart
 from toolloop_fsm.events import FinishKind
 from toolloop_fsm.events import FinishReason
@@ -72,7 +78,10 @@ _logging.getLogger("toolloop_fsm").addHandler(_logging.NullHandler())
 
 __all__ = [
     "Attempt",
+    "CallbackChannel",
     "Channel",
+    "CollectingChannel",
+    "ConsoleChannel",
     "ContextRestart",
     "DestinationUnreachable",
     "Finding",
@@ -116,4 +125,5 @@ __all__ = [
     "snapshot_from_json",
     "snapshot_to_json",
     "tool",
+    "turn_messages",
 ]

@@ -26,6 +26,7 @@ from attrs import field
 from attrs import frozen
 from attrs import validators as check
 
+from toolloop_fsm.conversation import check_context
 from toolloop_fsm.events import ContextRestart
 from toolloop_fsm.policy import as_optional_frozenset
 from toolloop_fsm.policy import as_tuple
@@ -46,13 +47,14 @@ _optional_text = of_type(str, type(None))
 
 @frozen
 class TurnRequest:
-    """What the host asks for: the conversation ``context`` (provider-neutral message dicts),
+    """What the host asks for: the conversation ``context`` (provider-neutral message dicts;
+    a turn's own messages, `toolloop_fsm.conversation.turn_messages`, are added as they are),
     the tools this turn may use (``None`` = every registered tool), and an assistant
     ``prefill`` to continue from. ``turn_id`` names the turn for idempotency keys (a host
     that may resume a turn after a crash gives it one it keeps)."""
 
     context: Sequence[Mapping[str, Any]] = field(
-        converter=as_tuple, validator=collection_of(Mapping)
+        converter=as_tuple, validator=[collection_of(Mapping), lambda _r, _a, v: check_context(v)]
     )
     tools_allowed: frozenset[str] | None = field(
         default=None, converter=as_optional_frozenset, validator=check.optional(collection_of(str))

@@ -1,12 +1,9 @@
 """How the turn's tool history is shown to a model: one rule for every adapter.
 
-Owns two things:
-
-* `tool_batches` — the history as its tool batches (docs/behaviour.md §3.10 rule 3): an entry
-  at ``position`` 0 opens a batch, and each entry after it with a higher position belongs to
-  that batch. A batch is one assistant turn with every call, then one response per call, in
-  emitted order; its pre-tool text is its first entry's, shown once.
-* `tool_response_payload` — what a model is shown for one tool response, below.
+Owns `tool_response_payload` — what a model is shown for one tool response, below — and hands
+the adapters `tool_batches` (`toolloop_fsm.conversation`): the history as its tool batches
+(docs/behaviour.md §3.10 rule 3), each one assistant turn with every call, then one response
+per call, in emitted order, its pre-tool text its first entry's, shown once.
 
 A success is shown as ``{"success": true, "data": …, "message": …}``: the tool's message beside
 its data. A failure as ``{"success": false, "status": "tool_execution_failed", "reason": …,
@@ -24,58 +21,15 @@ whether the call worked, even when a success has neither data nor a message.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from collections.abc import Sequence
 from typing import Any
 
-from attrs import frozen
-
+from toolloop_fsm.conversation import ToolBatch
+from toolloop_fsm.conversation import tool_batches
 from toolloop_fsm.result import REVIEW_REJECTED_STATUS
-from toolloop_fsm.result import ToolHistoryEntry
 from toolloop_fsm.result import ToolResponseRecord
 
 FAILED_STATUS = "tool_execution_failed"
 """The status a failed call's response is shown with."""
-
-
-@frozen
-class ToolBatch:
-    """The calls of one pass as the history holds them: ``entries`` in emitted order, the
-    first of them at index ``start`` of the history."""
-
-    start: int
-    entries: tuple[ToolHistoryEntry, ...]
-
-    @property
-    def pre_tool_text(self) -> str | None:
-        """The visible text streamed before the batch: its first entry's (the machine records
-        it there only, so a text on a later entry is not the batch's)."""
-        return self.entries[0].pre_tool_text
-
-    def numbered(self) -> Iterator[tuple[int, ToolHistoryEntry]]:
-        """Each call with its index in the whole history, which the adapters' fallback ids
-        are made from: unique per call, in a batch as across batches, and the same on every
-        pass (the history only grows)."""
-        return enumerate(self.entries, self.start)
-
-
-def tool_batches(history: Sequence[ToolHistoryEntry]) -> list[ToolBatch]:
-    """``history`` as its tool batches, in order (module docstring). An entry with a
-    position above 0 and no batch before it opens one: nothing else could hold it."""
-    batches: list[ToolBatch] = []
-    opened: list[ToolHistoryEntry] = []
-    start = 0
-    for index, entry in enumerate(history):
-        if entry.position > 0 and opened:
-            opened.append(entry)
-            continue
-        if opened:
-            batches.append(ToolBatch(start, tuple(opened)))
-        opened = [entry]
-        start = index
-    if opened:
-        batches.append(ToolBatch(start, tuple(opened)))
-    return batches
 
 
 def tool_response_payload(response: ToolResponseRecord) -> dict[str, Any]:

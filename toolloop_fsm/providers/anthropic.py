@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 from typing import Unpack
 
+from toolloop_fsm.conversation import context_items
 from toolloop_fsm.events import Chunk
 from toolloop_fsm.events import FinishKind
 from toolloop_fsm.events import FinishReason
@@ -150,8 +151,11 @@ def build_anthropic_body(
     """The Messages API request body for one pass."""
     system: list[str] = []
     messages: list[dict[str, Any]] = []
-    for message in request.context:
-        _add_context_message(system, messages, message)
+    for item in context_items(request.context):
+        if isinstance(item, ToolBatch):
+            _add_tool_batch(messages, item)
+        else:
+            _add_context_message(system, messages, item)
     for batch in tool_batches(request.history):
         _add_tool_batch(messages, batch)
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 from typing import Unpack
 
+from toolloop_fsm.conversation import context_items
 from toolloop_fsm.events import Chunk
 from toolloop_fsm.events import FinishKind
 from toolloop_fsm.events import FinishReason
@@ -129,7 +130,10 @@ def build_gemini_body(request: ProviderRequest) -> dict[str, Any]:
     """The ``streamGenerateContent`` request body for one pass."""
     system: list[dict[str, Any]] = []
     contents: list[dict[str, Any]] = []
-    for message in request.context:
+    for message in context_items(request.context):
+        if isinstance(message, ToolBatch):
+            _history_contents(contents, message)
+            continue
         role = str(message.get("role", "user"))
         parts = content_parts(message.get("content", ""), _text_part)
         if role == "system":

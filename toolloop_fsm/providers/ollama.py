@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 from typing import Unpack
 
+from toolloop_fsm.conversation import context_items
 from toolloop_fsm.events import Chunk
 from toolloop_fsm.events import FinishKind
 from toolloop_fsm.events import FinishReason
@@ -38,6 +39,7 @@ from toolloop_fsm.events import UsageReport
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._history import ToolBatch
 from toolloop_fsm.providers._history import tool_batches
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
@@ -88,27 +90,34 @@ def _tool_message(entry: ToolHistoryEntry) -> dict[str, Any]:
     return result
 
 
+def _batch_messages(batch: ToolBatch) -> list[dict[str, Any]]:
+    """One answered batch: an assistant message with every call, then a ``tool`` message per
+    call, in order."""
+    calls: list[dict[str, Any]] = []
+    for entry in batch.entries:
+        call: dict[str, Any] = {
+            "function": {"name": entry.call.name, "arguments": dict(entry.call.arguments)}
+        }
+        if entry.call.call_id:
+            call["id"] = entry.call.call_id
+        calls.append(call)
+    assistant = {"role": "assistant", "content": batch.pre_tool_text or "", "tool_calls": calls}
+    return [assistant, *(_tool_message(entry) for entry in batch.entries)]
+
+
 def build_ollama_body(request: ProviderRequest, *, model: str) -> dict[str, Any]:
     """The ``/api/chat`` request body for one pass."""
     messages: list[dict[str, Any]] = []
-    for message in request.context:
+    for message in context_items(request.context):
+        if isinstance(message, ToolBatch):
+            messages.extend(_batch_messages(message))
+            continue
         role = str(message.get("role", "user"))
         if role not in ("system", "user", "assistant", "tool"):
             role = "user"
         messages.append({"role": role, "content": _content_text(message.get("content", ""))})
     for batch in tool_batches(request.history):
-        calls: list[dict[str, Any]] = []
-        for entry in batch.entries:
-            call: dict[str, Any] = {
-                "function": {"name": entry.call.name, "arguments": dict(entry.call.arguments)}
-            }
-            if entry.call.call_id:
-                call["id"] = entry.call.call_id
-            calls.append(call)
-        messages.append(
-            {"role": "assistant", "content": batch.pre_tool_text or "", "tool_calls": calls}
-        )
-        messages.extend(_tool_message(entry) for entry in batch.entries)
+        messages.extend(_batch_messages(batch))
     if request.prefill:
         # Ollama's chat templates leave a trailing assistant message open, so the model
         # continues it instead of starting a new reply.

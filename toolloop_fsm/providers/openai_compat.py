@@ -50,6 +50,7 @@ from typing import ClassVar
 from typing import Protocol
 from typing import Unpack
 
+from toolloop_fsm.conversation import context_items
 from toolloop_fsm.events import Chunk
 from toolloop_fsm.events import FinishKind
 from toolloop_fsm.events import FinishReason
@@ -60,6 +61,7 @@ from toolloop_fsm.events import UsageReport
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._history import ToolBatch
 from toolloop_fsm.providers._history import dump_json
 from toolloop_fsm.providers._history import tool_batches
 from toolloop_fsm.providers._history import tool_response_json
@@ -102,42 +104,47 @@ def history_call_id(entry: ToolHistoryEntry, position: int) -> str:
 
 
 def build_chat_messages(request: ProviderRequest) -> list[dict[str, Any]]:
-    # keys of the library's own ("toolloop_…" markers) are not for the server
-    messages: list[dict[str, Any]] = [
-        {key: value for key, value in message.items() if not key.startswith("toolloop_")}
-        for message in request.context
-    ]
+    messages: list[dict[str, Any]] = []
+    for item in context_items(request.context):
+        if isinstance(item, ToolBatch):
+            messages.extend(_batch_messages(item))
+        else:
+            # keys of the library's own ("toolloop_…" markers) are not for the server
+            messages.append({k: v for k, v in item.items() if not k.startswith("toolloop_")})
     for batch in tool_batches(request.history):
-        calls = [(history_call_id(entry, index), entry) for index, entry in batch.numbered()]
-        messages.append(
-            {
-                "role": "assistant",
-                # "" rather than null: llama.cpp's server rejects a null content (HTTP 500)
-                "content": batch.pre_tool_text or "",
-                "tool_calls": [
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {
-                            "name": entry.call.name,
-                            "arguments": dump_json(dict(entry.call.arguments)),
-                        },
-                    }
-                    for call_id, entry in calls
-                ],
-            }
-        )
-        messages.extend(
-            {
-                "role": "tool",
-                "tool_call_id": call_id,
-                "content": tool_response_json(entry.response),
-            }
-            for call_id, entry in calls
-        )
+        messages.extend(_batch_messages(batch))
     if request.prefill:
         messages.append({"role": "assistant", "content": request.prefill})
     return messages
+
+
+def _batch_messages(batch: ToolBatch) -> list[dict[str, Any]]:
+    """One answered batch: an assistant message with every call, then a ``tool`` message per
+    call, in order."""
+    calls = [(history_call_id(entry, index), entry) for index, entry in batch.numbered()]
+    assistant = {
+        "role": "assistant",
+        # "" rather than null: llama.cpp's server rejects a null content (HTTP 500)
+        "content": batch.pre_tool_text or "",
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {
+                    "name": entry.call.name,
+                    "arguments": dump_json(dict(entry.call.arguments)),
+                },
+            }
+            for call_id, entry in calls
+        ],
+    }
+    return [
+        assistant,
+        *(
+            {"role": "tool", "tool_call_id": call_id, "content": tool_response_json(entry.response)}
+            for call_id, entry in calls
+        ),
+    ]
 
 
 def chat_tool(tool: ToolSpec) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 from typing import ClassVar
 
+from toolloop_fsm.conversation import context_items
 from toolloop_fsm.events import Chunk
 from toolloop_fsm.events import FinishKind
 from toolloop_fsm.events import FinishReason
@@ -48,6 +49,7 @@ from toolloop_fsm.events import UsageReport
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.providers._arguments import decode_arguments
+from toolloop_fsm.providers._history import ToolBatch
 from toolloop_fsm.providers._history import dump_json
 from toolloop_fsm.providers._history import tool_batches
 from toolloop_fsm.providers._history import tool_response_json
@@ -75,31 +77,44 @@ def responses_tool(tool: ToolSpec) -> dict[str, Any]:
 
 
 def build_responses_input(request: ProviderRequest) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = [dict(message) for message in request.context]
+    items: list[dict[str, Any]] = []
+    for item in context_items(request.context):
+        if isinstance(item, ToolBatch):
+            items.extend(_batch_items(item))
+        else:
+            items.append(dict(item))
     for batch in tool_batches(request.history):
-        calls = [(history_call_id(entry, index), entry) for index, entry in batch.numbered()]
-        if batch.pre_tool_text:
-            items.append({"role": "assistant", "content": batch.pre_tool_text})
-        for call_id, entry in calls:
-            items.extend(_reasoning_items(entry))
-            items.append(
-                {
-                    "type": "function_call",
-                    "call_id": call_id,
-                    "name": entry.call.name,
-                    "arguments": dump_json(dict(entry.call.arguments)),
-                }
-            )
-        items.extend(
-            {
-                "type": "function_call_output",
-                "call_id": call_id,
-                "output": tool_response_json(entry.response),
-            }
-            for call_id, entry in calls
-        )
+        items.extend(_batch_items(batch))
     if request.prefill:
         items.append({"role": "assistant", "content": request.prefill})
+    return items
+
+
+def _batch_items(batch: ToolBatch) -> list[dict[str, Any]]:
+    """One answered batch: the pre-tool text, each call (after its reasoning items), then a
+    ``function_call_output`` per call, in order."""
+    calls = [(history_call_id(entry, index), entry) for index, entry in batch.numbered()]
+    items: list[dict[str, Any]] = []
+    if batch.pre_tool_text:
+        items.append({"role": "assistant", "content": batch.pre_tool_text})
+    for call_id, entry in calls:
+        items.extend(_reasoning_items(entry))
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": call_id,
+                "name": entry.call.name,
+                "arguments": dump_json(dict(entry.call.arguments)),
+            }
+        )
+    items.extend(
+        {
+            "type": "function_call_output",
+            "call_id": call_id,
+            "output": tool_response_json(entry.response),
+        }
+        for call_id, entry in calls
+    )
     return items
 
 
