@@ -379,7 +379,7 @@ class DemoServer:
     limits: ServeLimits = field(factory=ServeLimits)
     record_requests: bool = False
     requests: list[dict[str, Any]] = field(factory=list)
-    _http: BoundedHttpServer | None = None
+    _http: BoundedHttpServer | None = field(default=None, repr=False)
 
     @property
     def base_url(self) -> str:

@@ -137,8 +137,8 @@ class BoundedHttpServer:
     limits: ServeLimits = attrs.Factory(ServeLimits)
     host: str = "127.0.0.1"
     port: int = 0
-    _server: asyncio.Server | None = None
-    _connections: set[asyncio.Task[None]] = attrs.Factory(set)
+    _server: asyncio.Server | None = attrs.field(default=None, repr=False)
+    _connections: set[asyncio.Task[None]] = attrs.field(factory=set, repr=False)
 
     @property
     def open_connections(self) -> int:
@@ -184,18 +184,24 @@ class BoundedHttpServer:
     async def _converse(
         self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        while True:
-            try:
-                request = await self._read_request(conn, reader, writer)
-            except _Refused as refused:
-                await self._refuse(conn, reader, writer, refused.reply)
-                return
-            if request is None:
-                return
-            await self._send(conn, writer, self._answer(request))
-            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                return  # h11 says the connection cannot carry another request
+        while await self._serve_one(conn, reader, writer):
             conn.start_next_cycle()
+
+    async def _serve_one(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Read one request and answer it; whether the connection can carry another. (A
+        method of its own so that nothing of the request outlives its answer while the
+        connection waits for the next.)"""
+        try:
+            request = await self._read_request(conn, reader, writer)
+        except _Refused as refused:
+            await self._refuse(conn, reader, writer, refused.reply)
+            return False
+        if request is None:
+            return False
+        await self._send(conn, writer, self._answer(request))
+        return conn.our_state is h11.DONE and conn.their_state is h11.DONE
 
     def _answer(self, request: HttpRequest) -> Reply:
         try:
@@ -247,7 +253,9 @@ class BoundedHttpServer:
                 raise _refusal(status, f"bad HTTP request: {err}", code) from None
             if event is h11.NEED_DATA:
                 if conn.they_are_waiting_for_100_continue:
-                    go_on = conn.send(h11.InformationalResponse(status_code=100, headers=[]))
+                    go_on = conn.send(
+                        h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+                    )
                     await self._write(writer, go_on)
                 conn.receive_data(await reader.read(_READ_SIZE))
             elif isinstance(event, h11.Request):
