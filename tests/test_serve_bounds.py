@@ -233,7 +233,10 @@ async def test_a_client_waiting_for_100_continue_with_too_large_a_body_gets_413_
 async def test_a_chunked_body_that_grows_past_the_limit_gets_413() -> None:
     async for server in serving(ServeLimits(max_body_bytes=1024, linger_timeout=600)):
         wire = await Wire.to(server)
-        head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: demo\r\ntransfer-encoding: chunked\r\n\r\n"
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: demo\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
         chunk = b"200\r\n" + b" " * 0x200 + b"\r\n"
         await wire.send(head + chunk * 3)  # 1536 bytes, no size declared up front
         wire.writer.write_eof()
