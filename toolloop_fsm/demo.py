@@ -655,11 +655,16 @@ async def serve(
     """Run the embedded scripted model on 127.0.0.1 until cancelled (Ctrl-C), so a host can
     try the library without a model: its first line names the base URL. It keeps no request
     it answered, and holds connections within ``limits``."""
-    async with DemoServer(port=port, limits=limits or ServeLimits()) as server:
+    bounds = limits or ServeLimits()
+    async with DemoServer(port=port, limits=bounds) as server:
         out.write(f"toolloop-fsm serve: the scripted demo model at {server.base_url}\n")
         out.write(
-            f"  models: {ANSWERING_MODEL} (answers, calling get_weather and "
-            f"update_short_term_memory), {RATE_LIMITED_MODEL} (always HTTP 429, Retry-After 20)\n"
+            f"  models: {ANSWERING_MODEL} (answers, calling the tools a request offers: "
+            f"get_weather, update_short_term_memory), {RATE_LIMITED_MODEL} (always HTTP 429, "
+            "Retry-After 20)\n"
+            f"  limits: bodies up to {bounds.max_body_bytes} bytes, "
+            f"{bounds.max_connections} connections, idle ones closed after "
+            f"{bounds.idle_timeout:g} s\n"
             "  any API key is accepted; Ctrl-C stops it\n"
         )
         out.flush()

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -138,7 +139,9 @@ class BoundedHttpServer:
     host: str = "127.0.0.1"
     port: int = 0
     _server: asyncio.Server | None = attrs.field(default=None, repr=False)
-    _connections: set[asyncio.Task[None]] = attrs.field(factory=set, repr=False)
+    _connections: dict[asyncio.Task[None], asyncio.StreamWriter] = attrs.field(
+        factory=dict, repr=False
+    )
 
     @property
     def open_connections(self) -> int:
@@ -152,8 +155,10 @@ class BoundedHttpServer:
         """Stop listening and end every connection (an idle keep-alive one included)."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
+        # a reset connection ends its handler as a client hanging up does (reads end, writes
+        # fail), where cancelling it would leave 3.11's start_server logging the cancellation
+        for writer in self._connections.values():
+            writer.transport.abort()
         await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
@@ -173,12 +178,17 @@ class BoundedHttpServer:
                 )
                 await self._refuse(conn, reader, writer, busy)
                 return
-            self._connections.add(task)
+            self._connections[task] = writer
             await self._converse(conn, reader, writer)
         except (ConnectionError, TimeoutError):
             pass  # the client went away, or would not read what it was sent
+        except asyncio.CancelledError:
+            if sys.version_info >= (3, 12):
+                raise
+            # 3.11's start_server callback asks a cancelled handler for its exception and
+            # logs the CancelledError as a traceback (fixed in 3.12): end quietly instead
         finally:
-            self._connections.discard(task)
+            self._connections.pop(task, None)
             writer.transport.abort()
 
     async def _converse(
