@@ -385,3 +385,13 @@ def test_limits_that_are_not_positive_are_refused_naming_the_bound() -> None:
 def test_the_default_connection_limit_holds_the_benchmarks_200_concurrent_turns() -> None:
     assert ServeLimits().max_connections > 200
     assert ServeLimits().max_body_bytes == 8 * 1024 * 1024
+
+
+async def test_250_concurrent_streams_are_all_served_under_the_default_limits() -> None:
+    body = completion(tools=[{"type": "function", "function": {"name": "get_weather"}}])
+    pool = httpx.Limits(max_connections=250, max_keepalive_connections=250)
+    async with DemoServer() as server, httpx.AsyncClient(limits=pool, timeout=None) as client:
+        url = f"{server.base_url}/chat/completions"
+        responses = await asyncio.gather(*(client.post(url, json=body) for _ in range(250)))
+    assert [r.status_code for r in responses] == [200] * 250
+    assert all(r.text.endswith("data: [DONE]\n\n") for r in responses)
