@@ -24,6 +24,9 @@ from hypothesis import strategies as st
 
 from toolloop_fsm.demo import ANSWERING_MODEL
 from toolloop_fsm.demo import DemoServer
+from toolloop_fsm.demo_http import BoundedHttpServer
+from toolloop_fsm.demo_http import HttpRequest
+from toolloop_fsm.demo_http import Reply
 from toolloop_fsm.demo_http import ServeLimits
 
 #: Generous bounds but one, so a test meets only the bound it is about.
@@ -395,3 +398,22 @@ async def test_250_concurrent_streams_are_all_served_under_the_default_limits() 
         responses = await asyncio.gather(*(client.post(url, json=body) for _ in range(250)))
     assert [r.status_code for r in responses] == [200] * 250
     assert all(r.text.endswith("data: [DONE]\n\n") for r in responses)
+
+
+async def test_a_fault_of_the_servers_own_is_a_500_and_a_logged_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def failing(request: HttpRequest) -> Reply:
+        raise RuntimeError(f"no answer for {request.path}")
+
+    server = BoundedHttpServer(failing, ROOMY)
+    await server.start()
+    try:
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"http://{server.host}:{server.port}/v1/models")
+    finally:
+        await server.close()
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "server_error"
+    (record,) = [r for r in caplog.records if r.name == "toolloop_fsm.demo_http"]
+    assert record.exc_info is not None and "no answer for /v1/models" in str(record.exc_info[1])

@@ -235,9 +235,11 @@ class BoundedHttpServer:
                 return None
             conn.receive_data(data)
         try:
-            async with asyncio.timeout(self.limits.request_timeout):
+            async with asyncio.timeout(self.limits.request_timeout) as deadline:
                 return await self._rest_of_request(conn, reader, writer)
         except TimeoutError:
+            if not deadline.expired():
+                raise  # the write of ``100 Continue`` timed out: the client reads nothing
             raise _refusal(
                 408,
                 f"the request did not arrive whole within {self.limits.request_timeout} s",
