@@ -417,3 +417,20 @@ async def test_a_fault_of_the_servers_own_is_a_500_and_a_logged_traceback(
     assert response.json()["error"]["type"] == "server_error"
     (record,) = [r for r in caplog.records if r.name == "toolloop_fsm.demo_http"]
     assert record.exc_info is not None and "no answer for /v1/models" in str(record.exc_info[1])
+
+
+async def test_refusals_are_bounded_too_past_them_a_connection_is_reset_unanswered() -> None:
+    async for server in serving(
+        ServeLimits(max_connections=1, idle_timeout=600, linger_timeout=600)
+    ):
+        held = await Wire.to(server)
+        await held.send(MODELS)
+        assert (await held.response())[0] == 200
+        refused = await Wire.to(server)
+        await refused.send(MODELS)
+        assert (await refused.response())[0] == 503  # and left open: the refusal lingers
+        reset = await Wire.to(server)
+        await reset.send(MODELS)
+        assert await reset.until_closed() == b""
+        for wire in (held, refused, reset):
+            wire.close()

@@ -8,7 +8,8 @@ requests is the connection and nothing else: a body is dropped once answered.
 
 The bounds and what a client sees when it crosses one:
 
-- more than ``max_connections`` connections at once: ``503`` and the connection is closed;
+- more than ``max_connections`` connections at once: ``503`` and the connection is closed
+  (and once as many refusals are lingering, a reset without an answer);
 - a request head larger than ``max_header_bytes``: ``431``; a head h11 cannot parse: ``400``;
 - a body larger than ``max_body_bytes`` (declared, or counted as a chunked body arrives):
   ``413``, without ``100 Continue`` when the client waits for one;
@@ -142,6 +143,7 @@ class BoundedHttpServer:
     _connections: dict[asyncio.Task[None], asyncio.StreamWriter] = attrs.field(
         factory=dict, repr=False
     )
+    _refusing: set[asyncio.StreamWriter] = attrs.field(factory=set, repr=False)
 
     @property
     def open_connections(self) -> int:
@@ -157,7 +159,7 @@ class BoundedHttpServer:
             self._server.close()
         # a reset connection ends its handler as a client hanging up does (reads end, writes
         # fail), where cancelling it would leave 3.11's start_server logging the cancellation
-        for writer in self._connections.values():
+        for writer in (*self._connections.values(), *self._refusing):
             writer.transport.abort()
         await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
@@ -169,6 +171,8 @@ class BoundedHttpServer:
         assert task is not None
         try:
             if len(self._connections) >= self.limits.max_connections:
+                if len(self._refusing) >= self.limits.max_connections:
+                    return  # as many refusals lingering as connections held: reset at once
                 busy = api_error(
                     503,
                     f"the server holds {self.limits.max_connections} connections already; "
@@ -176,7 +180,11 @@ class BoundedHttpServer:
                     kind="server_error",
                     code="too_many_connections",
                 )
-                await self._refuse(conn, reader, writer, busy)
+                self._refusing.add(writer)
+                try:
+                    await self._refuse(conn, reader, writer, busy)
+                finally:
+                    self._refusing.discard(writer)
                 return
             self._connections[task] = writer
             await self._converse(conn, reader, writer)
