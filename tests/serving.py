@@ -23,9 +23,10 @@ def _default_sigint() -> None:
 
 
 @contextlib.contextmanager
-def serving(cwd: Path, env: dict[str, str]) -> Iterator[str]:
-    """``toolloop-fsm serve --port 0`` running; yields its base URL (``…/v1``)."""
-    command = [sys.executable, "-m", "toolloop_fsm", "serve", "--port", "0"]
+def serving(cwd: Path, env: dict[str, str], *options: str) -> Iterator[str]:
+    """``toolloop-fsm serve --port 0`` (with ``options``) running; yields its base URL
+    (``…/v1``)."""
+    command = [sys.executable, "-m", "toolloop_fsm", "serve", "--port", "0", *options]
     # a background job (`pytest &`) inherits SIGINT ignored, and Python then never installs
     # its KeyboardInterrupt handler: give the server the default disposition back, so that
     # the clean stop on SIGINT is what is tested wherever the suite runs

@@ -671,7 +671,7 @@ def test_something_that_is_not_a_provider_is_refused() -> None:
 
 # --------------------------------------------------------------------------- over loopback HTTP
 async def test_the_demo_model_sends_a_first_draft_back_and_passes_the_revision() -> None:
-    async with DemoServer() as server:
+    async with DemoServer(record_requests=True) as server:
         provider = OpenAICompatibleProvider(server.base_url, ANSWERING_MODEL, api_key="demo-key-2")
         reviewer = ModelReviewer(provider)
 

@@ -9,11 +9,14 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import TextIO
+from typing import TypeVar
 
+from toolloop_fsm.demo_http import ServeLimits
 from toolloop_fsm.events import FunctionCall
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import ThoughtDelta
@@ -144,6 +147,25 @@ def _writable(path: str) -> str:
     return path
 
 
+_Number = TypeVar("_Number", int, float)
+
+
+def _above_zero(kind: Callable[[str], _Number]) -> Callable[[str], _Number]:
+    """An argparse type: a number of ``kind`` above zero, refused by name otherwise."""
+
+    def parse(text: str) -> _Number:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolloop-fsm", description=__doc__)
     parser.add_argument("--version", action="version", version=f"toolloop-fsm {_version()}")
@@ -179,6 +201,30 @@ def build_parser() -> argparse.ArgumentParser:
         default=8765,
         metavar="N",
         help="port on 127.0.0.1 (default 8765; 0 picks a free one)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_above_zero(int),
+        default=None,
+        metavar="N",
+        help="connections held at once; one more is answered 503 "
+        f"(default {ServeLimits().max_connections})",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=_above_zero(int),
+        default=None,
+        metavar="N",
+        help="the largest request body; a larger one is answered 413 "
+        f"(default {ServeLimits().max_body_bytes})",
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        type=_above_zero(float),
+        default=None,
+        metavar="SECONDS",
+        help="how long a connection may wait between requests before it is closed "
+        f"(default {ServeLimits().idle_timeout:g})",
     )
 
     diagram = commands.add_parser(
@@ -276,13 +322,21 @@ def _save(result: GenerationTurnResult, path: str | None) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import attrs
+
     from toolloop_fsm.demo import serve
 
     if not 0 <= args.port <= 65535:
         sys.stderr.write(f"toolloop-fsm serve: --port takes 0 to 65535, got {args.port}\n")
         return 2
     try:
-        asyncio.run(serve(sys.stdout, port=args.port))
+        given = {
+            "max_connections": args.max_connections,
+            "max_body_bytes": args.max_body_bytes,
+            "idle_timeout": args.idle_timeout,
+        }
+        limits = attrs.evolve(ServeLimits(), **{k: v for k, v in given.items() if v is not None})
+        asyncio.run(serve(sys.stdout, port=args.port, limits=limits))
     except KeyboardInterrupt:
         sys.stdout.write("toolloop-fsm serve: stopped\n")
     except OSError as err:

@@ -2,8 +2,11 @@
 full generation turn against it over real HTTP through `OpenAICompatibleProvider`.
 
 The scripted model answers ``POST /v1/chat/completions`` with Server-Sent Events the way
-OpenAI does. Model ``swift-1`` is rate-limited (HTTP 429 with ``Retry-After``); model
-``steady-2`` streams text, asks for ``get_weather`` (a tool that needs a follow-up), receives
+OpenAI does, and ``GET /v1/models``; any other route, an unknown model or a malformed request
+gets an OpenAI-shaped error (`DemoServer.answer`). It calls only the tools a request offers.
+Its HTTP layer, and every bound on what a client can make it hold, is `toolloop_fsm.demo_http`.
+Model ``swift-1`` is rate-limited (HTTP 429 with ``Retry-After``); model ``steady-2`` streams
+text, asks for ``get_weather`` (a tool that needs a follow-up), receives
 its result, answers, and calls ``update_short_term_memory`` after that text (which ends the
 turn). The turn falls back from the first model to the second. Asked by a `ModelReviewer`,
 the scripted model plays the reviewer (`review_verdict`).
@@ -17,6 +20,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from collections.abc import Collection
 from typing import Any
 from typing import TextIO
 
@@ -24,6 +28,13 @@ from attrs import define
 from attrs import field
 
 from toolloop_fsm.attempts import Attempt
+from toolloop_fsm.demo_http import BoundedHttpServer
+from toolloop_fsm.demo_http import HttpRequest
+from toolloop_fsm.demo_http import Reply
+from toolloop_fsm.demo_http import ServeLimits
+from toolloop_fsm.demo_http import api_error
+from toolloop_fsm.demo_http import event_stream
+from toolloop_fsm.demo_http import json_reply
 from toolloop_fsm.host import Tool
 from toolloop_fsm.host import ToolContext
 from toolloop_fsm.host import ToolResult
@@ -119,45 +130,85 @@ def _review_reply(messages: list[dict[str, Any]]) -> list[bytes]:
     return frames + _closing_frames(prompt, len(answer) // 4 + 1)
 
 
-def scripted_reply(messages: list[dict[str, Any]]) -> list[bytes]:
-    """What the scripted model streams for a conversation so far; a `ModelReviewer`'s
-    request gets the scripted reviewer's verdict (`review_verdict`)."""
+def scripted_reply(messages: list[dict[str, Any]], tools: Collection[str]) -> list[bytes]:
+    """What the scripted model streams for a conversation so far, calling only the ``tools``
+    the request offered (none offered: it answers in text); a `ModelReviewer`'s request gets
+    the scripted reviewer's verdict (`review_verdict`). It answers the last question: the
+    tool results it reads are those since that question (drafting's revision instruction is
+    not a question)."""
     if _is_review(messages):
         return _review_reply(messages)
-    answered = [m for m in messages if m.get("role") == "tool"]
+    asked = _question_at(messages)
+    answered = [m for m in messages[asked + 1 :] if m.get("role") == "tool"]
+    prompt = _prompt_tokens(messages)
     if _asks_for_a_revision(messages):
-        return _revised_reply(answered)
+        return _revised_reply(answered, prompt)
     cities = asked_cities(messages)
+    if "get_weather" not in tools and not answered:
+        text = "I can't look up the weather from here: no forecast tool was offered to me."
+        return _reply(text, [], 0, prompt)
     if len(cities) > 1:
-        return _batch_reply(cities, answered)
+        return _batch_reply(cities, answered, tools, prompt)
     if not answered:
         text = "Let me check the forecast for Paris. "
         calls = [{"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}]
-    else:
-        weather = json.loads(answered[-1].get("content") or "{}")
-        data = weather.get("data") or {}
-        text = (
-            f"It's {data.get('temp_c', '?')} °C and {data.get('sky', 'unknown')} in Paris — "
-            "a good day for a walk along the Seine. I'll remember you asked about Paris."
-        )
-        calls = [_memory_call("asked about the weather in Paris")]
-    return _reply(text, calls, len(answered))
+        return _reply(text, calls, 0, prompt)
+    weather = _forecast(answered[-1])
+    text = (
+        f"It's {weather.get('temp_c', '?')} °C and {weather.get('sky', 'unknown')} in Paris — "
+        "a good day for a walk along the Seine."
+    )
+    calls = _remembering(tools, "asked about the weather in Paris")
+    if calls:
+        text += " I'll remember you asked about Paris."
+    return _reply(text, calls, len(answered), prompt)
 
 
 #: The cities the scripted model knows; a question naming two or more makes it batch.
 DEMO_CITIES = ("Paris", "London", "Rome", "Berlin", "Madrid", "Tokyo", "Oslo", "Lisbon")
 
 
+def _is_revision_instruction(message: dict[str, Any]) -> bool:
+    """Whether a message is drafting's revision instruction (a user message that asks for a
+    replacement reply, not a new question)."""
+    content = message.get("content")
+    return (
+        message.get("role") == "user" and isinstance(content, str) and "needs a revision" in content
+    )
+
+
+def _question_at(messages: list[dict[str, Any]]) -> int:
+    """The index of the last question: the last user message that is not drafting's
+    revision instruction (-1 when there is none)."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.get("role") == "user" and not _is_revision_instruction(message):
+            return index
+    return -1
+
+
 def asked_cities(messages: list[dict[str, Any]]) -> list[str]:
-    """The known cities the first user message names, in the order it names them."""
-    first = next((m.get("content") for m in messages if m.get("role") == "user"), None)
-    if not isinstance(first, str):
+    """The known cities the last question names, in the order it names them."""
+    asked = _question_at(messages)
+    question = messages[asked].get("content") if asked >= 0 else None
+    if not isinstance(question, str):
         return []
-    found = [(first.find(city), city) for city in DEMO_CITIES if city in first]
+    found = [(question.find(city), city) for city in DEMO_CITIES if city in question]
     return [city for _, city in sorted(found)]
 
 
-def _batch_reply(cities: list[str], answered: list[dict[str, Any]]) -> list[bytes]:
+def _forecast(message: dict[str, Any]) -> dict[str, Any]:
+    """The forecast a tool message shows (empty when it shows none)."""
+    with contextlib.suppress(ValueError, AttributeError):
+        data = json.loads(message.get("content") or "{}").get("data")
+        if isinstance(data, dict):
+            return data
+    return {}
+
+
+def _batch_reply(
+    cities: list[str], answered: list[dict[str, Any]], tools: Collection[str], prompt: int
+) -> list[bytes]:
     """Several cities asked about: every forecast in one response (a tool batch), as OpenAI,
     Anthropic and Gemini models do; once all are answered, one sentence per city, then the
     memory note."""
@@ -166,23 +217,34 @@ def _batch_reply(cities: list[str], answered: list[dict[str, Any]]) -> list[byte
         calls = [
             {"name": "get_weather", "arguments": json.dumps({"city": city})} for city in cities
         ]
-        return _reply(text, calls, len(answered))
+        return _reply(text, calls, len(answered), prompt)
     parts = []
     for message in answered[-len(cities) :]:
-        with contextlib.suppress(ValueError, AttributeError):
-            data = json.loads(message.get("content") or "{}").get("data") or {}
-            city, temp_c = data.get("city", "?"), data.get("temp_c", "?")
-            parts.append(f"{city}: {temp_c} °C, {data.get('sky', 'unknown')}")
-    text = "; ".join(parts) + ". I'll remember you asked."
-    return _reply(text, [_memory_call(f"asked about {', '.join(cities)}")], len(answered))
+        data = _forecast(message)
+        city, temp_c = data.get("city", "?"), data.get("temp_c", "?")
+        parts.append(f"{city}: {temp_c} °C, {data.get('sky', 'unknown')}")
+    text = "; ".join(parts) + "."
+    calls = _remembering(tools, f"asked about {', '.join(cities)}")
+    if calls:
+        text += " I'll remember you asked."
+    return _reply(text, calls, len(answered), prompt)
 
 
-def _memory_call(note: str) -> dict[str, str]:
-    return {"name": "update_short_term_memory", "arguments": json.dumps({"note": note})}
+def _remembering(tools: Collection[str], note: str) -> list[dict[str, str]]:
+    """The memory call, when the request offered the memory tool."""
+    if "update_short_term_memory" not in tools:
+        return []
+    return [{"name": "update_short_term_memory", "arguments": json.dumps({"note": note})}]
 
 
-def _reply(text: str, calls: list[dict[str, str]], answered: int) -> list[bytes]:
-    """Text in words, then the calls (each's arguments in fragments, as on the wire)."""
+def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """The scripted model's count of the prompt: a token per four characters of content."""
+    return sum(len(str(m.get("content") or "")) for m in messages) // 4 + len(messages)
+
+
+def _reply(text: str, calls: list[dict[str, str]], answered: int, prompt: int) -> list[bytes]:
+    """Text in words, then the calls (each's arguments in fragments, as on the wire); no
+    calls: the response ends ``stop``."""
     frames = [_chunk({"role": "assistant", "content": ""})]
     frames += [_chunk({"content": piece}) for piece in _words(text)]
     for index, call in enumerate(calls):
@@ -197,8 +259,9 @@ def _reply(text: str, calls: list[dict[str, str]], answered: int) -> list[bytes]
         for start in range(0, len(arguments), 12):
             fragment = {"index": index, "function": {"arguments": arguments[start : start + 12]}}
             frames.append(_chunk({"tool_calls": [fragment]}))
-    frames.append(_chunk({}, "tool_calls"))
-    return frames + _closing_frames(60 + 40 * answered, 30)
+    frames.append(_chunk({}, "tool_calls" if calls else "stop"))
+    written = len(text) + sum(len(call["name"]) + len(call["arguments"]) for call in calls)
+    return frames + _closing_frames(prompt, written // 4 + 1)
 
 
 def _closing_frames(prompt_tokens: int, completion_tokens: int) -> list[bytes]:
@@ -206,7 +269,7 @@ def _closing_frames(prompt_tokens: int, completion_tokens: int) -> list[bytes]:
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
-        "total_tokens": 0,
+        "total_tokens": prompt_tokens + completion_tokens,
     }
     body = json.dumps({"id": "chatcmpl-demo", "choices": [], "usage": usage}).encode()
     return [b"data: " + body + b"\n\n", b"data: [DONE]\n\n"]
@@ -214,120 +277,160 @@ def _closing_frames(prompt_tokens: int, completion_tokens: int) -> list[bytes]:
 
 def _asks_for_a_revision(messages: list[dict[str, Any]]) -> bool:
     """Whether the last user message is drafting's revision instruction."""
-    users = [m.get("content") for m in messages if m.get("role") == "user"]
-    last = users[-1] if users else None
-    return isinstance(last, str) and "needs a revision" in last
+    users = [m for m in messages if m.get("role") == "user"]
+    return bool(users) and _is_revision_instruction(users[-1])
 
 
-def _revised_reply(answered: list[dict[str, Any]]) -> list[bytes]:
+def _revised_reply(answered: list[dict[str, Any]], prompt: int) -> list[bytes]:
     """The scripted model's replacement after a review sent its draft back: the same facts,
     said warmly, and no tool called again."""
     data: dict[str, Any] = {}
     for message in answered:
-        with contextlib.suppress(ValueError, AttributeError):
-            shown = json.loads(message.get("content") or "{}").get("data") or {}
-            if isinstance(shown, dict) and "temp_c" in shown:
-                data = shown
+        shown = _forecast(message)
+        if "temp_c" in shown:
+            data = shown
     text = (
         f"Good news — Paris is {data.get('sky', 'lovely')} today, a mild "
         f"{data.get('temp_c', '?')} °C. Perfect weather for a long walk along the Seine!"
     )
-    frames = [_chunk({"role": "assistant", "content": ""})]
-    frames += [_chunk({"content": piece}) for piece in _words(text)]
-    frames.append(_chunk({}, "stop"))
-    return frames + _closing_frames(180, 25)
+    return _reply(text, [], len(answered), prompt)
+
+
+# --------------------------------------------------------------------------- the routes
+def _offered_tools(payload: dict[str, Any]) -> frozenset[str] | Reply:
+    """The names of the tools a request offers (none when ``tool_choice`` is ``"none"``),
+    or the 400 for a ``tools`` that is not a list of functions."""
+    tools = payload.get("tools", [])
+    names: set[str] = set()
+    if not isinstance(tools, list):
+        return api_error(400, "'tools' must be an array of tools", param="tools")
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or tool.get("type") != "function":
+            return api_error(
+                400,
+                f'\'tools[{index}]\' must be {{"type": "function", "function": {{"name": …}}}}',
+                param=f"tools[{index}]",
+            )
+        names.add(name)
+    return frozenset() if payload.get("tool_choice") == "none" else frozenset(names)
+
+
+def _completion_request(body: bytes) -> tuple[str, list[dict[str, Any]], frozenset[str]] | Reply:
+    """A chat completion request's model, messages and offered tools, or the error it earns."""
+    try:
+        payload = json.loads(body)
+    except ValueError as err:  # UnicodeDecodeError included
+        return api_error(400, f"We could not parse the JSON body of your request: {err}")
+    if not isinstance(payload, dict):
+        return api_error(400, "the request body must be a JSON object")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        return api_error(400, "you must provide a model parameter", param="model")
+    if model not in (RATE_LIMITED_MODEL, ANSWERING_MODEL):
+        return api_error(
+            404,
+            f"The model `{model}` does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    messages = payload.get("messages")
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+    ):
+        return api_error(
+            400, "'messages' must be a non-empty array of messages with a role", param="messages"
+        )
+    if payload.get("stream") is not True:
+        return api_error(
+            400, 'the scripted model only streams: send "stream": true', param="stream"
+        )
+    tools = _offered_tools(payload)
+    if isinstance(tools, Reply):
+        return tools
+    return model, messages, tools
+
+
+def _models_listed() -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "owned_by": "toolloop-fsm-demo"}
+            for name in (RATE_LIMITED_MODEL, ANSWERING_MODEL)
+        ],
+    }
+
+
+#: The routes the scripted model answers, and the one method each takes.
+_ROUTES = {"/v1/models": "GET", "/v1/chat/completions": "POST"}
 
 
 @define
 class DemoServer:
-    """A small HTTP/1.1 server on 127.0.0.1 that speaks just enough of the OpenAI API."""
+    """The scripted model on 127.0.0.1, speaking just enough of the OpenAI API, within
+    ``limits``. With ``record_requests`` it keeps every chat completion request it read (for
+    tests); otherwise it keeps none."""
 
     host: str = "127.0.0.1"
     port: int = 0
+    limits: ServeLimits = field(factory=ServeLimits)
+    record_requests: bool = False
     requests: list[dict[str, Any]] = field(factory=list)
-    _server: asyncio.Server | None = None
+    _http: BoundedHttpServer | None = field(default=None, repr=False)
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    @property
+    def open_connections(self) -> int:
+        return self._http.open_connections if self._http is not None else 0
+
     async def __aenter__(self) -> DemoServer:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self._http = BoundedHttpServer(self.answer, self.limits, self.host, self.port)
+        await self._http.start()
+        self.port = self._http.port
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._http is not None:
+            await self._http.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            method, path, _version = lines[0].split(" ", 2)
-            headers = {
-                name.strip().lower(): value.strip()
-                for name, _, value in (line.partition(":") for line in lines[1:] if line)
-            }
-            body = await reader.readexactly(int(headers.get("content-length", "0")))
-            await self._answer(method, path, headers, body, writer)
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-            pass
-        finally:
-            with contextlib.suppress(ConnectionError):
-                writer.close()
-                await writer.wait_closed()
-
-    async def _answer(
-        self,
-        method: str,
-        path: str,
-        headers: dict[str, str],
-        body: bytes,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        if method == "GET" and path.rstrip("/").endswith("/v1/models"):
-            models = [
-                {"id": name, "object": "model", "owned_by": "toolloop-fsm-demo"}
-                for name in (RATE_LIMITED_MODEL, ANSWERING_MODEL)
-            ]
-            await _respond(writer, 200, {"object": "list", "data": models})
-            return
-        if method != "POST" or not path.endswith("/chat/completions"):
-            await _respond(writer, 404, {"error": {"message": f"no route {method} {path}"}})
-            return
-        payload = json.loads(body or b"{}")
-        self.requests.append(payload)
-        if payload.get("model") == RATE_LIMITED_MODEL:
-            error = {
-                "error": {
-                    "message": "Rate limit reached for requests",
-                    "type": "requests",
-                    "code": "rate_limit_exceeded",
-                }
-            }
-            await _respond(writer, 429, error, extra={"retry-after": "20"})
-            return
-        writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-            b"cache-control: no-cache\r\nconnection: close\r\n\r\n"
-        )
-        for frame in scripted_reply(payload.get("messages", [])):
-            writer.write(frame)
-            await writer.drain()
-
-
-async def _respond(
-    writer: asyncio.StreamWriter, status: int, body: Any, extra: dict[str, str] | None = None
-) -> None:
-    data = json.dumps(body).encode()
-    reason = {200: "OK", 404: "Not Found", 429: "Too Many Requests"}.get(status, "Error")
-    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-    head += "".join(f"{k}: {v}\r\n" for k, v in (extra or {}).items())
-    head += f"content-length: {len(data)}\r\nconnection: close\r\n\r\n"
-    writer.write(head.encode() + data)
-    await writer.drain()
+    def answer(self, request: HttpRequest) -> Reply:
+        """The reply to one request (what the scripted model streams, or an OpenAI-shaped
+        error)."""
+        method = _ROUTES.get(request.path)
+        if method is None:
+            return api_error(
+                404, f"Invalid URL ({request.method} {request.path})", code="unknown_url"
+            )
+        if request.method != method:
+            return api_error(
+                405,
+                f"{request.method} is not allowed on {request.path}; use {method}",
+                code="method_not_allowed",
+                headers=(("allow", method),),
+            )
+        if request.path == "/v1/models":
+            return json_reply(200, _models_listed())
+        asked = _completion_request(request.body)
+        if isinstance(asked, Reply):
+            return asked
+        model, messages, tools = asked
+        if self.record_requests:
+            self.requests.append(json.loads(request.body))
+        if model == RATE_LIMITED_MODEL:
+            return api_error(
+                429,
+                "Rate limit reached for requests",
+                kind="requests",
+                code="rate_limit_exceeded",
+                headers=(("retry-after", "20"),),
+            )
+        return event_stream(scripted_reply(messages, tools))
 
 
 # --------------------------------------------------------------------------- the demo tools
@@ -546,14 +649,22 @@ async def run_demo(
 SERVE_PORT = 8765
 
 
-async def serve(out: TextIO = sys.stdout, *, port: int = SERVE_PORT) -> None:
+async def serve(
+    out: TextIO = sys.stdout, *, port: int = SERVE_PORT, limits: ServeLimits | None = None
+) -> None:
     """Run the embedded scripted model on 127.0.0.1 until cancelled (Ctrl-C), so a host can
-    try the library without a model: its first line names the base URL."""
-    async with DemoServer(port=port) as server:
+    try the library without a model: its first line names the base URL. It keeps no request
+    it answered, and holds connections within ``limits``."""
+    bounds = limits or ServeLimits()
+    async with DemoServer(port=port, limits=bounds) as server:
         out.write(f"toolloop-fsm serve: the scripted demo model at {server.base_url}\n")
         out.write(
-            f"  models: {ANSWERING_MODEL} (answers, calling get_weather and "
-            f"update_short_term_memory), {RATE_LIMITED_MODEL} (always HTTP 429, Retry-After 20)\n"
+            f"  models: {ANSWERING_MODEL} (answers, calling the tools a request offers: "
+            f"get_weather, update_short_term_memory), {RATE_LIMITED_MODEL} (always HTTP 429, "
+            "Retry-After 20)\n"
+            f"  limits: bodies up to {bounds.max_body_bytes} bytes, "
+            f"{bounds.max_connections} connections, idle ones closed after "
+            f"{bounds.idle_timeout:g} s\n"
             "  any API key is accepted; Ctrl-C stops it\n"
         )
         out.flush()
