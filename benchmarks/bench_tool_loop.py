@@ -51,12 +51,12 @@ from toolloop_fsm import Tool
 from toolloop_fsm import ToolContext
 from toolloop_fsm import ToolRegistry
 from toolloop_fsm import ToolResult
-from toolloop_fsm import ToolSpec
 from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnSignals
 from toolloop_fsm import UsageReport
 from toolloop_fsm import run_tool_loop
 from toolloop_fsm.host import LoopClock
+from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.result import Notice
 from toolloop_fsm.stream import TurnEnded
 from toolloop_fsm.stream import stream_tool_loop

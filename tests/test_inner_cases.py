@@ -21,7 +21,6 @@ from toolloop_fsm import ContextRestart
 from toolloop_fsm import FinishKind
 from toolloop_fsm import FinishReason
 from toolloop_fsm import FunctionCall
-from toolloop_fsm import LoopClock
 from toolloop_fsm import LoopPolicy
 from toolloop_fsm import ProviderError
 from toolloop_fsm import TextDelta
@@ -35,6 +34,7 @@ from toolloop_fsm import UsageReport
 from toolloop_fsm import result_from_json
 from toolloop_fsm import result_to_json
 from toolloop_fsm import run_tool_loop
+from toolloop_fsm.host import LoopClock
 from toolloop_fsm.sansio import Chunk
 from toolloop_fsm.sansio import InvalidEvent
 from toolloop_fsm.sansio import Notice
@@ -594,7 +594,7 @@ async def test_a_channel_that_raises_ends_the_turn_error_with_the_exception_atta
 
 
 async def test_usage_thoughts_and_scene_metadata_reach_the_result() -> None:
-    from toolloop_fsm import SceneMetadata
+    from toolloop_fsm.events import SceneMetadata
 
     turn = scripted_turn(
         [

@@ -496,7 +496,6 @@ ROOT_NAMES = frozenset(
         "TurnPolicy",
         "Attempt",
         "SharedRoute",
-        "LoopClock",
         "tool",
         "Tool",
         "ToolContext",
@@ -514,14 +513,12 @@ ROOT_NAMES = frozenset(
         "Provider",
         "ProviderError",
         "ProviderRequest",
-        "ToolSpec",
         "TextDelta",
         "ThoughtDelta",
         "FunctionCall",
         "UsageReport",
         "FinishReason",
         "FinishKind",
-        "SceneMetadata",
         "Reviewer",
         "ReviewPacket",
         "Pass",
@@ -532,7 +529,6 @@ ROOT_NAMES = frozenset(
         # what it reads a result by
         "GenerationTurnResult",
         "TurnStatus",
-        "InDoubtCause",
         "result_to_json",
         "result_from_json",
     }
@@ -554,13 +550,19 @@ MOVED_FROM_THE_ROOT = {
     "ExitView": "toolloop_fsm.policy",
     "AdmissionRequest": "toolloop_fsm.attempts",
     "Clock": "toolloop_fsm.host",
+    # a host runs on the real clock without naming it; a provider reads its request's tools
+    # as attributes; scene metadata is a rare chunk; an in-doubt call's cause is read off it
+    "LoopClock": "toolloop_fsm.host",
+    "ToolSpec": "toolloop_fsm.provider",
+    "SceneMetadata": "toolloop_fsm.events",
+    "InDoubtCause": "toolloop_fsm.result",
 }
 
 
-def test_the_package_root_exports_exactly_the_pinned_host_names_and_at_most_50() -> None:
+def test_the_package_root_exports_exactly_the_pinned_host_names_and_at_most_45() -> None:
     import toolloop_fsm
 
-    assert len(ROOT_NAMES) <= 50
+    assert len(ROOT_NAMES) <= 45
     names = set(toolloop_fsm.__all__)
     assert len(toolloop_fsm.__all__) == len(names)
     assert names == ROOT_NAMES, (

@@ -22,7 +22,6 @@ from toolloop_fsm import FinishKind
 from toolloop_fsm import FinishReason
 from toolloop_fsm import FunctionCall
 from toolloop_fsm import GenerationTurnResult
-from toolloop_fsm import LoopClock
 from toolloop_fsm import ProviderError
 from toolloop_fsm import ProviderRequest
 from toolloop_fsm import TextDelta
@@ -38,6 +37,7 @@ from toolloop_fsm.conversation import ToolBatch
 from toolloop_fsm.conversation import check_context
 from toolloop_fsm.conversation import context_items
 from toolloop_fsm.demo import demo_tools
+from toolloop_fsm.host import LoopClock
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers.anthropic import build_anthropic_body
 from toolloop_fsm.providers.gemini import build_gemini_body

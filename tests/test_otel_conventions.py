@@ -29,7 +29,6 @@ from tests.providers.wire_server import Scripted
 from tests.providers.wire_server import WireServer
 from toolloop_fsm import Attempt
 from toolloop_fsm import FunctionCall
-from toolloop_fsm import LoopClock
 from toolloop_fsm import LoopPolicy
 from toolloop_fsm import Provider
 from toolloop_fsm import ProviderError
@@ -44,6 +43,7 @@ from toolloop_fsm import UsageReport
 from toolloop_fsm import otel
 from toolloop_fsm import run_generation_turn
 from toolloop_fsm import run_tool_loop
+from toolloop_fsm.host import LoopClock
 from toolloop_fsm.observation import identify_provider
 from toolloop_fsm.providers.anthropic import AnthropicProvider
 from toolloop_fsm.providers.gemini import GeminiProvider

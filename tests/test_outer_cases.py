@@ -625,7 +625,7 @@ async def test_cancelling_the_caller_propagates_through_the_generation_turn() ->
         def stream(self, request: ProviderRequest) -> Any:
             return self._play()
 
-    from toolloop_fsm import LoopClock
+    from toolloop_fsm.host import LoopClock
 
     task = asyncio.ensure_future(
         run_generation_turn(

@@ -26,11 +26,11 @@ from attrs import frozen
 
 from tests.providers.wire_server import Scripted
 from tests.providers.wire_server import WireServer
-from toolloop_fsm import LoopClock
 from toolloop_fsm import LoopPolicy
 from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnSignals
 from toolloop_fsm import run_tool_loop
+from toolloop_fsm.host import LoopClock
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.result import Delivered
 from toolloop_fsm.result import Notice

@@ -4,18 +4,20 @@ assemble — as an explicit finite-state machine.
 The root holds what a host names to run turns: the run functions (and the two that resume a
 turn from a `TurnSnapshot`, with the snapshot's JSON form); what it builds — the request, the
 signals, the policies, attempts and the shared route, tools (`tool`, `Tool`, the registry,
-what a tool returns), the real clock, the ready channels (one of plain functions, one that
-prints, one that collects); what it implements — a channel, a provider (the chunk
-events it yields, its request, its error), a reviewer (its packet and verdicts, and the ready
-`ModelReviewer`); and what it reads a result by — the result, its status, the cause of an
-in-doubt call, the result's JSON form, and the messages a turn added to the conversation
-(`turn_messages`).
+what a tool returns), the ready channels (one of plain functions, one that prints, one that
+collects); what it implements — a channel, a provider (the chunk events it yields, its
+request, its error), a reviewer (its packet and verdicts, and the ready `ModelReviewer`); and
+what it reads a result by — the result, its status, the result's JSON form, and the messages
+a turn added to the conversation (`turn_messages`).
 
 The records a host only reads, off a result or as a callback's argument, are reached as
 attributes and live with their kind: `toolloop_fsm.result` (`TraceStep`, `Delivered`,
-`Notice`, `ToolHistoryEntry`, `InDoubtCall`, `AttemptRecord`, `UsageLedger`),
-`toolloop_fsm.policy` (`ExitView`), `toolloop_fsm.attempts` (`AdmissionRequest`, `KeyBook`),
-`toolloop_fsm.host` (the `Clock` protocol). Hosts that drive the machines themselves find the
+`Notice`, `ToolHistoryEntry`, `InDoubtCall` and its `InDoubtCause`, `AttemptRecord`,
+`UsageLedger`), `toolloop_fsm.policy` (`ExitView`), `toolloop_fsm.attempts`
+(`AdmissionRequest`, `KeyBook`), `toolloop_fsm.host` (the `Clock` protocol and `LoopClock`, the
+real clock every run uses unless given another), `toolloop_fsm.provider` (`ToolSpec`, a tool as
+a provider's request lists it), `toolloop_fsm.events` (`SceneMetadata`, the rare chunk a
+scene-writing provider yields). Hosts that drive the machines themselves find the
 two machines, `InvalidEvent` and every event and effect in `toolloop_fsm.sansio`; the test kit
 lives in `toolloop_fsm.testing`.
 """
@@ -32,13 +34,11 @@ from toolloop_fsm.events import ContextRestart
 from toolloop_fsm.events import FinishKind
 from toolloop_fsm.events import FinishReason
 from toolloop_fsm.events import FunctionCall
-from toolloop_fsm.events import SceneMetadata
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import ThoughtDelta
 from toolloop_fsm.events import UsageReport
 from toolloop_fsm.host import Channel
 from toolloop_fsm.host import DestinationUnreachable
-from toolloop_fsm.host import LoopClock
 from toolloop_fsm.host import Tool
 from toolloop_fsm.host import ToolContext
 from toolloop_fsm.host import ToolRegistry
@@ -51,13 +51,11 @@ from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.provider import Provider
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.provider import ProviderRequest
-from toolloop_fsm.provider import ToolSpec
 from toolloop_fsm.pump import resume_generation_turn
 from toolloop_fsm.pump import resume_tool_loop
 from toolloop_fsm.pump import run_generation_turn
 from toolloop_fsm.pump import run_tool_loop
 from toolloop_fsm.result import GenerationTurnResult
-from toolloop_fsm.result import InDoubtCause
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.result import result_from_json
 from toolloop_fsm.result import result_to_json
@@ -89,8 +87,6 @@ __all__ = [
     "FinishReason",
     "FunctionCall",
     "GenerationTurnResult",
-    "InDoubtCause",
-    "LoopClock",
     "LoopPolicy",
     "ModelReviewer",
     "Pass",
@@ -100,7 +96,6 @@ __all__ = [
     "ReviewPacket",
     "Reviewer",
     "Revise",
-    "SceneMetadata",
     "SharedRoute",
     "TextDelta",
     "ThoughtDelta",
@@ -108,7 +103,6 @@ __all__ = [
     "ToolContext",
     "ToolRegistry",
     "ToolResult",
-    "ToolSpec",
     "TurnPolicy",
     "TurnRequest",
     "TurnSignals",

@@ -24,11 +24,11 @@ from tests.interop.turns import Adapter
 from tests.interop.turns import WeatherTool
 from tests.interop.turns import body_text
 from toolloop_fsm import CollectingChannel
-from toolloop_fsm import LoopClock
 from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnStatus
 from toolloop_fsm import run_tool_loop
 from toolloop_fsm import turn_messages
+from toolloop_fsm.host import LoopClock
 
 pytestmark = pytest.mark.interop
 

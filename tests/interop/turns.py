@@ -13,7 +13,6 @@ from attrs import frozen
 
 from toolloop_fsm import Attempt
 from toolloop_fsm import GenerationTurnResult
-from toolloop_fsm import LoopClock
 from toolloop_fsm import LoopPolicy
 from toolloop_fsm import Tool
 from toolloop_fsm import ToolContext
@@ -23,6 +22,7 @@ from toolloop_fsm import TurnRequest
 from toolloop_fsm import run_generation_turn
 from toolloop_fsm import run_tool_loop
 from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.host import LoopClock
 from toolloop_fsm.provider import Provider
 from toolloop_fsm.providers import AnthropicProvider
 from toolloop_fsm.providers import GeminiProvider

@@ -26,7 +26,6 @@ from toolloop_fsm import FunctionCall
 from toolloop_fsm import GenerationTurnResult
 from toolloop_fsm import LoopPolicy
 from toolloop_fsm import ProviderError
-from toolloop_fsm import SceneMetadata
 from toolloop_fsm import TextDelta
 from toolloop_fsm import ThoughtDelta
 from toolloop_fsm import Tool
@@ -37,6 +36,7 @@ from toolloop_fsm import TurnStatus
 from toolloop_fsm import UsageReport
 from toolloop_fsm import run_generation_turn
 from toolloop_fsm import run_tool_loop
+from toolloop_fsm.events import SceneMetadata
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.providers import ContinuationSession
 from toolloop_fsm.providers import Provider

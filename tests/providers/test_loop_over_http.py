@@ -20,7 +20,6 @@ import pytest
 from tests.providers.wire_server import Scripted
 from tests.providers.wire_server import WireServer
 from toolloop_fsm import Attempt
-from toolloop_fsm import LoopClock
 from toolloop_fsm import LoopPolicy
 from toolloop_fsm import Tool
 from toolloop_fsm import ToolContext
@@ -32,6 +31,7 @@ from toolloop_fsm import result_to_json
 from toolloop_fsm import run_generation_turn
 from toolloop_fsm import run_tool_loop
 from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.host import LoopClock
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.testing import RecordingChannel
 

@@ -18,7 +18,6 @@ from tests.providers.wire_server import Scripted
 from tests.providers.wire_server import WireServer
 from toolloop_fsm import FinishKind
 from toolloop_fsm import FinishReason
-from toolloop_fsm import LoopClock
 from toolloop_fsm import LoopPolicy
 from toolloop_fsm import TextDelta
 from toolloop_fsm import TurnRequest
@@ -26,6 +25,7 @@ from toolloop_fsm import TurnSignals
 from toolloop_fsm import TurnStatus
 from toolloop_fsm import UsageReport
 from toolloop_fsm import run_tool_loop
+from toolloop_fsm.host import LoopClock
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.provider import ToolSpec

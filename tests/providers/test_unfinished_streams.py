@@ -29,13 +29,13 @@ from tests.providers.replay import collect
 from tests.providers.wire_server import Scripted
 from tests.providers.wire_server import WireServer
 from toolloop_fsm import Attempt
-from toolloop_fsm import LoopClock
 from toolloop_fsm import LoopPolicy
 from toolloop_fsm import TurnPolicy
 from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnStatus
 from toolloop_fsm import run_generation_turn
 from toolloop_fsm.events import TextDelta
+from toolloop_fsm.host import LoopClock
 from toolloop_fsm.provider import Provider
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.providers import OpenAICompletionsProvider
