@@ -318,7 +318,7 @@ def served() -> Iterator[str]:
 
 
 #: What the README example's user types: three turns of one conversation
-CHAT = "Weather in Paris?\nAnd tomorrow?\nThanks!\n"
+CHAT = "Weather in Paris?\nAnd in London?\nThanks!\n"
 
 
 def test_the_readme_chat_bot_holds_a_three_turn_conversation_against_toolloop_fsm_serve(
@@ -332,11 +332,13 @@ def test_the_readme_chat_bot_holds_a_three_turn_conversation_against_toolloop_fs
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "21 °C and clear in Paris" in out  # the model's answer, printed by ConsoleChannel
+    assert "21 °C and clear in London" in out  # the second turn's question, answered
     # each turn completed, and the context grew by what the turn added (the system message
-    # and each user message, then per turn: two calls and their responses)
+    # and each user message, then per turn: two passes, each with its text and call, and the
+    # two responses)
     endings = re.findall(r"^\[completed pre_tool_text_suffices, (\d+) messages", out, re.MULTILINE)
-    assert endings == ["6", "9", "12"], out
-    assert "asked about the weather in Paris" in out  # the silent tool's note
+    assert endings == ["6", "11", "16"], out
+    assert "asked about the weather in London" in out  # the silent tool's note
 
 
 def test_the_readme_drafting_example_revises_once_against_toolloop_fsm_serve(

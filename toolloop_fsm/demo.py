@@ -140,6 +140,8 @@ def scripted_reply(messages: list[dict[str, Any]], tools: Collection[str]) -> li
         return _review_reply(messages)
     asked = _question_at(messages)
     answered = [m for m in messages[asked + 1 :] if m.get("role") == "tool"]
+    # call ids are numbered across the conversation: a call of a later turn never reuses one
+    earlier = sum(m.get("role") == "tool" for m in messages[: max(asked, 0)])
     prompt = _prompt_tokens(messages)
     if _asks_for_a_revision(messages):
         return _revised_reply(answered, prompt)
@@ -148,20 +150,22 @@ def scripted_reply(messages: list[dict[str, Any]], tools: Collection[str]) -> li
         text = "I can't look up the weather from here: no forecast tool was offered to me."
         return _reply(text, [], 0, prompt)
     if len(cities) > 1:
-        return _batch_reply(cities, answered, tools, prompt)
+        return _batch_reply(cities, answered, tools, prompt, earlier)
+    city = cities[0] if cities else "Paris"  # a question naming no known city: Paris
     if not answered:
-        text = "Let me check the forecast for Paris. "
-        calls = [{"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}]
-        return _reply(text, calls, 0, prompt)
+        text = f"Let me check the forecast for {city}. "
+        calls = [{"name": "get_weather", "arguments": json.dumps({"city": city})}]
+        return _reply(text, calls, earlier, prompt)
     weather = _forecast(answered[-1])
+    outing = "a walk along the Seine" if city == "Paris" else "a walk"
     text = (
-        f"It's {weather.get('temp_c', '?')} °C and {weather.get('sky', 'unknown')} in Paris — "
-        "a good day for a walk along the Seine."
+        f"It's {weather.get('temp_c', '?')} °C and {weather.get('sky', 'unknown')} in {city} — "
+        f"a good day for {outing}."
     )
-    calls = _remembering(tools, "asked about the weather in Paris")
+    calls = _remembering(tools, f"asked about the weather in {city}")
     if calls:
-        text += " I'll remember you asked about Paris."
-    return _reply(text, calls, len(answered), prompt)
+        text += f" I'll remember you asked about {city}."
+    return _reply(text, calls, earlier + len(answered), prompt)
 
 
 #: The cities the scripted model knows; a question naming two or more makes it batch.
@@ -207,7 +211,11 @@ def _forecast(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _batch_reply(
-    cities: list[str], answered: list[dict[str, Any]], tools: Collection[str], prompt: int
+    cities: list[str],
+    answered: list[dict[str, Any]],
+    tools: Collection[str],
+    prompt: int,
+    earlier: int,
 ) -> list[bytes]:
     """Several cities asked about: every forecast in one response (a tool batch), as OpenAI,
     Anthropic and Gemini models do; once all are answered, one sentence per city, then the
@@ -217,7 +225,7 @@ def _batch_reply(
         calls = [
             {"name": "get_weather", "arguments": json.dumps({"city": city})} for city in cities
         ]
-        return _reply(text, calls, len(answered), prompt)
+        return _reply(text, calls, earlier + len(answered), prompt)
     parts = []
     for message in answered[-len(cities) :]:
         data = _forecast(message)
@@ -227,7 +235,7 @@ def _batch_reply(
     calls = _remembering(tools, f"asked about {', '.join(cities)}")
     if calls:
         text += " I'll remember you asked."
-    return _reply(text, calls, len(answered), prompt)
+    return _reply(text, calls, earlier + len(answered), prompt)
 
 
 def _remembering(tools: Collection[str], note: str) -> list[dict[str, str]]:
@@ -242,15 +250,16 @@ def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
     return sum(len(str(m.get("content") or "")) for m in messages) // 4 + len(messages)
 
 
-def _reply(text: str, calls: list[dict[str, str]], answered: int, prompt: int) -> list[bytes]:
-    """Text in words, then the calls (each's arguments in fragments, as on the wire); no
-    calls: the response ends ``stop``."""
+def _reply(text: str, calls: list[dict[str, str]], numbered: int, prompt: int) -> list[bytes]:
+    """Text in words, then the calls (each's arguments in fragments, as on the wire, their
+    ids after the ``numbered`` calls the conversation answered); no calls: the response ends
+    ``stop``."""
     frames = [_chunk({"role": "assistant", "content": ""})]
     frames += [_chunk({"content": piece}) for piece in _words(text)]
     for index, call in enumerate(calls):
         opening = {
             "index": index,
-            "id": f"call_{answered}_{index}",
+            "id": f"call_{numbered}_{index}",
             "type": "function",
             "function": {"name": call["name"], "arguments": ""},
         }
