@@ -202,30 +202,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="port on 127.0.0.1 (default 8765; 0 picks a free one)",
     )
-    serve.add_argument(
-        "--max-connections",
-        type=_above_zero(int),
-        default=None,
-        metavar="N",
-        help="connections held at once; one more is answered 503 "
-        f"(default {ServeLimits().max_connections})",
-    )
-    serve.add_argument(
-        "--max-body-bytes",
-        type=_above_zero(int),
-        default=None,
-        metavar="N",
-        help="the largest request body; a larger one is answered 413 "
-        f"(default {ServeLimits().max_body_bytes})",
-    )
-    serve.add_argument(
-        "--idle-timeout",
-        type=_above_zero(float),
-        default=None,
-        metavar="SECONDS",
-        help="how long a connection may wait between requests before it is closed "
-        f"(default {ServeLimits().idle_timeout:g})",
-    )
+    limits = ServeLimits()
+    for flag, kind, metavar, meaning in (
+        ("--max-connections", int, "N", "connections held at once; one more is answered 503"),
+        ("--max-body-bytes", int, "N", "the largest request body; a larger one is answered 413"),
+        (
+            "--idle-timeout",
+            float,
+            "SECONDS",
+            "how long a connection may wait between requests before it is closed",
+        ),
+    ):
+        default = getattr(limits, flag[2:].replace("-", "_"))  # 15.0 s reads "15"
+        serve.add_argument(
+            flag,
+            type=_above_zero(kind),
+            default=None,
+            metavar=metavar,
+            help=f"{meaning} (default {default:g})"
+            if kind is float
+            else f"{meaning} (default {default})",
+        )
 
     diagram = commands.add_parser(
         "diagram", help="render a machine's state diagram from its declaration"

@@ -438,30 +438,43 @@ class Instruments:
 
     def __init__(self, meter_provider: MeterProvider) -> None:
         meter = metrics.get_meter(SCOPE, _version() or "", meter_provider)
-        self.operation_duration = meter.create_histogram(
-            "gen_ai.client.operation.duration",
-            unit="s",
-            description="GenAI operation duration.",
-            explicit_bucket_boundaries_advisory=OPERATION_SECONDS,
+        self.operation_duration = _histogram(
+            meter, "gen_ai.client.operation.duration", "s", "GenAI operation duration."
         )
-        self.token_usage = meter.create_histogram(
+        self.token_usage = _histogram(
+            meter,
             "gen_ai.client.token.usage",
-            unit="{token}",
-            description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=TOKEN_COUNTS,
+            "{token}",
+            "Number of input and output tokens used.",
+            TOKEN_COUNTS,
         )
-        self.tool_duration = meter.create_histogram(
+        self.tool_duration = _histogram(
+            meter,
             "gen_ai.execute_tool.duration",
-            unit="s",
-            description="The duration of a single tool execution.",
-            explicit_bucket_boundaries_advisory=OPERATION_SECONDS,
+            "s",
+            "The duration of a single tool execution.",
         )
-        self.agent_duration = meter.create_histogram(
+        self.agent_duration = _histogram(
+            meter,
             "gen_ai.invoke_agent.duration",
-            unit="s",
-            description="The end-to-end duration of a single agent invocation.",
-            explicit_bucket_boundaries_advisory=AGENT_SECONDS,
+            "s",
+            "The end-to-end duration of a single agent invocation.",
+            AGENT_SECONDS,
         )
+
+
+def _histogram(
+    meter: metrics.Meter,
+    name: str,
+    unit: str,
+    description: str,
+    boundaries: Sequence[float] = OPERATION_SECONDS,
+) -> metrics.Histogram:
+    """A histogram of the conventions' ``name``, with its unit, description and bucket
+    boundaries (seconds by default)."""
+    return meter.create_histogram(
+        name, unit=unit, description=description, explicit_bucket_boundaries_advisory=boundaries
+    )
 
 
 def _pass_attributes(event: PassStarted) -> Attributes:
