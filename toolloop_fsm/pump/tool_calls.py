@@ -256,13 +256,7 @@ class ToolCalls:
             tool = turn.registry.get(effect.name)
             answer: ToolFinished | None = None
             if tool is not None:
-                ctx = ToolContext(
-                    tool.name,
-                    dispatch,
-                    iteration,
-                    turn.clock,
-                    turn.machine.turn.disabled_enrichment_kinds,
-                )
+                ctx = self._context(tool.name, dispatch, iteration)
                 try:
                     answer = await reconcile_call(
                         tool,
@@ -291,6 +285,13 @@ class ToolCalls:
             self._release(call)
             pump.feed(event)
 
+    def _context(self, name: str, dispatch: int, iteration: int) -> ToolContext:
+        """What the tool ``name`` is told of its call (and a reconciler of its own)."""
+        turn = self.turn
+        return ToolContext(
+            name, dispatch, iteration, turn.clock, turn.machine.turn.disabled_enrichment_kinds
+        )
+
     def _settled(self, call: InDoubtCall, *, reconciled: bool) -> None:
         """Record how a call in doubt was settled, in its place in the list."""
         settled = attrs.evolve(call, reconciled=reconciled)
@@ -309,13 +310,7 @@ class ToolCalls:
             event = ToolFinished(dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
         else:
             arguments = own_copy(effect.arguments)
-            ctx = ToolContext(
-                effect.name,
-                dispatch,
-                iteration,
-                turn.clock,
-                turn.machine.turn.disabled_enrichment_kinds,
-            )
+            ctx = self._context(effect.name, dispatch, iteration)
             deadline = effect.timeout
             if deadline is None:
                 deadline = tool.timeout if tool.timeout is not None else turn.policy.tool_timeout
