@@ -202,13 +202,10 @@ async def test_a_long_turn_with_context_restarts_estimates_every_pass_from_its_w
 
 
 async def test_messages_without_text_add_nothing_to_the_estimate() -> None:
-    # a host's context carries the model's earlier tool-call messages (``content`` None) and
-    # image-only parts: they give the model no text to read, so they add nothing
-    tool_call_message: dict[str, Any] = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [{"id": "c1"}],
-    }
+    # a host's context carries the model's earlier messages without text (``content`` None)
+    # and image-only parts: they give the model no text to read, so they add nothing (a
+    # tool call must be followed by its response: `TurnRequest` refuses one that is not)
+    tool_call_message: dict[str, Any] = {"role": "assistant", "content": None}
     image: dict[str, Any] = {
         "role": "user",
         "content": [{"type": "image_url", "image_url": {"url": "x"}}],
