@@ -42,7 +42,6 @@ from toolloop_fsm.testing import VirtualClock
 REPO = Path(__file__).resolve().parent.parent
 DIAGRAMS = REPO / "diagrams"
 CONSOLE_SCRIPT = Path(sys.executable).parent / "toolloop-fsm"
-TIMEOUT = 60  # seconds: a subprocess that hangs fails its test instead of the whole run
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -71,7 +70,6 @@ def run(
         capture_output=True,
         text=True,
         encoding="utf-8",
-        timeout=TIMEOUT,
         check=False,
     )
 
@@ -82,7 +80,6 @@ def run_bytes(*args: str) -> subprocess.CompletedProcess[bytes]:
         cwd=REPO,
         env=_env(),
         capture_output=True,
-        timeout=TIMEOUT,
         check=False,
     )
 
@@ -321,7 +318,7 @@ def test_the_readme_example_completes_against_toolloop_fsm_serve(
     example = _readme_example()
     assert "http://127.0.0.1:8765/v1" in example  # the README points at `serve`'s default
     source = example.replace("http://127.0.0.1:8765/v1", served)
-    proc = run_example(source, tmp_path, _env(), TIMEOUT)
+    proc = run_example(source, tmp_path, _env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "°C" in proc.stdout  # the model's answer, delivered through the example's channel
     assert " completed " in proc.stdout, proc.stdout
@@ -334,7 +331,7 @@ def test_the_readme_drafting_example_revises_once_against_toolloop_fsm_serve(
     example = readme_example(REPO, "## Drafting and the tool checkpoint")
     assert "http://127.0.0.1:8765/v1" in example
     source = example.replace("http://127.0.0.1:8765/v1", served)
-    proc = run_example(source, tmp_path, _env(), TIMEOUT)
+    proc = run_example(source, tmp_path, _env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "Good news" in out and "Let me check" not in out  # only the replacement was shown
@@ -348,7 +345,7 @@ def test_the_readme_batch_example_runs_every_call_of_the_batch_against_toolloop_
     example = readme_example(REPO, "## Tool batches")
     assert "http://127.0.0.1:8765/v1" in example
     source = example.replace("http://127.0.0.1:8765/v1", served)
-    proc = run_example(source, tmp_path, _env(), TIMEOUT)
+    proc = run_example(source, tmp_path, _env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "ran: ['Paris', 'London', 'Rome']" in out, out
@@ -367,7 +364,7 @@ def test_the_readme_batch_example_runs_every_call_of_the_batch_against_toolloop_
 def test_the_readme_example_prints_why_a_turn_failed(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     source = _readme_example().replace("http://127.0.0.1:8765/v1", url)
-    proc = run_example(source, tmp_path, _env(), TIMEOUT)
+    proc = run_example(source, tmp_path, _env())
     assert " error provider_error " in proc.stdout, proc.stdout + proc.stderr
     assert "connect" in proc.stdout.lower(), proc.stdout  # the error message, not just a status
 
@@ -505,7 +502,7 @@ def test_output_piped_into_a_closed_reader_ends_quietly() -> None:
         proc.stdout.readline()  # like `| head -1`: read one line, then hang up
         proc.stdout.close()
         stderr = proc.stderr.read().decode("utf-8")
-        proc.wait(timeout=TIMEOUT)
+        proc.wait()
     assert "Traceback" not in stderr, stderr
     assert proc.returncode != 0 or stderr == ""
 
@@ -605,7 +602,6 @@ def test_the_printed_reproduce_command_fails_the_same_way(
         capture_output=True,
         text=True,
         encoding="utf-8",
-        timeout=TIMEOUT,
         check=False,
     )
     assert proc.returncode == broken.returncode == 1, proc.stdout + proc.stderr
@@ -622,7 +618,6 @@ def test_the_printed_reproduce_command_works_verbatim(
         capture_output=True,
         text=True,
         encoding="utf-8",
-        timeout=TIMEOUT,
         check=False,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr

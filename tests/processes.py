@@ -1,0 +1,129 @@
+"""The processes the suite starts — its servers (LLMock, LiteLLM's proxy, the Temporal dev
+server, ``toolloop-fsm serve``) and the Temporal workers — tied to the run that started them.
+
+`start` runs each in a process group of its own, with PR_SET_PDEATHSIG set to SIGKILL
+(Linux): when the run dies, even by a SIGKILL that leaves it no teardown, the kernel kills
+the process, so a run killed at a timeout leaves no server behind. `stop` kills the whole
+group at teardown, whatever the process started in turn. Nothing here waits on the clock:
+a started process ends when it is killed, and `stop` waits for exactly that.
+
+The death signal follows the thread that started the process, so start them from the
+thread that lives as long as they should (the main thread: fixtures and tests run there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+from typing import Any
+from typing import Literal
+from typing import TypeVar
+from typing import overload
+
+#: ``prctl(2)``'s option that names the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+# resolved here, in the suite's own process: the child, between fork and exec, only calls it
+# (loading a library there could deadlock on a lock another thread of the parent held)
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+
+Output = int | IO[Any] | None
+P = TypeVar("P", bound="subprocess.Popen[Any]")
+
+
+def _tied_to(parent: int) -> None:
+    """In the child, before exec: a group of its own, SIGKILL when ``parent`` dies."""
+    os.setpgid(0, 0)
+    # a background run (`pytest &`) hands its children SIGINT ignored, and Python then never
+    # installs its KeyboardInterrupt handler: give them the default disposition back, so a
+    # server's stop on SIGINT behaves the same wherever the suite runs
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        # the parent died between fork and prctl: the kernel will never send the signal
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@overload
+def start(
+    argv: Sequence[str | Path],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: Output = subprocess.DEVNULL,
+    stdout: Output = None,
+    stderr: Output = None,
+    text: Literal[False] = False,
+) -> subprocess.Popen[bytes]: ...
+
+
+@overload
+def start(
+    argv: Sequence[str | Path],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: Output = subprocess.DEVNULL,
+    stdout: Output = None,
+    stderr: Output = None,
+    text: Literal[True],
+) -> subprocess.Popen[str]: ...
+
+
+def start(
+    argv: Sequence[str | Path],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: Output = subprocess.DEVNULL,
+    stdout: Output = None,
+    stderr: Output = None,
+    text: bool = False,
+) -> subprocess.Popen[bytes] | subprocess.Popen[str]:
+    """``argv`` running in a process group of its own, killed by the kernel if this process
+    dies first; text streams are UTF-8."""
+    parent = os.getpid()
+    return subprocess.Popen(
+        [str(arg) for arg in argv],
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        text=text,
+        encoding="utf-8" if text else None,
+        preexec_fn=lambda: _tied_to(parent),
+    )
+
+
+def stop(process: subprocess.Popen[Any]) -> None:
+    """Kill ``process``'s whole group (whatever it started too) and reap it; its pipes are
+    closed. A process that has already ended is only reaped."""
+    with contextlib.suppress(ProcessLookupError):
+        # the group outlives its leader while any member runs, so it is killed even when
+        # the leader has ended
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+
+
+@contextlib.contextmanager
+def running(process: P) -> Iterator[P]:
+    """``process`` for the block; `stop` at its end, however the block ends."""
+    try:
+        yield process
+    finally:
+        stop(process)
