@@ -1,0 +1,118 @@
+"""The servers the suite starts die with the run that started them (`tests.processes`): a
+run killed with SIGKILL, which leaves it no teardown, leaves no server behind, and a
+server's teardown ends whatever the server started too."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests import processes
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: How many times a process that should be dead is looked at; each look waits for its end
+#: for up to `LOOK`, so this is a safety net against a test that would otherwise hang, not
+#: a timing the test checks.
+LOOKS = 500
+LOOK = 0.02
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its exit status is left (a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            state = stat.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in {"Z", "X"}
+
+
+def _ends(pidfd: int, pid: int) -> bool:
+    """Whether process ``pid`` (watched through ``pidfd``) ends within `LOOKS` looks."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)  # readable once the process has ended
+    return any(poller.poll(LOOK * 1000) or _gone(pid) for _look in range(LOOKS))
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def test_a_server_dies_with_a_test_run_that_was_killed(tmp_path: Path) -> None:
+    # a run of its own whose one test starts `toolloop-fsm serve`, names its pid, and then
+    # holds it until the run is killed: no teardown of that run ever runs
+    (tmp_path / "test_holds_a_server.py").write_text(
+        textwrap.dedent(
+            f"""
+            import subprocess, sys, threading
+            from tests import processes
+
+            def test_holds_a_server():
+                server = processes.start(
+                    [sys.executable, "-m", "toolloop_fsm", "serve", "--port", "0"],
+                    cwd={str(REPO)!r}, stdout=subprocess.PIPE, text=True,
+                )
+                assert "http://127.0.0.1:" in server.stdout.readline()  # it listens
+                print("server pid", server.pid, flush=True)
+                threading.Event().wait()
+            """
+        ),
+        encoding="utf-8",
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    run = processes.start(
+        [sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    with processes.running(run):
+        assert run.stdout is not None
+        for line in run.stdout:
+            if line.startswith("server pid "):
+                server = int(line.split()[-1])
+                break
+        else:
+            raise AssertionError(f"the run ended before its server started ({run.wait()})")
+        pidfd = os.pidfd_open(server)
+        try:
+            assert os.getpgid(server) == server  # a process group of its own
+            os.kill(run.pid, signal.SIGKILL)  # the run alone, as a CI timeout would
+            assert run.wait() == -signal.SIGKILL
+            ended = _ends(pidfd, server)
+            if not ended:
+                os.kill(server, signal.SIGKILL)
+            assert ended, f"server {server} outlived the run that started it"
+        finally:
+            os.close(pidfd)
+
+
+def test_stopping_a_server_ends_what_it_started_too() -> None:
+    # a "server" that starts a process of its own and names it
+    spawner = (
+        "import subprocess, sys, threading\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import threading; "
+        "threading.Event().wait()'])\n"
+        "print(child.pid, flush=True)\n"
+        "threading.Event().wait()\n"
+    )
+    server = processes.start([sys.executable, "-c", spawner], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    child = int(server.stdout.readline())
+    pidfd = os.pidfd_open(child)
+    try:
+        processes.stop(server)
+        ended = _ends(pidfd, child)
+        if not ended:
+            os.kill(child, signal.SIGKILL)
+        assert ended, f"process {child}, started by the server, outlived its stop"
+    finally:
+        os.close(pidfd)
+    assert server.returncode == -signal.SIGKILL
