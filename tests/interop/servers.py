@@ -144,7 +144,8 @@ class ServerProcess:
 
 
 class LLMockControl:
-    """LLMock's control API: scripted behaviours in, served requests out."""
+    """LLMock's control API: scripted behaviours in, served requests out. Its calls wait for
+    the answer however long a loaded machine takes (no wall-clock limit in a test)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -154,11 +155,11 @@ class LLMockControl:
 
     def reset(self) -> None:
         """Forget every request served and every behaviour still queued."""
-        httpx.post(f"{self.url}/_llmock/reset", timeout=10).raise_for_status()
+        httpx.post(f"{self.url}/_llmock/reset", timeout=None).raise_for_status()
 
     async def script(self, *behaviours: Mapping[str, Any]) -> None:
         """Queue behaviours (``{"type": "reply", …}``, ``{"type": "fail", …}``, …) in order."""
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=None) as client:
             response = await client.post(
                 f"{self.url}/_llmock/scenario", json={"behaviors": list(behaviours)}
             )
@@ -166,7 +167,7 @@ class LLMockControl:
 
     async def requests(self) -> list[dict[str, Any]]:
         """Every request served since the last reset, oldest first, with its body."""
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=None) as client:
             response = await client.get(f"{self.url}/_llmock/requests")
         response.raise_for_status()
         served: list[dict[str, Any]] = response.json()["requests"]
