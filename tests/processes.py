@@ -2,10 +2,11 @@
 server, ``toolloop-fsm serve``) and the Temporal workers — tied to the run that started them.
 
 `start` runs each in a process group of its own, with PR_SET_PDEATHSIG set to SIGKILL
-(Linux): when the run dies, even by a SIGKILL that leaves it no teardown, the kernel kills
-the process, so a run killed at a timeout leaves no server behind. `stop` kills the whole
-group at teardown, whatever the process started in turn. Nothing here waits on the clock:
-a started process ends when it is killed, and `stop` waits for exactly that.
+(Linux; `DIES_WITH_THE_RUN` says whether it is set): when the run dies, even by a SIGKILL
+that leaves it no teardown, the kernel kills the process, so a run killed at a timeout
+leaves no server behind. `stop` kills the whole group at teardown, whatever the process
+started in turn. Nothing here waits on the clock: a started process ends when it is killed,
+and `stop` waits for exactly that.
 
 The death signal follows the thread that started the process, so start them from the
 thread that lives as long as they should (the main thread: fixtures and tests run there).
@@ -33,11 +34,17 @@ PR_SET_PDEATHSIG = 1
 
 # resolved here, in the suite's own process: the child, between fork and exec, only calls it
 # (loading a library there could deadlock on a lock another thread of the parent held)
-_prctl = ctypes.CDLL(None, use_errno=True).prctl
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_prctl.restype = ctypes.c_int
+_prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+if _prctl is not None:
+    _prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
+    _prctl.restype = ctypes.c_int
 
-Output = int | IO[Any] | None
+DIES_WITH_THE_RUN = _prctl is not None
+"""Whether a started process dies with the run (Linux's prctl); elsewhere only `stop` ends
+it, so a run killed without its teardown leaves it running."""
+
+#: What one of a process's standard streams is connected to, as `subprocess` takes it.
+Stream = int | IO[Any] | None
 P = TypeVar("P", bound="subprocess.Popen[Any]")
 
 
@@ -48,6 +55,8 @@ def _tied_to(parent: int) -> None:
     # installs its KeyboardInterrupt handler: give them the default disposition back, so a
     # server's stop on SIGINT behaves the same wherever the suite runs
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if _prctl is None:
+        return
     if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:
@@ -61,9 +70,9 @@ def start(
     *,
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
-    stdin: Output = subprocess.DEVNULL,
-    stdout: Output = None,
-    stderr: Output = None,
+    stdin: Stream = subprocess.DEVNULL,
+    stdout: Stream = None,
+    stderr: Stream = None,
     text: Literal[False] = False,
 ) -> subprocess.Popen[bytes]: ...
 
@@ -74,9 +83,9 @@ def start(
     *,
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
-    stdin: Output = subprocess.DEVNULL,
-    stdout: Output = None,
-    stderr: Output = None,
+    stdin: Stream = subprocess.DEVNULL,
+    stdout: Stream = None,
+    stderr: Stream = None,
     text: Literal[True],
 ) -> subprocess.Popen[str]: ...
 
@@ -86,9 +95,9 @@ def start(
     *,
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
-    stdin: Output = subprocess.DEVNULL,
-    stdout: Output = None,
-    stderr: Output = None,
+    stdin: Stream = subprocess.DEVNULL,
+    stdout: Stream = None,
+    stderr: Stream = None,
     text: bool = False,
 ) -> subprocess.Popen[bytes] | subprocess.Popen[str]:
     """``argv`` running in a process group of its own, killed by the kernel if this process

@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests import processes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +46,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 
+@pytest.mark.skipif(
+    not processes.DIES_WITH_THE_RUN, reason="no prctl(PR_SET_PDEATHSIG) here (it is Linux's)"
+)
 def test_a_server_dies_with_a_test_run_that_was_killed(tmp_path: Path) -> None:
     # a run of its own whose one test starts `toolloop-fsm serve`, names its pid, and then
     # holds it until the run is killed: no teardown of that run ever runs
@@ -94,6 +99,7 @@ def test_a_server_dies_with_a_test_run_that_was_killed(tmp_path: Path) -> None:
             os.close(pidfd)
 
 
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd_open here (it is Linux's)")
 def test_stopping_a_server_ends_what_it_started_too() -> None:
     # a "server" that starts a process of its own and names it
     spawner = (
