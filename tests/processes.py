@@ -55,12 +55,17 @@ def _tied_to(parent: int) -> None:
     # installs its KeyboardInterrupt handler: give them the default disposition back, so a
     # server's stop on SIGINT behaves the same wherever the suite runs
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _die_with(parent)
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL to this process when ``parent``, its parent, dies (where prctl exists)."""
     if _prctl is None:
         return
     if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:
-        # the parent died between fork and prctl: the kernel will never send the signal
+        # the parent died before prctl: the kernel will never send the signal
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -136,3 +141,20 @@ def running(process: P) -> Iterator[P]:
         yield process
     finally:
         stop(process)
+
+
+# ----------------------------------------------------------------------- xdist's workers
+#: The key of a worker's ``workerinput`` that names the run's controller process.
+CONTROLLER_PID = "toolloop_controller_pid"
+
+
+def hand_over_the_run(workerinput: dict[str, Any]) -> None:
+    """In xdist's controller, for a worker it starts: the pid the worker is tied to."""
+    workerinput[CONTROLLER_PID] = os.getpid()
+
+
+def die_with_the_run(workerinput: Mapping[str, Any]) -> None:
+    """In an xdist worker: SIGKILL when the controller dies. A worker outlives a controller
+    killed with SIGKILL while one of its tests waits, and would hold that test's servers; a
+    worker's processes die with it, so they die with the controller too."""
+    _die_with(int(workerinput[CONTROLLER_PID]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,14 @@ import pytest
 from tests import processes
 
 REPO = Path(__file__).resolve().parent.parent
+
+#: Runs the rest of its command line as a background job (``pytest &``) would: SIGINT
+#: ignored, and so in every process it starts. An xdist worker then runs on after its
+#: controller is killed (with SIGINT at its default, it stops once its channel closes).
+IN_THE_BACKGROUND = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
 
 #: How many times a process that should be dead is looked at; each look waits for its end
 #: for up to `LOOK`, so this is a safety net against a test that would otherwise hang, not
@@ -49,13 +58,17 @@ def _env() -> dict[str, str]:
 @pytest.mark.skipif(
     not processes.DIES_WITH_THE_RUN, reason="no prctl(PR_SET_PDEATHSIG) here (it is Linux's)"
 )
-def test_a_server_dies_with_a_test_run_that_was_killed(tmp_path: Path) -> None:
-    # a run of its own whose one test starts `toolloop-fsm serve`, names its pid, and then
-    # holds it until the run is killed: no teardown of that run ever runs
+@pytest.mark.parametrize(
+    "workers", [["-p", "no:xdist"], ["-n", "1"]], ids=["in-process", "xdist-worker"]
+)
+def test_a_server_dies_with_a_test_run_that_was_killed(workers: list[str], tmp_path: Path) -> None:
+    # a run of its own whose one test starts `toolloop-fsm serve`, reports its pid over a
+    # socket (an xdist worker's own output never reaches the run's), and then holds it until
+    # the run is killed: no teardown of that run ever runs
     (tmp_path / "test_holds_a_server.py").write_text(
         textwrap.dedent(
             f"""
-            import subprocess, sys, threading
+            import os, socket, subprocess, sys, threading
             from tests import processes
 
             def test_holds_a_server():
@@ -64,39 +77,60 @@ def test_a_server_dies_with_a_test_run_that_was_killed(tmp_path: Path) -> None:
                     cwd={str(REPO)!r}, stdout=subprocess.PIPE, text=True,
                 )
                 assert "http://127.0.0.1:" in server.stdout.readline()  # it listens
-                print("server pid", server.pid, flush=True)
+                with socket.socket(socket.AF_UNIX) as report:
+                    report.connect(os.environ["REPORT_TO"])
+                    report.sendall(str(server.pid).encode())
                 threading.Event().wait()
             """
         ),
         encoding="utf-8",
     )
     (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-    run = processes.start(
-        [sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    with processes.running(run):
-        assert run.stdout is not None
-        for line in run.stdout:
-            if line.startswith("server pid "):
-                server = int(line.split()[-1])
-                break
-        else:
-            raise AssertionError(f"the run ended before its server started ({run.wait()})")
-        pidfd = os.pidfd_open(server)
-        try:
-            assert os.getpgid(server) == server  # a process group of its own
-            os.kill(run.pid, signal.SIGKILL)  # the run alone, as a CI timeout would
-            assert run.wait() == -signal.SIGKILL
-            ended = _ends(pidfd, server)
-            if not ended:
-                os.kill(server, signal.SIGKILL)
-            assert ended, f"server {server} outlived the run that started it"
-        finally:
-            os.close(pidfd)
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(tmp_path / "report"))
+        listener.listen(1)
+        # the suite's own hooks (`-p tests.conftest`): they tie an xdist worker to the run
+        pytest = [sys.executable, "-c", IN_THE_BACKGROUND, "-m", "pytest", "-sq"]
+        run = processes.start(
+            [*pytest, "-p", "no:cacheprovider", "-p", "tests.conftest", *workers],
+            cwd=tmp_path,
+            env={**_env(), "REPORT_TO": str(tmp_path / "report")},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        with processes.running(run):
+            server = _reported_pid(listener, run)
+            pidfd = os.pidfd_open(server)
+            try:
+                assert os.getpgid(server) == server  # a process group of its own
+                # the run's first process alone (xdist's controller, with -n): no teardown,
+                # and no signal to the rest of its process group
+                os.kill(run.pid, signal.SIGKILL)
+                assert run.wait() == -signal.SIGKILL
+                ended = _ends(pidfd, server)
+                if not ended:
+                    os.kill(server, signal.SIGKILL)
+                assert ended, f"server {server} outlived the run that started it"
+            finally:
+                os.close(pidfd)
+
+
+def _reported_pid(listener: socket.socket, run: subprocess.Popen[bytes]) -> int:
+    """The pid the run reports on ``listener``; fails with its output if it ends first."""
+    assert run.stdout is not None
+    output = b""
+    while True:
+        ready, _, _ = select.select([listener.fileno(), run.stdout.fileno()], [], [])
+        if listener.fileno() in ready:
+            connection, _ = listener.accept()
+            with connection:
+                return int(connection.makefile("rb").read())
+        chunk = os.read(run.stdout.fileno(), 65536)
+        if not chunk:
+            raise AssertionError(
+                f"the run ended ({run.wait()}) before its server started:\n{output.decode()}"
+            )
+        output += chunk
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd_open here (it is Linux's)")
