@@ -122,11 +122,9 @@ def start(
 
 
 def stop(process: subprocess.Popen[Any]) -> None:
-    """Kill ``process``'s whole group (whatever it started too) and reap it; its pipes are
-    closed. A process that has already ended is only reaped."""
-    with contextlib.suppress(ProcessLookupError):
-        # the group outlives its leader while any member runs, so it is killed even when
-        # the leader has ended
+    """Kill ``process``'s whole group and reap it; its pipes are closed. What it started
+    dies too, even when ``process`` has already ended (a group lasts while a member runs)."""
+    with contextlib.suppress(ProcessLookupError):  # no member left
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     for stream in (process.stdin, process.stdout, process.stderr):
@@ -154,7 +152,8 @@ def hand_over_the_run(workerinput: dict[str, Any]) -> None:
 
 
 def die_with_the_run(workerinput: Mapping[str, Any]) -> None:
-    """In an xdist worker: SIGKILL when the controller dies. A worker outlives a controller
-    killed with SIGKILL while one of its tests waits, and would hold that test's servers; a
-    worker's processes die with it, so they die with the controller too."""
+    """In an xdist worker: SIGKILL when the controller dies. A worker can outlive a
+    controller killed with SIGKILL (it does when the run ignores SIGINT, as a background job
+    does) and would hold its test's servers; a worker's processes die with it, so they die
+    with the controller too."""
     _die_with(int(workerinput[CONTROLLER_PID]))
