@@ -20,16 +20,22 @@ Two profiles are registered here:
 ``HYPOTHESIS_PROFILE`` picks a profile by name; when it is unset (on CI or anywhere else)
 ``ci`` is loaded.
 
-The suite runs on every core (pytest-xdist, ``-n auto --dist loadfile`` in pyproject.toml).
+The suite runs on every core (pytest-xdist, ``-n auto --dist loadfile`` in pyproject.toml);
+each worker dies with the run's controller, as the processes it starts die with it
+(`tests.processes`).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
+from typing import Protocol
 
 import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings
+
+from tests import processes
 
 #: Examples per property test under the ci profile (see the module docstring).
 CI_MAX_EXAMPLES = 500
@@ -67,6 +73,23 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                     terminalreporter.write_line(str(value))
 
 
+class _XdistWorker(Protocol):  # what these hooks read of xdist's WorkerController
+    workerinput: dict[str, Any]
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: known only with xdist loaded
+def pytest_configure_node(node: _XdistWorker) -> None:
+    """Each xdist worker is told the controller's pid, to die with it (`tests.processes`)."""
+    processes.hand_over_the_run(node.workerinput)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # an xdist worker
+        processes.die_with_the_run(workerinput)
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (the default run): one worker more than the machine has cores. A third of
     the suite waits on real servers and subprocesses (the Temporal dev server's heartbeat

@@ -1,6 +1,7 @@
 """``toolloop-fsm serve`` as a background process for the tests that run the README's
-examples against it: started, stopped with SIGINT (its clean stop is part of what is
-tested), and killed if it does not stop, whatever the suite's own SIGINT disposition."""
+examples against it: started (ready once it prints the line naming its URL), stopped with
+SIGINT (its clean stop is part of what is tested), and killed with its process group
+whatever happened."""
 
 from __future__ import annotations
 
@@ -12,14 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-#: The bound on serve's exit after SIGINT, before it is killed.
-SERVE_STOP_SECONDS = 10
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+from tests import processes
 
 
 @contextlib.contextmanager
@@ -27,38 +21,20 @@ def serving(cwd: Path, env: dict[str, str], *options: str) -> Iterator[str]:
     """``toolloop-fsm serve --port 0`` (with ``options``) running; yields its base URL
     (``…/v1``)."""
     command = [sys.executable, "-m", "toolloop_fsm", "serve", "--port", "0", *options]
-    # a background job (`pytest &`) inherits SIGINT ignored, and Python then never installs
-    # its KeyboardInterrupt handler: give the server the default disposition back, so that
-    # the clean stop on SIGINT is what is tested wherever the suite runs
-    with subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        encoding="utf-8",
-        preexec_fn=_default_sigint,
-    ) as proc:
-        try:
-            assert proc.stdout is not None
-            first = proc.stdout.readline()
-            found = re.search(r"(http://127\.0\.0\.1:\d+/v1)", first)
-            assert found is not None, first + (proc.stderr.read() if proc.stderr else "")
-            yield found.group(1)
-            proc.send_signal(signal.SIGINT)
-            try:
-                _out, err = proc.communicate(timeout=SERVE_STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"serve did not stop within {SERVE_STOP_SECONDS} s of SIGINT")
-            assert "Traceback" not in err, err
-            assert proc.returncode == 0, err
-        finally:
-            # whatever happened above, never leave the server running (the `with` would
-            # otherwise wait for it forever)
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    proc = processes.start(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    with processes.running(proc):
+        assert proc.stdout is not None and proc.stderr is not None
+        # the first line names the URL once it listens; an empty one means it exited
+        first = proc.stdout.readline()
+        found = re.search(r"(http://127\.0\.0\.1:\d+/v1)", first)
+        assert found is not None, first + proc.stderr.read()
+        yield found.group(1)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate()  # until it has stopped: a stop that hangs is a defect
+        assert "Traceback" not in err, err
+        assert proc.returncode == 0, err
 
 
 def readme_example(repo: Path, heading: str) -> str:
@@ -70,20 +46,22 @@ def readme_example(repo: Path, heading: str) -> str:
 
 
 def run_example(
-    source: str, directory: Path, env: dict[str, str], timeout: float, stdin: str = ""
+    source: str, directory: Path, env: dict[str, str], stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
     """Run ``source`` as a script of its own in ``directory``, as a reader of the README
-    would, typing ``stdin``; what it printed, and how it exited."""
+    would, typing ``stdin``, until it exits; what it printed, and how it exited."""
     script = directory / "example.py"
     script.write_text(source, encoding="utf-8")
-    return subprocess.run(
-        [sys.executable, str(script)],
-        cwd=directory,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=timeout,
-        check=False,
-    )
+    with processes.running(
+        processes.start(
+            [sys.executable, script],
+            cwd=directory,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    ) as proc:
+        out, err = proc.communicate(stdin)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

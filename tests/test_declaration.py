@@ -135,9 +135,7 @@ def test_trace_steps_name_the_guard_that_fired_and_old_saved_traces_still_load()
 # --------------------------------------------------------------------------- the reference runner
 def test_importing_the_library_does_not_load_transitions() -> None:
     probe = "import sys, toolloop_fsm; print('transitions' in sys.modules)"
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
 

@@ -195,9 +195,7 @@ def _drawn_path(trace: Sequence[TraceStep], view: str) -> set[tuple[str, str]]:
 def _lit_in_rendered_dot(text: str) -> set[tuple[str, str]]:
     """The edges Graphviz drew in the trace colour: read from its layout (``dot -Tjson``),
     the drawing operations of each edge, not the attributes asked for."""
-    done = subprocess.run(
-        ["dot", "-Tjson"], input=text.encode(), capture_output=True, check=True, timeout=120
-    )
+    done = subprocess.run(["dot", "-Tjson"], input=text.encode(), capture_output=True, check=True)
     layout = json.loads(done.stdout)
     names = {item["_gvid"]: item["name"] for item in layout["objects"]}
     lit: set[tuple[str, str]] = set()
@@ -251,7 +249,7 @@ def test_each_dot_view_renders_to_png(
         png = tmp_path / f"{name}-{view}.png"
         dot = render_dot(declaration(name), view=view, highlight=highlight)
         done = subprocess.run(
-            ["dot", "-Tpng", "-o", str(png)], input=dot.encode(), capture_output=True, timeout=120
+            ["dot", "-Tpng", "-o", str(png)], input=dot.encode(), capture_output=True
         )
         assert done.returncode == 0, done.stderr.decode()
         assert done.stderr == b"", done.stderr.decode()  # no warning: every label laid out
@@ -286,9 +284,7 @@ def mermaid_cli(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def _mmdc(command: list[str], text: str, out: Path) -> bytes:
     source = out.with_suffix(".mmd")
     source.write_text(text, encoding="utf-8")
-    done = subprocess.run(
-        [*command, "-i", str(source), "-o", str(out)], capture_output=True, timeout=300
-    )
+    done = subprocess.run([*command, "-i", str(source), "-o", str(out)], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
     return out.read_bytes()
 

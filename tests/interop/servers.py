@@ -1,10 +1,11 @@
 """Third-party servers for the interop suite, each run as its own process on 127.0.0.1.
 
-`ServerProcess` starts one command on a free loopback port, waits until a health URL answers
-200 (or the process exits, or the start-up deadline passes: both fail with the end of the
-server's own log), and stops it again. `interop_requirement` decides what a missing server
-package means: a skip on a developer's machine, a failure when ``TOOLLOOP_INTEROP=required``
-(what ``.ci/run`` sets, so that CI can never pass by skipping the suite).
+`ServerProcess` starts one command on a free loopback port (through `tests.processes`, so
+it dies with the run), waits until a health URL answers 200 (or the process exits, or it
+has been asked `HEALTH_CHECKS` times: both fail with the end of the server's own log), and
+kills it again. `interop_requirement` decides what a missing server package means: a skip
+on a developer's machine, a failure when ``TOOLLOOP_INTEROP=required`` (what ``.ci/run``
+sets, so that CI can never pass by skipping the suite).
 
 `LLMockControl` drives LLMock's control API (``/_llmock/…``): queue scripted behaviours,
 read back the requests it served, reset it between tests.
@@ -16,7 +17,6 @@ import importlib.util
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,12 +25,21 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import processes
+
 REQUIRED_VARIABLE = "TOOLLOOP_INTEROP"
 """Set to ``required`` to make a missing server package fail the suite instead of skipping."""
 
-START_TIMEOUT = 180.0
-"""Seconds a server may take to answer its health URL (LiteLLM's proxy takes ~25 s on two
-busy cores: it imports most of its provider SDKs before it listens)."""
+HEALTH_CHECKS = 3000
+"""How many times a server's health URL is asked before the server counts as hung. Each
+check waits up to `CHECK_PACE` for the process to exit, so this is a safety net of ten
+minutes or more against a server that neither listens nor exits, not a start-up deadline
+(LiteLLM's proxy takes ~25 s on two busy cores: it imports most of its provider SDKs before
+it listens)."""
+
+CHECK_PACE = 0.2
+"""Seconds between two health checks, spent waiting on the process (which notices an early
+exit at once)."""
 
 
 def interop_requirement(server: str, modules: Sequence[str], install_hint: str) -> None:
@@ -74,7 +83,6 @@ class ServerProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
-        start_timeout: float = START_TIMEOUT,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -82,18 +90,12 @@ class ServerProcess:
         self.log_path = log_path
         self.env = {**os.environ, **(env or {})}
         self.cwd = cwd
-        self.start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with self.log_path.open("wb") as log:
-            self._process = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                cwd=self.cwd,
+            self._process = processes.start(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd
             )
         try:
             self._await_health()
@@ -104,28 +106,28 @@ class ServerProcess:
     def _await_health(self) -> None:
         process = self._process
         assert process is not None
-        deadline = time.monotonic() + self.start_timeout
+        # one check's wait on an answer is bounded so that a server that accepts but never
+        # answers is asked again; a slow answer only costs a check
         with httpx.Client(timeout=2.0) as client:
-            while True:
+            for _check in range(HEALTH_CHECKS):
                 try:
                     if client.get(self.health_url).status_code == 200:
                         return
                 except httpx.TransportError:
                     pass  # not listening yet
-                if time.monotonic() >= deadline:
-                    raise ServerFailedToStart(
-                        f"{self.name} did not answer {self.health_url} within "
-                        f"{self.start_timeout:.0f} s\n{self.log_tail()}"
-                    )
-                # waiting on the process itself paces the polling and notices an early exit
+                # waiting on the process itself paces the checks and notices an early exit
                 try:
-                    code = process.wait(timeout=0.2)
+                    code = process.wait(timeout=CHECK_PACE)
                 except subprocess.TimeoutExpired:
                     continue
                 raise ServerFailedToStart(
                     f"{self.name} exited with code {code} before it answered "
                     f"{self.health_url}\n{self.log_tail()}"
                 )
+        raise ServerFailedToStart(
+            f"{self.name} neither answered {self.health_url} nor exited in {HEALTH_CHECKS} "
+            f"checks: it is hung\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -136,19 +138,14 @@ class ServerProcess:
         return f"--- last {lines} lines of {self.log_path} ---\n{tail}"
 
     def stop(self) -> None:
-        process = self._process
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
+        """Kill the server and whatever it started (its clean stop is not what is tested)."""
+        if self._process is not None:
+            processes.stop(self._process)
 
 
 class LLMockControl:
-    """LLMock's control API: scripted behaviours in, served requests out."""
+    """LLMock's control API: scripted behaviours in, served requests out. Its calls wait for
+    the answer however long a loaded machine takes (no wall-clock limit in a test)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -158,11 +155,11 @@ class LLMockControl:
 
     def reset(self) -> None:
         """Forget every request served and every behaviour still queued."""
-        httpx.post(f"{self.url}/_llmock/reset", timeout=10).raise_for_status()
+        httpx.post(f"{self.url}/_llmock/reset", timeout=None).raise_for_status()
 
     async def script(self, *behaviours: Mapping[str, Any]) -> None:
         """Queue behaviours (``{"type": "reply", …}``, ``{"type": "fail", …}``, …) in order."""
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=None) as client:
             response = await client.post(
                 f"{self.url}/_llmock/scenario", json={"behaviors": list(behaviours)}
             )
@@ -170,7 +167,7 @@ class LLMockControl:
 
     async def requests(self) -> list[dict[str, Any]]:
         """Every request served since the last reset, oldest first, with its body."""
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=None) as client:
             response = await client.get(f"{self.url}/_llmock/requests")
         response.raise_for_status()
         served: list[dict[str, Any]] = response.json()["requests"]

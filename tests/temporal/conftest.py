@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import processes
 from tests.interop.servers import ServerProcess
 from tests.interop.servers import free_port
 
@@ -80,7 +81,6 @@ def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         ],
         health_url=f"http://127.0.0.1:{http_port}/api/v1/namespaces/default",
         log_path=logs / "temporal.log",
-        start_timeout=60.0,
     )
     server.start()
     try:
@@ -105,7 +105,8 @@ def task_queue() -> str:
 
 class WorkerProcesses:
     """Worker processes (``python -m MODULE``, `tests.temporal.hosts` unless a test module
-    serves its own) on one task queue; `kill` sends SIGKILL by pid."""
+    serves its own) on one task queue, tied to the run (`tests.processes`); `kill` sends
+    SIGKILL by pid."""
 
     def __init__(
         self, address: str, task_queue: str, directory: Path, module: str = "tests.temporal.hosts"
@@ -117,22 +118,20 @@ class WorkerProcesses:
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> subprocess.Popen[bytes]:
-        log = (self.directory / f"worker-{len(self.processes)}.log").open("wb")
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                self.module,
-                self.address,
-                self.task_queue,
-                str(self.directory),
-            ],
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
+        with (self.directory / f"worker-{len(self.processes)}.log").open("wb") as log:
+            process = processes.start(
+                [
+                    sys.executable,
+                    "-m",
+                    self.module,
+                    self.address,
+                    self.task_queue,
+                    str(self.directory),
+                ],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.processes.append(process)
         return process
 
@@ -143,18 +142,15 @@ class WorkerProcesses:
         self.stop_all()
 
     def kill(self, process: subprocess.Popen[bytes]) -> None:
+        """SIGKILL to the worker alone, as a crash would; reaped once it has died."""
         os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
+        process.wait()
 
     def stop_all(self) -> None:
+        """Every worker killed with its process group (a worker's clean stop is not what is
+        tested: the workflow's history is)."""
         for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.kill(process.pid, signal.SIGKILL)
-                    process.wait(timeout=15)
+            processes.stop(process)
 
 
 @pytest.fixture

@@ -629,7 +629,9 @@ class TurnWorker:
     workflow and its activities over the host's registries — ``providers`` by name (an
     `Attempt`, which keeps its keys on the worker, or a provider or a factory called with
     each key), ``tools`` and ``channels`` by name. Run it with ``await worker.run()`` or as
-    an ``async with`` block; ``worker_options`` go to `temporalio.worker.Worker`."""
+    an ``async with`` block, whose end waits for the worker's whole shutdown (its polls
+    and its running activities ended, its core finalized) before the code after it
+    runs; ``worker_options`` go to `temporalio.worker.Worker`."""
 
     def __init__(
         self,
