@@ -85,6 +85,22 @@ class ResponseNames:
             self.id = response_id
 
 
+class PassDecoder:
+    """What every decoder keeps of its pass: whether its format's end of the pass arrived
+    (`done`: nothing after it belongs to this pass) and the names of its response."""
+
+    __slots__ = ("_done", "response")
+
+    def __init__(self) -> None:
+        self._done = False
+        self.response = ResponseNames()
+
+    @property
+    def done(self) -> bool:
+        """The end of the pass arrived: nothing after it belongs to this pass."""
+        return self._done
+
+
 class StreamDecoder(Protocol):
     """A provider's sans-IO decoder of framed events into chunk events (module docstring)."""
 

@@ -44,7 +44,7 @@ from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
 from toolloop_fsm.providers._stream import KeyedStreamOptions
-from toolloop_fsm.providers._stream import ResponseNames
+from toolloop_fsm.providers._stream import PassDecoder
 from toolloop_fsm.providers._turns import append_turn
 from toolloop_fsm.providers._turns import content_parts
 from toolloop_fsm.result import ToolHistoryEntry
@@ -202,7 +202,7 @@ class _ThinkingBlock:
         self.signature = signature
 
 
-class AnthropicStreamDecoder:
+class AnthropicStreamDecoder(PassDecoder):
     """Named SSE events of one Messages stream → chunk events: a `StreamDecoder`, sans-IO.
 
     `event` takes the SSE event name (``"message"`` when the stream has no ``event:`` lines)
@@ -214,7 +214,6 @@ class AnthropicStreamDecoder:
 
     __slots__ = (
         "_calls_emitted",
-        "_finished",
         "_input_tokens",
         "_output_tokens",
         "_secrets",
@@ -222,10 +221,10 @@ class AnthropicStreamDecoder:
         "_thinking",
         "_thinking_open",
         "_tools",
-        "response",
     )
 
     def __init__(self, *, secrets: Sequence[str] = ()) -> None:
+        super().__init__()
         # Values no error message may contain (the API key), however a server words it.
         self._secrets = tuple(secrets)
         self._tools: dict[int, _ToolBlock] = {}
@@ -237,17 +236,9 @@ class AnthropicStreamDecoder:
         self._input_tokens = 0
         self._output_tokens = 0
         self._stop_reason: str | None = None
-        self._finished = False
-        self.response = ResponseNames()
-
-    # ---- public
-    @property
-    def done(self) -> bool:
-        """The message finished: nothing after it belongs to this pass."""
-        return self._finished
 
     def event(self, name: str, data: str, out: list[Chunk]) -> None:
-        if self._finished:
+        if self._done:
             return
         # Anthropic pads its JSON with spaces (§1.3) — json accepts that; anything else that
         # fails here is not the Messages stream.
@@ -266,10 +257,10 @@ class AnthropicStreamDecoder:
     @property
     def finished(self) -> bool:
         """``message_stop`` arrived, or a ``message_delta`` with the stop reason."""
-        return self._finished or self._stop_reason is not None
+        return self._done or self._stop_reason is not None
 
     def finish(self, out: list[Chunk]) -> None:
-        if not self._finished:
+        if not self._done:
             out.extend(self._finish_message())
 
     # ---- event handlers
@@ -371,7 +362,7 @@ class AnthropicStreamDecoder:
     # ---- helpers
     def _finish_message(self) -> list[Chunk]:
         chunks = self._flush_open_tools()
-        self._finished = True
+        self._done = True
         raw = self._stop_reason
         if raw is None:
             kind = FinishKind.TOOL_CALLS if self._calls_emitted else FinishKind.STOP

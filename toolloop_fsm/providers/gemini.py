@@ -43,7 +43,7 @@ from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
 from toolloop_fsm.providers._stream import KeyedStreamOptions
-from toolloop_fsm.providers._stream import ResponseNames
+from toolloop_fsm.providers._stream import PassDecoder
 from toolloop_fsm.providers._turns import append_turn
 from toolloop_fsm.providers._turns import content_parts
 
@@ -259,7 +259,7 @@ def _set(root: dict[str, Any], steps: Sequence[str | int], value: Any) -> None:
             node = node[step]
 
 
-class GeminiStreamDecoder:
+class GeminiStreamDecoder(PassDecoder):
     """SSE ``data:`` payloads of one ``streamGenerateContent`` stream → chunk events: a
     `StreamDecoder`, sans-IO.
 
@@ -275,14 +275,13 @@ class GeminiStreamDecoder:
         "_blocked",
         "_calls",
         "_finish_raw",
-        "_finished",
         "_secrets",
         "_streamed",
         "_usage",
-        "response",
     )
 
     def __init__(self, *, secrets: Sequence[str] = ()) -> None:
+        super().__init__()
         # Values no error message may contain (the API key), however a server words it.
         self._secrets = tuple(secrets)
         self._calls = 0
@@ -290,17 +289,10 @@ class GeminiStreamDecoder:
         self._streamed: _StreamedCall | None = None
         self._finish_raw: str | None = None
         self._usage: tuple[int, int] | None = None
-        self._finished = False
-        self.response = ResponseNames()
-
-    @property
-    def done(self) -> bool:
-        """The body ended and the pass's finish came out."""
-        return self._finished
 
     def event(self, name: str, data: str, out: list[Chunk]) -> None:
         del name  # Gemini's SSE has no event names
-        if self._finished:
+        if self._done:
             return
         payload = decode_json_object(data, what="Gemini stream event", secrets=self._secrets)
         if isinstance(payload.get("error"), Mapping):
@@ -339,9 +331,9 @@ class GeminiStreamDecoder:
 
     def finish(self, out: list[Chunk]) -> None:
         raw = self._finish_raw
-        if self._finished or raw is None:
+        if self._done or raw is None:
             return
-        self._finished = True
+        self._done = True
         if self._streamed is not None:
             # A streamed call never got its closing `{}`: complete only if the model stopped
             # on its own, cut if it ran out of tokens.

@@ -45,7 +45,7 @@ from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
-from toolloop_fsm.providers._stream import ResponseNames
+from toolloop_fsm.providers._stream import PassDecoder
 from toolloop_fsm.providers._stream import StreamOptions
 from toolloop_fsm.result import ToolHistoryEntry
 
@@ -132,7 +132,7 @@ def build_ollama_body(request: ProviderRequest, *, model: str) -> dict[str, Any]
 
 
 # --------------------------------------------------------------------------- stream decoding
-class OllamaStreamDecoder:
+class OllamaStreamDecoder(PassDecoder):
     """NDJSON lines of one ``/api/chat`` (or ``/api/generate``) stream → chunk events: a
     `StreamDecoder`, sans-IO.
 
@@ -142,18 +142,12 @@ class OllamaStreamDecoder:
     a JSON object, or a body without a ``done`` line.
     """
 
-    __slots__ = ("_calls", "_done", "_secrets", "response")
+    __slots__ = ("_calls", "_secrets")
 
     def __init__(self, *, secrets: Sequence[str] = ()) -> None:
+        super().__init__()  # `response`: a line names its model, never an id
         self._secrets = tuple(secrets)
         self._calls = 0
-        self._done = False
-        self.response = ResponseNames()  # a line names its model, never an id
-
-    @property
-    def done(self) -> bool:
-        """The done line arrived: nothing after it belongs to this pass."""
-        return self._done
 
     def event(self, name: str, data: str, out: list[Chunk]) -> None:
         del name  # NDJSON lines have no names

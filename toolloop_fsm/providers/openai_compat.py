@@ -69,7 +69,7 @@ from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
 from toolloop_fsm.providers._stream import HTTPStreamProvider
 from toolloop_fsm.providers._stream import KeyedStreamOptions
-from toolloop_fsm.providers._stream import ResponseNames
+from toolloop_fsm.providers._stream import PassDecoder
 from toolloop_fsm.providers._stream import StreamDecoder
 from toolloop_fsm.result import ToolHistoryEntry
 
@@ -299,7 +299,7 @@ def _groq_usage(chunk: dict[str, Any]) -> Any:
     return x_groq.get("usage") if isinstance(x_groq, dict) else None
 
 
-class ChatStreamDecoder:
+class ChatStreamDecoder(PassDecoder):
     """Chat Completions SSE events → chunk events (sans-IO).
 
     Call `event(name, data, out)` for each SSE event — it appends chunk events to ``out`` and
@@ -310,32 +310,24 @@ class ChatStreamDecoder:
     __slots__ = (
         "_calls",
         "_calls_emitted",
-        "_done",
         "_finish",
         "_last_usage",
         "_provider",
         "_refusal_only",
         "_secrets",
         "_text_seen",
-        "response",
     )
 
     def __init__(self, *, provider: str, secrets: Sequence[str | None] = ()) -> None:
+        super().__init__()
         self._provider = provider
         self._secrets = tuple(secrets)
         self._calls = ToolCallAccumulator()
         self._calls_emitted = False
-        self._done = False
         self._finish: str | None = None
         self._last_usage: tuple[int, int] | None = None
         self._refusal_only = False
         self._text_seen = False
-        self.response = ResponseNames()
-
-    @property
-    def done(self) -> bool:
-        """``[DONE]`` arrived: nothing after it belongs to this pass."""
-        return self._done
 
     def event(self, name: str, data: str, out: list[Chunk]) -> None:
         if self._done:

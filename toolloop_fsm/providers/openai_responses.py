@@ -55,7 +55,7 @@ from toolloop_fsm.providers._history import tool_batches
 from toolloop_fsm.providers._history import tool_response_json
 from toolloop_fsm.providers._http import error_from_payload
 from toolloop_fsm.providers._sse import decode_json_object
-from toolloop_fsm.providers._stream import ResponseNames
+from toolloop_fsm.providers._stream import PassDecoder
 from toolloop_fsm.providers.openai_compat import OpenAIStyleProvider
 from toolloop_fsm.providers.openai_compat import history_call_id
 from toolloop_fsm.result import ToolHistoryEntry
@@ -157,40 +157,32 @@ class _OpenCall:
         self.arguments: str | None = None  # the full text, once the server sent it
 
 
-class ResponsesStreamDecoder:
+class ResponsesStreamDecoder(PassDecoder):
     """Responses API SSE events → chunk events (sans-IO); see the module docstring."""
 
     __slots__ = (
         "_calls_made",
-        "_ended",
         "_open",
         "_provider",
         "_reasoning",
         "_secrets",
-        "response",
     )
 
     def __init__(self, *, provider: str, secrets: Sequence[str | None] = ()) -> None:
+        super().__init__()
         self._provider = provider
         self._secrets = tuple(secrets)
         self._open: dict[str, _OpenCall] = {}
         self._reasoning: list[dict[str, Any]] = []
         self._calls_made = 0
-        self._ended = False
-        self.response = ResponseNames()
-
-    @property
-    def done(self) -> bool:
-        """The stream's terminal event arrived (the same as `ended`)."""
-        return self._ended
 
     @property
     def ended(self) -> bool:
         """A terminal event arrived."""
-        return self._ended
+        return self._done
 
     def event(self, name: str, data: str, out: list[Chunk]) -> None:
-        if self._ended:
+        if self._done:
             return  # nothing after the terminal event belongs to this pass
         payload = decode_json_object(
             data, what=f"{self._provider}: stream event", secrets=self._secrets
@@ -336,7 +328,7 @@ class ResponsesStreamDecoder:
         self._calls_made += 1
 
     def _terminal(self, response: Any, out: list[Chunk], *, cut: bool) -> None:
-        self._ended = True
+        self._done = True
         for item_id, call in list(self._open.items()):
             self._emit(call, out, cut=cut, item_id=item_id)
         self._open.clear()
@@ -357,7 +349,7 @@ class ResponsesStreamDecoder:
     @property
     def finished(self) -> bool:
         """A terminal event arrived (the same as `ended`)."""
-        return self._ended
+        return self._done
 
     def finish(self, out: list[Chunk]) -> None:
         """The body ended after the terminal event, which said everything."""
