@@ -169,14 +169,9 @@ def supersede_attempt(state: GenerationState, _event: Any = None) -> None:
     last = state.last
     assert last is not None
     plan = state.plans[state.model]
+    # label, status, reason, the provider's error kind, the key's index
     state.failures.append(
-        AttemptFailure(
-            label=plan.label,
-            status=last.status,
-            reason=last.reason,
-            kind=last.provider_error_kind,
-            key_index=state.key,
-        )
+        AttemptFailure(plan.label, last.status, last.reason, last.provider_error_kind, state.key)
     )
     delivered = last.delivered_text
     state.carried_text += delivered
