@@ -85,17 +85,12 @@ SCOPE = "toolloop_fsm"
 FAILED_STATUSES = frozenset({TurnStatus.ERROR, TurnStatus.TIMEOUT, TurnStatus.EMPTY_RESPONSE})
 #: The ``error.type`` a metric gives an operation its caller cancelled.
 CANCELLED = "cancelled"
-#: The conventions' bucket boundaries: of a pass's and a tool call's duration (seconds), of
-#: a token count, of a turn's duration (seconds).
-OPERATION_SECONDS: Sequence[float] = (
-    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
-)  # fmt: skip
-TOKEN_COUNTS: Sequence[float] = (
-    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
-)  # fmt: skip
-AGENT_SECONDS: Sequence[float] = (
-    0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 51.2, 102.4, 204.8, 409.6,
-)  # fmt: skip
+#: The conventions' bucket boundaries: of a pass's and a tool call's duration (0.01 s to
+#: 81.92 s, doubling), of a token count (1 to 4**13, by fours), of a turn's duration (0.1 s
+#: to 409.6 s, doubling); rounded, so each is the decimal the conventions list.
+OPERATION_SECONDS: Sequence[float] = tuple(round(0.01 * 2**i, 2) for i in range(14))
+TOKEN_COUNTS: Sequence[float] = tuple(4**i for i in range(14))
+AGENT_SECONDS: Sequence[float] = tuple(round(0.1 * 2**i, 1) for i in range(13))
 
 Attributes = dict[str, Any]
 
