@@ -53,6 +53,7 @@ from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.testing import PROVIDER_KEYS
 from toolloop_fsm.testing import InvariantViolation
 from toolloop_fsm.testing import ScriptRun
+from toolloop_fsm.testing import TimedSignal
 from toolloop_fsm.testing import ToolAction
 from toolloop_fsm.testing import ToolBehaviour
 from toolloop_fsm.testing import TurnScript
@@ -451,3 +452,37 @@ def test_a_call_reused_after_a_batch_whose_first_identical_call_restarted_keeps_
     assert run.result.status is TurnStatus.COMPLETED
     # pass 2's call was reused, not run: two runs in all
     assert len(run.executions) == 2
+
+
+def test_a_stop_cutting_a_batch_whose_first_call_was_reused_keeps_invariant_4() -> None:
+    # found by the batch properties at the explore profile: a restart after pass 1 (the
+    # sticker's call succeeded); in pass 2 the gate reuses the identical call's first
+    # occurrence and runs its second, which hangs until a stop cuts the batch, so the pass
+    # records no entry — the run took the second occurrence, not the reused first
+    sticker = FunctionCall("send_sticker", {})
+    restart = ContextRestart({"role": "system", "content": "enriched: memory"}, ("memory",))
+    script = TurnScript(
+        passes=((FunctionCall("get_weather", {}), sticker), (sticker, sticker), (TextDelta("x"),)),
+        tool_plan=(
+            (
+                "send_sticker",
+                (
+                    ToolBehaviour(action=ToolAction.SUCCEED, context_restart=restart),
+                    ToolBehaviour(action=ToolAction.HANG),
+                ),
+            ),
+        ),
+        signals=(TimedSignal(at=1.5, kind="stop"),),
+    )
+    run = run_turn(script, LoopPolicy())
+    run.check()
+    assert (run.result.status, run.result.reason) == (
+        TurnStatus.STOPPED_BY_USER,
+        "stopped_during_tool",
+    )
+    # the sticker ran once a pass: its first occurrence, then (after the reuse) its second
+    assert [(e.name, e.iteration) for e in run.executions] == [
+        ("get_weather", 1),
+        ("send_sticker", 1),
+        ("send_sticker", 2),
+    ]

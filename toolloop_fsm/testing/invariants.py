@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Collection
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -673,9 +674,13 @@ def _check_no_replay(
     the pass's runs of the identity must be exactly those, and a rejected call never runs.
     A pass whose batch was not recorded whole (a restarting call has no entry; a stop or a
     failure cut the last batch short) may hold runs without entries: each took the next
-    occurrence, which must not have succeeded before."""
+    occurrence, which must not have succeeded before — unless the gate reused it (the pass's
+    trace names each call it reused, `call_already_recorded`, and a reused call of a batch
+    cut short has no entry either): a run steps over at most that many succeeded
+    occurrences."""
     scope_of = _scope_of_each_pass(result)
     restarted = _restarted_passes(result)
+    reused_left = Counter(_passes_before(result, "next_call", guard="call_already_recorded"))
     recorded: dict[str, list[bool]] = {}  # by identity: did the n-th occurrence succeed
     seen: dict[tuple[int, str], int] = {}
     by_pass: dict[int, dict[str, list[ToolHistoryEntry]]] = {}
@@ -739,8 +744,13 @@ def _check_no_replay(
                 ]
             else:
                 ran_outcomes = iter(run.outcome == "succeeded" for run in runs[expected:])
-            for j in range(max(0, extra)):  # runs the history does not answer
-                occurrence = first + len(taking) + j
+            for _ in range(max(0, extra)):  # runs the history does not answer
+                occurrence = first + len(taken)
+                while reused_left[iteration] and _reusable(outcomes, occurrence, rerun):
+                    reused_left[iteration] -= 1  # the gate reused it: no entry, no run
+                    reused.append(True)
+                    taken.append(True)
+                    occurrence += 1
                 if _reusable(outcomes, occurrence, rerun):
                     _fail(
                         4,
@@ -789,14 +799,17 @@ def _restarted_passes(result: GenerationTurnResult) -> frozenset[int]:
     return frozenset(_passes_before(result, "restarting_context"))
 
 
-def _passes_before(result: GenerationTurnResult, state: str) -> list[int]:
-    """The number of the pass each entry into ``state`` followed, in order."""
+def _passes_before(
+    result: GenerationTurnResult, state: str, *, guard: str | None = None
+) -> list[int]:
+    """The number of the pass each entry into ``state`` (by ``guard``, when given) followed,
+    in order."""
     iteration = 0
     passes: list[int] = []
     for step in _loop_trace(result):
         if step.state == "starting_pass" and step.next_state == "awaiting_first_token":
             iteration += 1
-        elif step.next_state == state:
+        elif step.next_state == state and (guard is None or step.guard == guard):
             passes.append(iteration)
     return passes
 
