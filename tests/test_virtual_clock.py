@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 
 import pytest
 
@@ -74,12 +73,12 @@ async def test_virtual_time_waits_for_a_pending_real_timer_before_jumping() -> N
 
 async def test_the_kits_real_time_watchdogs_do_not_hold_virtual_time() -> None:
     clock = VirtualClock()
-    started = time.monotonic()
+    # a watchdog that held virtual time still would fire before the clock jumped: the sleep
+    # would end in TimeoutError, not at the virtual hour
     async with real_time_limit(30.0):
         await clock.sleep(3_600)
     await returns_within(clock.sleep(3_600), 30.0)
     assert clock.now() == 7_200
-    assert time.monotonic() - started < 10.0  # far less than either watchdog's 30 s
 
 
 async def test_real_time_limit_raises_timeout_when_real_time_runs_out() -> None:
@@ -107,10 +106,11 @@ async def test_a_clock_held_by_real_timers_says_which_and_why(
 async def test_a_real_timer_cancelled_early_releases_virtual_time_at_once() -> None:
     clock = VirtualClock()
     loop = asyncio.get_running_loop()
-    started = time.monotonic()
 
     async def http_call_under_a_long_timeout() -> None:
-        timeout = loop.call_later(30.0, lambda: None)  # the client's 30 s timeout
+        # the client's hour-long timeout: a clock that waited for it although it was cancelled
+        # would hold the test past pytest's faulthandler_timeout, which fails it
+        timeout = loop.call_later(3_600.0, lambda: None)
         reply: asyncio.Future[None] = loop.create_future()
         # the reply arrives as I/O 10 ms later (from outside the loop, not on a loop timer)
         threading.Timer(0.01, loop.call_soon_threadsafe, (reply.set_result, None)).start()
@@ -119,7 +119,6 @@ async def test_a_real_timer_cancelled_early_releases_virtual_time_at_once() -> N
 
     await asyncio.gather(http_call_under_a_long_timeout(), clock.sleep(60))
     assert clock.now() == 60
-    assert time.monotonic() - started < 5.0  # not the 30 s the cancelled timer was due at
 
 
 async def test_two_clocks_on_one_loop_both_jump() -> None:
@@ -135,11 +134,9 @@ async def test_two_clocks_on_one_loop_both_jump() -> None:
         done.set()
 
     left_behind.call_later(10, fire)
-    async with real_time_limit(10.0):
-        await current.sleep(5)
+    await current.sleep(5)
     assert current.now() == 5
-    async with real_time_limit(10.0):
-        await done.wait()
+    await done.wait()
     assert fired == [10]
 
 
@@ -164,9 +161,8 @@ async def test_a_script_runs_on_a_loop_where_an_earlier_clock_still_has_timers()
     left_behind.call_later(1.0, tick)
     # the pause makes the turn wait on its own clock
     script = TurnScript(passes=((Pause(1.0), TextDelta("Hi")),))
-    run = await run_script(script, LoopPolicy(), real_timeout=10.0)
+    run = await run_script(script, LoopPolicy(), real_timeout=None)
     assert run.result.status is TurnStatus.COMPLETED, run.result.error_message
     assert run.result.final_text == "Hi"
-    async with real_time_limit(10.0):
-        await drained.wait()
+    await drained.wait()
     assert left_behind.now() == 2_000

@@ -1,9 +1,9 @@
 """What the interop tests share: the adapters each server speaks, a tool that records its
-runs, and turns run on the real clock with a bound on the whole test."""
+runs, and turns run on the real clock (no bound on how long they take: a loaded machine is
+slow, not wrong; pytest's ``faulthandler_timeout`` catches a hang)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -35,8 +35,6 @@ QUESTION = TurnRequest([{"role": "user", "content": "What's the weather in Paris
 #: Generous budgets: a real server on a busy two-core machine, and no test waits on them
 #: unless it is about a stall.
 POLICY = LoopPolicy(first_token_timeout=30, inactivity_timeout=30)
-TURN_LIMIT = 60.0
-"""Real seconds any one turn may take before the test fails rather than hangs."""
 
 WEATHER: dict[str, Any] = {
     "city": "Paris",
@@ -91,16 +89,13 @@ async def loop_turn(
     channel: RecordingChannel | None = None,
 ) -> GenerationTurnResult:
     """One `run_tool_loop` turn on the real clock."""
-    return await asyncio.wait_for(
-        run_tool_loop(
-            provider,
-            list(tools),
-            channel or RecordingChannel(),
-            QUESTION,
-            policy=policy,
-            clock=LoopClock(),
-        ),
-        TURN_LIMIT,
+    return await run_tool_loop(
+        provider,
+        list(tools),
+        channel or RecordingChannel(),
+        QUESTION,
+        policy=policy,
+        clock=LoopClock(),
     )
 
 
@@ -113,17 +108,14 @@ async def generation_turn(
     channel: RecordingChannel | None = None,
 ) -> GenerationTurnResult:
     """One `run_generation_turn` turn on the real clock."""
-    return await asyncio.wait_for(
-        run_generation_turn(
-            list(attempts),
-            list(tools),
-            channel or RecordingChannel(),
-            QUESTION,
-            policy=TurnPolicy(loop=policy),
-            clock=LoopClock(),
-            key_book=key_book if key_book is not None else {},
-        ),
-        TURN_LIMIT,
+    return await run_generation_turn(
+        list(attempts),
+        list(tools),
+        channel or RecordingChannel(),
+        QUESTION,
+        policy=TurnPolicy(loop=policy),
+        clock=LoopClock(),
+        key_book=key_book if key_book is not None else {},
     )
 
 

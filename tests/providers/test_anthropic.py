@@ -676,12 +676,12 @@ async def test_cancellation_closes_the_response_promptly(
             first.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.wait_for(first.wait(), 5)
+    await first.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     # The connection is closed as part of the cancellation, not at garbage collection.
-    await asyncio.wait_for(wire_server.client_gone.wait(), 5)
+    await wire_server.client_gone.wait()
     assert not client.is_closed
 
 

@@ -196,23 +196,21 @@ async def test_turns_ended_every_way_under_pool_contention_give_every_connection
                     clock=clock,
                 )
                 tasks.append(asyncio.ensure_future(run))
-            async with asyncio.timeout(30):  # a hang guard only: nothing asserts the time
-                outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
             assert trigger.fired
             statuses = _statuses(plans, outcomes)
             assert statuses["cancel"] == {"cancelled"}
             assert statuses["stop"] == {TurnStatus.STOPPED_BY_USER.value}
 
             stalling.serve(FINISHED_PASS[_wire_kind(kind)])
-            async with asyncio.timeout(30):
-                after = await run_tool_loop(
-                    _provider(kind, stalling.url, client),
-                    [],
-                    RecordingChannel(),
-                    QUESTION,
-                    policy=POLICY,
-                    clock=VirtualClock(),
-                )
+            after = await run_tool_loop(
+                _provider(kind, stalling.url, client),
+                [],
+                RecordingChannel(),
+                QUESTION,
+                policy=POLICY,
+                clock=VirtualClock(),
+            )
             assert after.reason != "first_token_timeout"
             assert after.status is TurnStatus.COMPLETED, (after.status, after.reason)
             assert checked_out(transport) == []

@@ -600,11 +600,11 @@ async def test_cancellation_closes_the_response_promptly(
             first.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.wait_for(first.wait(), 5)
+    await first.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.wait_for(wire_server.client_gone.wait(), 5)
+    await wire_server.client_gone.wait()
 
 
 def test_provider_attributes() -> None:

@@ -1,5 +1,6 @@
 """The whole loop over real loopback HTTP: `run_tool_loop` / `run_generation_turn` driving a
-real `OpenAICompatibleProvider` against the `wire_server`, on the real clock.
+real `OpenAICompatibleProvider` against the `wire_server`, the engine's deadlines on a
+`VirtualClock` (no test waits out or bounds real time).
 
 Issue #4's fault "a stream that stalls": the loop's inactivity deadline fires, what streamed
 before the stall is kept (and was delivered), and the HTTP connection is closed — the server
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -31,9 +32,11 @@ from toolloop_fsm import result_to_json
 from toolloop_fsm import run_generation_turn
 from toolloop_fsm import run_tool_loop
 from toolloop_fsm.attempts import KeyHealth
-from toolloop_fsm.host import LoopClock
+from toolloop_fsm.providers._http import DEFAULT_TIMEOUT
 from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
+from toolloop_fsm.result import Delivered
 from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import VirtualClock
 
 QUESTION = TurnRequest([{"role": "user", "content": "What's the weather in Paris?"}])
 SSE = (("content-type", "text/event-stream"),)
@@ -83,6 +86,40 @@ def tool_call_stream(text: str, name: str, arguments: dict[str, Any]) -> tuple[b
 
 
 # ----------------------------------------------------------------------------- a stalled stream
+#: The engine's deadlines run on a `VirtualClock`. While the provider waits on the socket, the
+#: HTTP client's own read timeout (a real loop timer) holds virtual time still, so the silence
+#: after the stall lasts exactly as long as the test says: `VirtualClock.advance` by the window.
+INACTIVITY = 0.3
+FIRST_TOKEN = 5.0
+
+
+def step_times(trace: Any, event: str) -> list[float | None]:
+    return [step.at for step in trace if step.event == event]
+
+
+async def until_delivered(
+    channel_text: Callable[[], str], delivered: asyncio.Event, turn: asyncio.Task[Any]
+) -> str:
+    """Wait until ``delivered`` is set or the turn ends (then it cannot be set any more); the
+    text the channel shows then."""
+    waiter = asyncio.ensure_future(delivered.wait())
+    await asyncio.wait([waiter, turn], return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    return channel_text()
+
+
+def delivery_watch(expected: str) -> tuple[RecordingChannel, asyncio.Event]:
+    """A channel, and an event set once it has shown the user ``expected``."""
+    delivered = asyncio.Event()
+
+    def seen(_delivery: Delivered) -> None:
+        if channel.text == expected:
+            delivered.set()
+
+    channel = RecordingChannel(on_delivery=seen)
+    return channel, delivered
+
+
 async def test_a_stalled_stream_times_out_keeps_its_text_and_closes_the_connection(
     wire_server: WireServer,
 ) -> None:
@@ -95,28 +132,38 @@ async def test_a_stalled_stream_times_out_keeps_its_text_and_closes_the_connecti
         DONE,
     )
     wire_server.serve(Scripted(headers=SSE, chunks=chunks, stall_after=3))
-    channel = RecordingChannel()
-    provider = OpenAICompatibleProvider(wire_server.url + "/v1", "test-model", api_key="sk-x")
-    policy = LoopPolicy(inactivity_timeout=0.3, first_token_timeout=5, delivery_flush_chars=1)
-
-    started = time.monotonic()
-    result = await asyncio.wait_for(
-        run_tool_loop(provider, [], channel, QUESTION, policy=policy, clock=LoopClock()),
-        timeout=10,
+    streamed = "Checking the sky over Paris"
+    channel, delivered = delivery_watch(streamed)
+    # no API key: the key mask would hold back the final "s" as a possible start of "sk-…"
+    provider = OpenAICompatibleProvider(wire_server.url + "/v1", "test-model")
+    policy = LoopPolicy(
+        inactivity_timeout=INACTIVITY, first_token_timeout=FIRST_TOKEN, delivery_flush_chars=1
     )
-    elapsed = time.monotonic() - started
+    clock = VirtualClock()
+    turn = asyncio.ensure_future(
+        run_tool_loop(provider, [], channel, QUESTION, policy=policy, clock=clock)
+    )
+
+    # the user has read everything sent before the stall, and the turn still waits for more
+    assert await until_delivered(lambda: channel.text, delivered, turn) == streamed
+    assert not turn.done(), turn.result()
+    clock.advance(INACTIVITY)
+    result = await turn
 
     assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
-    assert elapsed >= 0.3  # not before the inactivity window; how soon after: the next test
-    assert result.stream_results[-1].text == "Checking the sky over Paris"
-    assert result.delivered_text == "Checking the sky over Paris"
-    assert "".join(channel.texts) == "Checking the sky over Paris"
+    # it ended when the window of silence after the last chunk ran out: not before, not later
+    last_chunk = step_times(result.trace, "text_delta")[-1]
+    assert last_chunk is not None
+    assert step_times(result.trace, "inactivity_deadline") == [last_chunk + INACTIVITY]
+    assert result.stream_results[-1].text == streamed
+    assert result.delivered_text == streamed
+    assert channel.text == streamed
     # the user is told why the reply stopped
     assert [(n.key, dict(n.params)) for n in channel.notices] == [
         ("timeout", {"reason": "inactivity_timeout"})
     ]
     # the loop closed the HTTP response: the stalled server sees its client go
-    await asyncio.wait_for(wire_server.client_gone.wait(), 5)
+    await wire_server.client_gone.wait()
     assert len(wire_server.requests) == 1
 
 
@@ -125,32 +172,38 @@ async def test_a_stall_after_a_slow_first_token_ends_one_inactivity_window_later
 ) -> None:
     chunks = (frame({"content": "Slow "}), frame({"content": "start"}), DONE)
     wire_server.serve(Scripted(headers=SSE, chunks=chunks, stall_after=2))
-    loop = asyncio.get_running_loop()
+    clock = VirtualClock()
+    slow = 0.5  # after the inactivity window, well inside the first-token window
 
     async def slow_headers(_response: httpx.Response) -> None:
-        # the server's answer reaches the loop 0.5 s late: after the 0.3 s inactivity window
-        # but well inside the 5 s first-token window
-        arrived = loop.create_future()
-        loop.call_later(0.5, arrived.set_result, None)
-        await arrived
+        # the server's answer reaches the loop late, on the turn's clock
+        await clock.sleep(slow)
 
-    policy = LoopPolicy(inactivity_timeout=0.3, first_token_timeout=5, delivery_flush_chars=1)
-    async with httpx.AsyncClient(event_hooks={"response": [slow_headers]}) as client:
+    channel, delivered = delivery_watch("Slow start")
+    policy = LoopPolicy(
+        inactivity_timeout=INACTIVITY, first_token_timeout=FIRST_TOKEN, delivery_flush_chars=1
+    )
+    # the client's read timeout is a real timer: it holds virtual time still while the
+    # stalled response is read (the default client's 600 s, not httpx's 5 s)
+    async with httpx.AsyncClient(
+        timeout=DEFAULT_TIMEOUT, event_hooks={"response": [slow_headers]}
+    ) as client:
         provider = OpenAICompatibleProvider(wire_server.url + "/v1", "test-model", client=client)
-        started = time.monotonic()
-        result = await asyncio.wait_for(
-            run_tool_loop(
-                provider, [], RecordingChannel(), QUESTION, policy=policy, clock=LoopClock()
-            ),
-            timeout=10,
+        turn = asyncio.ensure_future(
+            run_tool_loop(provider, [], channel, QUESTION, policy=policy, clock=clock)
         )
-        elapsed = time.monotonic() - started
+        assert await until_delivered(lambda: channel.text, delivered, turn) == "Slow start"
+        assert not turn.done(), turn.result()
+        # the first chunk came after the inactivity window had passed: that did not end it
+        assert clock.now() == slow
+        clock.advance(INACTIVITY)
+        result = await turn
 
     assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "inactivity_timeout")
     assert result.delivered_text == "Slow start"
-    # first chunk at ≈ 0.5 s, then 0.3 s of silence: the turn ends at ≈ 0.8 s, not at 5 s
-    assert 0.8 <= elapsed < 3.0, elapsed
-    await asyncio.wait_for(wire_server.client_gone.wait(), 5)
+    # first chunk at 0.5 s, then 0.3 s of silence: the turn ends at 0.8 s, not at 5 s
+    assert step_times(result.trace, "inactivity_deadline") == [slow + INACTIVITY]
+    await wire_server.client_gone.wait()
 
 
 # ----------------------------------------------------------------------------- a generation turn
@@ -193,14 +246,12 @@ async def test_generation_turn_falls_back_after_a_429_and_runs_the_tool_once(
     key_book: dict[tuple[str, int], KeyHealth] = {}
     policy = TurnPolicy(loop=LoopPolicy(first_token_timeout=5, inactivity_timeout=5))
 
-    before = time.monotonic()
-    result = await asyncio.wait_for(
-        run_generation_turn(
-            attempts, tools, channel, QUESTION, policy=policy, clock=LoopClock(), key_book=key_book
-        ),
-        timeout=10,
+    clock = VirtualClock()
+    before = clock.now()
+    result = await run_generation_turn(
+        attempts, tools, channel, QUESTION, policy=policy, clock=clock, key_book=key_book
     )
-    after = time.monotonic()
+    after = clock.now()
 
     assert result.status is TurnStatus.COMPLETED
     assert result.delivered_text == "Let me look. It is clear and 21 °C."
@@ -259,17 +310,15 @@ async def test_a_wild_retry_after_cools_the_key_at_most_a_day_and_the_result_sta
         return OpenAICompatibleProvider(wire_server.url + "/v1", "m", api_key=key)
 
     key_book: dict[tuple[str, int], KeyHealth] = {}
-    before = time.monotonic()
-    result = await asyncio.wait_for(
-        run_generation_turn(
-            [Attempt(provider, keys=("sk-only-key",), label="only")],
-            [],
-            RecordingChannel(),
-            QUESTION,
-            clock=LoopClock(),
-            key_book=key_book,
-        ),
-        timeout=10,
+    clock = VirtualClock()
+    before = clock.now()
+    result = await run_generation_turn(
+        [Attempt(provider, keys=("sk-only-key",), label="only")],
+        [],
+        RecordingChannel(),
+        QUESTION,
+        clock=clock,
+        key_book=key_book,
     )
 
     assert (result.status, result.provider_error_kind) == (TurnStatus.ERROR, "rate_limit")

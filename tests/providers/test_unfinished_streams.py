@@ -12,7 +12,6 @@ A 429 whose gzip body does not decode is still a ``rate_limit`` with its ``Retry
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
 from typing import Any
@@ -155,10 +154,9 @@ async def test_the_outer_tier_continues_a_reply_cut_by_an_interrupted_llama_cpp_
     policy = TurnPolicy(
         loop=LoopPolicy(first_token_timeout=5, inactivity_timeout=5, delivery_flush_chars=1)
     )
-    async with asyncio.timeout(30):  # a hang guard only
-        result = await run_generation_turn(
-            attempts, [], channel, QUESTION, policy=policy, clock=LoopClock()
-        )
+    result = await run_generation_turn(
+        attempts, [], channel, QUESTION, policy=policy, clock=LoopClock()
+    )
 
     assert result.status is TurnStatus.COMPLETED
     assert result.delivered_text == HALF + " the ferry came in."

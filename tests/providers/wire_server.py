@@ -7,7 +7,7 @@ response can also drop the connection after some chunks (no chunked-encoding ter
 the client sees a truncated body), or stall until the client goes away. The server records
 every request, counts the body bytes it wrote (`body_bytes_sent`), and sets `client_gone`
 when a client closes a connection while a response was still being sent (or was stalled) —
-what a cancellation test waits for.
+what a cancellation test waits for; `stalled` is set once a response has stopped to stall.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ class WireServer:
         self.requests: list[ReceivedRequest] = []
         self.body_bytes_sent = 0
         self.client_gone = asyncio.Event()
+        self.stalled = asyncio.Event()
         self.port = 0
 
     @property
@@ -226,6 +227,7 @@ class WireServer:
         return response.framing == "length"
 
     async def _await_client_gone(self, reader: asyncio.StreamReader) -> None:
+        self.stalled.set()
         with contextlib.suppress(ConnectionError):
             while await reader.read(4096):
                 pass
