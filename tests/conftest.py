@@ -28,6 +28,7 @@ each worker dies with the run's controller, as the processes it starts die with 
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 from typing import Protocol
 
@@ -36,6 +37,7 @@ from hypothesis import HealthCheck
 from hypothesis import settings
 
 from tests import processes
+from tests.providers.wire_server import WireServer
 
 #: Examples per property test under the ci profile (see the module docstring).
 CI_MAX_EXAMPLES = 500
@@ -98,3 +100,14 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     workers run the suite in 340 s where two take 370 s."""
     del config
     return (os.cpu_count() or 1) + 1
+
+
+@pytest.fixture
+async def wire_server() -> AsyncIterator[WireServer]:
+    """A loopback HTTP server a test scripts byte by byte (`tests.providers.wire_server`)."""
+    server = WireServer()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()

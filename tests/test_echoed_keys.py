@@ -335,16 +335,6 @@ async def test_a_drafted_reply_of_a_generation_turn_is_reviewed_and_delivered_ma
 
 
 # --------------------------------------------------------------------------- over real HTTP
-@pytest.fixture
-async def wire_server() -> AsyncIterator[WireServer]:
-    server = WireServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
-
-
 async def test_a_key_echoed_over_http_reaches_neither_the_user_nor_the_result(
     wire_server: WireServer,
 ) -> None:

@@ -692,16 +692,6 @@ async def test_the_demo_model_sends_a_first_draft_back_and_passes_the_revision()
     assert "tools" not in sent
 
 
-@pytest.fixture
-async def wire_server() -> AsyncIterator[WireServer]:
-    server = WireServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
-
-
 SSE = (("content-type", "text/event-stream"),)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,16 +106,6 @@ def telemetry() -> Iterator[Telemetry]:
         yield kept
     finally:
         otel.uninstrument()
-
-
-@pytest.fixture
-async def wire_server() -> AsyncIterator[WireServer]:
-    server = WireServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
 
 
 def attributes(span: ReadableSpan) -> dict[str, Any]:

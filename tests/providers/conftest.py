@@ -1,5 +1,5 @@
-"""Fixtures for the provider tests: a loopback HTTP server serving recorded streams, and a
-shared HTTP client."""
+"""Fixtures for the provider tests: a shared HTTP client (the loopback server, `wire_server`,
+is the suite's: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,6 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-
-from tests.providers.wire_server import WireServer
-
-
-@pytest.fixture
-async def wire_server() -> AsyncIterator[WireServer]:
-    server = WireServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
 
 
 @pytest.fixture
