@@ -51,6 +51,7 @@ from toolloop_fsm.providers.openai_compat import OpenAICompatibleProvider
 from toolloop_fsm.providers.openai_completions import OpenAICompletionsProvider
 from toolloop_fsm.providers.openai_responses import OpenAIResponsesProvider
 from toolloop_fsm.providers.verbatim import VerbatimToolCalls
+from toolloop_fsm.result import TraceStep
 from toolloop_fsm.testing import Fail
 from toolloop_fsm.testing import Pause
 from toolloop_fsm.testing import RecordingChannel
@@ -512,6 +513,40 @@ async def test_a_cancelled_turn_is_measured_as_cancelled_up_to_its_cancellation(
     ]
     assert telemetry.measured("gen_ai.invoke_agent.duration") == [
         ({"error.type": "cancelled"}, 5.0, 1)
+    ]
+
+
+async def test_a_turn_that_raises_records_the_exception_on_its_agent_span_and_measures_it(
+    telemetry: Telemetry,
+) -> None:
+    # a host's step observer that raises ends the run with its exception (README: on_step)
+    clock = VirtualClock()
+    provider = ScriptedProvider([[TextDelta("Clear skies.")]], clock=clock)
+    seen: list[str] = []
+
+    def on_step(step: TraceStep) -> None:
+        seen.append(step.next_state)
+        if step.next_state == "streaming":
+            raise LookupError("the host's log is full")
+
+    with pytest.raises(LookupError):
+        await run_tool_loop(
+            provider,
+            [],
+            RecordingChannel(clock=clock),
+            TurnRequest(QUESTION),
+            clock=clock,
+            on_step=on_step,
+        )
+    [agent] = [s for s in telemetry.finished() if s.name.startswith("invoke_agent")]
+    assert attributes(agent)["error.type"] == "LookupError"
+    assert attributes(agent)["toolloop.status"] == "raised"
+    exceptions = [dict(e.attributes or {}) for e in agent.events if e.name == "exception"]
+    assert exceptions == [
+        {"exception.type": "LookupError", "exception.message": "the host's log is full"}
+    ]
+    assert telemetry.measured("gen_ai.invoke_agent.duration") == [
+        ({"error.type": "LookupError"}, 0.0, 1)
     ]
 
 
