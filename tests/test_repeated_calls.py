@@ -136,7 +136,11 @@ async def test_the_decorator_takes_repeatable() -> None:
 
 def test_repeatable_must_be_a_flag() -> None:
     with pytest.raises(TypeError, match="repeatable"):
-        Tool("t", "d", {"type": "object"}, lambda a, c: None, repeatable="yes")  # type: ignore[arg-type]
+        Tool("t", "d", {"type": "object"}, _answer, repeatable="yes")  # type: ignore[arg-type]
+
+
+async def _answer(_arguments: dict[str, Any], _ctx: object) -> ToolResult:
+    return ToolResult()
 
 
 def test_max_identical_calls_must_be_a_positive_count() -> None:

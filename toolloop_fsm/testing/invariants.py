@@ -766,12 +766,11 @@ def _check_no_replay(
                 taken.append(next(ran_outcomes, False))
             seen[(scope, identity)] = first + len(taken)
             repeatable = tool is not None and tool.repeatable
-            if identical_limit is not None and not repeatable and first + len(taken) > (
-                identical_limit
-            ):
+            taken_count = first + len(taken)
+            if identical_limit is not None and not repeatable and taken_count > identical_limit:
                 _fail(
                     4,
-                    f"{where} took occurrence {first + len(taken)} of its identity, past "
+                    f"{where} took occurrence {taken_count} of its identity, past "
                     f"max_identical_calls={identical_limit}: a repeat past the allowance is "
                     "refused, never run or reused (docs/behaviour.md §3.11)",
                 )
