@@ -141,7 +141,7 @@ class Tool:
     restart) asks for a call this turn already completed: ``"reuse"`` (the default) hands
     back the recorded outcome, so a side effect never happens twice; ``"rerun"`` runs the
     tool again, for read-only tools whose fresh answer matters (a clock, a status poll). A
-    deliberate repeat inside one attempt always runs.
+    deliberate repeat inside one attempt runs, within the repeated-call guard's allowance.
 
     ``name`` must match `TOOL_NAME_RULE` (``^[a-zA-Z0-9_-]{1,64}$``); another is refused
     here, naming it, since a provider would refuse every request offering it.
