@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import pytest
 
 from tests.inner_kit import fails
@@ -23,6 +24,11 @@ from toolloop_fsm import ToolResult
 from toolloop_fsm import TurnStatus
 from toolloop_fsm import tool
 from toolloop_fsm.ledger import canonical_call_key
+from toolloop_fsm.testing import run_script
+from toolloop_fsm.testing.reference_model import check_ending
+from toolloop_fsm.testing.reference_model import predict_ending
+from toolloop_fsm.testing.strategies import DEFAULT_TOOLS
+from toolloop_fsm.testing.strategies import TurnScript
 
 
 def weather(city: str = "Paris") -> FunctionCall:
@@ -252,3 +258,31 @@ async def test_a_replay_after_a_context_restart_is_no_repeat_and_the_allowance_h
     assert [r.success for r in responses] == [True, True, True, True, False]
     assert "repeats an identical call" in (responses[-1].reason or "")
     assert "made 2 times" in (responses[-1].reason or "")
+
+
+# --------------------------------------------------------------------------- the reference model
+def _repeat_script(*, repeatable: bool) -> TurnScript:
+    configs = tuple(
+        attrs.evolve(config, repeatable=repeatable) if config.name == "get_weather" else config
+        for config in DEFAULT_TOOLS
+    )
+    oslo = FunctionCall("get_weather", {"city": "Oslo"})
+    passes = ((oslo,), (oslo, oslo), (oslo,), (oslo,), (TextDelta("Clear."),))
+    return TurnScript(passes=passes, tool_configs=configs)
+
+
+@pytest.mark.parametrize("repeatable", [False, True], ids=["guarded", "repeatable"])
+async def test_the_reference_model_predicts_the_guards_ending(repeatable: bool) -> None:
+    policy = LoopPolicy(max_identical_calls=2, max_consecutive_tool_errors=3)
+    script = _repeat_script(repeatable=repeatable)
+    run = await run_script(script, policy)
+    run.check()  # the invariants, and the model's ending (invariant 10)
+    check_ending(run)
+    expected = (
+        (TurnStatus.COMPLETED, None)
+        if repeatable
+        else (TurnStatus.ERROR, "consecutive_tool_errors")
+    )
+    assert (run.result.status, run.result.reason) == expected
+    predicted = predict_ending(script, policy, tools=run.tools)
+    assert (predicted.status, predicted.reason) == expected

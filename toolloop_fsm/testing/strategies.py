@@ -104,7 +104,8 @@ class ToolConfig:
 
     ``requires_follow_up``, ``replay`` (``"reuse"`` or ``"rerun"``) and ``sequential`` (a
     barrier in its tool batch) as `Tool` takes them; ``timeout`` its own deadline
-    (``None``: the policy's ``tool_timeout``).
+    (``None``: the policy's ``tool_timeout``); ``repeatable`` exempts it from the
+    repeated-call guard (set by hand-written scripts; the menus keep the default).
     """
 
     name: str
@@ -112,6 +113,7 @@ class ToolConfig:
     replay: str = "reuse"
     timeout: float | None = None
     sequential: bool = False
+    repeatable: bool = False
 
 
 #: The tools every scripted turn registers, as they are registered unless a script draws
