@@ -154,6 +154,9 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
             # the tool checkpoint (§14.6), after the ledger: a reused call is not reviewed
             "call_rejected_before",
             "correction_cannot_be_approved",
+            # the repeated-call guard (§3.11): after replay and standing rejections, before
+            # a review
+            "call_repeats_too_often",
             "call_needs_checkpoint",
             None,
         ],

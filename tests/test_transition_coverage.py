@@ -27,12 +27,14 @@ from tests.test_properties_inner import run_turn
 from toolloop_fsm.declaration import declared_transition_ids
 from toolloop_fsm.effects import ArmDeadline
 from toolloop_fsm.effects import CancelTool
+from toolloop_fsm.effects import Deliver
 from toolloop_fsm.effects import Effect
 from toolloop_fsm.effects import OfferSnapshot
 from toolloop_fsm.effects import RequestReview
 from toolloop_fsm.events import DeadlineExpired
 from toolloop_fsm.events import DeadlineKind
 from toolloop_fsm.events import DeliveryFailed
+from toolloop_fsm.events import DeliveryRecorded
 from toolloop_fsm.events import FollowUpArrived
 from toolloop_fsm.events import FunctionCall
 from toolloop_fsm.events import ReviewReturned
@@ -219,6 +221,21 @@ def _rare_review_paths(request: TurnRequest) -> None:
     machine.feed(ReviewReturned(_asked(_pass(machine, TextDelta("Hi"))).review, _FLAT))
     machine.feed(ReviewReturned(_asked(_pass(machine, TextDelta("Hello."))).review, _FLAT))
     assert machine.turn.reason == "revisions_exhausted"
+    # a stop while a reply is reviewed; the narration before a call confirmed while the call
+    # is reviewed (random turns reach both, but too rarely to count on)
+    machine = ToolLoopMachine(_DRAFTING, tools=TOOLS)
+    machine.start(request)
+    _pass(machine, TextDelta("Hi"))
+    assert machine.state == "reviewing_draft"
+    machine.feed(StopRequested())
+    assert machine.turn.reason == "stopped_during_review"
+    machine = ToolLoopMachine(_CHECKPOINT, tools=TOOLS)
+    machine.start(request)
+    effects = _pass(machine, TextDelta("Checking. "), _WEATHER)
+    assert machine.state == "reviewing_call"
+    (sent,) = [e for e in effects if isinstance(e, Deliver)]
+    machine.feed(DeliveryRecorded(sent.seq))
+    assert machine.state == "reviewing_call"
 
 
 def _resume_paths() -> None:

@@ -141,7 +141,7 @@ class Tool:
     restart) asks for a call this turn already completed: ``"reuse"`` (the default) hands
     back the recorded outcome, so a side effect never happens twice; ``"rerun"`` runs the
     tool again, for read-only tools whose fresh answer matters (a clock, a status poll). A
-    deliberate repeat inside one attempt always runs.
+    deliberate repeat inside one attempt runs, within the repeated-call guard's allowance.
 
     ``name`` must match `TOOL_NAME_RULE` (``^[a-zA-Z0-9_-]{1,64}$``); another is refused
     here, naming it, since a provider would refuse every request offering it.
@@ -165,6 +165,10 @@ class Tool:
     ``sequential`` makes the tool a barrier in a batch of calls (docs/behaviour.md §3.10):
     the calls emitted before it finish first, it runs alone, then the rest go on. For a tool
     that must not overlap with others (it reads what they write, or holds a lock).
+
+    ``repeatable`` exempts the tool from the repeated-call guard (`LoopPolicy.
+    max_identical_calls`, docs/behaviour.md §3.11): for a tool whose identical calls are
+    meant to give new answers (a die, a status poll).
     """
 
     name: str = field(validator=[of_type(str), _tool_name])
@@ -180,6 +184,7 @@ class Tool:
     idempotent: bool = field(default=False, validator=flag)
     reconcile: ToolReconciler | None = field(default=None, eq=False, kw_only=True)
     sequential: bool = field(default=False, validator=flag, kw_only=True)
+    repeatable: bool = field(default=False, validator=flag, kw_only=True)
     #: ``parameters`` as canonical JSON: the key its compiled validator is kept under
     schema_key: str = field(init=False, eq=False, repr=False)
 

@@ -85,6 +85,7 @@ from toolloop_fsm.guards.tool_gate import call_arguments_truncated
 from toolloop_fsm.guards.tool_gate import call_arguments_unparseable
 from toolloop_fsm.guards.tool_gate import call_outside_allowlist
 from toolloop_fsm.guards.tool_gate import call_pending
+from toolloop_fsm.guards.tool_gate import call_repeats_too_often
 from toolloop_fsm.guards.tool_gate import calls_admitted
 from toolloop_fsm.guards.tool_gate import calls_left_at_gate
 from toolloop_fsm.guards.tool_gate import cut_off_call_is_settled
@@ -160,6 +161,7 @@ from toolloop_fsm.states.tool_dispatch import open_batch
 from toolloop_fsm.states.tool_dispatch import record_tool_outcome
 from toolloop_fsm.states.tool_dispatch import refuse_non_object_arguments
 from toolloop_fsm.states.tool_dispatch import refuse_outside_allowlist
+from toolloop_fsm.states.tool_dispatch import refuse_repeated_call
 from toolloop_fsm.states.tool_dispatch import refuse_truncated_call
 from toolloop_fsm.states.tool_dispatch import refuse_unparseable_call
 from toolloop_fsm.states.tool_dispatch import reuse_recorded_outcome
@@ -284,6 +286,11 @@ TRANSITIONS: list[_t] = [
        when=call_rejected_before, do=repeat_rejection),
     _t("advance", "gating_call", "next_call",
        when=correction_cannot_be_approved, do=refuse_correction),
+    # the repeated-call guard (§3.11): after the replay (a replay is no repeat) and the
+    # checkpoint's standing rejections, before a review (no reviewer is asked about a call
+    # that will not run)
+    _t("advance", "gating_call", "next_call",
+       when=call_repeats_too_often, do=refuse_repeated_call),
     _t("advance", "gating_call", "reviewing_call",
        when=call_needs_checkpoint, do=request_call_review),
     _t("advance", "gating_call", "next_call", do=admit_call),

@@ -147,6 +147,11 @@ class LoopPolicy:
     the reviewer (both need a `Reviewer`); the review budgets are per turn, shared by every
     attempt of a generation turn.
 
+    ``max_identical_calls`` is how many times a call with the same tool and the same
+    canonical arguments may run (or be reused) in a turn; a further one is refused with a
+    result naming the repeat, and counts as a tool error (docs/behaviour.md §3.11). A tool
+    whose repeats mean something opts out (`Tool.repeatable`).
+
     ``end_after_pre_tool_text`` replaces the built-in `should_end_after_pre_tool_text` rule
     when set: a pure function of an `ExitView` returning whether the turn ends ``completed``.
     """
@@ -154,6 +159,7 @@ class LoopPolicy:
     max_function_call_iterations: int = field(default=100, validator=positive_count)
     soft_warn_iteration: int = field(default=20, validator=positive_count)
     max_consecutive_tool_errors: int = field(default=5, validator=positive_count)
+    max_identical_calls: int = field(default=3, validator=positive_count)
     continuation_tool_failure_threshold: int = field(default=3, validator=positive_count)
     inactivity_timeout: float = field(default=120.0, validator=positive_seconds)
     first_token_timeout: float | None = field(

@@ -592,6 +592,7 @@ def tool(
     idempotent: bool = False,
     reconcile: ToolReconciler | None = None,
     sequential: bool = False,
+    repeatable: bool = False,
 ) -> Callable[[_Function], Tool]: ...
 
 
@@ -609,6 +610,7 @@ def tool(
     idempotent: bool = False,
     reconcile: ToolReconciler | None = None,
     sequential: bool = False,
+    repeatable: bool = False,
 ) -> Tool | Callable[[_Function], Tool]:
     """Build a `Tool` from a function: ``@tool`` or ``@tool(name=..., ...)``.
 
@@ -623,6 +625,7 @@ def tool(
     ``reconcile`` is the tool's reconcile hook (`Tool.reconcile`, docs/behaviour.md §3.9): it
     is called as any hook is, with the arguments as the model sent them and the context.
     ``sequential=True`` makes the tool a barrier in a batch of calls (`Tool.sequential`).
+    ``repeatable=True`` exempts it from the repeated-call guard (`Tool.repeatable`).
     """
     options = _ToolOptions(
         name,
@@ -635,6 +638,7 @@ def tool(
         idempotent,
         reconcile,
         sequential,
+        repeatable,
     )
     if function is None:
         return functools.partial(_build_tool, options=options)
@@ -653,6 +657,7 @@ class _ToolOptions:
     idempotent: bool = False
     reconcile: ToolReconciler | None = None
     sequential: bool = False
+    repeatable: bool = False
 
 
 def _build_tool(function: _Function, *, options: _ToolOptions) -> Tool:
@@ -698,6 +703,7 @@ def _build_tool(function: _Function, *, options: _ToolOptions) -> Tool:
         idempotent=options.idempotent,
         reconcile=options.reconcile,
         sequential=options.sequential,
+        repeatable=options.repeatable,
     )
 
 

@@ -58,6 +58,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxRestrictions
 
 from tests.temporal.turns import LOOK_AGAIN
+from tests.temporal.turns import POLICY
 from tests.temporal.turns import start_turn
 from toolloop_fsm.temporal import DATA_CONVERTER
 from toolloop_fsm.temporal import TurnHandle
@@ -412,3 +413,51 @@ async def _serve(address: str, task_queue: str, directory: Path) -> None:
 
 if __name__ == "__main__":
     asyncio.run(_serve(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
+
+
+# ---------------------------------------------------------------------- the repeated-call guard
+async def test_the_repeat_allowance_and_a_repeatable_tool_cross_to_the_workflow(
+    client: Client, task_queue: str
+) -> None:
+    """`LoopPolicy.max_identical_calls` and `Tool.repeatable` reach the workflow's machines:
+    the repeated weather call is refused, the repeated die roll runs (docs/behaviour.md
+    §3.11)."""
+    rolls: list[int] = []
+    weathers: list[str] = []
+
+    async def weather(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        weathers.append(arguments["city"])
+        return ToolResult(data={"city": arguments["city"], "sky": "clear"})
+
+    async def roll(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        rolls.append(len(rolls) + 1)
+        return ToolResult(data=len(rolls))
+
+    tools = [
+        Tool("get_weather", "Weather.", ANY_PLACE, weather),
+        Tool("roll_die", "A die.", {"type": "object"}, roll, repeatable=True),
+    ]
+    script: list[list[ScriptItem]] = [
+        [FunctionCall("get_weather", {"city": "Oslo"}), FunctionCall("roll_die", {})],
+        [FunctionCall("get_weather", {"city": "Oslo"}), FunctionCall("roll_die", {})],
+        [TextDelta("Clear, and a two.")],
+    ]
+    policy = attrs.evolve(POLICY, loop=attrs.evolve(POLICY.loop, max_identical_calls=1))
+    provider = ScriptedProvider(script)
+    async with TurnWorker(
+        client,
+        task_queue,
+        providers={"main": Attempt(lambda key: provider)},
+        tools=tools,
+        channels={"chat": RecordingChannel()},
+    ):
+        turn = await start_turn(client, task_queue, REQUEST, policy=policy)
+        async with real_time_limit(LIMIT):
+            result = await turn.result()
+
+    assert result.status is TurnStatus.COMPLETED
+    assert weathers == ["Oslo"] and rolls == [1, 2]
+    responses = [entry.response for entry in result.history]
+    assert [r.success for r in responses] == [True, True, False, True]
+    assert "repeats an identical call of 'get_weather'" in (responses[2].reason or "")
+    assert '"sky": "clear"' in (responses[2].reason or "")

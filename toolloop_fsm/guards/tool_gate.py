@@ -1,4 +1,5 @@
-"""The gate a requested call passes before anything runs (docs/behaviour.md §3.1–§3.5), and
+"""The gate a requested call passes before anything runs (docs/behaviour.md §3.1–§3.5,
+§3.11), and
 whether a running call cut off at its deadline is settled before the loop goes on (§3.9)."""
 
 from __future__ import annotations
@@ -100,6 +101,22 @@ def call_already_recorded(turn: TurnState) -> bool:
         return False
     entry = turn.ledger.get(next_occurrence(turn, call_key_of_pending(turn, call)))
     return entry is not None and (entry.outcome.success or entry.outcome.in_doubt)
+
+
+def call_repeats_too_often(turn: TurnState) -> bool:
+    """The repeated-call guard (docs/behaviour.md §3.11): the call would be an occurrence of
+    its identity past ``max_identical_calls`` — as many identical calls of its replay scope
+    already ran or were reused — and its tool is not ``repeatable``. A replay of a recorded
+    occurrence is decided before this (it is no repeat); a refusal takes no occurrence."""
+    call = turn.tool_round.pending_call
+    occurrences = turn.occurrences
+    if call is None or not occurrences:
+        return False
+    seen = occurrences.get(call_key_of_pending(turn, call), 0)
+    if seen < turn.policy.max_identical_calls:
+        return False
+    tool = turn.registry.get(call.name)
+    return tool is not None and not tool.repeatable
 
 
 def allowed_tool_names(turn: TurnState) -> tuple[str, ...]:

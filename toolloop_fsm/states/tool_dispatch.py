@@ -34,6 +34,7 @@ from toolloop_fsm.turn import BatchCall
 from toolloop_fsm.turn import TurnState
 from toolloop_fsm.turn import call_key_of_pending
 from toolloop_fsm.turn import call_with_deadline
+from toolloop_fsm.turn import occurrence_key
 from toolloop_fsm.turn import take_occurrence
 
 TRUNCATED_ARGUMENTS_REASON = (
@@ -131,6 +132,58 @@ def reuse_recorded_outcome(turn: TurnState, _event: Any = None) -> None:
         dispatched=False,
         reused=True,
     )
+
+
+def refuse_repeated_call(turn: TurnState, _event: Any = None) -> None:
+    """The repeated-call guard (docs/behaviour.md §3.11): the call does not run and takes no
+    occurrence; the model is told it repeats an identical call, and what that call's
+    outcome was (or that it is in this batch, when it has not run yet)."""
+    call = turn.tool_round.pending_call
+    assert call is not None
+    key = call_key_of_pending(turn, call)
+    occurrences = turn.occurrences
+    assert occurrences is not None
+    seen = occurrences[key]
+    at_gate(turn).outcome = ToolOutcome(
+        success=False,
+        reason=repeated_call_reason(turn, str(call.name), occurrence_key(key, seen), seen),
+        dispatched=False,
+    )
+
+
+def repeated_call_reason(turn: TurnState, name: str, last: str, seen: int) -> str:
+    """What the model is told of a refused repeat: the repeat, the limit, and the outcome of
+    the last identical call (``last``, its occurrence)."""
+    times = "once" if seen == 1 else f"{seen} times"
+    head = (
+        f"Not run: this call repeats an identical call of {name!r} (same arguments) already "
+        f"made {times} in this turn, as often as identical calls are allowed "
+        f"(max_identical_calls={turn.policy.max_identical_calls})."
+    )
+    in_batch = any(
+        batch_call.occurrence == last and batch_call.outcome is None
+        for batch_call in turn.tool_round.calls
+    )
+    entry = turn.ledger.get(last)
+    if in_batch or entry is None:
+        earlier = "The identical call is in this same batch: its result is the one to use."
+    elif entry.outcome.success:
+        shown = entry.outcome.message if entry.outcome.data is None else entry.outcome.data
+        earlier = f"The last identical call succeeded: {_summary(shown)}. Use that result."
+    else:
+        earlier = f"The last identical call failed: {entry.outcome.reason}."
+    return f"{head} {earlier} Call it again only with different arguments."
+
+
+_SUMMARY_LIMIT = 400
+
+
+def _summary(value: Any) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= _SUMMARY_LIMIT else text[: _SUMMARY_LIMIT - 1] + "…"
 
 
 def admit_call(turn: TurnState, _event: Any = None) -> None:

@@ -91,6 +91,8 @@ class ToolDescription:
     reconciles: bool = False
     #: a barrier in a tool batch (docs/behaviour.md §3.10)
     sequential: bool = False
+    #: exempt from the repeated-call guard (docs/behaviour.md §3.11)
+    repeatable: bool = False
 
 
 @frozen

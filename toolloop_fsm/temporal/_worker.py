@@ -171,6 +171,7 @@ class TurnActivities:
                     tool.idempotent,
                     reconciles=tool.reconcile is not None,
                     sequential=tool.sequential,
+                    repeatable=tool.repeatable,
                 )
             )
         continuation = tuple(

@@ -154,6 +154,7 @@ def _stand_in(description: ToolDescription) -> Tool:
         idempotent=description.idempotent,
         reconcile=_reconciles_on_the_worker if description.reconciles else None,
         sequential=description.sequential,
+        repeatable=description.repeatable,
     )
 
 

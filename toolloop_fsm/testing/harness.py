@@ -270,6 +270,7 @@ def _registry(handler: Callable[[str], Any], configs: Sequence[ToolConfig]) -> T
             timeout=config.timeout,
             replay=config.replay,
             sequential=config.sequential,
+            repeatable=config.repeatable,
         )
         for config in configs
     )

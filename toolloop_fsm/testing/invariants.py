@@ -258,7 +258,7 @@ def check_invariants(
         # a tool's change to its arguments reaching the history is §7's, though it would
         # also make the run look unanswered to §4's count: §7 is asked first
         _check_arguments_as_sent(result, streamed, executions)
-        _check_tool_runs(executions, registry, request, result)
+        _check_tool_runs(executions, registry, request, result, policy)
     _check_deliveries(result, channel)
     if elapsed is not None:
         _check_time(
@@ -611,9 +611,12 @@ def _check_tool_runs(
     registry: ToolRegistry | None,
     request: TurnRequest | None,
     result: GenerationTurnResult,
+    policy: LoopPolicy | None = None,
 ) -> None:
-    """No tool after a stop; only registered, allowed tools; and no call (by occurrence)
-    run twice because the engine replayed it.
+    """No tool after a stop; only registered, allowed tools; no call (by occurrence)
+    run twice because the engine replayed it; and no identity of a tool that is not
+    ``repeatable`` taking more than ``max_identical_calls`` occurrences in a scope (the
+    repeated-call guard, docs/behaviour.md §3.11: a refused repeat takes none).
 
     Replay is by occurrence: the passes after a context restart, or after a revision of a
     drafted reply, form a new scope, and the n-th identical call of a scope matches the
@@ -628,7 +631,8 @@ def _check_tool_runs(
         _check_run_allowed(execution, registry, request)
     if any(execution.iteration is None for execution in executions):
         return  # without the pass of each run, occurrences cannot be told apart
-    _check_no_replay(result, _runs_by_pass(executions), registry)
+    limit = policy.max_identical_calls if policy is not None else None
+    _check_no_replay(result, _runs_by_pass(executions), registry, limit)
 
 
 def _check_run_allowed(
@@ -665,6 +669,7 @@ def _check_no_replay(
     result: GenerationTurnResult,
     ran: Mapping[int, Mapping[str, Sequence[ToolExecution]]],
     registry: ToolRegistry | None,
+    identical_limit: int | None = None,
 ) -> None:
     """Occurrence by occurrence in each scope (see `_check_tool_runs`). In each pass, the
     calls of one identity take the scope's next occurrences in emitted order: a rejected
@@ -760,6 +765,15 @@ def _check_no_replay(
                 reused.append(False)
                 taken.append(next(ran_outcomes, False))
             seen[(scope, identity)] = first + len(taken)
+            repeatable = tool is not None and tool.repeatable
+            taken_count = first + len(taken)
+            if identical_limit is not None and not repeatable and taken_count > identical_limit:
+                _fail(
+                    4,
+                    f"{where} took occurrence {taken_count} of its identity, past "
+                    f"max_identical_calls={identical_limit}: a repeat past the allowance is "
+                    "refused, never run or reused (docs/behaviour.md §3.11)",
+                )
             for k, (success, was_reused) in enumerate(zip(taken, reused, strict=True)):
                 if was_reused:
                     continue

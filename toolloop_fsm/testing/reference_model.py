@@ -39,6 +39,10 @@ Theory of operation (what the stage functions below do not show):
   earlier in the turn when that run succeeded; otherwise it runs (a recorded failure runs
   again, and a deliberate repeat inside one segment is a new occurrence). A tool whose
   ``replay`` is ``"rerun"`` always runs.
+* Repeats (docs/behaviour.md §3.11). A call that would take an occurrence of its identity
+  past ``max_identical_calls`` in its segment is refused (a failure, taking no occurrence)
+  unless its tool is ``repeatable``; it is decided after replay and the checkpoint's
+  standing rejections, before the checkpoint's review.
 * Tool batches (docs/behaviour.md §3.10). Every call of a pass, in emitted order, is one
   batch. A call without a name ends the turn ``malformed_call`` before any runs; otherwise
   each call passes the gate on its own, in emitted order and before any call runs (a
@@ -325,6 +329,7 @@ def predict_endings(
             rerun=getattr(tool, "replay", None) == "rerun",
             parameters=json.dumps(tool.parameters, sort_keys=True),
             sequential=tool.sequential,
+            repeatable=getattr(tool, "repeatable", False),
         )
         for tool in tools
     }
@@ -383,6 +388,7 @@ class _ToolShape:
     rerun: bool
     parameters: str  # the arguments' JSON schema, as canonical JSON
     sequential: bool = False  # a barrier in its batch: it runs alone (§3.10 rule 2)
+    repeatable: bool = False  # exempt from the repeated-call guard (§3.11 rule 6)
 
 
 @frozen
@@ -1232,11 +1238,12 @@ class _Simulation:
         return shape is not None and shape.sequential
 
     def gate_next(self) -> None:
-        """§2.4 rules 1-6, §3.2-§3.5 and §14.6 for each call in emitted order, before any
-        call runs: a refusal is that call's failure, a replayed call hands back its
-        recorded outcome (never reviewed), the checkpoint may review the call (the gate
-        goes on after its verdict); anything else is admitted. Then the admitted calls are
-        dispatched."""
+        """§2.4 rules 1-8, §3.2-§3.5, §3.11 and §14.6 for each call in emitted order,
+        before any call runs: a refusal is that call's failure, a replayed call hands back
+        its recorded outcome (never reviewed), the checkpoint rejects again what it
+        rejected, a repeat past the allowance is refused, the checkpoint may review the call
+        (the gate goes on after its verdict); anything else is admitted. Then the admitted
+        calls are dispatched."""
         while self.gating < len(self.batch):
             entry = self.batch[self.gating]
             self.gating += 1
@@ -1250,7 +1257,12 @@ class _Simulation:
                 self.take_occurrence(entry)
                 self.call_known(entry, _reused(recorded))
                 continue
-            if self.checkpoint and self.checkpoint_decides(entry, identity):
+            if self.checkpoint and self.checkpoint_rejects(entry, identity):
+                continue
+            if self.repeats_too_often(entry, identity):
+                self.call_known(entry, _REFUSED)
+                continue
+            if self.checkpoint and self.checkpoint_reviews(entry):
                 if self.phase == "review":
                     return  # the gate goes on once the verdict is in
                 continue
@@ -1601,21 +1613,37 @@ class _Simulation:
         self.start_pass()
 
     # ------------------------------------------------------------------ the tool checkpoint
-    def checkpoint_decides(self, entry: _BatchCall, identity: str) -> bool:
-        """The tool checkpoint on a new call of the batch, before any call runs (§3.10
-        rule 6): the identical call rejected before is rejected again; a call of a rejected
-        tool is a correction, rejected when no correction is left or the reviewer cannot be
-        asked; a call is reviewed while reviews are left and the reviewer answers.
-        ``False``: it runs unreviewed."""
+    def repeats_too_often(self, entry: _BatchCall, identity: str) -> bool:
+        """§3.11: the call would take an occurrence of its identity past
+        ``max_identical_calls`` in its replay segment (the identical calls that ran, were
+        reused or were admitted before it), and its tool is not ``repeatable``."""
+        shape = self.tools[entry.name]
+        seen = self.occurrences.get(identity, 0)
+        return not shape.repeatable and seen >= self.policy.max_identical_calls
+
+    def _checkpoint_available(self) -> bool:
+        return not self.reviewer_gone and self.tool_reviews < self.policy.max_tool_reviews
+
+    def checkpoint_rejects(self, entry: _BatchCall, identity: str) -> bool:
+        """The tool checkpoint's standing rejections (§14.6 rules 1-2), before any call
+        runs (§3.10 rule 6): the identical call rejected before is rejected again; a call
+        of a rejected tool is a correction, rejected when no correction is left or the
+        reviewer cannot be asked."""
         if identity in self.rejected:
             self.call_known(entry, _REJECTED)
             return True
-        available = not self.reviewer_gone and self.tool_reviews < self.policy.max_tool_reviews
         correction = entry.name in self.rejected_names
-        if correction and (self.corrections >= self.policy.max_tool_corrections or not available):
+        limit = self.policy.max_tool_corrections
+        if correction and (self.corrections >= limit or not self._checkpoint_available()):
             self.reject(entry)
             return True
-        if not available:
+        return False
+
+    def checkpoint_reviews(self, entry: _BatchCall) -> bool:
+        """§14.6 rules 3-4: a call is reviewed while reviews are left and the reviewer
+        answers. ``False``: it runs unreviewed."""
+        correction = entry.name in self.rejected_names
+        if not self._checkpoint_available():
             return False
         self.tool_reviews += 1
         if correction:

@@ -104,7 +104,8 @@ class ToolConfig:
 
     ``requires_follow_up``, ``replay`` (``"reuse"`` or ``"rerun"``) and ``sequential`` (a
     barrier in its tool batch) as `Tool` takes them; ``timeout`` its own deadline
-    (``None``: the policy's ``tool_timeout``).
+    (``None``: the policy's ``tool_timeout``); ``repeatable`` exempts it from the
+    repeated-call guard (set by hand-written scripts; the menus keep the default).
     """
 
     name: str
@@ -112,6 +113,7 @@ class ToolConfig:
     replay: str = "reuse"
     timeout: float | None = None
     sequential: bool = False
+    repeatable: bool = False
 
 
 #: The tools every scripted turn registers, as they are registered unless a script draws
@@ -1073,9 +1075,11 @@ def build_policy(
     # drawn after the others, so that the bytes of a compact seed before it keep their
     # meaning: the default most often, else a limit a drawn batch reaches
     policy = attrs.evolve(policy, max_parallel_tools=c.pick(_PARALLEL_LIMITS))
-    if drafting is False and review_tool_calls is False:
-        return policy
-    return build_review_fields(c, policy, drafting, review_tool_calls)
+    if drafting is not False or review_tool_calls is not False:
+        policy = build_review_fields(c, policy, drafting, review_tool_calls)
+    # drawn last, for the same reason: the default first, else an allowance of identical
+    # calls a script's repeated calls reach (docs/behaviour.md §3.11)
+    return attrs.evolve(policy, max_identical_calls=c.pick(_IDENTICAL_CALL_LIMITS))
 
 
 @functools.cache
@@ -1085,6 +1089,7 @@ def _iteration_ceilings(most: int) -> tuple[int, ...]:
 
 _SOFT_WARNINGS = tuple(range(1, 6))
 _PARALLEL_LIMITS = (10, 10, 10, 1, 2, 3)
+_IDENTICAL_CALL_LIMITS = (3, 3, 1, 2)
 _TOOL_ERROR_CEILINGS = tuple(range(1, 5))
 
 
@@ -1098,7 +1103,8 @@ def loop_policies(
     """`LoopPolicy` values with small ceilings and short budgets, so limits are reached:
     1–``max_iterations`` passes, soft warning at 1–5, 1–4 consecutive tool errors, 1–3
     continuation failures, budgets of seconds (a pass's total budget included, so that a
-    steadily streaming pass can run out of it), and flushes every 1–50 characters. With
+    steadily streaming pass can run out of it), flushes every 1–50 characters, and 1–3
+    identical calls allowed (the default, 3, most often). With
     ``hostile``, the host-call budget, the cancellation grace and the pass budget are drawn
     short too (defaults first).
 
