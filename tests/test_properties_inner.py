@@ -486,3 +486,36 @@ def test_a_stop_cutting_a_batch_whose_first_call_was_reused_keeps_invariant_4() 
         ("send_sticker", 1),
         ("send_sticker", 2),
     ]
+
+
+def test_a_refused_call_sharing_an_identity_takes_no_occurrence_of_invariant_4() -> None:
+    # found by `toolloop-fsm fuzz --seed 5 --examples 40000 --drafting`: an unparseable call is
+    # recorded with empty arguments, so it shares the identity of the sticker's calls that
+    # ran; it was refused at the gate and takes no occurrence — the success after it is the
+    # first occurrence, which the restarted pass reuses
+    sticker = FunctionCall("send_sticker", {})
+    unparseable = FunctionCall("send_sticker", '{"city": Oslo', parse_error="Expecting value")
+    restart = ContextRestart({"role": "system", "content": "enriched: memory"}, ("memory",))
+    memory = FunctionCall("update_short_term_memory", {"note": "Oslo"})
+    script = TurnScript(
+        passes=((unparseable, sticker, memory, sticker), (sticker,), (TextDelta("Done."),)),
+        tool_plan=(
+            (
+                "send_sticker",
+                (ToolBehaviour(action=ToolAction.SUCCEED), ToolBehaviour(action=ToolAction.FAIL)),
+            ),
+            (
+                "update_short_term_memory",
+                (ToolBehaviour(action=ToolAction.SUCCEED, context_restart=restart),),
+            ),
+        ),
+    )
+    run = run_turn(script, LoopPolicy())
+    run.check()
+    assert run.result.status is TurnStatus.COMPLETED
+    # the sticker ran twice in pass 1 (a success, a failure); pass 2's call was reused
+    assert [(e.name, e.iteration, e.outcome) for e in run.executions] == [
+        ("send_sticker", 1, "succeeded"),
+        ("update_short_term_memory", 1, "succeeded"),
+        ("send_sticker", 1, "failed"),
+    ]

@@ -686,6 +686,7 @@ def _check_no_replay(
     scope_of = _scope_of_each_pass(result)
     restarted = _restarted_passes(result)
     reused_left = Counter(_passes_before(result, "next_call", guard="call_already_recorded"))
+    refused = _refused_at_gate(result)
     recorded: dict[str, list[bool]] = {}  # by identity: did the n-th occurrence succeed
     seen: dict[tuple[int, str], int] = {}
     by_pass: dict[int, dict[str, list[ToolHistoryEntry]]] = {}
@@ -701,7 +702,10 @@ def _check_no_replay(
             entries = entries_of.get(identity, [])
             runs = list(runs_of.get(identity, ()))
             answered = [e for e in entries if e.response.status != REVIEW_REJECTED_STATUS]
-            taking = _occurrence_takers(answered, runs)
+            refused_here = refused.get(iteration, frozenset())
+            taking = _occurrence_takers(
+                [e for e in answered if e.position not in refused_here], runs
+            )
             name = entries[0].call.name if entries else runs[0].name
             arguments = entries[0].call.arguments if entries else runs[0].arguments
             where = f"call {name}({_short(arguments)}) in pass {iteration}"
@@ -800,6 +804,39 @@ def _occurrence_takers(
             failed_runs -= 1
             taking.append(entry)
     return taking
+
+
+#: The gate's refusals (docs/behaviour.md §2.4): the call is answered with a failure and
+#: takes no occurrence (an unparseable or truncated call is recorded without its arguments,
+#: so it may share the identity of calls that ran).
+GATE_REFUSALS = frozenset(
+    {
+        "call_arguments_not_object",
+        "call_arguments_truncated",
+        "call_arguments_unparseable",
+        "call_outside_allowlist",
+        "call_rejected_before",
+        "correction_cannot_be_approved",
+        "call_repeats_too_often",
+    }
+)
+
+
+def _refused_at_gate(result: GenerationTurnResult) -> dict[int, frozenset[int]]:
+    """By pass, the batch positions of the calls the gate refused: each call leaves the
+    gate once, in emitted order, by the guard that decided it."""
+    iteration = 0
+    gated: dict[int, int] = {}
+    refused: dict[int, set[int]] = {}
+    for step in _loop_trace(result):
+        if step.state == "starting_pass" and step.next_state == "awaiting_first_token":
+            iteration += 1
+        elif step.state == "gating_call":
+            position = gated.get(iteration, 0)
+            gated[iteration] = position + 1
+            if step.guard in GATE_REFUSALS:
+                refused.setdefault(iteration, set()).add(position)
+    return {iteration: frozenset(positions) for iteration, positions in refused.items()}
 
 
 def _reusable(outcomes: Sequence[bool], occurrence: int, rerun: bool) -> bool:
