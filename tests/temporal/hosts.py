@@ -302,7 +302,8 @@ class CampaignProvider(SamplingProvider):
         for played, item in enumerate(item for item in items if not isinstance(item, Gate)):
             if self.failure is not None and (self.pass_index, played) == CAMPAIGN_FAILS_AT:
                 raise self.failure
-            die_if_planned(self.directory, at="chunk", n=1 + len(read_records(chunks)))
+            if die_if_planned(self.directory, at="chunk", n=1 + len(read_records(chunks))):
+                await until_killed()
             _append(chunks, {"tag": self.tag, "pass": self.pass_index})
             yield item
 
@@ -328,21 +329,30 @@ class KillPlan:
         (directory / KILL_PLAN).write_text(json.dumps(attrs.asdict(self)), encoding="utf-8")
 
 
-def die_if_planned(directory: Path, **instant: Any) -> None:
+def die_if_planned(directory: Path, **instant: Any) -> bool:
     """Kill this process if the kill plan names ``instant`` (its fields), once: the plan is
-    removed first, so the worker that takes over lives."""
+    removed first, so the worker that takes over lives. ``True`` when the death is armed for
+    the plan's ``delay`` from now: the caller then waits for it (`until_killed`), so that
+    what it was doing cannot let the rest of the turn end before the kill lands (other work
+    of the worker goes on meanwhile)."""
     path = directory / KILL_PLAN
     if not path.exists():
-        return
+        return False
     plan = json.loads(path.read_text(encoding="utf-8"))
     if any(plan[field] != value for field, value in instant.items()):
-        return
+        return False
     path.unlink()
     if plan["delay"] <= 0:
         die()
     timer = threading.Timer(plan["delay"], die)
     timer.daemon = True
     timer.start()
+    return True
+
+
+async def until_killed() -> None:
+    """Wait for the death `die_if_planned` armed: the process ends in this wait."""
+    await asyncio.Event().wait()
 
 
 def die() -> None:
@@ -360,19 +370,24 @@ class FileChannel:
         return {r["key"] for r in read_records(self.log) if r["accepted"] and r["key"]}
 
     async def send_text(self, text: str, *, idempotency_key: str | None = None) -> None:
-        self._write(idempotency_key, text=text)
+        if self._write(idempotency_key, text=text):
+            await until_killed()
 
     async def send_expression(self, expression: str, *, idempotency_key: str | None = None) -> None:
-        self._write(idempotency_key, expression=expression)
+        if self._write(idempotency_key, expression=expression):
+            await until_killed()
 
-    def _write(self, key: str | None, **delivery: str) -> None:
+    def _write(self, key: str | None, **delivery: str) -> bool:
+        """Write the delivery (once per key); ``True`` when a death is armed around it."""
         sent = 1 + sum(1 for r in read_records(self.log) if "text" in r)
+        armed = False
         if "text" in delivery:
-            die_if_planned(self.directory, at="delivery", n=sent, when="before")
+            armed = die_if_planned(self.directory, at="delivery", n=sent, when="before")
         accepted = key is None or key not in self._accepted()
         _append(self.log, {"key": key, "accepted": accepted, **delivery})
         if "text" in delivery:
-            die_if_planned(self.directory, at="delivery", n=sent, when="after")
+            armed = die_if_planned(self.directory, at="delivery", n=sent, when="after") or armed
+        return armed
 
     async def send_notice(self, notice: Notice) -> None:
         _append(self.directory / "notices.jsonl", {"key": notice.key})
@@ -385,10 +400,12 @@ class UnkeyedFileChannel(FileChannel):
     """A `FileChannel` that takes no idempotency keys: it shows whatever it is sent."""
 
     async def send_text(self, text: str) -> None:  # type: ignore[override]
-        self._write(None, text=text)
+        if self._write(None, text=text):
+            await until_killed()
 
     async def send_expression(self, expression: str) -> None:  # type: ignore[override]
-        self._write(None, expression=expression)
+        if self._write(None, expression=expression):
+            await until_killed()
 
 
 def user_text(directory: Path) -> str:
@@ -439,10 +456,11 @@ def host_tools(directory: Path) -> list[Tool]:
         """Write that ``tool`` started, take a moment, write that it finished (its effect):
         a kill plan can cut it off at either end or in between."""
         _append(executions, {"tool": tool, "dispatch": ctx.dispatch, "phase": "started"})
-        die_if_planned(directory, at="tool", tool=tool, when="start")
+        die_if_planned(directory, at="tool", tool=tool, when="start")  # lands in the work
         await asyncio.sleep(TOOL_WORK)
         _append(executions, {"tool": tool, "dispatch": ctx.dispatch, "phase": "finished"})
-        die_if_planned(directory, at="tool", tool=tool, when="end")
+        if die_if_planned(directory, at="tool", tool=tool, when="end"):
+            await until_killed()
 
     async def look_the_bill_up(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
         # the turn pays one bill: its lookup is whether that payment was made
