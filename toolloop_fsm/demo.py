@@ -50,6 +50,7 @@ from toolloop_fsm.result import Delivered
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import Notice
 from toolloop_fsm.result import TraceStep
+from toolloop_fsm.result import estimate_tokens
 from toolloop_fsm.review import Reviewer
 from toolloop_fsm.review import ReviewPacket
 from toolloop_fsm.review import Revise
@@ -126,8 +127,7 @@ def _review_reply(messages: list[dict[str, Any]]) -> list[bytes]:
     # the verdict arrives in pieces, as on the wire
     frames += [_chunk({"content": answer[i : i + 16]}) for i in range(0, len(answer), 16)]
     frames.append(_chunk({}, "stop"))
-    prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4
-    return frames + _closing_frames(prompt, len(answer) // 4 + 1)
+    return frames + _closing_frames(_prompt_tokens(messages), max(1, estimate_tokens(answer)))
 
 
 def scripted_reply(messages: list[dict[str, Any]], tools: Collection[str]) -> list[bytes]:
@@ -246,8 +246,9 @@ def _remembering(tools: Collection[str], note: str) -> list[dict[str, str]]:
 
 
 def _prompt_tokens(messages: list[dict[str, Any]]) -> int:
-    """The scripted model's count of the prompt: a token per four characters of content."""
-    return sum(len(str(m.get("content") or "")) for m in messages) // 4 + len(messages)
+    """The scripted model's count of the prompt: the library's estimate of each message's
+    content (`toolloop_fsm.result.estimate_tokens`), and a token a message."""
+    return sum(estimate_tokens(str(m.get("content") or "")) for m in messages) + len(messages)
 
 
 def _reply(text: str, calls: list[dict[str, str]], numbered: int, prompt: int) -> list[bytes]:
@@ -269,8 +270,8 @@ def _reply(text: str, calls: list[dict[str, str]], numbered: int, prompt: int) -
             fragment = {"index": index, "function": {"arguments": arguments[start : start + 12]}}
             frames.append(_chunk({"tool_calls": [fragment]}))
     frames.append(_chunk({}, "tool_calls" if calls else "stop"))
-    written = len(text) + sum(len(call["name"]) + len(call["arguments"]) for call in calls)
-    return frames + _closing_frames(prompt, written // 4 + 1)
+    written = text + "".join(call["name"] + call["arguments"] for call in calls)
+    return frames + _closing_frames(prompt, max(1, estimate_tokens(written)))
 
 
 def _closing_frames(prompt_tokens: int, completion_tokens: int) -> list[bytes]:
