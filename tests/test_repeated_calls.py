@@ -164,6 +164,10 @@ def test_max_identical_calls_must_be_a_positive_count() -> None:
         ('{"q": {"b": 1, "a": [1, 2]}}', '{"q": {"a": [1, 2], "b": 1}}'),  # nested key order
         ('{"days": 1.0}', '{"days": 1.00}'),  # the same JSON number, written twice
         ('{"days": 2.5}', '{"days": 25e-1}'),
+        # JSON has one number type: an integer and a float of the same value are one number
+        ('{"days": 1}', '{"days": 1.0}'),
+        ('{"limit": 100}', '{"limit": 1e2}'),
+        ('{"q": [0, {"n": 3}]}', '{"q": [-0.0, {"n": 3.0}]}'),
     ],
 )
 async def test_identical_calls_are_the_same_whatever_their_layout(first: str, second: str) -> None:
@@ -181,8 +185,11 @@ async def test_identical_calls_are_the_same_whatever_their_layout(first: str, se
 @pytest.mark.parametrize(
     ("first", "second"),
     [
-        ('{"days": 1}', '{"days": 1.0}'),  # an integer and a float are different values
+        ('{"days": 1}', '{"days": 1.5}'),
         ('{"city": "Paris"}', '{"city": "paris"}'),
+        # a boolean is not a number, and an integer past a float's precision keeps its digits
+        ('{"on": true}', '{"on": 1}'),
+        ('{"id": 9007199254740993}', '{"id": 9007199254740992.0}'),
         ('{"days": "1"}', '{"days": 1}'),
         ('{"a": null}', "{}"),
     ],
@@ -201,8 +208,16 @@ async def test_calls_that_differ_in_value_are_not_repeats(first: str, second: st
 
 def test_the_identity_is_the_ledgers_call_key() -> None:
     one: Any = json.loads('{"b": 1, "a": 1.0}')
-    other: Any = json.loads('{ "a" : 1.0 , "b" : 1 }')
-    assert canonical_call_key("t", one) == canonical_call_key("t", other) == 't:{"a":1.0,"b":1}'
+    other: Any = json.loads('{ "a" : 1 , "b" : 1e0 }')
+    assert canonical_call_key("t", one) == canonical_call_key("t", other) == 't:{"a":1,"b":1}'
+
+
+def test_the_identity_leaves_the_arguments_the_tool_gets_as_the_model_wrote_them() -> None:
+    arguments: Any = json.loads('{"days": 1.0, "nested": [2.0, {"x": 3.0}]}')
+    canonical_call_key("t", arguments)
+    assert arguments == {"days": 1.0, "nested": [2.0, {"x": 3.0}]}
+    assert isinstance(arguments["days"], float)
+    assert isinstance(arguments["nested"][1]["x"], float)
 
 
 # --------------------------------------------------------------------------- batches

@@ -19,15 +19,35 @@ from toolloop_fsm.events import ToolOutcomeKind
 
 
 def canonical_call_key(name: str, arguments: Any) -> str:
-    """The engine's own identity of a call: name + canonical JSON arguments.
+    """The engine's own identity of a call: name + canonical JSON arguments (every object's
+    keys sorted, no whitespace, and each number as the JSON number it is: JSON has one number
+    type, so ``1``, ``1.0`` and ``1e0`` are one value — docs/behaviour.md §3.11 rule 1).
 
-    A model's call ids change between attempts, so they cannot identify a call.
+    A model's call ids change between attempts, so they cannot identify a call. The
+    arguments themselves are not changed: the tool gets them as the model wrote them.
     """
     try:
-        canonical = _CANONICAL_JSON.encode(arguments)
-    except (TypeError, ValueError):
+        canonical = _CANONICAL_JSON.encode(_as_json_numbers(arguments))
+    except (TypeError, ValueError, RecursionError):
         canonical = repr(arguments)
     return f"{name}:{canonical}"
+
+
+def _as_json_numbers(value: Any) -> Any:
+    """``value`` with every float that holds a whole number written as that integer (a
+    float past 2**53 holds the whole number its binary value is, and compares as that
+    number, never as a nearby integer). A value without such a float is returned as it is,
+    and no copy is made of it."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        items = {key: _as_json_numbers(item) for key, item in value.items()}
+        return value if all(items[key] is item for key, item in value.items()) else items
+    if isinstance(value, list | tuple):
+        elements = [_as_json_numbers(item) for item in value]
+        changed = any(new is not old for new, old in zip(elements, value, strict=True))
+        return elements if changed else value
+    return value
 
 
 #: What `json.dumps` builds on every call when given options, built once (it keeps no state
