@@ -27,26 +27,40 @@ def canonical_call_key(name: str, arguments: Any) -> str:
     arguments themselves are not changed: the tool gets them as the model wrote them.
     """
     try:
-        canonical = _CANONICAL_JSON.encode(_as_json_numbers(arguments))
+        if _holds_whole_float(arguments):
+            arguments = _as_json_numbers(arguments)
+        canonical = _CANONICAL_JSON.encode(arguments)
     except (TypeError, ValueError, RecursionError):
         canonical = repr(arguments)
     return f"{name}:{canonical}"
 
 
+def _holds_whole_float(value: Any) -> bool:
+    """Whether a float holding a whole number is anywhere in ``value`` (most arguments hold
+    none: they are then encoded as they are, without a copy)."""
+    if isinstance(value, float):
+        return value.is_integer()
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, list | tuple):
+        return False
+    for item in value:
+        kind = type(item)
+        if kind is not str and kind is not int and kind is not bool and _holds_whole_float(item):
+            return True
+    return False
+
+
 def _as_json_numbers(value: Any) -> Any:
-    """``value`` with every float that holds a whole number written as that integer (a
-    float past 2**53 holds the whole number its binary value is, and compares as that
-    number, never as a nearby integer). A value without such a float is returned as it is,
-    and no copy is made of it."""
+    """``value`` with every float that holds a whole number written as that integer (a float
+    past 2**53 holds the whole number its binary value is, and compares as that number, never
+    as a nearby integer)."""
     if isinstance(value, float):
         return int(value) if value.is_integer() else value
     if isinstance(value, dict):
-        items = {key: _as_json_numbers(item) for key, item in value.items()}
-        return value if all(items[key] is item for key, item in value.items()) else items
+        return {key: _as_json_numbers(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        elements = [_as_json_numbers(item) for item in value]
-        changed = any(new is not old for new, old in zip(elements, value, strict=True))
-        return elements if changed else value
+        return [_as_json_numbers(item) for item in value]
     return value
 
 
