@@ -66,6 +66,7 @@ def test_the_walk_covers_every_numeric_field_of_both_policies() -> None:
         "soft_warn_iteration",
         "max_consecutive_tool_errors",
         "max_identical_calls",
+        "max_tool_calls",
         "continuation_tool_failure_threshold",
         "inactivity_timeout",
         "first_token_timeout",
@@ -120,6 +121,7 @@ def test_a_turn_policy_refuses_nan_infinity_and_negatives_naming_the_field(
         "soft_warn_iteration",
         "max_consecutive_tool_errors",
         "max_identical_calls",
+        "max_tool_calls",
         "continuation_tool_failure_threshold",
         "inactivity_timeout",
         "first_token_timeout",
@@ -167,6 +169,8 @@ def test_the_suppressed_tools_given_as_one_string_are_refused_not_split_into_let
     ("changes", "name"),
     [
         ({"memory_tool_name": ""}, "memory_tool_name"),
+        ({"at_ceiling": "stop"}, "at_ceiling"),
+        ({"at_ceiling": None}, "at_ceiling"),
         ({"memory_tool_name": None}, "memory_tool_name"),
         ({"end_after_pre_tool_text": "never"}, "end_after_pre_tool_text"),
         (

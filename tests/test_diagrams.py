@@ -525,7 +525,7 @@ def test_highlight_in_the_exits_view_marks_the_exit_the_turn_took() -> None:
     trace = _real_trace()
     text = render_mermaid(decl, view="exits", highlight=trace)
     assert "advance [pass_has_text]" in _marked_lines(text)
-    assert _mermaid_edges(text)[("ending_pass", "completed")][0] == "✔ advance [pass_has_text]"
+    assert "✔ advance [pass_has_text]" in _mermaid_edges(text)[("ending_pass", "completed")]
     dot = render_dot(decl, view="exits", highlight=trace)
     nodes, edges = _dot_marked(dot)
     assert ("ending_pass", "ending_pass → completed") in edges

@@ -135,9 +135,15 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
                 "draft_cut_at_length_limit",
                 # a call without a name fails the whole batch (§3.10 rule 1)
                 "batch_has_nameless_call",
+                # the final answer pass called anyway (§3.12, §2.1): nothing of it runs
+                "calls_after_tool_call_limit",
+                "calls_at_iteration_ceiling",
                 "call_pending",
                 # drafting: without a call, held prose completes the response
                 "completes_held_draft",
+                # the final answer pass answered: the ending says the tools were withdrawn
+                "answers_at_tool_call_limit",
+                "answers_at_iteration_ceiling",
                 "pass_has_text",
                 "is_settled_after_tool",
                 None,
@@ -157,10 +163,18 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
             # the repeated-call guard (§3.11): after replay and standing rejections, before
             # a review
             "call_repeats_too_often",
+            # the tool-call limit (§3.12): a call refused for its own reason takes none of it
+            "call_over_tool_call_limit",
             "call_needs_checkpoint",
             None,
         ],
         ("next_call", "advance"): ["calls_left_at_gate", "calls_admitted", None],
+        # §2.1: the ceiling, then the final answer pass (§3.12), then an ordinary pass
+        ("starting_pass", "advance"): [
+            "iteration_ceiling_reached",
+            "final_answer_pass_due",
+            None,
+        ],
         ("executing_tool", "tool_finished"): ["batch_finishes", None],
         ("executing_tool", "tool_deadline"): ["cut_off_call_is_settled", "batch_finishes", None],
         ("recording_tool_outcome", "advance"): [

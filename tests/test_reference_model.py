@@ -36,6 +36,7 @@ from toolloop_fsm.events import FunctionCall
 from toolloop_fsm.events import SceneMetadata
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import UsageReport
+from toolloop_fsm.guards import ceilings
 from toolloop_fsm.guards import exit_policy
 from toolloop_fsm.host import Tool
 from toolloop_fsm.host import ToolContext
@@ -237,6 +238,18 @@ DIVERGENCES: dict[str, tuple[Callable[..., Any], str, str, st.SearchStrategy[Tur
         "    turn.consecutive_tool_errors = 0\n    turn.continuation_failures = 0\n",
         "",
         tool_chains(),
+    ),
+    "§3.12 a call refused by the tool-call limit counts as a tool error": (
+        tool_dispatch._count_outcome,
+        "elif not outcome.rejected and not outcome.limited:",
+        "elif not outcome.rejected:",
+        tool_batches(),
+    ),
+    "§3.12 the pass after the tool-call limit is offered tools again": (
+        ceilings.tool_call_limit_reached,
+        "return limit is not None and turn.tool_calls_used >= limit",
+        "return False",
+        tool_batches(),
     ),
 }
 

@@ -664,6 +664,9 @@ _LOOP_LEFT_OUT = {
     "step_time",
     "stop_message",
     "tool_round",
+    # decided as each pass opens (a snapshot is taken before a pass): the limit's count and
+    # the pass number it is decided from are kept
+    "tools_withdrawn",
     # caches the engine rebuilds on first use: the offered tools and their specs, the usage
     # estimate's running count (a resumed turn counts afresh)
     "allowed_tools",

@@ -47,6 +47,7 @@ from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import TRANSITIONS
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.review import Finding
 from toolloop_fsm.review import FindingCategory
 from toolloop_fsm.review import Revise
@@ -124,6 +125,7 @@ def _rare_paths() -> None:
     assert machine.result.reason == "stopped_while_settling"
     _settled_cut_off_path(request)
     _rare_review_paths(request)
+    _final_answer_paths(request)
 
 
 def _settled_cut_off_path(request: TurnRequest) -> None:
@@ -236,6 +238,27 @@ def _rare_review_paths(request: TurnRequest) -> None:
     (sent,) = [e for e in effects if isinstance(e, Deliver)]
     machine.feed(DeliveryRecorded(sent.seq))
     assert machine.state == "reviewing_call"
+    # a new call's review that times out (the call runs unreviewed), and a follow-up while a
+    # reply is reviewed (random turns reach both, but too rarely to count on)
+    machine.feed(DeadlineExpired(_REVIEW, _review_token(effects)))
+    assert machine.state == "executing_tool"
+    machine = ToolLoopMachine(_DRAFTING, tools=TOOLS)
+    machine.start(request)
+    _pass(machine, TextDelta("Hi"))
+    assert machine.state == "reviewing_draft"
+    machine.feed(FollowUpArrived())
+    assert machine.turn.status is TurnStatus.FOLLOW_UP_INTERRUPT
+
+
+def _final_answer_paths(request: TurnRequest) -> None:
+    """The final answer pass after the tool-call limit answering with text (docs/behaviour.md
+    §3.12 rule 6): the random scripts' passes after a batch mostly call again."""
+    machine = ToolLoopMachine(LoopPolicy(max_tool_calls=1), tools=TOOLS)
+    machine.start(request)
+    _pass(machine, _WEATHER)
+    machine.feed(ToolFinished(machine.turn.dispatches, ToolOutcomeKind.SUCCEEDED))
+    _pass(machine, TextDelta("It is 3 °C in Oslo."))
+    assert machine.turn.reason == "answered_at_tool_call_limit"
 
 
 def _resume_paths() -> None:

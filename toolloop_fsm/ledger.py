@@ -94,6 +94,10 @@ class ToolOutcome:
     #: the tool checkpoint's reviewer rejected the call: it did not run, and it counts as
     #: no failure (no failure notice, no error counted)
     rejected: bool = False
+    #: refused by the tool-call limit (docs/behaviour.md §3.12): it did not run, and it
+    #: counts as no failure (no failure notice, no error counted) — the limit ends the loop
+    #: its own way, with the answer pass
+    limited: bool = False
     #: a failure whose call may have taken effect (docs/behaviour.md §3.9): reused on a
     #: replay, never rerun
     in_doubt: bool = False

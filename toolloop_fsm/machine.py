@@ -50,8 +50,13 @@ from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import ThoughtDelta
 from toolloop_fsm.events import ToolFinished
 from toolloop_fsm.events import UsageReport
+from toolloop_fsm.guards.ceilings import answers_at_iteration_ceiling
+from toolloop_fsm.guards.ceilings import answers_at_tool_call_limit
+from toolloop_fsm.guards.ceilings import calls_after_tool_call_limit
+from toolloop_fsm.guards.ceilings import calls_at_iteration_ceiling
 from toolloop_fsm.guards.ceilings import consecutive_error_ceiling_reached
 from toolloop_fsm.guards.ceilings import continuation_retries_exhausted
+from toolloop_fsm.guards.ceilings import final_answer_pass_due
 from toolloop_fsm.guards.ceilings import iteration_ceiling_reached
 from toolloop_fsm.guards.deliveries import all_deliveries_recorded
 from toolloop_fsm.guards.deliveries import delivery_timed_out
@@ -84,6 +89,7 @@ from toolloop_fsm.guards.tool_gate import call_arguments_not_object
 from toolloop_fsm.guards.tool_gate import call_arguments_truncated
 from toolloop_fsm.guards.tool_gate import call_arguments_unparseable
 from toolloop_fsm.guards.tool_gate import call_outside_allowlist
+from toolloop_fsm.guards.tool_gate import call_over_tool_call_limit
 from toolloop_fsm.guards.tool_gate import call_pending
 from toolloop_fsm.guards.tool_gate import call_repeats_too_often
 from toolloop_fsm.guards.tool_gate import calls_admitted
@@ -140,9 +146,12 @@ from toolloop_fsm.states.drafting import take_review_timeout
 from toolloop_fsm.states.stable_points import offer_snapshot
 from toolloop_fsm.states.stable_points import resend_in_flight
 from toolloop_fsm.states.stream_once import CHUNK_HANDLERS
+from toolloop_fsm.states.stream_once import begin_final_answer_pass
 from toolloop_fsm.states.stream_once import begin_pass
 from toolloop_fsm.states.stream_once import complete_settled_after_tool
 from toolloop_fsm.states.stream_once import complete_with_text
+from toolloop_fsm.states.stream_once import end_calls_after_tool_call_limit
+from toolloop_fsm.states.stream_once import end_calls_at_iteration_ceiling
 from toolloop_fsm.states.stream_once import end_empty_response
 from toolloop_fsm.states.stream_once import end_malformed_call
 from toolloop_fsm.states.stream_once import end_stream
@@ -159,6 +168,7 @@ from toolloop_fsm.states.tool_dispatch import dispatch_batch
 from toolloop_fsm.states.tool_dispatch import gate_next_call
 from toolloop_fsm.states.tool_dispatch import open_batch
 from toolloop_fsm.states.tool_dispatch import record_tool_outcome
+from toolloop_fsm.states.tool_dispatch import refuse_call_over_limit
 from toolloop_fsm.states.tool_dispatch import refuse_non_object_arguments
 from toolloop_fsm.states.tool_dispatch import refuse_outside_allowlist
 from toolloop_fsm.states.tool_dispatch import refuse_repeated_call
@@ -221,6 +231,9 @@ TRANSITIONS: list[_t] = [
     # ---- stream once: the ceiling is checked before every pass (docs/behaviour.md §2.1)
     _t("advance", "starting_pass", "building_result", when=iteration_ceiling_reached,
        do=end_iteration_ceiling, ends=("timeout", "iteration_ceiling")),
+    # the final answer pass (§3.12; §2.1 with `at_ceiling="answer"`): offered no tools
+    _t("advance", "starting_pass", "awaiting_first_token", when=final_answer_pass_due,
+       do=begin_final_answer_pass),
     _t("advance", "starting_pass", "awaiting_first_token", do=begin_pass),
     # the first chunk of any kind swaps the first-token budget for the inactivity budget
     *(_t(trigger, "awaiting_first_token", "streaming", do=take_first_chunk)
@@ -229,7 +242,7 @@ TRANSITIONS: list[_t] = [
     *(_t(trigger, "streaming", None, do=CHUNK_HANDLERS[chunk])
       for chunk, trigger in CHUNK_TRIGGERS.items()),
     # ---- the pass ends; which way is decided at `ending_pass`: the gate (docs/behaviour.md
-    # §2.4 rules 1–5), the ledger, then dispatch; without a call, the text and empty-response
+    # §2.4 rules 1–6), the ledger, then dispatch; without a call, the text and empty-response
     # rules
     _t("stream_ended", STREAM_STATES, "ending_pass", do=end_stream),
     # drafting: a pass cut at the held-prose ceiling completes the response as cut
@@ -237,10 +250,21 @@ TRANSITIONS: list[_t] = [
        do=close_cut_pass),
     _t("advance", "ending_pass", "building_result", when=batch_has_nameless_call,
        do=end_malformed_call, ends=("error", "malformed_call")),
+    # the final answer pass, offered no tools (§3.12, §2.1 `at_ceiling="answer"`): a call
+    # it makes anyway runs not, and ends the turn at the ceiling that withdrew the tools
+    _t("advance", "ending_pass", "building_result", when=calls_after_tool_call_limit,
+       do=end_calls_after_tool_call_limit, ends=("timeout", "tool_call_limit")),
+    _t("advance", "ending_pass", "building_result", when=calls_at_iteration_ceiling,
+       do=end_calls_at_iteration_ceiling, ends=("timeout", "iteration_ceiling")),
     _t("advance", "ending_pass", "gating_call", when=call_pending, do=open_batch),
     # drafting: a pass without a call completes the held response
     _t("advance", "ending_pass", "completing_response",
        when=completes_held_draft, do=close_pass_for_review),
+    # the final answer pass answered: completed, saying the tools were withdrawn
+    _t("advance", "ending_pass", "building_result", when=answers_at_tool_call_limit,
+       do=complete_with_text, ends=("completed", "answered_at_tool_call_limit")),
+    _t("advance", "ending_pass", "building_result", when=answers_at_iteration_ceiling,
+       do=complete_with_text, ends=("completed", "answered_at_iteration_ceiling")),
     _t("advance", "ending_pass", "building_result", when=pass_has_text,
        do=complete_with_text, ends=("completed", None)),
     _t("advance", "ending_pass", "building_result", when=is_settled_after_tool,
@@ -291,6 +315,11 @@ TRANSITIONS: list[_t] = [
     # that will not run)
     _t("advance", "gating_call", "next_call",
        when=call_repeats_too_often, do=refuse_repeated_call),
+    # the tool-call limit (§3.12): after every refusal a call earns on its own (a refused or
+    # replayed call is no new call, and a repeat is told of its earlier result), before a
+    # review (no reviewer is asked about a call that will not run)
+    _t("advance", "gating_call", "next_call",
+       when=call_over_tool_call_limit, do=refuse_call_over_limit),
     _t("advance", "gating_call", "reviewing_call",
        when=call_needs_checkpoint, do=request_call_review),
     _t("advance", "gating_call", "next_call", do=admit_call),

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import Any
+from typing import Literal
 
 from attrs import Attribute
 from attrs import field
@@ -117,6 +118,16 @@ seconds: Validator = check.and_(_real_number, _finite, check.ge(0))
 clock_time: Validator = check.and_(_real_number, _finite)
 #: A yes/no switch (a truthy string is not one).
 flag: Validator = of_type(bool)
+
+
+def ceiling_manner(_: object, attribute: Attribute[Any], value: object) -> None:
+    """``at_ceiling``: how the iteration ceiling's last pass goes (docs/behaviour.md §2.1)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be 'end' or 'answer', got {_kind(value)}")
+    if value not in ("end", "answer"):
+        raise ValueError(f"{attribute.name} must be 'end' or 'answer', got {value!r}")
+
+
 #: Text a reader must be able to see (a name, a label).
 name_text: Validator = check.and_(of_type(str), non_blank)
 
@@ -152,6 +163,13 @@ class LoopPolicy:
     result naming the repeat, and counts as a tool error (docs/behaviour.md §3.11). A tool
     whose repeats mean something opts out (`Tool.repeatable`).
 
+    ``max_tool_calls`` bounds the calls a turn runs (``None``: no limit; docs/behaviour.md
+    §3.12): a call past it is refused with a result saying the limit was reached, and the
+    pass after the batch that reached it is offered no tools — the model answers with what
+    it has, and a call it makes anyway ends the turn ``timeout``/``tool_call_limit``.
+    ``at_ceiling="answer"`` makes the last pass the iteration ceiling allows such a pass too
+    (the default ``"end"`` keeps that pass an ordinary one, §2.1).
+
     ``end_after_pre_tool_text`` replaces the built-in `should_end_after_pre_tool_text` rule
     when set: a pure function of an `ExitView` returning whether the turn ends ``completed``.
     """
@@ -160,6 +178,8 @@ class LoopPolicy:
     soft_warn_iteration: int = field(default=20, validator=positive_count)
     max_consecutive_tool_errors: int = field(default=5, validator=positive_count)
     max_identical_calls: int = field(default=3, validator=positive_count)
+    max_tool_calls: int | None = field(default=None, validator=check.optional(positive_count))
+    at_ceiling: Literal["end", "answer"] = field(default="end", validator=ceiling_manner)
     continuation_tool_failure_threshold: int = field(default=3, validator=positive_count)
     inactivity_timeout: float = field(default=120.0, validator=positive_seconds)
     first_token_timeout: float | None = field(

@@ -59,6 +59,10 @@ class ProviderRequest:
     #: has the option (OpenAI's ``parallel_tool_calls``, Anthropic's
     #: ``disable_parallel_tool_use``); a provider that batches anyway has every call run
     parallel_tool_calls: bool = True
+    #: the final answer pass (docs/behaviour.md §3.12): the tools stay declared (a history
+    #: holding calls needs them, for Anthropic) but the model is asked to call none — each
+    #: adapter says so in its API's words (``tool_choice: "none"``, ``mode: "NONE"``)
+    tools_withdrawn: bool = False
 
 
 MAX_RETRY_AFTER = 24 * 60 * 60.0

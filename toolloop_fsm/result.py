@@ -65,6 +65,9 @@ class ToolCallRecord:
 #: The status of a tool call the tool checkpoint's reviewer rejected before it ran.
 REVIEW_REJECTED_STATUS = "review_rejected"
 
+#: The status of a tool call the tool-call limit refused: it never ran.
+TOOL_CALL_LIMIT_STATUS = "tool_call_limit"
+
 
 @frozen
 class ToolResponseRecord:

@@ -190,6 +190,9 @@ class LoopSnapshot:
     #: the tools of the last recorded batch (a snapshot from before batches has none: the
     #: settle rule then reads ``last_tool``)
     last_tools: tuple[str, ...] = ()
+    #: the calls the turn admitted, which the tool-call limit counts (a snapshot from before
+    #: the limit has none: its turn ran without one)
+    tool_calls_used: int = 0
 
 
 @frozen
@@ -340,6 +343,8 @@ def check_policy(recorded: Mapping[str, Any], policy: LoopPolicy | TurnPolicy) -
     (drafting dropped would drop the held prose, a lower ceiling end a turn already past
     it, another flush re-key the restarted pass), naming each such field."""
     given = policy_terms(policy)
+    # a field newer than the snapshot: its turn ran as the field's default behaves
+    recorded = {**_default_terms(policy, given.keys() - recorded.keys()), **recorded}
     problems = [
         f"policy.{_bounded(name)}: the snapshot's turn ran with "
         f"{_bounded(repr(recorded.get(name)))}, the policy given has {given.get(name)!r}"
@@ -351,6 +356,21 @@ def check_policy(recorded: Mapping[str, Any], policy: LoopPolicy | TurnPolicy) -
         raise SnapshotError(
             _listed(problems) + f": resume with the same policy (only {allowed} may differ)"
         )
+
+
+#: Policy fields added after snapshot version 2 was fixed: a snapshot that does not record
+#: one was taken of a turn that ran as its default does.
+_NEWER_POLICY_FIELDS = frozenset({"max_tool_calls", "at_ceiling"})
+
+
+def _default_terms(policy: LoopPolicy | TurnPolicy, missing: Iterable[str]) -> dict[str, Any]:
+    """The default term of each of the ``missing`` fields newer than the snapshot format."""
+    defaults = policy_terms(type(policy)())
+    return {
+        name: defaults[name]
+        for name in missing
+        if name.rpartition(".")[2] in _NEWER_POLICY_FIELDS and name in defaults
+    }
 
 
 def _listed(problems: list[str]) -> str:

@@ -303,6 +303,12 @@ class TurnState:
     # counters
     iterations: int = 0
     dispatches: int = 0
+    # the calls admitted to run this turn (the tool-call limit's count, docs/behaviour.md
+    # §3.12): a refusal and a reuse from the ledger take none
+    tool_calls_used: int = 0
+    # the current pass is the final answer pass, offered no tools, and the ceiling that made
+    # it one ("tool_call_limit" or "iteration_ceiling"); decided as the pass opens
+    tools_withdrawn: str | None = None
     consecutive_tool_errors: int = 0
     continuation_failures: int = 0
     suppress_text: bool = False

@@ -496,6 +496,74 @@ async def test_a_verbatim_model_is_sent_nothing_of_the_no_batches_option(
     assert "parallel_tool_calls" not in body and "tools" not in body
 
 
+# ----------------------------------------------------------------------------- tools withdrawn
+#: What the final answer pass (docs/behaviour.md §3.12) adds to a body that offers tools: each
+#: API's own way of asking for no call, the tools still declared (Anthropic refuses
+#: `tool_use` blocks in the messages without them) — but Ollama's, which has no tool choice.
+WITHDRAWN: dict[str, dict[str, Any]] = {
+    "openai-chat": {"tool_choice": "none"},
+    "openai-responses": {"tool_choice": "none"},
+    "anthropic": {"tool_choice": {"type": "none"}},
+    "gemini": {"toolConfig": {"functionCallingConfig": {"mode": "NONE"}}},
+    "ollama": {},
+}
+
+
+@pytest.mark.parametrize("kind", ADAPTERS)
+async def test_the_final_answer_pass_asks_each_api_for_no_call_in_its_own_words(
+    wire_server: WireServer, kind: str
+) -> None:
+    offered = await _sent(
+        wire_server, kind, ProviderRequest(CONTEXT, tools=TOOLS, history=_history())
+    )
+    withdrawn = await _sent(
+        wire_server,
+        kind,
+        ProviderRequest(CONTEXT, tools=TOOLS, history=_history(), tools_withdrawn=True),
+    )
+    if kind == "ollama":
+        assert "tools" in offered
+        assert withdrawn == {key: value for key, value in offered.items() if key != "tools"}
+    else:
+        assert withdrawn == {**offered, **WITHDRAWN[kind]}
+        assert withdrawn["tools"] == offered["tools"]
+
+
+@pytest.mark.parametrize("kind", ADAPTERS)
+async def test_the_final_answer_pass_drops_the_no_batches_option(
+    wire_server: WireServer, kind: str
+) -> None:
+    # no call may be made: asking for at most one is moot, and Anthropic's "none" takes no
+    # `disable_parallel_tool_use`
+    both = await _sent(
+        wire_server,
+        kind,
+        ProviderRequest(
+            CONTEXT,
+            tools=TOOLS,
+            history=_history(),
+            parallel_tool_calls=False,
+            tools_withdrawn=True,
+        ),
+    )
+    withdrawn = await _sent(
+        wire_server,
+        kind,
+        ProviderRequest(CONTEXT, tools=TOOLS, history=_history(), tools_withdrawn=True),
+    )
+    assert both == withdrawn
+
+
+async def test_a_verbatim_model_on_the_final_answer_pass_is_sent_no_tools(
+    wire_server: WireServer,
+) -> None:
+    wire_server.serve(FINISHED_PASS["openai-chat"])
+    provider = VerbatimToolCalls(adapter("openai-chat", wire_server.url, KEY))
+    await collect(provider, ProviderRequest(CONTEXT, tools=TOOLS, tools_withdrawn=True))
+    body = json.loads(wire_server.requests[-1].body)
+    assert "tool_choice" not in body and "tools" not in body
+
+
 # ----------------------------------------------------------------------------- round trips
 def _answered(calls: Sequence[FunctionCall]) -> tuple[ToolHistoryEntry, ...]:
     """The calls of one recorded pass as the loop records them: one batch, every other call

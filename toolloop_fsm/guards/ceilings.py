@@ -1,13 +1,57 @@
-"""Ceilings: how many passes, failures and retries a turn may take."""
+"""Ceilings: how many passes, calls, failures and retries a turn may take."""
 
 from __future__ import annotations
 
+from toolloop_fsm.guards.exit_policy import pass_has_text
 from toolloop_fsm.turn import TurnState
 
 
 def iteration_ceiling_reached(turn: TurnState) -> bool:
     """Another pass would exceed ``max_function_call_iterations``."""
     return turn.iterations >= turn.policy.max_function_call_iterations
+
+
+def tool_call_limit_reached(turn: TurnState) -> bool:
+    """The turn ran as many calls as ``max_tool_calls`` allows (docs/behaviour.md §3.12)."""
+    limit = turn.policy.max_tool_calls
+    return limit is not None and turn.tool_calls_used >= limit
+
+
+def tools_withdrawn_by(turn: TurnState) -> str | None:
+    """Whether the pass about to open is the final answer pass, offered no tools, and the
+    ceiling that makes it one: the tool-call limit once reached (§3.12), else — with
+    ``at_ceiling="answer"`` — the iteration ceiling, on the last pass it allows (§2.1)."""
+    if tool_call_limit_reached(turn):
+        return "tool_call_limit"
+    policy = turn.policy
+    if policy.at_ceiling == "answer" and turn.iterations + 1 >= policy.max_function_call_iterations:
+        return "iteration_ceiling"
+    return None
+
+
+def final_answer_pass_due(turn: TurnState) -> bool:
+    """The pass about to open is the final answer pass (`tools_withdrawn_by`)."""
+    return tools_withdrawn_by(turn) is not None
+
+
+def calls_after_tool_call_limit(turn: TurnState) -> bool:
+    """The final answer pass the tool-call limit gave still asked for tools (§3.12)."""
+    return turn.tools_withdrawn == "tool_call_limit" and bool(turn.tool_round.calls)
+
+
+def calls_at_iteration_ceiling(turn: TurnState) -> bool:
+    """The final answer pass at the iteration ceiling still asked for tools (§2.1)."""
+    return turn.tools_withdrawn == "iteration_ceiling" and bool(turn.tool_round.calls)
+
+
+def answers_at_tool_call_limit(turn: TurnState) -> bool:
+    """The final answer pass the tool-call limit gave answered with text (§3.12)."""
+    return turn.tools_withdrawn == "tool_call_limit" and pass_has_text(turn)
+
+
+def answers_at_iteration_ceiling(turn: TurnState) -> bool:
+    """The final answer pass at the iteration ceiling answered with text (§2.1)."""
+    return turn.tools_withdrawn == "iteration_ceiling" and pass_has_text(turn)
 
 
 def consecutive_error_ceiling_reached(turn: TurnState) -> bool:

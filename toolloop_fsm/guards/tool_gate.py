@@ -1,5 +1,5 @@
 """The gate a requested call passes before anything runs (docs/behaviour.md §3.1–§3.5,
-§3.11), and
+§3.11, §3.12), and
 whether a running call cut off at its deadline is settled before the loop goes on (§3.9)."""
 
 from __future__ import annotations
@@ -117,6 +117,14 @@ def call_repeats_too_often(turn: TurnState) -> bool:
         return False
     tool = turn.registry.get(call.name)
     return tool is not None and not tool.repeatable
+
+
+def call_over_tool_call_limit(turn: TurnState) -> bool:
+    """The tool-call limit (docs/behaviour.md §3.12): the turn has admitted as many calls as
+    ``max_tool_calls`` allows — counting the calls of this batch admitted before this one,
+    in emitted order — so this one does not run."""
+    limit = turn.policy.max_tool_calls
+    return limit is not None and turn.tool_calls_used >= limit
 
 
 def allowed_tool_names(turn: TurnState) -> tuple[str, ...]:

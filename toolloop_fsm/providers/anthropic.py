@@ -7,7 +7,8 @@ This module owns three things for the Anthropic Messages API (``POST {base_url}/
   each tool batch as one assistant turn — thinking, the pre-tool text, every ``tool_use`` —
   and one user turn of ``tool_result`` blocks, ``is_error`` on failures; prefill as a
   trailing assistant turn; with tools offered and ``parallel_tool_calls`` off, ``tool_choice``
-  carries ``"disable_parallel_tool_use": true``);
+  carries ``"disable_parallel_tool_use": true``; on the final answer pass (tools withdrawn),
+  ``tool_choice`` is ``{"type": "none"}``);
 * `AnthropicStreamDecoder` — the sans-IO decoder from named SSE events to chunk events
   (text, thinking with its signature, tool calls assembled from ``input_json_delta``, usage,
   finish reason, in-stream ``error`` events);
@@ -176,7 +177,11 @@ def build_anthropic_body(
         body["system"] = "\n\n".join(system)
     if request.tools:
         body["tools"] = [_tool_spec(tool) for tool in request.tools]
-        if not request.parallel_tool_calls:
+        if request.tools_withdrawn:
+            # the final answer pass: Anthropic refuses `tool_use` blocks in the messages
+            # without `tools`, so they stay declared and the model may call none
+            body["tool_choice"] = {"type": "none"}
+        elif not request.parallel_tool_calls:
             body["tool_choice"] = _tool_choice(body)
     return body
 

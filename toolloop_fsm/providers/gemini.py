@@ -5,7 +5,8 @@ This module owns, for ``POST {base_url}/models/{model}:streamGenerateContent?alt
 * `build_gemini_body` — a `ProviderRequest` as a ``GenerateContentRequest`` (``contents`` with
   roles ``user`` / ``model``, ``systemInstruction``, each tool batch as one model turn of
   ``functionCall`` parts with their ``thoughtSignature`` echoed back and one user turn of
-  ``functionResponse`` parts, ``tools`` as ``functionDeclarations``). Gemini has no option
+  ``functionResponse`` parts, ``tools`` as ``functionDeclarations``; on the final answer pass,
+  tools withdrawn, ``toolConfig.functionCallingConfig.mode`` ``NONE``). Gemini has no option
   asking for one call per response: ``parallel_tool_calls`` is not sent, and a batch it makes
   anyway is run whole;
 * `GeminiStreamDecoder` — the sans-IO decoder from SSE ``data:`` payloads to chunk events
@@ -152,6 +153,9 @@ def build_gemini_body(request: ProviderRequest) -> dict[str, Any]:
         body["systemInstruction"] = {"parts": system}
     if request.tools:
         body["tools"] = [{"functionDeclarations": [_declaration(t) for t in request.tools]}]
+        if request.tools_withdrawn:
+            # the final answer pass: declared, but no function may be called
+            body["toolConfig"] = {"functionCallingConfig": {"mode": "NONE"}}
     if request.max_output:
         body["generationConfig"] = {"maxOutputTokens": request.max_output}
     return body

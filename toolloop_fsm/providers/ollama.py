@@ -6,7 +6,8 @@ This module owns:
   one assistant message with every call in ``tool_calls`` and one ``tool`` message per call,
   the prefill as a trailing assistant message, ``options``). ``/api/chat`` has no option
   asking for one call per response: ``parallel_tool_calls`` is not sent, and a batch the
-  model makes anyway is run whole;
+  model makes anyway is run whole; nor a tool choice: on the final answer pass (tools
+  withdrawn) no ``tools`` are sent;
 * `OllamaStreamDecoder` — the sans-IO decoder from NDJSON objects to chunk events
   (``message.content`` / ``message.thinking`` / ``message.tool_calls``, the ``done`` line's
   usage and ``done_reason``, an ``{"error": …}`` line);
@@ -124,7 +125,9 @@ def build_ollama_body(request: ProviderRequest, *, model: str) -> dict[str, Any]
         messages.append({"role": "assistant", "content": request.prefill})
 
     body: dict[str, Any] = {"model": model, "messages": messages, "stream": True}
-    if request.tools:
+    # Ollama has no tool choice: on the final answer pass (tools withdrawn) none is offered
+    # (its chat templates take tool calls in the history without them)
+    if request.tools and not request.tools_withdrawn:
         body["tools"] = [_tool(tool) for tool in request.tools]
     if request.max_output:
         body["options"] = {"num_predict": request.max_output}

@@ -8,7 +8,8 @@ servers that imitate it (Azure, DeepSeek, Groq, Mistral, OpenRouter, vLLM, Ollam
   ``tool_calls``) and one ``tool`` message per call, in order (the response as every adapter
   shows it, as JSON), then the prefill as a trailing assistant message; with tools offered
   and ``parallel_tool_calls`` off, ``"parallel_tool_calls": false``, which asks for at most
-  one call per response (``extra_body``, merged last, can still say otherwise);
+  one call per response (``extra_body``, merged last, can still say otherwise); on the final
+  answer pass (tools withdrawn), ``"tool_choice": "none"``;
 * `ChatStreamDecoder` — sans-IO, from SSE events to chunk events. Text from ``delta.content``
   (a string, or Mistral's array of ``thinking``/``text`` parts); reasoning from ``reasoning``
   or else ``reasoning_content`` (vLLM sends both, one a copy of the other); refusals as text;
@@ -169,7 +170,10 @@ def build_chat_body(
     }
     if request.tools:
         body["tools"] = [chat_tool(tool) for tool in request.tools]
-        if not request.parallel_tool_calls:
+        if request.tools_withdrawn:
+            # the final answer pass: the tools stay declared for the calls in the history
+            body["tool_choice"] = "none"
+        elif not request.parallel_tool_calls:
             body["parallel_tool_calls"] = False
     if request.max_output is not None:
         body["max_tokens"] = request.max_output

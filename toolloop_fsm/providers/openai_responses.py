@@ -137,7 +137,10 @@ def build_responses_body(
     }
     if request.tools:
         body["tools"] = [responses_tool(tool) for tool in request.tools]
-        if not request.parallel_tool_calls:
+        if request.tools_withdrawn:
+            # the final answer pass: the tools stay declared for the calls in the input
+            body["tool_choice"] = "none"
+        elif not request.parallel_tool_calls:
             body["parallel_tool_calls"] = False
     if request.max_output is not None:
         body["max_output_tokens"] = request.max_output

@@ -26,6 +26,7 @@ from toolloop_fsm.events import StreamFailed
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import ThoughtDelta
 from toolloop_fsm.events import UsageReport
+from toolloop_fsm.guards.ceilings import tools_withdrawn_by
 from toolloop_fsm.guards.tool_gate import offered_tools
 from toolloop_fsm.ledger import canonical_call_key
 from toolloop_fsm.provider import ProviderRequest
@@ -53,6 +54,20 @@ Item = TypeVar("Item")
 
 # --------------------------------------------------------------------------- pass start
 def begin_pass(turn: TurnState, _event: Any = None) -> None:
+    """Open an ordinary pass, offering the turn's tools (`open_pass`)."""
+    turn.tools_withdrawn = None
+    open_pass(turn)
+
+
+def begin_final_answer_pass(turn: TurnState, _event: Any = None) -> None:
+    """Open the final answer pass (docs/behaviour.md §3.12, §2.1): the tools stay declared
+    but the model is asked to call none, and the turn remembers which ceiling withdrew them
+    (the pass's ending names it)."""
+    turn.tools_withdrawn = tools_withdrawn_by(turn)
+    open_pass(turn)
+
+
+def open_pass(turn: TurnState) -> None:
     """Open pass number ``iterations + 1``: reset the accumulators, start the stream, arm the
     first-token budget, and post the one-time *still working* notice."""
     # the one-time notice goes out as the pass after the soft-warn count begins (with the
@@ -72,6 +87,7 @@ def begin_pass(turn: TurnState, _event: Any = None) -> None:
         max_output=turn.request.max_output,
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
         parallel_tool_calls=turn.policy.parallel_tool_calls,
+        tools_withdrawn=turn.tools_withdrawn is not None,
     )
     turn.current_pass = PassRecord(request=request)
     turn.effects.append(StartStream(turn.iterations, request))
@@ -336,6 +352,28 @@ def end_malformed_call(turn: TurnState, _event: Any = None) -> None:
     close_pass(turn, "function_call", error="malformed tool call")
     flush_buffer(turn)
     turn.error_message = "the model asked for a tool call without a name"
+
+
+def end_calls_after_tool_call_limit(turn: TurnState, _event: Any = None) -> None:
+    """The final answer pass of the tool-call limit asked for tools anyway (§3.12): none
+    runs, and the calls are named in the pass's ignored calls."""
+    _ignore_final_pass_calls(turn)
+    post_notice(turn, Notice("tool_call_limit", {"calls": turn.tool_calls_used}))
+
+
+def end_calls_at_iteration_ceiling(turn: TurnState, _event: Any = None) -> None:
+    """The final answer pass at the iteration ceiling asked for tools anyway (§2.1): none
+    runs, and the turn ends as the ceiling ends it, with its notice."""
+    _ignore_final_pass_calls(turn)
+    post_notice(turn, Notice("max_iterations", {"iterations": turn.iterations}))
+
+
+def _ignore_final_pass_calls(turn: TurnState) -> None:
+    calls = turn.tool_round.calls
+    turn.current_pass.ignored_calls = [str(c.call.name) for c in calls]
+    close_pass(turn, "function_call")  # the calls were streamed: the usage estimate counts them
+    calls.clear()
+    flush_buffer(turn)
 
 
 def fail_stream(turn: TurnState, event: StreamFailed) -> None:

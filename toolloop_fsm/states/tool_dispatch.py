@@ -19,6 +19,7 @@ from toolloop_fsm.guards.tool_gate import allowed_tool_names
 from toolloop_fsm.ledger import LedgerEntry
 from toolloop_fsm.ledger import ToolOutcome
 from toolloop_fsm.result import REVIEW_REJECTED_STATUS
+from toolloop_fsm.result import TOOL_CALL_LIMIT_STATUS
 from toolloop_fsm.result import Notice
 from toolloop_fsm.result import ToolCallRecord
 from toolloop_fsm.result import ToolHistoryEntry
@@ -186,15 +187,47 @@ def _summary(value: Any) -> str:
     return text if len(text) <= _SUMMARY_LIMIT else text[: _SUMMARY_LIMIT - 1] + "…"
 
 
+def refuse_call_over_limit(turn: TurnState, _event: Any = None) -> None:
+    """The tool-call limit (docs/behaviour.md §3.12): the call does not run, takes no
+    occurrence and counts as no tool error; the model is told to answer with what it has
+    (the next pass offers it no tools)."""
+    limit = turn.policy.max_tool_calls
+    at_gate(turn).outcome = ToolOutcome(
+        success=False,
+        reason=tool_call_limit_reason(limit if limit is not None else 0),
+        dispatched=False,
+        limited=True,
+    )
+
+
+def _failure_status(outcome: ToolOutcome) -> str:
+    if outcome.rejected:
+        return REVIEW_REJECTED_STATUS
+    if outcome.limited:
+        return TOOL_CALL_LIMIT_STATUS
+    return "tool_execution_failed"
+
+
+def tool_call_limit_reason(limit: int) -> str:
+    """What the model is told of a call refused by the tool-call limit."""
+    calls = "call" if limit == 1 else "calls"
+    return (
+        f"Not run: the tool-call limit of {limit} {calls} for this turn was reached; "
+        "answer with what you have."
+    )
+
+
 def admit_call(turn: TurnState, _event: Any = None) -> None:
     """The call passed the gate: it takes its occurrence (in emitted order, so two identical
-    calls of one batch are two occurrences) and waits for its start."""
+    calls of one batch are two occurrences), counts toward the tool-call limit and waits for
+    its start."""
     call = turn.tool_round.pending_call
     assert call is not None
     batch_call = at_gate(turn)
     batch_call.occurrence = take_occurrence(turn, call_key_of_pending(turn, call))
     batch_call.admitted = True
     turn.tool_round.queued += 1
+    turn.tool_calls_used += 1
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -358,7 +391,7 @@ def announce_tool_outcome(turn: TurnState, _event: Any = None) -> None:
                 deliver_expression(turn, outcome.expression)
                 # the expression is the tool's own reply: an empty follow-up may settle on it
                 turn.tool_response_delivered = True
-        if not outcome.success and not outcome.rejected:
+        if not outcome.success and not outcome.rejected and not outcome.limited:
             post_notice(turn, tool_failure_notice(turn, batch_call.call, outcome))
 
 
@@ -431,7 +464,7 @@ def _append_entry(
             success=False,
             data=outcome.data,
             message=outcome.message,
-            status=REVIEW_REJECTED_STATUS if outcome.rejected else "tool_execution_failed",
+            status=_failure_status(outcome),
             reason=outcome.reason,
             tool_name=name,
         )
@@ -456,7 +489,8 @@ def _count_outcome(turn: TurnState, name: str, outcome: ToolOutcome) -> None:
         turn.suppress_text = False
         if name == turn.policy.memory_tool_name:
             turn.disabled_tools = turn.disabled_tools | {name}
-    elif not outcome.rejected:  # a rejection by the tool checkpoint is no failure
+    # a rejection by the tool checkpoint is no failure, nor a refusal by the tool-call limit
+    elif not outcome.rejected and not outcome.limited:
         turn.consecutive_tool_errors += 1
         if turn.continuation_style and turn.pre_tool_text is not None:
             turn.continuation_failures += 1

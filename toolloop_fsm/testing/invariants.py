@@ -90,6 +90,7 @@ from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import REVIEW_REJECTED_STATUS
+from toolloop_fsm.result import TOOL_CALL_LIMIT_STATUS
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import ToolHistoryEntry
 from toolloop_fsm.result import TraceStep
@@ -200,6 +201,10 @@ def call_identity(name: str, arguments: Any) -> str:
     except (TypeError, ValueError):
         canonical = repr(arguments)
     return f"{name}\x00{canonical}"
+
+
+#: A failed response for a call that never ran and counts as no tool error.
+_NOT_RUN_STATUSES = (REVIEW_REJECTED_STATUS, TOOL_CALL_LIMIT_STATUS)
 
 
 def _fail(invariant: int, message: str) -> None:
@@ -377,6 +382,8 @@ def _check_ceilings(
         )
     if len(result.stream_results) > result.iterations:
         _fail(2, f"{len(result.stream_results)} stream results for {result.iterations} passes")
+    _check_tool_call_limit(result, policy)
+    _check_answer_at_ceiling(result, policy)
     if provider is not None:
         requests = len(provider.requests)
         # The last pass may be cancelled (stop, host error) before its reader ever asked the
@@ -397,6 +404,49 @@ def _check_ceilings(
             _fail(2, f"one dispatch ran a tool more than once: dispatch numbers {dispatches}")
         if emitted is not None:
             _check_runs_within_batches(executions, emitted)
+
+
+def _check_tool_call_limit(result: GenerationTurnResult, policy: LoopPolicy) -> None:
+    """No more dispatches than ``max_tool_calls``; a call refused by the limit, and the
+    endings the limit names, only once the turn dispatched that many (docs/behaviour.md
+    §3.12: a call admitted within the limit always dispatches — a refused or reused one
+    takes none of it)."""
+    limit = policy.max_tool_calls
+    refused = sum(e.response.status == TOOL_CALL_LIMIT_STATUS for e in result.history)
+    named = result.reason in ("tool_call_limit", "answered_at_tool_call_limit")
+    if limit is None:
+        if refused or named:
+            _fail(2, f"the turn has no tool-call limit, yet {_limit_sign(refused, result)}")
+        return
+    if result.tool_dispatches > limit:
+        _fail(2, f"{result.tool_dispatches} tool dispatches, above max_tool_calls={limit}")
+    if (refused or named) and result.tool_dispatches < limit:
+        _fail(
+            2,
+            f"only {result.tool_dispatches} of max_tool_calls={limit} dispatched, yet "
+            f"{_limit_sign(refused, result)}",
+        )
+
+
+def _limit_sign(refused: int, result: GenerationTurnResult) -> str:
+    if refused:
+        return f"{refused} calls were refused for the tool-call limit"
+    return f"it ended {result.status.value} ({result.reason})"
+
+
+def _check_answer_at_ceiling(result: GenerationTurnResult, policy: LoopPolicy) -> None:
+    """An answer at the iteration ceiling (docs/behaviour.md §2.1) only with
+    ``at_ceiling="answer"``, on the pass the ceiling allows last."""
+    if result.reason != "answered_at_iteration_ceiling":
+        return
+    ceiling = policy.max_function_call_iterations
+    if policy.at_ceiling != "answer" or result.iterations != ceiling:
+        _fail(
+            2,
+            f"the turn answered at the iteration ceiling on pass {result.iterations} of "
+            f"{ceiling}, with at_ceiling={policy.at_ceiling!r}: only the last pass of "
+            'at_ceiling="answer" is the final answer pass',
+        )
 
 
 def _calls_emitted(
@@ -544,8 +594,8 @@ def _check_error_runs(result: GenerationTurnResult, policy: LoopPolicy) -> None:
                 "holds no entry for it",
             )
         for entry in batch:
-            if entry.response.status == REVIEW_REJECTED_STATUS:
-                continue  # the checkpoint's rejection: the call never ran, and it is no failure
+            if entry.response.status in _NOT_RUN_STATUSES:
+                continue  # the checkpoint's rejection, the limit's refusal: no failure
             run = 0 if entry.response.success else run + 1
         if run >= ceiling:
             _check_ceiling_ends_turn(result, trace, index, run, recorded)
@@ -701,7 +751,7 @@ def _check_no_replay(
         for identity in dict.fromkeys([*entries_of, *runs_of]):
             entries = entries_of.get(identity, [])
             runs = list(runs_of.get(identity, ()))
-            answered = [e for e in entries if e.response.status != REVIEW_REJECTED_STATUS]
+            answered = [e for e in entries if e.response.status not in _NOT_RUN_STATUSES]
             refused_here = refused.get(iteration, frozenset())
             taking = _occurrence_takers(
                 [e for e in answered if e.position not in refused_here], runs
@@ -713,8 +763,9 @@ def _check_no_replay(
             if rejected and len(runs) > len(answered) and not incomplete:
                 _fail(
                     4,
-                    f"the checkpoint rejected {name!r} in pass {iteration}, yet it ran "
-                    f"(dispatch {runs[-1].dispatch}): a rejected call never runs",
+                    f"the checkpoint rejected {name!r} in pass {iteration} (or the tool-call "
+                    f"limit refused it), yet it ran (dispatch {runs[-1].dispatch}): a "
+                    "rejected or limited call never runs",
                 )
             if not runs and not any(e.response.success for e in taking):
                 continue  # refused by the gate (or a failure handed back): no occurrence
@@ -1087,10 +1138,16 @@ def _check_history(
     executions: Sequence[ToolExecution] | None = None,
     policy: LoopPolicy | None = None,
 ) -> None:
-    checkpoint = policy is not None and policy.review_tool_calls
+    failed_statuses: tuple[str, ...] = ("tool_execution_failed",)
+    if policy is not None and policy.review_tool_calls:
+        failed_statuses += (REVIEW_REJECTED_STATUS,)
+    if policy is not None and policy.max_tool_calls is not None:
+        failed_statuses += (TOOL_CALL_LIMIT_STATUS,)
     revised = _revised_passes(result) if policy is not None and policy.drafting else ()
     erased = max(revised, default=0)
-    _check_entries(result.history, "the result's history", result, streamed, checkpoint, erased)
+    _check_entries(
+        result.history, "the result's history", result, streamed, failed_statuses, erased
+    )
     if executions is None:
         _check_arguments_as_sent(result, streamed, executions)
     if provider is None:
@@ -1098,7 +1155,7 @@ def _check_history(
     for index, sent in enumerate(provider.requests):
         # the request for pass index + 1 follows the revisions made after passes up to index
         before = max((r for r in revised if r <= index), default=0)
-        _check_request(index, sent, result, streamed, request, checkpoint, before, erased)
+        _check_request(index, sent, result, streamed, request, failed_statuses, before, erased)
 
 
 def _revised_passes(result: GenerationTurnResult) -> tuple[int, ...]:
@@ -1123,7 +1180,7 @@ def _check_request(
     result: GenerationTurnResult,
     streamed: Sequence[Sequence[object]] | None,
     request: TurnRequest | None,
-    checkpoint: bool = False,
+    failed_statuses: tuple[str, ...] = ("tool_execution_failed",),
     erased_before: int = 0,
     erased: int = 0,
 ) -> None:
@@ -1148,7 +1205,7 @@ def _check_request(
                 7,
                 f"{where} carries an entry from pass {entry.iteration}, which had not happened yet",
             )
-    _check_entries(history, where, result, streamed, checkpoint, erased_before)
+    _check_entries(history, where, result, streamed, failed_statuses, erased_before)
     if index == 0 and request is not None and sent.prefill != request.prefill:
         _fail(
             7,
@@ -1170,17 +1227,14 @@ def _check_entries(
     where: str,
     result: GenerationTurnResult,
     streamed: Sequence[Sequence[object]] | None,
-    checkpoint: bool = False,
+    failed_statuses: tuple[str, ...] = ("tool_execution_failed",),
     erased: int = 0,
 ) -> None:
-    """Each entry is well formed. ``checkpoint``: the tool checkpoint was on, so a failed
-    call may be one its reviewer rejected (``review_rejected``). ``erased``: the passes up
-    to this one had their pre-tool text taken out by a revision (it may be none)."""
-    failed_statuses = (
-        ("tool_execution_failed", REVIEW_REJECTED_STATUS)
-        if checkpoint
-        else ("tool_execution_failed",)
-    )
+    """Each entry is well formed. ``failed_statuses``: what a failed response may say it
+    is — with the tool checkpoint on, a call its reviewer rejected (``review_rejected``);
+    with a tool-call limit, a call the limit refused (``tool_call_limit``). ``erased``: the
+    passes up to this one had their pre-tool text taken out by a revision (it may be
+    none)."""
     ids: dict[str, int] = {}
     last: dict[int, int] = {}  # by pass: the position of its batch's last entry so far
     for index, entry in enumerate(history):

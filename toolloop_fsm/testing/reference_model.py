@@ -43,6 +43,13 @@ Theory of operation (what the stage functions below do not show):
   past ``max_identical_calls`` in its segment is refused (a failure, taking no occurrence)
   unless its tool is ``repeatable``; it is decided after replay and the checkpoint's
   standing rejections, before the checkpoint's review.
+* The tool-call limit (docs/behaviour.md §3.12). A call that would be admitted past
+  ``max_tool_calls`` admitted calls of the turn is refused (a refusal counting as no
+  failure, posting no notice); it is decided after the repeat guard, before the
+  checkpoint's review. Every pass after the limit is reached, and with
+  ``at_ceiling="answer"`` the pass numbered ``max_function_call_iterations``, is the final
+  answer pass: a call it makes ends the turn ``timeout`` at that ceiling, text completes it
+  ``answered_at_…`` that ceiling.
 * Tool batches (docs/behaviour.md §3.10). Every call of a pass, in emitted order, is one
   batch. A call without a name ends the turn ``malformed_call`` before any runs; otherwise
   each call passes the gate on its own, in emitted order and before any call runs (a
@@ -403,11 +410,13 @@ class _Outcome:
     dispatched: bool = False
     reused: bool = False
     rejected: bool = False  # the tool checkpoint's reviewer rejected the call: it never ran
+    limited: bool = False  # refused by the tool-call limit (§3.12): no failure counted
 
 
 _TIMED_OUT = _Outcome(success=False, dispatched=True)
 _REFUSED = _Outcome(success=False)
 _REJECTED = _Outcome(success=False, rejected=True)
+_LIMITED = _Outcome(success=False, limited=True)
 
 
 class _Choices:
@@ -682,8 +691,8 @@ def _shows_expression(outcome: _Outcome, shown_already: bool) -> bool:
 
 def _posts_failure_notice(outcome: _Outcome) -> bool:
     """§3.8 rule 2: every failure posts ``tool_failed`` — but a rejection by the tool
-    checkpoint posts none (§14.6)."""
-    return not outcome.success and not outcome.rejected
+    checkpoint posts none (§14.6), nor a refusal by the tool-call limit (§3.12 rule 3)."""
+    return not outcome.success and not outcome.rejected and not outcome.limited
 
 
 def _restarts_context(outcome: _Outcome) -> bool:
@@ -698,10 +707,10 @@ def _counted(
     """§4.2 rule 4 and §5 rule 3: a success resets both counters and lifts suppression.
     §4.2 rule 5: a failure adds one failure; on a continuation-style provider, after pre-tool
     text, also one continuation failure, and text is suppressed. A checkpoint rejection
-    counts as no error (§14.6)."""
+    counts as no error (§14.6), nor does a refusal by the tool-call limit (§3.12 rule 3)."""
     if outcome.success:
         return _Counters()
-    if outcome.rejected:
+    if outcome.rejected or outcome.limited:
         return counters
     if continuation_style and pre_tool_text:
         return _Counters(counters.failures + 1, counters.continuation_failures + 1, True)
@@ -832,6 +841,10 @@ class _Simulation:
         self.running: list[_BatchCall] = []
         self.pre_tool_text: str | None = None
         self.dispatches = 0
+        # §3.12: the calls admitted to run this turn, and whether the pass streaming is the
+        # final answer pass (the ceiling that withdrew its tools, or None)
+        self.calls_admitted = 0
+        self.withdrawn: str | None = None
         self.counters = _Counters()
         self.last_batch: tuple[str, ...] = ()  # §4.2 rule 3: the last batch's tools
         self.visible_text_handed = False
@@ -1013,12 +1026,27 @@ class _Simulation:
             self.decide(TurnStatus.TIMEOUT, "iteration_ceiling")
             return
         number = len(self.passes) + 1
+        self.withdrawn = self.tools_withdrawn(number)
         if number == self.policy.soft_warn_iteration + 1:
             self.post("still_working")
         items = self.script.passes[number - 1] if number <= len(self.script.passes) else ()
         self.passes.append(_Pass(number, self.now, list(items)))
         self.phase = "streaming"
         self.reading = True
+
+    def tools_withdrawn(self, number: int) -> str | None:
+        """§3.12 rule 4: once the calls admitted reach ``max_tool_calls``, every later pass is
+        offered no tools; §2.1 rule 1: with ``at_ceiling="answer"``, so is the pass numbered
+        ``max_function_call_iterations``. The limit is named first when both hold."""
+        limit = self.policy.max_tool_calls
+        if limit is not None and self.calls_admitted >= limit:
+            return "tool_call_limit"
+        if (
+            self.policy.at_ceiling == "answer"
+            and number == self.policy.max_function_call_iterations
+        ):
+            return "iteration_ceiling"
+        return None
 
     def _stream_due(self) -> float:
         """The first-token budget runs from the pass's start until its first chunk of any
@@ -1180,13 +1208,20 @@ class _Simulation:
         self.flush()
         if self.drafting and self.cut:
             self.complete_reply()  # cut at the ceiling: the reply is over, its calls ignored
+        elif current.calls and self.withdrawn and not any(map(_malformed, current.calls)):
+            # §3.12 rule 5, §2.1 rule 1: the final answer pass called anyway: nothing runs
+            self.post(
+                "tool_call_limit" if self.withdrawn == "tool_call_limit" else "max_iterations"
+            )
+            self.decide(TurnStatus.TIMEOUT, self.withdrawn)
         elif current.calls:
             self.open_batch(current.calls)
         elif self.drafting and self.held:
             self.complete_reply()
         elif current.text.strip():
             self.completed_text = current.text
-            self.decide(TurnStatus.COMPLETED)
+            # §3.12 rule 6: an answer on the final answer pass says the tools were withdrawn
+            self.decide(TurnStatus.COMPLETED, self.withdrawn and f"answered_at_{self.withdrawn}")
         elif self.settles(current):
             texts = [p.text for p in self.passes[self.revised_at :] if p.text.strip()]
             self.completed_text = texts[-1] if texts else ""
@@ -1238,12 +1273,12 @@ class _Simulation:
         return shape is not None and shape.sequential
 
     def gate_next(self) -> None:
-        """§2.4 rules 1-8, §3.2-§3.5, §3.11 and §14.6 for each call in emitted order,
+        """§2.4 rule 3, §3.2-§3.5, §3.11, §3.12 and §14.6 for each call in emitted order,
         before any call runs: a refusal is that call's failure, a replayed call hands back
         its recorded outcome (never reviewed), the checkpoint rejects again what it
-        rejected, a repeat past the allowance is refused, the checkpoint may review the call
-        (the gate goes on after its verdict); anything else is admitted. Then the admitted
-        calls are dispatched."""
+        rejected, a repeat past the allowance is refused, so is a call past the tool-call
+        limit, the checkpoint may review the call (the gate goes on after its verdict);
+        anything else is admitted. Then the admitted calls are dispatched."""
         while self.gating < len(self.batch):
             entry = self.batch[self.gating]
             self.gating += 1
@@ -1261,6 +1296,10 @@ class _Simulation:
                 continue
             if self.repeats_too_often(entry, identity):
                 self.call_known(entry, _REFUSED)
+                continue
+            limit = self.policy.max_tool_calls
+            if limit is not None and self.calls_admitted >= limit:
+                self.call_known(entry, _LIMITED)  # §3.12 rules 1-2
                 continue
             if self.checkpoint and self.checkpoint_reviews(entry):
                 if self.phase == "review":
@@ -1282,6 +1321,7 @@ class _Simulation:
         """The call passed the gate: it takes its occurrence and waits to be dispatched."""
         self.take_occurrence(entry)
         self.admitted.append(entry)
+        self.calls_admitted += 1
         self.phase = "tool"
 
     def launch(self) -> None:
@@ -2029,6 +2069,8 @@ def _policy_text(policy: LoopPolicy) -> str:
         "host_call_timeout",
         "cancel_grace",
     )
+    if policy.max_tool_calls is not None or policy.at_ceiling != "end":
+        names += ("max_tool_calls", "at_ceiling")
     if policy.drafting or policy.review_tool_calls:
         names += (
             "drafting",

@@ -51,6 +51,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
+from typing import Literal
 from typing import Protocol
 from typing import TypeVar
 
@@ -1079,7 +1080,14 @@ def build_policy(
         policy = build_review_fields(c, policy, drafting, review_tool_calls)
     # drawn last, for the same reason: the default first, else an allowance of identical
     # calls a script's repeated calls reach (docs/behaviour.md §3.11)
-    return attrs.evolve(policy, max_identical_calls=c.pick(_IDENTICAL_CALL_LIMITS))
+    policy = attrs.evolve(policy, max_identical_calls=c.pick(_IDENTICAL_CALL_LIMITS))
+    # drawn last again: no limit most often, else one a script's batches reach, and the
+    # iteration ceiling's manner (docs/behaviour.md §3.12, §2.1)
+    return attrs.evolve(
+        policy,
+        max_tool_calls=c.pick(_TOOL_CALL_LIMITS),
+        at_ceiling=c.pick(_CEILING_MANNERS),
+    )
 
 
 @functools.cache
@@ -1090,6 +1098,10 @@ def _iteration_ceilings(most: int) -> tuple[int, ...]:
 _SOFT_WARNINGS = tuple(range(1, 6))
 _PARALLEL_LIMITS = (10, 10, 10, 1, 2, 3)
 _IDENTICAL_CALL_LIMITS = (3, 3, 1, 2)
+#: A tool-call limit in one policy of five: a limit of 1 to 3 ends most tool chains early,
+#: and the other rules after a tool call need long chains to meet one another.
+_TOOL_CALL_LIMITS: tuple[int | None, ...] = (None,) * 8 + (1, 3)
+_CEILING_MANNERS: tuple[Literal["end", "answer"], ...] = ("end", "end", "end", "answer")
 _TOOL_ERROR_CEILINGS = tuple(range(1, 5))
 
 
