@@ -374,6 +374,23 @@ def test_the_readme_batch_example_runs_every_call_of_the_batch_against_toolloop_
     assert "completed pre_tool_text_suffices 4" in out
 
 
+def test_the_readme_limit_example_answers_with_two_of_three_calls_against_toolloop_fsm_serve(
+    served: str, tmp_path: Path
+) -> None:
+    example = readme_example(REPO, "## Limits on a turn")
+    assert "http://127.0.0.1:8765/v1" in example
+    source = example.replace("http://127.0.0.1:8765/v1", served)
+    proc = run_example(source, tmp_path, _env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "ran: ['Paris', 'London']" in out, out  # the third call of the batch never ran
+    answers = re.findall(r"^  (\w+): (\w+)$", out, re.MULTILINE)
+    assert answers == [("Paris", "ok"), ("London", "ok"), ("Rome", "tool_call_limit")]
+    # the final answer pass was offered no tools, and answered with the two forecasts
+    assert "London: 20 °C, clear; Rome: not looked up." in out
+    assert "completed answered_at_tool_call_limit 2" in out
+
+
 def test_the_readme_example_prints_why_a_turn_failed(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     source = _readme_example().replace("http://127.0.0.1:8765/v1", url)

@@ -227,10 +227,13 @@ def _batch_reply(
         ]
         return _reply(text, calls, earlier + len(answered), prompt)
     parts = []
-    for message in answered[-len(cities) :]:
+    # the answers come in emitted order, one per city asked about
+    for city, message in zip(cities, answered[-len(cities) :], strict=True):
         data = _forecast(message)
-        city, temp_c = data.get("city", "?"), data.get("temp_c", "?")
-        parts.append(f"{city}: {temp_c} °C, {data.get('sky', 'unknown')}")
+        if "temp_c" not in data:  # a call that failed or was refused: no forecast to tell
+            parts.append(f"{city}: not looked up")
+            continue
+        parts.append(f"{city}: {data['temp_c']} °C, {data.get('sky', 'unknown')}")
     text = "; ".join(parts) + "."
     calls = _remembering(tools, f"asked about {', '.join(cities)}")
     if calls:

@@ -20,6 +20,7 @@ from tests.interop.servers import LLMockControl
 from tests.interop.turns import ANTHROPIC
 from tests.interop.turns import OPENAI_CHAT
 from tests.interop.turns import OPENAI_RESPONSES
+from tests.interop.turns import POLICY
 from tests.interop.turns import WEATHER
 from tests.interop.turns import Adapter
 from tests.interop.turns import WeatherTool
@@ -176,3 +177,30 @@ async def test_a_tool_batch_through_the_proxy_runs_every_call_and_answers_each(
     served = await llmock.requests()
     assert len(served) == 2
     assert body_text(served[1]).count(str(WEATHER["marker"])) == 2
+
+
+@endpoints
+async def test_the_final_answer_pass_through_the_proxy_is_accepted_and_answered(
+    litellm_proxy: LiteLLMProxy, llmock: LLMockControl, adapter: Adapter
+) -> None:
+    batch = [{"name": "get_weather", "arguments": {"city": c}} for c in ("Paris", "London")]
+    await llmock.script({"type": "reply", "tool_calls": batch}, {"type": "reply", "text": REPLY})
+    weather = WeatherTool()
+
+    result = await loop_turn(
+        adapter.provider(litellm_proxy.url, PROXY_KEY),
+        weather.tools,
+        policy=attrs.evolve(POLICY, max_tool_calls=1),
+    )
+
+    # the limit let one call run; the proxy took the pass that asks for no call (tools still
+    # declared, `tool_choice` none in each API's words) and the model behind it answered
+    assert (result.status, result.reason) == (TurnStatus.COMPLETED, "answered_at_tool_call_limit")
+    assert result.final_text == REPLY
+    assert weather.runs == [{"city": "Paris"}]
+    assert [e.response.status for e in result.history] == [None, "tool_call_limit"]
+    served = await llmock.requests()
+    assert len(served) == 2
+    assert "tool-call limit of 1 call" in body_text(served[1])
+    # whichever API the host spoke, the proxy handed "call none" on to the model behind it
+    assert served[1]["body"]["tool_choice"] == "none" and served[1]["body"]["tools"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import attrs
 import pytest
 
 from tests.interop.servers import LLMockControl
@@ -17,6 +18,7 @@ from tests.interop.turns import GEMINI
 from tests.interop.turns import LLMOCK_ADAPTERS
 from tests.interop.turns import OPENAI_CHAT
 from tests.interop.turns import OPENAI_RESPONSES
+from tests.interop.turns import POLICY
 from tests.interop.turns import WEATHER
 from tests.interop.turns import Adapter
 from tests.interop.turns import WeatherTool
@@ -358,3 +360,60 @@ async def test_every_call_of_a_batch_runs_and_the_next_request_answers_each_nati
     # one assistant turn with the three calls, then the three answers
     assert _batch_shape(adapter.name, served[1]["body"]) == (1, 3, 3)
     assert body_text(served[1]).count(str(WEATHER["marker"])) == 3
+
+
+# --------------------------------------------------------------------------- the tool-call limit
+#: How each API says "no call" on the final answer pass (docs/behaviour.md §3.12 rule 4).
+NO_CALL = {
+    OPENAI_CHAT: ("tool_choice", "none"),
+    OPENAI_RESPONSES: ("tool_choice", "none"),
+    ANTHROPIC: ("tool_choice", {"type": "none"}),
+    GEMINI: ("toolConfig", {"functionCallingConfig": {"mode": "NONE"}}),
+}
+
+
+@adapters
+async def test_past_the_tool_call_limit_the_batch_is_answered_and_the_model_asked_for_no_call(
+    llmock: LLMockControl, adapter: Adapter
+) -> None:
+    cities = ["Paris", "London", "Rome"]
+    batch = [{"name": "get_weather", "arguments": {"city": city}} for city in cities]
+    await llmock.script({"type": "reply", "tool_calls": batch}, reply("Clear in two of them."))
+    weather = WeatherTool()
+
+    result = await loop_turn(
+        adapter.provider(llmock.url, KEYS[0]),
+        weather.tools,
+        policy=attrs.evolve(POLICY, max_tool_calls=2),
+    )
+
+    assert (result.status, result.reason) == (TurnStatus.COMPLETED, "answered_at_tool_call_limit")
+    assert [run["city"] for run in weather.runs] == ["Paris", "London"]
+    assert [e.response.status for e in result.history] == [None, None, "tool_call_limit"]
+    served = await llmock.requests()
+    # the server took the final answer pass: the whole batch answered, the tools still
+    # declared, and the API's own words for "call none"
+    assert [r["status"] for r in served] == [200, 200]
+    follow_up = served[1]["body"]
+    assert _batch_shape(adapter.name, follow_up) == (1, 3, 3)
+    key, value = NO_CALL[adapter.name]
+    assert follow_up[key] == value and follow_up["tools"]
+    assert "tool-call limit of 2 calls" in body_text(served[1])
+
+
+@adapters
+async def test_a_model_that_calls_on_the_final_answer_pass_ends_the_turn_at_the_limit(
+    llmock: LLMockControl, adapter: Adapter
+) -> None:
+    await llmock.script(weather_call("Paris"), weather_call("London"))
+    weather = WeatherTool()
+
+    result = await loop_turn(
+        adapter.provider(llmock.url, KEYS[0]),
+        weather.tools,
+        policy=attrs.evolve(POLICY, max_tool_calls=1),
+    )
+
+    assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "tool_call_limit")
+    assert weather.runs == [{"city": "Paris"}]  # the call made anyway never ran
+    assert result.stream_results[-1].ignored_calls == ("get_weather",)
