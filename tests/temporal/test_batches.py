@@ -461,3 +461,38 @@ async def test_the_repeat_allowance_and_a_repeatable_tool_cross_to_the_workflow(
     assert [r.success for r in responses] == [True, True, False, True]
     assert "repeats an identical call of 'get_weather'" in (responses[2].reason or "")
     assert '"sky": "clear"' in (responses[2].reason or "")
+
+
+async def test_the_tool_call_limit_crosses_to_the_workflow_and_its_final_pass_asks_for_no_call(
+    client: Client, task_queue: str
+) -> None:
+    """`LoopPolicy.max_tool_calls` reaches the workflow's machines: one call of the batch
+    runs, the other is refused, and the pass activity asks the model for no call
+    (docs/behaviour.md §3.12)."""
+    ran: list[str] = []
+
+    async def weather(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        ran.append(arguments["city"])
+        return ToolResult(data={"city": arguments["city"], "sky": "clear"})
+
+    tools = [
+        Tool("oslo_weather", "Weather in Oslo.", ANY_PLACE, weather),
+        Tool("paris_weather", "Weather in Paris.", ANY_PLACE, weather),
+    ]
+    policy = attrs.evolve(POLICY, loop=attrs.evolve(POLICY.loop, max_tool_calls=1))
+    provider = ScriptedProvider(two_calls("oslo_weather", "paris_weather", "Clear in Oslo."))
+    async with TurnWorker(
+        client,
+        task_queue,
+        providers={"main": Attempt(lambda key: provider)},
+        tools=tools,
+        channels={"chat": RecordingChannel()},
+    ):
+        turn = await start_turn(client, task_queue, REQUEST, policy=policy)
+        async with real_time_limit(LIMIT):
+            result = await turn.result()
+
+    assert (result.status, result.reason) == (TurnStatus.COMPLETED, "answered_at_tool_call_limit")
+    assert ran == ["Oslo"] and result.tool_dispatches == 1
+    assert [e.response.status for e in result.history] == [None, "tool_call_limit"]
+    assert [r.tools_withdrawn for r in provider.requests] == [False, True]
