@@ -18,11 +18,16 @@ from toolloop_fsm import ToolContext
 from toolloop_fsm import ToolResult
 from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnSignals
+from toolloop_fsm import TurnStatus
 from toolloop_fsm import run_tool_loop
 from toolloop_fsm.testing import RecordingChannel
 from toolloop_fsm.testing import ScriptedProvider
 from toolloop_fsm.testing import ScriptItem
 from toolloop_fsm.testing import VirtualClock
+from toolloop_fsm.testing import run_script
+from toolloop_fsm.testing.reference_model import check_ending
+from toolloop_fsm.testing.reference_model import predict_ending
+from toolloop_fsm.testing.strategies import TurnScript
 
 USER = [{"role": "user", "content": "what's the weather in Paris?"}]
 
@@ -123,3 +128,16 @@ async def run_turn(
         clock=turn.clock,
     )
     return turn.result
+
+
+async def engine_and_model_end_alike(
+    script: TurnScript, policy: LoopPolicy, expected: tuple[TurnStatus, str | None]
+) -> None:
+    """Run ``script`` under ``policy``: the engine keeps every invariant and ends as
+    ``expected``, and the reference model, asked about the script alone, predicts the same."""
+    run = await run_script(script, policy)
+    run.check()  # the invariants, and the model's ending (invariant 10)
+    check_ending(run)
+    assert (run.result.status, run.result.reason) == expected
+    predicted = predict_ending(script, policy, tools=run.tools)
+    assert (predicted.status, predicted.reason) == expected

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.inner_kit import Turn
+from tests.inner_kit import engine_and_model_end_alike
 from tests.inner_kit import make_tool
 from tests.inner_kit import run_turn
 from tests.inner_kit import scripted_turn
@@ -18,9 +19,6 @@ from toolloop_fsm import LoopPolicy
 from toolloop_fsm import TextDelta
 from toolloop_fsm import Tool
 from toolloop_fsm import TurnStatus
-from toolloop_fsm.testing import run_script
-from toolloop_fsm.testing.reference_model import check_ending
-from toolloop_fsm.testing.reference_model import predict_ending
 from toolloop_fsm.testing.strategies import TurnScript
 
 
@@ -123,9 +121,4 @@ async def test_the_reference_model_predicts_the_ending_at_the_ceiling(
 ) -> None:
     policy = LoopPolicy(max_function_call_iterations=3, at_ceiling="answer")
     script = TurnScript(passes=((weather("a"),), (weather("b"),), last))
-    run = await run_script(script, policy)
-    run.check()
-    check_ending(run)
-    assert (run.result.status, run.result.reason) == expected
-    predicted = predict_ending(script, policy, tools=run.tools)
-    assert (predicted.status, predicted.reason) == expected
+    await engine_and_model_end_alike(script, policy, expected)

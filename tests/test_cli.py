@@ -338,15 +338,21 @@ def test_the_readme_chat_bot_holds_a_three_turn_conversation_against_toolloop_fs
     assert "asked about the weather in London" in out  # the silent tool's note
 
 
-def test_the_readme_drafting_example_revises_once_against_toolloop_fsm_serve(
-    served: str, tmp_path: Path
-) -> None:
-    example = readme_example(REPO, "## Drafting and the tool checkpoint")
+def _run_served_example(heading: str, served: str, tmp_path: Path) -> str:
+    """Run the README's example under ``heading`` against the background ``serve`` (the
+    README points it at `serve`'s default address); its output."""
+    example = readme_example(REPO, heading)
     assert "http://127.0.0.1:8765/v1" in example
     source = example.replace("http://127.0.0.1:8765/v1", served)
     proc = run_example(source, tmp_path, _env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = proc.stdout
+    return proc.stdout
+
+
+def test_the_readme_drafting_example_revises_once_against_toolloop_fsm_serve(
+    served: str, tmp_path: Path
+) -> None:
+    out = _run_served_example("## Drafting and the tool checkpoint", served, tmp_path)
     assert "Good news" in out and "Let me check" not in out  # only the replacement was shown
     assert " completed draft_passed" in out, out
     assert re.findall(r"^  (pass|revise) ", out, re.MULTILINE) == ["revise", "pass"]
@@ -355,12 +361,7 @@ def test_the_readme_drafting_example_revises_once_against_toolloop_fsm_serve(
 def test_the_readme_batch_example_runs_every_call_of_the_batch_against_toolloop_fsm_serve(
     served: str, tmp_path: Path
 ) -> None:
-    example = readme_example(REPO, "## Tool batches")
-    assert "http://127.0.0.1:8765/v1" in example
-    source = example.replace("http://127.0.0.1:8765/v1", served)
-    proc = run_example(source, tmp_path, _env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = proc.stdout
+    out = _run_served_example("## Tool batches", served, tmp_path)
     assert "ran: ['Paris', 'London', 'Rome']" in out, out
     positions = re.findall(r"^  (\d): (\w+) (.*)$", out, re.MULTILINE)
     assert positions == [
@@ -377,12 +378,7 @@ def test_the_readme_batch_example_runs_every_call_of_the_batch_against_toolloop_
 def test_the_readme_limit_example_answers_with_two_of_three_calls_against_toolloop_fsm_serve(
     served: str, tmp_path: Path
 ) -> None:
-    example = readme_example(REPO, "## Limits on a turn")
-    assert "http://127.0.0.1:8765/v1" in example
-    source = example.replace("http://127.0.0.1:8765/v1", served)
-    proc = run_example(source, tmp_path, _env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = proc.stdout
+    out = _run_served_example("## Limits on a turn", served, tmp_path)
     assert "ran: ['Paris', 'London']" in out, out  # the third call of the batch never ran
     answers = re.findall(r"^  (\w+): (\w+)$", out, re.MULTILINE)
     assert answers == [("Paris", "ok"), ("London", "ok"), ("Rome", "tool_call_limit")]

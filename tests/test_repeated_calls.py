@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 import pytest
 
+from tests.inner_kit import engine_and_model_end_alike
 from tests.inner_kit import fails
 from tests.inner_kit import make_tool
 from tests.inner_kit import run_turn
@@ -24,9 +25,6 @@ from toolloop_fsm import ToolResult
 from toolloop_fsm import TurnStatus
 from toolloop_fsm import tool
 from toolloop_fsm.ledger import canonical_call_key
-from toolloop_fsm.testing import run_script
-from toolloop_fsm.testing.reference_model import check_ending
-from toolloop_fsm.testing.reference_model import predict_ending
 from toolloop_fsm.testing.strategies import DEFAULT_TOOLS
 from toolloop_fsm.testing.strategies import TurnScript
 
@@ -290,14 +288,9 @@ def _repeat_script(*, repeatable: bool) -> TurnScript:
 async def test_the_reference_model_predicts_the_guards_ending(repeatable: bool) -> None:
     policy = LoopPolicy(max_identical_calls=2, max_consecutive_tool_errors=3)
     script = _repeat_script(repeatable=repeatable)
-    run = await run_script(script, policy)
-    run.check()  # the invariants, and the model's ending (invariant 10)
-    check_ending(run)
     expected = (
         (TurnStatus.COMPLETED, None)
         if repeatable
         else (TurnStatus.ERROR, "consecutive_tool_errors")
     )
-    assert (run.result.status, run.result.reason) == expected
-    predicted = predict_ending(script, policy, tools=run.tools)
-    assert (predicted.status, predicted.reason) == expected
+    await engine_and_model_end_alike(script, policy, expected)

@@ -12,6 +12,7 @@ import pytest
 
 from tests.inner_kit import USER
 from tests.inner_kit import Turn
+from tests.inner_kit import engine_and_model_end_alike
 from tests.inner_kit import make_tool
 from tests.inner_kit import run_turn
 from tests.inner_kit import scripted_turn
@@ -30,9 +31,6 @@ from toolloop_fsm import run_tool_loop
 from toolloop_fsm import snapshot_from_json
 from toolloop_fsm import snapshot_to_json
 from toolloop_fsm.snapshot import SnapshotError
-from toolloop_fsm.testing import run_script
-from toolloop_fsm.testing.reference_model import check_ending
-from toolloop_fsm.testing.reference_model import predict_ending
 from toolloop_fsm.testing.strategies import TurnScript
 
 LIMIT_MESSAGE = "tool-call limit of {n} calls for this turn was reached; answer with what you have"
@@ -263,9 +261,4 @@ async def test_the_reference_model_predicts_the_limits_ending(
 ) -> None:
     policy = LoopPolicy(max_tool_calls=2)
     script = TurnScript(passes=passes)  # type: ignore[arg-type]
-    run = await run_script(script, policy)
-    run.check()
-    check_ending(run)
-    assert (run.result.status, run.result.reason) == expected
-    predicted = predict_ending(script, policy, tools=run.tools)
-    assert (predicted.status, predicted.reason) == expected
+    await engine_and_model_end_alike(script, policy, expected)

@@ -485,15 +485,29 @@ async def test_asking_for_no_batches_without_tools_sends_nothing_of_it(
     assert asked == plain
 
 
-async def test_a_verbatim_model_is_sent_nothing_of_the_no_batches_option(
-    wire_server: WireServer,
-) -> None:
+async def _verbatim_body(wire_server: WireServer, request: ProviderRequest) -> dict[str, Any]:
+    """The body a verbatim-calls model (over OpenAI chat) is sent for ``request``."""
     wire_server.serve(FINISHED_PASS["openai-chat"])
     provider = VerbatimToolCalls(adapter("openai-chat", wire_server.url, KEY))
-    request = ProviderRequest(CONTEXT, tools=TOOLS, parallel_tool_calls=False)
     await collect(provider, request)
-    body = json.loads(wire_server.requests[-1].body)
-    assert "parallel_tool_calls" not in body and "tools" not in body
+    body: dict[str, Any] = json.loads(wire_server.requests[-1].body)
+    return body
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        ProviderRequest(CONTEXT, tools=TOOLS, parallel_tool_calls=False),
+        ProviderRequest(CONTEXT, tools=TOOLS, tools_withdrawn=True),
+    ],
+    ids=["no-batches", "final-answer-pass"],
+)
+async def test_a_verbatim_model_is_sent_no_tool_option(
+    wire_server: WireServer, request_: ProviderRequest
+) -> None:
+    # its tools are described in its prompt, not declared: no API option about calls applies
+    body = await _verbatim_body(wire_server, request_)
+    assert not {"parallel_tool_calls", "tool_choice", "tools"} & body.keys()
 
 
 # ----------------------------------------------------------------------------- tools withdrawn
@@ -552,16 +566,6 @@ async def test_the_final_answer_pass_drops_the_no_batches_option(
         ProviderRequest(CONTEXT, tools=TOOLS, history=_history(), tools_withdrawn=True),
     )
     assert both == withdrawn
-
-
-async def test_a_verbatim_model_on_the_final_answer_pass_is_sent_no_tools(
-    wire_server: WireServer,
-) -> None:
-    wire_server.serve(FINISHED_PASS["openai-chat"])
-    provider = VerbatimToolCalls(adapter("openai-chat", wire_server.url, KEY))
-    await collect(provider, ProviderRequest(CONTEXT, tools=TOOLS, tools_withdrawn=True))
-    body = json.loads(wire_server.requests[-1].body)
-    assert "tool_choice" not in body and "tools" not in body
 
 
 # ----------------------------------------------------------------------------- round trips

@@ -39,6 +39,7 @@ from toolloop_fsm import TurnStatus
 from toolloop_fsm.events import FunctionCall
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import UsageReport
+from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import InDoubtCall
@@ -416,6 +417,26 @@ if __name__ == "__main__":
 
 
 # ---------------------------------------------------------------------- the repeated-call guard
+async def durable_result(
+    client: Client,
+    task_queue: str,
+    provider: ScriptedProvider,
+    tools: list[Tool],
+    policy: TurnPolicy,
+) -> GenerationTurnResult:
+    """The result of a durable turn under ``policy``, its worker in the test's process."""
+    async with TurnWorker(
+        client,
+        task_queue,
+        providers={"main": Attempt(lambda key: provider)},
+        tools=tools,
+        channels={"chat": RecordingChannel()},
+    ):
+        turn = await start_turn(client, task_queue, REQUEST, policy=policy)
+        async with real_time_limit(LIMIT):
+            return await turn.result()
+
+
 async def test_the_repeat_allowance_and_a_repeatable_tool_cross_to_the_workflow(
     client: Client, task_queue: str
 ) -> None:
@@ -443,17 +464,7 @@ async def test_the_repeat_allowance_and_a_repeatable_tool_cross_to_the_workflow(
         [TextDelta("Clear, and a two.")],
     ]
     policy = attrs.evolve(POLICY, loop=attrs.evolve(POLICY.loop, max_identical_calls=1))
-    provider = ScriptedProvider(script)
-    async with TurnWorker(
-        client,
-        task_queue,
-        providers={"main": Attempt(lambda key: provider)},
-        tools=tools,
-        channels={"chat": RecordingChannel()},
-    ):
-        turn = await start_turn(client, task_queue, REQUEST, policy=policy)
-        async with real_time_limit(LIMIT):
-            result = await turn.result()
+    result = await durable_result(client, task_queue, ScriptedProvider(script), tools, policy)
 
     assert result.status is TurnStatus.COMPLETED
     assert weathers == ["Oslo"] and rolls == [1, 2]
@@ -481,16 +492,7 @@ async def test_the_tool_call_limit_crosses_to_the_workflow_and_its_final_pass_as
     ]
     policy = attrs.evolve(POLICY, loop=attrs.evolve(POLICY.loop, max_tool_calls=1))
     provider = ScriptedProvider(two_calls("oslo_weather", "paris_weather", "Clear in Oslo."))
-    async with TurnWorker(
-        client,
-        task_queue,
-        providers={"main": Attempt(lambda key: provider)},
-        tools=tools,
-        channels={"chat": RecordingChannel()},
-    ):
-        turn = await start_turn(client, task_queue, REQUEST, policy=policy)
-        async with real_time_limit(LIMIT):
-            result = await turn.result()
+    result = await durable_result(client, task_queue, provider, tools, policy)
 
     assert (result.status, result.reason) == (TurnStatus.COMPLETED, "answered_at_tool_call_limit")
     assert ran == ["Oslo"] and result.tool_dispatches == 1
