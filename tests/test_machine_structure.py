@@ -131,6 +131,9 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
     "inner": {
         **{
             (source, "stream_ended"): [
+                # a pass cut at a token or cost ceiling ends the turn, whatever it asked (§2.8)
+                "pass_cut_at_token_budget",
+                "pass_cut_at_cost_budget",
                 # drafting: a pass cut at the held-prose ceiling is over, whatever it asked
                 "draft_cut_at_length_limit",
                 # a call without a name fails the whole batch (§3.10 rule 1)
@@ -169,9 +172,13 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
             None,
         ],
         ("next_call", "advance"): ["calls_left_at_gate", "calls_admitted", None],
-        # §2.1: the ceiling, then the final answer pass (§3.12), then an ordinary pass
+        # §2.1: the ceiling, the budgets, then the final answer pass (§3.12), then an
+        # ordinary pass
         ("starting_pass", "advance"): [
             "iteration_ceiling_reached",
+            # §2.8: a pass that would break a token or cost ceiling does not start
+            "token_budget_reached",
+            "cost_budget_reached",
             "final_answer_pass_due",
             None,
         ],
@@ -212,6 +219,8 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
             "destination_unreachable",
             "attempt_is_final",
             "attempt_failed_in_host_code",
+            # a budget reached is final: another model would spend more (§2.8 rule 6)
+            "attempt_reached_a_budget",
             "another_key_for_this_model",
             "another_model_in_chain",
             "shared_route_may_be_admitted",

@@ -667,6 +667,10 @@ _LOOP_LEFT_OUT = {
     # decided as each pass opens (a snapshot is taken before a pass): the limit's count and
     # the pass number it is decided from are kept
     "tools_withdrawn",
+    # what the current pass may write under a budget (decided as it opens), and the ceiling
+    # a turn reached (set only as it ends)
+    "write_room",
+    "budget_exceeded",
     # caches the engine rebuilds on first use: the offered tools and their specs, the usage
     # estimate's running count (a resumed turn counts afresh)
     "allowed_tools",

@@ -46,7 +46,9 @@ from toolloop_fsm.events import ToolOutcomeKind
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import TRANSITIONS
 from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.policy import Budget
 from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import Price
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.review import Finding
 from toolloop_fsm.review import FindingCategory
@@ -125,7 +127,7 @@ def _rare_paths() -> None:
     assert machine.result.reason == "stopped_while_settling"
     _settled_cut_off_path(request)
     _rare_review_paths(request)
-    _final_answer_paths(request)
+    _ceiling_paths(request)
 
 
 def _settled_cut_off_path(request: TurnRequest) -> None:
@@ -250,9 +252,16 @@ def _rare_review_paths(request: TurnRequest) -> None:
     assert machine.turn.status is TurnStatus.FOLLOW_UP_INTERRUPT
 
 
-def _final_answer_paths(request: TurnRequest) -> None:
+def _ceiling_paths(request: TurnRequest) -> None:
     """The final answer pass after the tool-call limit answering with text (docs/behaviour.md
-    §3.12 rule 6): the random scripts' passes after a batch mostly call again."""
+    §3.12 rule 6): the random scripts' passes after a batch mostly call again; and a pass cut
+    as it writes past what a cost ceiling pays for (§2.8 rule 5): the drawn budgets are
+    mostly of tokens."""
+    priced = LoopPolicy(price=Price(1.0, 4.0), budget=Budget(cost=0.00002))
+    machine = ToolLoopMachine(priced, tools=TOOLS)
+    machine.start(request)
+    _pass(machine, TextDelta("It is 3 °C in Oslo, and clear all day."))
+    assert machine.turn.reason == "cost_budget"
     machine = ToolLoopMachine(LoopPolicy(max_tool_calls=1), tools=TOOLS)
     machine.start(request)
     _pass(machine, _WEATHER)

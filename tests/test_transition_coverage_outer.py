@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import attrs
 from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
@@ -33,6 +34,7 @@ from toolloop_fsm import generation
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.declaration import declared_transition_ids
 from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.policy import Budget
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.snapshot_capture import capture_chain
@@ -137,7 +139,13 @@ UNREACHABLE_WHILE_ADMITTING = ChainScript(
     shared=_shared(admit=False, delay=1.0),
     signals=(ChainSignal(0.5, "unreachable"),),
 )
+#: The first model's reply runs past the attempt's output budget: final, no fallback.
+BUDGET_REACHED = ChainScript(
+    models=(ModelScript("m0", keyless=_ANSWERS), ModelScript("m1", keyless=_ANSWERS)),
+    policy=attrs.evolve(_POLICY, loop=attrs.evolve(_POLICY.loop, budget=Budget(output_tokens=1))),
+)
 RARE_PATHS = (
+    BUDGET_REACHED,
     UNREACHABLE_WHILE_ADMITTING,
     ALL_KEYS_COOLING,
     UNREACHABLE_WHILE_ATTEMPTING,
@@ -229,6 +237,10 @@ def test_each_rare_path_example_takes_the_transition_it_is_named_for() -> None:
         "stop while admitting": (
             STOP_WHILE_ADMITTING,
             "admitting_shared_route --stop_requested--> finishing",
+        ),
+        "a budget reached": (
+            BUDGET_REACHED,
+            "judging_attempt --advance[attempt_reached_a_budget]--> finishing",
         ),
     }
     declared = set(declared_transition_ids(generation.TRANSITIONS))

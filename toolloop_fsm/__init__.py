@@ -13,11 +13,12 @@ a turn added to the conversation (`turn_messages`).
 The records a host only reads, off a result or as a callback's argument, are reached as
 attributes and live with their kind: `toolloop_fsm.result` (`TraceStep`, `Delivered`,
 `Notice`, `ToolHistoryEntry`, `InDoubtCall` and its `InDoubtCause`, `AttemptRecord`,
-`UsageLedger`), `toolloop_fsm.policy` (`ExitView`), `toolloop_fsm.attempts`
-(`AdmissionRequest`, `KeyBook`), `toolloop_fsm.host` (the `Clock` protocol and `LoopClock`, the
-real clock every run uses unless given another), `toolloop_fsm.provider` (`ToolSpec`, a tool as
-a provider's request lists it), `toolloop_fsm.events` (`SceneMetadata`, the rare chunk a
-scene-writing provider yields). Hosts that drive the machines themselves find the
+`UsageLedger`, `BudgetExceeded`), `toolloop_fsm.policy` (`ExitView`; and the `Budget` and
+`Price` a policy is built with), `toolloop_fsm.attempts` (`AdmissionRequest`, `KeyBook`),
+`toolloop_fsm.host` (the `Clock` protocol and `LoopClock`, the real clock every run uses
+unless given another), `toolloop_fsm.provider` (`ToolSpec`, a tool as a provider's request
+lists it), `toolloop_fsm.events` (`SceneMetadata`, the rare chunk a scene-writing provider
+yields). Hosts that drive the machines themselves find the
 two machines, `InvalidEvent` and every event and effect in `toolloop_fsm.sansio`; the test kit
 lives in `toolloop_fsm.testing`.
 """

@@ -13,6 +13,7 @@ from attrs import field
 from attrs import frozen
 from attrs import validators as check
 
+from toolloop_fsm.policy import Price
 from toolloop_fsm.policy import as_tuple
 from toolloop_fsm.policy import clock_time
 from toolloop_fsm.policy import collection_of
@@ -20,6 +21,7 @@ from toolloop_fsm.policy import count
 from toolloop_fsm.policy import flag
 from toolloop_fsm.policy import name_text
 from toolloop_fsm.policy import non_blank
+from toolloop_fsm.policy import of_type
 from toolloop_fsm.provider import Provider
 from toolloop_fsm.result import AttemptFailure
 
@@ -70,6 +72,9 @@ class Attempt:
     )
     label: str | None = field(default=None, validator=check.optional(name_text))
     tool_calling: str | None = field(default=None, validator=check.optional(_one_of(TOOL_CALLING)))
+    #: what this model's tokens cost (``None``: the loop policy's ``price``), for cost
+    #: ceilings and the result's ``cost``
+    price: Price | None = field(default=None, validator=of_type(Price, type(None)))
 
     def __repr__(self) -> str:
         return f"Attempt(label={self.label!r}, keys=<{len(self.keys)} hidden>)"
@@ -86,7 +91,13 @@ class Attempt:
         label = self.label
         if label is None:
             label = f"{getattr(self.provider, 'name', 'model')}#{index}"
-        return AttemptPlan(label=label, keys=len(self.keys), tool_calling=tool_calling, route=route)
+        return AttemptPlan(
+            label=label,
+            keys=len(self.keys),
+            tool_calling=tool_calling,
+            route=route,
+            price=self.price,
+        )
 
 
 @frozen
@@ -98,6 +109,7 @@ class AttemptPlan:
     keys: int = field(default=0, validator=count)
     tool_calling: str = field(default="native", validator=_one_of(TOOL_CALLING))
     route: str = field(default="user", validator=_one_of(ROUTES))
+    price: Price | None = field(default=None, validator=of_type(Price, type(None)))
 
 
 @frozen

@@ -140,6 +140,9 @@ class StartAttempt:
     expression_delivered: bool = False
     #: the review state earlier attempts left (drafting, the tool checkpoint), or ``None``
     draft: Any = None
+    #: the model's price and the chain's budget with what earlier attempts spent of it
+    #: (`toolloop_fsm.budgets.AttemptBudget`), or ``None`` when neither is given
+    budget: Any = None
 
 
 @frozen

@@ -46,6 +46,7 @@ from toolloop_fsm.guards.attempts import another_key_for_this_model
 from toolloop_fsm.guards.attempts import another_model_in_chain
 from toolloop_fsm.guards.attempts import attempt_failed_in_host_code
 from toolloop_fsm.guards.attempts import attempt_is_final
+from toolloop_fsm.guards.attempts import attempt_reached_a_budget
 from toolloop_fsm.guards.attempts import attempt_reason
 from toolloop_fsm.guards.attempts import attempt_status
 from toolloop_fsm.guards.attempts import destination_unreachable
@@ -70,6 +71,7 @@ from toolloop_fsm.states.attempts import begin_first_attempt
 from toolloop_fsm.states.attempts import begin_next_key
 from toolloop_fsm.states.attempts import begin_next_model
 from toolloop_fsm.states.attempts import build_generation_result
+from toolloop_fsm.states.attempts import end_chain_at_budget
 from toolloop_fsm.states.attempts import exhaust_chain
 from toolloop_fsm.states.attempts import post_closing_notices
 from toolloop_fsm.states.attempts import refuse_shared_route
@@ -126,6 +128,9 @@ TRANSITIONS: list[_t] = [
        ends=AS_THE_ATTEMPT_ANSWERED),
     _t("advance", "judging_attempt", "finishing", when=attempt_failed_in_host_code,
        ends=AS_THE_ATTEMPT_FAILED),
+    # a budget reached (§2.8): another model would only spend more of it
+    _t("advance", "judging_attempt", "finishing", when=attempt_reached_a_budget,
+       do=end_chain_at_budget, ends=AS_THE_ATTEMPT_FAILED),
     _t("advance", "judging_attempt", "rotating_key", when=another_key_for_this_model,
        do=supersede_attempt),
     _t("advance", "judging_attempt", "advancing_model", when=another_model_in_chain,
@@ -208,6 +213,18 @@ class GenerationTurnMachine(DeclaredMachine[GenerationState]):
         labels = [plan.label for plan in (*self.plans, *self.shared)]
         if len(set(labels)) != len(labels):
             raise ValueError(f"attempt labels must be unique, got {labels}")
+        budgets = (self.policy.budget, self.policy.loop.budget)
+        if any(b is not None and b.cost is not None for b in budgets):
+            unpriced = [
+                plan.label
+                for plan in (*self.plans, *self.shared)
+                if plan.price is None and self.policy.loop.price is None
+            ]
+            if unpriced:
+                raise ValueError(
+                    f"a cost ceiling needs every model's price: give Attempt(price=...) to "
+                    f"{', '.join(unpriced)} (or LoopPolicy.price for all)"
+                )
 
     @property
     def generation(self) -> GenerationState:

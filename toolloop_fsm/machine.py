@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import Any
 
+from toolloop_fsm.budgets import AttemptBudget
 from toolloop_fsm.declaration import MachineDeclaration
 from toolloop_fsm.declaration import State
 from toolloop_fsm.declaration import Transition as _t
@@ -56,8 +57,12 @@ from toolloop_fsm.guards.ceilings import calls_after_tool_call_limit
 from toolloop_fsm.guards.ceilings import calls_at_iteration_ceiling
 from toolloop_fsm.guards.ceilings import consecutive_error_ceiling_reached
 from toolloop_fsm.guards.ceilings import continuation_retries_exhausted
+from toolloop_fsm.guards.ceilings import cost_budget_reached
 from toolloop_fsm.guards.ceilings import final_answer_pass_due
 from toolloop_fsm.guards.ceilings import iteration_ceiling_reached
+from toolloop_fsm.guards.ceilings import pass_cut_at_cost_budget
+from toolloop_fsm.guards.ceilings import pass_cut_at_token_budget
+from toolloop_fsm.guards.ceilings import token_budget_reached
 from toolloop_fsm.guards.deliveries import all_deliveries_recorded
 from toolloop_fsm.guards.deliveries import delivery_timed_out
 from toolloop_fsm.guards.deliveries import must_settle_deliveries
@@ -150,10 +155,12 @@ from toolloop_fsm.states.stream_once import begin_final_answer_pass
 from toolloop_fsm.states.stream_once import begin_pass
 from toolloop_fsm.states.stream_once import complete_settled_after_tool
 from toolloop_fsm.states.stream_once import complete_with_text
+from toolloop_fsm.states.stream_once import end_at_budget
 from toolloop_fsm.states.stream_once import end_calls_after_tool_call_limit
 from toolloop_fsm.states.stream_once import end_calls_at_iteration_ceiling
 from toolloop_fsm.states.stream_once import end_empty_response
 from toolloop_fsm.states.stream_once import end_malformed_call
+from toolloop_fsm.states.stream_once import end_pass_cut_at_budget
 from toolloop_fsm.states.stream_once import end_stream
 from toolloop_fsm.states.stream_once import fail_stream
 from toolloop_fsm.states.stream_once import interrupt_for_follow_up
@@ -231,6 +238,11 @@ TRANSITIONS: list[_t] = [
     # ---- stream once: the ceiling is checked before every pass (docs/behaviour.md §2.1)
     _t("advance", "starting_pass", "building_result", when=iteration_ceiling_reached,
        do=end_iteration_ceiling, ends=("timeout", "iteration_ceiling")),
+    # the budgets (§2.8): a pass that would break a token or cost ceiling does not start
+    _t("advance", "starting_pass", "building_result", when=token_budget_reached,
+       do=end_at_budget, ends=("timeout", "token_budget")),
+    _t("advance", "starting_pass", "building_result", when=cost_budget_reached,
+       do=end_at_budget, ends=("timeout", "cost_budget")),
     # the final answer pass (§3.12; §2.1 with `at_ceiling="answer"`): offered no tools
     _t("advance", "starting_pass", "awaiting_first_token", when=final_answer_pass_due,
        do=begin_final_answer_pass),
@@ -245,6 +257,11 @@ TRANSITIONS: list[_t] = [
     # §2.4 rules 1–6), the ledger, then dispatch; without a call, the text and empty-response
     # rules
     _t("stream_ended", STREAM_STATES, "ending_pass", do=end_stream),
+    # a pass cut as its output reached a ceiling (§2.8): the turn ends there, its calls unrun
+    _t("advance", "ending_pass", "building_result", when=pass_cut_at_token_budget,
+       do=end_pass_cut_at_budget, ends=("timeout", "token_budget")),
+    _t("advance", "ending_pass", "building_result", when=pass_cut_at_cost_budget,
+       do=end_pass_cut_at_budget, ends=("timeout", "cost_budget")),
     # drafting: a pass cut at the held-prose ceiling completes the response as cut
     _t("advance", "ending_pass", "completing_response", when=draft_cut_at_length_limit,
        do=close_cut_pass),
@@ -535,6 +552,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         ledger: Mapping[str, LedgerEntry] | None = None,
         expression_delivered: bool = False,
         draft: DraftState | None = None,
+        attempt_budget: AttemptBudget | None = None,
         now: float | None = None,
     ) -> list[Effect]:
         """Begin the turn: returns the effects that open the first pass.
@@ -543,7 +561,8 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         calls and delivered expression into this one (the outer tier uses them). ``now`` is
         the turn's clock time, stamped on the trace steps it takes (``None``: unstamped).
         ``draft`` carries a previous attempt's review state (budgets, rejections) when
-        drafting or the tool checkpoint is on.
+        drafting or the tool checkpoint is on. ``attempt_budget`` is the model's price and the
+        chain's budget with what earlier attempts spent of it (docs/behaviour.md §2.8).
         """
         self._refuse_restart("start")
         turn = TurnState(
@@ -559,6 +578,7 @@ class ToolLoopMachine(DeclaredMachine[TurnState]):
         if ledger:
             turn.ledger.update(ledger)
         turn.expression_delivered = expression_delivered
+        turn.attempt_budget = attempt_budget
         if self.policy.drafting or self.policy.review_tool_calls:
             turn.draft = draft if draft is not None else DraftState()
             if turn.draft.expression_held:

@@ -132,6 +132,52 @@ def ceiling_manner(_: object, attribute: Attribute[Any], value: object) -> None:
 name_text: Validator = check.and_(of_type(str), non_blank)
 
 
+#: A price per million tokens, in the host's currency (zero: free).
+_per_million: Validator = check.and_(_real_number, _finite, check.ge(0))
+#: A cost ceiling, in the host's currency.
+_positive_cost: Validator = check.and_(_real_number, _finite, check.gt(0))
+
+
+@frozen
+class Price:
+    """What one model's tokens cost, per million, in the host's currency (no price table is
+    shipped: the host knows what it pays)."""
+
+    input_per_million: float = field(validator=_per_million)
+    output_per_million: float = field(validator=_per_million)
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        """The cost of ``input_tokens`` read and ``output_tokens`` written."""
+        return (
+            input_tokens * self.input_per_million + output_tokens * self.output_per_million
+        ) / 1_000_000
+
+
+@frozen
+class Budget:
+    """Token and cost ceilings (``None``: no ceiling of that kind; docs/behaviour.md §2.8).
+    ``cost`` is in the currency of the `Price` the turn is given."""
+
+    input_tokens: int | None = field(default=None, validator=check.optional(positive_count))
+    output_tokens: int | None = field(default=None, validator=check.optional(positive_count))
+    total_tokens: int | None = field(default=None, validator=check.optional(positive_count))
+    cost: float | None = field(default=None, validator=check.optional(_positive_cost))
+
+    def __attrs_post_init__(self) -> None:
+        if (self.input_tokens, self.output_tokens, self.total_tokens, self.cost) == (None,) * 4:
+            raise ValueError(
+                "a Budget needs at least one ceiling: input_tokens, output_tokens, "
+                "total_tokens or cost"
+            )
+
+
+def _priced_budget(policy: Any, attribute: Attribute[Any], budget: Budget | None) -> None:
+    if budget is not None and budget.cost is not None and policy.price is None:
+        raise ValueError(
+            f"{attribute.name}: a cost ceiling needs the model's price (LoopPolicy.price)"
+        )
+
+
 @frozen
 class ExitView:
     """What a custom exit rule (`LoopPolicy.end_after_pre_tool_text`) may look at after a
@@ -226,6 +272,13 @@ class LoopPolicy:
     max_tool_reviews: int = field(default=8, validator=count)
     max_tool_corrections: int = field(default=2, validator=count)
     review_timeout: float = field(default=120.0, validator=positive_seconds)
+    #: the model's price, for a cost ceiling and the result's ``cost`` (the outer tier's
+    #: `Attempt.price` overrides it per model)
+    price: Price | None = field(default=None, validator=of_type(Price, type(None)))
+    #: the token and cost ceilings of one attempt (docs/behaviour.md §2.8)
+    budget: Budget | None = field(
+        default=None, validator=[of_type(Budget, type(None)), _priced_budget]
+    )
 
     @property
     def effective_first_token_timeout(self) -> float:
@@ -243,3 +296,6 @@ class TurnPolicy:
     rate_limit_cooldown: float = field(default=60.0, validator=seconds)
     failure_cooldown: float = field(default=300.0, validator=seconds)
     allow_shared_route: bool = field(default=True, validator=flag)
+    #: the token and cost ceilings of the whole chain of attempts (docs/behaviour.md §2.8):
+    #: a cost ceiling prices each attempt at its `Attempt.price`, else at ``loop.price``
+    budget: Budget | None = field(default=None, validator=of_type(Budget, type(None)))

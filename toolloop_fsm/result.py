@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
+from typing import Literal
 
 import attrs
 import cattrs
@@ -228,6 +229,32 @@ class UsageLedger:
         return any(e.estimated for e in self.entries)
 
 
+#: Which ceiling of a `Budget` a turn reached.
+BudgetLimit = Literal["input_tokens", "output_tokens", "total_tokens", "cost"]
+#: Where the ceiling was set: the attempt's `LoopPolicy.budget` (``"turn"``), or the
+#: chain's `TurnPolicy.budget` (``"chain"``), which earlier attempts of the chain spent of.
+BudgetScope = Literal["turn", "chain"]
+
+
+@frozen
+class BudgetExceeded:
+    """The ceiling a turn reached: which one (``limit``) of which budget (``scope``), what it
+    allows, what the ledger held (``spent``), and what the pass that did not start would
+    have needed on top (``reserved``: what it reads, and one token to write)."""
+
+    scope: BudgetScope
+    limit: BudgetLimit
+    allowed: float
+    spent: float
+    reserved: float = 0
+
+    @property
+    def reason(self) -> Literal["token_budget", "cost_budget"]:
+        """The turn's sub-reason: ``cost_budget`` for the cost ceiling, else
+        ``token_budget``."""
+        return "cost_budget" if self.limit == "cost" else "token_budget"
+
+
 @frozen
 class Delivered:
     """One delivery the channel accepted: text or an expression, in order, and the provider
@@ -344,6 +371,10 @@ class GenerationTurnResult:
     turn_id: str | None = field(default=None, eq=False)
     #: the reviews drafting and the tool checkpoint asked for, in order
     reviews: tuple[ReviewRecord, ...] = ()
+    #: the token or cost ceiling the turn reached (docs/behaviour.md §2.8), with its figures
+    budget_exceeded: BudgetExceeded | None = None
+    #: what the turn's tokens cost at the prices the host gave (``None``: no price)
+    cost: float | None = None
     trace: tuple[TraceStep, ...] = ()
     exception: BaseException | None = field(default=None, eq=False, repr=False)
 

@@ -37,6 +37,7 @@ from attrs import field
 from attrs import frozen
 
 from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.budgets import AttemptBudget
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.ledger import LedgerEntry
 from toolloop_fsm.ledger import ToolOutcome
@@ -193,6 +194,9 @@ class LoopSnapshot:
     #: the calls the turn admitted, which the tool-call limit counts (a snapshot from before
     #: the limit has none: its turn ran without one)
     tool_calls_used: int = 0
+    #: the model's price and the chain's budget with what earlier attempts spent of it
+    #: (docs/behaviour.md §2.8; a snapshot from before budgets has none: none bound its turn)
+    attempt_budget: AttemptBudget | None = None
 
 
 @frozen
@@ -360,7 +364,7 @@ def check_policy(recorded: Mapping[str, Any], policy: LoopPolicy | TurnPolicy) -
 
 #: Policy fields added after snapshot version 2 was fixed: a snapshot that does not record
 #: one was taken of a turn that ran as its default does.
-_NEWER_POLICY_FIELDS = frozenset({"max_tool_calls", "at_ceiling"})
+_NEWER_POLICY_FIELDS = frozenset({"max_tool_calls", "at_ceiling", "price", "budget"})
 
 
 def _default_terms(policy: LoopPolicy | TurnPolicy, missing: Iterable[str]) -> dict[str, Any]:

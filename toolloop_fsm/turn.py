@@ -21,6 +21,8 @@ from typing import Any
 from attrs import define
 from attrs import field
 
+from toolloop_fsm.budgets import AttemptBudget
+from toolloop_fsm.budgets import Room
 from toolloop_fsm.events import DeadlineKind
 from toolloop_fsm.events import FinishKind
 from toolloop_fsm.events import FunctionCall
@@ -34,6 +36,7 @@ from toolloop_fsm.ledger import canonical_call_key as canonical_call_key
 from toolloop_fsm.ledger import occurrence_key as occurrence_key
 from toolloop_fsm.result import AttemptFailure
 from toolloop_fsm.result import AttemptRecord
+from toolloop_fsm.result import BudgetExceeded
 from toolloop_fsm.result import Delivered
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import Notice
@@ -203,6 +206,8 @@ class PassRecord:
     ignored_calls: list[str] | None = None
     #: the token of the pass's stream deadline while it is armed
     deadline: int | None = None
+    #: what the budgets let the pass write (docs/behaviour.md §2.8; ``None``: no budget)
+    room: Room | None = None
 
 
 @define(slots=True, weakref_slot=False)
@@ -309,6 +314,11 @@ class TurnState:
     # the current pass is the final answer pass, offered no tools, and the ceiling that made
     # it one ("tool_call_limit" or "iteration_ceiling"); decided as the pass opens
     tools_withdrawn: str | None = None
+    # what bounds this attempt besides its policy's budget: its model's price, and the
+    # chain's budget with what earlier attempts spent (docs/behaviour.md §2.8)
+    attempt_budget: AttemptBudget | None = None
+    # the ceiling the turn reached, once it did
+    budget_exceeded: BudgetExceeded | None = None
     consecutive_tool_errors: int = 0
     continuation_failures: int = 0
     suppress_text: bool = False
@@ -323,6 +333,9 @@ class TurnState:
     buffer_start: int = 0
     buffer_len: int = 0
     flush_chars: int = 200
+    # what the current pass may still write under a budget, in `token_weight` parts (``None``:
+    # no budget; read per chunk, so it stays on the state itself)
+    write_room: int | None = None
     # the rest of the current pass, and the tool round in progress (neither is in a
     # snapshot: a resumed turn restarts the pass)
     current_pass: PassRecord = field(factory=PassRecord)

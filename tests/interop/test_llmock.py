@@ -30,6 +30,7 @@ from toolloop_fsm import LoopPolicy
 from toolloop_fsm import TurnStatus
 from toolloop_fsm import result_to_json
 from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.policy import Budget
 from toolloop_fsm.providers import VerbatimToolCalls
 from toolloop_fsm.result import estimate_tokens
 from toolloop_fsm.testing import RecordingChannel
@@ -417,3 +418,39 @@ async def test_a_model_that_calls_on_the_final_answer_pass_ends_the_turn_at_the_
     assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "tool_call_limit")
     assert weather.runs == [{"city": "Paris"}]  # the call made anyway never ran
     assert result.stream_results[-1].ignored_calls == ("get_weather",)
+
+
+# --------------------------------------------------------------------------- budgets
+#: Where each API's request carries the output ceiling (docs/behaviour.md §2.8 rule 4).
+MAX_OUTPUT = {
+    OPENAI_CHAT: ("max_tokens",),
+    OPENAI_RESPONSES: ("max_output_tokens",),
+    ANTHROPIC: ("max_tokens",),
+    GEMINI: ("generationConfig", "maxOutputTokens"),
+}
+
+
+@adapters
+async def test_a_reply_past_the_output_budget_is_cut_and_its_request_aborted(
+    llmock: LLMockControl, adapter: Adapter
+) -> None:
+    # the server ignores the ceiling it is sent, then stalls: only a cut ends the read early
+    await llmock.script(
+        reply(), {"type": "stream_fault", "kind": "stall", "after_chunks": 8, "stall_seconds": 60}
+    )
+    channel = RecordingChannel()
+    policy = attrs.evolve(POLICY, delivery_flush_chars=1, budget=Budget(output_tokens=2))
+
+    result = await loop_turn(adapter.provider(llmock.url, KEYS[0]), policy=policy, channel=channel)
+
+    assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "token_budget")
+    # what fits was delivered, a prefix of the reply, and no more
+    assert result.delivered_text and REPLY.startswith(result.delivered_text)
+    assert estimate_tokens(result.delivered_text) <= 2
+    [served] = await llmock.requests()
+    ceiling: Any = served["body"]
+    for key in MAX_OUTPUT[adapter.name]:
+        ceiling = ceiling[key]
+    assert ceiling == 2  # the request asked for no more than the budget left
+    # the client closed the response before the stall's end: the request was aborted
+    assert not served["completed"]

@@ -24,6 +24,7 @@ from toolloop_fsm.events import FunctionCall
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import UsageReport
 from toolloop_fsm.host import LOOP_CLOCK
+from toolloop_fsm.policy import Budget
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.result import GenerationTurnResult
@@ -328,6 +329,27 @@ async def test_drafting_and_the_tool_checkpoint_are_refused_by_name(
     loop = LoopPolicy(drafting=True) if switch == "drafting" else LoopPolicy(review_tool_calls=True)
     policy = TurnPolicy(loop=loop)
     with pytest.raises(ValueError, match=f"LoopPolicy.{switch}"):
+        await start_generation_turn(
+            client,
+            task_queue=task_queue,
+            attempts=["main"],
+            channel="chat",
+            request=REQUEST,
+            policy=policy,
+        )
+
+
+@pytest.mark.parametrize("owner", ["LoopPolicy", "TurnPolicy"])
+async def test_a_token_or_cost_budget_is_refused_by_name(
+    client: Client, task_queue: str, owner: str
+) -> None:
+    budget = Budget(output_tokens=100)
+    policy = (
+        TurnPolicy(loop=LoopPolicy(budget=budget))
+        if owner == "LoopPolicy"
+        else TurnPolicy(budget=budget)
+    )
+    with pytest.raises(ValueError, match=f"{owner}.budget is set"):
         await start_generation_turn(
             client,
             task_queue=task_queue,

@@ -84,6 +84,12 @@ def attempt_failed_in_host_code(state: GenerationState) -> bool:
     return _last(state).reason == "host_error"
 
 
+def attempt_reached_a_budget(state: GenerationState) -> bool:
+    """The attempt ended at a token or cost ceiling (docs/behaviour.md §2.8 rule 6): a
+    fallback would spend more of what is spent."""
+    return _last(state).budget_exceeded is not None
+
+
 def another_key_for_this_model(state: GenerationState) -> bool:
     """An ``error`` rotates to the next healthy key of the same model (a ``timeout`` or a
     request the provider rejects as such moves on to the next model instead)."""

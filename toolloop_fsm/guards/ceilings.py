@@ -2,13 +2,51 @@
 
 from __future__ import annotations
 
+from toolloop_fsm.budgets import Room
+from toolloop_fsm.budgets import expected_reads
+from toolloop_fsm.budgets import pass_allowance
 from toolloop_fsm.guards.exit_policy import pass_has_text
+from toolloop_fsm.result import BudgetExceeded
 from toolloop_fsm.turn import TurnState
 
 
 def iteration_ceiling_reached(turn: TurnState) -> bool:
     """Another pass would exceed ``max_function_call_iterations``."""
     return turn.iterations >= turn.policy.max_function_call_iterations
+
+
+def allowance_of_next_pass(turn: TurnState) -> BudgetExceeded | Room | None:
+    """What the budgets allow the pass about to open (docs/behaviour.md §2.8): the ceiling
+    it would break, the room it may write in, or ``None`` without a budget."""
+    policy = turn.policy
+    if policy.budget is None and turn.attempt_budget is None:
+        return None  # the usual case, decided without reading the ledger
+    entries = turn.produced.usage or ()
+    return pass_allowance(policy, turn.attempt_budget, entries, expected_reads(entries))
+
+
+def token_budget_reached(turn: TurnState) -> bool:
+    """The pass about to open would break a token ceiling (§2.8 rule 2)."""
+    found = allowance_of_next_pass(turn)
+    return isinstance(found, BudgetExceeded) and found.reason == "token_budget"
+
+
+def cost_budget_reached(turn: TurnState) -> bool:
+    """The pass about to open would break the cost ceiling (§2.8 rule 2)."""
+    found = allowance_of_next_pass(turn)
+    return isinstance(found, BudgetExceeded) and found.reason == "cost_budget"
+
+
+def pass_cut_at_token_budget(turn: TurnState) -> bool:
+    """The pass was cut as its output reached a token ceiling (§2.8 rule 4)."""
+    cut = turn.budget_exceeded
+    return cut is not None and cut.reason == "token_budget"
+
+
+def pass_cut_at_cost_budget(turn: TurnState) -> bool:
+    """The pass was cut as its output reached the cost ceiling (§2.8 rule 4)."""
+    cut = turn.budget_exceeded
+    return cut is not None and cut.reason == "cost_budget"
 
 
 def tool_call_limit_reached(turn: TurnState) -> bool:

@@ -30,6 +30,7 @@ from typing import ClassVar
 
 import attrs
 
+from toolloop_fsm.budgets import AttemptBudget
 from toolloop_fsm.effect_handlers import InnerEffectShell
 from toolloop_fsm.effect_handlers import ShellEffectHandlers
 from toolloop_fsm.effects import ArmDeadline
@@ -282,6 +283,7 @@ class EventPump(InnerEffectShell[bool | None]):
         ledger: Mapping[str, LedgerEntry] | None = None,
         expression_delivered: bool = False,
         draft: DraftState | None = None,
+        attempt_budget: AttemptBudget | None = None,
         resume_from: LoopSnapshot | None = None,
     ) -> GenerationTurnResult:
         """Run the turn to its terminal state and return its result; with ``resume_from``,
@@ -307,6 +309,7 @@ class EventPump(InnerEffectShell[bool | None]):
                     ledger=ledger,
                     expression_delivered=expression_delivered,
                     draft=draft,
+                    attempt_budget=attempt_budget,
                     now=self.clock.now(),
                 )
             self._execute(opening)

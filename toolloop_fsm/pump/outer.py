@@ -296,6 +296,7 @@ class GenerationPump(OuterEffectShell[Awaitable[list[Effect]]]):
                 ledger=effect.ledger,
                 expression_delivered=effect.expression_delivered,
                 draft=effect.draft,
+                attempt_budget=effect.budget,
                 resume_from=resume_loop,
             )
         )

@@ -10,6 +10,8 @@ import attrs
 
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.budgets import AttemptBudget
+from toolloop_fsm.budgets import Spent
 from toolloop_fsm.effects import AskAdmission
 from toolloop_fsm.effects import PostNotice
 from toolloop_fsm.effects import QueueStopResponse
@@ -81,8 +83,24 @@ def _start_attempt(state: GenerationState) -> None:
             ledger=dict(state.ledger),
             expression_delivered=state.expression_delivered,
             draft=state.draft.carried(state.draft.history) if state.draft is not None else None,
+            budget=attempt_budget(state, plan),
         )
     )
+
+
+def attempt_budget(state: GenerationState, plan: AttemptPlan) -> AttemptBudget | None:
+    """What bounds an attempt besides its policy's budget (docs/behaviour.md §2.8): its
+    model's price, and the chain's budget with what the earlier attempts spent of it (each
+    at its own model's price). ``None`` when neither is given."""
+    price = plan.price if plan.price is not None else state.policy.loop.price
+    chain = state.policy.budget
+    if price is None and chain is None:
+        return None
+    spent = Spent()
+    for result in state.results:
+        usage = result.usage
+        spent = spent.plus(Spent(usage.input_tokens, usage.output_tokens, result.cost))
+    return AttemptBudget(price=price, chain=chain, chain_spent=spent)
 
 
 def attempt_request(state: GenerationState, plan: AttemptPlan) -> TurnRequest:
@@ -214,6 +232,16 @@ def stop_while_admitting(state: GenerationState, event: StopRequested) -> None:
 # --------------------------------------------------------------------------- endings
 def exhaust_chain(state: GenerationState, _event: Any = None) -> None:
     """No key or model left: the last failure is the result (its ending is passed on)."""
+    _list_last_failure(state)
+
+
+def end_chain_at_budget(state: GenerationState, _event: Any = None) -> None:
+    """The attempt reached a token or cost ceiling (docs/behaviour.md §2.8 rule 6): no other
+    attempt is tried, and its failure is the result (listed, its ending passed on)."""
+    _list_last_failure(state)
+
+
+def _list_last_failure(state: GenerationState) -> None:
     last = state.last
     assert last is not None
     state.failures.append(
@@ -274,11 +302,14 @@ def build_generation_result(state: GenerationState) -> GenerationTurnResult:
     delivered: list[Delivered] = []
     usage: list[UsageEntry] = []
     notices: list[Notice] = []
+    costs: list[float] = []
     for result in state.results:
         for item in result.delivered:
             delivered.append(attrs.evolve(item, seq=len(delivered)))
         usage.extend(result.usage.entries)
         notices.extend(result.notices)
+        if result.cost is not None:
+            costs.append(result.cost)
     notices.extend(state.notices)
     if last is None:
         return GenerationTurnResult(
@@ -300,6 +331,7 @@ def build_generation_result(state: GenerationState) -> GenerationTurnResult:
         reason=state.reason,
         final_text=final_text,
         usage=UsageLedger(tuple(usage)),
+        cost=sum(costs) if costs else None,
         delivered=tuple(delivered),
         notices=tuple(notices),
         held_notice=None,

@@ -9,6 +9,8 @@ from typing import Any
 
 import attrs
 
+from toolloop_fsm.budgets import price_of
+from toolloop_fsm.budgets import spent_by
 from toolloop_fsm.effects import CancelStream
 from toolloop_fsm.events import DeadlineKind
 from toolloop_fsm.events import DeliveryFailed
@@ -160,9 +162,19 @@ def build_result(
         retry_after=turn.provider_retry_after,
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
         reviews=tuple(turn.draft.records) if turn.draft is not None else (),
+        budget_exceeded=turn.budget_exceeded,
+        cost=_cost(turn),
         turn_id=turn.request.turn_id,
         trace=tuple(turn.trace),
     )
+
+
+def _cost(turn: TurnState) -> float | None:
+    """What the turn's ledger cost at its model's price (``None``: no price given)."""
+    price = price_of(turn.policy, turn.attempt_budget)
+    if price is None:
+        return None
+    return spent_by(turn.produced.usage or (), price).cost
 
 
 def finished_calls(turn: TurnState) -> tuple[str, ...]:

@@ -12,7 +12,11 @@ from operator import is_
 from typing import Any
 from typing import TypeVar
 
+from toolloop_fsm.budgets import Room
+from toolloop_fsm.budgets import cut_report
+from toolloop_fsm.budgets import price_of
 from toolloop_fsm.effects import CancelStream
+from toolloop_fsm.effects import CutStream
 from toolloop_fsm.effects import QueueStopResponse
 from toolloop_fsm.effects import StartStream
 from toolloop_fsm.event_checks import event_shapes
@@ -26,11 +30,14 @@ from toolloop_fsm.events import StreamFailed
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import ThoughtDelta
 from toolloop_fsm.events import UsageReport
+from toolloop_fsm.guards.ceilings import allowance_of_next_pass
 from toolloop_fsm.guards.ceilings import tools_withdrawn_by
 from toolloop_fsm.guards.tool_gate import offered_tools
 from toolloop_fsm.ledger import canonical_call_key
 from toolloop_fsm.provider import ProviderRequest
 from toolloop_fsm.provider import ToolSpec
+from toolloop_fsm.result import TOKEN_WEIGHT_UNIT
+from toolloop_fsm.result import BudgetExceeded
 from toolloop_fsm.result import Notice
 from toolloop_fsm.result import StreamResult
 from toolloop_fsm.result import ToolHistoryEntry
@@ -79,17 +86,26 @@ def open_pass(turn: TurnState) -> None:
     turn.buffer_start = 0
     turn.buffer_len = 0
     turn.tool_round = ToolRound()
+    allowance = allowance_of_next_pass(turn)
+    room = allowance if isinstance(allowance, Room) else None
+    max_output = turn.request.max_output
+    if room is None:
+        turn.write_room = None
+    else:
+        # the pass's worst case is reserved: it is asked for no more than the budgets leave
+        max_output = room.tokens if max_output is None else min(max_output, room.tokens)
+        turn.write_room = room.tokens * TOKEN_WEIGHT_UNIT
     request = ProviderRequest(
         context=tuple(turn.context),
         tools=offered_tools(turn),
         history=tuple(turn.history or ()),
         prefill=turn.prefill,
-        max_output=turn.request.max_output,
+        max_output=max_output,
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
         parallel_tool_calls=turn.policy.parallel_tool_calls,
         tools_withdrawn=turn.tools_withdrawn is not None,
     )
-    turn.current_pass = PassRecord(request=request)
+    turn.current_pass = PassRecord(request=request, room=room)
     turn.effects.append(StartStream(turn.iterations, request))
     # one deadline per pass: the first-token budget until the first chunk, then the rolling
     # inactivity budget (the pump measures both from the same timer)
@@ -107,6 +123,10 @@ def open_pass(turn: TurnState) -> None:
 # --------------------------------------------------------------------------- chunks (fast path)
 def take_text(turn: TurnState, event: TextDelta) -> None:
     text = event.text
+    if turn.write_room is not None:  # under a budget: the text is weighed as it streams
+        text = _within_room(turn, text)
+        if not text:
+            return
     turn.pass_text.append(text)
     buffered = turn.buffer_len + len(text)
     turn.buffer_len = buffered
@@ -115,11 +135,43 @@ def take_text(turn: TurnState, event: TextDelta) -> None:
 
 
 def take_thought(turn: TurnState, event: ThoughtDelta) -> None:
+    text = event.text
+    if turn.write_room is not None:
+        text = _within_room(turn, text)
+        if not text:
+            return
     thoughts = turn.current_pass.thoughts
     if thoughts is None:
-        turn.current_pass.thoughts = [event.text]
+        turn.current_pass.thoughts = [text]
     else:
-        thoughts.append(event.text)
+        thoughts.append(text)
+
+
+def _within_room(turn: TurnState, text: str) -> str:
+    """docs/behaviour.md §2.8 rule 4: what of ``text`` the pass may still write. The piece
+    that reaches the room is cut on a character boundary; the stream is then cut
+    (`CutStream`: its request is aborted) and nothing more of the pass is taken."""
+    room = turn.write_room
+    assert room is not None
+    if turn.budget_exceeded is not None:
+        return ""  # cut already: what still arrives before the stream closes is not taken
+    weight = token_weight(text)
+    if weight <= room:
+        turn.write_room = room - weight
+        return text
+    kept = 0
+    for index, char in enumerate(text):
+        kept += token_weight(char)
+        if kept > room:
+            text = text[:index]
+            break
+    allowed = turn.current_pass.room
+    assert allowed is not None
+    written = allowed.tokens  # the pass wrote its whole room
+    turn.write_room = 0
+    turn.budget_exceeded = cut_report(allowed, written, price_of(turn.policy, turn.attempt_budget))
+    turn.effects.append(CutStream())
+    return text
 
 
 #: The declared checks of a usage report's fields (built once, at import).
@@ -345,6 +397,37 @@ def complete_settled_after_tool(turn: TurnState, _event: Any = None) -> None:
 def end_empty_response(turn: TurnState, _event: Any = None) -> None:
     close_pass(turn, "empty_response")
     flush_buffer(turn)
+
+
+def end_at_budget(turn: TurnState, _event: Any = None) -> None:
+    """The pass about to open would break a ceiling (docs/behaviour.md §2.8 rule 2): it does
+    not start, and the ceiling's notice names it."""
+    exceeded = allowance_of_next_pass(turn)
+    assert isinstance(exceeded, BudgetExceeded)
+    turn.budget_exceeded = exceeded
+    post_notice(turn, budget_notice(exceeded))
+
+
+def end_pass_cut_at_budget(turn: TurnState, _event: Any = None) -> None:
+    """The pass was cut as it wrote past its room (§2.8 rule 4): what it wrote within the
+    room is delivered, its calls never run (they are named in its ignored calls)."""
+    calls = turn.tool_round.calls
+    if calls:
+        turn.current_pass.ignored_calls = [str(c.call.name) for c in calls]
+    close_pass(turn, "budget")
+    calls.clear()
+    flush_buffer(turn)
+    exceeded = turn.budget_exceeded
+    assert exceeded is not None
+    post_notice(turn, budget_notice(exceeded))
+
+
+def budget_notice(exceeded: BudgetExceeded) -> Notice:
+    """The ``budget_exceeded`` notice: which ceiling of which budget the turn reached."""
+    return Notice(
+        "budget_exceeded",
+        {"scope": exceeded.scope, "limit": exceeded.limit, "allowed": exceeded.allowed},
+    )
 
 
 def end_malformed_call(turn: TurnState, _event: Any = None) -> None:

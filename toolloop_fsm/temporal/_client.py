@@ -78,7 +78,9 @@ async def start_generation_turn(
     Drafting and the tool checkpoint need a reviewer, which a durable turn does not take:
     a policy with `LoopPolicy.drafting` or `LoopPolicy.review_tool_calls` on is refused
     (`ValueError` naming the switch), as is a custom `LoopPolicy.end_after_pre_tool_text`
-    (a function cannot travel to the workers).
+    (a function cannot travel to the workers). So are token and cost budgets
+    (`LoopPolicy.budget`, `TurnPolicy.budget`): a durable pass streams and delivers on its
+    worker, which cannot yet cut it where a budget's room ends (docs/behaviour.md §2.8).
     """
     policy = policy if policy is not None else TurnPolicy()
     if not isinstance(policy, TurnPolicy):
@@ -88,6 +90,12 @@ async def start_generation_turn(
             raise ValueError(
                 f"LoopPolicy.{switch} is on, but a durable turn takes no reviewer: run "
                 "drafting and the tool checkpoint in process (run_generation_turn)"
+            )
+    for owner, budget in (("LoopPolicy", policy.loop.budget), ("TurnPolicy", policy.budget)):
+        if budget is not None:
+            raise ValueError(
+                f"{owner}.budget is set, but a durable pass cannot yet be cut where a budget's "
+                "room ends: run budgeted turns in process (run_generation_turn)"
             )
     if policy.loop.end_after_pre_tool_text is not None:
         raise ValueError(

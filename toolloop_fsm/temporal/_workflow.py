@@ -401,6 +401,7 @@ class _AttemptShell(InnerEffectShell[Awaitable[None]]):
             hold_timeout_notice=True,
             ledger=self.effect.ledger,
             expression_delivered=self.effect.expression_delivered,
+            attempt_budget=self.effect.budget,
             now=workflow.time(),
         )
         await self.carry_out(effects)

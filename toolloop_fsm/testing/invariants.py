@@ -384,6 +384,7 @@ def _check_ceilings(
         _fail(2, f"{len(result.stream_results)} stream results for {result.iterations} passes")
     _check_tool_call_limit(result, policy)
     _check_answer_at_ceiling(result, policy)
+    _check_budget(result, policy, provider)
     if provider is not None:
         requests = len(provider.requests)
         # The last pass may be cancelled (stop, host error) before its reader ever asked the
@@ -432,6 +433,47 @@ def _limit_sign(refused: int, result: GenerationTurnResult) -> str:
     if refused:
         return f"{refused} calls were refused for the tool-call limit"
     return f"it ended {result.status.value} ({result.reason})"
+
+
+def _check_budget(
+    result: GenerationTurnResult, policy: LoopPolicy, provider: ScriptedProvider | None
+) -> None:
+    """docs/behaviour.md §2.8: a budget ending only under a budget, naming a ceiling the
+    policy set at the figure it set; and no pass asked for more output than the output and
+    total ceilings left it after what the ledger held before it (nor started without a
+    token to write)."""
+    budget = policy.budget
+    exceeded = result.budget_exceeded
+    ended = result.reason in ("token_budget", "cost_budget")
+    if budget is None:
+        if ended or exceeded is not None:
+            _fail(2, f"the policy has no budget, yet the turn ended {result.reason}")
+        return
+    if ended != (exceeded is not None):
+        _fail(2, f"the turn ended {result.reason} with budget_exceeded={exceeded!r}")
+    if exceeded is not None:
+        allowed = getattr(budget, exceeded.limit)
+        reason = "cost_budget" if exceeded.limit == "cost" else "token_budget"
+        if exceeded.scope != "turn" or allowed != exceeded.allowed or reason != result.reason:
+            _fail(2, f"{exceeded!r} is not a ceiling of {budget!r} ending {result.reason}")
+    if provider is None:
+        return
+    for number, request in enumerate(provider.requests, start=1):
+        before = [e for e in result.usage.entries if e.iteration < number]
+        written = sum(e.output_tokens for e in before)
+        lefts: list[int] = []
+        if budget.output_tokens is not None:
+            lefts.append(budget.output_tokens - written)
+        if budget.total_tokens is not None:
+            lefts.append(budget.total_tokens - written - sum(e.input_tokens for e in before))
+        if lefts and (request.max_output is None or request.max_output > min(lefts)):
+            _fail(
+                2,
+                f"pass {number} asked for max_output={request.max_output} with "
+                f"{min(lefts)} tokens left of {budget!r}",
+            )
+        if request.max_output is not None and request.max_output < 1:
+            _fail(2, f"pass {number} started with no token to write (max_output=0)")
 
 
 def _check_answer_at_ceiling(result: GenerationTurnResult, policy: LoopPolicy) -> None:

@@ -184,13 +184,17 @@ from toolloop_fsm.events import FinishReason
 from toolloop_fsm.events import FunctionCall
 from toolloop_fsm.events import SceneMetadata
 from toolloop_fsm.events import TextDelta
+from toolloop_fsm.events import ThoughtDelta
 from toolloop_fsm.events import UsageReport
 from toolloop_fsm.host import ToolRegistry
 from toolloop_fsm.host import TurnSignals
 from toolloop_fsm.policy import ExitView
 from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.result import TOKEN_WEIGHT_UNIT
 from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import TurnStatus
+from toolloop_fsm.result import UsageEntry
+from toolloop_fsm.result import token_weight
 from toolloop_fsm.review import Pass
 from toolloop_fsm.review import Revise
 from toolloop_fsm.testing._lazy_names import REFERENCE_NAMES
@@ -322,11 +326,17 @@ def difference(predicted: Sequence[PredictedEnding], observed: PredictedEnding) 
 
 
 def predict_endings(
-    script: TurnScript, policy: LoopPolicy, *, tools: ToolRegistry | None = None
+    script: TurnScript,
+    policy: LoopPolicy,
+    *,
+    tools: ToolRegistry | None = None,
+    usage: Sequence[UsageEntry] = (),
 ) -> tuple[PredictedEnding, ...]:
     """Every ending the rules allow for ``script`` under ``policy`` (more than one only when
     timers coincide and their order decides). ``tools`` defaults to the registry
-    `run_script` builds (only the tools' shapes are read, no handler runs)."""
+    `run_script` builds (only the tools' shapes are read, no handler runs). ``usage`` is the
+    usage ledger the turn recorded — what the provider reported each pass read and wrote, or
+    the estimate where it reported none — which a budget's rules are applied to (§2.8)."""
     if tools is None:
         tools = build_tools(script, clock=VirtualClock(), signals=TurnSignals(), executions=[])
     shapes = {
@@ -352,7 +362,7 @@ def predict_endings(
             )
         choices = _Choices(path, explored)
         try:
-            ending = _Simulation(script, policy, shapes, choices).run()
+            ending = _Simulation(script, policy, shapes, choices, tuple(usage)).run()
         except _Explored:
             pass  # every ending from here on was predicted by an earlier path
         else:
@@ -366,7 +376,9 @@ def check_ending(run: ScriptRun) -> None:
     """Invariant 10 on one run of `run_script`: raise `InvariantViolation` (number 10) when
     the engine's ending is none of those the model predicts for the run's script and
     policy, naming each field that differs and listing the script."""
-    predicted = predict_endings(run.script, run.policy, tools=run.tools)
+    predicted = predict_endings(
+        run.script, run.policy, tools=run.tools, usage=run.result.usage.entries
+    )
     mismatch = difference(predicted, ending_of(run.result))
     if mismatch is not None:
         raise InvariantViolation(
@@ -377,11 +389,15 @@ def check_ending(run: ScriptRun) -> None:
 
 
 def predict_ending(
-    script: TurnScript, policy: LoopPolicy, *, tools: ToolRegistry | None = None
+    script: TurnScript,
+    policy: LoopPolicy,
+    *,
+    tools: ToolRegistry | None = None,
+    usage: Sequence[UsageEntry] = (),
 ) -> PredictedEnding:
     """The one ending the rules predict; raises `AmbiguousEnding` when coinciding events
     allow several (use `predict_endings` for those scripts)."""
-    endings = predict_endings(script, policy, tools=tools)
+    endings = predict_endings(script, policy, tools=tools, usage=usage)
     if len(endings) > 1:
         raise AmbiguousEnding(endings)
     return endings[0]
@@ -798,9 +814,14 @@ class _Simulation:
         policy: LoopPolicy,
         tools: Mapping[str, _ToolShape],
         choices: _Choices,
+        usage: tuple[UsageEntry, ...] = (),
     ) -> None:
         self.script = script
         self.policy = policy
+        # §2.8: the usage ledger the budgets are applied to, and what the pass streaming may
+        # still write under them (weight parts) with the sub-reason a cut takes
+        self.usage = usage
+        self.room: tuple[int, str] | None = None
         self.tools = tools
         self.choices = choices
         self.now = 0.0
@@ -1026,6 +1047,12 @@ class _Simulation:
             self.decide(TurnStatus.TIMEOUT, "iteration_ceiling")
             return
         number = len(self.passes) + 1
+        room = self.budget_room(number)
+        if isinstance(room, str):  # §2.8 rule 3: the pass does not start
+            self.post("budget_exceeded")
+            self.decide(TurnStatus.TIMEOUT, room)
+            return
+        self.room = None if room is None else (room[0] * TOKEN_WEIGHT_UNIT, room[1])
         self.withdrawn = self.tools_withdrawn(number)
         if number == self.policy.soft_warn_iteration + 1:
             self.post("still_working")
@@ -1033,6 +1060,66 @@ class _Simulation:
         self.passes.append(_Pass(number, self.now, list(items)))
         self.phase = "streaming"
         self.reading = True
+
+    def budget_room(self, number: int) -> tuple[int, str] | str | None:
+        """§2.8 rules 1-4 before pass ``number``, from the ledger's entries of the passes
+        and reviews before it: the sub-reason of a ceiling the pass would break (it does not
+        start), else the tokens the tightest ceiling lets it write with the sub-reason of
+        that ceiling, or ``None`` when no budget is set. The pass is expected to read what
+        the last pass read; the ceilings are tried input, output, total, cost, and the
+        first of the tightest rooms is the one that cuts."""
+        budget = self.policy.budget
+        if budget is None:
+            return None
+        earlier = [entry for entry in self.usage if entry.iteration < number]
+        read = sum(entry.input_tokens for entry in earlier)
+        wrote = sum(entry.output_tokens for entry in earlier)
+        passes = [entry for entry in earlier if entry.source == "author"]
+        reads = passes[-1].input_tokens if passes else 0
+        if budget.input_tokens is not None and read + reads > budget.input_tokens:
+            return "token_budget"
+        rooms: list[tuple[int, str]] = []
+        if budget.output_tokens is not None:
+            rooms.append((budget.output_tokens - wrote, "token_budget"))
+        if budget.total_tokens is not None:
+            rooms.append((budget.total_tokens - read - wrote - reads, "token_budget"))
+        price = self.policy.price
+        if budget.cost is not None and price is not None:
+            money = budget.cost - price.cost(read, wrote) - price.cost(reads, 0)
+            per_token = price.output_per_million / 1_000_000
+            if money < 0:
+                rooms.append((0, "cost_budget"))
+            elif per_token > 0:
+                rooms.append((int(money / per_token), "cost_budget"))
+        if not rooms:
+            return None
+        tokens, reason = min(rooms, key=lambda room: room[0])
+        return reason if tokens < 1 else (tokens, reason)
+
+    def within_room(self, text: str) -> tuple[str, bool]:
+        """§2.8 rule 5: what of ``text`` the pass may write, weighed by the estimate of §2.2
+        rule 3, and whether it reached the room (the pass is cut there)."""
+        assert self.room is not None
+        room, reason = self.room
+        weight = token_weight(text)
+        if weight <= room:
+            self.room = (room - weight, reason)
+            return text, False
+        kept = 0
+        for index, char in enumerate(text):
+            kept += token_weight(char)
+            if kept > room:
+                return text[:index], True
+        return text, True  # unreachable: the whole text weighs more than the room
+
+    def cut_at_budget(self) -> None:
+        """§2.8 rule 5: the pass is cut where it reached its room; what fits is delivered,
+        its calls never run, and the turn ends at the ceiling."""
+        assert self.room is not None
+        self.reading = False
+        self.flush()
+        self.post("budget_exceeded")
+        self.decide(TurnStatus.TIMEOUT, self.room[1])
 
     def tools_withdrawn(self, number: int) -> str | None:
         """§3.12 rule 4: once the calls admitted reach ``max_tool_calls``, every later pass is
@@ -1144,10 +1231,20 @@ class _Simulation:
         current = self.current
         current.last_chunk_at = self.now
         if isinstance(chunk, TextDelta):
-            current.texts.append(chunk.text)
-            current.buffer.append(chunk.text)
-            if sum(map(len, current.buffer)) >= self.policy.delivery_flush_chars:
-                self.flush(mid_stream=True)
+            text, cut = chunk.text, False
+            if self.room is not None:
+                text, cut = self.within_room(text)
+            if text or not cut:
+                current.texts.append(text)
+                current.buffer.append(text)
+                if sum(map(len, current.buffer)) >= self.policy.delivery_flush_chars:
+                    self.flush(mid_stream=True)
+            if cut:
+                self.cut_at_budget()
+        elif isinstance(chunk, ThoughtDelta):
+            # thoughts are written output too (§2.8 rule 5), shown to nobody
+            if self.room is not None and self.within_room(chunk.text)[1]:
+                self.cut_at_budget()
         elif isinstance(chunk, FunctionCall):
             current.calls.append(chunk)
         elif isinstance(chunk, FinishReason):
@@ -2069,8 +2166,12 @@ def _policy_text(policy: LoopPolicy) -> str:
         "host_call_timeout",
         "cancel_grace",
     )
+    if policy.max_identical_calls != LoopPolicy().max_identical_calls:
+        names += ("max_identical_calls",)
     if policy.max_tool_calls is not None or policy.at_ceiling != "end":
         names += ("max_tool_calls", "at_ceiling")
+    if policy.budget is not None or policy.price is not None:
+        names += ("budget", "price")
     if policy.drafting or policy.review_tool_calls:
         names += (
             "drafting",

@@ -69,7 +69,9 @@ from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import ThoughtDelta
 from toolloop_fsm.events import UsageReport
 from toolloop_fsm.host import TurnRequest
+from toolloop_fsm.policy import Budget
 from toolloop_fsm.policy import LoopPolicy
+from toolloop_fsm.policy import Price
 from toolloop_fsm.provider import ProviderError
 from toolloop_fsm.review import Finding
 from toolloop_fsm.review import FindingCategory
@@ -1049,6 +1051,7 @@ def build_policy(
     hostile: bool = False,
     drafting: bool | None = False,
     review_tool_calls: bool | None = False,
+    budgets: bool = True,
 ) -> LoopPolicy:
     """A `LoopPolicy` (see `loop_policies`)."""
     policy = LoopPolicy(
@@ -1083,11 +1086,17 @@ def build_policy(
     policy = attrs.evolve(policy, max_identical_calls=c.pick(_IDENTICAL_CALL_LIMITS))
     # drawn last again: no limit most often, else one a script's batches reach, and the
     # iteration ceiling's manner (docs/behaviour.md §3.12, §2.1)
-    return attrs.evolve(
+    policy = attrs.evolve(
         policy,
         max_tool_calls=c.pick(_TOOL_CALL_LIMITS),
         at_ceiling=c.pick(_CEILING_MANNERS),
     )
+    # and last of all: no budget most often, else a token or cost ceiling a script's short
+    # passes reach (docs/behaviour.md §2.8)
+    budget = c.pick(_BUDGETS if budgets else (None,))
+    if budget is None:
+        return policy
+    return attrs.evolve(policy, price=_PRICE, budget=budget)
 
 
 @functools.cache
@@ -1103,6 +1112,17 @@ _IDENTICAL_CALL_LIMITS = (3, 3, 1, 2)
 _TOOL_CALL_LIMITS: tuple[int | None, ...] = (None,) * 8 + (1, 3)
 _CEILING_MANNERS: tuple[Literal["end", "answer"], ...] = ("end", "end", "end", "answer")
 _TOOL_ERROR_CEILINGS = tuple(range(1, 5))
+#: A budget in one policy of six: an output ceiling a reply or two reach (a drawn text is a
+#: few tokens, a call's arguments a few more), a total and an input ceiling a second or
+#: third pass's reading reaches, and a cost ceiling at a price.
+_BUDGETS: tuple[Budget | None, ...] = (None,) * 25 + (
+    Budget(output_tokens=3),
+    Budget(output_tokens=12),
+    Budget(total_tokens=120),
+    Budget(input_tokens=90),
+    Budget(cost=0.0003),
+)
+_PRICE = Price(input_per_million=1.0, output_per_million=4.0)
 
 
 def loop_policies(
@@ -1111,6 +1131,7 @@ def loop_policies(
     hostile: bool = False,
     drafting: bool | None = False,
     review_tool_calls: bool | None = False,
+    budgets: bool = True,
 ) -> st.SearchStrategy[LoopPolicy]:
     """`LoopPolicy` values with small ceilings and short budgets, so limits are reached:
     1–``max_iterations`` passes, soft warning at 1–5, 1–4 consecutive tool errors, 1–3
@@ -1124,8 +1145,11 @@ def loop_policies(
     (``None``: each drawn). With either on, the review fields are drawn small too (defaults
     first): a held-prose ceiling of a few bytes or segments (so replies are cut), the host's
     send limit sometimes below it, 1–3 reviews, 0–2 revisions, 0–8 tool reviews, 0–2
-    corrections and review timeouts of 2, 5 or 120 seconds."""
-    return built(build_policy, max_iterations, hostile, drafting, review_tool_calls)
+    corrections and review timeouts of 2, 5 or 120 seconds.
+
+    One policy in six has a token or cost budget of a few tokens (with a price), so that
+    passes are refused and cut (docs/behaviour.md §2.8); ``budgets=False`` draws none."""
+    return built(build_policy, max_iterations, hostile, drafting, review_tool_calls, budgets)
 
 
 def build_review_fields(

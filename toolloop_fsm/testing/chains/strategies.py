@@ -7,6 +7,7 @@ import hashlib
 import attrs
 from hypothesis import strategies as st
 
+from toolloop_fsm.policy import Budget
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.testing.chains.script import _ARGUMENTS
@@ -119,7 +120,8 @@ def chain_signals() -> st.SearchStrategy[ChainSignal]:
 def turn_policies(*, drafting: bool = False) -> st.SearchStrategy[TurnPolicy]:
     """`TurnPolicy` values with short budgets (stalls of the scripts always exceed them,
     their pauses never do), 1–3 key attempts per model, the shared route allowed or not,
-    and deliveries flushed every 1–16 characters (so partial text is really delivered).
+    deliveries flushed every 1–16 characters (so partial text is really delivered), and
+    now and then a token ceiling per attempt or for the chain.
     ``drafting``: drafting, the tool checkpoint or both are on, with small review budgets
     and held-prose ceilings (as `toolloop_fsm.testing.loop_policies` draws them)."""
     loops: st.SearchStrategy[LoopPolicy] = st.builds(
@@ -130,6 +132,7 @@ def turn_policies(*, drafting: bool = False) -> st.SearchStrategy[TurnPolicy]:
         abandoned_stream_settle=st.sampled_from((1.0, 0.0)),
         tool_timeout=st.just(_TOOL_TIMEOUT),
         delivery_flush_chars=st.sampled_from((1, 4, 16)),
+        budget=_BUDGETS,
     )
     if drafting:
         loops = st.one_of(
@@ -140,7 +143,15 @@ def turn_policies(*, drafting: bool = False) -> st.SearchStrategy[TurnPolicy]:
         loop=loops,
         max_key_attempts_per_model=st.integers(1, 3),
         allow_shared_route=st.booleans(),
+        budget=_BUDGETS,
     )
+
+
+#: No budget most often, else a token ceiling an attempt's reply or two reach: per attempt
+#: (`LoopPolicy.budget`) and for the chain (`TurnPolicy.budget`), docs/behaviour.md §2.8.
+_BUDGETS = st.sampled_from(
+    (None, None, None, None, None, Budget(output_tokens=4), Budget(total_tokens=40))
+)
 
 
 def _fake_key(salt: int, route: str, model: int, key: int) -> str:
