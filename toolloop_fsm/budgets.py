@@ -22,6 +22,9 @@ from toolloop_fsm.result import BudgetExceeded
 from toolloop_fsm.result import BudgetScope
 from toolloop_fsm.result import UsageEntry
 
+#: The sub-reasons of a turn that ended at a ceiling of its budget.
+BUDGET_REASONS = frozenset({"token_budget", "cost_budget"})
+
 
 @frozen
 class Spent:

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from toolloop_fsm.budgets import BUDGET_REASONS
 from toolloop_fsm.budgets import price_of
 from toolloop_fsm.budgets import spent_by
 from toolloop_fsm.effects import CancelStream
@@ -162,7 +163,8 @@ def build_result(
         retry_after=turn.provider_retry_after,
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
         reviews=tuple(turn.draft.records) if turn.draft is not None else (),
-        budget_exceeded=turn.budget_exceeded,
+        # the ceiling the turn ended at: a host failure or a stop after it ends it otherwise
+        budget_exceeded=turn.budget_exceeded if reason in BUDGET_REASONS else None,
         cost=_cost(turn),
         turn_id=turn.request.turn_id,
         trace=tuple(turn.trace),
