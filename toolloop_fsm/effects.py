@@ -173,9 +173,10 @@ class UpdateKeyHealth:
 
 @frozen
 class CutStream:
-    """The pass reached the held-prose ceiling: stop reading its stream and close it (the
-    provider's request is aborted, so it stops generating text nobody can be shown), then
-    report the pass ended (`StreamEnded`). The text kept so far is the pass's text."""
+    """The pass reached the held-prose ceiling, or the room a token or cost budget left it:
+    stop reading its stream and close it (the provider's request is aborted, so it stops
+    generating text nobody can be shown or pay for), then report the pass ended
+    (`StreamEnded`). The text kept so far is the pass's text."""
 
 
 @frozen

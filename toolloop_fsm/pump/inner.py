@@ -618,8 +618,8 @@ class EventPump(InnerEffectShell[bool | None]):
         self._review_grace = None
 
     def cut_stream(self, effect: CutStream) -> None:
-        # the pass reached the held-prose ceiling: the read stops here (its stream is closed
-        # as the read unwinds, aborting the request), and the pass ends
+        # the pass reached the held-prose ceiling or its budget's room: the read stops here
+        # (its stream is closed as the read unwinds, aborting the request), and the pass ends
         self.cancel_stream()
         self._calls.report_later(StreamEnded())
 
