@@ -36,10 +36,15 @@ from toolloop_fsm.policy import Budget
 from toolloop_fsm.policy import Price
 from toolloop_fsm.result import BudgetExceeded
 from toolloop_fsm.result import estimate_tokens
+from toolloop_fsm.review import Finding
+from toolloop_fsm.review import FindingCategory
+from toolloop_fsm.review import ReviewUsage
+from toolloop_fsm.review import Revise
 from toolloop_fsm.testing import Fail
 from toolloop_fsm.testing import Pause
 from toolloop_fsm.testing import RecordingChannel
 from toolloop_fsm.testing import ScriptedProvider
+from toolloop_fsm.testing import ScriptedReviewer
 from toolloop_fsm.testing import VirtualClock
 
 CALL = FunctionCall("get_weather", {"city": "Oslo"})
@@ -158,6 +163,31 @@ async def test_a_server_that_reports_no_usage_is_budgeted_by_estimates() -> None
     assert result.usage.has_estimates
     assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "token_budget")
     assert result.usage.output_tokens <= 20
+
+
+async def test_a_reviewers_usage_is_spent_from_the_budget_too() -> None:
+    # the reply's pass wrote 5 tokens, the reviewer 45 of its own: the revision would start
+    # with none of the 50 left
+    clock = VirtualClock()
+    provider = ScriptedProvider(
+        [[TextDelta("Hi there."), UsageReport(10, 5)], [TextDelta("Hello!")]], clock=clock
+    )
+    flat = Finding(FindingCategory.VOICE, "The reply sounds flat.", "Answer warmly.")
+    reviewer = ScriptedReviewer([Revise([flat], usage=ReviewUsage(100, 45))], clock=clock)
+    channel = RecordingChannel(clock=clock)
+    result = await run_tool_loop(
+        provider,
+        [],
+        channel,
+        TurnRequest(USER),
+        policy=LoopPolicy(drafting=True, budget=Budget(output_tokens=50)),
+        reviewer=reviewer,
+        clock=clock,
+    )
+    assert (result.status, result.reason) == (TurnStatus.TIMEOUT, "token_budget")
+    assert result.budget_exceeded == BudgetExceeded("turn", "output_tokens", 50, 50, 1)
+    assert len(provider.requests) == 1  # the revision never started
+    assert channel.text == ""  # the held draft the reviewer sent back was never shown
 
 
 # --------------------------------------------------------------------------- cost
