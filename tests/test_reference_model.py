@@ -261,9 +261,9 @@ DIVERGENCES: dict[str, tuple[Callable[..., Any], str, str, st.SearchStrategy[Tur
         turn_scripts(),
     ),
     "§3.12 the pass after the tool-call limit is offered tools again": (
-        ceilings.tool_call_limit_reached,
-        "return limit is not None and turn.tool_calls_used >= limit",
-        "return False",
+        ceilings.tools_withdrawn_by,
+        '    if tool_call_limit_reached(turn):\n        return "tool_call_limit"\n',
+        "",
         tool_batches(),
     ),
 }

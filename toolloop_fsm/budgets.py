@@ -20,6 +20,7 @@ from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.policy import Price
 from toolloop_fsm.result import BudgetExceeded
 from toolloop_fsm.result import BudgetScope
+from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import UsageEntry
 
 #: The sub-reasons of a turn that ended at a ceiling of its budget.
@@ -46,6 +47,16 @@ class Spent:
             self.output_tokens + other.output_tokens,
             sum(costs) if costs else None,
         )
+
+
+def spent_by_attempts(results: Iterable[GenerationTurnResult]) -> Spent:
+    """What a chain's attempts spent together, each at its own model's price (its
+    ``cost``)."""
+    spent = Spent()
+    for result in results:
+        usage = result.usage
+        spent = spent.plus(Spent(usage.input_tokens, usage.output_tokens, result.cost))
+    return spent
 
 
 def spent_by(entries: Iterable[UsageEntry], price: Price | None) -> Spent:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from toolloop_fsm.events import DeadlineExpired
+from toolloop_fsm.guards.ceilings import tool_call_limit_reached
 from toolloop_fsm.turn import TurnState
 from toolloop_fsm.turn import call_key_of_pending
 from toolloop_fsm.turn import call_with_deadline
@@ -123,8 +124,7 @@ def call_over_tool_call_limit(turn: TurnState) -> bool:
     """The tool-call limit (docs/behaviour.md §3.12): the turn has admitted as many calls as
     ``max_tool_calls`` allows — counting the calls of this batch admitted before this one,
     in emitted order — so this one does not run."""
-    limit = turn.policy.max_tool_calls
-    return limit is not None and turn.tool_calls_used >= limit
+    return tool_call_limit_reached(turn)
 
 
 def allowed_tool_names(turn: TurnState) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ import attrs
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.budgets import AttemptBudget
-from toolloop_fsm.budgets import Spent
+from toolloop_fsm.budgets import spent_by_attempts
 from toolloop_fsm.effects import AskAdmission
 from toolloop_fsm.effects import PostNotice
 from toolloop_fsm.effects import QueueStopResponse
@@ -96,11 +96,7 @@ def attempt_budget(state: GenerationState, plan: AttemptPlan) -> AttemptBudget |
     chain = state.policy.budget
     if price is None and chain is None:
         return None
-    spent = Spent()
-    for result in state.results:
-        usage = result.usage
-        spent = spent.plus(Spent(usage.input_tokens, usage.output_tokens, result.cost))
-    return AttemptBudget(price=price, chain=chain, chain_spent=spent)
+    return AttemptBudget(price=price, chain=chain, chain_spent=spent_by_attempts(state.results))
 
 
 def attempt_request(state: GenerationState, plan: AttemptPlan) -> TurnRequest:
@@ -302,14 +298,11 @@ def build_generation_result(state: GenerationState) -> GenerationTurnResult:
     delivered: list[Delivered] = []
     usage: list[UsageEntry] = []
     notices: list[Notice] = []
-    costs: list[float] = []
     for result in state.results:
         for item in result.delivered:
             delivered.append(attrs.evolve(item, seq=len(delivered)))
         usage.extend(result.usage.entries)
         notices.extend(result.notices)
-        if result.cost is not None:
-            costs.append(result.cost)
     notices.extend(state.notices)
     if last is None:
         return GenerationTurnResult(
@@ -331,7 +324,7 @@ def build_generation_result(state: GenerationState) -> GenerationTurnResult:
         reason=state.reason,
         final_text=final_text,
         usage=UsageLedger(tuple(usage)),
-        cost=sum(costs) if costs else None,
+        cost=spent_by_attempts(state.results).cost,
         delivered=tuple(delivered),
         notices=tuple(notices),
         held_notice=None,

@@ -411,12 +411,7 @@ def end_at_budget(turn: TurnState, _event: Any = None) -> None:
 def end_pass_cut_at_budget(turn: TurnState, _event: Any = None) -> None:
     """The pass was cut as it wrote past its room (§2.8 rule 4): what it wrote within the
     room is delivered, its calls never run (they are named in its ignored calls)."""
-    calls = turn.tool_round.calls
-    if calls:
-        turn.current_pass.ignored_calls = [str(c.call.name) for c in calls]
-    close_pass(turn, "budget")
-    calls.clear()
-    flush_buffer(turn)
+    _close_pass_unrun(turn, "budget")
     exceeded = turn.budget_exceeded
     assert exceeded is not None
     post_notice(turn, budget_notice(exceeded))
@@ -440,21 +435,24 @@ def end_malformed_call(turn: TurnState, _event: Any = None) -> None:
 def end_calls_after_tool_call_limit(turn: TurnState, _event: Any = None) -> None:
     """The final answer pass of the tool-call limit asked for tools anyway (§3.12): none
     runs, and the calls are named in the pass's ignored calls."""
-    _ignore_final_pass_calls(turn)
+    _close_pass_unrun(turn, "function_call")
     post_notice(turn, Notice("tool_call_limit", {"calls": turn.tool_calls_used}))
 
 
 def end_calls_at_iteration_ceiling(turn: TurnState, _event: Any = None) -> None:
     """The final answer pass at the iteration ceiling asked for tools anyway (§2.1): none
     runs, and the turn ends as the ceiling ends it, with its notice."""
-    _ignore_final_pass_calls(turn)
+    _close_pass_unrun(turn, "function_call")
     post_notice(turn, Notice("max_iterations", {"iterations": turn.iterations}))
 
 
-def _ignore_final_pass_calls(turn: TurnState) -> None:
+def _close_pass_unrun(turn: TurnState, outcome: str) -> None:
+    """Close a pass whose calls never run, naming them in its ignored calls, and deliver
+    what it streamed."""
     calls = turn.tool_round.calls
-    turn.current_pass.ignored_calls = [str(c.call.name) for c in calls]
-    close_pass(turn, "function_call")  # the calls were streamed: the usage estimate counts them
+    if calls:
+        turn.current_pass.ignored_calls = [str(c.call.name) for c in calls]
+    close_pass(turn, outcome)  # the calls were streamed: the usage estimate counts them
     calls.clear()
     flush_buffer(turn)
 
