@@ -81,6 +81,9 @@ class StrayOutcome(AssertionError):
 @attrs.define
 class _Turn:
     disabled_enrichment_kinds: frozenset[str] = frozenset()
+    request: TurnRequest = attrs.field(
+        factory=lambda: TurnRequest([{"role": "user", "content": "hi"}], turn_id="batch")
+    )
 
 
 class BatchMachine:

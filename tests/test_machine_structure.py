@@ -168,10 +168,18 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
             "call_repeats_too_often",
             # the tool-call limit (§3.12): a call refused for its own reason takes none of it
             "call_over_tool_call_limit",
+            # approval by a person (§3.13): after every refusal, before the checkpoint
+            "call_needs_approval",
             "call_needs_checkpoint",
             None,
         ],
-        ("next_call", "advance"): ["calls_left_at_gate", "calls_admitted", None],
+        # the batch's admitted calls run first; a batch with calls waiting then pauses
+        ("next_call", "advance"): [
+            "calls_left_at_gate",
+            "calls_admitted",
+            "calls_await_approval",
+            None,
+        ],
         # §2.1: the ceiling, the budgets, then the final answer pass (§3.12), then an
         # ordinary pass
         ("starting_pass", "advance"): [
@@ -182,8 +190,18 @@ SPEC_GUARD_ORDER: dict[str, dict[tuple[str, str], list[str | None]]] = {
             "final_answer_pass_due",
             None,
         ],
-        ("executing_tool", "tool_finished"): ["batch_finishes", None],
-        ("executing_tool", "tool_deadline"): ["cut_off_call_is_settled", "batch_finishes", None],
+        # the batch's last outcome: a batch with calls waiting for approval pauses (§3.13)
+        ("executing_tool", "tool_finished"): [
+            "batch_finishes_awaiting_approval",
+            "batch_finishes",
+            None,
+        ],
+        ("executing_tool", "tool_deadline"): [
+            "cut_off_call_is_settled",
+            "batch_finishes_awaiting_approval",
+            "batch_finishes",
+            None,
+        ],
         ("recording_tool_outcome", "advance"): [
             "consecutive_error_ceiling_reached",
             # drafting: a round that would end the turn completes the held response first

@@ -244,8 +244,8 @@ DIVERGENCES: dict[str, tuple[Callable[..., Any], str, str, st.SearchStrategy[Tur
     ),
     "§3.12 a call refused by the tool-call limit counts as a tool error": (
         tool_dispatch._count_outcome,
-        "elif not outcome.rejected and not outcome.limited:",
-        "elif not outcome.rejected:",
+        "elif outcome.is_failure:",
+        "elif not outcome.success and not outcome.rejected:",
         tool_batches(),
     ),
     "§2.8 a pass that would break a budget starts anyway": (

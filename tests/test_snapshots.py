@@ -680,6 +680,8 @@ _LOOP_LEFT_OUT = {
 #: The run state's records a snapshot holds field by field, under the fields' own names.
 _LOOP_FLAT = {"deliveries", "produced"}
 _CHAIN_LEFT_OUT = {
+    # what a turn paused for approval hands over: its snapshot holds the chain before it
+    "approval",
     "current_event",
     "effects",
     "last",

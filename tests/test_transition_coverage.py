@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from tests.test_properties_inner import TOOLS
 from tests.test_properties_inner import drive_machine
 from tests.test_properties_inner import run_turn
+from toolloop_fsm.decisions import decide
 from toolloop_fsm.declaration import declared_transition_ids
 from toolloop_fsm.effects import ArmDeadline
 from toolloop_fsm.effects import CancelTool
@@ -43,6 +44,8 @@ from toolloop_fsm.events import StreamEnded
 from toolloop_fsm.events import TextDelta
 from toolloop_fsm.events import ToolFinished
 from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.host import Tool
+from toolloop_fsm.host import ToolResult
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import TRANSITIONS
 from toolloop_fsm.machine import ToolLoopMachine
@@ -54,6 +57,7 @@ from toolloop_fsm.review import Finding
 from toolloop_fsm.review import FindingCategory
 from toolloop_fsm.review import Revise
 from toolloop_fsm.review import Unavailable
+from toolloop_fsm.snapshot import snapshot_from_json
 from toolloop_fsm.stepping import Coverage
 from toolloop_fsm.testing import TurnScript
 from toolloop_fsm.testing import loop_policies
@@ -128,6 +132,42 @@ def _rare_paths() -> None:
     _settled_cut_off_path(request)
     _rare_review_paths(request)
     _ceiling_paths(request)
+    _approval_paths(request)
+
+
+def _approval_paths(request: TurnRequest) -> None:
+    """Approval by a person (docs/behaviour.md §3.13): a batch whose only call waits pauses at
+    once; one whose other call finishes, or times out, pauses then; and a resumed turn goes
+    on with its decided batch."""
+    waits = Tool("pay", "pay", {"type": "object"}, _never_run, needs_approval=True)
+    tools = [*TOOLS, waits]
+    pay = FunctionCall("pay", {"amount": 5}, "p")
+    machine = ToolLoopMachine(tools=tools)
+    machine.start(request)
+    _pass(machine, pay)
+    assert machine.result.status is TurnStatus.AWAITING_APPROVAL
+    for last in ("finished", "deadline"):
+        machine = ToolLoopMachine(tools=tools)
+        machine.start(request)
+        effects = _pass(machine, pay, _WEATHER)
+        if last == "finished":
+            machine.feed(ToolFinished(machine.turn.dispatches, ToolOutcomeKind.SUCCEEDED))
+        else:
+            token = next(e.token for e in effects if isinstance(e, ArmDeadline))
+            machine.feed(DeadlineExpired(DeadlineKind.TOOL, token))
+        paused = machine.result
+        assert paused.status is TurnStatus.AWAITING_APPROVAL and paused.approval is not None
+    approval = paused.approval
+    assert approval is not None
+    decided = decide(snapshot_from_json(approval.snapshot), [approval.calls[0].approve()]).loop
+    assert decided is not None
+    resumed = ToolLoopMachine(tools=tools)
+    resumed.resume(decided)
+    assert resumed.state == "executing_tool"
+
+
+async def _never_run(_arguments: dict[str, object], _ctx: object) -> ToolResult:
+    raise AssertionError("a call that waits for approval does not run")
 
 
 def _settled_cut_off_path(request: TurnRequest) -> None:

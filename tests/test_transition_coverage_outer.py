@@ -30,7 +30,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from tests.test_properties_outer import drive_generation_machine
+from toolloop_fsm import Attempt
+from toolloop_fsm import FunctionCall
+from toolloop_fsm import Tool
+from toolloop_fsm import ToolResult
+from toolloop_fsm import TurnStatus
 from toolloop_fsm import generation
+from toolloop_fsm import run_generation_turn
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.declaration import declared_transition_ids
 from toolloop_fsm.host import TurnRequest
@@ -39,6 +45,8 @@ from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.snapshot_capture import capture_chain
 from toolloop_fsm.stepping import Coverage
+from toolloop_fsm.testing import RecordingChannel
+from toolloop_fsm.testing import ScriptedProvider
 from toolloop_fsm.testing.chains import AttemptScript
 from toolloop_fsm.testing.chains import ChainScript
 from toolloop_fsm.testing.chains import ChainSignal
@@ -185,6 +193,25 @@ def _resume_workload() -> None:
     assert [type(e).__name__ for e in effects] == ["StartAttempt"]
 
 
+def _approval_workload() -> None:
+    """A generation turn pausing for approval (docs/behaviour.md §3.13) with its attempt."""
+
+    async def pay(_arguments: dict[str, object], _ctx: object) -> ToolResult:
+        raise AssertionError("a call that waits for approval does not run")
+
+    tools = [Tool("pay", "pay", {"type": "object"}, pay, needs_approval=True)]
+    provider = ScriptedProvider([[FunctionCall("pay", {"amount": 5})]])
+    result = asyncio.run(
+        run_generation_turn(
+            [Attempt(provider, label="only")],
+            tools,
+            RecordingChannel(),
+            TurnRequest([{"role": "user", "content": "pay"}]),
+        )
+    )
+    assert result.status is TurnStatus.AWAITING_APPROVAL
+
+
 def _fired_by(*workloads: Callable[[], object]) -> set[str]:
     """Run the workloads with the coverage switch on (machines read it when built)."""
     fired: set[str] = set()
@@ -198,7 +225,7 @@ def _fired_by(*workloads: Callable[[], object]) -> set[str]:
 
 
 def test_the_outer_property_workload_fires_every_declared_transition() -> None:
-    fired = _fired_by(_chain_workload, _machine_workload, _resume_workload)
+    fired = _fired_by(_chain_workload, _machine_workload, _resume_workload, _approval_workload)
     declared = declared_transition_ids(generation.TRANSITIONS)
     missing = [ident for ident in declared if ident not in fired]
     assert not missing, (

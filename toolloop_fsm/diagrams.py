@@ -578,10 +578,37 @@ def render_dot(
     out += _dot_boxes(decl, drawn, marks, column)
     out += ["", f"  {_q('__initial__')} -> {_q(decl.initial)}"]
     back = _back_edges(drawn) if exits else set()
+    entries = _mid_flow_entries(drawn) if exits else set()
     for edge in drawn.edges:
+        if (edge.source, edge.dests[0]) in entries:
+            out += _dot_mid_flow_entry(edge, marks)
+            continue
         out += _dot_edge(edge, marks, exits=exits, back=back)
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+def _mid_flow_entries(drawn: Diagram) -> set[tuple[str, str]]:
+    """The edges by which the initial state enters the flow past its first successor (a
+    resume into a paused batch): the exits view draws each from a copy of the initial state
+    beside its target, not as an arrow across the whole loop."""
+    initial = drawn.declaration.initial
+    dests = [d for e in drawn.edges if e.source == initial and e.kind != "exit" for d in e.dests]
+    return {(initial, dest) for dest in dests[1:]}
+
+
+def _dot_mid_flow_entry(edge: DrawnEdge, marks: _Marks) -> list[str]:
+    source, dest = edge.source, edge.dests[0]
+    copy = f"{source} → {dest}"
+    node = _attrs(label=source, shape="box", style="rounded,dashed", fontsize="10")
+    attributes = {
+        "label": "\n".join(_line_text(line, marks) for line in edge.lines),
+        "color": _FLOW,
+        "fontcolor": _FLOW,
+    }
+    if any(marks.takes(line) for line in edge.lines):
+        attributes.update(color=_TRACE_STROKE, fontcolor=_TRACE_STROKE, penwidth="2.5")
+    return [f"  {_q(copy)} {node}", f"  {_q(copy)} -> {_q(dest)} {_attrs(**attributes)}"]
 
 
 def _dot_boxes(

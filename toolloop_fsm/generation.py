@@ -44,6 +44,7 @@ from toolloop_fsm.events import UnreachableReported
 from toolloop_fsm.guards.attempts import admission_granted
 from toolloop_fsm.guards.attempts import another_key_for_this_model
 from toolloop_fsm.guards.attempts import another_model_in_chain
+from toolloop_fsm.guards.attempts import attempt_awaits_approval
 from toolloop_fsm.guards.attempts import attempt_failed_in_host_code
 from toolloop_fsm.guards.attempts import attempt_is_final
 from toolloop_fsm.guards.attempts import attempt_reached_a_budget
@@ -73,6 +74,7 @@ from toolloop_fsm.states.attempts import begin_next_model
 from toolloop_fsm.states.attempts import build_generation_result
 from toolloop_fsm.states.attempts import end_chain_at_budget
 from toolloop_fsm.states.attempts import exhaust_chain
+from toolloop_fsm.states.attempts import pause_for_approval
 from toolloop_fsm.states.attempts import post_closing_notices
 from toolloop_fsm.states.attempts import refuse_shared_route
 from toolloop_fsm.states.attempts import resume_attempt
@@ -118,6 +120,9 @@ TRANSITIONS: list[_t] = [
     # durable turns: a fresh machine continues a snapshot's turn in the attempt it was taken in
     _t("resume", "ready", "attempting", do=resume_attempt),
     # ---- an attempt ran the inner tool loop (or the host reported the destination gone)
+    # an attempt paused for approval of a tool call (§3.13): so does the turn, in that attempt
+    _t("attempt_finished", "attempting", "finishing", when=attempt_awaits_approval,
+       do=pause_for_approval, ends=("awaiting_approval", None)),
     _t("attempt_finished", "attempting", "judging_attempt", do=take_attempt_result),
     _t("destination_unreachable", ["attempting", "admitting_shared_route"], "finishing",
        do=skip_unreachable, ends=("skipped", "destination_unreachable")),
@@ -151,7 +156,7 @@ TRANSITIONS: list[_t] = [
     # decided ending names
     *to_decided_terminal("finishing", (
         "completed", "stopped_by_user", "follow_up_interrupt", "timeout", "error",
-        "empty_response", "skipped",
+        "empty_response", "awaiting_approval", "skipped",
     )),
 ]
 # fmt: on

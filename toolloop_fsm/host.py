@@ -102,6 +102,16 @@ class ToolContext:
     #: enrichment kinds a context restart already used this turn: an enrichment tool skips
     #: them (a video already transcribed is not transcribed again)
     disabled_enrichment_kinds: frozenset[str] = frozenset()
+    #: the call's stable identity, ``turn_id:occurrence``: the same whenever this call of the
+    #: turn runs, in a resumed turn too. A tool with a side effect keys it on this to act
+    #: once when a snapshot is resumed twice (docs/behaviour.md §3.13)
+    idempotency_key: str | None = None
+
+
+def call_idempotency_key(turn_id: str | None, occurrence: str) -> str | None:
+    """A call's `ToolContext.idempotency_key`: its turn and its ledger occurrence, the
+    identity a replay and a resume reuse (``None`` for a turn without an id)."""
+    return None if turn_id is None else f"{turn_id}:{occurrence}"
 
 
 #: A tool's handler: an ``async def`` (awaited on the event loop) or a plain function (run in
@@ -114,6 +124,9 @@ Redactor = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 ToolReconciler = Callable[
     [dict[str, Any], ToolContext], Awaitable[ToolResult | None] | ToolResult | None
 ]
+#: Whether one call of a tool must wait for a person's approval, given its arguments
+#: (`Tool.needs_approval`); plain and quick: it runs inside the machine's step
+ApprovalPredicate = Callable[[Mapping[str, Any]], bool]
 
 
 REPLAY_MODES = ("reuse", "rerun")
@@ -169,6 +182,12 @@ class Tool:
     ``repeatable`` exempts the tool from the repeated-call guard (`LoopPolicy.
     max_identical_calls`, docs/behaviour.md §3.11): for a tool whose identical calls are
     meant to give new answers (a die, a status poll).
+
+    ``needs_approval`` makes a call wait for a person (docs/behaviour.md §3.13): ``True`` for
+    every call, or a predicate given the call's arguments that says whether this one must
+    wait (a transfer over some amount). A call that waits does not run; the turn ends
+    ``awaiting_approval`` once the rest of its batch has run, and resumes with the host's
+    decisions. A predicate that raises makes the call wait.
     """
 
     name: str = field(validator=[of_type(str), _tool_name])
@@ -185,6 +204,7 @@ class Tool:
     reconcile: ToolReconciler | None = field(default=None, eq=False, kw_only=True)
     sequential: bool = field(default=False, validator=flag, kw_only=True)
     repeatable: bool = field(default=False, validator=flag, kw_only=True)
+    needs_approval: bool | ApprovalPredicate = field(default=False, eq=False, kw_only=True)
     #: ``parameters`` as canonical JSON: the key its compiled validator is kept under
     schema_key: str = field(init=False, eq=False, repr=False)
 
@@ -207,6 +227,14 @@ class Tool:
             raise TypeError(
                 f"Tool {self.name!r}: reconcile must be a function taking (arguments, ctx) "
                 f"and returning a ToolResult or None, or None; got {type(value).__name__}"
+            )
+
+    @needs_approval.validator
+    def _check_needs_approval(self, _attribute: Any, value: object) -> None:
+        if not isinstance(value, bool) and not callable(value):
+            raise TypeError(
+                f"Tool {self.name!r}: needs_approval must be True, False or a function taking "
+                f"the call's arguments and returning a bool; got {type(value).__name__}"
             )
 
     @replay.validator

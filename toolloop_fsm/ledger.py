@@ -98,9 +98,18 @@ class ToolOutcome:
     #: counts as no failure (no failure notice, no error counted) — the limit ends the loop
     #: its own way, with the answer pass
     limited: bool = False
+    #: denied by a person (docs/behaviour.md §3.13): it did not run, and it counts as no
+    #: failure (no failure notice, no error counted)
+    denied: bool = False
     #: a failure whose call may have taken effect (docs/behaviour.md §3.9): reused on a
     #: replay, never rerun
     in_doubt: bool = False
+
+    @property
+    def is_failure(self) -> bool:
+        """A failure the error counter counts and a notice reports: not a refusal that is
+        no failure (a rejection, the tool-call limit, a denial)."""
+        return not self.success and not self.rejected and not self.limited and not self.denied
 
     @classmethod
     def from_event(cls, event: ToolFinished) -> ToolOutcome:

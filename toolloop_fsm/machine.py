@@ -88,18 +88,22 @@ from toolloop_fsm.guards.exit_policy import tool_requested_context_restart
 from toolloop_fsm.guards.outcome import outcome_is_stalled_stream
 from toolloop_fsm.guards.outcome import to_decided_terminal
 from toolloop_fsm.guards.tool_gate import batch_finishes
+from toolloop_fsm.guards.tool_gate import batch_finishes_awaiting_approval
 from toolloop_fsm.guards.tool_gate import batch_has_nameless_call
 from toolloop_fsm.guards.tool_gate import call_already_recorded
 from toolloop_fsm.guards.tool_gate import call_arguments_not_object
 from toolloop_fsm.guards.tool_gate import call_arguments_truncated
 from toolloop_fsm.guards.tool_gate import call_arguments_unparseable
+from toolloop_fsm.guards.tool_gate import call_needs_approval
 from toolloop_fsm.guards.tool_gate import call_outside_allowlist
 from toolloop_fsm.guards.tool_gate import call_over_tool_call_limit
 from toolloop_fsm.guards.tool_gate import call_pending
 from toolloop_fsm.guards.tool_gate import call_repeats_too_often
 from toolloop_fsm.guards.tool_gate import calls_admitted
+from toolloop_fsm.guards.tool_gate import calls_await_approval
 from toolloop_fsm.guards.tool_gate import calls_left_at_gate
 from toolloop_fsm.guards.tool_gate import cut_off_call_is_settled
+from toolloop_fsm.guards.tool_gate import resumes_paused_batch
 from toolloop_fsm.host import Tool
 from toolloop_fsm.host import ToolRegistry
 from toolloop_fsm.host import TurnRequest
@@ -173,6 +177,7 @@ from toolloop_fsm.states.tool_dispatch import clear_stale_follow_up
 from toolloop_fsm.states.tool_dispatch import cut_off_tool
 from toolloop_fsm.states.tool_dispatch import dispatch_batch
 from toolloop_fsm.states.tool_dispatch import gate_next_call
+from toolloop_fsm.states.tool_dispatch import hold_for_approval
 from toolloop_fsm.states.tool_dispatch import open_batch
 from toolloop_fsm.states.tool_dispatch import record_tool_outcome
 from toolloop_fsm.states.tool_dispatch import refuse_call_over_limit
@@ -234,6 +239,7 @@ TRANSITIONS: list[_t] = [
     _t("start", "ready", "starting_pass"),
     # durable turns: a fresh machine continues a snapshot's turn before its next pass, sending
     # again what was in flight (under the same sequence numbers)
+    _t("resume", "ready", "next_call", when=resumes_paused_batch, do=resend_in_flight),
     _t("resume", "ready", "starting_pass", do=resend_in_flight),
     # ---- stream once: the ceiling is checked before every pass (docs/behaviour.md §2.1)
     _t("advance", "starting_pass", "building_result", when=iteration_ceiling_reached,
@@ -337,21 +343,35 @@ TRANSITIONS: list[_t] = [
     # review (no reviewer is asked about a call that will not run)
     _t("advance", "gating_call", "next_call",
        when=call_over_tool_call_limit, do=refuse_call_over_limit),
+    # approval by a person (§3.13): after every refusal (no one is asked about a call that
+    # would not run), before the checkpoint's review (a person's decision stands above it)
+    _t("advance", "gating_call", "next_call",
+       when=call_needs_approval, do=hold_for_approval),
     _t("advance", "gating_call", "reviewing_call",
        when=call_needs_checkpoint, do=request_call_review),
     _t("advance", "gating_call", "next_call", do=admit_call),
     # the whole batch is gated before any call runs; then the admitted calls run
     _t("advance", "next_call", "gating_call", when=calls_left_at_gate, do=gate_next_call),
     _t("advance", "next_call", "executing_tool", when=calls_admitted, do=dispatch_batch),
+    # the calls that need no approval have run (or none ran): the turn pauses for the
+    # decisions, its batch kept in the result's snapshot (§3.13)
+    _t("advance", "next_call", "building_result", when=calls_await_approval,
+       ends=("awaiting_approval", None)),
     _t("advance", "next_call", "checking_tool_outcome"),
     # ---- execute the batch (§3.6, §3.10 rule 2): each call under its own deadline; the
     # batch's last outcome goes on to the checks after it, the others start calls waiting
+    _t("tool_finished", "executing_tool", "building_result",
+       when=batch_finishes_awaiting_approval, do=take_tool_outcome,
+       ends=("awaiting_approval", None)),
     _t("tool_finished", "executing_tool", "checking_tool_outcome", when=batch_finishes,
        do=take_tool_outcome),
     _t("tool_finished", "executing_tool", None, do=take_tool_outcome),
     # a tool with a reconcile hook is waited for past its deadline: its outcome is settled
     # (docs/behaviour.md §3.9)
     _t("tool_deadline", "executing_tool", None, when=cut_off_call_is_settled, do=cut_off_tool),
+    _t("tool_deadline", "executing_tool", "building_result",
+       when=batch_finishes_awaiting_approval, do=time_out_tool,
+       ends=("awaiting_approval", None)),
     _t("tool_deadline", "executing_tool", "checking_tool_outcome", when=batch_finishes,
        do=time_out_tool),
     _t("tool_deadline", "executing_tool", None, do=time_out_tool),
@@ -437,7 +457,7 @@ TRANSITIONS: list[_t] = [
     _t("advance", "building_result", "settling", when=must_settle_deliveries, do=begin_settling),
     *to_decided_terminal("building_result", (
         "completed", "stopped_by_user", "follow_up_interrupt", "timeout", "error",
-        "empty_response",
+        "awaiting_approval", "empty_response",
     )),
     _t("delivery_recorded", "settling", "building_result",
        when=all_deliveries_recorded, do=settle_delivery),

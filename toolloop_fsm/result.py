@@ -21,6 +21,7 @@ import cattrs
 from attrs import field
 from attrs import frozen
 
+from toolloop_fsm.approvals import ApprovalRequest
 from toolloop_fsm.events import FinishKind
 from toolloop_fsm.review import ReviewRecord
 
@@ -35,6 +36,9 @@ class TurnStatus(StrEnum):
     ERROR = "error"
     EMPTY_RESPONSE = "empty_response"
     SKIPPED = "skipped"
+    #: a tool call waits for a person (docs/behaviour.md §3.13): the result's ``approval``
+    #: holds the calls and the snapshot to resume from with the decisions
+    AWAITING_APPROVAL = "awaiting_approval"
 
 
 RETRYABLE_STATUSES = frozenset({TurnStatus.ERROR, TurnStatus.TIMEOUT})
@@ -68,6 +72,9 @@ REVIEW_REJECTED_STATUS = "review_rejected"
 
 #: The status of a tool call the tool-call limit refused: it never ran.
 TOOL_CALL_LIMIT_STATUS = "tool_call_limit"
+
+#: The status of a tool call a person denied (docs/behaviour.md §3.13): it never ran.
+APPROVAL_DENIED_STATUS = "approval_denied"
 
 
 @frozen
@@ -375,6 +382,8 @@ class GenerationTurnResult:
     budget_exceeded: BudgetExceeded | None = None
     #: what the turn's tokens cost at the prices the host gave (``None``: no price)
     cost: float | None = None
+    #: a turn that ended ``awaiting_approval``: the calls it waits on and its snapshot
+    approval: ApprovalRequest | None = None
     trace: tuple[TraceStep, ...] = ()
     exception: BaseException | None = field(default=None, eq=False, repr=False)
 

@@ -145,6 +145,29 @@ class DraftSnapshot:
 
 
 @frozen
+class PausedCall:
+    """One call of a batch paused for approval (docs/behaviour.md §3.13), in emitted order:
+    the call as the provider emitted it, its ledger occurrence once taken, and either its
+    outcome (it ran, was refused or reused, or was denied), or that it waits
+    (``awaiting``), or that it was approved: ``approved`` holds the arguments it runs with
+    (the model's, or the person's edit)."""
+
+    name: str
+    arguments: Any
+    position: int
+    call_id: str | None = None
+    truncated: bool = False
+    parse_error: str | None = None
+    provider_data: Mapping[str, Any] | None = None
+    occurrence: str | None = None
+    outcome: ToolOutcome | None = None
+    awaiting: bool = False
+    approved: Mapping[str, Any] | None = None
+    #: the tool's ``needs_approval`` predicate raised on the arguments (the call waits)
+    predicate_error: str | None = None
+
+
+@frozen
 class LoopSnapshot:
     """The inner machine entering ``starting_pass``: everything the next pass and the rest of
     the turn read. ``in_flight`` are the deliveries handed to the channel and not confirmed
@@ -197,6 +220,9 @@ class LoopSnapshot:
     #: the model's price and the chain's budget with what earlier attempts spent of it
     #: (docs/behaviour.md §2.8; a snapshot from before budgets has none: none bound its turn)
     attempt_budget: AttemptBudget | None = None
+    #: a turn paused for approval (docs/behaviour.md §3.13): the batch it paused in, every
+    #: call in emitted order (empty: the snapshot was taken before a pass)
+    paused: tuple[PausedCall, ...] = ()
 
 
 @frozen

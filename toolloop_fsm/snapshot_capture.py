@@ -28,23 +28,27 @@ from attrs import frozen
 
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.attempts import KeyHealth
+from toolloop_fsm.events import FunctionCall
 from toolloop_fsm.snapshot import ChainSnapshot
 from toolloop_fsm.snapshot import DraftSnapshot
 from toolloop_fsm.snapshot import HeldPiece
 from toolloop_fsm.snapshot import KeyHealthEntry
 from toolloop_fsm.snapshot import KeysTried
 from toolloop_fsm.snapshot import LoopSnapshot
+from toolloop_fsm.snapshot import PausedCall
 from toolloop_fsm.snapshot import SnapshotError
 from toolloop_fsm.snapshot import ToolTerms
 from toolloop_fsm.snapshot import check_policy
 from toolloop_fsm.snapshot import check_tool_terms
 from toolloop_fsm.snapshot import check_tools
 from toolloop_fsm.snapshot import policy_terms
+from toolloop_fsm.turn import BatchCall
 from toolloop_fsm.turn import Deliveries
 from toolloop_fsm.turn import DraftState
 from toolloop_fsm.turn import GenerationState
 from toolloop_fsm.turn import HeldSegment
 from toolloop_fsm.turn import Produced
+from toolloop_fsm.turn import ToolRound
 from toolloop_fsm.turn import TurnState
 
 if TYPE_CHECKING:
@@ -258,8 +262,9 @@ _CHAIN = _Mirror.between(
 )
 
 
-def capture_loop(turn: TurnState) -> LoopSnapshot:
-    """The inner machine's state as it enters ``starting_pass``."""
+def capture_loop(turn: TurnState, *, paused: bool = False) -> LoopSnapshot:
+    """The inner machine's state as it enters ``starting_pass``; with ``paused``, as it
+    pauses for approval, with its batch (docs/behaviour.md §3.13)."""
     return LoopSnapshot(
         **_LOOP.captured(turn),
         **_DELIVERIES.captured(turn.deliveries),
@@ -267,6 +272,65 @@ def capture_loop(turn: TurnState) -> LoopSnapshot:
         draft=capture_draft(turn.draft) if turn.draft is not None else None,
         tools=tuple(ToolTerms.of(tool) for tool in turn.registry),
         policy_terms=policy_terms(turn.policy),
+        paused=tuple(_paused_call(c) for c in turn.tool_round.calls) if paused else (),
+    )
+
+
+def _paused_call(batch_call: BatchCall) -> PausedCall:
+    call = batch_call.call
+    return PausedCall(
+        name=call.name,
+        arguments=call.arguments,
+        position=batch_call.position,
+        call_id=call.call_id,
+        truncated=call.truncated,
+        parse_error=call.parse_error,
+        provider_data=call.provider_data,
+        occurrence=batch_call.occurrence,
+        outcome=batch_call.outcome,
+        awaiting=batch_call.awaiting,
+        predicate_error=batch_call.predicate_error,
+    )
+
+
+def _restored_batch(paused: tuple[PausedCall, ...]) -> ToolRound:
+    """The batch a paused turn resumes with, every decision taken: the approved calls wait
+    for their start, with the arguments they were approved with."""
+    calls: list[BatchCall] = []
+    for item in paused:
+        if item.awaiting:
+            raise SnapshotError(
+                f"loop.paused[{item.position}]: the call of {item.name!r} waits for a decision: "
+                "resume with decisions= (toolloop_fsm.decisions.decide)"
+            )
+        approved = item.approved is not None
+        if not approved and item.outcome is None:
+            raise SnapshotError(
+                f"loop.paused[{item.position}]: the call of {item.name!r} has neither an "
+                "outcome nor an approval"
+            )
+        arguments = dict(item.approved) if item.approved is not None else item.arguments
+        call = FunctionCall(
+            item.name,
+            arguments,
+            item.call_id,
+            item.truncated,
+            item.parse_error,
+            item.provider_data,
+        )
+        calls.append(
+            BatchCall(
+                call,
+                item.position,
+                admitted=approved,
+                occurrence=item.occurrence,
+                outcome=item.outcome,
+            )
+        )
+    return ToolRound(
+        calls=calls,
+        gated=len(calls) - 1,
+        queued=sum(1 for c in calls if c.admitted),
     )
 
 
@@ -287,6 +351,7 @@ def restore_loop(snapshot: LoopSnapshot, policy: LoopPolicy, registry: ToolRegis
         deliveries=Deliveries(**_DELIVERIES.restored(snapshot)),
         produced=Produced(**_PRODUCED.restored(snapshot)),
         draft=restore_draft(draft) if drafting and draft is not None else None,
+        tool_round=_restored_batch(snapshot.paused) if snapshot.paused else ToolRound(),
         **_LOOP.restored(snapshot),
     )
 

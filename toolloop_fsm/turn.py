@@ -49,6 +49,7 @@ from toolloop_fsm.review import Finding
 from toolloop_fsm.review import ReviewRecord
 
 if TYPE_CHECKING:
+    from toolloop_fsm.approvals import ApprovalRequest
     from toolloop_fsm.attempts import AttemptPlan
     from toolloop_fsm.attempts import KeyHealth
     from toolloop_fsm.effects import Effect
@@ -226,6 +227,10 @@ class BatchCall:
     outcome: ToolOutcome | None = None
     #: the call was cut off at its deadline and its outcome is still owed (§3.9)
     cut_off: bool = False
+    #: the call waits for a person's approval (§3.13): it does not run in this batch
+    awaiting: bool = False
+    #: the tool's ``needs_approval`` predicate raised on the call's arguments
+    predicate_error: str | None = None
 
     @property
     def running(self) -> bool:
@@ -251,6 +256,10 @@ class ToolRound:
     barrier: bool = False
     #: the batch's outcomes are recorded (or restarted from): it no longer ends with the turn
     recorded: bool = False
+    #: how many of its calls wait for approval (§3.13)
+    awaiting: int = 0
+    #: what the ``needs_approval`` predicate of the call at the gate raised, if it did
+    approval_error: str | None = None
 
 
 @define(slots=True, weakref_slot=False)
@@ -425,6 +434,8 @@ class GenerationState:
     status: TurnStatus | None = None
     reason: str | None = None
     stop_message: str | None = None
+    #: the turn paused for approval: the calls and the chain's snapshot (§3.13)
+    approval: ApprovalRequest | None = None
 
     current_event: Any = None
     # the time its driver gave for the step being processed, stamped on its trace steps

@@ -6,6 +6,7 @@ from __future__ import annotations
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.events import AdmissionDecided
+from toolloop_fsm.events import AttemptFinished
 from toolloop_fsm.host import DestinationUnreachable
 from toolloop_fsm.result import RETRYABLE_STATUSES
 from toolloop_fsm.result import GenerationTurnResult
@@ -114,6 +115,17 @@ def shared_route_may_be_admitted(state: GenerationState) -> bool:
         and not state.admission_asked
         and state.credential_source == "user"
         and any(_usable_keys(state, plan, []) for plan in state.shared_plans)
+    )
+
+
+def attempt_awaits_approval(state: GenerationState) -> bool:
+    """The attempt paused for a person's approval of a tool call (docs/behaviour.md §3.13):
+    the turn pauses with it, to resume in the same attempt."""
+    event = state.current_event
+    return (
+        isinstance(event, AttemptFinished)
+        and event.result.status is TurnStatus.AWAITING_APPROVAL
+        and event.result.approval is not None
     )
 
 

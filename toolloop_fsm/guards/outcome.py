@@ -50,6 +50,10 @@ def outcome_is_empty_response(turn: HasOutcome) -> bool:
     return turn.status is TurnStatus.EMPTY_RESPONSE
 
 
+def outcome_is_awaiting_approval(turn: HasOutcome) -> bool:
+    return turn.status is TurnStatus.AWAITING_APPROVAL
+
+
 #: The guard that tells each terminal state is the one the decided ending names.
 _NAMED_BY_ENDING: dict[str, Callable[[HasOutcome], bool]] = {
     "completed": outcome_is_completed,
@@ -58,6 +62,7 @@ _NAMED_BY_ENDING: dict[str, Callable[[HasOutcome], bool]] = {
     "timeout": outcome_is_timeout,
     "error": outcome_is_error,
     "empty_response": outcome_is_empty_response,
+    "awaiting_approval": outcome_is_awaiting_approval,
 }
 
 

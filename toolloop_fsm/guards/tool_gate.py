@@ -1,5 +1,5 @@
 """The gate a requested call passes before anything runs (docs/behaviour.md §3.1–§3.5,
-§3.11, §3.12), and
+§3.11, §3.12, §3.13), and
 whether a running call cut off at its deadline is settled before the loop goes on (§3.9)."""
 
 from __future__ import annotations
@@ -125,6 +125,43 @@ def call_over_tool_call_limit(turn: TurnState) -> bool:
     ``max_tool_calls`` allows — counting the calls of this batch admitted before this one,
     in emitted order — so this one does not run."""
     return tool_call_limit_reached(turn)
+
+
+def call_needs_approval(turn: TurnState) -> bool:
+    """The call's tool needs a person's approval (docs/behaviour.md §3.13): always, or as its
+    ``needs_approval`` predicate says of these arguments. A predicate that raises holds the
+    call too (what it raised is kept for the host). Asked after every refusal, so a call
+    that would not run anyway waits on no one."""
+    tool_round = turn.tool_round
+    call = tool_round.pending_call
+    tool_round.approval_error = None
+    if call is None:
+        return False
+    tool = turn.registry.get(call.name)
+    if tool is None or tool.needs_approval is False:
+        return False
+    if tool.needs_approval is True:
+        return True
+    try:
+        return bool(tool.needs_approval(call.arguments))
+    except Exception as err:  # host code: the call waits, and the host is told why
+        tool_round.approval_error = f"{type(err).__name__}: {err}"
+        return True
+
+
+def calls_await_approval(turn: TurnState) -> bool:
+    """Calls of the batch wait for approval, and none runs: the turn pauses."""
+    return turn.tool_round.awaiting > 0
+
+
+def batch_finishes_awaiting_approval(turn: TurnState) -> bool:
+    """The batch's last running call finishes, and other calls of it wait for approval."""
+    return turn.tool_round.awaiting > 0 and batch_finishes(turn)
+
+
+def resumes_paused_batch(turn: TurnState) -> bool:
+    """A resumed turn paused for approval: it goes on with its batch, decided."""
+    return bool(turn.tool_round.calls)
 
 
 def allowed_tool_names(turn: TurnState) -> tuple[str, ...]:

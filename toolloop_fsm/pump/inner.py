@@ -30,7 +30,10 @@ from typing import ClassVar
 
 import attrs
 
+from toolloop_fsm.approvals import ApprovalKey
+from toolloop_fsm.approvals import Decision
 from toolloop_fsm.budgets import AttemptBudget
+from toolloop_fsm.decisions import decide
 from toolloop_fsm.effect_handlers import InnerEffectShell
 from toolloop_fsm.effect_handlers import ShellEffectHandlers
 from toolloop_fsm.effects import ArmDeadline
@@ -1010,6 +1013,8 @@ async def resume_tool_loop(
     observer: TurnObserver | None = None,
     reviewer: Reviewer | None = None,
     on_snapshot: Callable[[TurnSnapshot], None] | None = None,
+    decisions: Iterable[Decision] = (),
+    approval_key: ApprovalKey | None = None,
 ) -> GenerationTurnResult:
     """Continue the tool-loop turn ``snapshot`` was taken of, in a fresh machine, and return
     its result (the whole turn's: what was delivered and recorded before the snapshot
@@ -1024,13 +1029,19 @@ async def resume_tool_loop(
     had in flight. A channel that takes idempotency keys drops what it already showed.
     Raises `toolloop_fsm.snapshot.SnapshotError` for a generation turn's snapshot or tools
     that do not match.
+
+    A turn that ended ``awaiting_approval`` resumes with ``decisions``, one per call it waits
+    on (`PendingApproval.approve`, `.deny`), checked by `toolloop_fsm.decisions.decide`
+    against the snapshot's calls (and their signatures, with ``approval_key``) before
+    anything runs: `toolloop_fsm.approvals.ApprovalError` names what does not match.
     """
     check_loop_arguments("resume_tool_loop", provider, channel, policy)
-    loop = snapshot.loop
-    if snapshot.chain is not None or loop is None:
+    if snapshot.chain is not None or snapshot.loop is None:
         raise SnapshotError(
             "chain: this is a generation turn's snapshot: resume it with resume_generation_turn"
         )
+    loop = decide(snapshot, decisions, key=approval_key).loop
+    assert loop is not None
     return await _run_loop(
         provider,
         tools,

@@ -17,10 +17,13 @@ from typing import ClassVar
 
 import attrs
 
+from toolloop_fsm.approvals import ApprovalKey
+from toolloop_fsm.approvals import Decision
 from toolloop_fsm.attempts import AdmissionRequest
 from toolloop_fsm.attempts import Attempt
 from toolloop_fsm.attempts import KeyBook
 from toolloop_fsm.attempts import SharedRoute
+from toolloop_fsm.decisions import decide
 from toolloop_fsm.effect_handlers import OuterEffectShell
 from toolloop_fsm.effect_handlers import ShellEffectHandlers
 from toolloop_fsm.effects import AskAdmission
@@ -571,6 +574,8 @@ async def resume_generation_turn(
     observer: TurnObserver | None = None,
     reviewer: Reviewer | None = None,
     on_snapshot: Callable[[TurnSnapshot], None] | None = None,
+    decisions: Iterable[Decision] = (),
+    approval_key: ApprovalKey | None = None,
 ) -> GenerationTurnResult:
     """Continue the generation turn ``snapshot`` was taken of, in fresh machines, and return
     the whole turn's result.
@@ -582,7 +587,8 @@ async def resume_generation_turn(
     the same idempotency keys; earlier attempts' results, failures, carried text, ledger and
     key health stand, and the chain goes on from there. Cooldowns keep the time they had
     left. Raises `toolloop_fsm.snapshot.SnapshotError` for a tool loop's snapshot or a chain
-    or tools that do not match.
+    or tools that do not match. A turn that ended ``awaiting_approval`` resumes with
+    ``decisions``, as `resume_tool_loop` does.
     """
     check_chain_arguments("resume_generation_turn", channel, policy)
     chain = snapshot.chain
@@ -590,6 +596,7 @@ async def resume_generation_turn(
         raise SnapshotError(
             "chain: this is a tool loop's snapshot: resume it with resume_tool_loop"
         )
+    snapshot = decide(snapshot, decisions, key=approval_key)
     return await _run_chain(
         attempts,
         tools,

@@ -21,6 +21,7 @@ from toolloop_fsm.events import ToolOutcomeKind
 from toolloop_fsm.host import Clock
 from toolloop_fsm.host import ToolContext
 from toolloop_fsm.host import ToolRegistry
+from toolloop_fsm.host import call_idempotency_key
 from toolloop_fsm.machine import ToolLoopMachine
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.pump.deliveries import Outcome
@@ -256,7 +257,7 @@ class ToolCalls:
             tool = turn.registry.get(effect.name)
             answer: ToolFinished | None = None
             if tool is not None:
-                ctx = self._context(tool.name, dispatch, iteration)
+                ctx = self._context(effect, iteration)
                 try:
                     answer = await reconcile_call(
                         tool,
@@ -285,11 +286,17 @@ class ToolCalls:
             self._release(call)
             pump.feed(event)
 
-    def _context(self, name: str, dispatch: int, iteration: int) -> ToolContext:
-        """What the tool ``name`` is told of its call (and a reconciler of its own)."""
+    def _context(self, effect: RunTool, iteration: int) -> ToolContext:
+        """What the tool is told of its call ``effect`` (and a reconciler of its own)."""
         turn = self.turn
+        state = turn.machine.turn
         return ToolContext(
-            name, dispatch, iteration, turn.clock, turn.machine.turn.disabled_enrichment_kinds
+            effect.name,
+            effect.dispatch,
+            iteration,
+            turn.clock,
+            state.disabled_enrichment_kinds,
+            call_idempotency_key(state.request.turn_id, effect.call_key),
         )
 
     def _settled(self, call: InDoubtCall, *, reconciled: bool) -> None:
@@ -310,7 +317,7 @@ class ToolCalls:
             event = ToolFinished(dispatch, ToolOutcomeKind.RAISED, error="unknown tool")
         else:
             arguments = own_copy(effect.arguments)
-            ctx = self._context(effect.name, dispatch, iteration)
+            ctx = self._context(effect, iteration)
             deadline = effect.timeout
             if deadline is None:
                 deadline = tool.timeout if tool.timeout is not None else turn.policy.tool_timeout

@@ -8,10 +8,12 @@ from typing import Any
 
 import attrs
 
+from toolloop_fsm.approvals import ApprovalRequest
 from toolloop_fsm.attempts import AttemptPlan
 from toolloop_fsm.attempts import KeyHealth
 from toolloop_fsm.budgets import AttemptBudget
 from toolloop_fsm.budgets import spent_by_attempts
+from toolloop_fsm.decisions import pending_approvals
 from toolloop_fsm.effects import AskAdmission
 from toolloop_fsm.effects import PostNotice
 from toolloop_fsm.effects import QueueStopResponse
@@ -34,6 +36,10 @@ from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.result import UsageEntry
 from toolloop_fsm.result import UsageLedger
 from toolloop_fsm.scaffolding import prepare_context
+from toolloop_fsm.snapshot import TurnSnapshot
+from toolloop_fsm.snapshot import snapshot_from_json
+from toolloop_fsm.snapshot import snapshot_to_json
+from toolloop_fsm.snapshot_capture import capture_chain
 from toolloop_fsm.turn import GenerationState
 
 _HEALTHY = KeyHealth()
@@ -128,6 +134,18 @@ def take_attempt_result(state: GenerationState, event: AttemptFinished) -> None:
         state.held_notice = result.held_notice
     if state.key is not None:
         _update_key_health(state, plan, state.key, result)
+
+
+def pause_for_approval(state: GenerationState, event: AttemptFinished) -> None:
+    """The attempt paused for approval (docs/behaviour.md §3.13): the turn's snapshot is the
+    chain as it started this attempt (taken before the attempt is recorded) with the
+    attempt's tool loop at its pause, and the result hands it over with the calls."""
+    approval = event.result.approval
+    assert approval is not None
+    paused_loop = snapshot_from_json(approval.snapshot).loop
+    snapshot = TurnSnapshot(paused_loop, capture_chain(state))
+    take_attempt_result(state, event)
+    state.approval = ApprovalRequest(pending_approvals(snapshot), snapshot_to_json(snapshot))
 
 
 def _record_attempt(state: GenerationState, result: GenerationTurnResult) -> None:
@@ -332,5 +350,6 @@ def build_generation_result(state: GenerationState) -> GenerationTurnResult:
         attempts=tuple(state.records),
         credential_source=state.credential_source,
         stop_message=state.stop_message or last.stop_message,
+        approval=state.approval,
         trace=tuple(state.trace),
     )

@@ -9,9 +9,11 @@ from typing import Any
 
 import attrs
 
+from toolloop_fsm.approvals import ApprovalRequest
 from toolloop_fsm.budgets import BUDGET_REASONS
 from toolloop_fsm.budgets import price_of
 from toolloop_fsm.budgets import spent_by
+from toolloop_fsm.decisions import pending_approvals
 from toolloop_fsm.effects import CancelStream
 from toolloop_fsm.events import DeadlineKind
 from toolloop_fsm.events import DeliveryFailed
@@ -21,6 +23,9 @@ from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.result import Notice
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.result import UsageLedger
+from toolloop_fsm.snapshot import TurnSnapshot
+from toolloop_fsm.snapshot import snapshot_to_json
+from toolloop_fsm.snapshot_capture import capture_loop
 from toolloop_fsm.states.delivery import arm_deadline
 from toolloop_fsm.states.delivery import clear_deadline
 from toolloop_fsm.states.delivery import post_notice
@@ -166,9 +171,17 @@ def build_result(
         # the ceiling the turn ended at: a host failure or a stop after it ends it otherwise
         budget_exceeded=turn.budget_exceeded if reason in BUDGET_REASONS else None,
         cost=_cost(turn),
+        approval=_approval(turn) if status is TurnStatus.AWAITING_APPROVAL else None,
         turn_id=turn.request.turn_id,
         trace=tuple(turn.trace),
     )
+
+
+def _approval(turn: TurnState) -> ApprovalRequest:
+    """What a turn paused for approval hands its host: the calls it waits on and its
+    snapshot, taken with its batch (docs/behaviour.md §3.13)."""
+    snapshot = TurnSnapshot(capture_loop(turn, paused=True))
+    return ApprovalRequest(pending_approvals(snapshot), snapshot_to_json(snapshot))
 
 
 def _cost(turn: TurnState) -> float | None:

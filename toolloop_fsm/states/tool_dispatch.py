@@ -18,6 +18,7 @@ from toolloop_fsm.events import ToolFinished
 from toolloop_fsm.guards.tool_gate import allowed_tool_names
 from toolloop_fsm.ledger import LedgerEntry
 from toolloop_fsm.ledger import ToolOutcome
+from toolloop_fsm.result import APPROVAL_DENIED_STATUS
 from toolloop_fsm.result import REVIEW_REJECTED_STATUS
 from toolloop_fsm.result import TOOL_CALL_LIMIT_STATUS
 from toolloop_fsm.result import Notice
@@ -205,6 +206,8 @@ def _failure_status(outcome: ToolOutcome) -> str:
         return REVIEW_REJECTED_STATUS
     if outcome.limited:
         return TOOL_CALL_LIMIT_STATUS
+    if outcome.denied:
+        return APPROVAL_DENIED_STATUS
     return "tool_execution_failed"
 
 
@@ -227,6 +230,20 @@ def admit_call(turn: TurnState, _event: Any = None) -> None:
     batch_call.occurrence = take_occurrence(turn, call_key_of_pending(turn, call))
     batch_call.admitted = True
     turn.tool_round.queued += 1
+    turn.tool_calls_used += 1
+
+
+def hold_for_approval(turn: TurnState, _event: Any = None) -> None:
+    """The call waits for a person (docs/behaviour.md §3.13): it takes its occurrence and
+    counts toward the tool-call limit as an admitted call would, but does not run in this
+    batch; the rest of the batch runs, then the turn pauses."""
+    call = turn.tool_round.pending_call
+    assert call is not None
+    batch_call = at_gate(turn)
+    batch_call.occurrence = take_occurrence(turn, call_key_of_pending(turn, call))
+    batch_call.awaiting = True
+    batch_call.predicate_error = turn.tool_round.approval_error
+    turn.tool_round.awaiting += 1
     turn.tool_calls_used += 1
 
 
@@ -391,7 +408,7 @@ def announce_tool_outcome(turn: TurnState, _event: Any = None) -> None:
                 deliver_expression(turn, outcome.expression)
                 # the expression is the tool's own reply: an empty follow-up may settle on it
                 turn.tool_response_delivered = True
-        if not outcome.success and not outcome.rejected and not outcome.limited:
+        if outcome.is_failure:
             post_notice(turn, tool_failure_notice(turn, batch_call.call, outcome))
 
 
@@ -490,7 +507,8 @@ def _count_outcome(turn: TurnState, name: str, outcome: ToolOutcome) -> None:
         if name == turn.policy.memory_tool_name:
             turn.disabled_tools = turn.disabled_tools | {name}
     # a rejection by the tool checkpoint is no failure, nor a refusal by the tool-call limit
-    elif not outcome.rejected and not outcome.limited:
+    # or a person's denial
+    elif outcome.is_failure:
         turn.consecutive_tool_errors += 1
         if turn.continuation_style and turn.pre_tool_text is not None:
             turn.continuation_failures += 1

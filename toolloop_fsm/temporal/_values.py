@@ -208,6 +208,8 @@ class ToolInput:
     provider: str | None = None
     key_index: int | None = None
     keys_prefix: str | None = None
+    #: the call's `ToolContext.idempotency_key`
+    idempotency_key: str | None = None
 
 
 @frozen

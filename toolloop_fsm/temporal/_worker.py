@@ -354,6 +354,7 @@ def _tool_context(spec: ToolInput) -> ToolContext:
         spec.iteration,
         LOOP_CLOCK,
         frozenset(spec.disabled_enrichment_kinds),
+        spec.idempotency_key,
     )
 
 

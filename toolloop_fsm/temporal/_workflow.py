@@ -67,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
     from toolloop_fsm.host import Tool
     from toolloop_fsm.host import ToolRegistry
     from toolloop_fsm.host import TurnRequest
+    from toolloop_fsm.host import call_idempotency_key
     from toolloop_fsm.machine import ToolLoopMachine
     from toolloop_fsm.notice_budget import SEND_NOTICE
     from toolloop_fsm.notice_budget import NoticeBudget
@@ -746,6 +747,9 @@ class _AttemptShell(InnerEffectShell[Awaitable[None]]):
             provider=self.provider,
             key_index=self.effect.key_index,
             keys_prefix=self.keys_prefix,
+            idempotency_key=call_idempotency_key(
+                self.machine.turn.request.turn_id, effect.call_key
+            ),
         )
         # the call's deadline is the machine's, on a workflow timer; the activity's own
         # timeout only catches a try that outlives it and its grace
