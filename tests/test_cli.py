@@ -387,6 +387,16 @@ def test_the_readme_limit_example_answers_with_two_of_three_calls_against_toollo
     assert "completed answered_at_tool_call_limit 2" in out
 
 
+def test_the_readme_approval_example_pauses_and_runs_the_edited_call_against_toolloop_fsm_serve(
+    served: str, tmp_path: Path
+) -> None:
+    out = _run_served_example("## Approvals: calls that wait for a person", served, tmp_path)
+    assert "awaiting_approval [('send_money', {'to': 'Bob', 'amount': 50})]" in out, out
+    assert out.count("sent 20 to Bob") == 1 and "sent 50" not in out
+    assert "Sent 20 € to Bob. It's 20 °C in Paris." in out
+    assert "completed [{'to': 'Bob', 'amount': 20}, {'city': 'Paris'}]" in out
+
+
 def test_the_readme_example_prints_why_a_turn_failed(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     source = _readme_example().replace("http://127.0.0.1:8765/v1", url)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from collections.abc import Collection
@@ -146,6 +147,9 @@ def scripted_reply(messages: list[dict[str, Any]], tools: Collection[str]) -> li
     if _asks_for_a_revision(messages):
         return _revised_reply(answered, prompt)
     cities = asked_cities(messages)
+    payment = asked_payment(messages)
+    if payment is not None and "send_money" in tools:
+        return _payment_reply(payment, cities[0] if cities else "Paris", answered, prompt, earlier)
     if "get_weather" not in tools and not answered:
         text = "I can't look up the weather from here: no forecast tool was offered to me."
         return _reply(text, [], 0, prompt)
@@ -199,6 +203,55 @@ def asked_cities(messages: list[dict[str, Any]]) -> list[str]:
         return []
     found = [(question.find(city), city) for city in DEMO_CITIES if city in question]
     return [city for _, city in sorted(found)]
+
+
+_PAYMENT = re.compile(r"\bsend (\w+) (\d+)", re.IGNORECASE)
+
+
+def asked_payment(messages: list[dict[str, Any]]) -> tuple[str, int] | None:
+    """Whom and how much the last question asks to pay ("Send Bob 50 …"), if it does."""
+    asked = _question_at(messages)
+    question = messages[asked].get("content") if asked >= 0 else None
+    found = _PAYMENT.search(question) if isinstance(question, str) else None
+    return (found[1].capitalize(), int(found[2])) if found else None
+
+
+def _payment_reply(
+    payment: tuple[str, int],
+    city: str,
+    answered: list[dict[str, Any]],
+    prompt: int,
+    earlier: int,
+) -> list[bytes]:
+    """A payment and a forecast asked for at once: both calls in one response (the payment
+    is the tool that waits for approval); once both are answered, what happened to each."""
+    to, amount = payment
+    if len(answered) < 2:
+        text = f"I'll send {to} the money and check {city}. "
+        calls = [
+            {"name": "send_money", "arguments": json.dumps({"to": to, "amount": amount})},
+            {"name": "get_weather", "arguments": json.dumps({"city": city})},
+        ]
+        return _reply(text, calls, earlier + len(answered), prompt)
+    sent, weather = (_response(message) for message in answered[-2:])
+    paid = sent.get("data") if isinstance(sent.get("data"), dict) else None
+    if sent.get("success") and paid is not None:
+        text = f"Sent {paid.get('amount')} € to {paid.get('to')}."
+    else:
+        text = f"I did not send the money: {sent.get('reason') or 'it failed'}"
+    forecast = weather.get("data")
+    temp_c = forecast.get("temp_c", "?") if isinstance(forecast, dict) else "?"
+    text += f" It's {temp_c} °C in {city}."
+    return _reply(text, [], earlier + len(answered), prompt)
+
+
+def _response(message: dict[str, Any]) -> dict[str, Any]:
+    """The response a tool message shows, as the loop sent it (empty when it is not one)."""
+    with contextlib.suppress(ValueError, AttributeError):
+        shown = json.loads(message.get("content") or "{}")
+        if isinstance(shown, dict):
+            return shown
+    return {}
 
 
 def _forecast(message: dict[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from attrs import frozen
 
 from toolloop_fsm.events import ToolFinished
 from toolloop_fsm.events import ToolOutcomeKind
+from toolloop_fsm.host import ApprovalPredicate
 from toolloop_fsm.host import Clock
 from toolloop_fsm.host import LoopClock
 from toolloop_fsm.host import Redactor
@@ -593,6 +594,7 @@ def tool(
     reconcile: ToolReconciler | None = None,
     sequential: bool = False,
     repeatable: bool = False,
+    needs_approval: bool | ApprovalPredicate = False,
 ) -> Callable[[_Function], Tool]: ...
 
 
@@ -611,6 +613,7 @@ def tool(
     reconcile: ToolReconciler | None = None,
     sequential: bool = False,
     repeatable: bool = False,
+    needs_approval: bool | ApprovalPredicate = False,
 ) -> Tool | Callable[[_Function], Tool]:
     """Build a `Tool` from a function: ``@tool`` or ``@tool(name=..., ...)``.
 
@@ -626,6 +629,8 @@ def tool(
     is called as any hook is, with the arguments as the model sent them and the context.
     ``sequential=True`` makes the tool a barrier in a batch of calls (`Tool.sequential`).
     ``repeatable=True`` exempts it from the repeated-call guard (`Tool.repeatable`).
+    ``needs_approval`` makes its calls (all, or those its predicate picks) wait for a person
+    (`Tool.needs_approval`, docs/behaviour.md §3.13).
     """
     options = _ToolOptions(
         name,
@@ -639,6 +644,7 @@ def tool(
         reconcile,
         sequential,
         repeatable,
+        needs_approval,
     )
     if function is None:
         return functools.partial(_build_tool, options=options)
@@ -658,6 +664,7 @@ class _ToolOptions:
     reconcile: ToolReconciler | None = None
     sequential: bool = False
     repeatable: bool = False
+    needs_approval: bool | ApprovalPredicate = False
 
 
 def _build_tool(function: _Function, *, options: _ToolOptions) -> Tool:
@@ -704,6 +711,7 @@ def _build_tool(function: _Function, *, options: _ToolOptions) -> Tool:
         reconcile=options.reconcile,
         sequential=options.sequential,
         repeatable=options.repeatable,
+        needs_approval=options.needs_approval,
     )
 
 

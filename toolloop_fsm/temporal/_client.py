@@ -13,10 +13,20 @@ import attrs
 from temporalio.client import Client
 from temporalio.client import WorkflowHandle
 
+from toolloop_fsm.approvals import ApprovalError
+from toolloop_fsm.approvals import ApprovalKey
+from toolloop_fsm.approvals import ApprovalRequest
+from toolloop_fsm.approvals import Decision
+from toolloop_fsm.approvals import PendingApproval
+from toolloop_fsm.decisions import decide
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.policy import TurnPolicy
 from toolloop_fsm.result import GenerationTurnResult
+from toolloop_fsm.snapshot import snapshot_from_json
+from toolloop_fsm.temporal._values import APPROVAL_MEMO
+from toolloop_fsm.temporal._values import DECIDE_SIGNAL
 from toolloop_fsm.temporal._values import FOLLOW_UP_SIGNAL
+from toolloop_fsm.temporal._values import REFUSED_MEMO
 from toolloop_fsm.temporal._values import STOP_SIGNAL
 from toolloop_fsm.temporal._values import WORKFLOW_NAME
 from toolloop_fsm.temporal._values import TurnInput
@@ -29,7 +39,8 @@ DEFAULT_HEARTBEAT_TIMEOUT = 10.0
 
 @attrs.frozen
 class TurnHandle:
-    """A running durable turn: `stop`, `follow_up`, `result`. ``workflow_id`` names it (a
+    """A running durable turn: `stop`, `follow_up`, `result`, and for a turn that waits for
+    approval `pending_approvals` and `decide`. ``workflow_id`` names it (a
     host may get a handle again with ``client.get_workflow_handle(workflow_id)``)."""
 
     handle: WorkflowHandle[Any, GenerationTurnResult]
@@ -50,6 +61,41 @@ class TurnHandle:
     async def result(self) -> GenerationTurnResult:
         """Wait for the turn's result."""
         return await self.handle.result()
+
+    async def pending_approvals(self) -> tuple[PendingApproval, ...]:
+        """The calls the turn waits on for approval (docs/behaviour.md §3.13), in emitted
+        order; empty while it waits on none. The workflow waits without a worker holding it:
+        the decisions may come from any process, hours later."""
+        approval = await self._approval()
+        return approval.calls if approval is not None else ()
+
+    async def decide(
+        self, decisions: Iterable[Decision], *, approval_key: ApprovalKey | None = None
+    ) -> None:
+        """Send the decisions on the calls the turn waits on; the turn goes on with them.
+        They are checked here first, as a resume checks them (each call has one, bound to
+        it, signed with ``approval_key`` when given): `ApprovalError` names what does not
+        match, and nothing is sent."""
+        given = list(decisions)
+        approval = await self._approval()
+        if approval is None:
+            raise ApprovalError("this turn waits on no approval")
+        decide(snapshot_from_json(approval.snapshot), given, key=approval_key)
+        await self.handle.signal(DECIDE_SIGNAL, given)
+
+    async def refused_decisions(self) -> str | None:
+        """Why the turn refused the last decisions it was sent (``None``: it refused none)."""
+        described = await self.handle.describe()
+        refused: str | None = await described.memo_value(REFUSED_MEMO, None, type_hint=str)
+        return refused
+
+    async def _approval(self) -> ApprovalRequest | None:
+        # the workflow's memo: the server answers it, with no worker running
+        described = await self.handle.describe()
+        approval: ApprovalRequest | None = await described.memo_value(
+            APPROVAL_MEMO, None, type_hint=ApprovalRequest
+        )
+        return approval
 
 
 async def start_generation_turn(

@@ -43,6 +43,12 @@ WORKFLOW_NAME = "toolloop_fsm.GenerationTurn"
 #: The names of the turn's signals.
 STOP_SIGNAL = "stop"
 FOLLOW_UP_SIGNAL = "follow_up"
+#: The signal that brings the host's decisions on the calls a paused turn waits on, and the
+#: workflow's memo entries that say which they are and why the last decisions were refused
+#: (docs/behaviour.md §3.13): a memo is read from the server, with no worker running.
+DECIDE_SIGNAL = "decide"
+APPROVAL_MEMO = "toolloop_fsm.approval"
+REFUSED_MEMO = "toolloop_fsm.approval_refused"
 #: The signal a pass sends (and awaits) before each delivery it makes.
 DELIVERY_INTENT_SIGNAL = "delivery_intent"
 #: The activities' names, as the workflow schedules them.
@@ -93,6 +99,8 @@ class ToolDescription:
     sequential: bool = False
     #: exempt from the repeated-call guard (docs/behaviour.md §3.11)
     repeatable: bool = False
+    #: every call waits for a person's approval (docs/behaviour.md §3.13)
+    needs_approval: bool = False
 
 
 @frozen

@@ -116,6 +116,14 @@ class TurnActivities:
             for name, value in providers.items()
         }
         self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        for tool in self.tools:
+            if not isinstance(tool.needs_approval, bool):
+                # the gate runs in the workflow, which cannot call the worker's code
+                raise ValueError(
+                    f"tool {tool.name!r}: a durable turn takes needs_approval=True or False, "
+                    "not a predicate (the workflow decides which calls wait, and it cannot "
+                    "run the worker's code): split the tool, or approve in the tool itself"
+                )
         self.channels = dict(channels)
         for name, channel in self.channels.items():
             missing = [
@@ -172,6 +180,7 @@ class TurnActivities:
                     reconciles=tool.reconcile is not None,
                     sequential=tool.sequential,
                     repeatable=tool.repeatable,
+                    needs_approval=tool.needs_approval is True,
                 )
             )
         continuation = tuple(

@@ -32,6 +32,10 @@ from temporalio.workflow import ActivityHandle
 with workflow.unsafe.imports_passed_through():
     import attrs
 
+    from toolloop_fsm.approvals import ApprovalError
+    from toolloop_fsm.approvals import ApprovalRequest
+    from toolloop_fsm.approvals import Decision
+    from toolloop_fsm.decisions import decide
     from toolloop_fsm.effect_handlers import EffectHandlers
     from toolloop_fsm.effect_handlers import InnerEffectShell
     from toolloop_fsm.effect_handlers import OuterEffectShell
@@ -77,11 +81,17 @@ with workflow.unsafe.imports_passed_through():
     from toolloop_fsm.result import Notice
     from toolloop_fsm.result import TurnStatus
     from toolloop_fsm.result import with_attempts_outcomes
+    from toolloop_fsm.snapshot import LoopSnapshot
+    from toolloop_fsm.snapshot import TurnSnapshot
+    from toolloop_fsm.snapshot import snapshot_from_json
+    from toolloop_fsm.temporal._values import APPROVAL_MEMO
     from toolloop_fsm.temporal._values import CALL_CHANNEL
+    from toolloop_fsm.temporal._values import DECIDE_SIGNAL
     from toolloop_fsm.temporal._values import DELIVERY_INTENT_SIGNAL
     from toolloop_fsm.temporal._values import DESCRIBE_TURN
     from toolloop_fsm.temporal._values import FOLLOW_UP_SIGNAL
     from toolloop_fsm.temporal._values import RECONCILE_TOOL
+    from toolloop_fsm.temporal._values import REFUSED_MEMO
     from toolloop_fsm.temporal._values import RUN_TOOL
     from toolloop_fsm.temporal._values import STOP_SIGNAL
     from toolloop_fsm.temporal._values import STREAM_PASS
@@ -156,6 +166,7 @@ def _stand_in(description: ToolDescription) -> Tool:
         reconcile=_reconciles_on_the_worker if description.reconciles else None,
         sequential=description.sequential,
         repeatable=description.repeatable,
+        needs_approval=description.needs_approval,
     )
 
 
@@ -167,6 +178,10 @@ class GenerationTurnWorkflow:
         self.stop_requested = False
         self.stop_message: str | None = None
         self.follow_ups = 0
+        #: while the turn waits for approval (docs/behaviour.md §3.13): what it waits on, and
+        #: the decisions a signal brought
+        self.approval: ApprovalRequest | None = None
+        self.decisions: list[Decision] | None = None
         #: per pass, the deliveries its tries recorded before sending them, in order
         self.intents: dict[str, list[PassDelivery]] = {}
 
@@ -191,6 +206,12 @@ class GenerationTurnWorkflow:
         """A new user message arrived for this conversation."""
         self.follow_ups += 1
 
+    @workflow.signal(name=DECIDE_SIGNAL)
+    def decide(self, decisions: list[Decision]) -> None:
+        """The host's decisions on the calls the turn waits on (checked when taken)."""
+        if self.approval is not None:
+            self.decisions = list(decisions)
+
     @workflow.run
     async def run(self, turn: TurnInput) -> GenerationTurnResult:
         policy = turn.policy.loop
@@ -210,17 +231,57 @@ class GenerationTurnWorkflow:
                 error_message=catalogue.problem,
                 turn_id=turn.request.turn_id,
             )
-        return await _TurnShell(self, turn, catalogue).run()
+        result = await _TurnShell(self, turn, catalogue).run()
+        while result.status is TurnStatus.AWAITING_APPROVAL and result.approval is not None:
+            resumed = await self.wait_for_decisions(result.approval)
+            if resumed is None:
+                return result  # stopped while it waited: the paused turn is the answer
+            result = await _TurnShell(self, turn, catalogue, resume_from=resumed).run()
+        return result
+
+    async def wait_for_decisions(self, approval: ApprovalRequest) -> TurnSnapshot | None:
+        """Wait (holding nothing but this history) for decisions that `decide` accepts; the
+        snapshot they decided, or ``None`` when a stop came first. What the turn waits on is
+        in its memo while it waits; refused decisions are dropped, and why is in it too."""
+        self.approval = approval
+        workflow.upsert_memo({APPROVAL_MEMO: approval})
+        while True:
+            await workflow.wait_condition(lambda: self.decisions is not None or self.stop_requested)
+            if self.decisions is None:
+                self.approval = None
+                workflow.upsert_memo({APPROVAL_MEMO: None})
+                return None
+            decisions, self.decisions = self.decisions, None
+            try:
+                decided = decide(snapshot_from_json(approval.snapshot), decisions)
+            except ApprovalError as err:
+                workflow.upsert_memo({REFUSED_MEMO: str(err)})
+                continue
+            self.approval = None
+            workflow.upsert_memo({APPROVAL_MEMO: None, REFUSED_MEMO: None})
+            return decided
 
 
 class _TurnShell(OuterEffectShell[Awaitable[list[Effect]]]):
     """The outer tier: runs `GenerationTurnMachine` over the chain, each attempt by an
     `_AttemptShell`."""
 
-    def __init__(self, flow: GenerationTurnWorkflow, turn: TurnInput, catalogue: Catalogue):
+    def __init__(
+        self,
+        flow: GenerationTurnWorkflow,
+        turn: TurnInput,
+        catalogue: Catalogue,
+        *,
+        resume_from: TurnSnapshot | None = None,
+    ):
         self.flow = flow
         self.turn = turn
         self.catalogue = catalogue
+        self.resume_from = resume_from
+        # a resumed turn's running attempt continues from its tool loop's snapshot
+        self.resume_loop: tuple[int, LoopSnapshot] | None = None
+        if resume_from is not None and resume_from.chain is not None and resume_from.loop:
+            self.resume_loop = (resume_from.chain.attempts, resume_from.loop)
         self.registry = ToolRegistry([_stand_in(tool) for tool in catalogue.tools])
         self.machine = GenerationTurnMachine(
             turn.policy, plans=catalogue.plans, tools=[tool.spec() for tool in self.registry]
@@ -238,9 +299,14 @@ class _TurnShell(OuterEffectShell[Awaitable[list[Effect]]]):
 
     async def run(self) -> GenerationTurnResult:
         self.follow_ups_seen = self.flow.follow_ups
-        pending: collections.deque[Effect] = collections.deque(
-            self.machine.start(self.turn.request, health=self.key_book, now=workflow.time())
-        )
+        chain = self.resume_from.chain if self.resume_from is not None else None
+        if chain is not None:
+            opening = self.machine.resume(chain, now=workflow.time())
+        else:
+            opening = self.machine.start(
+                self.turn.request, health=self.key_book, now=workflow.time()
+            )
+        pending: collections.deque[Effect] = collections.deque(opening)
         carry_out = self.effect_handlers
         while pending:
             pending.extend(await carry_out(pending.popleft()))
@@ -256,7 +322,11 @@ class _TurnShell(OuterEffectShell[Awaitable[list[Effect]]]):
 
     async def start_attempt(self, effect: StartAttempt) -> list[Effect]:
         flow = self.flow
-        shell = _AttemptShell(self, effect)
+        resume_loop = None
+        if self.resume_loop is not None and self.resume_loop[0] == effect.attempt:
+            resume_loop = self.resume_loop[1]
+        self.resume_loop = None
+        shell = _AttemptShell(self, effect, resume_from=resume_loop)
         result = await shell.run()
         if shell.stop_fed:
             self.stop_honoured = True
@@ -353,8 +423,11 @@ class _TurnShell(OuterEffectShell[Awaitable[list[Effect]]]):
 class _AttemptShell(InnerEffectShell[Awaitable[None]]):
     """One attempt: runs a `ToolLoopMachine`, its passes and tools as activities."""
 
-    def __init__(self, outer: _TurnShell, effect: StartAttempt) -> None:
+    def __init__(
+        self, outer: _TurnShell, effect: StartAttempt, *, resume_from: LoopSnapshot | None = None
+    ) -> None:
         self.outer = outer
+        self.resume_from = resume_from
         self.flow = outer.flow
         self.turn = outer.turn
         self.effect = effect
@@ -396,15 +469,18 @@ class _AttemptShell(InnerEffectShell[Awaitable[None]]):
     async def run(self) -> GenerationTurnResult:
         self.follow_ups_seen = self.flow.follow_ups
         request: TurnRequest = self.effect.request
-        effects = self.machine.start(
-            request,
-            continuation_style=self.continuation,
-            hold_timeout_notice=True,
-            ledger=self.effect.ledger,
-            expression_delivered=self.effect.expression_delivered,
-            attempt_budget=self.effect.budget,
-            now=workflow.time(),
-        )
+        if self.resume_from is not None:
+            effects = self.machine.resume(self.resume_from, now=workflow.time())
+        else:
+            effects = self.machine.start(
+                request,
+                continuation_style=self.continuation,
+                hold_timeout_notice=True,
+                ledger=self.effect.ledger,
+                expression_delivered=self.effect.expression_delivered,
+                attempt_budget=self.effect.budget,
+                now=workflow.time(),
+            )
         await self.carry_out(effects)
         while self.result is None:
             if self.outcomes:
