@@ -63,8 +63,8 @@ def _tools(directory: Path) -> list[Any]:
 
 async def _role(role: str, url: str, directory: Path) -> None:
     from toolloop_fsm import TurnRequest
-    from toolloop_fsm import resume_tool_loop
     from toolloop_fsm import result_to_json
+    from toolloop_fsm import resume_tool_loop
     from toolloop_fsm import run_tool_loop
     from toolloop_fsm import snapshot_from_json
     from toolloop_fsm.approvals import Decision
