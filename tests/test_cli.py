@@ -397,6 +397,22 @@ def test_the_readme_approval_example_pauses_and_runs_the_edited_call_against_too
     assert "completed [{'to': 'Bob', 'amount': 20}, {'city': 'Paris'}]" in out
 
 
+def test_the_readme_message_modes_example_steers_and_queues_against_toolloop_fsm_serve(
+    served: str, tmp_path: Path
+) -> None:
+    out = _run_served_example(
+        "## Messages during a turn: interrupt, steer, queue", served, tmp_path
+    )
+    assert "Let me check the forecast for Paris. Let me check the forecast for London." in out
+    assert "It's 20 °C and clear in London" in out and "It's 20 °C and clear in Rome" in out
+    taken = re.findall(r"^  (\w+) after pass (\d+): (.*)$", out, re.MULTILINE)
+    assert taken == [
+        ("steer", "1", "Actually, how is it in London?"),
+        ("queue", "3", "Thanks! And Rome?"),
+    ], out
+    assert "completed ['Paris', 'London', 'Rome']" in out
+
+
 def test_the_readme_example_prints_why_a_turn_failed(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     source = _readme_example().replace("http://127.0.0.1:8765/v1", url)

@@ -256,7 +256,7 @@ DIVERGENCES: dict[str, tuple[Callable[..., Any], str, str, st.SearchStrategy[Tur
     ),
     "§2.8 a pass is never cut as it writes past its room": (
         stream_once.take_text,
-        "if turn.write_room is not None:",
+        "if turn.write_room is not None and text:",
         "if False:",
         turn_scripts(),
     ),

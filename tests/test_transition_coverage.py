@@ -133,6 +133,18 @@ def _rare_paths() -> None:
     _rare_review_paths(request)
     _ceiling_paths(request)
     _approval_paths(request)
+    _stop_while_a_call_is_reviewed(request)
+
+
+def _stop_while_a_call_is_reviewed(request: TurnRequest) -> None:
+    """A stop while the checkpoint's reviewer is asked about a call (docs/behaviour.md
+    §14.5): the random workloads mostly stop while streaming or running a tool."""
+    machine = ToolLoopMachine(_CHECKPOINT, tools=TOOLS)
+    machine.start(request)
+    _pass(machine, _WEATHER)
+    assert machine.state == "reviewing_call"
+    machine.feed(StopRequested())
+    assert machine.result.reason == "stopped_during_review"
 
 
 def _approval_paths(request: TurnRequest) -> None:

@@ -104,7 +104,8 @@ def tool_batches(history: Sequence[ToolHistoryEntry]) -> list[ToolBatch]:
 def turn_messages(result: GenerationTurnResult) -> tuple[dict[str, Any], ...]:
     """What ``result``'s turn added to the conversation, in the neutral form (module
     docstring): the assistant's delivered text and each tool call with its response, per
-    provider pass, in order. Nothing the user did not read is in it."""
+    provider pass, in order, and after a pass the user messages the turn took in after it
+    (steered or queued, docs/behaviour.md §8.5). Nothing the user did not read is in it."""
     texts: dict[int, list[str]] = {}
     for delivered in result.delivered:
         if delivered.text:
@@ -113,7 +114,8 @@ def turn_messages(result: GenerationTurnResult) -> tuple[dict[str, Any], ...]:
     for batch in tool_batches(result.history):
         batches.setdefault(batch.entries[0].iteration, []).append(batch)
     messages: list[dict[str, Any]] = []
-    for iteration in sorted(texts.keys() | batches.keys()):
+    taken_after = {taken.iteration for taken in result.taken_messages}
+    for iteration in sorted(texts.keys() | batches.keys() | taken_after):
         text = "".join(texts.get(iteration, ()))
         pass_batches = batches.get(iteration, [])
         if not pass_batches:
@@ -128,7 +130,27 @@ def turn_messages(result: GenerationTurnResult) -> tuple[dict[str, Any], ...]:
                 }
             )
             messages.extend(_response(entry) for entry in batch.entries)
+        messages.extend(
+            {"role": "user", "content": taken.text}
+            for taken in result.taken_messages
+            if taken.iteration == iteration
+        )
     return tuple(messages)
+
+
+def history_messages(history: Sequence[ToolHistoryEntry]) -> list[dict[str, Any]]:
+    """``history``'s tool batches in the neutral form, as the model was shown them: per batch
+    one assistant message with its pre-tool text and calls, then one ``tool`` message per
+    call (a turn moves its history into its context so, before a user message that arrived
+    while it ran: docs/behaviour.md §8.5)."""
+    messages: list[dict[str, Any]] = []
+    for batch in tool_batches(history):
+        text = batch.entries[0].pre_tool_text or ""
+        messages.append(
+            {"role": "assistant", "content": text, TOOL_CALLS: [_call(e) for e in batch.entries]}
+        )
+        messages.extend(_response(entry) for entry in batch.entries)
+    return messages
 
 
 def _add_text(messages: list[dict[str, Any]], text: str) -> None:

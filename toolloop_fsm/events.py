@@ -17,6 +17,7 @@ from attrs import field
 from attrs import frozen
 
 from toolloop_fsm.event_checks import AtLeast
+from toolloop_fsm.messages import HeldMessage
 
 
 # --------------------------------------------------------------------------- provider chunks
@@ -193,6 +194,14 @@ class FollowUpArrived:
 
 
 @frozen
+class MessageHeld:
+    """A user message to steer the turn or to be answered before it ends arrived
+    (`TurnSignals.steer`, `TurnSignals.queue`): the turn holds it (docs/behaviour.md §8.5)."""
+
+    message: HeldMessage
+
+
+@frozen
 class DeliveryRecorded:
     """The channel accepted delivery ``seq`` (a `Deliver` effect)."""
 
@@ -270,6 +279,7 @@ Event = (
     | DeadlineExpired
     | StopRequested
     | FollowUpArrived
+    | MessageHeld
     | DeliveryRecorded
     | DeliveryFailed
     | ReviewReturned

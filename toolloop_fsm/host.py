@@ -28,6 +28,9 @@ from attrs import validators as check
 
 from toolloop_fsm.conversation import check_context
 from toolloop_fsm.events import ContextRestart
+from toolloop_fsm.messages import DEFAULT_MAX_HELD_MESSAGES
+from toolloop_fsm.messages import HeldMessage
+from toolloop_fsm.messages import HeldMessagesFull
 from toolloop_fsm.policy import as_optional_frozenset
 from toolloop_fsm.policy import as_tuple
 from toolloop_fsm.policy import collection_of
@@ -357,19 +360,29 @@ LOOP_CLOCK = LoopClock()
 @define
 class TurnSignals:
     """The host's signals to a running turn: ``request_stop`` is the /kill command (with an
-    optional message to queue first), ``follow_up`` says a new user message arrived,
+    optional message to queue first); a new user message arrives in one of three modes
+    (docs/behaviour.md §8.5): ``interrupt`` (the turn yields to it, today's ``follow_up``),
+    ``steer`` (it joins the context at the next pass boundary and the turn goes on) and
+    ``queue`` (it is answered once the turn would end, in one more pass);
     ``report_unreachable`` says the destination is gone.
+
+    A turn holds at most ``max_held_messages`` steered and queued messages: one more raises
+    `HeldMessagesFull` at the call and is not held. The turn that ends takes its messages
+    out of ``held`` (its result says which it answered and which it did not), so one signals
+    object can serve a whole conversation.
 
     Every method is safe to call from any task *and from any thread*: a call made outside
     the turn's event loop changes the flags under a lock and hands the wake-up to the loop
-    with ``call_soon_threadsafe``. A stop is consumed by the turn that honours it, so one
-    signals object can serve a whole conversation.
+    with ``call_soon_threadsafe``. A stop is consumed by the turn that honours it.
     """
 
     stop_requested: bool = False
     stop_message: str | None = None
     follow_ups: int = 0
     unreachable: bool = False
+    max_held_messages: int = field(default=DEFAULT_MAX_HELD_MESSAGES, validator=positive_count)
+    #: the steered and queued messages given to the running (or next) turn, in order
+    held: list[HeldMessage] = field(factory=list)
     _listeners: list[tuple[asyncio.AbstractEventLoop | None, Callable[[], None]]] = field(
         factory=list, repr=False
     )
@@ -383,9 +396,38 @@ class TurnSignals:
         self._notify()
 
     def follow_up(self) -> None:
+        """A new user message arrived: the turn yields to it (the ``interrupt`` mode)."""
         with self._lock:
             self.follow_ups += 1
         self._notify()
+
+    def interrupt(self) -> None:
+        """A new user message the turn yields to (`follow_up`)."""
+        self.follow_up()
+
+    def steer(self, text: str) -> HeldMessage:
+        """A user message that joins the running turn's context at its next pass boundary
+        (after the running tool batch, or once the pass streaming ends); the turn goes on."""
+        return self._hold(HeldMessage("steer", text))
+
+    def queue(self, text: str) -> HeldMessage:
+        """A user message the running turn answers once it would end, in one more pass
+        (bounded by its ceilings)."""
+        return self._hold(HeldMessage("queue", text))
+
+    def release_held(self, messages: Iterable[HeldMessage]) -> None:
+        """Forget ``messages``: the turn that held them has ended (the turns call this)."""
+        gone = {id(message) for message in messages}
+        with self._lock:
+            self.held[:] = [message for message in self.held if id(message) not in gone]
+
+    def _hold(self, message: HeldMessage) -> HeldMessage:
+        with self._lock:
+            if len(self.held) >= self.max_held_messages:
+                raise HeldMessagesFull(message, self.max_held_messages)
+            self.held.append(message)
+        self._notify()
+        return message
 
     def consume_stop(self) -> None:
         """Forget a stop that a turn honoured, so that the next turn run with these signals

@@ -42,6 +42,7 @@ from toolloop_fsm.events import DeliveryRecorded
 from toolloop_fsm.events import FinishReason
 from toolloop_fsm.events import FollowUpArrived
 from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import MessageHeld
 from toolloop_fsm.events import ReviewReturned
 from toolloop_fsm.events import SceneMetadata
 from toolloop_fsm.events import StopRequested
@@ -59,6 +60,7 @@ from toolloop_fsm.guards.ceilings import consecutive_error_ceiling_reached
 from toolloop_fsm.guards.ceilings import continuation_retries_exhausted
 from toolloop_fsm.guards.ceilings import cost_budget_reached
 from toolloop_fsm.guards.ceilings import final_answer_pass_due
+from toolloop_fsm.guards.ceilings import held_messages_wait_for_answer
 from toolloop_fsm.guards.ceilings import iteration_ceiling_reached
 from toolloop_fsm.guards.ceilings import pass_cut_at_cost_budget
 from toolloop_fsm.guards.ceilings import pass_cut_at_token_budget
@@ -152,6 +154,8 @@ from toolloop_fsm.states.drafting import run_approved_call
 from toolloop_fsm.states.drafting import run_unreviewed_call
 from toolloop_fsm.states.drafting import stop_during_review
 from toolloop_fsm.states.drafting import take_review_timeout
+from toolloop_fsm.states.held_messages import answer_held_messages
+from toolloop_fsm.states.held_messages import hold_message
 from toolloop_fsm.states.stable_points import offer_snapshot
 from toolloop_fsm.states.stable_points import resend_in_flight
 from toolloop_fsm.states.stream_once import CHUNK_HANDLERS
@@ -224,6 +228,8 @@ STATES: tuple[State, ...] = (
 )
 
 STREAM_STATES = ("awaiting_first_token", "streaming")
+#: the states that wait for an event, where a steered or queued message may arrive
+HOLDING_STATES = (*STREAM_STATES, "executing_tool", "reviewing_draft", "reviewing_call", "settling")
 REVIEW_STATES = ("reviewing_draft", "reviewing_call")
 CHUNK_TRIGGERS: dict[type, str] = {
     TextDelta: "text_delta",
@@ -445,13 +451,20 @@ TRANSITIONS: list[_t] = [
     _t("follow_up_arrived", "reviewing_draft", "building_result", do=interrupt_review,
        ends=("follow_up_interrupt", None)),
     _t("follow_up_arrived", "reviewing_call", None, do=clear_stale_follow_up),
-    # a reply under review has nothing in flight (drafting sends nothing before its review);
-    # a call under review may (without drafting, its narration was just handed over)
-    _t("delivery_recorded", "reviewing_call", None, do=record_delivery),
+    # a call under review may have deliveries in flight (without drafting, its narration was
+    # just handed over), and so may a reply under review that answers messages held while
+    # the reply before it was delivered (§8.5 rule 3; drafting sends nothing before a review)
+    _t("delivery_recorded", REVIEW_STATES, None, do=record_delivery),
     _t("delivery_failed", REVIEW_STATES, "building_result", when=delivery_timed_out,
        do=fail_delivery_during_review, ends=("error", "host_timeout")),
     _t("delivery_failed", REVIEW_STATES, "building_result",
        do=fail_delivery_during_review, ends=("error", "host_error")),
+    # ---- messages that arrive while the turn runs (docs/behaviour.md §8.5): a steered or
+    # queued one is held whatever the turn is doing; a turn that would end completed holding
+    # some answers them in one more pass, when its ceilings leave one
+    _t("message_held", HOLDING_STATES, None, do=hold_message),
+    _t("advance", "building_result", "starting_pass", when=held_messages_wait_for_answer,
+       do=answer_held_messages),
     # ---- the settle step: wait (bounded) for deliveries in flight (docs/behaviour.md §6.1),
     # then the terminal state the decided ending names
     _t("advance", "building_result", "settling", when=must_settle_deliveries, do=begin_settling),
@@ -491,6 +504,7 @@ _SIGNAL_TRIGGERS: dict[type, str] = {
     ToolFinished: "tool_finished",
     StopRequested: "stop_requested",
     FollowUpArrived: "follow_up_arrived",
+    MessageHeld: "message_held",
     DeliveryRecorded: "delivery_recorded",
     DeliveryFailed: "delivery_failed",
     ReviewReturned: "review_returned",

@@ -23,6 +23,8 @@ from attrs import frozen
 
 from toolloop_fsm.approvals import ApprovalRequest
 from toolloop_fsm.events import FinishKind
+from toolloop_fsm.messages import HeldMessage
+from toolloop_fsm.messages import TakenMessage
 from toolloop_fsm.review import ReviewRecord
 
 
@@ -384,6 +386,10 @@ class GenerationTurnResult:
     cost: float | None = None
     #: a turn that ended ``awaiting_approval``: the calls it waits on and its snapshot
     approval: ApprovalRequest | None = None
+    #: the messages that arrived while the turn ran (docs/behaviour.md §8.5): those it took
+    #: into its context, and where; and those it held but did not answer (for the next turn)
+    taken_messages: tuple[TakenMessage, ...] = ()
+    unanswered_messages: tuple[HeldMessage, ...] = ()
     trace: tuple[TraceStep, ...] = ()
     exception: BaseException | None = field(default=None, eq=False, repr=False)
 

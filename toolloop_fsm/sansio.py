@@ -49,6 +49,7 @@ from toolloop_fsm.events import FinishKind
 from toolloop_fsm.events import FinishReason
 from toolloop_fsm.events import FollowUpArrived
 from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import MessageHeld
 from toolloop_fsm.events import ReviewReturned
 from toolloop_fsm.events import SceneMetadata
 from toolloop_fsm.events import StopRequested
@@ -95,6 +96,7 @@ __all__ = [
     "InvalidEvent",
     "KeyBook",
     "KeyHealth",
+    "MessageHeld",
     "Notice",
     "OfferSnapshot",
     "PostNotice",

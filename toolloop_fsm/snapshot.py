@@ -41,6 +41,8 @@ from toolloop_fsm.budgets import AttemptBudget
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.ledger import LedgerEntry
 from toolloop_fsm.ledger import ToolOutcome
+from toolloop_fsm.messages import HeldMessage
+from toolloop_fsm.messages import TakenMessage
 from toolloop_fsm.result import AttemptFailure
 from toolloop_fsm.result import AttemptRecord
 from toolloop_fsm.result import Delivered
@@ -223,6 +225,11 @@ class LoopSnapshot:
     #: a turn paused for approval (docs/behaviour.md §3.13): the batch it paused in, every
     #: call in emitted order (empty: the snapshot was taken before a pass)
     paused: tuple[PausedCall, ...] = ()
+    #: the messages that arrived while the turn ran (docs/behaviour.md §8.5): those it holds,
+    #: those it took into its context, and how many history entries the context holds since
+    held_messages: tuple[HeldMessage, ...] = ()
+    taken_messages: tuple[TakenMessage, ...] = ()
+    history_in_context: int = 0
 
 
 @frozen

@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from toolloop_fsm.effects import Effect
     from toolloop_fsm.host import ToolRegistry
     from toolloop_fsm.host import TurnRequest
+    from toolloop_fsm.messages import HeldMessage
+    from toolloop_fsm.messages import TakenMessage
     from toolloop_fsm.policy import LoopPolicy
     from toolloop_fsm.policy import TurnPolicy
     from toolloop_fsm.provider import ProviderRequest
@@ -310,6 +312,11 @@ class TurnState:
     context: list[Mapping[str, Any]] = field(factory=list, metadata=ITEMS_SHARED)
     history: list[ToolHistoryEntry] | None = None
     prefill: str | None = None
+    # messages that arrived while the turn runs (docs/behaviour.md §8.5): those held, those
+    # taken into the context, and how many history entries the context holds since
+    held_messages: list[HeldMessage] | None = None
+    taken_messages: list[TakenMessage] | None = None
+    history_in_context: int = 0
     # immutable until something is disabled: most turns never disable anything
     disabled_tools: frozenset[str] = frozenset()
     disabled_enrichment_kinds: frozenset[str] = frozenset()

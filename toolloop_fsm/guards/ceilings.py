@@ -7,6 +7,7 @@ from toolloop_fsm.budgets import expected_reads
 from toolloop_fsm.budgets import pass_allowance
 from toolloop_fsm.guards.exit_policy import pass_has_text
 from toolloop_fsm.result import BudgetExceeded
+from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.turn import TurnState
 
 
@@ -23,6 +24,20 @@ def allowance_of_next_pass(turn: TurnState) -> BudgetExceeded | Room | None:
         return None  # the usual case, decided without reading the ledger
     entries = turn.produced.usage or ()
     return pass_allowance(policy, turn.attempt_budget, entries, expected_reads(entries))
+
+
+def held_messages_wait_for_answer(turn: TurnState) -> bool:
+    """The turn would end ``completed`` holding messages (docs/behaviour.md §8.5 rule 3), as
+    it decides so (a message that comes while its deliveries settle comes too late), and its
+    ceilings leave one more pass to answer them: the iteration ceiling, and the token and
+    cost budgets (a pass they would refuse is not opened; the messages go unanswered)."""
+    return (
+        bool(turn.held_messages)
+        and turn.status is TurnStatus.COMPLETED
+        and not turn.settle_started
+        and not iteration_ceiling_reached(turn)
+        and not isinstance(allowance_of_next_pass(turn), BudgetExceeded)
+    )
 
 
 def token_budget_reached(turn: TurnState) -> bool:

@@ -58,6 +58,7 @@ from toolloop_fsm.events import DeadlineKind
 from toolloop_fsm.events import DeliveryFailed
 from toolloop_fsm.events import DeliveryRecorded
 from toolloop_fsm.events import FollowUpArrived
+from toolloop_fsm.events import MessageHeld
 from toolloop_fsm.events import ReviewReturned
 from toolloop_fsm.events import StopRequested
 from toolloop_fsm.events import StreamEnded
@@ -70,6 +71,7 @@ from toolloop_fsm.host import ToolRegistry
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.host import TurnSignals
 from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.messages import HeldMessage
 from toolloop_fsm.notice_budget import NoticeBudget
 from toolloop_fsm.observation import TurnObserver
 from toolloop_fsm.policy import LoopPolicy
@@ -111,6 +113,12 @@ class _Unsignalled(TurnSignals):
         raise RuntimeError("this turn was started without TurnSignals; pass signals= to stop it")
 
     def follow_up(self) -> None:
+        raise RuntimeError("this turn was started without TurnSignals; pass signals=")
+
+    def steer(self, text: str) -> HeldMessage:
+        raise RuntimeError("this turn was started without TurnSignals; pass signals=")
+
+    def queue(self, text: str) -> HeldMessage:
         raise RuntimeError("this turn was started without TurnSignals; pass signals=")
 
     def report_unreachable(self) -> None:
@@ -181,6 +189,7 @@ class EventPump(InnerEffectShell[bool | None]):
         "channel",
         "clock",
         "consume_stop",
+        "held_fed",
         "machine",
         "on_effect",
         "on_snapshot",
@@ -252,6 +261,8 @@ class EventPump(InnerEffectShell[bool | None]):
         self._signals_dirty = False
         self._stop_fed = False
         self._follow_ups_seen = 0
+        #: the steered and queued messages fed to the machine, in order
+        self.held_fed: list[HeldMessage] = []
         self._depth = 0
         self.policy = machine.policy
         # the turn's calls into the channel: deliveries, notices, the stop message (sharing
@@ -365,6 +376,9 @@ class EventPump(InnerEffectShell[bool | None]):
             cancelled = False
             if self._stop_fed and self.consume_stop:
                 self.signals.consume_stop()
+            if self.held_fed and self.consume_stop:
+                # the turn's result accounts for them: taken, or unanswered
+                self.signals.release_held(self.held_fed)
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -692,6 +706,11 @@ class EventPump(InnerEffectShell[bool | None]):
         if signals.follow_ups > self._follow_ups_seen:
             self._follow_ups_seen = signals.follow_ups
             self.feed(FollowUpArrived())
+        if signals.held and not (self._finished or self.machine.is_finished):
+            fed = self.held_fed
+            for message in [m for m in signals.held if all(m is not f for f in fed)]:
+                fed.append(message)
+                self.feed(MessageHeld(message))
 
     # ------------------------------------------------------------------ the provider stream
     def _wake_up(self) -> None:

@@ -48,6 +48,7 @@ from toolloop_fsm.host import ToolRegistry
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.host import TurnSignals
 from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.messages import HeldMessage
 from toolloop_fsm.notice_budget import SEND_NOTICE
 from toolloop_fsm.notice_budget import NoticeBudget
 from toolloop_fsm.notice_budget import NoticeOutcome
@@ -109,6 +110,8 @@ class GenerationPump(OuterEffectShell[Awaitable[list[Effect]]]):
         self.machine = machine
         self.reviewer = reviewer
         self.on_snapshot = on_snapshot
+        # the steered and queued messages fed to the attempts (each attempt is fed them all)
+        self._held_fed: list[HeldMessage] = []
         # a resumed turn's running attempt continues from its tool loop's snapshot
         self._resume_loop: tuple[int, LoopSnapshot] | None = None
         loop_policy = machine.policy.loop
@@ -173,6 +176,9 @@ class GenerationPump(OuterEffectShell[Awaitable[list[Effect]]]):
     async def finish(self, effect: Finish) -> list[Effect]:
         if self._stop_honoured or effect.result.status is TurnStatus.STOPPED_BY_USER:
             self.signals.consume_stop()  # the turn that honours a stop consumes it
+        if self._held_fed:
+            # the last attempt's result accounts for them: taken, or unanswered
+            self.signals.release_held(self._held_fed)
         result = with_attempts_outcomes(
             effect.result, self.machine.generation.results, self._abandoned
         )
@@ -338,6 +344,7 @@ class GenerationPump(OuterEffectShell[Awaitable[list[Effect]]]):
         ending = pump.ending()
         if ending.stop_fed:
             self._stop_honoured = True
+        self._held_fed.extend(m for m in pump.held_fed if all(m is not f for f in self._held_fed))
         ledger = inner.turn.ledger if inner.is_finished else {}
         draft = inner.turn.draft if inner.is_finished else None
         if draft is not None:

@@ -172,6 +172,8 @@ def build_result(
         budget_exceeded=turn.budget_exceeded if reason in BUDGET_REASONS else None,
         cost=_cost(turn),
         approval=_approval(turn) if status is TurnStatus.AWAITING_APPROVAL else None,
+        taken_messages=tuple(turn.taken_messages or ()),
+        unanswered_messages=tuple(turn.held_messages or ()),
         turn_id=turn.request.turn_id,
         trace=tuple(turn.trace),
     )

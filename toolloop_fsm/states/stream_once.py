@@ -50,6 +50,7 @@ from toolloop_fsm.states.delivery import disarm_deadline
 from toolloop_fsm.states.delivery import discard_buffer
 from toolloop_fsm.states.delivery import flush_buffer
 from toolloop_fsm.states.delivery import post_notice
+from toolloop_fsm.states.held_messages import take_steered_messages
 from toolloop_fsm.turn import BatchCall
 from toolloop_fsm.turn import PassRecord
 from toolloop_fsm.turn import ReadCount
@@ -75,8 +76,11 @@ def begin_final_answer_pass(turn: TurnState, _event: Any = None) -> None:
 
 
 def open_pass(turn: TurnState) -> None:
-    """Open pass number ``iterations + 1``: reset the accumulators, start the stream, arm the
+    """Open pass number ``iterations + 1``: the steered messages held join its context
+    (docs/behaviour.md §8.5 rule 2); reset the accumulators, start the stream, arm the
     first-token budget, and post the one-time *still working* notice."""
+    if turn.held_messages:
+        take_steered_messages(turn)
     # the one-time notice goes out as the pass after the soft-warn count begins (with the
     # default 20: before the 21st pass)
     if turn.iterations == turn.policy.soft_warn_iteration:
@@ -98,7 +102,8 @@ def open_pass(turn: TurnState) -> None:
     request = ProviderRequest(
         context=tuple(turn.context),
         tools=offered_tools(turn),
-        history=tuple(turn.history or ()),
+        # the history the context does not hold yet (a held message moved the rest into it)
+        history=tuple(turn.history[turn.history_in_context :] if turn.history else ()),
         prefill=turn.prefill,
         max_output=max_output,
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
@@ -123,7 +128,7 @@ def open_pass(turn: TurnState) -> None:
 # --------------------------------------------------------------------------- chunks (fast path)
 def take_text(turn: TurnState, event: TextDelta) -> None:
     text = event.text
-    if turn.write_room is not None:  # under a budget: the text is weighed as it streams
+    if turn.write_room is not None and text:  # under a budget: weighed as it streams
         text = _within_room(turn, text)
         if not text:
             return

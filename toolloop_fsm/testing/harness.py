@@ -397,6 +397,10 @@ class LibraryLogCapture(logging.Handler):
         return "\n".join(self.lines)
 
 
+#: The text of every steered or queued message a script sends.
+HELD_TEXT = "one more thing"
+
+
 async def run_script(
     script: TurnScript,
     policy: LoopPolicy,
@@ -460,6 +464,10 @@ async def run_script(
     def fire(signal: TimedSignal) -> None:
         if signal.kind == "stop":
             signals.request_stop(signal.stop_message)
+        elif signal.kind == "steer":
+            signals.steer(HELD_TEXT)
+        elif signal.kind == "queue":
+            signals.queue(HELD_TEXT)
         else:
             signals.follow_up()
 

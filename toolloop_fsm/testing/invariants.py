@@ -574,6 +574,15 @@ def _check_review_budgets(
         return
     given = sum(1 for m in request.context if m.get("role") == "user")
     added = [m for m in provider.requests[-1].context if m.get("role") == "user"][given:]
+    # the messages the turn took in while it ran (§8.5) are the host's, not instructions
+    for taken in result.taken_messages:
+        if taken.iteration >= len(provider.requests):
+            continue  # the pass it joined opened, but its request never reached the provider
+        match = next((m for m in added if m.get("content") == taken.text), None)
+        if match is None:
+            _fail(2, f"the turn took the {taken.mode} message {taken.text!r}, never sent")
+        else:
+            added.remove(match)
     if len(added) > revisions:
         _fail(
             2,
@@ -1230,7 +1239,11 @@ def _check_request(
     request was sent; ``erased``: those it took out by the end of the turn."""
     history = tuple(sent.history)
     where = f"request {index + 1}"
-    prefix = tuple(result.history[: len(history)])
+    # the entries a held message moved into the context before it (§8.5 rule 4): one tool
+    # message each beyond those the request's own context held
+    given = sum(1 for m in request.context if m.get("role") == "tool") if request else 0
+    moved = sum(1 for m in sent.context if m.get("role") == "tool") - given
+    prefix = tuple(result.history[moved : moved + len(history)])
     if erased:  # a revision took the model's own words out: compare without them
         same = _without_erased_text(history, erased) == _without_erased_text(prefix, erased)
     else:
@@ -1238,8 +1251,8 @@ def _check_request(
     if not same:
         _fail(
             7,
-            f"{where}'s history is not a prefix of the turn's history (an entry was "
-            "rewritten, dropped or reordered)",
+            f"{where}'s history is not a prefix of the turn's history (after the {moved} "
+            "entries its context holds; an entry was rewritten, dropped or reordered)",
         )
     for entry in history:
         if entry.iteration > index:
@@ -1672,6 +1685,11 @@ _DELIVERING = frozenset(
 _SCENE_BLOCK = "\n\n[Scene Metadata]\n"
 
 
+def _answers_after(step: TraceStep) -> bool:
+    """The step by which a turn that would have ended goes on to answer held messages."""
+    return step.state == "building_result" and step.guard == "held_messages_wait_for_answer"
+
+
 def _check_held_until_reviewed(
     result: GenerationTurnResult,
     policy: LoopPolicy,
@@ -1692,6 +1710,10 @@ def _check_held_until_reviewed(
         for step in _loop_trace(result)
         if (step.state, step.event) in _DELIVERING and step.next_state == "building_result"
     ]
+    if result.taken_messages and any(_answers_after(step) for step in _loop_trace(result)):
+        # it delivered a reply, then answered messages held meanwhile (§8.5 rule 3) with
+        # another, reviewed on its own: these checks read a turn of one reply
+        return
     _check_nothing_shown_unreviewed(result, delivered, steps, reviews_asked, ending)
     texts = "".join(text for text, _ in delivered if text is not None)
     replies = [a for a in reviews_asked or () if a.kind is ReviewKind.RESPONSE]

@@ -274,6 +274,10 @@ class PredictedEnding:
     history: tuple[tuple[str, bool], ...]
     tool_response_delivered: bool
     finished_calls: tuple[str, ...] = ()
+    #: the messages that arrived while the turn ran (§8.5): each taken one's mode and the
+    #: pass after which it was taken, in order; the modes of those left unanswered
+    taken: tuple[tuple[str, int], ...] = ()
+    unanswered: tuple[str, ...] = ()
 
 
 class AmbiguousEnding(ValueError):
@@ -302,6 +306,8 @@ def ending_of(result: GenerationTurnResult) -> PredictedEnding:
         history=tuple((e.call.name, e.response.success) for e in result.history),
         tool_response_delivered=result.tool_response_delivered,
         finished_calls=result.finished_calls,
+        taken=tuple((m.mode, m.iteration) for m in result.taken_messages),
+        unanswered=tuple(m.mode for m in result.unanswered_messages),
     )
 
 
@@ -835,6 +841,10 @@ class _Simulation:
         # the world: tool plans played per tool, the host's signals
         self.executions: dict[str, int] = {}
         self.signals = sorted(enumerate(script.signals), key=lambda s: (s[1].at, s[0]))
+        # §8.5: the modes of the steered and queued messages held, in order, and of those
+        # taken into the context with the pass after which each was
+        self.held_messages: list[str] = []
+        self.taken_messages: list[tuple[str, int]] = []
         # the channel's two lines: deliveries (the head of `queue` is being sent) and
         # notices / stop messages (`notice_queue` waits behind the call in progress)
         self.queue: deque[_Delivery] = deque()
@@ -1039,8 +1049,9 @@ class _Simulation:
 
     # ------------------------------------------------------------------ stream once
     def start_pass(self) -> None:
-        """docs/behaviour.md §2.1: before every pass, the iteration ceiling; then the pass opens,
-        posting the one-time *still working* notice as the pass after the soft-warning iteration
+        """docs/behaviour.md §2.1: before every pass, the iteration ceiling; then the pass
+        opens: the steered messages held join its context (§8.5 rule 2), and the one-time
+        *still working* notice is posted as the pass after the soft-warning iteration
         begins."""
         if len(self.passes) >= self.policy.max_function_call_iterations:
             self.post("max_iterations")
@@ -1054,12 +1065,33 @@ class _Simulation:
             return
         self.room = None if room is None else (room[0] * TOKEN_WEIGHT_UNIT, room[1])
         self.withdrawn = self.tools_withdrawn(number)
+        if "steer" in self.held_messages:
+            self.take(["steer"])
         if number == self.policy.soft_warn_iteration + 1:
             self.post("still_working")
         items = self.script.passes[number - 1] if number <= len(self.script.passes) else ()
         self.passes.append(_Pass(number, self.now, list(items)))
         self.phase = "streaming"
         self.reading = True
+
+    def take(self, modes: list[str]) -> None:
+        """§8.5 rule 4: the held messages of ``modes`` are taken, in the order they came."""
+        for mode in [m for m in self.held_messages if m in modes]:
+            self.taken_messages.append((mode, len(self.passes)))
+        self.held_messages = [m for m in self.held_messages if m not in modes]
+
+    def answers_held(self) -> bool:
+        """§8.5 rule 3: a turn that would end ``completed`` holding messages takes them all
+        and opens one more pass, when the iteration ceiling and the budgets leave one."""
+        if not self.held_messages or self.phase == "settling":
+            return False
+        if len(self.passes) >= self.policy.max_function_call_iterations:
+            return False
+        if isinstance(self.budget_room(len(self.passes) + 1), str):
+            return False
+        self.take(["steer", "queue"])
+        self.start_pass()
+        return True
 
     def budget_room(self, number: int) -> tuple[int, str] | str | None:
         """§2.8 rules 1-4 before pass ``number``, from the ledger's entries of the passes
@@ -1821,6 +1853,9 @@ class _Simulation:
         chain (a call under review included), and changes nothing once the turn has
         ended."""
         _, signal = self.signals.pop(0)
+        if signal.kind in ("steer", "queue"):
+            self.held_messages.append(signal.kind)  # §8.5: held, whatever the turn is doing
+            return
         if signal.kind == "stop":
             self.signals.clear()  # one stop ends the turn; nothing later can matter
             if signal.stop_message is not None:
@@ -2017,7 +2052,10 @@ class _Simulation:
     def decide(self, status: TurnStatus, reason: str | None = None) -> None:
         """The turn's ending is decided. A stop and a host failure end it at once; otherwise
         it waits (bounded) for deliveries in flight: the settle window after a timeout, one
-        inactivity budget after anything else."""
+        inactivity budget after anything else. A turn that would end ``completed`` holding
+        messages answers them first (§8.5 rule 3)."""
+        if status is TurnStatus.COMPLETED and self.held_messages and self.answers_held():
+            return
         self.status, self.reason = status, reason
         self.reading = False
         if status is TurnStatus.STOPPED_BY_USER or reason in _HOST_FAILURES or not self.queue:
@@ -2101,6 +2139,8 @@ class _Simulation:
             history=tuple(self.history),
             tool_response_delivered=self.tool_response_delivered,
             finished_calls=self.finished_calls,
+            taken=tuple(self.taken_messages),
+            unanswered=tuple(self.held_messages),
         )
 
 

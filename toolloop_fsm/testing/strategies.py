@@ -199,8 +199,9 @@ DEFAULT_BEHAVIOUR = ToolBehaviour()
 
 @frozen
 class TimedSignal:
-    """A host signal at virtual instant ``at``: ``stop`` (/kill, with an optional message)
-    or ``follow_up`` (a new user message); ``from_thread`` fires it from another thread (see
+    """A host signal at virtual instant ``at``: ``stop`` (/kill, with an optional message),
+    or a new user message that interrupts (``follow_up``), steers (``steer``) or is queued
+    (``queue``, docs/behaviour.md §8.5); ``from_thread`` fires it from another thread (see
     `toolloop_fsm.testing.hostile.fire_from_thread`)."""
 
     at: float
@@ -696,7 +697,9 @@ def tool_behaviours(*, hostile: bool = False) -> st.SearchStrategy[ToolBehaviour
 
 
 _STOP_MESSAGES = (None, "sorry, stopping")
-_SIGNAL_KINDS = ("stop", "follow_up")
+#: a stop, a new user message that interrupts (``follow_up``), steers or is queued (§8.5);
+#: a stop and an interrupt come up twice as often as the others, as before the two came in
+_SIGNAL_KINDS = ("stop", "follow_up", "stop", "follow_up", "steer", "queue")
 
 
 def build_signal(c: Choices, hostile: bool = False) -> TimedSignal:
