@@ -75,4 +75,14 @@ def test_the_compact_path_fires_every_transition_the_rich_path_fires(
     )
     compact = fuzz(policy, examples=examples, seed=seed, drafting=drafting)
     assert compact.failure is None
-    assert rich - compact.fired == set()
+    assert rich - compact.fired == (_COMPACT_GAPS if drafting else set())
+
+
+#: What the rich path fires and the compact path, at the budget above, does not: a channel
+#: that does not return while a call is reviewed. Since messages held during a turn came in
+#: (docs/behaviour.md §8.5) the rich strategies reach it through a turn answering two held
+#: messages with a 40 s delivery; no compact seed of 6 to 13 at 8,000 turns (nor 6 and 9 at
+#: 12,000) does. The transition itself is fired by tests/test_transition_coverage.py; making
+#: the compact fuzzer reach it is the fuzzing work of issue 30. Pinned, so that a second gap
+#: (or this one closing) fails the test.
+_COMPACT_GAPS = {"reviewing_call --delivery_failed[delivery_timed_out]--> building_result"}

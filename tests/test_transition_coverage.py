@@ -38,6 +38,7 @@ from toolloop_fsm.events import DeliveryFailed
 from toolloop_fsm.events import DeliveryRecorded
 from toolloop_fsm.events import FollowUpArrived
 from toolloop_fsm.events import FunctionCall
+from toolloop_fsm.events import MessageHeld
 from toolloop_fsm.events import ReviewReturned
 from toolloop_fsm.events import StopRequested
 from toolloop_fsm.events import StreamEnded
@@ -49,12 +50,14 @@ from toolloop_fsm.host import ToolResult
 from toolloop_fsm.host import TurnRequest
 from toolloop_fsm.machine import TRANSITIONS
 from toolloop_fsm.machine import ToolLoopMachine
+from toolloop_fsm.messages import HeldMessage
 from toolloop_fsm.policy import Budget
 from toolloop_fsm.policy import LoopPolicy
 from toolloop_fsm.policy import Price
 from toolloop_fsm.result import TurnStatus
 from toolloop_fsm.review import Finding
 from toolloop_fsm.review import FindingCategory
+from toolloop_fsm.review import Pass
 from toolloop_fsm.review import Revise
 from toolloop_fsm.review import Unavailable
 from toolloop_fsm.snapshot import snapshot_from_json
@@ -134,6 +137,33 @@ def _rare_paths() -> None:
     _ceiling_paths(request)
     _approval_paths(request)
     _stop_while_a_call_is_reviewed(request)
+    _rare_endings(request)
+
+
+def _rare_endings(request: TurnRequest) -> None:
+    """Paths the random workloads reach by luck: a pass the cost ceiling does not let start
+    (docs/behaviour.md §2.8 rule 2), an answer on the pass at the ceiling with
+    ``at_ceiling="answer"`` (§2.1), and a drafted reply confirmed while the reply that
+    answers a message held meanwhile is reviewed (§8.5 rule 3)."""
+    priced = LoopPolicy(price=Price(1.0, 4.0), budget=Budget(cost=0.0000001))
+    machine = ToolLoopMachine(priced, tools=TOOLS)
+    machine.start(request)  # what the first pass is expected to read costs more
+    assert machine.result.reason == "cost_budget"
+    answer = LoopPolicy(max_function_call_iterations=1, at_ceiling="answer")
+    machine = ToolLoopMachine(answer, tools=TOOLS)
+    machine.start(request)
+    _pass(machine, TextDelta("It is 3 °C in Oslo."))
+    assert machine.turn.reason == "answered_at_iteration_ceiling"
+    machine = ToolLoopMachine(LoopPolicy(drafting=True, delivery_flush_chars=1))
+    machine.start(request)
+    machine.feed(MessageHeld(HeldMessage("queue", "And Lima?")))
+    asked = _asked(_pass(machine, TextDelta("Clear in Oslo.")))
+    delivered = machine.feed(ReviewReturned(asked.review, Pass()))
+    (first,) = [e for e in delivered if isinstance(e, Deliver)]
+    asked = _asked(_pass(machine, TextDelta("Rain in Lima.")))
+    assert machine.state == "reviewing_draft"
+    machine.feed(DeliveryRecorded(first.seq))
+    assert machine.state == "reviewing_draft"
 
 
 def _stop_while_a_call_is_reviewed(request: TurnRequest) -> None:

@@ -697,9 +697,11 @@ def tool_behaviours(*, hostile: bool = False) -> st.SearchStrategy[ToolBehaviour
 
 
 _STOP_MESSAGES = (None, "sorry, stopping")
-#: a stop, a new user message that interrupts (``follow_up``), steers or is queued (§8.5);
-#: a stop and an interrupt come up twice as often as the others, as before the two came in
-_SIGNAL_KINDS = ("stop", "follow_up", "stop", "follow_up", "steer", "queue")
+_SIGNAL_KINDS = ("stop", "follow_up")
+#: a new user message that steers the turn or is queued (docs/behaviour.md §8.5): how many a
+#: script sends (none in most), and which
+_HELD_COUNTS = (0, 0, 1, 2)
+_HELD_KINDS = ("steer", "queue")
 
 
 def build_signal(c: Choices, hostile: bool = False) -> TimedSignal:
@@ -854,7 +856,17 @@ def build_script(
             provider_key=c.pick(PROVIDER_KEYS) if quotes_key else None,
         )
     # drawn last, so that the bytes of a compact seed before them keep their meaning
-    return attrs.evolve(script, tool_configs=_with_barriers(c, tuple(map(c.pick, _CONFIG_MENUS))))
+    script = attrs.evolve(
+        script, tool_configs=_with_barriers(c, tuple(map(c.pick, _CONFIG_MENUS)))
+    )
+    held = tuple(build_held_message(c) for _ in range(c.pick(_HELD_COUNTS)))
+    return attrs.evolve(script, signals=script.signals + held) if held else script
+
+
+def build_held_message(c: Choices) -> TimedSignal:
+    """A steered or queued user message at a virtual instant (drawn after everything else
+    of a script: the seeds from before the modes decode to the turns they always did)."""
+    return TimedSignal(at=c.pick(_INSTANTS), kind=c.pick(_HELD_KINDS))
 
 
 #: Which tools are registered ``sequential`` (a barrier in a tool batch): none in most
