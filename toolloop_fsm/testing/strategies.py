@@ -856,9 +856,7 @@ def build_script(
             provider_key=c.pick(PROVIDER_KEYS) if quotes_key else None,
         )
     # drawn last, so that the bytes of a compact seed before them keep their meaning
-    script = attrs.evolve(
-        script, tool_configs=_with_barriers(c, tuple(map(c.pick, _CONFIG_MENUS)))
-    )
+    script = attrs.evolve(script, tool_configs=_with_barriers(c, tuple(map(c.pick, _CONFIG_MENUS))))
     held = tuple(build_held_message(c) for _ in range(c.pick(_HELD_COUNTS)))
     return attrs.evolve(script, signals=script.signals + held) if held else script
 
