@@ -26,12 +26,14 @@ from toolloop_fsm import TurnRequest
 from toolloop_fsm import TurnSignals
 from toolloop_fsm import TurnStatus
 from toolloop_fsm import resume_tool_loop
+from toolloop_fsm import run_tool_loop
 from toolloop_fsm import snapshot_from_json
 from toolloop_fsm import snapshot_to_json
 from toolloop_fsm import turn_messages
 from toolloop_fsm.messages import HeldMessage
 from toolloop_fsm.messages import HeldMessagesFull
 from toolloop_fsm.messages import TakenMessage
+from toolloop_fsm.result import GenerationTurnResult
 from toolloop_fsm.testing import Pause
 from toolloop_fsm.testing import RecordingChannel
 from toolloop_fsm.testing import ScriptedProvider
@@ -50,6 +52,20 @@ def _slow_weather(turn: Turn, seconds: float = 5.0) -> Tool:
 
 def weather(city: str) -> FunctionCall:
     return FunctionCall("get_weather", {"city": city}, f"c-{city}")
+
+
+async def _drafted(turn: Turn, reviewer: ScriptedReviewer) -> GenerationTurnResult:
+    """The turn, drafted, without tools."""
+    return await run_tool_loop(
+        turn.provider,
+        [],
+        turn.channel,
+        TurnRequest(USER),
+        policy=LoopPolicy(drafting=True),
+        signals=turn.signals,
+        clock=turn.clock,
+        reviewer=reviewer,
+    )
 
 
 def _ignore(_held: HeldMessage) -> None:
@@ -134,18 +150,7 @@ async def test_a_queued_message_during_a_drafted_review_waits_for_the_review() -
 
     reviewer = ScriptedReviewer([Slow(3.0, Pass())], clock=turn.clock)
     turn.clock.call_later(1.0, lambda: _ignore(turn.signals.queue(ROME)))
-    from toolloop_fsm import run_tool_loop
-
-    result = await run_tool_loop(
-        turn.provider,
-        [],
-        turn.channel,
-        TurnRequest(USER),
-        policy=LoopPolicy(drafting=True),
-        signals=turn.signals,
-        clock=turn.clock,
-        reviewer=reviewer,
-    )
+    result = await _drafted(turn, reviewer)
     assert result.status is TurnStatus.COMPLETED
     assert [r.verdict for r in result.reviews][:1] == ["pass"]  # the review ran to its end
     assert turn.channel.text.startswith("Paris is clear.")
@@ -217,7 +222,6 @@ async def test_a_snapshot_carries_the_held_and_taken_messages_and_the_resume_ans
     saved: list[str] = []
     turn.clock.call_later(1.0, lambda: _ignore(turn.signals.steer("steered")))
     turn.clock.call_later(2.0, lambda: _ignore(turn.signals.queue("queued")))
-    from toolloop_fsm import run_tool_loop
 
     await run_tool_loop(
         turn.provider,
@@ -293,7 +297,6 @@ async def test_a_drafted_reply_still_in_flight_is_confirmed_while_the_next_one_i
 ):
     """Found by the fuzzer: the reply delivered before the turn answers a held message may
     still be in flight when the answer is reviewed; its confirmation is recorded there."""
-    from toolloop_fsm import run_tool_loop
     from toolloop_fsm.review import Pass
     from toolloop_fsm.testing.reviewer import Slow
 
@@ -302,16 +305,7 @@ async def test_a_drafted_reply_still_in_flight_is_confirmed_while_the_next_one_i
     )
     reviewer = ScriptedReviewer([Pass(), Slow(3.0, Pass())], clock=turn.clock)
     turn.signals.queue(ROME)  # held from the turn's start
-    result = await run_tool_loop(
-        turn.provider,
-        [],
-        turn.channel,
-        TurnRequest(USER),
-        policy=LoopPolicy(drafting=True),
-        signals=turn.signals,
-        clock=turn.clock,
-        reviewer=reviewer,
-    )
+    result = await _drafted(turn, reviewer)
     assert result.status is TurnStatus.COMPLETED
     assert [r.verdict for r in result.reviews] == ["pass", "pass"]
     assert turn.channel.text == "Paris is clear. Rome is sunny."

@@ -33,29 +33,16 @@ def pending_approvals(snapshot: TurnSnapshot) -> tuple[PendingApproval, ...]:
     if loop is None:
         return ()
     attempt = _attempt(snapshot)
-    return tuple(
-        PendingApproval(
-            loop.request.turn_id,
-            attempt,
-            loop.iterations,
-            paused.position,
-            paused.call_id,
-            paused.name,
-            paused.arguments,
-            call_digest(
-                loop.request.turn_id,
-                attempt,
-                loop.iterations,
-                paused.position,
-                paused.call_id,
-                paused.name,
-                paused.arguments,
-            ),
-            paused.predicate_error,
+    pending = []
+    for paused in loop.paused:
+        if not paused.awaiting:
+            continue
+        where = (loop.request.turn_id, attempt, loop.iterations, paused.position)
+        call = (paused.call_id, paused.name, paused.arguments)
+        pending.append(
+            PendingApproval(*where, *call, call_digest(*where, *call), paused.predicate_error)
         )
-        for paused in loop.paused
-        if paused.awaiting
-    )
+    return tuple(pending)
 
 
 def denial_reason(reason: str) -> str:
