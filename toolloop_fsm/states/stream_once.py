@@ -75,6 +75,16 @@ def begin_final_answer_pass(turn: TurnState, _event: Any = None) -> None:
     open_pass(turn)
 
 
+def _history_to_send(turn: TurnState) -> tuple[ToolHistoryEntry, ...]:
+    """The history the context does not hold yet, copied once (a held message moved the
+    rest into the context; most turns take none, and send the whole history)."""
+    history = turn.history
+    if not history:
+        return ()
+    moved = turn.history_in_context
+    return tuple(history) if not moved else tuple(history[moved:])
+
+
 def open_pass(turn: TurnState) -> None:
     """Open pass number ``iterations + 1``: the steered messages held join its context
     (docs/behaviour.md §8.5 rule 2); reset the accumulators, start the stream, arm the
@@ -102,8 +112,7 @@ def open_pass(turn: TurnState) -> None:
     request = ProviderRequest(
         context=tuple(turn.context),
         tools=offered_tools(turn),
-        # the history the context does not hold yet (a held message moved the rest into it)
-        history=tuple(turn.history[turn.history_in_context :] if turn.history else ()),
+        history=_history_to_send(turn),
         prefill=turn.prefill,
         max_output=max_output,
         disabled_enrichment_kinds=turn.disabled_enrichment_kinds,
